@@ -1,0 +1,15 @@
+// Entry points of the deltamoe subcommands; each lives in its own cmd_<name>.cc.
+// A command returns the process exit code; errors are thrown as deltamoe::Error.
+#pragma once
+
+namespace deltamoe {
+
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(int argc, char** argv);  // argv[1] is the command name
+};
+
+int cmd_version(int argc, char** argv);
+
+}  // namespace deltamoe

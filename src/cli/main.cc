@@ -1,0 +1,47 @@
+// deltamoe: one program, many subcommands. Dispatches argv[1] and turns errors into messages.
+#include <cstdio>
+#include <cstring>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace deltamoe {
+namespace {
+
+// Add a line here for each subcommand.
+const Command kCommands[] = {
+    {"version", "print the version and build configuration", cmd_version},
+};
+
+void print_help() {
+  std::printf("deltamoe: fine-tunes Qwen3.5-MoE vision-language models\n\nusage: deltamoe <command> [flags]\n\n");
+  for (const Command& command : kCommands) std::printf("  %-10s %s\n", command.name, command.summary);
+  std::printf("\n'deltamoe <command> --help' lists a command's flags.\n");
+}
+
+}  // namespace
+}  // namespace deltamoe
+
+int main(int argc, char** argv) {
+  using namespace deltamoe;
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0 ||
+      std::strcmp(argv[1], "help") == 0) {
+    print_help();
+    return argc < 2 ? 2 : 0;
+  }
+  for (const Command& command : kCommands) {
+    if (std::strcmp(argv[1], command.name) != 0) continue;
+    try {
+      return command.run(argc, argv);
+    } catch (const Error& error) {
+      log_error(error.what());
+      return 1;
+    } catch (const std::exception& error) {
+      log_error("unexpected failure: ", error.what());
+      return 1;
+    }
+  }
+  log_error("unknown command '", argv[1], "'; 'deltamoe --help' lists the commands");
+  return 2;
+}

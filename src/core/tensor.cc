@@ -1,0 +1,128 @@
+// Shape arithmetic, view checks and the owning host tensor.
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace deltamoe {
+
+Shape::Shape(std::initializer_list<int64_t> dims) {
+  CHECK(dims.size() <= kMaxDims, "rank ", dims.size(), " exceeds ", kMaxDims);
+  for (int64_t dim : dims) dims_[rank_++] = dim;
+}
+
+Shape::Shape(const std::vector<int64_t>& dims) {
+  CHECK(dims.size() <= kMaxDims, "rank ", dims.size(), " exceeds ", kMaxDims);
+  for (int64_t dim : dims) dims_[rank_++] = dim;
+}
+
+int Shape::normalise_axis(int axis) const {
+  int resolved = axis < 0 ? axis + rank_ : axis;
+  CHECK(resolved >= 0 && resolved < rank_, "axis ", axis, " out of range for rank ", rank_);
+  return resolved;
+}
+
+int64_t Shape::numel() const {
+  int64_t count = 1;
+  for (int i = 0; i < rank_; ++i) count *= dims_[i];
+  return count;
+}
+
+std::string Shape::str() const {
+  std::ostringstream out;
+  out << "[";
+  for (int i = 0; i < rank_; ++i) out << (i ? ", " : "") << dims_[i];
+  out << "]";
+  return out.str();
+}
+
+bool Shape::operator==(const Shape& other) const {
+  if (rank_ != other.rank_) return false;
+  for (int i = 0; i < rank_; ++i) {
+    if (dims_[i] != other.dims_[i]) return false;
+  }
+  return true;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides = shape;
+  int64_t stride = 1;
+  for (int i = shape.rank() - 1; i >= 0; --i) {
+    strides[i] = stride;
+    stride *= shape[i];
+  }
+  return strides;
+}
+
+TensorView::TensorView(void* data_, DType dtype_, Shape shape_, Device device_)
+    : data(data_), dtype(dtype_), device(device_), shape(shape_), strides(contiguous_strides(shape_)) {}
+
+bool TensorView::is_contiguous() const { return strides == contiguous_strides(shape); }
+
+void HostTensor::FreeDeleter::operator()(void* ptr) const { std::free(ptr); }
+
+HostTensor::HostTensor(DType dtype, Shape shape) : dtype_(dtype), shape_(shape) {
+  for (int i = 0; i < shape.rank(); ++i) CHECK(shape[i] >= 0, "negative dimension in ", shape.str());
+  size_t bytes = nbytes();
+  size_t rounded = (bytes + 63) / 64 * 64;
+  if (rounded == 0) rounded = 64;
+  void* ptr = std::aligned_alloc(64, rounded);
+  CHECK(ptr != nullptr, "out of host memory allocating ", bytes, " bytes");
+  std::memset(ptr, 0, rounded);
+  buffer_ = std::shared_ptr<void>(ptr, FreeDeleter());
+}
+
+HostTensor HostTensor::from_f32(const std::vector<float>& values, Shape shape) {
+  CHECK(static_cast<int64_t>(values.size()) == shape.numel(), "from_f32: ", values.size(),
+        " values for shape ", shape.str());
+  HostTensor out(DType::f32, shape);
+  std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
+  return out;
+}
+
+namespace {
+
+double load_float(const void* src, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::f32: return static_cast<const float*>(src)[i];
+    case DType::f64: return static_cast<const double*>(src)[i];
+    case DType::bf16: return bf16_bits_to_float(static_cast<const uint16_t*>(src)[i]);
+    case DType::f16: return f16_bits_to_float(static_cast<const uint16_t*>(src)[i]);
+    default: RAISE("convert_floats: ", dtype_name(dtype), " is not a floating type");
+  }
+}
+
+void store_float(void* dst, DType dtype, int64_t i, double value) {
+  switch (dtype) {
+    case DType::f32: static_cast<float*>(dst)[i] = static_cast<float>(value); return;
+    case DType::f64: static_cast<double*>(dst)[i] = value; return;
+    case DType::bf16:
+      static_cast<uint16_t*>(dst)[i] = float_to_bf16_bits(static_cast<float>(value));
+      return;
+    case DType::f16:
+      static_cast<uint16_t*>(dst)[i] = float_to_f16_bits(static_cast<float>(value));
+      return;
+    default: RAISE("convert_floats: ", dtype_name(dtype), " is not a floating type");
+  }
+}
+
+}  // namespace
+
+void convert_floats(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t count) {
+  if (src_dtype == dst_dtype) {
+    std::memcpy(dst, src, static_cast<size_t>(count) * dtype_size(src_dtype));
+    return;
+  }
+  for (int64_t i = 0; i < count; ++i) store_float(dst, dst_dtype, i, load_float(src, src_dtype, i));
+}
+
+HostTensor HostTensor::to_f32() const { return to_dtype(DType::f32); }
+
+HostTensor HostTensor::to_dtype(DType dtype) const {
+  HostTensor out(dtype, shape_);
+  convert_floats(data(), dtype_, out.data(), dtype, numel());
+  return out;
+}
+
+}  // namespace deltamoe
