@@ -29,6 +29,10 @@ inline std::vector<float> to_float(const std::vector<double>& values) {
 struct ErrorStats {
   double max_abs = 0;  // max |actual - expected|
   double max_rel = 0;  // max_abs / max |expected| (relative to the tensor's scale)
+  double scale = 0;    // max |expected|
+  // Relative where the tensor is large, absolute where it is below 1 (a gradient that is ~0
+  // everywhere, e.g. of a norm over one element, has no meaningful relative error).
+  double rel_or_abs() const { return max_abs / std::max(scale, 1.0); }
 };
 
 // Compares two tensors and prints the errors under `label`.
@@ -36,7 +40,7 @@ template <typename A, typename B>
 ErrorStats compare(const std::string& label, const std::vector<A>& actual,
                    const std::vector<B>& expected) {
   ErrorStats stats;
-  double scale = 0;
+  double& scale = stats.scale;
   const size_t count = std::min(actual.size(), expected.size());
   for (size_t i = 0; i < count; ++i) {
     const double diff = std::abs(static_cast<double>(actual[i]) - static_cast<double>(expected[i]));
