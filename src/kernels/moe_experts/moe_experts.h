@@ -1,0 +1,31 @@
+// Routed experts of the Qwen3.5-MoE block in the fused in-memory layout: for each token and each of
+// its K selected experts e, gu = gate_up[e] x (rows [0, I) gate, [I, 2I) up), h = silu(gate) * up,
+// y += w * down[e] h. Legend: T tokens, C hidden, E experts, K experts per token, I expert width.
+#pragma once
+
+#include <cstdint>
+
+namespace deltamoe {
+
+struct MoeExpertsDims {
+  int64_t num_tokens = 0;    // T
+  int64_t hidden = 0;        // C
+  int64_t num_experts = 0;   // E
+  int64_t top_k = 0;         // K
+  int64_t intermediate = 0;  // I
+};
+
+// x [T, C]; topk_idx int32 [T, K]; topk_weight [T, K]; gate_up [E, 2I, C]; down [E, C, I];
+// y [T, C] written.
+template <typename T>
+void moe_experts_forward_ref(const MoeExpertsDims& dims, const T* x, const int32_t* topk_idx, const T* topk_weight,
+                             const T* gate_up, const T* down, T* y);
+
+// dy [T, C] -> dx [T, C] and d_topk_weight [T, K] written; d_gate_up [E, 2I, C] and d_down [E, C, I]
+// added to. Expert activations are recomputed, not saved.
+template <typename T>
+void moe_experts_backward_ref(const MoeExpertsDims& dims, const T* x, const int32_t* topk_idx, const T* topk_weight,
+                              const T* gate_up, const T* down, const T* dy, T* dx, T* d_topk_weight, T* d_gate_up,
+                              T* d_down);
+
+}  // namespace deltamoe
