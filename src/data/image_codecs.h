@@ -1,0 +1,23 @@
+// Per-format decoders behind decode_image (image_decode.cc): each turns one in-memory file into
+// 8-bit RGB as PIL's convert("RGB") would, and hands back the raw EXIF block for orientation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/image_decode.h"
+
+namespace deltamoe {
+
+struct DecodedImage {
+  RgbImage image;
+  std::vector<uint8_t> exif;  // the EXIF block as stored (may be empty)
+};
+
+// Each throws deltamoe::Error naming `name` on corrupt or truncated data.
+DecodedImage decode_jpeg(const uint8_t* data, size_t size, const std::string& name);
+DecodedImage decode_png(const uint8_t* data, size_t size, const std::string& name);
+DecodedImage decode_webp(const uint8_t* data, size_t size, const std::string& name);
+
+}  // namespace deltamoe
