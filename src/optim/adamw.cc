@@ -1,0 +1,128 @@
+// CPU reference of AdamW over flat buffers: per-step scalars, the per-span update, the range walk.
+#include "optim/adamw.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace deltamoe {
+
+void validate_adamw_config(const AdamWConfig& config) {
+  CHECK(config.beta1 >= 0 && config.beta1 < 1, "--adam_beta1 must be in [0, 1), got ", config.beta1);
+  CHECK(config.beta2 >= 0 && config.beta2 < 1, "--adam_beta2 must be in [0, 1), got ", config.beta2);
+  CHECK(config.eps > 0 && std::isfinite(config.eps), "--adam_epsilon must be a positive number, got ",
+        config.eps);
+  CHECK(config.weight_decay >= 0 && std::isfinite(config.weight_decay),
+        "--weight_decay must be a non-negative number, got ", config.weight_decay);
+  CHECK(config.moment_dtype == DType::f32 || config.moment_dtype == DType::bf16,
+        "optimizer moments can be stored as f32 or bf16, not ", dtype_name(config.moment_dtype));
+}
+
+AdamWStepScalars adamw_step_scalars(const AdamWConfig& config, double lr, int64_t adam_step) {
+  CHECK(adam_step >= 1, "adamw_step_scalars: adam_step counts from 1, got ", adam_step);
+  CHECK(std::isfinite(lr) && lr >= 0, "adamw_step_scalars: learning rate must be finite and >= 0, got ", lr);
+  // The same fp64 expressions as torch's Python code, so the rounding to fp32 matches too.
+  const double step = static_cast<double>(adam_step);
+  const double bias_correction1 = 1.0 - std::pow(config.beta1, step);
+  const double bias_correction2 = 1.0 - std::pow(config.beta2, step);
+  const double step_size = lr / bias_correction1;
+  AdamWStepScalars scalars;
+  scalars.decay_factor = static_cast<float>(1.0 - lr * config.weight_decay);
+  scalars.decay_factor_no_decay = 1.0f;
+  scalars.one_minus_beta1 = static_cast<float>(1.0 - config.beta1);
+  scalars.beta2 = static_cast<float>(config.beta2);
+  scalars.one_minus_beta2 = static_cast<float>(1.0 - config.beta2);
+  scalars.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  scalars.eps = static_cast<float>(config.eps);
+  scalars.neg_step_size = static_cast<float>(-step_size);
+  return scalars;
+}
+
+namespace {
+
+// torch's lerp: the small-weight form keeps precision near start, the other near end.
+inline float torch_lerp(float start, float end, float weight) {
+  return std::fabs(weight) < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.0f - weight);
+}
+
+// The update of one element; m and v come in as fp32 and leave updated.
+inline void adamw_element(const AdamWStepScalars& s, float decay_factor, float& p, float g, float& m, float& v) {
+  p = p * decay_factor;
+  m = torch_lerp(m, g, s.one_minus_beta1);
+  v = v * s.beta2 + s.one_minus_beta2 * g * g;        // addcmul: self + (value * t1) * t2
+  const float denom = std::sqrt(v) / s.bias_correction2_sqrt + s.eps;
+  p = p + s.neg_step_size * m / denom;                 // addcdiv: self + (value * t1) / t2
+}
+
+}  // namespace
+
+void adamw_update_span(const AdamWStepScalars& scalars, bool decay, DType moment_dtype, int64_t count,
+                       float* master, const float* grad, void* m, void* v) {
+  const float decay_factor = decay ? scalars.decay_factor : scalars.decay_factor_no_decay;
+  if (moment_dtype == DType::f32) {
+    float* m32 = static_cast<float*>(m);
+    float* v32 = static_cast<float*>(v);
+    for (int64_t i = 0; i < count; ++i) adamw_element(scalars, decay_factor, master[i], grad[i], m32[i], v32[i]);
+    return;
+  }
+  CHECK(moment_dtype == DType::bf16, "adamw_update_span: moments must be f32 or bf16, not ",
+        dtype_name(moment_dtype));
+  bf16* m16 = static_cast<bf16*>(m);
+  bf16* v16 = static_cast<bf16*>(v);
+  for (int64_t i = 0; i < count; ++i) {
+    float m_value = static_cast<float>(m16[i]);
+    float v_value = static_cast<float>(v16[i]);
+    adamw_element(scalars, decay_factor, master[i], grad[i], m_value, v_value);
+    m16[i] = bf16(m_value);
+    v16[i] = bf16(v_value);
+  }
+}
+
+AdamW::AdamW(const ParamLayout& layout, const AdamWConfig& config) : AdamW(layout, config, layout.whole()) {}
+
+AdamW::AdamW(const ParamLayout& layout, const AdamWConfig& config, FlatRange range)
+    : layout_(layout), config_(config), range_(range) {
+  validate_adamw_config(config);
+  CHECK(range.begin >= 0 && range.begin <= range.end && range.end <= layout.total_numel(), "AdamW: range [",
+        range.begin, ", ", range.end, ") is not inside the flat buffer of ", layout.total_numel(), " elements");
+  const size_t nbytes = static_cast<size_t>(range.size()) * dtype_size(config.moment_dtype);
+  // All-zero bytes are 0.0 in both f32 and bf16, torch's initial moments.
+  exp_avg_.assign(nbytes, 0);
+  exp_avg_sq_.assign(nbytes, 0);
+}
+
+void AdamW::step(double lr, float* master, const float* grad) {
+  const AdamWStepScalars scalars = adamw_step_scalars(config_, lr, adam_step_ + 1);
+  const size_t element_size = dtype_size(config_.moment_dtype);
+  for (const ParamEntry& entry : layout_.entries()) {
+    const int64_t begin = std::max(entry.offset, range_.begin);
+    const int64_t end = std::min(entry.offset + entry.numel, range_.end);
+    if (begin >= end) continue;
+    const int64_t local = begin - range_.begin;
+    adamw_update_span(scalars, entry.decay, config_.moment_dtype, end - begin, master + local, grad + local,
+                      exp_avg_.data() + static_cast<size_t>(local) * element_size,
+                      exp_avg_sq_.data() + static_cast<size_t>(local) * element_size);
+  }
+  ++adam_step_;
+}
+
+void AdamW::set_adam_step(int64_t adam_step) {
+  CHECK(adam_step >= 0, "AdamW::set_adam_step: negative step ", adam_step);
+  adam_step_ = adam_step;
+}
+
+namespace {
+std::vector<float> moments_to_f32(const std::vector<uint8_t>& bytes, DType dtype) {
+  const int64_t count = static_cast<int64_t>(bytes.size() / dtype_size(dtype));
+  std::vector<float> out(static_cast<size_t>(count));
+  convert_floats(bytes.data(), dtype, out.data(), DType::f32, count);
+  return out;
+}
+}  // namespace
+
+std::vector<float> AdamW::exp_avg_f32() const { return moments_to_f32(exp_avg_, config_.moment_dtype); }
+std::vector<float> AdamW::exp_avg_sq_f32() const { return moments_to_f32(exp_avg_sq_, config_.moment_dtype); }
+
+}  // namespace deltamoe

@@ -1,0 +1,62 @@
+// ParamLayout bookkeeping: offsets with alignment padding, the decay rule, shard ranges.
+#include "optim/param_layout.h"
+
+#include "core/error.h"
+
+namespace deltamoe {
+
+int ParamLayout::add(const std::string& name, const std::vector<int64_t>& shape) {
+  return add(name, shape, default_decay(shape));
+}
+
+int ParamLayout::add(const std::string& name, const std::vector<int64_t>& shape, bool decay) {
+  CHECK(!name.empty(), "ParamLayout::add: a parameter needs a name");
+  CHECK(find(name) < 0, "ParamLayout::add: parameter '", name, "' was added twice");
+  int64_t numel = 1;
+  for (int64_t dim : shape) {
+    CHECK(dim >= 0, "ParamLayout::add: parameter '", name, "' has a negative dimension ", dim);
+    numel *= dim;
+  }
+  ParamEntry entry;
+  entry.name = name;
+  entry.shape = shape;
+  entry.offset = (total_numel_ + kFlatAlignmentElements - 1) / kFlatAlignmentElements * kFlatAlignmentElements;
+  entry.numel = numel;
+  entry.decay = decay;
+  total_numel_ = entry.offset + numel;
+  entries_.push_back(std::move(entry));
+  return static_cast<int>(entries_.size()) - 1;
+}
+
+const ParamEntry& ParamLayout::entry(int index) const {
+  CHECK(index >= 0 && index < num_tensors(), "ParamLayout::entry: index ", index, " outside [0, ",
+        num_tensors(), ")");
+  return entries_[static_cast<size_t>(index)];
+}
+
+int ParamLayout::find(const std::string& name) const {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+int64_t ParamLayout::num_parameters() const {
+  int64_t count = 0;
+  for (const ParamEntry& entry : entries_) count += entry.numel;
+  return count;
+}
+
+FlatRange shard_range(int64_t total_numel, int shard_idx, int num_shards) {
+  CHECK(num_shards > 0, "shard_range: num_shards must be positive, got ", num_shards);
+  CHECK(shard_idx >= 0 && shard_idx < num_shards, "shard_range: shard ", shard_idx, " outside [0, ",
+        num_shards, ")");
+  CHECK(total_numel >= 0, "shard_range: negative total_numel ", total_numel);
+  const int64_t base = total_numel / num_shards;
+  const int64_t extra = total_numel % num_shards;
+  const int64_t begin = shard_idx * base + std::min<int64_t>(shard_idx, extra);
+  const int64_t size = base + (shard_idx < extra ? 1 : 0);
+  return {begin, begin + size};
+}
+
+}  // namespace deltamoe

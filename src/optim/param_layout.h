@@ -1,0 +1,66 @@
+// ParamLayout: where each parameter tensor lives inside one flat fp32 buffer (master weights,
+// gradients and Adam moments all share it), with a weight-decay flag per tensor; and FlatRange,
+// the slice of that buffer one optimizer instance owns (all of it, or one rank's ZeRO shard).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace deltamoe {
+
+// One parameter tensor inside the flat buffer: elements [offset, offset + numel).
+struct ParamEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  int64_t numel = 0;
+  bool decay = true;  // whether AdamW's decoupled weight decay applies to this tensor
+};
+
+// A half-open element range [begin, end) of the flat buffer.
+struct FlatRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+  bool operator==(const FlatRange&) const = default;
+};
+
+// Tensor offsets are rounded up to this many elements (256 bytes of fp32) so that every tensor
+// starts on an address a vectorised CUDA kernel can load directly; the gaps are padding that
+// stays zero (zero gradient keeps a zero weight and zero moments zero under AdamW).
+constexpr int64_t kFlatAlignmentElements = 64;
+
+class ParamLayout {
+ public:
+  // Appends a tensor with the default decay rule: tensors of rank >= 2 (matrices, expert stacks,
+  // embeddings) decay; 1-D tensors (norm weights, biases, gate vectors) and scalars do not, as
+  // Megatron and ms-swift do. Names must be unique and non-empty; returns the entry's index.
+  int add(const std::string& name, const std::vector<int64_t>& shape);
+  // Appends a tensor with an explicit decay flag.
+  int add(const std::string& name, const std::vector<int64_t>& shape, bool decay);
+
+  const std::vector<ParamEntry>& entries() const { return entries_; }
+  int num_tensors() const { return static_cast<int>(entries_.size()); }
+  const ParamEntry& entry(int index) const;
+  // Index of the tensor called name, or -1.
+  int find(const std::string& name) const;
+  // Elements of the flat buffer including alignment padding (the buffer size to allocate).
+  int64_t total_numel() const { return total_numel_; }
+  FlatRange whole() const { return {0, total_numel_}; }
+  // Elements that belong to tensors (without padding).
+  int64_t num_parameters() const;
+
+  // The rule used by add(name, shape): rank >= 2 decays.
+  static bool default_decay(const std::vector<int64_t>& shape) { return shape.size() >= 2; }
+
+ private:
+  std::vector<ParamEntry> entries_;
+  int64_t total_numel_ = 0;
+};
+
+// Splits [0, total_numel) into num_shards contiguous ranges of near-equal size (the first ones
+// one element longer when it does not divide), for a ZeRO-style sharded optimizer.
+FlatRange shard_range(int64_t total_numel, int shard_idx, int num_shards);
+
+}  // namespace deltamoe
