@@ -12,6 +12,7 @@ namespace {
 // Add a line here for each subcommand.
 const Command kCommands[] = {
     {"version", "print the version and build configuration", cmd_version},
+    {"tokenize", "encode {\"text\"} JSONL lines into {\"ids\"} lines with a tokenizer.json", cmd_tokenize},
 };
 
 void print_help() {
