@@ -12,5 +12,6 @@ struct Command {
 
 int cmd_version(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
+int cmd_image(int argc, char** argv);
 
 }  // namespace deltamoe

@@ -13,6 +13,7 @@ namespace {
 const Command kCommands[] = {
     {"version", "print the version and build configuration", cmd_version},
     {"tokenize", "encode {\"text\"} JSONL lines into {\"ids\"} lines with a tokenizer.json", cmd_tokenize},
+    {"image", "preprocess one image into pixel_values and image_grid_thw (safetensors)", cmd_image},
 };
 
 void print_help() {
