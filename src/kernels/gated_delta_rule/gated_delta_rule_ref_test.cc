@@ -56,8 +56,10 @@ std::vector<double> unit_rows(std::vector<double> x, int dim) {
   return x;
 }
 
+// g is drawn from [g_min, 0]: the default decays mildly; a very negative g_min (strong decay,
+// exp(gamma) underflowing inside a chunk) exercises the chunked form's numerics.
 Problem<double> make_problem(const Dims& dims, bool with_initial_state, bool with_d_final_state,
-                             uint64_t seed) {
+                             uint64_t seed, double g_min = -0.4) {
   Problem<double> p;
   p.dims = dims;
   p.cu_seqlens = {0};
@@ -70,7 +72,7 @@ Problem<double> make_problem(const Dims& dims, bool with_initial_state, bool wit
   p.q = unit_rows(random_uniform(qk_numel, -1, 1, seed + 1), dims.key_dim);
   p.k = unit_rows(random_uniform(qk_numel, -1, 1, seed + 2), dims.key_dim);
   p.v = random_uniform(v_numel, -1, 1, seed + 3);
-  p.g = random_uniform(gate_numel, -0.4, 0.0, seed + 4);
+  p.g = random_uniform(gate_numel, g_min, 0.0, seed + 4);
   p.beta = random_uniform(gate_numel, 0.05, 0.95, seed + 5);
   if (with_initial_state) p.initial_state = random_uniform(p.state_numel(), -1, 1, seed + 6);
   p.d_o = random_uniform(v_numel, -1, 1, seed + 7);
@@ -208,10 +210,11 @@ TEST(GatedDeltaRuleRef, ChunkedBackwardMatchesFiniteDifferences) {
 // Compares chunked with recurrent for every output and gradient, in scalar type S.
 template <typename S>
 void check_chunked_matches_recurrent(const Dims& dims, bool with_state, double tolerance,
-                                     uint64_t seed) {
-  const Problem<S> p = cast_problem<S>(make_problem(dims, with_state, with_state, seed));
-  std::printf("chunked vs recurrent (%s) %s, initial/final state %s\n",
-              sizeof(S) == 4 ? "fp32" : "fp64", describe(dims).c_str(), with_state ? "yes" : "no");
+                                     uint64_t seed, double g_min = -0.4) {
+  const Problem<S> p = cast_problem<S>(make_problem(dims, with_state, with_state, seed, g_min));
+  std::printf("chunked vs recurrent (%s) %s, initial/final state %s, g in [%g, 0]\n",
+              sizeof(S) == 4 ? "fp32" : "fp64", describe(dims).c_str(), with_state ? "yes" : "no",
+              g_min);
   const Outputs<S> rec = run_forward(Form::recurrent, p), chk = run_forward(Form::chunked, p);
   EXPECT_LT(compare("o", chk.o, rec.o).max_rel, tolerance);
   EXPECT_LT(compare("final_state", chk.final_state, rec.final_state).max_rel, tolerance);
@@ -230,6 +233,8 @@ TEST(GatedDeltaRuleRef, ChunkedMatchesRecurrentFp32) {
   check_chunked_matches_recurrent<float>({{200, 1, 64, 65}, 2, 4, 16, 8}, true, 1e-5, 300);
   check_chunked_matches_recurrent<float>({{200, 1, 64, 65}, 2, 4, 16, 8}, false, 1e-5, 310);
   check_chunked_matches_recurrent<float>({{257}, 1, 1, 32, 32}, true, 1e-5, 320);
+  // Strong decay: exp(gamma) underflows within a chunk; the chunked form must stay finite.
+  check_chunked_matches_recurrent<float>({{150, 20}, 1, 2, 16, 16}, true, 1e-5, 340, -30.0);
 }
 
 TEST(GatedDeltaRuleRef, ChunkedMatchesRecurrentFp64) {
