@@ -16,6 +16,7 @@ namespace deltamoe {
 //                       before the start of t's own sequence read zero (no token sees a previous
 //                       sequence).
 // No bias (Qwen3.5 has none).
+// NOTE: HF's torch fallback runs the conv and SiLU in bf16; this reference is fp32 throughout.
 
 // Writes y.
 template <typename S>

@@ -44,7 +44,9 @@ void gated_delta_rule_recurrent_forward_ref(const GatedDeltaRuleShape& shape, S 
                                             const S* k, const S* v, const S* g, const S* beta,
                                             const S* initial_state, S* o, S* final_state);
 
-// Reverse-time backward of the recurrence; keeps the per-token states of one (sequence, head).
+// Reverse-time backward of the recurrence.
+// NOTE: keeps the state entering every token of one (sequence, head): len * Dk * Dv scalars of
+// scratch, fine for tests; prefer the chunked backward for long sequences.
 template <typename S>
 void gated_delta_rule_recurrent_backward_ref(const GatedDeltaRuleShape& shape, S scale, const S* q,
                                              const S* k, const S* v, const S* g, const S* beta,
@@ -61,7 +63,8 @@ void gated_delta_rule_chunked_forward_ref(const GatedDeltaRuleShape& shape, S sc
                                           int chunk_size = kGatedDeltaRuleChunkSize);
 
 // Chunked backward as a GPU kernel would do it: recompute the per-chunk WY quantities and the
-// chunk-entry states, then a reverse scan over chunks carrying d(state).
+// chunk-entry states (ceil(len / chunk_size) * Dk * Dv scratch per head, like FLA's h), then a
+// reverse scan over chunks carrying d(state) and computing every gradient chunk-locally.
 template <typename S>
 void gated_delta_rule_chunked_backward_ref(const GatedDeltaRuleShape& shape, S scale, const S* q,
                                            const S* k, const S* v, const S* g, const S* beta,

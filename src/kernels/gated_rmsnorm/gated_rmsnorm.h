@@ -10,6 +10,8 @@ namespace deltamoe {
 //   o, z, y, dy, d_o, dz  [R, D] contiguous
 //   weight, dweight       [D]    (norm.weight, initialised to ones)
 // eps is rms_norm_eps from the config (1e-6 for Qwen3.5).
+// NOTE: HF rounds n to bf16 and multiplies by the bf16 weight before the fp32 gate; this reference
+// is fp32 throughout, so a golden comparison must apply those roundings outside it.
 
 // Writes y.
 template <typename S>
