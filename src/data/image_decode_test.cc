@@ -1,0 +1,189 @@
+// Image decoding: every format and PNG colour type to RGB as PIL's convert("RGB") would, EXIF
+// orientation, and clear errors (naming the file) for empty, corrupt, truncated and unsupported files.
+#include "data/image_decode.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "data/image_test_util.h"
+
+namespace deltamoe {
+namespace {
+
+using namespace image_test;
+
+// Runs load_image_file and returns the error text ("" if it succeeded).
+std::string load_error(const std::string& path) {
+  try {
+    load_image_file(path);
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+int max_abs_diff(const RgbImage& a, const RgbImage& b) {
+  EXPECT_EQ(a.height, b.height);
+  EXPECT_EQ(a.width, b.width);
+  if (a.pixels.size() != b.pixels.size()) return 256;
+  int diff = 0;
+  for (size_t i = 0; i < a.pixels.size(); ++i) diff = std::max(diff, std::abs(a.pixels[i] - b.pixels[i]));
+  return diff;
+}
+
+TEST(ImageDecode, LosslessFormatsRoundTripExactly) {
+  const RgbImage image = gradient_image(19, 23);
+  for (const auto& [name, bytes] : {std::pair{"rgb.png", encode_png_rgb(image)},
+                                    std::pair{"rgb.webp", encode_webp_lossless(image)}}) {
+    const RgbImage decoded = load_image_file(write_temp_file(name, bytes));
+    const int diff = max_abs_diff(decoded, image);
+    std::printf("  %s max|diff| = %d\n", name, diff);
+    EXPECT_EQ(diff, 0) << name;
+  }
+}
+
+TEST(ImageDecode, JpegIsCloseToTheSource) {
+  const RgbImage image = gradient_image(32, 40);
+  const RgbImage decoded = decode_image(encode_jpeg(image, 100).data(), encode_jpeg(image, 100).size(), "q100.jpg");
+  const int diff = max_abs_diff(decoded, image);
+  std::printf("  jpeg quality 100 max|diff| = %d\n", diff);
+  EXPECT_LE(diff, 16);
+}
+
+TEST(ImageDecode, PngColourTypesBecomeRgbLikePil) {
+  const int h = 3, w = 4;
+  std::vector<uint8_t> grey, grey_alpha, rgba, grey16, rgb16, palette_idx;
+  for (int i = 0; i < h * w; ++i) {
+    grey.push_back(static_cast<uint8_t>(i * 20));
+    grey_alpha.insert(grey_alpha.end(), {static_cast<uint8_t>(i * 20), 7});
+    rgba.insert(rgba.end(), {static_cast<uint8_t>(i), static_cast<uint8_t>(2 * i), static_cast<uint8_t>(3 * i), 0});
+    const int value16 = i * 50;  // some above 255: PIL saturates 16-bit grey at 255
+    grey16.insert(grey16.end(), {static_cast<uint8_t>(value16 >> 8), static_cast<uint8_t>(value16 & 255)});
+    const int high = i * 21, low = 255 - i;  // 16-bit colour keeps the high byte
+    rgb16.insert(rgb16.end(), {static_cast<uint8_t>(high), static_cast<uint8_t>(low), static_cast<uint8_t>(high),
+                               static_cast<uint8_t>(low), static_cast<uint8_t>(high), static_cast<uint8_t>(low)});
+    palette_idx.push_back(static_cast<uint8_t>(i % 3));
+  }
+  const std::vector<png_color> palette = {{10, 20, 30}, {40, 50, 60}, {70, 80, 90}};
+  struct Case {
+    const char* name;
+    std::vector<uint8_t> file;
+    std::function<std::array<int, 3>(int)> expected;
+  };
+  const std::vector<Case> cases = {
+      {"grey.png", encode_png(grey, h, w, PNG_COLOR_TYPE_GRAY, 8), [](int i) { return std::array{i * 20, i * 20, i * 20}; }},
+      {"grey_alpha.png", encode_png(grey_alpha, h, w, PNG_COLOR_TYPE_GRAY_ALPHA, 8),
+       [](int i) { return std::array{i * 20, i * 20, i * 20}; }},
+      {"rgba.png", encode_png(rgba, h, w, PNG_COLOR_TYPE_RGBA, 8), [](int i) { return std::array{i, 2 * i, 3 * i}; }},
+      {"grey16.png", encode_png(grey16, h, w, PNG_COLOR_TYPE_GRAY, 16),
+       [](int i) { const int v = std::min(i * 50, 255); return std::array{v, v, v}; }},
+      {"rgb16.png", encode_png(rgb16, h, w, PNG_COLOR_TYPE_RGB, 16), [](int i) { return std::array{i * 21, i * 21, i * 21}; }},
+      {"palette.png", encode_png(palette_idx, h, w, PNG_COLOR_TYPE_PALETTE, 8, palette),
+       [&](int i) { const png_color c = palette[i % 3]; return std::array<int, 3>{c.red, c.green, c.blue}; }},
+  };
+  for (const Case& test_case : cases) {
+    const RgbImage decoded = decode_image(test_case.file.data(), test_case.file.size(), test_case.name);
+    ASSERT_EQ(decoded.height, h);
+    ASSERT_EQ(decoded.width, w);
+    int diff = 0;
+    for (int i = 0; i < h * w; ++i) {
+      const auto expected = test_case.expected(i);
+      for (int c = 0; c < 3; ++c) diff = std::max(diff, std::abs(decoded.pixels[i * 3 + c] - expected[c]));
+    }
+    std::printf("  %-15s max|diff| = %d\n", test_case.name, diff);
+    EXPECT_EQ(diff, 0) << test_case.name;
+  }
+}
+
+TEST(ImageDecode, ExifOrientationRotatesLikePil) {
+  // A 2x3 image with distinct pixels; orientation 6 means "rotate 90 degrees clockwise to view".
+  RgbImage image{2, 3, {}};
+  for (int i = 0; i < 6; ++i) image.pixels.insert(image.pixels.end(), {static_cast<uint8_t>(i), 0, 0});
+  const std::vector<std::vector<int>> expected = {
+      {},  {0, 1, 2, 3, 4, 5}, {2, 1, 0, 5, 4, 3}, {5, 4, 3, 2, 1, 0}, {3, 4, 5, 0, 1, 2},
+      {0, 3, 1, 4, 2, 5},  // 5 transpose
+      {3, 0, 4, 1, 5, 2},  // 6 rotate clockwise
+      {5, 2, 4, 1, 3, 0},  // 7 transverse
+      {2, 5, 1, 4, 0, 3},  // 8 rotate counter-clockwise
+  };
+  for (int orientation = 1; orientation <= 8; ++orientation) {
+    const RgbImage turned = apply_exif_orientation(image, orientation);
+    EXPECT_EQ(turned.height, orientation >= 5 ? 3 : 2);
+    std::vector<int> order;
+    for (int64_t i = 0; i < turned.height * turned.width; ++i) order.push_back(turned.pixels[i * 3]);
+    EXPECT_EQ(order, expected[orientation]) << "orientation " << orientation;
+  }
+}
+
+TEST(ImageDecode, JpegExifOrientationIsApplied) {
+  const RgbImage image = gradient_image(16, 24);
+  for (int orientation : {1, 3, 6, 8}) {
+    const std::vector<uint8_t> exif = exif_block_with_orientation(orientation);
+    EXPECT_EQ(exif_orientation(exif.data(), exif.size()), orientation);
+    const std::vector<uint8_t> file = encode_jpeg(image, 100, exif);
+    const RgbImage decoded = decode_image(file.data(), file.size(), "exif.jpg");
+    const RgbImage expected = apply_exif_orientation(decode_image(encode_jpeg(image, 100).data(),
+                                                                  encode_jpeg(image, 100).size(), "plain.jpg"),
+                                                     orientation);
+    EXPECT_EQ(max_abs_diff(decoded, expected), 0) << "orientation " << orientation;
+  }
+}
+
+TEST(ImageDecode, EmptyFileIsAClearError) {
+  const std::string path = write_temp_file("empty.png", {});
+  const std::string message = load_error(path);
+  std::printf("  %s\n", message.c_str());
+  EXPECT_NE(message.find(path), std::string::npos);
+  EXPECT_NE(message.find("empty"), std::string::npos);
+}
+
+TEST(ImageDecode, MissingFileIsAClearError) {
+  const std::string message = load_error("/nonexistent/folder/picture.jpg");
+  EXPECT_NE(message.find("/nonexistent/folder/picture.jpg"), std::string::npos);
+  EXPECT_NE(message.find("cannot be opened"), std::string::npos);
+}
+
+TEST(ImageDecode, UnsupportedFormatsAreClearErrors) {
+  const std::vector<std::pair<std::string, std::vector<uint8_t>>> files = {
+      {"anim.gif", {'G', 'I', 'F', '8', '9', 'a', 1, 0, 1, 0, 0, 0, 0}},
+      {"notes.txt", {'h', 'e', 'l', 'l', 'o', '\n'}},
+  };
+  for (const auto& [name, bytes] : files) {
+    const std::string path = write_temp_file(name, bytes);
+    const std::string message = load_error(path);
+    std::printf("  %s\n", message.c_str());
+    EXPECT_NE(message.find(path), std::string::npos);
+    EXPECT_NE(message.find("not supported"), std::string::npos);
+  }
+}
+
+TEST(ImageDecode, TruncatedFilesAreClearErrors) {
+  const RgbImage image = gradient_image(64, 64);
+  for (const auto& [name, bytes] : {std::pair{"cut.jpg", encode_jpeg(image)}, std::pair{"cut.png", encode_png_rgb(image)},
+                                    std::pair{"cut.webp", encode_webp_lossless(image)}}) {
+    const std::vector<uint8_t> half(bytes.begin(), bytes.begin() + bytes.size() / 2);
+    const std::string path = write_temp_file(name, half);
+    const std::string message = load_error(path);
+    std::printf("  %s\n", message.c_str());
+    EXPECT_NE(message.find(path), std::string::npos) << name;
+    EXPECT_NE(message.find("truncated"), std::string::npos) << name;
+  }
+}
+
+TEST(ImageDecode, CorruptFilesAreClearErrors) {
+  const RgbImage image = gradient_image(64, 64);
+  for (const auto& [name, bytes] : {std::pair{"bad.jpg", encode_jpeg(image)}, std::pair{"bad.png", encode_png_rgb(image)},
+                                    std::pair{"bad.webp", encode_webp_lossless(image)}}) {
+    // Keep the signature (so the format is recognised) and scramble everything after it.
+    std::vector<uint8_t> broken = bytes;
+    for (size_t i = 16; i < broken.size(); ++i) broken[i] = static_cast<uint8_t>(i * 131 + 7);
+    const std::string path = write_temp_file(name, broken);
+    const std::string message = load_error(path);
+    std::printf("  %s\n", message.c_str());
+    EXPECT_NE(message.find(path), std::string::npos) << name;
+    EXPECT_NE(message.find("corrupt"), std::string::npos) << name;
+  }
+}
+
+}  // namespace
+}  // namespace deltamoe
