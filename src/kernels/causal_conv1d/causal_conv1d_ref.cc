@@ -2,8 +2,8 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/causal_conv1d/causal_conv1d.h"
 #include "core/error.h"
+#include "kernels/causal_conv1d/causal_conv1d.h"
 #include "kernels/gated_delta_rule/packed_sequences.h"
 
 namespace deltamoe {

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/causal_conv1d/causal_conv1d.h"
 #include "core/error.h"
+#include "kernels/causal_conv1d/causal_conv1d.h"
 #include "kernels/gated_delta_rule/gradient_check_test_util.h"
 
 namespace deltamoe {
@@ -51,7 +51,8 @@ TEST(CausalConv1dRef, MatchesSpecFormulaPerSequence) {
                             channels, kernel, y.data());
   for (size_t n = 0; n < lengths.size(); ++n) {
     const auto expected = conv_by_spec(x, w, cu[n], cu[n + 1], channels, kernel);
-    const std::vector<double> actual(y.begin() + cu[n] * channels, y.begin() + cu[n + 1] * channels);
+    const std::vector<double> actual(y.begin() + cu[n] * channels,
+                                     y.begin() + cu[n + 1] * channels);
     EXPECT_LT(compare("seq " + std::to_string(n), actual, expected).max_abs, 1e-14);
   }
 }
@@ -119,7 +120,8 @@ TEST(CausalConv1dRef, FloatAgreesWithDouble) {
                              dx.data(), dw.data());
   const auto xf = gdn_test::to_float(x), wf = gdn_test::to_float(w), dyf = gdn_test::to_float(dy);
   std::vector<float> yf(x.size()), dxf(x.size()), dwf(w.size(), 0);
-  causal_conv1d_forward_ref(xf.data(), wf.data(), cu.data(), 2, tokens, channels, kernel, yf.data());
+  causal_conv1d_forward_ref(xf.data(), wf.data(), cu.data(), 2, tokens, channels, kernel,
+                            yf.data());
   causal_conv1d_backward_ref(xf.data(), wf.data(), dyf.data(), cu.data(), 2, tokens, channels,
                              kernel, dxf.data(), dwf.data());
   EXPECT_LT(compare("y f32 vs f64", yf, y).max_rel, 1e-5);
@@ -130,13 +132,13 @@ TEST(CausalConv1dRef, FloatAgreesWithDouble) {
 TEST(CausalConv1dRef, RejectsBadCuSeqlens) {
   std::vector<float> x(8), w(4), y(8);
   const std::vector<int32_t> wrong_total = {0, 3};  // T is 4
-  EXPECT_THROW(causal_conv1d_forward_ref(x.data(), w.data(), wrong_total.data(), 1, 4, 2, 2,
-                                         y.data()),
-               Error);
+  EXPECT_THROW(
+      causal_conv1d_forward_ref(x.data(), w.data(), wrong_total.data(), 1, 4, 2, 2, y.data()),
+      Error);
   const std::vector<int32_t> decreasing = {0, 3, 2, 4};
-  EXPECT_THROW(causal_conv1d_forward_ref(x.data(), w.data(), decreasing.data(), 3, 4, 2, 2,
-                                         y.data()),
-               Error);
+  EXPECT_THROW(
+      causal_conv1d_forward_ref(x.data(), w.data(), decreasing.data(), 3, 4, 2, 2, y.data()),
+      Error);
   const std::vector<int32_t> ok = {0, 4};
   EXPECT_THROW(causal_conv1d_forward_ref(x.data(), w.data(), ok.data(), 1, 4, 2, 0, y.data()),
                Error);

@@ -25,29 +25,41 @@ struct HeadInputs {
 template <typename S>
 struct ChunkWork {
   ChunkWork(int chunk_size, int key_dim, int value_dim)
-      : dk(key_dim), dv(value_dim), cap(chunk_size),
-        q(cap * dk), k(cap * dk), v(cap * dv), gamma(cap), exp_gamma(cap), beta(cap),
-        decay_matrix(cap * cap), kk(cap * cap), qk(cap * cap), a_inv(cap * cap), w(cap * dk),
-        u(cap * dv), v_new(cap * dv) {}
+      : dk(key_dim),
+        dv(value_dim),
+        cap(chunk_size),
+        q(cap * dk),
+        k(cap * dk),
+        v(cap * dv),
+        gamma(cap),
+        exp_gamma(cap),
+        beta(cap),
+        decay_matrix(cap * cap),
+        kk(cap * cap),
+        qk(cap * cap),
+        a_inv(cap * cap),
+        w(cap * dk),
+        u(cap * dv),
+        v_new(cap * dv) {}
 
   // exp(gamma_i - gamma_j): the decay from token j to token i inside the chunk (i >= j).
   S decay(int i, int j) const { return decay_matrix[i * cap + j]; }
 
   int dk, dv, cap;
-  int len = 0;           // tokens in this chunk (the last chunk of a sequence may be short)
-  std::vector<S> q;      // [C, Dk] scale * q
-  std::vector<S> k;      // [C, Dk]
-  std::vector<S> v;      // [C, Dv]
-  std::vector<S> gamma;  // [C] cumulative log decay inside the chunk, gamma_i = sum_{j<=i} g_j
-  std::vector<S> exp_gamma;     // [C] exp(gamma_i): decay from the chunk start to token i
-  std::vector<S> beta;          // [C]
+  int len = 0;               // tokens in this chunk (the last chunk of a sequence may be short)
+  std::vector<S> q;          // [C, Dk] scale * q
+  std::vector<S> k;          // [C, Dk]
+  std::vector<S> v;          // [C, Dv]
+  std::vector<S> gamma;      // [C] cumulative log decay inside the chunk, gamma_i = sum_{j<=i} g_j
+  std::vector<S> exp_gamma;  // [C] exp(gamma_i): decay from the chunk start to token i
+  std::vector<S> beta;       // [C]
   std::vector<S> decay_matrix;  // [C, C] exp(gamma_i - gamma_j) for i >= j (exp computed once)
-  std::vector<S> kk;     // [C, C] k_i . k_j (lower triangle)
-  std::vector<S> qk;     // [C, C] (scale q_i) . k_j (lower triangle)
-  std::vector<S> a_inv;  // [C, C] A = (I + L)^-1, unit lower triangular
-  std::vector<S> w;      // [C, Dk] W = A diag(beta e^gamma) K
-  std::vector<S> u;      // [C, Dv] U = A diag(beta) V
-  std::vector<S> v_new;  // [C, Dv] V_new = U - W H (the delta-rule corrections, delta_t)
+  std::vector<S> kk;            // [C, C] k_i . k_j (lower triangle)
+  std::vector<S> qk;            // [C, C] (scale q_i) . k_j (lower triangle)
+  std::vector<S> a_inv;         // [C, C] A = (I + L)^-1, unit lower triangular
+  std::vector<S> w;             // [C, Dk] W = A diag(beta e^gamma) K
+  std::vector<S> u;             // [C, Dv] U = A diag(beta) V
+  std::vector<S> v_new;         // [C, Dv] V_new = U - W H (the delta-rule corrections, delta_t)
 };
 
 template <typename S>
@@ -161,8 +173,17 @@ void advance_state(const ChunkWork<S>& c, S* state) {
 template <typename S>
 struct ChunkGrads {
   ChunkGrads(int cap, int dk, int dv)
-      : dq(cap * dk), dk(cap * dk), dv(cap * dv), d_gamma(cap), d_beta(cap), d_v_new(cap * dv),
-        d_w(cap * dk), d_a(cap * cap), d_a_at(cap * cap), d_l(cap * cap), d_state_in(dk * dv) {}
+      : dq(cap * dk),
+        dk(cap * dk),
+        dv(cap * dv),
+        d_gamma(cap),
+        d_beta(cap),
+        d_v_new(cap * dv),
+        d_w(cap * dk),
+        d_a(cap * cap),
+        d_a_at(cap * cap),
+        d_l(cap * cap),
+        d_state_in(dk * dv) {}
   std::vector<S> dq, dk, dv;        // [C, Dk] (w.r.t. scale*q), [C, Dk], [C, Dv]
   std::vector<S> d_gamma, d_beta;   // [C]
   std::vector<S> d_v_new, d_w;      // [C, Dv], [C, Dk]; dU = d_v_new
@@ -355,7 +376,8 @@ void gated_delta_rule_chunked_forward_ref(const GatedDeltaRuleShape& shape, S sc
         write_chunk_output(in, t0, state.data(), work, o);
         advance_state(work, state.data());
       }
-      if (final_state != nullptr) std::copy(state.begin(), state.end(), final_state + at.state(n, h));
+      if (final_state != nullptr)
+        std::copy(state.begin(), state.end(), final_state + at.state(n, h));
     }
   }
 }
@@ -377,7 +399,8 @@ void gated_delta_rule_chunked_backward_ref(const GatedDeltaRuleShape& shape, S s
 
   int64_t max_chunks = 0;
   for (int n = 0; n < shape.num_seqs; ++n) {
-    max_chunks = std::max(max_chunks, (at.seq_end(n) - at.seq_begin(n) + chunk_size - 1) / chunk_size);
+    max_chunks =
+        std::max(max_chunks, (at.seq_end(n) - at.seq_begin(n) + chunk_size - 1) / chunk_size);
   }
   ChunkWork<S> work(chunk_size, key_dim, value_dim);
   ChunkGrads<S> grads(chunk_size, key_dim, value_dim);
@@ -437,9 +460,9 @@ void gated_delta_rule_chunked_backward_ref(const GatedDeltaRuleShape& shape, S s
 }
 
 #define DELTAMOE_INSTANTIATE_CHUNKED(S)                                                          \
-  template void gated_delta_rule_chunked_forward_ref<S>(                                         \
-      const GatedDeltaRuleShape&, S, const S*, const S*, const S*, const S*, const S*, const S*, \
-      S*, S*, int);                                                                              \
+  template void gated_delta_rule_chunked_forward_ref<S>(const GatedDeltaRuleShape&, S, const S*, \
+                                                        const S*, const S*, const S*, const S*,  \
+                                                        const S*, S*, S*, int);                  \
   template void gated_delta_rule_chunked_backward_ref<S>(                                        \
       const GatedDeltaRuleShape&, S, const S*, const S*, const S*, const S*, const S*, const S*, \
       const S*, const S*, S*, S*, S*, S*, S*, S*, int);

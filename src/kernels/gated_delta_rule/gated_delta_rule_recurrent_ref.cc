@@ -61,7 +61,8 @@ void gated_delta_rule_recurrent_forward_ref(const GatedDeltaRuleShape& shape, S 
                        beta[at.gate(t, h)], dk, dv, delta.data(), error.data());
         read_out(state.data(), q + at.qk_row(t, h), scale, dk, dv, o + at.v_row(t, h));
       }
-      if (final_state != nullptr) std::copy(state.begin(), state.end(), final_state + at.state(n, h));
+      if (final_state != nullptr)
+        std::copy(state.begin(), state.end(), final_state + at.state(n, h));
     }
   }
 }
@@ -81,7 +82,8 @@ void gated_delta_rule_recurrent_backward_ref(const GatedDeltaRuleShape& shape, S
   std::fill_n(dk, shape.num_tokens * shape.num_key_heads * key_dim, S(0));
 
   int64_t max_len = 0;
-  for (int n = 0; n < shape.num_seqs; ++n) max_len = std::max(max_len, at.seq_end(n) - at.seq_begin(n));
+  for (int n = 0; n < shape.num_seqs; ++n)
+    max_len = std::max(max_len, at.seq_end(n) - at.seq_begin(n));
   // states_before[t] = the state entering token t of the current (sequence, head).
   std::vector<S> states_before(max_len * state_size);
   std::vector<S> state(state_size), d_state(state_size);
@@ -169,12 +171,12 @@ void gated_delta_rule_recurrent_backward_ref(const GatedDeltaRuleShape& shape, S
   }
 }
 
-#define DELTAMOE_INSTANTIATE_RECURRENT(S)                                                        \
-  template void gated_delta_rule_recurrent_forward_ref<S>(                                       \
-      const GatedDeltaRuleShape&, S, const S*, const S*, const S*, const S*, const S*, const S*, \
-      S*, S*);                                                                                   \
-  template void gated_delta_rule_recurrent_backward_ref<S>(                                      \
-      const GatedDeltaRuleShape&, S, const S*, const S*, const S*, const S*, const S*, const S*, \
+#define DELTAMOE_INSTANTIATE_RECURRENT(S)                                                          \
+  template void gated_delta_rule_recurrent_forward_ref<S>(const GatedDeltaRuleShape&, S, const S*, \
+                                                          const S*, const S*, const S*, const S*,  \
+                                                          const S*, S*, S*);                       \
+  template void gated_delta_rule_recurrent_backward_ref<S>(                                        \
+      const GatedDeltaRuleShape&, S, const S*, const S*, const S*, const S*, const S*, const S*,   \
       const S*, const S*, S*, S*, S*, S*, S*, S*);
 DELTAMOE_INSTANTIATE_RECURRENT(float)
 DELTAMOE_INSTANTIATE_RECURRENT(double)

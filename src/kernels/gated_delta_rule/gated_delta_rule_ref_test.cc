@@ -38,11 +38,17 @@ struct Problem {
   std::vector<S> d_o, d_final_state;               // d_final_state empty = none
 
   GatedDeltaRuleShape shape() const {
-    return {cu_seqlens.data(), static_cast<int>(dims.lengths.size()), tokens, dims.key_heads,
-            dims.value_heads, dims.key_dim, dims.value_dim};
+    return {cu_seqlens.data(),
+            static_cast<int>(dims.lengths.size()),
+            tokens,
+            dims.key_heads,
+            dims.value_heads,
+            dims.key_dim,
+            dims.value_dim};
   }
   int64_t state_numel() const {
-    return static_cast<int64_t>(dims.lengths.size()) * dims.value_heads * dims.key_dim * dims.value_dim;
+    return static_cast<int64_t>(dims.lengths.size()) * dims.value_heads * dims.key_dim *
+           dims.value_dim;
   }
 };
 
@@ -140,11 +146,11 @@ Grads<S> run_backward(Form form, const Problem<S>& p, int chunk_size = kGatedDel
         or_null(p.initial_state), p.d_o.data(), or_null(p.d_final_state), gr.dq.data(),
         gr.dk.data(), gr.dv.data(), gr.dg.data(), gr.dbeta.data(), gr.d_initial_state.data());
   } else {
-    gated_delta_rule_chunked_backward_ref(
-        p.shape(), p.scale, p.q.data(), p.k.data(), p.v.data(), p.g.data(), p.beta.data(),
-        or_null(p.initial_state), p.d_o.data(), or_null(p.d_final_state), gr.dq.data(),
-        gr.dk.data(), gr.dv.data(), gr.dg.data(), gr.dbeta.data(), gr.d_initial_state.data(),
-        chunk_size);
+    gated_delta_rule_chunked_backward_ref(p.shape(), p.scale, p.q.data(), p.k.data(), p.v.data(),
+                                          p.g.data(), p.beta.data(), or_null(p.initial_state),
+                                          p.d_o.data(), or_null(p.d_final_state), gr.dq.data(),
+                                          gr.dk.data(), gr.dv.data(), gr.dg.data(), gr.dbeta.data(),
+                                          gr.d_initial_state.data(), chunk_size);
   }
   return gr;
 }
@@ -161,7 +167,8 @@ std::string describe(const Dims& dims) {
 // Checks every gradient of `form` against central differences of its own forward in fp64,
 // with loss = <o, d_o> + <final_state, d_final_state>.
 void check_against_finite_differences(Form form, const Dims& dims, int chunk_size, uint64_t seed) {
-  Problem<double> p = make_problem(dims, /*with_initial_state=*/true, /*with_d_final_state=*/true, seed);
+  Problem<double> p =
+      make_problem(dims, /*with_initial_state=*/true, /*with_d_final_state=*/true, seed);
   std::printf("%s chunk=%d %s\n", form_name(form), chunk_size, describe(dims).c_str());
   auto loss = [&] {
     const Outputs<double> out = run_forward(form, p, chunk_size);
@@ -303,7 +310,8 @@ TEST(GatedDeltaRuleRef, PackedMatchesUnpacked) {
 
 TEST(GatedDeltaRuleRef, PackingChangesResultsWhenBoundariesAreIgnored) {
   // Guard against a vacuous packing test: the same tokens as one sequence give other outputs.
-  const Problem<float> two = cast_problem<float>(make_problem({{5, 6}, 1, 1, 4, 4}, false, false, 500));
+  const Problem<float> two =
+      cast_problem<float>(make_problem({{5, 6}, 1, 1, 4, 4}, false, false, 500));
   Problem<float> one = two;
   one.dims.lengths = {11};
   one.cu_seqlens = {0, 11};

@@ -15,8 +15,8 @@ inline void check_gated_delta_rule_args(const char* op_name, const GatedDeltaRul
         ": head counts must be positive, got Hk=", shape.num_key_heads,
         " Hv=", shape.num_value_heads);
   CHECK(shape.num_value_heads % shape.num_key_heads == 0, op_name,
-        ": value heads Hv=", shape.num_value_heads, " must be a multiple of key heads Hk=",
-        shape.num_key_heads);
+        ": value heads Hv=", shape.num_value_heads,
+        " must be a multiple of key heads Hk=", shape.num_key_heads);
   CHECK(shape.key_dim > 0 && shape.value_dim > 0, op_name,
         ": head dims must be positive, got Dk=", shape.key_dim, " Dv=", shape.value_dim);
   check_cu_seqlens(op_name, shape.cu_seqlens, shape.num_seqs, shape.num_tokens);

@@ -1,5 +1,6 @@
 // Validation of cu_seqlens, the packed-sequence description shared by the Gated DeltaNet ops.
-// cu_seqlens has N+1 int32 entries: 0 = c[0] <= c[1] <= ... <= c[N] = T; sequence n is [c[n], c[n+1]).
+// cu_seqlens has N+1 int32 entries: 0 = c[0] <= c[1] <= ... <= c[N] = T; sequence n is [c[n],
+// c[n+1]).
 #pragma once
 
 #include <cstdint>
@@ -16,11 +17,12 @@ inline void check_cu_seqlens(const char* op_name, const int32_t* cu_seqlens, int
   CHECK(num_seqs >= 1, op_name, ": need at least one sequence, got num_seqs=", num_seqs);
   CHECK(cu_seqlens[0] == 0, op_name, ": cu_seqlens[0] must be 0, got ", cu_seqlens[0]);
   for (int n = 0; n < num_seqs; ++n) {
-    CHECK(cu_seqlens[n + 1] >= cu_seqlens[n], op_name, ": cu_seqlens must not decrease, but cu_seqlens[",
-          n + 1, "]=", cu_seqlens[n + 1], " < cu_seqlens[", n, "]=", cu_seqlens[n]);
+    CHECK(cu_seqlens[n + 1] >= cu_seqlens[n], op_name,
+          ": cu_seqlens must not decrease, but cu_seqlens[", n + 1, "]=", cu_seqlens[n + 1],
+          " < cu_seqlens[", n, "]=", cu_seqlens[n]);
   }
-  CHECK(cu_seqlens[num_seqs] == num_tokens, op_name, ": cu_seqlens[", num_seqs, "]=",
-        cu_seqlens[num_seqs], " must equal the token count T=", num_tokens);
+  CHECK(cu_seqlens[num_seqs] == num_tokens, op_name, ": cu_seqlens[", num_seqs,
+        "]=", cu_seqlens[num_seqs], " must equal the token count T=", num_tokens);
 }
 
 }  // namespace deltamoe::gdn_ref

@@ -1,4 +1,5 @@
-// CPU reference of the gated RMSNorm y = o * rsqrt(mean(o^2) + eps) * w * silu(z) (forward, backward).
+// CPU reference of the gated RMSNorm y = o * rsqrt(mean(o^2) + eps) * w * silu(z) (forward,
+// backward).
 #include <cmath>
 
 #include "core/error.h"

@@ -30,7 +30,8 @@ TEST(GatedRmsNormRef, MatchesFormulaWithPlainWeight) {
     for (int d = 0; d < dim; ++d) mean_sq += o[r * dim + d] * o[r * dim + d] / dim;
     for (int d = 0; d < dim; ++d) {
       const double zv = z[r * dim + d];
-      expected.push_back(o[r * dim + d] / std::sqrt(mean_sq + eps) * w[d] * zv / (1 + std::exp(-zv)));
+      expected.push_back(o[r * dim + d] / std::sqrt(mean_sq + eps) * w[d] * zv /
+                         (1 + std::exp(-zv)));
     }
   }
   EXPECT_LT(compare("y vs formula", y, expected).max_rel, 1e-14);

@@ -91,9 +91,9 @@ TEST(GdnGatesRef, FloatAgreesWithDouble) {
 
 TEST(GdnGatesRef, RejectsBadSizes) {
   std::vector<float> x(4);
-  EXPECT_THROW(gdn_gates_forward_ref(x.data(), x.data(), x.data(), x.data(), 2, 0, x.data(),
-                                     x.data()),
-               Error);
+  EXPECT_THROW(
+      gdn_gates_forward_ref(x.data(), x.data(), x.data(), x.data(), 2, 0, x.data(), x.data()),
+      Error);
 }
 
 }  // namespace
