@@ -319,6 +319,24 @@ TEST(GatedDeltaRuleRef, PackingChangesResultsWhenBoundariesAreIgnored) {
   EXPECT_GT(compare("o (one vs two sequences)", out_one.o, out_two.o).max_abs, 1e-3);
 }
 
+TEST(GatedDeltaRuleRef, EmptySequencePassesStateThrough) {
+  // cu_seqlens {0, 3, 3, 5}: sequence 1 has no tokens, so its final state is its initial state
+  // and its initial-state gradient is its final-state gradient.
+  const Problem<double> p = make_problem({{3, 0, 2}, 1, 2, 4, 3}, true, true, 700);
+  const int64_t per_seq = 2 * 4 * 3;
+  auto slice = [&](const std::vector<double>& x) {
+    return std::vector<double>(x.begin() + per_seq, x.begin() + 2 * per_seq);
+  };
+  for (Form form : {Form::recurrent, Form::chunked}) {
+    std::printf("empty sequence, %s\n", form_name(form));
+    const Outputs<double> out = run_forward(form, p);
+    const Grads<double> gr = run_backward(form, p);
+    EXPECT_EQ(compare("final_state", slice(out.final_state), slice(p.initial_state)).max_abs, 0.0);
+    EXPECT_EQ(compare("d_initial_state", slice(gr.d_initial_state), slice(p.d_final_state)).max_abs,
+              0.0);
+  }
+}
+
 TEST(GatedDeltaRuleRef, RejectsBadArguments) {
   Problem<float> p = cast_problem<float>(make_problem({{4}, 2, 3, 4, 4}, false, false, 600));
   // Hv = 3 is not a multiple of Hk = 2.
