@@ -1,0 +1,107 @@
+// Compares preprocess_image_file with transformers' Qwen2VLImageProcessor through golden files made
+// on the GPU machine (src/data/image_preprocess_golden.py): tests/golden/preprocess/cases.json lists
+// {name, file, min_pixels, max_pixels}; <name>.safetensors holds pixel_values and image_grid_thw.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "data/image_preprocess.h"
+
+namespace deltamoe {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path golden_folder() {
+  const char* source = std::getenv("DELTAMOE_SOURCE_DIR");
+  return fs::path(source != nullptr ? source : ".") / "tests" / "golden" / "preprocess";
+}
+
+// Just enough safetensors reading for two small tensors (F32 or I64, converted to double).
+struct GoldenTensor {
+  std::vector<int64_t> shape;
+  std::vector<double> values;
+};
+
+GoldenTensor read_golden_tensor(const fs::path& path, const std::string& name) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file.good()) throw std::runtime_error("cannot open " + path.string());
+  uint64_t header_size = 0;
+  file.read(reinterpret_cast<char*>(&header_size), 8);
+  std::string header_text(header_size, '\0');
+  file.read(header_text.data(), static_cast<std::streamsize>(header_size));
+  const nlohmann::json header = nlohmann::json::parse(header_text);
+  if (!header.contains(name)) throw std::runtime_error(path.string() + " has no tensor " + name);
+  const nlohmann::json& entry = header[name];
+  GoldenTensor tensor;
+  tensor.shape = entry["shape"].get<std::vector<int64_t>>();
+  const uint64_t begin = entry["data_offsets"][0], end = entry["data_offsets"][1];
+  std::vector<char> bytes(end - begin);
+  file.seekg(static_cast<std::streamoff>(8 + header_size + begin));
+  file.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  const std::string dtype = entry["dtype"];
+  if (dtype == "F32") {
+    for (size_t i = 0; i < bytes.size(); i += 4) {
+      float value;
+      std::memcpy(&value, &bytes[i], 4);
+      tensor.values.push_back(value);
+    }
+  } else if (dtype == "I64") {
+    for (size_t i = 0; i < bytes.size(); i += 8) {
+      int64_t value;
+      std::memcpy(&value, &bytes[i], 8);
+      tensor.values.push_back(static_cast<double>(value));
+    }
+  } else {
+    throw std::runtime_error(path.string() + ": " + name + " has dtype " + dtype + ", expected F32 or I64");
+  }
+  return tensor;
+}
+
+TEST(ImagePreprocessGolden, MatchesTransformersQwen2VLImageProcessor) {
+  const fs::path folder = golden_folder();
+  const fs::path cases_path = folder / "cases.json";
+  ASSERT_TRUE(fs::exists(cases_path)) << "golden files are missing: " << cases_path
+                                      << " does not exist. Generate them on the GPU machine with "
+                                         "src/data/image_preprocess_golden.py (needs transformers and Pillow).";
+  std::ifstream cases_file(cases_path);
+  const nlohmann::json cases = nlohmann::json::parse(cases_file);
+  ASSERT_FALSE(cases.empty()) << cases_path << " lists no cases";
+  for (const nlohmann::json& golden_case : cases) {
+    const std::string name = golden_case["name"];
+    SCOPED_TRACE(name);
+    ImagePreprocessConfig config;
+    config.min_pixels = golden_case["min_pixels"];
+    config.max_pixels = golden_case["max_pixels"];
+    const ImagePatches patches = preprocess_image_file((folder / golden_case["file"].get<std::string>()).string(), config);
+    const fs::path expected_path = folder / (name + ".safetensors");
+    const GoldenTensor grid = read_golden_tensor(expected_path, "image_grid_thw");
+    const GoldenTensor pixels = read_golden_tensor(expected_path, "pixel_values");
+    ASSERT_EQ(grid.values.size(), 3u);
+    EXPECT_EQ(patches.grid_thw[0], grid.values[0]);
+    EXPECT_EQ(patches.grid_thw[1], grid.values[1]);
+    EXPECT_EQ(patches.grid_thw[2], grid.values[2]);
+    ASSERT_EQ(patches.pixel_values.size(), pixels.values.size());
+    double sum_diff = 0, max_diff = 0;
+    for (size_t i = 0; i < pixels.values.size(); ++i) {
+      const double diff = std::abs(patches.pixel_values[i] - pixels.values[i]);
+      sum_diff += diff;
+      max_diff = std::max(max_diff, diff);
+    }
+    const double mean_diff = sum_diff / static_cast<double>(pixels.values.size());
+    std::printf("  %-24s grid [%ld, %ld, %ld] mean|diff| = %.3e max|diff| = %.3e\n", name.c_str(),
+                patches.grid_thw[0], patches.grid_thw[1], patches.grid_thw[2], mean_diff, max_diff);
+    EXPECT_LE(mean_diff, 0.01);
+    EXPECT_LE(max_diff, 0.1);
+  }
+}
+
+}  // namespace
+}  // namespace deltamoe
