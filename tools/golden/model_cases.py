@@ -124,10 +124,11 @@ def all_cases():
                   vlm_inputs([[("text", 5), ("vs",), ("image", (1, 4, 6)), ("ve",), ("text", 4),
                                ("vs",), ("image", (1, 6, 2)), ("ve",), ("text", 7)]]), 1004),
         ModelCase("vlm_image_first", "VLM, 2 text layers [lin,full]; B=2: row 0 starts with an image "
-                  "(grid (1,4,4), no vision_start before it), row 1 has text then an image of grid "
-                  "(1,2,6); images fill placeholders in row-major order",
+                  "(grid (1,4,4), no vision_start before it), then a 5-token prompt and 10 supervised "
+                  "tokens; row 1 has text then an image of grid (1,2,6); images fill placeholders in "
+                  "row-major order",
                   "vlm", vlm,
-                  vlm_inputs([[("image", (1, 4, 4)), ("ve",), ("text", 15)],
+                  vlm_inputs([[("image", (1, 4, 4)), ("ve",), ("text", 5), ("text", 10)],
                               [("text", 6), ("vs",), ("image", (1, 2, 6)), ("ve",), ("text", 9)]]),
                   1005),
     ]
