@@ -90,7 +90,7 @@ class StateFileReader {
   std::string path_;
 };
 
-void check_layout_matches(const StateFileReader& reader, const std::string& saved_layout_text,
+void check_layout_matches(const StateFileReader& reader, const std::string& path, const std::string& saved_layout_text,
                           const ParamLayout& layout) {
   json saved;
   try {
@@ -102,12 +102,12 @@ void check_layout_matches(const StateFileReader& reader, const std::string& save
   const json expected = json::parse(layout_json(layout));
   for (size_t i = 0; i < std::min(saved.size(), expected.size()); ++i) {
     if (saved[i] != expected[i]) {
-      RAISE("optimizer state was saved for a different model: parameter ", i, " is ", saved[i].dump(),
+      RAISE("optimizer state ", path, " was saved for a different model: parameter ", i, " is ", saved[i].dump(),
             " in the file but ", expected[i].dump(), " in this run (resume with the same model and tuner settings)");
     }
   }
   if (saved.size() != expected.size()) {
-    RAISE("optimizer state was saved for ", saved.size(), " parameter tensors, this run has ", expected.size(),
+    RAISE("optimizer state ", path, " was saved for ", saved.size(), " parameter tensors, this run has ", expected.size(),
           " (resume with the same model and tuner settings)");
   }
 }
@@ -223,7 +223,7 @@ OptimizerProgress load_optimizer_state(const std::string& path, AdamW* optimizer
 
   // The file must describe this optimizer: same layout, same slice of it, same moment dtype.
   const AdamWConfig& config = optimizer->config();
-  check_layout_matches(reader, reader.meta_string(metadata, "param_layout"), optimizer->layout());
+  check_layout_matches(reader, path, reader.meta_string(metadata, "param_layout"), optimizer->layout());
   const FlatRange saved_range{reader.meta_int(metadata, "range_begin"), reader.meta_int(metadata, "range_end")};
   CHECK(saved_range == optimizer->range(), "optimizer state ", path, " holds flat elements [", saved_range.begin, ", ",
         saved_range.end, ") but this rank owns [", optimizer->range().begin, ", ", optimizer->range().end,
