@@ -13,5 +13,8 @@ struct Command {
 int cmd_version(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_image(int argc, char** argv);
+int cmd_init(int argc, char** argv);
+int cmd_inspect(int argc, char** argv);
+int cmd_convert(int argc, char** argv);
 
 }  // namespace deltamoe

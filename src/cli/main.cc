@@ -14,6 +14,9 @@ const Command kCommands[] = {
     {"version", "print the version and build configuration", cmd_version},
     {"tokenize", "encode {\"text\"} JSONL lines into {\"ids\"} lines with a tokenizer.json", cmd_tokenize},
     {"image", "preprocess one image into pixel_values and image_grid_thw (safetensors)", cmd_image},
+    {"init", "write a randomly initialised checkpoint for a preset or config.json", cmd_init},
+    {"inspect", "summarise a config (parameter counts) or check a checkpoint directory", cmd_inspect},
+    {"convert", "load a checkpoint and save it again (expert layout, sharding)", cmd_convert},
 };
 
 void print_help() {
