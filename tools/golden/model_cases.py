@@ -289,7 +289,7 @@ def _expert_layout(disk_keys):
 
 def _mrope_positions(model, inputs):
     """3-D rope positions from transformers' own get_rope_index (stored for debugging)."""
-    inner = model.model
+    inner = getattr(model, "model", None)
     if not hasattr(inner, "get_rope_index"):
         return None
     try:
