@@ -41,11 +41,15 @@ def parse_args(argv):
 
 def main(argv):
     args = parse_args(argv)
+    import tiny_models
+
+    hidden = tiny_models.block_fast_kernels()  # before transformers is imported
+    if hidden:
+        log(f"golden: hiding installed {hidden} so that transformers uses its torch fallbacks")
     import torch
 
     import model_cases
     import preprocess_cases
-    import tiny_models
 
     torch.set_default_dtype(torch.float32)
     torch.use_deterministic_algorithms(True, warn_only=True)

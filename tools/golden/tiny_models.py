@@ -40,9 +40,24 @@ def _import_class(name):
     raise GoldenError(f"transformers {transformers.__version__} has no class {name}")
 
 
+kFastKernelPackages = ("fla", "causal_conv1d")
+
+
+def block_fast_kernels():
+    """Hides flash-linear-attention and causal-conv1d from this process (call before importing
+    transformers): a None entry in sys.modules makes find_spec() report the package as absent and
+    any import of it fail loudly, so transformers falls back to its torch code."""
+    import sys
+
+    installed = [pkg for pkg in kFastKernelPackages if importlib.util.find_spec(pkg) is not None]
+    for pkg in kFastKernelPackages:
+        sys.modules[pkg] = None
+    return installed
+
+
 def check_no_fast_kernels():
     """The golden numbers must come from transformers' torch fallbacks, not FLA/causal-conv1d."""
-    present = [pkg for pkg in ("fla", "causal_conv1d") if importlib.util.find_spec(pkg) is not None]
+    present = [pkg for pkg in kFastKernelPackages if importlib.util.find_spec(pkg) is not None]
     if present:
         raise GoldenError(
             f"packages {present} are importable; transformers would use their kernels instead of the "
