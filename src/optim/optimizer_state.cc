@@ -2,6 +2,9 @@
 // with our metadata (counters, hyper-parameters, parameter layout, checksums) in __metadata__.
 #include "optim/optimizer_state.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -175,6 +178,10 @@ void save_optimizer_state(const std::string& path, const AdamW& optimizer, const
     out.close();
     CHECK(!out.fail(), "writing optimizer state file ", temp_path, " failed (disk full?)");
   }
+  // Flush to disk before the rename, so that after a crash the real name holds a complete file.
+  const int fd = ::open(temp_path.c_str(), O_RDONLY);
+  CHECK(fd >= 0 && ::fsync(fd) == 0, "cannot flush optimizer state file ", temp_path, ": ", std::strerror(errno));
+  ::close(fd);
   std::error_code error;
   std::filesystem::rename(temp_path, path, error);
   CHECK(!error, "cannot rename ", temp_path, " to ", path, ": ", error.message());

@@ -2,7 +2,6 @@
 #include "optim/optimizer_step.h"
 
 #include "core/error.h"
-#include "core/log.h"
 
 namespace deltamoe {
 
@@ -16,9 +15,7 @@ StepReport apply_optimizer_step(AdamW& optimizer, const LrSchedule& schedule, co
   report.clip_coef = clip.clip_coef;
   if (!clip.finite) {
     report.skipped = true;
-    ++progress->skipped_steps;
-    log_warn("step ", report.step_idx, ": gradient norm is ", clip.grad_norm, "; skipping this update (",
-             progress->skipped_steps, " skipped so far)");
+    ++progress->skipped_steps;  // the trainer logs the skip (once, not per rank) from the report
   } else {
     if (clip.clipped()) scale_in_place(grad, optimizer.range().size(), clip.clip_coef);
     optimizer.step(report.lr, master, grad);

@@ -21,6 +21,7 @@ struct StepReport {
 // rank grad_clip_from_sum_of_squares(sum_of_squares_f64(...)), for several the all-reduced sum).
 // Policy: a non-finite norm skips the update (weights, moments and adam_step unchanged) but the
 // schedule still advances, so the run ends on schedule; progress->skipped_steps counts skips.
+// Nothing is logged here: the trainer reports report.skipped once (not once per rank).
 // grad (range-local, optimizer.range().size() values) is scaled in place by the clip factor.
 StepReport apply_optimizer_step(AdamW& optimizer, const LrSchedule& schedule, const GradClipResult& clip,
                                 OptimizerProgress* progress, float* master, float* grad);
