@@ -15,9 +15,10 @@ constexpr int64_t kIgnoreIndex = -100;
 void shift_labels_ref(const int64_t* labels, int64_t* shifted, int64_t rows, int64_t seq_len);
 
 // logits [T, V]; labels int64 [T] (already shifted; each -100 or in [0, V)); lse [T] written.
-// Returns the mean loss over supervised tokens (0 when none) and writes their count.
+// Returns the mean loss over supervised tokens (0 when none), summed in fp64 so that the value
+// itself adds no rounding, and writes their count.
 template <typename T>
-T cross_entropy_forward_ref(const T* logits, const int64_t* labels, T* lse, int64_t num_tokens, int64_t vocab,
+double cross_entropy_forward_ref(const T* logits, const int64_t* labels, T* lse, int64_t num_tokens, int64_t vocab,
                             int64_t* num_supervised);
 
 // d_logits [T, V] written: d_loss * (softmax - onehot) / num_supervised on supervised rows, 0 elsewhere.

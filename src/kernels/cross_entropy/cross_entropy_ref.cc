@@ -26,9 +26,9 @@ bool is_supervised(const int64_t* labels, int64_t t, int64_t vocab) {
 }  // namespace
 
 template <typename T>
-T cross_entropy_forward_ref(const T* logits, const int64_t* labels, T* lse, int64_t num_tokens, int64_t vocab,
+double cross_entropy_forward_ref(const T* logits, const int64_t* labels, T* lse, int64_t num_tokens, int64_t vocab,
                             int64_t* num_supervised) {
-  T total = 0;
+  double total = 0;
   int64_t count = 0;
   for (int64_t t = 0; t < num_tokens; ++t) {
     const T* row = logits + t * vocab;
@@ -38,11 +38,11 @@ T cross_entropy_forward_ref(const T* logits, const int64_t* labels, T* lse, int6
     for (int64_t v = 0; v < vocab; ++v) sum += std::exp(row[v] - max_logit);
     lse[t] = max_logit + std::log(sum);
     if (!is_supervised(labels, t, vocab)) continue;
-    total += lse[t] - row[labels[t]];
+    total += static_cast<double>(lse[t]) - static_cast<double>(row[labels[t]]);
     ++count;
   }
   *num_supervised = count;
-  return count > 0 ? total / T(count) : T(0);
+  return count > 0 ? total / static_cast<double>(count) : 0.0;
 }
 
 template <typename T>
@@ -63,7 +63,7 @@ void cross_entropy_backward_ref(const T* logits, const int64_t* labels, const T*
 }
 
 #define INSTANTIATE(T)                                                                                        \
-  template T cross_entropy_forward_ref<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t*);          \
+  template double cross_entropy_forward_ref<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t*);          \
   template void cross_entropy_backward_ref<T>(const T*, const int64_t*, const T*, T, T*, int64_t, int64_t);
 INSTANTIATE(float)
 INSTANTIATE(double)

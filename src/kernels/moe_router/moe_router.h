@@ -13,6 +13,12 @@ template <typename T>
 void moe_router_forward_ref(const T* logits, T* probs, int32_t* topk_idx, T* topk_weight, int64_t num_tokens,
                             int64_t num_experts, int64_t top_k);
 
+// The same with the choice given: topk_idx int32 [T, K] is read (each in [0, E)), probs and
+// topk_weight written. Lets a test or a GPU-vs-CPU comparison pin the routing across near-ties.
+template <typename T>
+void moe_router_forward_given_choice_ref(const T* logits, T* probs, const int32_t* topk_idx, T* topk_weight,
+                                         int64_t num_tokens, int64_t num_experts, int64_t top_k);
+
 // d_topk_weight [T, K] -> d_logits [T, E] written. The selection itself carries no gradient.
 template <typename T>
 void moe_router_backward_ref(const T* probs, const int32_t* topk_idx, const T* topk_weight, const T* d_topk_weight,

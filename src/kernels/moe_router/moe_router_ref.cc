@@ -8,6 +8,37 @@
 
 namespace deltamoe {
 
+namespace {
+
+template <typename T>
+void softmax_row(const T* row, T* p, int64_t num_experts) {
+  T max_logit = row[0];
+  for (int64_t e = 1; e < num_experts; ++e) max_logit = std::max(max_logit, row[e]);
+  T sum = 0;
+  for (int64_t e = 0; e < num_experts; ++e) sum += (p[e] = std::exp(row[e] - max_logit));
+  for (int64_t e = 0; e < num_experts; ++e) p[e] /= sum;
+}
+
+}  // namespace
+
+template <typename T>
+void moe_router_forward_given_choice_ref(const T* logits, T* probs, const int32_t* topk_idx, T* topk_weight,
+                                         int64_t num_tokens, int64_t num_experts, int64_t top_k) {
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    T* p = probs + t * num_experts;
+    softmax_row(logits + t * num_experts, p, num_experts);
+    T selected_sum = 0;
+    for (int64_t slot = 0; slot < top_k; ++slot) {
+      const int32_t e = topk_idx[t * top_k + slot];
+      CHECK(e >= 0 && e < num_experts, "moe_router: given expert ", e, " for token ", t, " is outside [0, ",
+            num_experts, ")");
+      selected_sum += p[e];
+    }
+    for (int64_t slot = 0; slot < top_k; ++slot)
+      topk_weight[t * top_k + slot] = p[topk_idx[t * top_k + slot]] / selected_sum;
+  }
+}
+
 template <typename T>
 void moe_router_forward_ref(const T* logits, T* probs, int32_t* topk_idx, T* topk_weight, int64_t num_tokens,
                             int64_t num_experts, int64_t top_k) {
@@ -16,11 +47,7 @@ void moe_router_forward_ref(const T* logits, T* probs, int32_t* topk_idx, T* top
   for (int64_t t = 0; t < num_tokens; ++t) {
     const T* row = logits + t * num_experts;
     T* p = probs + t * num_experts;
-    T max_logit = row[0];
-    for (int64_t e = 1; e < num_experts; ++e) max_logit = std::max(max_logit, row[e]);
-    T sum = 0;
-    for (int64_t e = 0; e < num_experts; ++e) sum += (p[e] = std::exp(row[e] - max_logit));
-    for (int64_t e = 0; e < num_experts; ++e) p[e] /= sum;
+    softmax_row(row, p, num_experts);
     // Selection by repeated arg-max keeps the tie rule explicit (lower index wins).
     std::fill(taken.begin(), taken.end(), false);
     T selected_sum = 0;
@@ -68,6 +95,8 @@ void moe_router_backward_ref(const T* probs, const int32_t* topk_idx, const T* t
 
 #define INSTANTIATE(T)                                                                                           \
   template void moe_router_forward_ref<T>(const T*, T*, int32_t*, T*, int64_t, int64_t, int64_t);                \
+  template void moe_router_forward_given_choice_ref<T>(const T*, T*, const int32_t*, T*, int64_t, int64_t,       \
+                                                       int64_t);                                                 \
   template void moe_router_backward_ref<T>(const T*, const int32_t*, const T*, const T*, T*, int64_t, int64_t,   \
                                            int64_t);                                                             \
   template void softmax_backward_rows_ref<T>(const T*, const T*, T*, int64_t, int64_t);

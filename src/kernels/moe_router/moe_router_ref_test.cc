@@ -36,6 +36,21 @@ TEST(MoeRouterRef, SelectsLargestAndRenormalises) {
   EXPECT_LT(worst, 1e-12);
 }
 
+TEST(MoeRouterRef, GivenChoiceReproducesOwnChoice) {
+  const int64_t tokens = 6, experts = 8, top_k = 3;
+  Rng rng(16);
+  const std::vector<double> logits = gradcheck::random_normal(rng, tokens * experts, 2.0);
+  std::vector<double> probs(tokens * experts), weight(tokens * top_k), probs2(probs.size()), weight2(weight.size());
+  std::vector<int32_t> idx(tokens * top_k);
+  moe_router_forward_ref(logits.data(), probs.data(), idx.data(), weight.data(), tokens, experts, top_k);
+  moe_router_forward_given_choice_ref(logits.data(), probs2.data(), idx.data(), weight2.data(), tokens, experts, top_k);
+  double worst = 0;
+  for (size_t i = 0; i < weight.size(); ++i) worst = std::max(worst, std::abs(weight[i] - weight2[i]));
+  std::printf("  given-choice weights max|diff| = %.3e\n", worst);
+  EXPECT_EQ(worst, 0.0);
+  EXPECT_EQ(probs, probs2);
+}
+
 TEST(MoeRouterRef, BackwardMatchesFiniteDifferences) {
   const int64_t tokens = 4, experts = 6, top_k = 2;
   Rng rng(10);

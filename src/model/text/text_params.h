@@ -1,0 +1,53 @@
+// Parameters and gradients of the text tower as fp32 host tensors keyed by their Hugging Face
+// names (fused expert layout), the list of names and shapes the text model needs, and lookups
+// that fail with the parameter's name when something is missing or mis-shaped.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/config.h"
+
+namespace deltamoe {
+
+struct ParamTensor {
+  std::vector<int64_t> shape;
+  std::vector<float> values;  // row-major, numel(shape) entries
+};
+using ParamMap = std::map<std::string, ParamTensor>;
+
+struct NamedShape {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// Every trainable tensor of the text tower in the fused in-memory layout. `prefix` is the text
+// tower's key prefix ("model" for qwen3_5_moe_text, "model.language_model" for qwen3_5_moe);
+// lm_head.weight has no prefix.
+std::vector<NamedShape> text_param_shapes(const TextConfig& config, const std::string& prefix);
+
+// "<prefix>.layers.<i>." — the start of decoder layer i's names.
+std::string layer_prefix(const std::string& prefix, int64_t layer_idx);
+
+// The rotary width of the attention heads: head_dim * partial_rotary_factor (truncated, as HF).
+int64_t text_rotary_dim(const TextConfig& config);
+
+// Throws, naming the tensor, unless `params` holds every name of text_param_shapes with its shape.
+void check_text_params(const ParamMap& params, const TextConfig& config, const std::string& prefix);
+
+// The values of `name`; throws naming the tensor when it is absent.
+const float* param_values(const ParamMap& params, const std::string& name);
+float* param_values(ParamMap& params, const std::string& name);
+
+// A map with the same names and shapes, all zeros (gradient accumulators).
+ParamMap zeros_like(const ParamMap& params);
+
+// Random parameters for tests: matrices normal(0, matrix_std), zero-centred norm weights
+// normal(0, 0.3), the GDN norm weight 1 + normal(0, 0.3), A_log and dt_bias normal(0, 0.5).
+ParamMap random_text_params(const TextConfig& config, const std::string& prefix, uint64_t seed,
+                            double matrix_std = 0.15);
+
+}  // namespace deltamoe
