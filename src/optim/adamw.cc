@@ -87,13 +87,13 @@ AdamW::AdamW(const ParamLayout& layout, const AdamWConfig& config, FlatRange ran
   validate_adamw_config(config);
   CHECK(range.begin >= 0 && range.begin <= range.end && range.end <= layout.total_numel(), "AdamW: range [",
         range.begin, ", ", range.end, ") is not inside the flat buffer of ", layout.total_numel(), " elements");
-  const size_t nbytes = static_cast<size_t>(range.size()) * dtype_size(config.moment_dtype);
-  // All-zero bytes are 0.0 in both f32 and bf16, torch's initial moments.
-  exp_avg_.assign(nbytes, 0);
-  exp_avg_sq_.assign(nbytes, 0);
+  // HostTensor is zero-filled, and all-zero bytes are 0.0 in f32 and bf16: torch's initial moments.
+  exp_avg_ = HostTensor(config.moment_dtype, Shape{range.size()});
+  exp_avg_sq_ = HostTensor(config.moment_dtype, Shape{range.size()});
 }
 
 void AdamW::step(double lr, float* master, const float* grad) {
+  CHECK(range_.size() == 0 || (master != nullptr && grad != nullptr), "AdamW::step: null master or gradient buffer");
   const AdamWStepScalars scalars = adamw_step_scalars(config_, lr, adam_step_ + 1);
   const size_t element_size = dtype_size(config_.moment_dtype);
   for (const ParamEntry& entry : layout_.entries()) {
@@ -102,8 +102,8 @@ void AdamW::step(double lr, float* master, const float* grad) {
     if (begin >= end) continue;
     const int64_t local = begin - range_.begin;
     adamw_update_span(scalars, entry.decay, config_.moment_dtype, end - begin, master + local, grad + local,
-                      exp_avg_.data() + static_cast<size_t>(local) * element_size,
-                      exp_avg_sq_.data() + static_cast<size_t>(local) * element_size);
+                      static_cast<uint8_t*>(exp_avg_.data()) + static_cast<size_t>(local) * element_size,
+                      static_cast<uint8_t*>(exp_avg_sq_.data()) + static_cast<size_t>(local) * element_size);
   }
   ++adam_step_;
 }
@@ -114,15 +114,20 @@ void AdamW::set_adam_step(int64_t adam_step) {
 }
 
 namespace {
-std::vector<float> moments_to_f32(const std::vector<uint8_t>& bytes, DType dtype) {
-  const int64_t count = static_cast<int64_t>(bytes.size() / dtype_size(dtype));
-  std::vector<float> out(static_cast<size_t>(count));
-  convert_floats(bytes.data(), dtype, out.data(), DType::f32, count);
+std::vector<float> moments_to_f32(const HostTensor& moments) {
+  std::vector<float> out(static_cast<size_t>(moments.numel()));
+  convert_floats(moments.data(), moments.dtype(), out.data(), DType::f32, moments.numel());
   return out;
+}
+std::vector<uint8_t> raw_bytes(const HostTensor& tensor) {
+  const auto* begin = static_cast<const uint8_t*>(tensor.data());
+  return std::vector<uint8_t>(begin, begin + tensor.nbytes());
 }
 }  // namespace
 
-std::vector<float> AdamW::exp_avg_f32() const { return moments_to_f32(exp_avg_, config_.moment_dtype); }
-std::vector<float> AdamW::exp_avg_sq_f32() const { return moments_to_f32(exp_avg_sq_, config_.moment_dtype); }
+std::vector<float> AdamW::exp_avg_f32() const { return moments_to_f32(exp_avg_); }
+std::vector<float> AdamW::exp_avg_sq_f32() const { return moments_to_f32(exp_avg_sq_); }
+std::vector<uint8_t> AdamW::exp_avg_bytes() const { return raw_bytes(exp_avg_); }
+std::vector<uint8_t> AdamW::exp_avg_sq_bytes() const { return raw_bytes(exp_avg_sq_); }
 
 }  // namespace deltamoe

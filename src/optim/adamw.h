@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/tensor.h"
 #include "optim/param_layout.h"
 
 namespace deltamoe {
@@ -59,6 +60,10 @@ class AdamW {
  public:
   AdamW(const ParamLayout& layout, const AdamWConfig& config);
   AdamW(const ParamLayout& layout, const AdamWConfig& config, FlatRange range);
+  AdamW(AdamW&&) = default;
+  AdamW& operator=(AdamW&&) = default;
+  AdamW(const AdamW&) = delete;
+  AdamW& operator=(const AdamW&) = delete;
 
   // Applies one update with learning rate lr and advances adam_step(). master and grad hold
   // range().size() fp32 values.
@@ -70,14 +75,15 @@ class AdamW {
   // Number of updates applied so far (torch's state['step']); bias correction uses it.
   int64_t adam_step() const { return adam_step_; }
 
-  // Raw moment storage, range().size() elements of config().moment_dtype each. Exposed for
-  // saving and restoring the state bitwise.
-  std::vector<uint8_t>& exp_avg_bytes() { return exp_avg_; }
-  std::vector<uint8_t>& exp_avg_sq_bytes() { return exp_avg_sq_; }
-  const std::vector<uint8_t>& exp_avg_bytes() const { return exp_avg_; }
-  const std::vector<uint8_t>& exp_avg_sq_bytes() const { return exp_avg_sq_; }
+  // The moment storage: range().size() elements of config().moment_dtype each, 64-byte aligned.
+  // Views into this optimizer's buffers, used to save and restore the state bitwise.
+  TensorView exp_avg() const { return exp_avg_.view(); }
+  TensorView exp_avg_sq() const { return exp_avg_sq_.view(); }
   void set_adam_step(int64_t adam_step);
 
+  // Copies of the raw moment bytes (for bitwise comparisons).
+  std::vector<uint8_t> exp_avg_bytes() const;
+  std::vector<uint8_t> exp_avg_sq_bytes() const;
   // fp32 copies of the moments (for tests and logging).
   std::vector<float> exp_avg_f32() const;
   std::vector<float> exp_avg_sq_f32() const;
@@ -87,8 +93,8 @@ class AdamW {
   AdamWConfig config_;
   FlatRange range_;
   int64_t adam_step_ = 0;
-  std::vector<uint8_t> exp_avg_;
-  std::vector<uint8_t> exp_avg_sq_;
+  HostTensor exp_avg_;     // owning; AdamW is move-only so that two optimizers never share it
+  HostTensor exp_avg_sq_;
 };
 
 }  // namespace deltamoe

@@ -184,8 +184,8 @@ TEST(AdamW, Bf16MomentsAreStoredRoundedToNearestEven) {
   std::vector<float> master = random_values(64, 4, 0, 1.0);
   std::vector<float> grad = random_values(64, 4, 1, 1.0);
   optimizer.step(1e-3, master.data(), grad.data());
-  const auto* m_bits = reinterpret_cast<const uint16_t*>(optimizer.exp_avg_bytes().data());
-  const auto* v_bits = reinterpret_cast<const uint16_t*>(optimizer.exp_avg_sq_bytes().data());
+  const auto* m_bits = static_cast<const uint16_t*>(optimizer.exp_avg().data);
+  const auto* v_bits = static_cast<const uint16_t*>(optimizer.exp_avg_sq().data);
   const float one_minus_beta1 = static_cast<float>(1.0 - config.beta1);
   const float one_minus_beta2 = static_cast<float>(1.0 - config.beta2);
   int num_inexact = 0;

@@ -126,8 +126,8 @@ void save_optimizer_state(const std::string& path, const AdamW& optimizer, const
   const AdamWConfig& config = optimizer.config();
   const int64_t numel = optimizer.range().size();
   std::vector<TensorBytes> tensors = {
-      {"exp_avg", config.moment_dtype, numel, optimizer.exp_avg_bytes().data()},
-      {"exp_avg_sq", config.moment_dtype, numel, optimizer.exp_avg_sq_bytes().data()},
+      {"exp_avg", config.moment_dtype, numel, optimizer.exp_avg().data},
+      {"exp_avg_sq", config.moment_dtype, numel, optimizer.exp_avg_sq().data},
   };
   if (master != nullptr) tensors.push_back({"master_weights", DType::f32, numel, master});
 
@@ -258,8 +258,8 @@ OptimizerProgress load_optimizer_state(const std::string& path, AdamW* optimizer
     void* data;
   };
   std::vector<Destination> destinations = {
-      {"exp_avg", config.moment_dtype, optimizer->exp_avg_bytes().data()},
-      {"exp_avg_sq", config.moment_dtype, optimizer->exp_avg_sq_bytes().data()},
+      {"exp_avg", config.moment_dtype, optimizer->exp_avg().data},
+      {"exp_avg_sq", config.moment_dtype, optimizer->exp_avg_sq().data},
   };
   if (master != nullptr) {
     if (!header.contains("master_weights")) {

@@ -132,7 +132,7 @@ TEST_F(OptimizerStateFile, IsASafetensorsFile) {
   const uint64_t begin = header["exp_avg_sq"]["data_offsets"][0];
   const uint64_t end = header["exp_avg_sq"]["data_offsets"][1];
   ASSERT_EQ(end - begin, trained->exp_avg_sq_bytes().size());
-  EXPECT_EQ(0, std::memcmp(bytes.data() + 8 + header_size + begin, trained->exp_avg_sq_bytes().data(), end - begin));
+  EXPECT_EQ(0, std::memcmp(bytes.data() + 8 + header_size + begin, trained->exp_avg_sq().data, end - begin));
   EXPECT_EQ(bytes.size(), 8 + header_size + header["master_weights"]["data_offsets"][1].get<uint64_t>());
   EXPECT_FALSE(fs::exists(file + ".tmp"));
 }
