@@ -2,6 +2,7 @@
 // Only included by files compiled with CUDA (DELTAMOE_WITH_CUDA).
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include "core/error.h"
@@ -15,3 +16,10 @@
 
 // After a kernel launch: catches bad launch configurations immediately (no sync).
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+#define CUBLAS_CHECK(call)                                                                    \
+  do {                                                                                        \
+    cublasStatus_t status_ = (call);                                                          \
+    CHECK(status_ == CUBLAS_STATUS_SUCCESS, #call, " failed: ", cublasGetStatusName(status_), \
+          " (", cublasGetStatusString(status_), ")");                                         \
+  } while (0)
