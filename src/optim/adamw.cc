@@ -34,7 +34,7 @@ AdamWStepScalars adamw_step_scalars(const AdamWConfig& config, double lr, int64_
   scalars.one_minus_beta1 = static_cast<float>(1.0 - config.beta1);
   scalars.beta2 = static_cast<float>(config.beta2);
   scalars.one_minus_beta2 = static_cast<float>(1.0 - config.beta2);
-  scalars.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  scalars.bias_correction2_sqrt = static_cast<float>(std::pow(bias_correction2, 0.5));  // torch: bc2 ** 0.5
   scalars.eps = static_cast<float>(config.eps);
   scalars.neg_step_size = static_cast<float>(-step_size);
   return scalars;
