@@ -33,6 +33,7 @@ struct TokenizerData {
   std::vector<std::string> id_to_token;    // vocabulary and added tokens
   std::vector<std::string> id_to_bytes;    // what decode emits for each id
   std::vector<bool> special;
+  std::vector<uint32_t> text_size;         // bytes of normalised text per id
   std::array<int32_t, 256> byte_ids{};
   BpeMerges merges;
   std::vector<AddedToken> added_tokens;
@@ -205,7 +206,12 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& so
   for (size_t id = 0; id < data->id_to_token.size(); ++id) {
     data->id_to_bytes[id] = byte_level_decode_token(data->id_to_token[id]);
   }
-  for (const AddedToken& token : data->added_tokens) data->special[token.id] = token.special;
+  data->text_size.resize(data->id_to_token.size());
+  for (size_t id = 0; id < data->id_to_bytes.size(); ++id) data->text_size[id] = static_cast<uint32_t>(data->id_to_bytes[id].size());
+  for (const AddedToken& token : data->added_tokens) {
+    data->special[token.id] = token.special;
+    data->text_size[token.id] = static_cast<uint32_t>(token.content.size());
+  }
   return Tokenizer(std::move(data));
 }
 
@@ -322,6 +328,11 @@ int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(data_->id_to
 
 bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && static_cast<size_t>(id) < data_->special.size() && data_->special[id];
+}
+
+size_t Tokenizer::token_text_size(int32_t id) const {
+  CHECK(id >= 0 && static_cast<size_t>(id) < data_->text_size.size(), "unknown token id ", id);
+  return data_->text_size[id];
 }
 
 const std::vector<AddedToken>& Tokenizer::added_tokens() const { return data_->added_tokens; }

@@ -42,6 +42,8 @@ class Tokenizer {
   // One more than the largest id.
   int32_t vocab_size() const;
   bool is_special(int32_t id) const;
+  // Bytes of normalised text that the token stands for (its content for added tokens).
+  size_t token_text_size(int32_t id) const;
   const std::vector<AddedToken>& added_tokens() const;
 
  private:
