@@ -16,5 +16,6 @@ int cmd_image(int argc, char** argv);
 int cmd_init(int argc, char** argv);
 int cmd_inspect(int argc, char** argv);
 int cmd_convert(int argc, char** argv);
+int cmd_parity(int argc, char** argv);
 
 }  // namespace deltamoe

@@ -17,6 +17,7 @@ const Command kCommands[] = {
     {"init", "write a randomly initialised checkpoint for a preset or config.json", cmd_init},
     {"inspect", "summarise a config (parameter counts) or check a checkpoint directory", cmd_inspect},
     {"convert", "load a checkpoint and save it again (expert layout, sharding)", cmd_convert},
+    {"parity", "reference forward + backward on one batch: losses, logits, gradients (safetensors)", cmd_parity},
 };
 
 void print_help() {

@@ -1,0 +1,31 @@
+// `deltamoe parity`: runs the CPU fp32 reference on one batch and writes losses, logits and every
+// parameter's gradient (ce and aux separately) to safetensors, for comparison with transformers.
+#include <cstdio>
+
+#include "checkpoint/model_checkpoint.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "train/parity.h"
+
+namespace deltamoe {
+
+int cmd_parity(int argc, char** argv) {
+  ArgParser args("parity", "forward + backward of the reference model on one batch; writes losses, logits, gradients");
+  args.add_required("model", "model directory (config.json + safetensors, either expert layout)");
+  args.add_required("inputs", "safetensors with input_ids, labels [B, S] (int64), optional cu_seqlens (int32, B = 1)");
+  args.add_required("out", "output safetensors: ce_loss, aux_loss, logits, grad.<name>, grad_aux.<name> (f32)");
+  args.add_option("device", "where to run: cpu (the fp32 reference)", "cpu");
+  if (!args.parse(argc, argv)) return 0;
+  CHECK(args.get("device") == "cpu", "parity: --device ", args.get("device"),
+        " is not available yet; use --device cpu (the fp32 reference)");
+  const ModelCheckpoint checkpoint = load_model_dir(args.get("model"));
+  const ParityInputs inputs = load_parity_inputs(args.get("inputs"));
+  const ParityResult result = run_parity_cpu(checkpoint, inputs);
+  write_parity_outputs(args.get("out"), result);
+  std::printf("ce_loss %.9g aux_loss %.9g, %zu gradients per loss written to %s\n", result.ce_loss, result.aux_loss,
+              result.grads.size(), args.get("out").c_str());
+  return 0;
+}
+
+}  // namespace deltamoe
