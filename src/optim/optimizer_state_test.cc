@@ -216,5 +216,20 @@ TEST_F(OptimizerStateFile, MismatchedRunsAreRefused) {
                Error);
 }
 
+TEST_F(OptimizerStateFile, EmptyShardRoundTrips) {
+  // More ranks than elements leaves some ranks an empty range; they still step and save.
+  ParamLayout layout;
+  layout.add("w", {2});
+  AdamW empty(layout, AdamWConfig{}, shard_range(layout.total_numel(), 3, 4));
+  ASSERT_EQ(empty.range().size(), 0);
+  empty.step(1e-3, nullptr, nullptr);
+  EXPECT_EQ(empty.adam_step(), 1);
+  const std::string file = path("empty.safetensors");
+  save_optimizer_state(file, empty, OptimizerProgress{1, 0}, nullptr);
+  AdamW fresh(layout, AdamWConfig{}, shard_range(layout.total_numel(), 3, 4));
+  EXPECT_EQ(load_optimizer_state(file, &fresh, nullptr).schedule_step, 1);
+  EXPECT_EQ(fresh.adam_step(), 1);
+}
+
 }  // namespace
 }  // namespace deltamoe
