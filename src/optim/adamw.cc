@@ -94,13 +94,15 @@ AdamW::AdamW(const ParamLayout& layout, const AdamWConfig& config, FlatRange ran
 
 void AdamW::step(double lr, float* master, const float* grad) {
   CHECK(range_.size() == 0 || (master != nullptr && grad != nullptr), "AdamW::step: null master or gradient buffer");
-  const AdamWStepScalars scalars = adamw_step_scalars(config_, lr, adam_step_ + 1);
+  const AdamWStepScalars base_scalars = adamw_step_scalars(config_, lr, adam_step_ + 1);
   const size_t element_size = dtype_size(config_.moment_dtype);
   for (const ParamEntry& entry : layout_.entries()) {
     const int64_t begin = std::max(entry.offset, range_.begin);
     const int64_t end = std::min(entry.offset + entry.numel, range_.end);
     if (begin >= end) continue;
     const int64_t local = begin - range_.begin;
+    const AdamWStepScalars scalars =
+        entry.lr_scale == 1.0 ? base_scalars : adamw_step_scalars(config_, lr * entry.lr_scale, adam_step_ + 1);
     adamw_update_span(scalars, entry.decay, config_.moment_dtype, end - begin, master + local, grad + local,
                       static_cast<uint8_t*>(exp_avg_.data()) + static_cast<size_t>(local) * element_size,
                       static_cast<uint8_t*>(exp_avg_sq_.data()) + static_cast<size_t>(local) * element_size);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "core/dtype.h"
@@ -198,6 +199,31 @@ TEST(AdamW, Bf16MomentsAreStoredRoundedToNearestEven) {
     num_inexact += round_to_bf16(m) != m;
   }
   EXPECT_GT(num_inexact, 32);  // the rounding really happened, so the check above meant something
+}
+
+TEST(AdamW, LrScaleActsLikeAScaledLearningRate) {
+  // A tensor with lr_scale 0.25 under lr must move exactly as the same tensor under lr * 0.25.
+  ParamLayout scaled_layout;
+  scaled_layout.add("llm.w", {4, 4});
+  scaled_layout.add("vit.w", {4, 4});
+  scaled_layout.set_lr_scale(1, 0.25);
+  ParamLayout single_layout;
+  single_layout.add("vit.w", {4, 4});
+  AdamW scaled(scaled_layout, AdamWConfig{});
+  AdamW single(single_layout, AdamWConfig{});
+  std::vector<float> master = random_values(scaled_layout.total_numel(), 8, 0, 1.0);
+  const int64_t vit_offset = scaled_layout.entry(1).offset;
+  std::vector<float> single_master(master.begin() + vit_offset, master.end());
+  const std::vector<float> llm_before(master.begin(), master.begin() + 16);
+  for (int step = 0; step < 4; ++step) {
+    std::vector<float> grad = random_values(scaled_layout.total_numel(), 9, static_cast<uint64_t>(step), 0.1);
+    std::vector<float> single_grad(grad.begin() + vit_offset, grad.end());
+    scaled.step(1e-2, master.data(), grad.data());
+    single.step(1e-2 * 0.25, single_master.data(), single_grad.data());
+  }
+  EXPECT_EQ(0, std::memcmp(master.data() + vit_offset, single_master.data(), 16 * sizeof(float)));
+  EXPECT_NE(0, std::memcmp(master.data(), llm_before.data(), 16 * sizeof(float)));
+  EXPECT_THROW(scaled_layout.set_lr_scale(0, -1.0), Error);
 }
 
 TEST(AdamW, ShardsGiveBitwiseTheSameResultAsTheWhole) {

@@ -1,6 +1,9 @@
 // ParamLayout bookkeeping: offsets with alignment padding, the decay rule, shard ranges.
 #include "optim/param_layout.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/error.h"
 
 namespace deltamoe {
@@ -26,6 +29,12 @@ int ParamLayout::add(const std::string& name, const std::vector<int64_t>& shape,
   total_numel_ = entry.offset + numel;
   entries_.push_back(std::move(entry));
   return static_cast<int>(entries_.size()) - 1;
+}
+
+void ParamLayout::set_lr_scale(int index, double lr_scale) {
+  CHECK(lr_scale >= 0 && std::isfinite(lr_scale), "learning-rate multiplier of '", entry(index).name,
+        "' must be a non-negative number, got ", lr_scale);
+  entries_[static_cast<size_t>(index)].lr_scale = lr_scale;
 }
 
 const ParamEntry& ParamLayout::entry(int index) const {

@@ -16,6 +16,10 @@ struct ParamEntry {
   int64_t offset = 0;
   int64_t numel = 0;
   bool decay = true;  // whether AdamW's decoupled weight decay applies to this tensor
+  // Multiplies the scheduled learning rate for this tensor (ms-swift's --vit_lr / --aligner_lr
+  // are lr_scale = vit_lr / lr on the vision tensors). Not part of the saved state: a resumed
+  // run may change it.
+  double lr_scale = 1.0;
 };
 
 // A half-open element range [begin, end) of the flat buffer.
@@ -39,6 +43,9 @@ class ParamLayout {
   int add(const std::string& name, const std::vector<int64_t>& shape);
   // Appends a tensor with an explicit decay flag.
   int add(const std::string& name, const std::vector<int64_t>& shape, bool decay);
+
+  // Sets the learning-rate multiplier of tensor index (>= 0).
+  void set_lr_scale(int index, double lr_scale);
 
   const std::vector<ParamEntry>& entries() const { return entries_; }
   int num_tensors() const { return static_cast<int>(entries_.size()); }
