@@ -78,10 +78,12 @@ TEST(CheckpointCli, InitInspectConvertRoundTrip) {
   EXPECT_EQ(inspect_b.exit_code, 0) << inspect_b.output;
   EXPECT_NE(inspect_b.output.find("experts stored per_expert"), std::string::npos) << inspect_b.output;
 
-  RunResult back = run_deltamoe("convert --in " + dir.path("b") + " --out " + dir.path("c") + " --layout fused --shard_size 0");
+  RunResult back =
+      run_deltamoe("convert --in " + dir.path("b") + " --out " + dir.path("c") + " --layout fused --shard_size 0");
   ASSERT_EQ(back.exit_code, 0) << back.output;
   for (const char* name : {"model.safetensors", "config.json", "preprocessor_config.json"}) {
-    bool same = read_file_bytes(dir.path(std::string("a/") + name)) == read_file_bytes(dir.path(std::string("c/") + name));
+    bool same =
+        read_file_bytes(dir.path(std::string("a/") + name)) == read_file_bytes(dir.path(std::string("c/") + name));
     std::printf("%s after fused -> per_expert sharded -> fused: %s\n", name, same ? "byte-identical" : "DIFFERENT");
     EXPECT_TRUE(same) << name;
   }

@@ -24,7 +24,9 @@ class ScratchDir {
     std::filesystem::create_directories(path_);
   }
   ~ScratchDir() { std::filesystem::remove_all(path_); }
-  std::string path(const std::string& child = "") const { return child.empty() ? path_.string() : (path_ / child).string(); }
+  std::string path(const std::string& child = "") const {
+    return child.empty() ? path_.string() : (path_ / child).string();
+  }
 
  private:
   std::filesystem::path path_;

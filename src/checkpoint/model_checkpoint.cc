@@ -22,8 +22,8 @@ bool is_floating(DType dtype) {
 }
 
 bool is_fused_expert_spec(const ModelConfig& config, const ParamSpec& spec) {
-  return spec.component == Component::routed_experts &&
-         (spec.name == fused_gate_up_name(config, spec.layer_idx) || spec.name == fused_down_name(config, spec.layer_idx));
+  return spec.component == Component::routed_experts && (spec.name == fused_gate_up_name(config, spec.layer_idx) ||
+                                                         spec.name == fused_down_name(config, spec.layer_idx));
 }
 
 // Per-expert tensor names of the main model (mtp.* has its own experts and is passed through).
@@ -58,6 +58,44 @@ std::vector<ExpertPiece> pieces_of(const ModelConfig& config, const ParamSpec& s
   return pieces;
 }
 
+constexpr const char* kLanguageModelPrefix = "model.language_model.";
+constexpr const char* kVisualPrefix = "model.visual.";
+
+bool starts_with(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
+
+// True when the text tower's keys sit under model.language_model.* (a VLM-style file) and not under model.*.
+bool uses_language_model_prefix(const WeightsDir& weights) {
+  bool vlm_style = false, text_style = false;
+  for (const auto& [name, tensor] : weights.tensors) {
+    vlm_style |= starts_with(name, kLanguageModelPrefix);
+    text_style |=
+        starts_with(name, "model.") && !starts_with(name, kLanguageModelPrefix) && !starts_with(name, kVisualPrefix);
+  }
+  return vlm_style && !text_style;
+}
+
+// model.language_model.X -> model.X, as transformers' text-only class does on load.
+void rename_language_model_keys(WeightsDir* weights) {
+  std::map<std::string, StoredTensor> tensors;
+  std::map<std::string, std::string> file_of;
+  for (const auto& [name, tensor] : weights->tensors) {
+    std::string renamed =
+        starts_with(name, kLanguageModelPrefix) ? "model." + name.substr(std::strlen(kLanguageModelPrefix)) : name;
+    tensors[renamed] = tensor;
+    file_of[renamed] = weights->file_of.at(name);
+  }
+  weights->tensors = std::move(tensors);
+  weights->file_of = std::move(file_of);
+}
+
+// The on-disk name of a parameter (undoes rename_language_model_keys when the checkpoint had it).
+std::string disk_name(const ModelCheckpoint& checkpoint, const std::string& name) {
+  if (checkpoint.text_keys_under_language_model && starts_with(name, "model.")) {
+    return kLanguageModelPrefix + name.substr(std::strlen("model."));
+  }
+  return name;
+}
+
 void append_limited(std::string* out, const std::string& title, const std::vector<std::string>& names) {
   if (names.empty()) return;
   constexpr size_t kMaxListed = 40;
@@ -68,9 +106,7 @@ void append_limited(std::string* out, const std::string& title, const std::vecto
 
 }  // namespace
 
-const char* expert_layout_name(ExpertLayout layout) {
-  return layout == ExpertLayout::fused ? "fused" : "per_expert";
-}
+const char* expert_layout_name(ExpertLayout layout) { return layout == ExpertLayout::fused ? "fused" : "per_expert"; }
 
 ExpertLayout parse_expert_layout(const std::string& text, const std::string& where) {
   if (text == "fused") return ExpertLayout::fused;
@@ -103,6 +139,14 @@ ModelCheckpoint load_model_dir(const std::string& dir, CheckpointReport* report)
   checkpoint.config = load_model_config_file((fs::path(dir) / "config.json").string());
   WeightsDir weights = open_weights_dir(dir);
   const ModelConfig& config = checkpoint.config;
+  if (!config.has_vision && uses_language_model_prefix(weights)) {
+    checkpoint.text_keys_under_language_model = true;
+    rename_language_model_keys(&weights);
+  }
+  auto is_carried = [&](const std::string& name) {
+    return is_passthrough_tensor(name) ||
+           (checkpoint.text_keys_under_language_model && name.rfind(kVisualPrefix, 0) == 0);
+  };
 
   bool any_per_expert = false, any_fused = false;
   for (const auto& [name, tensor] : weights.tensors) {
@@ -117,13 +161,14 @@ ModelCheckpoint load_model_dir(const std::string& dir, CheckpointReport* report)
   std::set<std::string> consumed;
   auto check_tensor = [&](const std::string& name, const Shape& shape, const StoredTensor& tensor) {
     if (tensor.shape() != shape) {
-      report->wrong_shape.push_back(str_cat(name, ": has ", tensor.shape().str(), ", expected ", shape.str(), " (in ",
-                                            weights.file_of.at(name), ")"));
+      report->wrong_shape.push_back(str_cat(disk_name(checkpoint, name), ": has ", tensor.shape().str(), ", expected ",
+                                            shape.str(), " (in ", weights.file_of.at(name), ")"));
       return false;
     }
     if (!is_floating(tensor.dtype())) {
-      report->wrong_dtype.push_back(str_cat(name, ": has ", dtype_safetensors_name(tensor.dtype()),
-                                            ", expected a floating dtype (in ", weights.file_of.at(name), ")"));
+      report->wrong_dtype.push_back(str_cat(disk_name(checkpoint, name), ": has ",
+                                            dtype_safetensors_name(tensor.dtype()), ", expected a floating dtype (in ",
+                                            weights.file_of.at(name), ")"));
       return false;
     }
     return true;
@@ -136,7 +181,7 @@ ModelCheckpoint load_model_dir(const std::string& dir, CheckpointReport* report)
       for (const ExpertPiece& piece : pieces_of(config, spec)) {
         auto found = weights.tensors.find(piece.name);
         if (found == weights.tensors.end()) {
-          report->missing.push_back(piece.name);
+          report->missing.push_back(disk_name(checkpoint, piece.name));
           complete = false;
           continue;
         }
@@ -159,7 +204,7 @@ ModelCheckpoint load_model_dir(const std::string& dir, CheckpointReport* report)
     }
     auto found = weights.tensors.find(spec.name);
     if (found == weights.tensors.end()) {
-      report->missing.push_back(spec.name);
+      report->missing.push_back(disk_name(checkpoint, spec.name));
       continue;
     }
     consumed.insert(spec.name);
@@ -168,10 +213,10 @@ ModelCheckpoint load_model_dir(const std::string& dir, CheckpointReport* report)
 
   for (const auto& [name, tensor] : weights.tensors) {
     if (consumed.count(name)) continue;
-    if (is_passthrough_tensor(name)) {
+    if (is_carried(name)) {
       checkpoint.passthrough[name] = tensor;
     } else {
-      report->unexpected.push_back(name + " (in " + weights.file_of.at(name) + ")");
+      report->unexpected.push_back(disk_name(checkpoint, name) + " (in " + weights.file_of.at(name) + ")");
     }
   }
   return checkpoint;
@@ -195,11 +240,11 @@ void save_model_dir(const ModelCheckpoint& checkpoint, const std::string& dir, c
       for (const ExpertPiece& piece : pieces_of(config, spec)) {
         StoredTensor part = tensor.slice_bytes(offset, piece.shape);
         offset += part.nbytes();
-        tensors.push_back({piece.name, part});
+        tensors.push_back({disk_name(checkpoint, piece.name), part});
       }
       continue;
     }
-    tensors.push_back({spec.name, tensor});
+    tensors.push_back({disk_name(checkpoint, spec.name), tensor});
   }
   for (const auto& [name, tensor] : checkpoint.params) {
     CHECK(written.count(name), "saving to ", dir, ": parameter '", name, "' is not part of a ", config.model_type,

@@ -34,6 +34,10 @@ struct ModelCheckpoint {
   std::map<std::string, StoredTensor> params;       // fused layout, HF names, on-disk dtype kept
   std::map<std::string, StoredTensor> passthrough;  // mtp.* etc., written back unchanged
   ExpertLayout expert_layout = ExpertLayout::fused;
+  // A text-only config (qwen3_5_moe_text) whose files use the VLM prefix model.language_model.*
+  // (transformers' text class accepts both). params use model.*; a save restores the file prefix.
+  // model.visual.* tensors of such a checkpoint are passthrough.
+  bool text_keys_under_language_model = false;
 };
 
 // What a checkpoint directory lacks or has too much of, by tensor name.

@@ -2,13 +2,14 @@
 // single-file and sharded (and the files are byte-identical when the layout is kept); per-expert
 // tensors are the right slices of the fused ones; mtp.* passes through; per-tensor dtypes are
 // kept; missing / unexpected / wrong-shape keys are reported by name.
+#include "checkpoint/model_checkpoint.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
 
 #include "checkpoint/checkpoint_test_util.h"
-#include "checkpoint/model_checkpoint.h"
 #include "checkpoint/random_init.h"
 #include "checkpoint/sharded.h"
 
@@ -123,7 +124,8 @@ TEST_F(CheckpointFixture, PerExpertLayoutRoundTrip) {
       }
     }
     const uint16_t* dn = static_cast<const uint16_t*>(down.data());
-    for (int64_t i = 0; i < H * I; ++i) wrong_values += static_cast<const uint16_t*>(down_e.data())[i] != dn[e * H * I + i];
+    for (int64_t i = 0; i < H * I; ++i)
+      wrong_values += static_cast<const uint16_t*>(down_e.data())[i] != dn[e * H * I + i];
   }
   std::printf("per-expert slices of layer 1: %lld wrong values\n", static_cast<long long>(wrong_values));
   EXPECT_EQ(wrong_values, 0);
@@ -194,9 +196,8 @@ TEST_F(CheckpointFixture, MissingKeyIsReportedByName) {
 
 TEST_F(CheckpointFixture, UnexpectedKeyIsReportedByName) {
   const std::string key = "model.language_model.layers.0.mlp.extra_bias";
-  std::string message = write_variant(path("a"), path("unexpected"), [&](auto& t) {
-    t[key] = StoredTensor::from_host(HostTensor(DType::bf16, {4}));
-  });
+  std::string message = write_variant(path("a"), path("unexpected"),
+                                      [&](auto& t) { t[key] = StoredTensor::from_host(HostTensor(DType::bf16, {4})); });
   expect_mentions(message, {path("unexpected"), "unexpected tensors (1)", key, "model.safetensors"});
 }
 
@@ -250,6 +251,36 @@ TEST_F(CheckpointFixture, SavingAnIncompleteCheckpointIsRefused) {
   loaded.params.erase("lm_head.weight");
   std::string message = error_of([&] { save_model_dir(loaded, path("refused")); });
   expect_mentions(message, {"lacks parameter 'lm_head.weight'"});
+}
+
+}  // namespace
+}  // namespace deltamoe
+
+namespace deltamoe {
+namespace {
+
+// transformers' text-only class also loads files whose text keys sit under model.language_model.*
+// (e.g. a VLM checkpoint with a text-only config); we do too, and a save restores that prefix.
+TEST(TextOnlyCheckpoint, LanguageModelPrefixLoadsAndIsKeptOnSave) {
+  ScratchDir dir("text_prefix");
+  ModelCheckpoint original = random_init_checkpoint(model_config_preset("tiny"), 99, DType::bf16);
+  original.text_keys_under_language_model = true;
+  original.passthrough["model.visual.blocks.0.norm1.weight"] = StoredTensor::from_host(ramp(DType::bf16, {64}, 0.5f));
+  SaveOptions single;
+  single.max_shard_bytes = 0;
+  save_model_dir(original, dir.path("a"), single);
+  WeightsDir files = open_weights_dir(dir.path("a"));
+  EXPECT_EQ(files.tensors.count("model.language_model.embed_tokens.weight"), 1u);
+  EXPECT_EQ(files.tensors.count("model.embed_tokens.weight"), 0u);
+  EXPECT_EQ(files.tensors.count("lm_head.weight"), 1u);
+
+  ModelCheckpoint loaded = load_model_dir(dir.path("a"));
+  EXPECT_TRUE(loaded.text_keys_under_language_model);
+  EXPECT_EQ(loaded.params.count("model.embed_tokens.weight"), 1u);
+  EXPECT_EQ(loaded.passthrough.count("model.visual.blocks.0.norm1.weight"), 1u);
+  EXPECT_EQ(count_differences(original, loaded), 0);
+  save_model_dir(loaded, dir.path("b"), single);
+  expect_same_files(dir.path("a"), dir.path("b"));
 }
 
 }  // namespace

@@ -84,7 +84,8 @@ ModelCheckpoint random_init_checkpoint(const ModelConfig& config, uint64_t seed,
   checkpoint.config.text.dtype = dtype == DType::bf16 ? "bfloat16" : "float32";
   checkpoint.expert_layout = ExpertLayout::fused;
   for (const ParamSpec& spec : build_param_table(config, dtype)) {
-    double std_dev = spec.component == Component::vision ? config.vision.initializer_range : config.text.initializer_range;
+    double std_dev =
+        spec.component == Component::vision ? config.vision.initializer_range : config.text.initializer_range;
     checkpoint.params[spec.name] = make_random_tensor(spec, std_dev, seed);
   }
   return checkpoint;

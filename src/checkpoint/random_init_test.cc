@@ -1,10 +1,10 @@
 // Tests of random initialisation: determinism by (seed, name), transformers' init per kind
 // (normal std, zero-centred norms 0, gated norm / dt_bias / LayerNorm 1, biases 0, A_log range).
+#include "checkpoint/random_init.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
-
-#include "checkpoint/random_init.h"
 
 namespace deltamoe {
 namespace {
@@ -66,7 +66,8 @@ TEST(RandomInit, NormalTensorsHaveInitializerRangeStd) {
   config.text.bos_token_id = config.text.eos_token_id = std::nullopt;
   ModelCheckpoint checkpoint = random_init_checkpoint(config, 11, DType::f32);
   Stats s = stats_of(checkpoint.params.at("model.embed_tokens.weight"));
-  std::printf("embed_tokens: mean %.6f std %.6f (expected 0, 0.02), min %.4f max %.4f\n", s.mean, s.std_dev, s.min, s.max);
+  std::printf("embed_tokens: mean %.6f std %.6f (expected 0, 0.02), min %.4f max %.4f\n", s.mean, s.std_dev, s.min,
+              s.max);
   EXPECT_NEAR(s.mean, 0.0, 1e-4);
   EXPECT_NEAR(s.std_dev, 0.02, 0.02 * 0.01);
   // Blocks must not repeat each other.

@@ -68,7 +68,8 @@ SafetensorsEntry parse_entry(const std::string& name, const json& value, uint64_
         value.contains("data_offsets") ? value["data_offsets"].dump() : std::string("nothing"));
   entry.begin = value["data_offsets"][0].get<uint64_t>();
   entry.end = value["data_offsets"][1].get<uint64_t>();
-  CHECK(entry.begin <= entry.end, fail_prefix(), "data_offsets [", entry.begin, ", ", entry.end, "] end before they begin");
+  CHECK(entry.begin <= entry.end, fail_prefix(), "data_offsets [", entry.begin, ", ", entry.end,
+        "] end before they begin");
   CHECK(entry.end <= data_size, fail_prefix(), "data_offsets [", entry.begin, ", ", entry.end,
         "] run past the end of the file's data region (", data_size,
         " bytes): the file is truncated or its header is wrong");
@@ -99,8 +100,7 @@ std::vector<SafetensorsEntry> parse_safetensors_header(const std::string& header
   } catch (const json::parse_error& error) {
     RAISE(where, ": the safetensors header is not valid JSON (", error.what(), ")");
   }
-  CHECK(header.is_object(), where, ": the safetensors header must be a JSON object, got ",
-        header.dump().substr(0, 80));
+  CHECK(header.is_object(), where, ": the safetensors header must be a JSON object, got ", header.dump().substr(0, 80));
   std::vector<SafetensorsEntry> entries;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {

@@ -1,12 +1,13 @@
 // Tests of the safetensors reader and writer: a round trip of bytes, dtypes and metadata, and one
 // test per malformed-file case, each asserting that the message names the file and the tensor.
+#include "checkpoint/safetensors.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <vector>
 
 #include "checkpoint/checkpoint_test_util.h"
-#include "checkpoint/safetensors.h"
 
 namespace deltamoe {
 namespace {
@@ -24,7 +25,8 @@ std::string open_error(const std::string& path) {
 }
 
 // A well-formed two-tensor file: "a" F32 [2] at [0,8), "b" BF16 [3] at [8,14).
-const char* kGoodHeader = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"BF16","shape":[3],"data_offsets":[8,14]}})";
+const char* kGoodHeader =
+    R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"BF16","shape":[3],"data_offsets":[8,14]}})";
 
 TEST(Safetensors, WriteThenReadRoundTripsBytesDtypesAndMetadata) {
   ScratchDir dir("st_roundtrip");
@@ -102,16 +104,16 @@ TEST(Safetensors, BadHeaderJsonIsReported) {
 TEST(Safetensors, OffsetsPastTheEndAreReported) {
   ScratchDir dir("st_offsets");
   const std::string path = dir.path("past.safetensors");
-  write_file_bytes(path, raw_safetensors(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[100,116]}})",
-                                         std::string(16, '\0')));
+  write_file_bytes(
+      path, raw_safetensors(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[100,116]}})", std::string(16, '\0')));
   expect_mentions(open_error(path), {path, "tensor 'w'", "[100, 116]", "past the end", "16 bytes"});
 }
 
 TEST(Safetensors, UnknownDtypeIsReported) {
   ScratchDir dir("st_dtype");
   const std::string path = dir.path("dtype.safetensors");
-  write_file_bytes(path, raw_safetensors(R"({"w":{"dtype":"Q7","shape":[4],"data_offsets":[0,4]}})",
-                                         std::string(4, '\0')));
+  write_file_bytes(path,
+                   raw_safetensors(R"({"w":{"dtype":"Q7","shape":[4],"data_offsets":[0,4]}})", std::string(4, '\0')));
   expect_mentions(open_error(path), {path, "tensor 'w'", "unknown dtype 'Q7'"});
 }
 
@@ -127,15 +129,16 @@ TEST(Safetensors, OverlappingTensorsAreReported) {
 TEST(Safetensors, ShapeSizeMismatchIsReported) {
   ScratchDir dir("st_size");
   const std::string path = dir.path("size.safetensors");
-  write_file_bytes(path, raw_safetensors(R"({"w":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,10]}})",
-                                         std::string(10, '\0')));
+  write_file_bytes(
+      path, raw_safetensors(R"({"w":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,10]}})", std::string(10, '\0')));
   expect_mentions(open_error(path), {path, "tensor 'w'", "needs 12 bytes", "span 10", "shape/size mismatch"});
 }
 
 TEST(Safetensors, MalformedEntriesAreReported) {
   ScratchDir dir("st_entries");
   const std::string path = dir.path("entries.safetensors");
-  write_file_bytes(path, raw_safetensors(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", std::string(4, 0)));
+  write_file_bytes(path,
+                   raw_safetensors(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", std::string(4, 0)));
   expect_mentions(open_error(path), {path, "tensor 'w'", "non-negative"});
   write_file_bytes(path, raw_safetensors(R"({"w":{"dtype":"F32","shape":[1]}})", std::string(4, 0)));
   expect_mentions(open_error(path), {path, "tensor 'w'", "data_offsets"});
@@ -161,7 +164,8 @@ TEST(Safetensors, ProducerTensorsAreStreamed) {
   HostTensor back = SafetensorsFile::open(path)->tensor("big").to_host();
   int64_t wrong = 0;
   for (int64_t i = 0; i < n; ++i) wrong += back.as<float>()[i] != static_cast<float>(i % 977);
-  std::printf("producer round trip: %lld wrong values of %lld\n", static_cast<long long>(wrong), static_cast<long long>(n));
+  std::printf("producer round trip: %lld wrong values of %lld\n", static_cast<long long>(wrong),
+              static_cast<long long>(n));
   EXPECT_EQ(wrong, 0);
 }
 

@@ -102,8 +102,8 @@ WeightsDir open_weights_dir(const std::string& dir) {
         auto listed = weight_map.find(entry.name);
         CHECK(listed != weight_map.end(), file->path(), ": tensor '", entry.name, "' is not listed in ",
               kWeightsIndexFile, " (stale or foreign shard?)");
-        CHECK(listed->second == file_name, file->path(), ": tensor '", entry.name, "' is listed in ",
-              kWeightsIndexFile, " under ", listed->second, " but found in ", file_name);
+        CHECK(listed->second == file_name, file->path(), ": tensor '", entry.name, "' is listed in ", kWeightsIndexFile,
+              " under ", listed->second, " but found in ", file_name);
       }
     }
     for (const auto& [name, file_name] : weight_map) {

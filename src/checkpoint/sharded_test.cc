@@ -1,12 +1,13 @@
 // Tests of sharded weights directories: splitting by a byte budget, the index in both directions,
 // stale-shard cleanup, and errors for inconsistent indexes (naming the file and tensor).
+#include "checkpoint/sharded.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint_test_util.h"
-#include "checkpoint/sharded.h"
 
 namespace deltamoe {
 namespace {

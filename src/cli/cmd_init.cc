@@ -16,11 +16,13 @@ namespace deltamoe {
 
 int cmd_init(int argc, char** argv) {
   ArgParser args("init", "write a randomly initialised checkpoint");
-  args.add_required("config", "a preset (tiny, tiny-vl, qwen3.5-35b-a3b, qwen3.5-397b-a17b) or a config.json / model dir");
+  args.add_required("config",
+                    "a preset (tiny, tiny-vl, qwen3.5-35b-a3b, qwen3.5-397b-a17b) or a config.json / model dir");
   args.add_required("out", "output directory (created)");
   args.add_option("seed", "random seed; a tensor's values depend only on (seed, tensor name)", "0");
   args.add_option("dtype", "bf16 or f32 (A_log is f32 either way, as in the released checkpoints)", "bf16");
-  args.add_option("expert_layout", "fused (as the official release) or per_expert (as transformers 5.17 saves)", "fused");
+  args.add_option("expert_layout", "fused (as the official release) or per_expert (as transformers 5.17 saves)",
+                  "fused");
   args.add_option("shard_size", "largest shard in bytes; 0 writes one model.safetensors", "5000000000");
   if (!args.parse(argc, argv)) return 0;
 

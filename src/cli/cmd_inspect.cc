@@ -44,8 +44,8 @@ void print_summary(const ModelConfig& config) {
               config.has_vision ? "vision-language" : "text only");
   std::printf("text              hidden %lld, %lld layers (%lld GDN + %lld full attention), vocab %lld\n",
               (long long)t.hidden_size, (long long)t.num_hidden_layers,
-              (long long)t.num_layers_of(LayerType::linear_attention), (long long)t.num_layers_of(LayerType::full_attention),
-              (long long)t.vocab_size);
+              (long long)t.num_layers_of(LayerType::linear_attention),
+              (long long)t.num_layers_of(LayerType::full_attention), (long long)t.vocab_size);
   std::printf("attention         Nq %lld, Nkv %lld, head_dim %lld, rotary_dim %lld, mrope [%lld,%lld,%lld], theta %g\n",
               (long long)t.num_attention_heads, (long long)t.num_key_value_heads, (long long)t.head_dim,
               (long long)t.rotary_dim(), (long long)t.mrope_section[0], (long long)t.mrope_section[1],
@@ -58,11 +58,12 @@ void print_summary(const ModelConfig& config) {
               (long long)t.shared_expert_intermediate_size);
   if (config.has_vision) {
     const VisionConfig& v = config.vision;
-    std::printf("vision            depth %lld, hidden %lld, heads %lld, mlp %lld, patch %lld, temporal %lld, merge %lld, "
-                "out %lld, pos %lld\n",
-                (long long)v.depth, (long long)v.hidden_size, (long long)v.num_heads, (long long)v.intermediate_size,
-                (long long)v.patch_size, (long long)v.temporal_patch_size, (long long)v.spatial_merge_size,
-                (long long)v.out_hidden_size, (long long)v.num_position_embeddings);
+    std::printf(
+        "vision            depth %lld, hidden %lld, heads %lld, mlp %lld, patch %lld, temporal %lld, merge %lld, "
+        "out %lld, pos %lld\n",
+        (long long)v.depth, (long long)v.hidden_size, (long long)v.num_heads, (long long)v.intermediate_size,
+        (long long)v.patch_size, (long long)v.temporal_patch_size, (long long)v.spatial_merge_size,
+        (long long)v.out_hidden_size, (long long)v.num_position_embeddings);
     std::printf("special tokens    image %lld, video %lld, vision_start %lld, vision_end %lld\n",
                 (long long)config.image_token_id, (long long)config.video_token_id,
                 (long long)config.vision_start_token_id, (long long)config.vision_end_token_id);
@@ -121,11 +122,12 @@ int cmd_inspect(int argc, char** argv) {
   print_summary(checkpoint.config);
   print_counts(checkpoint.config);
   WeightsDir weights = open_weights_dir(dir);
-  std::printf("\ncheckpoint        %s: %zu file(s)%s, experts stored %s, %zu passthrough tensors (mtp.*)\n", dir.c_str(),
-              weights.files.size(), weights.sharded ? " + index" : "", expert_layout_name(checkpoint.expert_layout),
-              checkpoint.passthrough.size());
+  std::printf("\ncheckpoint        %s: %zu file(s)%s, experts stored %s, %zu passthrough tensors (mtp.*)\n",
+              dir.c_str(), weights.files.size(), weights.sharded ? " + index" : "",
+              expert_layout_name(checkpoint.expert_layout), checkpoint.passthrough.size());
   std::map<std::string, int> dtype_counts;
-  for (const auto& [name, tensor] : checkpoint.params) dtype_counts[std::string(dtype_safetensors_name(tensor.dtype()))]++;
+  for (const auto& [name, tensor] : checkpoint.params)
+    dtype_counts[std::string(dtype_safetensors_name(tensor.dtype()))]++;
   std::printf("dtypes           ");
   for (const auto& [dtype, count] : dtype_counts) std::printf(" %s x%d", dtype.c_str(), count);
   std::printf("\n");
@@ -133,7 +135,8 @@ int cmd_inspect(int argc, char** argv) {
     std::printf("\ntensors (fused in-memory layout, dtype as stored)\n");
     for (const ParamSpec& spec : build_param_table(checkpoint.config)) {
       auto found = checkpoint.params.find(spec.name);
-      std::string dtype = found == checkpoint.params.end() ? "-" : std::string(dtype_safetensors_name(found->second.dtype()));
+      std::string dtype =
+          found == checkpoint.params.end() ? "-" : std::string(dtype_safetensors_name(found->second.dtype()));
       std::printf("  %-72s %-22s %-5s %s %s\n", spec.name.c_str(), spec.shape.str().c_str(), dtype.c_str(),
                   spec.trainable ? "train " : "frozen", component_name(spec.component));
     }

@@ -115,8 +115,8 @@ VisionConfig parse_vision_config(const json& object, const std::string& where, c
   JsonFieldReader r(object, where, path);
   std::string type = r.get_string("model_type", kVisionType);
   // Older checkpoints wrote the parent's model type here; transformers rewrites it the same way.
-  CHECK(type == kVisionType || type == kVlmType, where, ": ", r.field("model_type"), " is '", type,
-        "'; expected '", kVisionType, "'");
+  CHECK(type == kVisionType || type == kVlmType, where, ": ", r.field("model_type"), " is '", type, "'; expected '",
+        kVisionType, "'");
   VisionConfig v;
   v.depth = r.get_int("depth", v.depth);
   v.hidden_size = r.get_int("hidden_size", v.hidden_size);
@@ -137,14 +137,15 @@ VisionConfig parse_vision_config(const json& object, const std::string& where, c
 void validate_text(const TextConfig& t, const std::string& where, const std::string& prefix) {
   auto field = [&](const char* name) { return prefix.empty() ? std::string(name) : prefix + "." + name; };
   CHECK(t.num_attention_heads % t.num_key_value_heads == 0, where, ": ", field("num_attention_heads"), " (",
-        t.num_attention_heads, ") must be a multiple of ", field("num_key_value_heads"), " (", t.num_key_value_heads, ")");
+        t.num_attention_heads, ") must be a multiple of ", field("num_key_value_heads"), " (", t.num_key_value_heads,
+        ")");
   CHECK(t.linear_num_value_heads % t.linear_num_key_heads == 0, where, ": ", field("linear_num_value_heads"), " (",
         t.linear_num_value_heads, ") must be a multiple of ", field("linear_num_key_heads"), " (",
         t.linear_num_key_heads, ")");
   CHECK(static_cast<int64_t>(t.layer_types.size()) == t.num_hidden_layers, where, ": ", field("layer_types"), " has ",
         t.layer_types.size(), " entries but ", field("num_hidden_layers"), " is ", t.num_hidden_layers);
-  CHECK(t.num_experts_per_tok <= t.num_experts, where, ": ", field("num_experts_per_tok"), " (",
-        t.num_experts_per_tok, ") exceeds ", field("num_experts"), " (", t.num_experts, ")");
+  CHECK(t.num_experts_per_tok <= t.num_experts, where, ": ", field("num_experts_per_tok"), " (", t.num_experts_per_tok,
+        ") exceeds ", field("num_experts"), " (", t.num_experts, ")");
   double rotary = static_cast<double>(t.head_dim) * t.partial_rotary_factor;
   CHECK(t.partial_rotary_factor > 0 && t.partial_rotary_factor <= 1 && rotary == std::floor(rotary) &&
             static_cast<int64_t>(rotary) % 2 == 0,

@@ -1,11 +1,12 @@
 // Tests of config.json parsing: class defaults, both RoPE layouts, presets, the JSON round trip,
 // and one rejection per rule, each asserting that the message names the offending field.
+#include "model/config.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "core/error.h"
-#include "model/config.h"
 
 namespace deltamoe {
 namespace {
@@ -72,10 +73,12 @@ TEST(ModelConfig, FullAttentionIntervalDerivesLayerTypes) {
 TEST(ModelConfig, OldAndNewRopeLayoutsAgree) {
   ModelConfig old_layout = parse_model_config(R"({"model_type": "qwen3_5_moe_text", "rope_theta": 5000000,
       "partial_rotary_factor": 0.5, "rope_scaling": {"type": "mrope", "mrope_section": [22, 21, 21],
-      "mrope_interleaved": true}})", "old");
+      "mrope_interleaved": true}})",
+                                              "old");
   ModelConfig new_layout = parse_model_config(R"({"model_type": "qwen3_5_moe_text", "rope_parameters":
       {"rope_type": "default", "rope_theta": 5000000, "partial_rotary_factor": 0.5,
-       "mrope_section": [22, 21, 21], "mrope_interleaved": true}})", "new");
+       "mrope_section": [22, 21, 21], "mrope_interleaved": true}})",
+                                              "new");
   for (const ModelConfig* config : {&old_layout, &new_layout}) {
     EXPECT_DOUBLE_EQ(config->text.rope_theta, 5e6);
     EXPECT_DOUBLE_EQ(config->text.partial_rotary_factor, 0.5);
@@ -87,7 +90,8 @@ TEST(ModelConfig, OldAndNewRopeLayoutsAgree) {
 TEST(ModelConfig, VlmReadsNestedConfigsAndTokenIds) {
   ModelConfig config = parse_model_config(R"({"model_type": "qwen3_5_moe", "image_token_id": 7,
       "text_config": {"model_type": "qwen3_5_moe_text", "hidden_size": 1024, "eos_token_id": [5, 6]},
-      "vision_config": {"model_type": "qwen3_5_moe", "out_hidden_size": 1024, "depth": 3}})", "x");
+      "vision_config": {"model_type": "qwen3_5_moe", "out_hidden_size": 1024, "depth": 3}})",
+                                          "x");
   EXPECT_TRUE(config.has_vision);
   EXPECT_EQ(config.text_prefix(), "model.language_model");
   EXPECT_EQ(config.text.hidden_size, 1024);
@@ -147,9 +151,8 @@ TEST(ModelConfig, RejectsHeadsThatDoNotDivide) {
 }
 
 TEST(ModelConfig, RejectsMropeSectionNotSummingToHalfRotaryDim) {
-  expect_error_mentions(
-      R"({"model_type": "qwen3_5_moe_text", "rope_parameters": {"mrope_section": [11, 11, 11]}})",
-      {"mrope_section", "33", "32"});
+  expect_error_mentions(R"({"model_type": "qwen3_5_moe_text", "rope_parameters": {"mrope_section": [11, 11, 11]}})",
+                        {"mrope_section", "33", "32"});
   // head_dim 32 x 0.25 = 8 rotary channels: the default [11, 11, 10] no longer fits.
   expect_error_mentions(R"({"model_type": "qwen3_5_moe_text", "head_dim": 32})", {"mrope_section"});
 }
@@ -161,15 +164,18 @@ TEST(ModelConfig, RejectsOddRotaryDim) {
 
 TEST(ModelConfig, RejectsLayerTypeProblems) {
   expect_error_mentions(R"({"model_type": "qwen3_5_moe_text", "num_hidden_layers": 2,
-      "layer_types": ["linear_attention"]})", {"layer_types", "num_hidden_layers"});
+      "layer_types": ["linear_attention"]})",
+                        {"layer_types", "num_hidden_layers"});
   expect_error_mentions(R"({"model_type": "qwen3_5_moe_text", "num_hidden_layers": 1,
-      "layer_types": ["mamba"]})", {"layer_types[0]", "mamba"});
+      "layer_types": ["mamba"]})",
+                        {"layer_types[0]", "mamba"});
 }
 
 TEST(ModelConfig, RejectsWrongJsonTypesNamingTheField) {
   expect_error_mentions(R"({"model_type": "qwen3_5_moe_text", "hidden_size": "big"})", {"hidden_size", "integer"});
   expect_error_mentions(R"({"model_type": "qwen3_5_moe", "text_config": {"num_experts": 0},
-      "vision_config": {"out_hidden_size": 2048}})", {"text_config.num_experts"});
+      "vision_config": {"out_hidden_size": 2048}})",
+                        {"text_config.num_experts"});
   expect_error_mentions(R"({"model_type": "qwen3_5_moe_text", "num_experts": 4, "num_experts_per_tok": 8})",
                         {"num_experts_per_tok"});
 }
@@ -178,11 +184,14 @@ TEST(ModelConfig, RejectsInconsistentVision) {
   // transformers' class defaults pair a 3584-wide merger with a 2048-wide text model.
   expect_error_mentions(R"({"model_type": "qwen3_5_moe"})", {"vision_config.out_hidden_size", "3584", "2048"});
   expect_error_mentions(R"({"model_type": "qwen3_5_moe", "vision_config": {"out_hidden_size": 2048,
-      "num_position_embeddings": 2000}})", {"vision_config.num_position_embeddings"});
+      "num_position_embeddings": 2000}})",
+                        {"vision_config.num_position_embeddings"});
   expect_error_mentions(R"({"model_type": "qwen3_5_moe", "vision_config": {"out_hidden_size": 2048,
-      "num_heads": 5}})", {"vision_config.num_heads"});
+      "num_heads": 5}})",
+                        {"vision_config.num_heads"});
   expect_error_mentions(R"({"model_type": "qwen3_5_moe", "image_token_id": 300000,
-      "vision_config": {"out_hidden_size": 2048}})", {"image_token_id"});
+      "vision_config": {"out_hidden_size": 2048}})",
+                        {"image_token_id"});
 }
 
 TEST(ModelConfig, RejectsScaledRope) {

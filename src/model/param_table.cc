@@ -126,8 +126,8 @@ std::string per_expert_name(const ModelConfig& config, int layer_idx, int64_t ex
 }
 
 std::vector<ParamSpec> build_param_table(const ModelConfig& config, DType dtype) {
-  CHECK(dtype == DType::bf16 || dtype == DType::f32 || dtype == DType::f16, "model dtype must be bf16, f16 or f32, got ",
-        dtype_name(dtype));
+  CHECK(dtype == DType::bf16 || dtype == DType::f32 || dtype == DType::f16,
+        "model dtype must be bf16, f16 or f32, got ", dtype_name(dtype));
   std::vector<ParamSpec> table;
   TableBuilder b(&table, dtype);
   const TextConfig& t = config.text;

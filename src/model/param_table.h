@@ -28,10 +28,10 @@ constexpr int kNumComponents = 7;
 
 // How a parameter is initialised from scratch (transformers' _init_weights; see random_init).
 enum class InitKind {
-  normal,      // normal(0, initializer_range): Linear/Conv/Embedding weights, router, fused experts
-  zeros,       // biases and zero-centred RMSNorm weights ((1 + w) scaling)
-  ones,        // LayerNorm weights and the plain gated RMSNorm weight (linear_attn.norm)
-  a_log,       // log(U(0.01, 16)) (GDN A_log)
+  normal,  // normal(0, initializer_range): Linear/Conv/Embedding weights, router, fused experts
+  zeros,   // biases and zero-centred RMSNorm weights ((1 + w) scaling)
+  ones,    // LayerNorm weights and the plain gated RMSNorm weight (linear_attn.norm)
+  a_log,   // log(U(0.01, 16)) (GDN A_log)
 };
 
 struct ParamSpec {
@@ -41,7 +41,7 @@ struct ParamSpec {
   bool trainable = true;  // every parameter trains in full fine-tuning; freezing is the trainer's choice
   Component component;
   InitKind init = InitKind::normal;
-  int layer_idx = -1;     // decoder layer (or vision block) index; -1 for global tensors
+  int layer_idx = -1;  // decoder layer (or vision block) index; -1 for global tensors
 };
 
 // All parameters of `config` in a fixed order (embeddings, layers in order, final norm, lm_head,
@@ -49,8 +49,8 @@ struct ParamSpec {
 std::vector<ParamSpec> build_param_table(const ModelConfig& config, DType dtype = DType::bf16);
 
 // Names of the fused routed-expert tensors of decoder layer `layer_idx`.
-std::string fused_gate_up_name(const ModelConfig& config, int layer_idx);   // [E, 2I, H]
-std::string fused_down_name(const ModelConfig& config, int layer_idx);      // [E, H, I]
+std::string fused_gate_up_name(const ModelConfig& config, int layer_idx);  // [E, 2I, H]
+std::string fused_down_name(const ModelConfig& config, int layer_idx);     // [E, H, I]
 // Per-expert names (what transformers 5.17 save_pretrained writes); part is gate_proj/up_proj/down_proj.
 std::string per_expert_name(const ModelConfig& config, int layer_idx, int64_t expert_idx, const char* part);
 

@@ -1,11 +1,12 @@
 // Tests of the parameter table: the 35B-A3B counts of spec §2.3b, the active-per-token count by a
 // separate hand formula, names/shapes/dtypes of the tiny models, and the expert naming helpers.
+#include "model/param_table.h"
+
 #include <gtest/gtest.h>
 
 #include <set>
 
 #include "model/config.h"
-#include "model/param_table.h"
 
 namespace deltamoe {
 namespace {
@@ -35,8 +36,8 @@ TEST(ParamTable, ActivePerTokenMatchesHandFormula) {
     const int64_t H = t.hidden_size, V = t.vocab_size, L = t.num_hidden_layers;
     const int64_t Lf = t.num_layers_of(LayerType::full_attention), Ll = L - Lf;
     const int64_t D = t.head_dim, Nq = t.num_attention_heads, Nkv = t.num_key_value_heads;
-    const int64_t conv = 2 * t.linear_num_key_heads * t.linear_key_head_dim +
-                         t.linear_num_value_heads * t.linear_value_head_dim;
+    const int64_t conv =
+        2 * t.linear_num_key_heads * t.linear_key_head_dim + t.linear_num_value_heads * t.linear_value_head_dim;
     const int64_t vdim = t.linear_num_value_heads * t.linear_value_head_dim, Hv = t.linear_num_value_heads;
     const int64_t gdn = conv * H + vdim * H + 2 * Hv * H + conv * t.linear_conv_kernel_dim + 2 * Hv +
                         t.linear_value_head_dim + H * vdim;
@@ -45,9 +46,8 @@ TEST(ParamTable, ActivePerTokenMatchesHandFormula) {
     const int64_t moe_active = t.num_experts * H + t.num_experts_per_tok * 3 * I * H + 3 * Is * H + H;
     const int64_t expected = Ll * gdn + Lf * attn + L * (moe_active + 2 * H) + H + V * H /* lm_head */;
     ParamCounts counts = count_params(config);
-    std::printf("%s: total %lld, active/token %lld (hand formula %lld)\n", name,
-                static_cast<long long>(counts.total), static_cast<long long>(counts.active_per_token),
-                static_cast<long long>(expected));
+    std::printf("%s: total %lld, active/token %lld (hand formula %lld)\n", name, static_cast<long long>(counts.total),
+                static_cast<long long>(counts.active_per_token), static_cast<long long>(expected));
     EXPECT_EQ(counts.active_per_token, expected) << name;
     EXPECT_EQ(counts.active_per_token_with_embedding, expected + V * H) << name;
   }
