@@ -7,6 +7,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/attention/attention.h"
 #include "kernels/cross_entropy/cross_entropy.h"
 #include "model/text/text_model.h"
 
@@ -75,6 +76,8 @@ ParityInputs load_parity_inputs(const std::string& path) {
   if (inputs.cu_seqlens) {
     CHECK(inputs.input_ids.shape()[0] == 1, path, ": cu_seqlens packs sequences into one row, but input_ids has B = ",
           inputs.input_ids.shape()[0]);
+    check_cu_seqlens(inputs.cu_seqlens->as<int32_t>(), inputs.cu_seqlens->numel() - 1, inputs.input_ids.shape()[1],
+                     path.c_str());
   }
   inputs.pixel_values = read_optional(*file, "pixel_values", DType::f32, 2);
   inputs.image_grid_thw = read_optional(*file, "image_grid_thw", DType::i64, 2);

@@ -18,7 +18,7 @@ namespace {
 bool is_supervised(const int64_t* labels, int64_t t, int64_t vocab) {
   const int64_t label = labels[t];
   if (label == kIgnoreIndex) return false;
-  CHECK(label >= 0 && label < vocab, "cross_entropy: label ", label, " at token ", t,
+  CHECK(label >= 0 && label < vocab, "cross_entropy: label ", label, " at (shifted) token ", t,
         " is neither -100 nor a vocabulary id in [0, ", vocab, ")");
   return true;
 }
