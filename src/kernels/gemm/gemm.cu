@@ -1,0 +1,150 @@
+// cuBLASLt products in row-major terms: a row-major [r, c] matrix is cuBLASLt's column-major
+// [c, r], so C = op(A) op(B) is issued as C^T = op(B)^T op(A)^T with the operands swapped.
+#include "kernels/gemm/gemm_cuda.h"
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+
+namespace deltamoe {
+
+namespace {
+
+// Largest power of two (up to 256) dividing the base address and the row stride in bytes:
+// cuBLASLt picks kernels by the alignment it is promised, so promise only what is true.
+int alignment_bytes(const void* ptr, int64_t ld, size_t element_size) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(ptr) | static_cast<uint64_t>(ld) * element_size | 256u;
+  return static_cast<int>(bits & (~bits + 1));
+}
+
+cudaDataType_t cuda_type_of(DType dtype) {
+  if (dtype == DType::bf16) return CUDA_R_16BF;
+  CHECK(dtype == DType::f32, "gemm: output dtype must be bf16 or f32, not ", dtype_name(dtype));
+  return CUDA_R_32F;
+}
+
+// RAII holders so that an error thrown mid-call leaks no descriptors.
+struct MatmulDesc {
+  cublasLtMatmulDesc_t desc = nullptr;
+  ~MatmulDesc() {
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+struct MatrixLayout {
+  cublasLtMatrixLayout_t layout = nullptr;
+  ~MatrixLayout() {
+    if (layout) cublasLtMatrixLayoutDestroy(layout);
+  }
+};
+
+}  // namespace
+
+GemmContext::GemmContext(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
+  CUBLAS_CHECK(cublasLtCreate(&handle_));
+  if (workspace_bytes_ > 0) CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+}
+
+GemmContext::~GemmContext() {
+  if (workspace_ != nullptr) cudaFree(workspace_);  // NOTE: unchecked in a destructor on purpose
+  if (handle_ != nullptr) cublasLtDestroy(handle_);
+}
+
+const cublasLtMatmulAlgo_t& GemmContext::algorithm_for(const Key& key, cublasLtMatmulDesc_t op,
+                                                       cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                                       cublasLtMatrixLayout_t c) {
+  auto found = algorithms_.find(key);
+  if (found != algorithms_.end()) return found->second;
+  cublasLtMatmulPreference_t preference = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  cublasLtMatmulHeuristicResult_t result{};
+  int num_results = 0;
+  // cuBLASLt's A/B are our B/A (operands swapped for row-major), so their alignments swap too.
+  uint32_t align_lt_a = static_cast<uint32_t>(key.alignment_b), align_lt_b = static_cast<uint32_t>(key.alignment_a);
+  uint32_t align_c = static_cast<uint32_t>(key.alignment_c);
+  cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_, sizeof(workspace_bytes_));
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                  &align_lt_a, sizeof(align_lt_a));
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                  &align_lt_b, sizeof(align_lt_b));
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                                  sizeof(align_c));
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                                  sizeof(align_c));
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulAlgoGetHeuristic(handle_, op, a, b, c, c, preference, 1, &result, &num_results);
+  cublasLtMatmulPreferenceDestroy(preference);
+  CUBLAS_CHECK(status);
+  CHECK(num_results > 0, "gemm: cuBLASLt has no algorithm for a ", key.m, "x", key.n, "x", key.k,
+        " bf16 product (trans_a ", key.trans_a, ", trans_b ", key.trans_b, ", output ", dtype_name(key.out_dtype),
+        ")");
+  return algorithms_.emplace(key, result.algo).first->second;
+}
+
+void gemm_bf16_cuda(GemmContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const __nv_bfloat16* a, int64_t lda, const __nv_bfloat16* b, int64_t ldb, float beta, void* c,
+                    DType c_dtype, int64_t ldc, cudaStream_t stream) {
+  CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: negative size ", m, "x", n, "x", k);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    // An empty sum: C = beta * C. Only beta = 1 (accumulating into a gradient) needs no work.
+    CHECK(beta == 1.0f, "gemm: inner size 0 with beta ", beta, " is not supported");
+    return;
+  }
+  const cudaDataType_t c_type = cuda_type_of(c_dtype);
+  // Row strides must cover a row of each operand as stored.
+  CHECK(lda >= (trans_a ? m : k), "gemm: lda ", lda, " is shorter than a row of A");
+  CHECK(ldb >= (trans_b ? k : n), "gemm: ldb ", ldb, " is shorter than a row of B");
+  CHECK(ldc >= n, "gemm: ldc ", ldc, " is shorter than a row of C (", n, ")");
+  CHECK(a != nullptr && b != nullptr && c != nullptr, "gemm: null operand");
+
+  MatmulDesc op;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // cuBLASLt computes C^T [n, m] = opL(B_lt) opL(A_lt) with A_lt = our B, B_lt = our A.
+  // Our B stored [K, N] row-major is column-major [N, K] = op(B)^T already: no transpose.
+  const cublasOperation_t op_lt_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_lt_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a, sizeof(op_lt_a)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b, sizeof(op_lt_b)));
+
+  // Column-major shapes (rows, cols, ld) of the stored matrices.
+  MatrixLayout layout_a, layout_b, layout_c;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_a.layout, CUDA_R_16BF, trans_b ? k : n, trans_b ? n : k, ldb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_b.layout, CUDA_R_16BF, trans_a ? m : k, trans_a ? k : m, lda));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_c.layout, c_type, n, m, ldc));
+
+  GemmContext::Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, c_dtype,
+                       alignment_bytes(a, lda, sizeof(__nv_bfloat16)), alignment_bytes(b, ldb, sizeof(__nv_bfloat16)),
+                       alignment_bytes(c, ldc, dtype_size(c_dtype))};
+  const cublasLtMatmulAlgo_t& algo = ctx.algorithm_for(key, op.desc, layout_a.layout, layout_b.layout, layout_c.layout);
+  CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), op.desc, &alpha, b, layout_a.layout, a, layout_b.layout, &beta, c,
+                              layout_c.layout, c, layout_c.layout, &algo, ctx.workspace(), ctx.workspace_bytes(),
+                              stream));
+}
+
+void linear_forward_cuda(GemmContext& ctx, const __nv_bfloat16* x, const __nv_bfloat16* weight, void* y,
+                         DType y_dtype, int64_t rows, int64_t in_features, int64_t out_features, cudaStream_t stream) {
+  // y [T, N] = x [T, K] . (W [N, K])^T
+  gemm_bf16_cuda(ctx, false, true, rows, out_features, in_features, 1.0f, x, in_features, weight, in_features, 0.0f, y,
+                 y_dtype, out_features, stream);
+}
+
+void linear_backward_input_cuda(GemmContext& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* weight,
+                                __nv_bfloat16* dx, int64_t rows, int64_t in_features, int64_t out_features,
+                                cudaStream_t stream) {
+  // dx [T, K] = dy [T, N] . W [N, K]
+  gemm_bf16_cuda(ctx, false, false, rows, in_features, out_features, 1.0f, dy, out_features, weight, in_features, 0.0f,
+                 dx, DType::bf16, in_features, stream);
+}
+
+void linear_backward_weight_cuda(GemmContext& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* x, float* d_weight,
+                                 int64_t rows, int64_t in_features, int64_t out_features, cudaStream_t stream) {
+  // dW [N, K] += (dy [T, N])^T . x [T, K]
+  gemm_bf16_cuda(ctx, true, false, out_features, in_features, rows, 1.0f, dy, out_features, x, in_features, 1.0f,
+                 d_weight, DType::f32, in_features, stream);
+}
+
+}  // namespace deltamoe

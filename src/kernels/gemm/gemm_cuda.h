@@ -1,0 +1,80 @@
+// cuBLASLt wrapper for the dense products of training: bf16 x bf16 with fp32 accumulation into a
+// bf16 or fp32 output, in row-major terms, plus the three products of a bias-free linear layer
+// (y = x W^T, dX = dY W, dW += dY^T X). One GemmContext (handle, workspace, chosen algorithms).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+#include "core/dtype.h"
+
+namespace deltamoe {
+
+// cuBLAS recommends 32 MiB of workspace on Hopper.
+constexpr size_t kGemmDefaultWorkspaceBytes = size_t{32} << 20;
+
+// Owns the cuBLASLt handle and its workspace (allocated once, here, never in a step) and caches
+// the algorithm chosen by cuBLASLt's heuristic per problem (shape, strides, alignment), so a
+// training step after the first queries nothing. Use one context per stream: the workspace is
+// shared by every product issued through it. Not thread-safe.
+class GemmContext {
+ public:
+  explicit GemmContext(size_t workspace_bytes = kGemmDefaultWorkspaceBytes);
+  ~GemmContext();
+  GemmContext(const GemmContext&) = delete;
+  GemmContext& operator=(const GemmContext&) = delete;
+
+  cublasLtHandle_t handle() const { return handle_; }
+  void* workspace() const { return workspace_; }
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  // Number of distinct problems the heuristic has been asked about (for tests and logs).
+  size_t num_cached_algorithms() const { return algorithms_.size(); }
+
+  // Internal: the algorithm for a problem key, queried on first use.
+  struct Key {
+    bool trans_a, trans_b;
+    int64_t m, n, k, lda, ldb, ldc;
+    DType out_dtype;
+    int alignment_a, alignment_b, alignment_c;
+    auto tie() const {
+      return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, out_dtype, alignment_a, alignment_b, alignment_c);
+    }
+    bool operator<(const Key& other) const { return tie() < other.tie(); }
+  };
+  const cublasLtMatmulAlgo_t& algorithm_for(const Key& key, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                                            cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c);
+
+ private:
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::map<Key, cublasLtMatmulAlgo_t> algorithms_;
+};
+
+// Row-major C [M, N] = alpha * op(A) op(B) + beta * C, bf16 operands, fp32 accumulation.
+// op(A) is [M, K]: A is stored [M, K] (trans_a false) or [K, M] (trans_a true), row stride lda.
+// op(B) is [K, N]: B is stored [K, N] (trans_b false) or [N, K] (trans_b true), row stride ldb.
+// C is bf16 or f32 (c_dtype) with row stride ldc; with beta = 0 C is written, never read.
+void gemm_bf16_cuda(GemmContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const __nv_bfloat16* a, int64_t lda, const __nv_bfloat16* b, int64_t ldb, float beta, void* c,
+                    DType c_dtype, int64_t ldc, cudaStream_t stream);
+
+// Linear layer products. Legend: T rows, K in features, N out features; all contiguous.
+// x [T, K] bf16, weight [N, K] bf16 -> y [T, N] written, bf16 or f32 (y_dtype).
+void linear_forward_cuda(GemmContext& ctx, const __nv_bfloat16* x, const __nv_bfloat16* weight, void* y,
+                         DType y_dtype, int64_t rows, int64_t in_features, int64_t out_features, cudaStream_t stream);
+// dy [T, N] bf16, weight [N, K] -> dx [T, K] bf16 written.
+void linear_backward_input_cuda(GemmContext& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* weight,
+                                __nv_bfloat16* dx, int64_t rows, int64_t in_features, int64_t out_features,
+                                cudaStream_t stream);
+// dy [T, N] bf16, x [T, K] bf16 -> d_weight [N, K] f32 added to (beta = 1).
+void linear_backward_weight_cuda(GemmContext& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* x, float* d_weight,
+                                 int64_t rows, int64_t in_features, int64_t out_features, cudaStream_t stream);
+
+}  // namespace deltamoe
