@@ -4,7 +4,6 @@
 
 #include <cstdint>
 
-#include "core/error.h"
 #include "tokenizer/unicode.h"
 
 namespace deltamoe {
@@ -46,11 +45,10 @@ size_t contraction_length(const std::vector<CharInfo>& chars, size_t i) {
 
 }  // namespace
 
-SplitPattern split_pattern_from_regex(const std::string& regex) {
+std::optional<SplitPattern> split_pattern_from_regex(const std::string& regex) {
   if (regex == kQwen2Regex) return SplitPattern::kQwen2;
   if (regex == kQwen35Regex) return SplitPattern::kQwen35;
-  RAISE("unsupported Split pre-tokenizer regex '", regex,
-        "': deltamoe implements the Qwen2/Qwen3 and Qwen3.5 patterns only");
+  return std::nullopt;
 }
 
 void split_pieces(std::string_view text, SplitPattern pattern, std::vector<std::string_view>& pieces) {

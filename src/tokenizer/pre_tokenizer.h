@@ -2,6 +2,7 @@
 // pieces that the tokenizer.json regex would match (Oniguruma semantics, leftmost-first).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,9 +14,9 @@ enum class SplitPattern {
   kQwen35,  // Qwen3.5: letters are [\p{L}\p{M}], so combining marks stay with their letters
 };
 
-// Recognises the regex string of a tokenizer.json Split pre-tokenizer; throws deltamoe::Error for
-// any other pattern (the hand-written splitter implements exactly these).
-SplitPattern split_pattern_from_regex(const std::string& regex);
+// Recognises the regex string of a tokenizer.json Split pre-tokenizer; nullopt for any other
+// pattern (the hand-written splitter implements exactly these).
+std::optional<SplitPattern> split_pattern_from_regex(const std::string& regex);
 
 // Appends the pieces of text (valid UTF-8) to pieces, in order; the pieces cover the text.
 void split_pieces(std::string_view text, SplitPattern pattern, std::vector<std::string_view>& pieces);

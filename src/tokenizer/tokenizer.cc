@@ -98,7 +98,11 @@ void load_pre_tokenizer(const json& node, TokenizerData& data, const std::string
         unsupported);
   check_byte_level(byte_level, source, "pre_tokenizer[1]");
   CHECK(!byte_level.value("use_regex", true), unsupported);
-  data.split_pattern = split_pattern_from_regex(split["pattern"]["Regex"].get<std::string>());
+  const std::string regex = split["pattern"]["Regex"].get<std::string>();
+  const std::optional<SplitPattern> pattern = split_pattern_from_regex(regex);
+  CHECK(pattern.has_value(), source, ": unsupported Split pre-tokenizer regex '", regex,
+        "': deltamoe implements the Qwen2/Qwen3 and Qwen3.5 patterns only");
+  data.split_pattern = *pattern;
 }
 
 // merges: ["a b", ...] (older files) or [["a", "b"], ...].
