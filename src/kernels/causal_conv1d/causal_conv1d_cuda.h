@@ -1,0 +1,28 @@
+// CUDA launchers of the causal depthwise conv1d + SiLU over packed sequences (the spec is
+// causal_conv1d.h / causal_conv1d_ref.cc): bf16 activations and weight, fp32 math, fp32 dweight.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace deltamoe {
+
+// Widest conv kernel the CUDA path supports (Qwen3.5 uses 4); the launchers CHECK against it.
+constexpr int kCausalConv1dMaxKernel = 8;
+
+// All pointers are device pointers. cu_seqlens [N+1] int32 on the device (not validated here:
+// the data loader validated it on the host). Writes y [T, C].
+void causal_conv1d_forward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* weight,
+                                const int32_t* cu_seqlens, int num_seqs, int64_t num_tokens,
+                                int num_channels, int kernel_size, __nv_bfloat16* y,
+                                cudaStream_t stream);
+
+// Given dy [T, C]: writes dx [T, C] (bf16) and ADDS the weight gradient to dweight [C, K] (fp32).
+void causal_conv1d_backward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* weight,
+                                 const __nv_bfloat16* dy, const int32_t* cu_seqlens, int num_seqs,
+                                 int64_t num_tokens, int num_channels, int kernel_size,
+                                 __nv_bfloat16* dx, float* dweight, cudaStream_t stream);
+
+}  // namespace deltamoe

@@ -1,0 +1,97 @@
+// GPU test of the causal conv1d + SiLU kernels against the fp32 CPU reference on the same
+// bf16-rounded inputs: packed short sequences, odd channel counts, and the Qwen3.5-35B conv width.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "kernels/causal_conv1d/causal_conv1d.h"
+#include "kernels/causal_conv1d/causal_conv1d_cuda.h"
+#include "kernels/gated_delta_rule/gdn_gpu_test_util.h"
+
+namespace deltamoe {
+namespace {
+
+using namespace gdn_gpu_test;
+
+// bf16 outputs hold ~3 significant digits: 1e-2 relative L2 leaves room for fp32 ordering noise.
+constexpr double kBf16Tolerance = 1e-2;
+// dweight is an fp32 sum of bf16-exact products; only the summation order differs.
+constexpr double kF32Tolerance = 1e-4;
+
+struct ConvCase {
+  std::vector<int> lengths;
+  int channels;
+  int kernel_size;
+};
+
+void run_case(const ConvCase& cc, bool time_it) {
+  const std::vector<int32_t> offsets = offsets_of(cc.lengths);
+  const int num_seqs = static_cast<int>(cc.lengths.size());
+  const int64_t tokens = offsets.back();
+  const int C = cc.channels, K = cc.kernel_size;
+  std::printf("case: %d sequences, T=%lld, C=%d, K=%d\n", num_seqs, static_cast<long long>(tokens),
+              C, K);
+  const HostTensor x = bf16_rounded(random_normal_tensor(Shape{tokens, C}, 11));
+  const HostTensor w = bf16_rounded(random_normal_tensor(Shape{C, K}, 12, 0.5f));
+  const HostTensor dy = bf16_rounded(random_normal_tensor(Shape{tokens, C}, 13));
+  const HostTensor dw_start = random_normal_tensor(Shape{C, K}, 14);  // checks "added to"
+
+  HostTensor y_ref(DType::f32, Shape{tokens, C}), dx_ref(DType::f32, Shape{tokens, C});
+  HostTensor dw_ref = random_normal_tensor(Shape{C, K}, 14);
+  causal_conv1d_forward_ref(x.as<float>(), w.as<float>(), offsets.data(), num_seqs, tokens, C, K,
+                            y_ref.as<float>());
+  causal_conv1d_backward_ref(x.as<float>(), w.as<float>(), dy.as<float>(), offsets.data(),
+                             num_seqs, tokens, C, K, dx_ref.as<float>(), dw_ref.as<float>());
+
+  DeviceTensor d_x = to_device(x, DType::bf16), d_w = to_device(w, DType::bf16);
+  DeviceTensor d_dy = to_device(dy, DType::bf16), d_cu = upload_offsets(offsets);
+  DeviceTensor d_y = poisoned(DType::bf16, Shape{tokens, C});
+  DeviceTensor d_dx = poisoned(DType::bf16, Shape{tokens, C});
+  DeviceTensor d_dw = to_device(dw_start, DType::f32);
+  const int32_t* cu = static_cast<const int32_t*>(d_cu.view.data);
+  causal_conv1d_forward_cuda(bf16_ptr(d_x), bf16_ptr(d_w), cu, num_seqs, tokens, C, K,
+                             bf16_ptr(d_y), nullptr);
+  causal_conv1d_backward_cuda(bf16_ptr(d_x), bf16_ptr(d_w), bf16_ptr(d_dy), cu, num_seqs, tokens,
+                              C, K, bf16_ptr(d_dx), f32_ptr(d_dw), nullptr);
+  device_synchronize();
+  expect_close("y", download_f32(d_y), y_ref, kBf16Tolerance);
+  expect_close("dx", download_f32(d_dx), dx_ref, kBf16Tolerance);
+  expect_close("dweight (added to)", download_f32(d_dw), dw_ref, kF32Tolerance);
+
+  if (time_it) {
+    // Forward moves x and y (bf16); backward reads x, dy and writes dx.
+    const double fwd_bytes = 2.0 * tokens * C * 2, bwd_bytes = 3.0 * tokens * C * 2;
+    const double fwd_ms = median_ms([&] {
+      causal_conv1d_forward_cuda(bf16_ptr(d_x), bf16_ptr(d_w), cu, num_seqs, tokens, C, K,
+                                 bf16_ptr(d_y), nullptr);
+    });
+    const double bwd_ms = median_ms([&] {
+      causal_conv1d_backward_cuda(bf16_ptr(d_x), bf16_ptr(d_w), bf16_ptr(d_dy), cu, num_seqs,
+                                  tokens, C, K, bf16_ptr(d_dx), f32_ptr(d_dw), nullptr);
+    });
+    print_bandwidth("causal_conv1d forward", fwd_ms, fwd_bytes);
+    print_bandwidth("causal_conv1d backward", bwd_ms, bwd_bytes);
+  }
+}
+
+TEST(CausalConv1dGpu, PackedShortSequencesOddChannels) {
+  run_case({{1, 63, 64, 65, 130}, 37, 4}, false);
+}
+
+TEST(CausalConv1dGpu, SingleTokenAndEmptySequence) {
+  run_case({{1}, 5, 4}, false);
+  run_case({{3, 0, 2}, 9, 3}, false);
+}
+
+TEST(CausalConv1dGpu, ManyShortSequences) {
+  std::vector<int> lengths;
+  for (int i = 0; i < 200; ++i) lengths.push_back(1 + (i * 7) % 13);
+  run_case({lengths, 130, 4}, false);
+}
+
+// Qwen3.5-35B-A3B: conv_dim = 2 * 16 * 128 (q, k) + 32 * 128 (v) = 8192, 8192 tokens as 2 x 4096.
+TEST(CausalConv1dGpu, Qwen35BShapeTimed) { run_case({{4096, 4096}, 8192, 4}, true); }
+
+}  // namespace
+}  // namespace deltamoe
