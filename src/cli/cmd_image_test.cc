@@ -1,0 +1,74 @@
+// End-to-end test of 'deltamoe image' through the built binary ($DELTAMOE_BINARY): the written
+// safetensors file holds what preprocess_image computes, and a broken image fails with its name.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+
+#include "checkpoint/safetensors.h"
+#include "data/image_preprocess.h"
+#include "data/image_test_util.h"
+
+namespace deltamoe {
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+RunResult run_deltamoe(const std::string& args) {
+  const char* binary = std::getenv("DELTAMOE_BINARY");
+  EXPECT_NE(binary, nullptr) << "DELTAMOE_BINARY is not set (run through ctest)";
+  RunResult result;
+  if (binary == nullptr) return result;
+  FILE* pipe = popen((std::string(binary) + " " + args + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+TEST(CmdImage, WritesPixelValuesAndGridThw) {
+  const RgbImage image = image_test::gradient_image(70, 130);
+  const std::string in = image_test::write_temp_file("cmd_image.png", image_test::encode_png_rgb(image));
+  const std::string out = in + ".safetensors";
+  const RunResult run = run_deltamoe("image --in " + in + " --out " + out + " --min_pixels 4096 --max_pixels 20000");
+  std::printf("%s", run.output.c_str());
+  ASSERT_EQ(run.exit_code, 0);
+
+  ImagePreprocessConfig config;
+  config.min_pixels = 4096;
+  config.max_pixels = 20000;
+  const ImagePatches expected = preprocess_image(image, config);
+  const auto file = SafetensorsFile::open(out);
+  const HostTensor grid = file->tensor("image_grid_thw").to_host();
+  const HostTensor pixels = file->tensor("pixel_values").to_host();
+  ASSERT_EQ(grid.dtype(), DType::i64);
+  ASSERT_EQ(grid.shape(), (Shape{1, 3}));
+  for (int axis = 0; axis < 3; ++axis) EXPECT_EQ(grid.as<int64_t>()[axis], expected.grid_thw[axis]);
+  ASSERT_EQ(pixels.dtype(), DType::f32);
+  ASSERT_EQ(pixels.shape(), (Shape{expected.num_patches(), 1536}));
+  double max_diff = 0;
+  for (int64_t i = 0; i < pixels.numel(); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::abs(pixels.as<float>()[i] - expected.pixel_values[i])));
+  }
+  std::printf("  pixel_values max|diff| vs preprocess_image = %.3e\n", max_diff);
+  EXPECT_EQ(max_diff, 0.0);
+}
+
+TEST(CmdImage, BrokenImageFailsNamingTheFile) {
+  const std::string in = image_test::write_temp_file("cmd_image_broken.jpg", {0xFF, 0xD8, 0xFF, 0xE0, 0, 16, 'J'});
+  const RunResult run = run_deltamoe("image --in " + in + " --out " + in + ".safetensors");
+  std::printf("%s", run.output.c_str());
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_NE(run.output.find(in), std::string::npos);
+}
+
+}  // namespace
+}  // namespace deltamoe
