@@ -1,0 +1,55 @@
+// Device helpers shared by the dense kernels: load/store N consecutive bf16 values as fp32
+// (N = 8 is one 16-byte access, N = 1 the scalar fallback for odd widths), and warp/block sums.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace deltamoe {
+
+template <int N>
+__device__ __forceinline__ void load_bf16_as_f32(const __nv_bfloat16* src, float (&out)[N]) {
+  if constexpr (N == 8) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(src);
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(pairs[i]);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = __bfloat162float(src[i]);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void store_f32_as_bf16(__nv_bfloat16* dst, const float (&in)[N]) {
+  if constexpr (N == 8) {
+    uint4 raw;
+    __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pairs[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+    *reinterpret_cast<uint4*>(dst) = raw;
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = __float2bfloat16_rn(in[i]);
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// True when every pointer is 16-byte aligned and width is a multiple of 8 (rows stay aligned).
+__host__ __forceinline__ bool can_use_vec8(int64_t width, const void* a, const void* b = nullptr,
+                                           const void* c = nullptr, const void* d = nullptr) {
+  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  return width % 8 == 0 && aligned(a) && aligned(b) && aligned(c) && aligned(d);
+}
+
+}  // namespace deltamoe

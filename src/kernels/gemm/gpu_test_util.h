@@ -1,0 +1,34 @@
+// Helpers for the dense GPU tests: random inputs already rounded to bf16 (so the fp32 reference
+// sees exactly what the GPU sees), typed device pointers, and a tolerance check that prints.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <gtest/gtest.h>
+
+#include "core/device_buffer.h"
+#include "kernels/common/tensor_compare.h"
+
+namespace deltamoe {
+
+inline HostTensor random_bf16_exact(Shape shape, uint64_t seed, float scale = 1.0f) {
+  return random_normal_tensor(shape, seed, scale).to_dtype(DType::bf16).to_f32();
+}
+
+inline __nv_bfloat16* bf16_ptr(const DeviceTensor& t) { return static_cast<__nv_bfloat16*>(t.view.data); }
+inline float* f32_ptr(const DeviceTensor& t) { return static_cast<float*>(t.view.data); }
+
+// Downloads `got`, compares with `ref`, prints the line, and expects finite values within rel_l2.
+inline void expect_close(const std::string& name, const DeviceTensor& got, const HostTensor& ref, double max_rel_l2) {
+  CompareResult result = compare_tensors(name, to_host(got.view), ref);
+  EXPECT_TRUE(result.all_finite) << name << " has non-finite values";
+  EXPECT_LE(result.rel_l2, max_rel_l2) << name;
+}
+
+// A device tensor poisoned with 0xFF bytes (NaN for floats) so that unwritten outputs fail.
+inline DeviceTensor poisoned_device_tensor(DType dtype, Shape shape) {
+  DeviceTensor t = device_tensor(dtype, shape);
+  device_fill_bytes(t.view, 0xFF);
+  return t;
+}
+
+}  // namespace deltamoe

@@ -1,0 +1,178 @@
+// CUDA kernels of the zero-centred RMSNorm: one warp per row for the forward and the dx backward,
+// a column-parallel pass for d_weight that writes per-chunk partials and a fixed-order reduction.
+#include <algorithm>
+
+#include "core/cuda_check.h"
+#include "kernels/gemm/bf16_vector.cuh"
+#include "kernels/rms_norm/rms_norm_cuda.h"
+
+namespace deltamoe {
+
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+constexpr int kColumnsPerBlock = 256;
+constexpr int64_t kMinRowsPerChunk = 64;
+constexpr int64_t kMaxChunks = 256;
+
+int64_t num_row_chunks(int64_t rows) {
+  return std::max<int64_t>(1, std::min(kMaxChunks, (rows + kMinRowsPerChunk - 1) / kMinRowsPerChunk));
+}
+
+// Loads kVec values of s = x (+ residual, rounded to bf16 as the stored sum is).
+template <int kVec>
+__device__ __forceinline__ void load_input(const __nv_bfloat16* x, const __nv_bfloat16* residual, int64_t offset,
+                                           float (&s)[kVec]) {
+  load_bf16_as_f32<kVec>(x + offset, s);
+  if (residual != nullptr) {
+    float r[kVec];
+    load_bf16_as_f32<kVec>(residual + offset, r);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) s[i] = __bfloat162float(__float2bfloat16_rn(s[i] + r[i]));
+  }
+}
+
+template <int kVec>
+__global__ void rms_norm_forward_kernel(const __nv_bfloat16* x, const __nv_bfloat16* residual,
+                                        __nv_bfloat16* sum_out, const __nv_bfloat16* weight, __nv_bfloat16* y,
+                                        float* rstd, int64_t rows, int64_t width, float eps) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t base = row * width;
+  float sum_squares = 0;
+  for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
+    float s[kVec];
+    load_input<kVec>(x, residual, base + c, s);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) sum_squares += s[i] * s[i];
+  }
+  sum_squares = warp_sum(sum_squares);
+  const float inv_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(width) + eps);
+  if (lane == 0) rstd[row] = inv_rms;
+  // Second pass re-reads the inputs (L1/L2-resident) so that any width fits.
+  for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
+    float s[kVec], w[kVec], out[kVec];
+    load_input<kVec>(x, residual, base + c, s);
+    load_bf16_as_f32<kVec>(weight + c, w);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) out[i] = s[i] * inv_rms * (1.0f + w[i]);
+    // sum_out may alias x or residual: every element is read and written by the same lane.
+    if (sum_out != nullptr) store_f32_as_bf16<kVec>(sum_out + base + c, s);
+    store_f32_as_bf16<kVec>(y + base + c, out);
+  }
+}
+
+template <int kVec>
+__global__ void rms_norm_backward_dx_kernel(const __nv_bfloat16* x, const __nv_bfloat16* weight, const float* rstd,
+                                            const __nv_bfloat16* dy, const __nv_bfloat16* d_skip,
+                                            __nv_bfloat16* dx, int64_t rows, int64_t width) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t base = row * width;
+  const float inv_rms = rstd[row];
+  // dn = dy * (1 + w); dx = inv_rms * (dn - n * mean(dn * n)), n = x * inv_rms.
+  float sum_dn_n = 0;
+  for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
+    float xv[kVec], w[kVec], g[kVec];
+    load_bf16_as_f32<kVec>(x + base + c, xv);
+    load_bf16_as_f32<kVec>(weight + c, w);
+    load_bf16_as_f32<kVec>(dy + base + c, g);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) sum_dn_n += g[i] * (1.0f + w[i]) * (xv[i] * inv_rms);
+  }
+  const float mean_dn_n = warp_sum(sum_dn_n) / static_cast<float>(width);
+  for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
+    float xv[kVec], w[kVec], g[kVec], out[kVec];
+    load_bf16_as_f32<kVec>(x + base + c, xv);
+    load_bf16_as_f32<kVec>(weight + c, w);
+    load_bf16_as_f32<kVec>(dy + base + c, g);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) out[i] = inv_rms * (g[i] * (1.0f + w[i]) - xv[i] * inv_rms * mean_dn_n);
+    if (d_skip != nullptr) {
+      float skip[kVec];
+      load_bf16_as_f32<kVec>(d_skip + base + c, skip);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) out[i] += skip[i];
+    }
+    store_f32_as_bf16<kVec>(dx + base + c, out);
+  }
+}
+
+// partial[chunk, c] = sum over the chunk's rows of dy * x * rstd (thread per column, coalesced).
+__global__ void rms_norm_dweight_partial_kernel(const __nv_bfloat16* x, const float* rstd, const __nv_bfloat16* dy,
+                                                float* partial, int64_t rows, int64_t width, int64_t rows_per_chunk) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
+  if (c >= width) return;
+  const int64_t chunk = blockIdx.y;
+  const int64_t row_end = std::min(rows, (chunk + 1) * rows_per_chunk);
+  float acc = 0;
+  for (int64_t r = chunk * rows_per_chunk; r < row_end; ++r)
+    acc += __bfloat162float(dy[r * width + c]) * (__bfloat162float(x[r * width + c]) * rstd[r]);
+  partial[chunk * width + c] = acc;
+}
+
+__global__ void rms_norm_dweight_reduce_kernel(const float* partial, float* d_weight, int64_t num_chunks,
+                                               int64_t width) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
+  if (c >= width) return;
+  float sum = 0;
+  for (int64_t chunk = 0; chunk < num_chunks; ++chunk) sum += partial[chunk * width + c];
+  d_weight[c] += sum;
+}
+
+}  // namespace
+
+void rms_norm_forward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* sum_out,
+                           const __nv_bfloat16* weight, __nv_bfloat16* y, float* rstd, int64_t rows, int64_t width,
+                           double eps, cudaStream_t stream) {
+  CHECK(rows >= 0 && width > 0, "rms_norm_forward_cuda: bad size rows ", rows, ", width ", width);
+  CHECK((residual == nullptr) == (sum_out == nullptr),
+        "rms_norm_forward_cuda: residual and sum_out must be given together");
+  CHECK(eps >= 0, "rms_norm_forward_cuda: eps must be >= 0, got ", eps);
+  if (rows == 0) return;
+  const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  if (can_use_vec8(width, x, residual, sum_out, y) && can_use_vec8(width, weight)) {
+    rms_norm_forward_kernel<8><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, residual, sum_out, weight, y, rstd,
+                                                                           rows, width, static_cast<float>(eps));
+  } else {
+    rms_norm_forward_kernel<1><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, residual, sum_out, weight, y, rstd,
+                                                                           rows, width, static_cast<float>(eps));
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+size_t rms_norm_backward_workspace_bytes(int64_t rows, int64_t width) {
+  return static_cast<size_t>(num_row_chunks(rows)) * static_cast<size_t>(width) * sizeof(float);
+}
+
+void rms_norm_backward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* weight, const float* rstd,
+                            const __nv_bfloat16* dy, const __nv_bfloat16* d_skip, __nv_bfloat16* dx, float* d_weight,
+                            int64_t rows, int64_t width, void* workspace, size_t workspace_bytes,
+                            cudaStream_t stream) {
+  CHECK(rows >= 0 && width > 0, "rms_norm_backward_cuda: bad size rows ", rows, ", width ", width);
+  CHECK(workspace_bytes >= rms_norm_backward_workspace_bytes(rows, width), "rms_norm_backward_cuda: workspace of ",
+        workspace_bytes, " bytes, needs ", rms_norm_backward_workspace_bytes(rows, width));
+  if (rows == 0) return;
+  const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  if (can_use_vec8(width, x, dy, d_skip, dx) && can_use_vec8(width, weight)) {
+    rms_norm_backward_dx_kernel<8>
+        <<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, weight, rstd, dy, d_skip, dx, rows, width);
+  } else {
+    rms_norm_backward_dx_kernel<1>
+        <<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, weight, rstd, dy, d_skip, dx, rows, width);
+  }
+  CUDA_CHECK_LAUNCH();
+  const int64_t chunks = num_row_chunks(rows);
+  const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+  float* partial = static_cast<float*>(workspace);
+  const unsigned column_blocks = static_cast<unsigned>((width + kColumnsPerBlock - 1) / kColumnsPerBlock);
+  rms_norm_dweight_partial_kernel<<<dim3(column_blocks, static_cast<unsigned>(chunks)), kColumnsPerBlock, 0,
+                                    stream>>>(x, rstd, dy, partial, rows, width, rows_per_chunk);
+  CUDA_CHECK_LAUNCH();
+  rms_norm_dweight_reduce_kernel<<<column_blocks, kColumnsPerBlock, 0, stream>>>(partial, d_weight, chunks, width);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace deltamoe
