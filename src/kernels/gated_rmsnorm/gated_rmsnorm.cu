@@ -1,0 +1,122 @@
+// CUDA kernels of the gated RMSNorm: one warp per row, fp32 reductions. The backward sums the
+// weight gradient per block in shared memory and adds it to global memory once per block.
+#include <algorithm>
+
+#include "core/cuda_check.h"
+#include "kernels/gated_rmsnorm/gated_rmsnorm_cuda.h"
+
+namespace deltamoe {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+constexpr int kMaxBackwardBlocks = 1024;
+
+__device__ inline float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+__device__ inline float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ inline float row_inverse_rms(const __nv_bfloat16* row, int dim, float eps, int lane) {
+  float sum_sq = 0.0f;
+  for (int d = lane; d < dim; d += 32) {
+    const float v = __bfloat162float(row[d]);
+    sum_sq += v * v;
+  }
+  return 1.0f / sqrtf(warp_sum(sum_sq) / static_cast<float>(dim) + eps);
+}
+
+__global__ void gated_rmsnorm_forward_kernel(const __nv_bfloat16* o, const __nv_bfloat16* z,
+                                             const __nv_bfloat16* weight, int64_t num_rows,
+                                             int dim, float eps, __nv_bfloat16* y) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= num_rows) return;
+  const int lane = threadIdx.x % 32;
+  const __nv_bfloat16* o_row = o + row * dim;
+  const float rstd = row_inverse_rms(o_row, dim, eps, lane);
+  for (int d = lane; d < dim; d += 32) {
+    const float zv = __bfloat162float(z[row * dim + d]);
+    const float value = __bfloat162float(o_row[d]) * rstd * __bfloat162float(weight[d]) *
+                        (zv * sigmoid_f(zv));
+    y[row * dim + d] = __float2bfloat16(value);
+  }
+}
+
+// Rows are visited by a grid-stride loop over warps so that the per-block dweight partial sums
+// (dynamic shared memory, dim floats) cover many rows before the one global add.
+__global__ void gated_rmsnorm_backward_kernel(const __nv_bfloat16* o, const __nv_bfloat16* z,
+                                              const __nv_bfloat16* weight,
+                                              const __nv_bfloat16* dy, int64_t num_rows, int dim,
+                                              float eps, __nv_bfloat16* d_o, __nv_bfloat16* dz,
+                                              float* dweight) {
+  extern __shared__ float s_dweight[];
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) s_dweight[d] = 0.0f;
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int64_t row_step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t row = first_row; row < num_rows; row += row_step) {
+    const int64_t base = row * dim;
+    const float rstd = row_inverse_rms(o + base, dim, eps, lane);
+    // u = dL/dn with n = o * rstd; d_o = rstd (u - mean(u . n) n).
+    float u_dot_n = 0.0f;
+    for (int d = lane; d < dim; d += 32) {
+      const float n = __bfloat162float(o[base + d]) * rstd;
+      const float zv = __bfloat162float(z[base + d]);
+      const float s = sigmoid_f(zv);
+      const float gate = zv * s;
+      const float dyv = __bfloat162float(dy[base + d]);
+      const float w = __bfloat162float(weight[d]);
+      u_dot_n += dyv * gate * w * n;
+      atomicAdd(&s_dweight[d], dyv * gate * n);
+      dz[base + d] = __float2bfloat16(dyv * n * w * s * (1.0f + zv * (1.0f - s)));
+    }
+    const float mean_u_dot_n = warp_sum(u_dot_n) / static_cast<float>(dim);
+    for (int d = lane; d < dim; d += 32) {
+      const float n = __bfloat162float(o[base + d]) * rstd;
+      const float zv = __bfloat162float(z[base + d]);
+      const float u = __bfloat162float(dy[base + d]) * zv * sigmoid_f(zv) *
+                      __bfloat162float(weight[d]);
+      d_o[base + d] = __float2bfloat16(rstd * (u - mean_u_dot_n * n));
+    }
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) atomicAdd(&dweight[d], s_dweight[d]);
+}
+
+void check_gated_rmsnorm_launch(int64_t num_rows, int dim, float eps) {
+  CHECK(num_rows >= 0, "gated_rmsnorm_cuda: num_rows must not be negative, got ", num_rows);
+  CHECK(dim > 0 && dim <= 16384, "gated_rmsnorm_cuda: dim must be in [1, 16384], got ", dim);
+  CHECK(eps >= 0, "gated_rmsnorm_cuda: eps must not be negative, got ", eps);
+  CHECK((num_rows + kWarpsPerBlock - 1) / kWarpsPerBlock < (int64_t{1} << 31),
+        "gated_rmsnorm_cuda: too many rows for one launch: ", num_rows);
+}
+
+}  // namespace
+
+void gated_rmsnorm_forward_cuda(const __nv_bfloat16* o, const __nv_bfloat16* z,
+                                const __nv_bfloat16* weight, int64_t num_rows, int dim, float eps,
+                                __nv_bfloat16* y, cudaStream_t stream) {
+  check_gated_rmsnorm_launch(num_rows, dim, eps);
+  if (num_rows == 0) return;
+  const auto blocks = static_cast<unsigned>((num_rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  gated_rmsnorm_forward_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(o, z, weight, num_rows,
+                                                                           dim, eps, y);
+  CUDA_CHECK_LAUNCH();
+}
+
+void gated_rmsnorm_backward_cuda(const __nv_bfloat16* o, const __nv_bfloat16* z,
+                                 const __nv_bfloat16* weight, const __nv_bfloat16* dy,
+                                 int64_t num_rows, int dim, float eps, __nv_bfloat16* d_o,
+                                 __nv_bfloat16* dz, float* dweight, cudaStream_t stream) {
+  check_gated_rmsnorm_launch(num_rows, dim, eps);
+  if (num_rows == 0) return;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(
+      kMaxBackwardBlocks, (num_rows + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  const size_t smem = static_cast<size_t>(dim) * sizeof(float);
+  gated_rmsnorm_backward_kernel<<<blocks, kWarpsPerBlock * 32, smem, stream>>>(
+      o, z, weight, dy, num_rows, dim, eps, d_o, dz, dweight);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace deltamoe
