@@ -1,0 +1,180 @@
+// Worker threads, the in-order hand-over of their results, and the packing loop.
+#include "data/data_pipeline.h"
+
+#include <limits>
+
+#include "data/epoch_order.h"
+#include "data/sft_record.h"
+
+namespace deltamoe {
+namespace {
+
+DataPosition checked_start(const DataPosition& start, int64_t num_samples, const PipelineOptions& options) {
+  DataPosition position = start;
+  if (position.num_samples < 0) {  // a default position: the beginning
+    position.num_samples = num_samples;
+    position.seed = options.seed;
+    position.shuffle = options.shuffle;
+  }
+  CHECK(position.num_samples == num_samples, "the data position was saved for ", position.num_samples,
+        " samples but the datasets hold ", num_samples, "; resume needs the same files");
+  CHECK(position.seed == options.seed && position.shuffle == options.shuffle, "the data position was saved with seed ",
+        position.seed, (position.shuffle ? " (shuffled)" : " (not shuffled)"), "; resume needs the same seed and shuffle");
+  CHECK(position.next_slot <= num_samples, "data position next_slot ", position.next_slot, " is past the ", num_samples,
+        " samples");
+  return position;
+}
+
+}  // namespace
+
+DataPipeline::DataPipeline(const PipelineOptions& options, Tokenizer tokenizer, const DataPosition& start)
+    : options_(options),
+      files_(options.dataset_paths),
+      builder_(std::move(tokenizer),
+               [&] {
+                 SampleOptions sample = options.sample;
+                 if (sample.max_length == 0) sample.max_length = options.token_budget;
+                 CHECK(sample.max_length <= options.token_budget, "--max_length ", sample.max_length,
+                       " exceeds the micro-batch token budget ", options.token_budget);
+                 return sample;
+               }()),
+      start_(checked_start(start, files_.size(), options)),
+      packer_(options.token_budget, options.pack_window),
+      skips_(options.num_skip_messages) {
+  CHECK(files_.size() > 0, "the datasets hold no samples (", options.dataset_paths.size(), " file(s), all empty)");
+  CHECK(options.num_epochs >= 0 && options.num_workers >= 0 && options.prefetch >= 1,
+        "bad pipeline options (num_epochs, num_workers >= 0, prefetch >= 1)");
+  const int64_t n = files_.size();
+  first_epoch_jobs_ = static_cast<int64_t>(start_.pending_slots.size()) + (n - start_.next_slot);
+  if (options.num_epochs == 0) {
+    total_jobs_ = std::numeric_limits<int64_t>::max();
+  } else if (start_.epoch >= options.num_epochs) {
+    total_jobs_ = 0;
+  } else {
+    total_jobs_ = first_epoch_jobs_ + (options.num_epochs - start_.epoch - 1) * n;
+  }
+  epoch_ = start_.epoch;
+  next_slot_ = start_.next_slot;
+  epoch_end_job_ = std::min(first_epoch_jobs_, total_jobs_);
+  for (int w = 0; w < options.num_workers; ++w) workers_.emplace_back([this] { worker_loop(); });
+}
+
+DataPipeline::~DataPipeline() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (std::thread& worker : workers_) worker.join();
+}
+
+std::shared_ptr<const std::vector<int64_t>> DataPipeline::order_of(int64_t epoch) const {
+  std::lock_guard lock(order_mutex_);
+  auto it = orders_.find(epoch);
+  if (it != orders_.end()) return it->second;
+  // Old epochs are dropped; whoever still holds one keeps it alive, and a later request rebuilds it.
+  while (!orders_.empty() && orders_.begin()->first < epoch - 1) orders_.erase(orders_.begin());
+  auto order = std::make_shared<const std::vector<int64_t>>(epoch_order(files_.size(), options_.seed, epoch, options_.shuffle));
+  orders_.emplace(epoch, order);
+  return order;
+}
+
+DataPipeline::Result DataPipeline::produce(int64_t job) const {
+  Result result;
+  int64_t epoch = start_.epoch;
+  const auto num_pending = static_cast<int64_t>(start_.pending_slots.size());
+  if (job < num_pending) {
+    result.slot = start_.pending_slots[static_cast<size_t>(job)];
+    result.resumed = true;
+  } else if (job < first_epoch_jobs_) {
+    result.slot = start_.next_slot + (job - num_pending);
+  } else {
+    const int64_t later = job - first_epoch_jobs_;
+    epoch += 1 + later / files_.size();
+    result.slot = later % files_.size();
+  }
+  const int64_t sample_index = (*order_of(epoch))[static_cast<size_t>(result.slot)];
+  std::string where;
+  try {
+    const DatasetFiles::Location location = files_.locate(sample_index);
+    where = files_.where(sample_index);
+    const std::string line = location.source->read(location.index);
+    const SftRecord record = parse_sft_record(line, location.source->directory(), where);
+    result.sample = builder_.build(record, sample_index, where);
+  } catch (const SampleSkip& skip) {
+    result.reason = skip.reason();
+    result.message = skip.what();
+  } catch (const std::exception& error) {
+    result.fatal = str_cat(where.empty() ? "" : where + ": ", error.what());
+  }
+  return result;
+}
+
+void DataPipeline::worker_loop() {
+  for (;;) {
+    int64_t job;
+    {
+      std::unique_lock lock(mutex_);
+      work_cv_.wait(lock, [&] {
+        return stop_ || (next_job_to_start_ < total_jobs_ &&
+                         next_job_to_start_ < consumer_job_ + static_cast<int64_t>(options_.prefetch));
+      });
+      if (stop_) return;
+      job = next_job_to_start_++;
+    }
+    Result result = produce(job);
+    {
+      std::lock_guard lock(mutex_);
+      done_.emplace(job, std::move(result));
+    }
+    ready_cv_.notify_all();
+  }
+}
+
+DataPipeline::Result DataPipeline::take(int64_t job) {
+  if (workers_.empty()) return produce(job);
+  std::unique_lock lock(mutex_);
+  ready_cv_.wait(lock, [&] { return done_.count(job) > 0; });
+  Result result = std::move(done_.at(job));
+  done_.erase(job);
+  consumer_job_ = job + 1;
+  lock.unlock();
+  work_cv_.notify_all();
+  return result;
+}
+
+DataPosition DataPipeline::position_now() const {
+  DataPosition position{epoch_, next_slot_, packer_.pending_slots(), files_.size(), options_.seed, options_.shuffle};
+  if (next_slot_ == files_.size() && position.pending_slots.empty()) {
+    position.epoch = epoch_ + 1;  // the epoch is used up: the same point, said as the next epoch's start
+    position.next_slot = 0;
+  }
+  return position;
+}
+
+std::optional<MicroBatch> DataPipeline::next_batch() {
+  for (;;) {
+    while (packer_.wants_sample() && next_job_to_take_ < epoch_end_job_) {
+      Result result = take(next_job_to_take_++);
+      CHECK(result.fatal.empty(), result.fatal);
+      if (!result.resumed) next_slot_ = result.slot + 1;
+      if (!result.sample) {
+        skips_.add(result.reason, result.message);
+        continue;
+      }
+      if (result.sample->truncated) skips_.add_truncated();
+      packer_.push(result.slot, std::move(*result.sample));
+    }
+    if (!packer_.empty()) {
+      MicroBatch batch = packer_.pack();
+      batch.position_after = position_now();
+      return batch;
+    }
+    if (epoch_end_job_ >= total_jobs_) return std::nullopt;
+    ++epoch_;
+    next_slot_ = 0;
+    epoch_end_job_ = total_jobs_ - epoch_end_job_ > files_.size() ? epoch_end_job_ + files_.size() : total_jobs_;
+  }
+}
+
+}  // namespace deltamoe
