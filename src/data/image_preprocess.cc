@@ -1,6 +1,8 @@
 // Normalisation and patch layout of the Qwen2-VL image processor (see image_preprocess.h).
 #include "data/image_preprocess.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace deltamoe {
@@ -55,6 +57,23 @@ ImagePatches preprocess_image(const RgbImage& image, const ImagePreprocessConfig
 
 ImagePatches preprocess_image_file(const std::string& path, const ImagePreprocessConfig& config) {
   return preprocess_image(load_image_file(path), config, str_cat("image '", path, "'"));
+}
+
+ImageBatch concat_image_patches(const std::vector<ImagePatches>& images, int64_t patch_dim) {
+  int64_t rows = 0;
+  for (const ImagePatches& image : images) rows += image.num_patches();
+  ImageBatch batch{HostTensor(DType::f32, Shape{rows, patch_dim}),
+                   HostTensor(DType::i64, Shape{static_cast<int64_t>(images.size()), 3})};
+  float* out = batch.pixel_values.as<float>();
+  int64_t* grids = batch.image_grid_thw.as<int64_t>();
+  for (size_t i = 0; i < images.size(); ++i) {
+    CHECK(static_cast<int64_t>(images[i].pixel_values.size()) == images[i].num_patches() * patch_dim,
+          "concat_image_patches: image ", i, " has ", images[i].pixel_values.size(), " values for grid [",
+          images[i].grid_thw[0], ", ", images[i].grid_thw[1], ", ", images[i].grid_thw[2], "]");
+    out = std::copy(images[i].pixel_values.begin(), images[i].pixel_values.end(), out);
+    std::copy(images[i].grid_thw.begin(), images[i].grid_thw.end(), grids + 3 * i);
+  }
+  return batch;
 }
 
 }  // namespace deltamoe

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
 #include "data/image_decode.h"
 #include "data/image_resize.h"
 
@@ -41,5 +42,12 @@ ImagePatches patchify_image(const RgbImage& image, const ImagePreprocessConfig& 
 
 // load_image_file + preprocess_image.
 ImagePatches preprocess_image_file(const std::string& path, const ImagePreprocessConfig& config);
+
+// The processor's batch output for several images: rows concatenated in image order.
+struct ImageBatch {
+  HostTensor pixel_values;    // f32 [sum N_i, 3 * Tp * P * P]
+  HostTensor image_grid_thw;  // int64 [I, 3]
+};
+ImageBatch concat_image_patches(const std::vector<ImagePatches>& images, int64_t patch_dim);
 
 }  // namespace deltamoe

@@ -63,5 +63,18 @@ TEST(ImagePreprocess, UserPixelLimitsChangeTheGrid) {
   EXPECT_LE(patches.grid_thw[1] * patches.grid_thw[2] * 256, small.max_pixels);
 }
 
+TEST(ImagePreprocess, BatchConcatenatesRowsAndGridsInOrder) {
+  ImagePreprocessConfig config;
+  config.min_pixels = 1024;
+  const ImagePatches first = preprocess_image(image_test::gradient_image(32, 64), config);
+  const ImagePatches second = preprocess_image(image_test::gradient_image(96, 32), config);
+  const ImageBatch batch = concat_image_patches({first, second}, config.patch_dim());
+  EXPECT_EQ(batch.pixel_values.shape(), (Shape{8 + 12, 1536}));
+  EXPECT_EQ(batch.image_grid_thw.shape(), (Shape{2, 3}));
+  EXPECT_EQ(batch.image_grid_thw.as<int64_t>()[4], 6);  // second image: 96 / 16 rows
+  EXPECT_EQ(batch.pixel_values.as<float>()[8 * 1536 + 5], second.pixel_values[5]);
+  EXPECT_EQ(batch.pixel_values.as<float>()[7 * 1536 + 9], first.pixel_values[7 * 1536 + 9]);
+}
+
 }  // namespace
 }  // namespace deltamoe
