@@ -1,0 +1,368 @@
+// Grouped GEMM kernels: 128x128x32 block tiles, 8 warps of 64x32 WMMA (bf16, fp32 accumulate),
+// a 3-stage cp.async pipeline, group sizes read on the device (launch over an upper bound).
+#include <mma.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "core/cuda_check.h"
+#include "kernels/grouped_gemm/grouped_gemm_cuda.h"
+
+namespace deltamoe {
+
+namespace {
+
+namespace wmma = nvcuda::wmma;
+using bf16 = __nv_bfloat16;
+
+constexpr int kTileM = kGroupedGemmTileRows;
+constexpr int kTileN = 128;
+constexpr int kTileK = 32;
+constexpr int kStages = 3;
+constexpr int kThreads = 256;
+constexpr int kPad = 8;  // bf16 elements of row padding: breaks bank conflicts, keeps 16-byte rows
+constexpr int kWarpM = 64, kWarpN = 32;
+constexpr int kFragsM = kWarpM / 16, kFragsN = kWarpN / 16;
+
+enum Epilogue : int { kStoreBf16 = 0, kStoreF32 = 1, kAddF32 = 2 };
+
+// Elements of one stage of a tile held k-major ([rows][K]) or k-outer ([K][rows]).
+template <bool kKMajor, int kRows>
+constexpr int stage_elems() {
+  return kKMajor ? kRows * (kTileK + kPad) : kTileK * (kRows + kPad);
+}
+
+// One operand tile: logical element (row, k) of the tile lives at base[row * ld + k] (k-major)
+// or base[k * ld + row] (k-outer); rows >= rows_valid and k >= k_valid read as zero.
+struct OperandTile {
+  const bf16* base;
+  int64_t ld;
+  int rows_valid;
+  int k_valid;
+};
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* global) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Copies the k-slice [k0, k0 + kTileK) of a tile into shared memory. Aligned: 16-byte cp.async
+// chunks (the launcher guarantees that the contiguous extent is a multiple of 8 and the base
+// 16-byte aligned, so a chunk is wholly inside or wholly outside). Otherwise element by element.
+template <bool kKMajor, int kRows, bool kAligned>
+__device__ __forceinline__ void load_tile(bf16* smem, const OperandTile& t, int k0) {
+  const int tid = threadIdx.x;
+  if constexpr (kAligned) {
+    constexpr int kChunksPerLine = kKMajor ? kTileK / 8 : kRows / 8;
+    constexpr int kChunks = kRows * kTileK / 8;
+#pragma unroll
+    for (int i = tid; i < kChunks; i += kThreads) {
+      const int line = i / kChunksPerLine, col = (i % kChunksPerLine) * 8;
+      int row, k;
+      bf16* dst;
+      if constexpr (kKMajor) {
+        row = line, k = k0 + col;
+        dst = smem + line * (kTileK + kPad) + col;
+      } else {
+        row = col, k = k0 + line;
+        dst = smem + line * (kRows + kPad) + col;
+      }
+      if (row < t.rows_valid && k < t.k_valid) {
+        const bf16* src = kKMajor ? t.base + row * t.ld + k : t.base + static_cast<int64_t>(k) * t.ld + row;
+        cp_async_16(dst, src);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  } else {
+    for (int i = tid; i < kRows * kTileK; i += kThreads) {
+      int row, kk;
+      bf16* dst;
+      if constexpr (kKMajor) {
+        row = i / kTileK, kk = i % kTileK;
+        dst = smem + row * (kTileK + kPad) + kk;
+      } else {
+        kk = i / kRows, row = i % kRows;
+        dst = smem + kk * (kRows + kPad) + row;
+      }
+      const int k = k0 + kk;
+      bf16 value = __float2bfloat16(0.0f);
+      if (row < t.rows_valid && k < t.k_valid)
+        value = kKMajor ? t.base[row * t.ld + k] : t.base[static_cast<int64_t>(k) * t.ld + row];
+      *dst = value;
+    }
+  }
+}
+
+struct GroupedParams {
+  const bf16* a;
+  const bf16* b;
+  void* c;
+  const int32_t* offsets;
+  const int32_t* tile_starts;  // rows mode only
+  int num_groups;
+  int m, n, k;  // rows mode: n, k (rows come from offsets); weight mode: m, n (k from offsets)
+};
+
+// Rows mode (kRowsMode): A [R, K] k-major, B_g [N, K] (kBKMajor) or [K, N], C [R, N].
+// Weight mode: A [R, M] and B [R, N] both k-outer with K = the group's rows, C_g [M, N] f32 +=.
+template <bool kRowsMode, bool kBKMajor, bool kAligned, int kEpilogue>
+__global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedParams p) {
+  constexpr bool kAKMajor = kRowsMode;
+  constexpr int kStageA = stage_elems<kAKMajor, kTileM>();
+  constexpr int kStageB = stage_elems<kBKMajor, kTileN>();
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* smem_a = reinterpret_cast<bf16*>(smem_raw);
+  bf16* smem_b = smem_a + kStages * kStageA;
+  float* scratch = reinterpret_cast<float*>(smem_b + kStages * kStageB);  // 16x16 floats per warp
+
+  OperandTile ta, tb;
+  float* c_f32 = nullptr;
+  bf16* c_bf16 = nullptr;
+  int64_t ldc;
+  int rows_valid, cols_valid, k_extent;
+  const int n0 = blockIdx.y * kTileN;
+  if constexpr (kRowsMode) {
+    const int tile = blockIdx.x;
+    if (tile >= p.tile_starts[p.num_groups]) return;
+    // The group of this tile: the last g with tile_starts[g] <= tile (skips empty groups).
+    int lo = 0, hi = p.num_groups - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (p.tile_starts[mid] <= tile) lo = mid; else hi = mid - 1;
+    }
+    const int g = lo;
+    const int m0 = p.offsets[g] + (tile - p.tile_starts[g]) * kTileM;
+    rows_valid = p.offsets[g + 1] - m0;
+    cols_valid = p.n - n0;
+    k_extent = p.k;
+    ta = {p.a + static_cast<int64_t>(m0) * p.k, p.k, rows_valid, p.k};
+    const bf16* b_g = p.b + static_cast<int64_t>(g) * p.n * p.k;
+    tb = kBKMajor ? OperandTile{b_g + static_cast<int64_t>(n0) * p.k, p.k, cols_valid, p.k}
+                  : OperandTile{b_g + n0, p.n, cols_valid, p.k};
+    ldc = p.n;
+    const int64_t c_offset = static_cast<int64_t>(m0) * p.n + n0;
+    if constexpr (kEpilogue == kStoreBf16) c_bf16 = static_cast<bf16*>(p.c) + c_offset;
+    else c_f32 = static_cast<float*>(p.c) + c_offset;
+  } else {
+    const int g = blockIdx.z;
+    const int r0 = p.offsets[g];
+    k_extent = p.offsets[g + 1] - r0;
+    if (k_extent <= 0) return;
+    const int m0 = blockIdx.x * kTileM;
+    rows_valid = p.m - m0;
+    cols_valid = p.n - n0;
+    ta = {p.a + static_cast<int64_t>(r0) * p.m + m0, p.m, rows_valid, k_extent};
+    tb = {p.b + static_cast<int64_t>(r0) * p.n + n0, p.n, cols_valid, k_extent};
+    ldc = p.n;
+    c_f32 = static_cast<float*>(p.c) + static_cast<int64_t>(g) * p.m * p.n + static_cast<int64_t>(m0) * p.n + n0;
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_m = warp / (kTileN / kWarpN), warp_n = warp % (kTileN / kWarpN);
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kFragsM][kFragsN];
+#pragma unroll
+  for (int i = 0; i < kFragsM; ++i)
+#pragma unroll
+    for (int j = 0; j < kFragsN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+
+  const int k_tiles = (k_extent + kTileK - 1) / kTileK;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) {
+      load_tile<kAKMajor, kTileM, kAligned>(smem_a + s * kStageA, ta, s * kTileK);
+      load_tile<kBKMajor, kTileN, kAligned>(smem_b + s * kStageB, tb, s * kTileK);
+    }
+    cp_async_commit();
+  }
+
+  using ALayout = std::conditional_t<kAKMajor, wmma::row_major, wmma::col_major>;
+  using BLayout = std::conditional_t<kBKMajor, wmma::col_major, wmma::row_major>;
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    // Refill the stage computed in the previous iteration (everybody is past it now).
+    const int next = kt + kStages - 1;
+    if (next < k_tiles) {
+      load_tile<kAKMajor, kTileM, kAligned>(smem_a + (next % kStages) * kStageA, ta, next * kTileK);
+      load_tile<kBKMajor, kTileN, kAligned>(smem_b + (next % kStages) * kStageB, tb, next * kTileK);
+    }
+    cp_async_commit();
+
+    const bf16* sa = smem_a + (kt % kStages) * kStageA;
+    const bf16* sb = smem_b + (kt % kStages) * kStageB;
+#pragma unroll
+    for (int kk = 0; kk < kTileK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, ALayout> fa[kFragsM];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, BLayout> fb[kFragsN];
+#pragma unroll
+      for (int i = 0; i < kFragsM; ++i) {
+        const int row = warp_m * kWarpM + i * 16;
+        if constexpr (kAKMajor) wmma::load_matrix_sync(fa[i], sa + row * (kTileK + kPad) + kk, kTileK + kPad);
+        else wmma::load_matrix_sync(fa[i], sa + kk * (kTileM + kPad) + row, kTileM + kPad);
+      }
+#pragma unroll
+      for (int j = 0; j < kFragsN; ++j) {
+        const int col = warp_n * kWarpN + j * 16;
+        if constexpr (kBKMajor) wmma::load_matrix_sync(fb[j], sb + col * (kTileK + kPad) + kk, kTileK + kPad);
+        else wmma::load_matrix_sync(fb[j], sb + kk * (kTileN + kPad) + col, kTileN + kPad);
+      }
+#pragma unroll
+      for (int i = 0; i < kFragsM; ++i)
+#pragma unroll
+        for (int j = 0; j < kFragsN; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue through a per-warp 16x16 scratch: lane handles row lane/2, 8 columns.
+  float* my_scratch = scratch + warp * 256;
+  const int sub_row = lane / 2, sub_col = (lane % 2) * 8;
+#pragma unroll
+  for (int i = 0; i < kFragsM; ++i) {
+#pragma unroll
+    for (int j = 0; j < kFragsN; ++j) {
+      wmma::store_matrix_sync(my_scratch, acc[i][j], 16, wmma::mem_row_major);
+      __syncwarp();
+      const int row = warp_m * kWarpM + i * 16 + sub_row;
+      const int col = warp_n * kWarpN + j * 16 + sub_col;
+      if (row < rows_valid) {
+        const float* v = my_scratch + sub_row * 16 + sub_col;
+        const int64_t at = row * ldc + col;
+        if (kAligned && col + 8 <= cols_valid) {
+          if constexpr (kEpilogue == kStoreBf16) {
+            __align__(16) bf16 packed[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) packed[e] = __float2bfloat16(v[e]);
+            *reinterpret_cast<uint4*>(c_bf16 + at) = *reinterpret_cast<const uint4*>(packed);
+          } else {
+            float4* dst = reinterpret_cast<float4*>(c_f32 + at);
+            float4 lo = make_float4(v[0], v[1], v[2], v[3]), hi = make_float4(v[4], v[5], v[6], v[7]);
+            if constexpr (kEpilogue == kAddF32) {
+              const float4 old_lo = dst[0], old_hi = dst[1];
+              lo = make_float4(lo.x + old_lo.x, lo.y + old_lo.y, lo.z + old_lo.z, lo.w + old_lo.w);
+              hi = make_float4(hi.x + old_hi.x, hi.y + old_hi.y, hi.z + old_hi.z, hi.w + old_hi.w);
+            }
+            dst[0] = lo;
+            dst[1] = hi;
+          }
+        } else {
+          for (int e = 0; e < 8 && col + e < cols_valid; ++e) {
+            if constexpr (kEpilogue == kStoreBf16) c_bf16[at + e] = __float2bfloat16(v[e]);
+            else if constexpr (kEpilogue == kStoreF32) c_f32[at + e] = v[e];
+            else c_f32[at + e] += v[e];
+          }
+        }
+      }
+      __syncwarp();
+    }
+  }
+}
+
+// tile_starts[g] = sum over groups before g of ceil(rows_g / kTileM); tile_starts[G] = total.
+__global__ void build_tile_starts_kernel(const int32_t* offsets, int num_groups, int32_t* tile_starts) {
+  const int lane = threadIdx.x;
+  int carry = 0;
+  for (int base = 0; base < num_groups; base += 32) {
+    const int g = base + lane;
+    const int tiles = g < num_groups ? (offsets[g + 1] - offsets[g] + kTileM - 1) / kTileM : 0;
+    int inclusive = tiles;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int up = __shfl_up_sync(0xffffffffu, inclusive, d);
+      if (lane >= d) inclusive += up;
+    }
+    if (g < num_groups) tile_starts[g] = carry + inclusive - tiles;
+    carry += __shfl_sync(0xffffffffu, inclusive, 31);
+  }
+  if (lane == 0) tile_starts[num_groups] = carry;
+}
+
+template <bool kAKMajor, bool kBKMajor>
+constexpr size_t smem_bytes() {
+  return (kStages * (stage_elems<kAKMajor, kTileM>() + stage_elems<kBKMajor, kTileN>())) * sizeof(bf16) +
+         (kThreads / 32) * 256 * sizeof(float);
+}
+
+template <bool kRowsMode, bool kBKMajor, bool kAligned, int kEpilogue>
+void launch(const GroupedParams& params, dim3 grid, cudaStream_t stream) {
+  constexpr size_t kSmem = smem_bytes<kRowsMode, kBKMajor>();
+  auto kernel = grouped_gemm_kernel<kRowsMode, kBKMajor, kAligned, kEpilogue>;
+  // Above 48 KiB of dynamic shared memory needs the opt-in (a host-side attribute, no sync).
+  static bool attribute_set = false;
+  if (!attribute_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));
+    attribute_set = true;
+  }
+  kernel<<<grid, kThreads, kSmem, stream>>>(params);
+  CUDA_CHECK_LAUNCH();
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <bool kBKMajor, bool kAligned>
+void launch_rows(const GroupedParams& params, DType c_dtype, dim3 grid, cudaStream_t stream) {
+  if (c_dtype == DType::bf16) launch<true, kBKMajor, kAligned, kStoreBf16>(params, grid, stream);
+  else launch<true, kBKMajor, kAligned, kStoreF32>(params, grid, stream);
+}
+
+}  // namespace
+
+size_t grouped_gemm_rows_workspace_bytes(int64_t num_groups) {
+  return static_cast<size_t>(num_groups + 1) * sizeof(int32_t);
+}
+
+void grouped_gemm_rows_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk, void* c, DType c_dtype,
+                            const int32_t* offsets, int64_t num_groups, int64_t max_rows, int64_t n, int64_t k,
+                            void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  CHECK(num_groups >= 1 && num_groups < (1 << 20), "grouped_gemm_rows_cuda: group count ", num_groups,
+        " must be in [1, 2^20)");
+  CHECK(n >= 1 && k >= 1 && max_rows >= 0, "grouped_gemm_rows_cuda: sizes n=", n, " k=", k, " max_rows=", max_rows,
+        " must be positive");
+  CHECK(max_rows < (int64_t{1} << 31) && std::max(n, k) < (int64_t{1} << 31),
+        "grouped_gemm_rows_cuda: sizes too large for 32-bit indices (rows=", max_rows, " n=", n, " k=", k, ")");
+  CHECK(c_dtype == DType::bf16 || c_dtype == DType::f32, "grouped_gemm_rows_cuda: output must be bf16 or f32, got ",
+        dtype_name(c_dtype));
+  CHECK(workspace_bytes >= grouped_gemm_rows_workspace_bytes(num_groups), "grouped_gemm_rows_cuda: workspace of ",
+        workspace_bytes, " bytes, need ", grouped_gemm_rows_workspace_bytes(num_groups));
+  if (max_rows == 0) return;
+  int32_t* tile_starts = static_cast<int32_t*>(workspace);
+  build_tile_starts_kernel<<<1, 32, 0, stream>>>(offsets, static_cast<int>(num_groups), tile_starts);
+  CUDA_CHECK_LAUNCH();
+
+  GroupedParams params{a, b, c, offsets, tile_starts, static_cast<int>(num_groups), 0, static_cast<int>(n),
+                       static_cast<int>(k)};
+  const int64_t max_tiles = (max_rows + kTileM - 1) / kTileM + num_groups;
+  const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>((n + kTileN - 1) / kTileN));
+  // 16-byte paths need every contiguous extent (k of A; k or n of B; n of C) a multiple of 8.
+  const bool aligned = k % 8 == 0 && n % 8 == 0 && aligned16(a) && aligned16(b) && aligned16(c);
+  if (b_stored_nk) {
+    if (aligned) launch_rows<true, true>(params, c_dtype, grid, stream);
+    else launch_rows<true, false>(params, c_dtype, grid, stream);
+  } else {
+    if (aligned) launch_rows<false, true>(params, c_dtype, grid, stream);
+    else launch_rows<false, false>(params, c_dtype, grid, stream);
+  }
+}
+
+void grouped_gemm_weight_grad_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
+                                   int64_t num_groups, int64_t m, int64_t n, cudaStream_t stream) {
+  CHECK(num_groups >= 1 && num_groups <= 65535, "grouped_gemm_weight_grad_cuda: group count ", num_groups,
+        " must be in [1, 65535]");
+  CHECK(m >= 1 && n >= 1, "grouped_gemm_weight_grad_cuda: sizes m=", m, " n=", n, " must be positive");
+  GroupedParams params{a, b, c, offsets, nullptr, static_cast<int>(num_groups), static_cast<int>(m),
+                       static_cast<int>(n), 0};
+  const dim3 grid(static_cast<unsigned>((m + kTileM - 1) / kTileM), static_cast<unsigned>((n + kTileN - 1) / kTileN),
+                  static_cast<unsigned>(num_groups));
+  const bool aligned = m % 8 == 0 && n % 8 == 0 && aligned16(a) && aligned16(b) && aligned16(c);
+  if (aligned) launch<false, false, true, kAddF32>(params, grid, stream);
+  else launch<false, false, false, kAddF32>(params, grid, stream);
+}
+
+}  // namespace deltamoe

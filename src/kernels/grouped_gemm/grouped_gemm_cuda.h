@@ -1,0 +1,34 @@
+// CUDA grouped products over device-side group offsets (no host synchronisation): bf16 operands,
+// fp32 accumulation on the tensor cores (WMMA, sm_80 and sm_90). The spec is grouped_gemm.h.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace deltamoe {
+
+// Rows per tile of the row-grouped product: every group wastes at most one partial tile.
+constexpr int kGroupedGemmTileRows = 128;
+
+// Workspace of grouped_gemm_rows_cuda: the per-group tile prefix (int32 [G+1]).
+size_t grouped_gemm_rows_workspace_bytes(int64_t num_groups);
+
+// The row-grouped product of grouped_gemm.h on the device. offsets int32 [G+1] is read on the
+// device only; max_rows (>= offsets[G], e.g. T*K) sizes the launch, which covers
+// ceil(max_rows / 128) + G row tiles; tiles past a group's end exit at once.
+// c [R, N] written as bf16 or f32 (c_dtype). Rows past offsets[G] are not written.
+void grouped_gemm_rows_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk, void* c, DType c_dtype,
+                            const int32_t* offsets, int64_t num_groups, int64_t max_rows, int64_t n, int64_t k,
+                            void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// The weight-gradient product of grouped_gemm.h: c [G, M, N] f32 added to; each element is
+// owned by one block (no atomics, deterministic); groups without rows leave c unchanged.
+void grouped_gemm_weight_grad_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
+                                   int64_t num_groups, int64_t m, int64_t n, cudaStream_t stream);
+
+}  // namespace deltamoe
