@@ -105,6 +105,19 @@ void load_pre_tokenizer(const json& node, TokenizerData& data, const std::string
   data.split_pattern = *pattern;
 }
 
+// encode() adds nothing around the text, so a post-processor may only leave it as it is: none,
+// ByteLevel (offsets only), or a template of the text alone.
+void check_post_processor(const json& node, const std::string& source) {
+  const std::string type = type_of(node);
+  if (node.is_null() || type == "ByteLevel") return;
+  if (type == "TemplateProcessing" && node.contains("single") && node["single"].is_array() && node["single"].size() == 1 &&
+      node["single"][0].contains("Sequence")) {
+    return;
+  }
+  RAISE(source, ": post_processor ", node.dump().substr(0, 300),
+        " adds tokens around the text, which deltamoe does not do; Qwen tokenizers have none");
+}
+
 // merges: ["a b", ...] (older files) or [["a", "b"], ...].
 std::pair<std::string, std::string> merge_parts(const json& merge, size_t rank, const std::string& source) {
   if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
@@ -200,6 +213,7 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& so
   data->instance_id = next_instance_id.fetch_add(1);
   load_normalizer(root.value("normalizer", json()), *data, source);
   load_pre_tokenizer(root.value("pre_tokenizer", json()), *data, source);
+  check_post_processor(root.value("post_processor", json()), source);
   const json decoder = root.value("decoder", json());
   if (!decoder.is_null()) check_byte_level(decoder, source, "decoder");
   load_model(root["model"], *data, source);

@@ -145,6 +145,12 @@ TEST(Tokenizer, BadFilesAreReported) {
   EXPECT_THROW(Tokenizer::from_json("{not json", "bad"), Error);
   EXPECT_THROW(Tokenizer::from_json(R"({"model": {"type": "WordPiece"}})", "bad"), Error);
   EXPECT_THROW(Tokenizer::from_json(tiny_tokenizer_json("\\w+"), "bad"), Error);
+  nlohmann::json with_bos = nlohmann::json::parse(tiny_tokenizer_json());
+  with_bos["post_processor"] = {{"type", "TemplateProcessing"},
+                                {"single", {{{"SpecialToken", {{"id", "<|end|>"}}}}, {{"Sequence", {{"id", "A"}}}}}}};
+  EXPECT_THROW(Tokenizer::from_json(with_bos.dump(), "bos"), Error);
+  with_bos["post_processor"]["single"].erase(0);
+  EXPECT_NO_THROW(Tokenizer::from_json(with_bos.dump(), "no bos"));
   try {
     Tokenizer::from_json(tiny_tokenizer_json("\\w+"), "my.json");
     FAIL();
