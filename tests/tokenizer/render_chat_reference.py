@@ -41,7 +41,7 @@ def json_value(rng, depth=0):
     if kind == 1:
         return rng.randint(-1000, 10 ** 6)
     if kind == 2:
-        return rng.choice([0.5, 2.25, -3.125, 1e-3, 100.0, 0.1])
+        return rng.choice([0.5, 2.25, -3.125, 1e-3, 100.0, 0.1, 1e-05, -2.5e-07, 1e15, 1e16, 1.5e300, 123456789.125, 0.0001])
     if kind == 3:
         return rng.choice([True, False])
     if kind == 4:
