@@ -1,4 +1,4 @@
-// Grouped GEMM kernels: 128x128x32 block tiles, 8 warps of 64x32 WMMA (bf16, fp32 accumulate),
+// Grouped GEMM kernels: 128x128x32 block tiles, 8 warps of 64x32 WMMA (nvbf16, fp32 accumulate),
 // a 3-stage cp.async pipeline, group sizes read on the device (launch over an upper bound).
 #include <mma.h>
 
@@ -13,14 +13,14 @@ namespace deltamoe {
 namespace {
 
 namespace wmma = nvcuda::wmma;
-using bf16 = __nv_bfloat16;
+using nvbf16 = __nv_bfloat16;
 
 constexpr int kTileM = kGroupedGemmTileRows;
 constexpr int kTileN = 128;
 constexpr int kTileK = 32;
 constexpr int kStages = 3;
 constexpr int kThreads = 256;
-constexpr int kPad = 8;  // bf16 elements of row padding: breaks bank conflicts, keeps 16-byte rows
+constexpr int kPad = 8;  // nvbf16 elements of row padding: breaks bank conflicts, keeps 16-byte rows
 constexpr int kWarpM = 64, kWarpN = 32;
 constexpr int kFragsM = kWarpM / 16, kFragsN = kWarpN / 16;
 
@@ -35,7 +35,7 @@ constexpr int stage_elems() {
 // One operand tile: logical element (row, k) of the tile lives at base[row * ld + k] (k-major)
 // or base[k * ld + row] (k-outer); rows >= rows_valid and k >= k_valid read as zero.
 struct OperandTile {
-  const bf16* base;
+  const nvbf16* base;
   int64_t ld;
   int rows_valid;
   int k_valid;
@@ -55,7 +55,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // chunks (the launcher guarantees that the contiguous extent is a multiple of 8 and the base
 // 16-byte aligned, so a chunk is wholly inside or wholly outside). Otherwise element by element.
 template <bool kKMajor, int kRows, bool kAligned>
-__device__ __forceinline__ void load_tile(bf16* smem, const OperandTile& t, int k0) {
+__device__ __forceinline__ void load_tile(nvbf16* smem, const OperandTile& t, int k0) {
   const int tid = threadIdx.x;
   if constexpr (kAligned) {
     constexpr int kChunksPerLine = kKMajor ? kTileK / 8 : kRows / 8;
@@ -64,7 +64,7 @@ __device__ __forceinline__ void load_tile(bf16* smem, const OperandTile& t, int 
     for (int i = tid; i < kChunks; i += kThreads) {
       const int line = i / kChunksPerLine, col = (i % kChunksPerLine) * 8;
       int row, k;
-      bf16* dst;
+      nvbf16* dst;
       if constexpr (kKMajor) {
         row = line, k = k0 + col;
         dst = smem + line * (kTileK + kPad) + col;
@@ -73,7 +73,7 @@ __device__ __forceinline__ void load_tile(bf16* smem, const OperandTile& t, int 
         dst = smem + line * (kRows + kPad) + col;
       }
       if (row < t.rows_valid && k < t.k_valid) {
-        const bf16* src = kKMajor ? t.base + row * t.ld + k : t.base + static_cast<int64_t>(k) * t.ld + row;
+        const nvbf16* src = kKMajor ? t.base + row * t.ld + k : t.base + static_cast<int64_t>(k) * t.ld + row;
         cp_async_16(dst, src);
       } else {
         *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
@@ -82,7 +82,7 @@ __device__ __forceinline__ void load_tile(bf16* smem, const OperandTile& t, int 
   } else {
     for (int i = tid; i < kRows * kTileK; i += kThreads) {
       int row, kk;
-      bf16* dst;
+      nvbf16* dst;
       if constexpr (kKMajor) {
         row = i / kTileK, kk = i % kTileK;
         dst = smem + row * (kTileK + kPad) + kk;
@@ -91,7 +91,7 @@ __device__ __forceinline__ void load_tile(bf16* smem, const OperandTile& t, int 
         dst = smem + kk * (kRows + kPad) + row;
       }
       const int k = k0 + kk;
-      bf16 value = __float2bfloat16(0.0f);
+      nvbf16 value = __float2bfloat16(0.0f);
       if (row < t.rows_valid && k < t.k_valid)
         value = kKMajor ? t.base[row * t.ld + k] : t.base[static_cast<int64_t>(k) * t.ld + row];
       *dst = value;
@@ -100,8 +100,8 @@ __device__ __forceinline__ void load_tile(bf16* smem, const OperandTile& t, int 
 }
 
 struct GroupedParams {
-  const bf16* a;
-  const bf16* b;
+  const nvbf16* a;
+  const nvbf16* b;
   void* c;
   const int32_t* offsets;
   const int32_t* tile_starts;  // rows mode only
@@ -117,13 +117,13 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedParams p)
   constexpr int kStageA = stage_elems<kAKMajor, kTileM>();
   constexpr int kStageB = stage_elems<kBKMajor, kTileN>();
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16* smem_a = reinterpret_cast<bf16*>(smem_raw);
-  bf16* smem_b = smem_a + kStages * kStageA;
+  nvbf16* smem_a = reinterpret_cast<nvbf16*>(smem_raw);
+  nvbf16* smem_b = smem_a + kStages * kStageA;
   float* scratch = reinterpret_cast<float*>(smem_b + kStages * kStageB);  // 16x16 floats per warp
 
   OperandTile ta, tb;
   float* c_f32 = nullptr;
-  bf16* c_bf16 = nullptr;
+  nvbf16* c_bf16 = nullptr;
   int64_t ldc;
   int rows_valid, cols_valid, k_extent;
   const int n0 = blockIdx.y * kTileN;
@@ -142,12 +142,12 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedParams p)
     cols_valid = p.n - n0;
     k_extent = p.k;
     ta = {p.a + static_cast<int64_t>(m0) * p.k, p.k, rows_valid, p.k};
-    const bf16* b_g = p.b + static_cast<int64_t>(g) * p.n * p.k;
+    const nvbf16* b_g = p.b + static_cast<int64_t>(g) * p.n * p.k;
     tb = kBKMajor ? OperandTile{b_g + static_cast<int64_t>(n0) * p.k, p.k, cols_valid, p.k}
                   : OperandTile{b_g + n0, p.n, cols_valid, p.k};
     ldc = p.n;
     const int64_t c_offset = static_cast<int64_t>(m0) * p.n + n0;
-    if constexpr (kEpilogue == kStoreBf16) c_bf16 = static_cast<bf16*>(p.c) + c_offset;
+    if constexpr (kEpilogue == kStoreBf16) c_bf16 = static_cast<nvbf16*>(p.c) + c_offset;
     else c_f32 = static_cast<float*>(p.c) + c_offset;
   } else {
     const int g = blockIdx.z;
@@ -195,12 +195,12 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedParams p)
     }
     cp_async_commit();
 
-    const bf16* sa = smem_a + (kt % kStages) * kStageA;
-    const bf16* sb = smem_b + (kt % kStages) * kStageB;
+    const nvbf16* sa = smem_a + (kt % kStages) * kStageA;
+    const nvbf16* sb = smem_b + (kt % kStages) * kStageB;
 #pragma unroll
     for (int kk = 0; kk < kTileK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, ALayout> fa[kFragsM];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, BLayout> fb[kFragsN];
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, nvbf16, ALayout> fa[kFragsM];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, nvbf16, BLayout> fb[kFragsN];
 #pragma unroll
       for (int i = 0; i < kFragsM; ++i) {
         const int row = warp_m * kWarpM + i * 16;
@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedParams p)
         const int64_t at = row * ldc + col;
         if (kAligned && col + 8 <= cols_valid) {
           if constexpr (kEpilogue == kStoreBf16) {
-            __align__(16) bf16 packed[8];
+            __align__(16) nvbf16 packed[8];
 #pragma unroll
             for (int e = 0; e < 8; ++e) packed[e] = __float2bfloat16(v[e]);
             *reinterpret_cast<uint4*>(c_bf16 + at) = *reinterpret_cast<const uint4*>(packed);
@@ -286,7 +286,7 @@ __global__ void build_tile_starts_kernel(const int32_t* offsets, int num_groups,
 
 template <bool kAKMajor, bool kBKMajor>
 constexpr size_t smem_bytes() {
-  return (kStages * (stage_elems<kAKMajor, kTileM>() + stage_elems<kBKMajor, kTileN>())) * sizeof(bf16) +
+  return (kStages * (stage_elems<kAKMajor, kTileM>() + stage_elems<kBKMajor, kTileN>())) * sizeof(nvbf16) +
          (kThreads / 32) * 256 * sizeof(float);
 }
 
@@ -327,7 +327,7 @@ void grouped_gemm_rows_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, bool
         " must be positive");
   CHECK(max_rows < (int64_t{1} << 31) && std::max(n, k) < (int64_t{1} << 31),
         "grouped_gemm_rows_cuda: sizes too large for 32-bit indices (rows=", max_rows, " n=", n, " k=", k, ")");
-  CHECK(c_dtype == DType::bf16 || c_dtype == DType::f32, "grouped_gemm_rows_cuda: output must be bf16 or f32, got ",
+  CHECK(c_dtype == DType::bf16 || c_dtype == DType::f32, "grouped_gemm_rows_cuda: output must be nvbf16 or f32, got ",
         dtype_name(c_dtype));
   CHECK(workspace_bytes >= grouped_gemm_rows_workspace_bytes(num_groups), "grouped_gemm_rows_cuda: workspace of ",
         workspace_bytes, " bytes, need ", grouped_gemm_rows_workspace_bytes(num_groups));

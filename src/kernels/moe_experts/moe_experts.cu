@@ -1,0 +1,167 @@
+// Routed experts forward and backward on the device: permute, grouped gate_up / down GEMMs
+// (grouped_gemm over the plan's device offsets), SiLU gate kernels, combine.
+#include <algorithm>
+
+#include "core/cuda_check.h"
+#include "kernels/grouped_gemm/grouped_gemm_cuda.h"
+#include "kernels/moe_experts/moe_experts_cuda.h"
+
+namespace deltamoe {
+
+namespace {
+
+using nvbf16 = __nv_bfloat16;
+
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Hands out 256-byte aligned pieces of one workspace, in order.
+class WorkspaceCarver {
+ public:
+  WorkspaceCarver(void* base, size_t bytes) : at_(static_cast<char*>(base)), left_(bytes) {}
+  template <typename T>
+  T* take(int64_t count) {
+    const size_t bytes = align256(static_cast<size_t>(count) * sizeof(T));
+    CHECK(bytes <= left_, "moe_experts: workspace too small (", left_, " bytes left, need ", bytes, ")");
+    T* piece = reinterpret_cast<T*>(at_);
+    at_ += bytes;
+    left_ -= bytes;
+    return piece;
+  }
+
+ private:
+  char* at_;
+  size_t left_;
+};
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+// h[r, i] = silu(gu[r, i]) * gu[r, I + i], fp32 math, nvbf16 out.
+__global__ void swiglu_forward_kernel(const nvbf16* gu, nvbf16* h, int64_t rows, int64_t inter) {
+  const int64_t total = rows * inter;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / inter, i = idx % inter;
+    const float g = __bfloat162float(gu[r * 2 * inter + i]), u = __bfloat162float(gu[r * 2 * inter + inter + i]);
+    h[idx] = __float2bfloat16(g * sigmoidf(g) * u);
+  }
+}
+
+// One warp per expert-major row r with weight w of its slot; dh_u = dy W_down (unweighted, fp32):
+//   d_topk_weight[slot] = dh_u . h  (= dy . y_e),  dh = w dh_u,
+//   d_gate = dh u silu'(g), d_up = dh silu(g)  -> written over gu (in place, same thread),
+//   hw = w h (nvbf16) for the down-projection weight gradient.
+__global__ void swiglu_backward_kernel(nvbf16* gu_to_dgu, const float* dh_u, const int32_t* sorted_slot,
+                                       const float* topk_weight, float* d_topk_weight, nvbf16* hw, int64_t rows,
+                                       int64_t inter) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const int32_t slot = sorted_slot[r];
+  const float w = topk_weight[slot];
+  nvbf16* row = gu_to_dgu + r * 2 * inter;
+  float d_weight = 0;
+  for (int64_t i = lane; i < inter; i += 32) {
+    const float g = __bfloat162float(row[i]), u = __bfloat162float(row[inter + i]);
+    const float s = sigmoidf(g), silu = g * s;
+    const float d_hu = dh_u[r * inter + i];
+    d_weight += d_hu * silu * u;
+    const float dh = w * d_hu;
+    row[i] = __float2bfloat16(dh * u * s * (1.0f + g * (1.0f - s)));
+    row[inter + i] = __float2bfloat16(dh * silu);
+    hw[r * inter + i] = __float2bfloat16(w * silu * u);
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) d_weight += __shfl_xor_sync(0xffffffffu, d_weight, d);
+  if (lane == 0) d_topk_weight[slot] = d_weight;
+}
+
+void check_dims(const MoeExpertsDims& d, const char* where) {
+  CHECK(d.num_tokens >= 0 && d.hidden >= 1 && d.num_experts >= 1 && d.top_k >= 1 && d.top_k <= d.num_experts &&
+            d.intermediate >= 1,
+        where, ": bad sizes T=", d.num_tokens, " C=", d.hidden, " E=", d.num_experts, " K=", d.top_k,
+        " I=", d.intermediate);
+}
+
+unsigned elementwise_grid(int64_t total) {
+  return static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, int64_t{1} << 20));
+}
+
+}  // namespace
+
+size_t moe_experts_forward_workspace_bytes(const MoeExpertsDims& d) {
+  const int64_t rows = d.num_tokens * d.top_k;
+  return align256(grouped_gemm_rows_workspace_bytes(d.num_experts)) + align256(rows * d.hidden * sizeof(nvbf16)) +
+         align256(rows * 2 * d.intermediate * sizeof(nvbf16)) + align256(rows * d.intermediate * sizeof(nvbf16));
+}
+
+size_t moe_experts_backward_workspace_bytes(const MoeExpertsDims& d) {
+  const int64_t rows = d.num_tokens * d.top_k;
+  return align256(grouped_gemm_rows_workspace_bytes(d.num_experts)) + 2 * align256(rows * d.hidden * sizeof(nvbf16)) +
+         align256(rows * 2 * d.intermediate * sizeof(nvbf16)) + align256(rows * d.intermediate * sizeof(float)) +
+         align256(rows * d.intermediate * sizeof(nvbf16));
+}
+
+void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
+                              const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
+                              __nv_bfloat16* y, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  check_dims(dims, "moe_experts_forward_cuda");
+  if (dims.num_tokens == 0) return;
+  const int64_t rows = dims.num_tokens * dims.top_k, C = dims.hidden, I = dims.intermediate, E = dims.num_experts;
+  WorkspaceCarver carve(workspace, workspace_bytes);
+  const size_t tile_bytes = grouped_gemm_rows_workspace_bytes(E);
+  void* tiles = carve.take<char>(static_cast<int64_t>(tile_bytes));
+  nvbf16* xp = carve.take<nvbf16>(rows * C);  // later reused for the expert outputs
+  nvbf16* gu = carve.take<nvbf16>(rows * 2 * I);
+  nvbf16* h = carve.take<nvbf16>(rows * I);
+
+  moe_permute_cuda(x, plan.sorted_slot, xp, rows, C, dims.top_k, stream);
+  grouped_gemm_rows_cuda(xp, gate_up, true, gu, DType::bf16, plan.expert_offsets, E, rows, 2 * I, C, tiles,
+                         tile_bytes, stream);
+  swiglu_forward_kernel<<<elementwise_grid(rows * I), 256, 0, stream>>>(gu, h, rows, I);
+  CUDA_CHECK_LAUNCH();
+  nvbf16* y_expert = xp;
+  grouped_gemm_rows_cuda(h, down, true, y_expert, DType::bf16, plan.expert_offsets, E, rows, C, I, tiles, tile_bytes,
+                         stream);
+  moe_combine_cuda(y_expert, plan.row_of_slot, topk_weight, y, dims.num_tokens, C, dims.top_k, stream);
+}
+
+void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
+                               const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
+                               const __nv_bfloat16* dy, __nv_bfloat16* dx, float* d_topk_weight, float* d_gate_up,
+                               float* d_down, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  check_dims(dims, "moe_experts_backward_cuda");
+  if (dims.num_tokens == 0) return;
+  const int64_t rows = dims.num_tokens * dims.top_k, C = dims.hidden, I = dims.intermediate, E = dims.num_experts;
+  WorkspaceCarver carve(workspace, workspace_bytes);
+  const size_t tile_bytes = grouped_gemm_rows_workspace_bytes(E);
+  void* tiles = carve.take<char>(static_cast<int64_t>(tile_bytes));
+  nvbf16* xp = carve.take<nvbf16>(rows * C);
+  nvbf16* dyp = carve.take<nvbf16>(rows * C);  // later reused for the permuted input gradient
+  nvbf16* gu = carve.take<nvbf16>(rows * 2 * I);  // becomes d_gu in place
+  float* dh_u = carve.take<float>(rows * I);
+  nvbf16* hw = carve.take<nvbf16>(rows * I);
+
+  // Recompute gu = x W_gu^T in expert-major order.
+  moe_permute_cuda(x, plan.sorted_slot, xp, rows, C, dims.top_k, stream);
+  grouped_gemm_rows_cuda(xp, gate_up, true, gu, DType::bf16, plan.expert_offsets, E, rows, 2 * I, C, tiles,
+                         tile_bytes, stream);
+  // dh_u = dy W_down (down_e stored [C, I] = [K, N]); kept in fp32 for the routing-weight gradient.
+  moe_permute_cuda(dy, plan.sorted_slot, dyp, rows, C, dims.top_k, stream);
+  grouped_gemm_rows_cuda(dyp, down, false, dh_u, DType::f32, plan.expert_offsets, E, rows, I, C, tiles, tile_bytes,
+                         stream);
+  const unsigned warps_per_block = 8;
+  swiglu_backward_kernel<<<static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block), 32 * warps_per_block,
+                           0, stream>>>(gu, dh_u, plan.sorted_slot, topk_weight, d_topk_weight, hw, rows, I);
+  CUDA_CHECK_LAUNCH();
+  nvbf16* d_gu = gu;
+  // d_down[e] += (dy_e)^T (w h)_e ; d_gate_up[e] += d_gu_e^T x_e.
+  grouped_gemm_weight_grad_cuda(dyp, hw, d_down, plan.expert_offsets, E, C, I, stream);
+  grouped_gemm_weight_grad_cuda(d_gu, xp, d_gate_up, plan.expert_offsets, E, 2 * I, C, stream);
+  // dxp = d_gu W_gu (gate_up_e stored [2I, C] = [K, N]), then each token sums its K rows.
+  nvbf16* dxp = dyp;
+  grouped_gemm_rows_cuda(d_gu, gate_up, false, dxp, DType::bf16, plan.expert_offsets, E, rows, C, 2 * I, tiles,
+                         tile_bytes, stream);
+  moe_combine_cuda(dxp, plan.row_of_slot, nullptr, dx, dims.num_tokens, C, dims.top_k, stream);
+}
+
+}  // namespace deltamoe

@@ -1,0 +1,58 @@
+// CUDA routed experts (the spec is moe_experts.h): a routing plan built on the device (expert
+// counts, offsets, expert-major order), permute, grouped GEMMs, SiLU gate, deterministic combine.
+// bf16 activations and weights, fp32 routing weights and accumulation, fp32 weight gradients.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/moe_experts/moe_experts.h"
+
+namespace deltamoe {
+
+// Where each (token, slot) goes, all on the device. Rows of the expert-major order are sorted by
+// expert, then by flat slot t*K+k (so the order, and everything built on it, is deterministic).
+struct MoeRoutingPlan {
+  int32_t* expert_offsets = nullptr;  // [E+1] rows of expert e: [offsets[e], offsets[e+1])
+  int32_t* sorted_slot = nullptr;     // [T*K] flat slot t*K+k of expert-major row r
+  int32_t* row_of_slot = nullptr;     // [T*K] expert-major row of flat slot t*K+k
+  int32_t* chunk_scratch = nullptr;   // per-chunk counts while building
+};
+
+// Bytes of the plan's memory (256-byte aligned pieces) and the plan laid out in it.
+size_t moe_routing_plan_bytes(int64_t num_tokens, int64_t num_experts, int64_t top_k);
+MoeRoutingPlan moe_routing_plan_in(void* memory, int64_t num_tokens, int64_t num_experts, int64_t top_k);
+
+// topk_idx int32 [T, K] (each in [0, E); not checked on the device) -> the plan. No host sync.
+void moe_routing_plan_cuda(const int32_t* topk_idx, const MoeRoutingPlan& plan, int64_t num_tokens,
+                           int64_t num_experts, int64_t top_k, cudaStream_t stream);
+
+// Workspace (bytes) of the forward and the backward.
+size_t moe_experts_forward_workspace_bytes(const MoeExpertsDims& dims);
+size_t moe_experts_backward_workspace_bytes(const MoeExpertsDims& dims);
+
+// x [T, C] bf16; topk_weight [T, K] f32; gate_up [E, 2I, C] bf16; down [E, C, I] bf16;
+// y [T, C] bf16 written (each token sums its K weighted expert outputs in slot order, in fp32).
+void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
+                              const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
+                              __nv_bfloat16* y, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// dy [T, C] bf16 -> dx [T, C] bf16 and d_topk_weight [T, K] f32 written; d_gate_up [E, 2I, C]
+// and d_down [E, C, I] f32 added to. Expert activations are recomputed.
+void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
+                               const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
+                               const __nv_bfloat16* dy, __nv_bfloat16* dx, float* d_topk_weight, float* d_gate_up,
+                               float* d_down, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// Pieces, exposed for the tests and for fusing later. R = T*K expert-major rows.
+// xp[r] = x[sorted_slot[r] / K]: [R, C] bf16.
+void moe_permute_cuda(const __nv_bfloat16* x, const int32_t* sorted_slot, __nv_bfloat16* xp, int64_t rows,
+                      int64_t hidden, int64_t top_k, cudaStream_t stream);
+// y[t] = sum over k (in order) of w[t, k] * yp[row_of_slot[t*K+k]] (w null: weight 1), fp32 sum: [T, C] bf16.
+void moe_combine_cuda(const __nv_bfloat16* yp, const int32_t* row_of_slot, const float* topk_weight,
+                      __nv_bfloat16* y, int64_t num_tokens, int64_t hidden, int64_t top_k, cudaStream_t stream);
+
+}  // namespace deltamoe
