@@ -10,6 +10,12 @@
 namespace deltamoe {
 namespace {
 
+// Library messages name the sample only sometimes; a skip report always must.
+std::string with_where(const std::string& where, const char* message) {
+  const std::string text = message;
+  return text.find(where) == std::string::npos ? where + ": " + text : text;
+}
+
 // Cuts the sample to max_length tokens without splitting an image: an image whose run does not fit
 // whole is dropped together with everything after it.
 void truncate_sample(SftSample& sample, int64_t max_length, int32_t image_token_id, int64_t merge_size) {
@@ -49,7 +55,7 @@ SftSample SampleBuilder::build(const SftRecord& record, int64_t sample_index, co
   } catch (const SampleSkip&) {
     throw;
   } catch (const Error& error) {
-    throw SampleSkip(SkipReason::kBadConversation, error.what());
+    throw SampleSkip(SkipReason::kBadConversation, with_where(where, error.what()));
   }
   if (chat.num_videos > 0) throw SampleSkip(SkipReason::kUnsupported, where + ": videos are not supported yet");
   if (static_cast<size_t>(chat.num_images) != record.images.size()) {
@@ -63,7 +69,7 @@ SftSample SampleBuilder::build(const SftRecord& record, int64_t sample_index, co
   try {
     encode_chat(tokenizer_, chat, ids, span_of_token);
   } catch (const Error& error) {
-    throw SampleSkip(SkipReason::kBadConversation, error.what());  // e.g. invalid UTF-8 in the text
+    throw SampleSkip(SkipReason::kBadConversation, with_where(where, error.what()));  // e.g. invalid UTF-8 in the text
   }
   const int64_t merge = options_.image_config.merge_size;
   const int64_t image_pads = std::count(ids.begin(), ids.end(), image_token_id_);
