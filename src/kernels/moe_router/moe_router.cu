@@ -1,0 +1,179 @@
+// Router kernels: one warp per token holds its E probabilities in registers (E <= 512), picks the
+// top K by K rounds of a warp arg-max, and the matching backward; projections through cuBLAS.
+#include <algorithm>
+#include <cfloat>
+#include <climits>
+
+#include "core/cuda_check.h"
+#include "kernels/moe_router/moe_router_cuda.h"
+
+namespace deltamoe {
+
+namespace {
+
+constexpr int kPerLane = static_cast<int>(kRouterMaxExperts / 32);
+constexpr int kWarpsPerBlock = 8;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) v += __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+}
+
+__global__ void router_forward_kernel(const float* logits, float* probs, int32_t* topk_idx, float* topk_weight,
+                                      int64_t num_tokens, int num_experts, int top_k) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (t >= num_tokens) return;
+  const float* row = logits + t * num_experts;
+  float v[kPerLane];
+  float max_logit = -FLT_MAX;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int e = lane + 32 * j;
+    v[j] = e < num_experts ? row[e] : -FLT_MAX;
+    max_logit = fmaxf(max_logit, v[j]);
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) max_logit = fmaxf(max_logit, __shfl_xor_sync(0xffffffffu, max_logit, d));
+  float sum = 0;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int e = lane + 32 * j;
+    v[j] = e < num_experts ? expf(v[j] - max_logit) : 0.0f;
+    sum += v[j];
+  }
+  sum = warp_sum(sum);
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int e = lane + 32 * j;
+    v[j] /= sum;
+    if (e < num_experts) probs[t * num_experts + e] = v[j];
+  }
+  // K rounds of arg-max over the not-yet-taken experts; ties go to the lower index.
+  unsigned taken = 0;
+  float selected_sum = 0, my_prob = 0;
+  int my_expert = 0;
+  for (int k = 0; k < top_k; ++k) {
+    float best = -1.0f;
+    int best_e = INT_MAX;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (e < num_experts && !((taken >> j) & 1u) && v[j] > best) best = v[j], best_e = e;
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d /= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, best, d);
+      const int other_e = __shfl_xor_sync(0xffffffffu, best_e, d);
+      if (other > best || (other == best && other_e < best_e)) best = other, best_e = other_e;
+    }
+    if (best_e == INT_MAX) best_e = k, best = 0.0f;  // NaN logits: keep indices valid and distinct
+    if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
+    if (lane == k) my_expert = best_e, my_prob = best;
+    selected_sum += best;
+  }
+  if (lane < top_k) {
+    topk_idx[t * top_k + lane] = my_expert;
+    topk_weight[t * top_k + lane] = my_prob / selected_sum;
+  }
+}
+
+// w_k = p_k / S: dp_k = (dw_k - sum_j dw_j w_j) / S on the selected experts, 0 elsewhere; then
+// d_logits = p (dp - sum p dp). Every expert gets -p inner first, the K selected add p_k dp_k.
+__global__ void router_backward_kernel(const float* probs, const int32_t* topk_idx, const float* topk_weight,
+                                       const float* d_topk_weight, float* d_logits, __nv_bfloat16* d_logits_bf16,
+                                       bool accumulate, int64_t num_tokens, int num_experts, int top_k) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (t >= num_tokens) return;
+  const float* p = probs + t * num_experts;
+  float* d_row = d_logits + t * num_experts;
+  int expert = 0;
+  float p_sel = 0, w = 0, dw = 0;
+  if (lane < top_k) {
+    expert = topk_idx[t * top_k + lane];
+    p_sel = p[expert];
+    w = topk_weight[t * top_k + lane];
+    dw = d_topk_weight[t * top_k + lane];
+  }
+  const float selected_sum = warp_sum(p_sel);
+  const float weighted = warp_sum(dw * w);
+  const float dp = lane < top_k ? (dw - weighted) / selected_sum : 0.0f;
+  const float inner = warp_sum(p_sel * dp);
+  for (int e = lane; e < num_experts; e += 32) d_row[e] = (accumulate ? d_row[e] : 0.0f) - p[e] * inner;
+  __syncwarp();
+  if (lane < top_k) d_row[expert] += p_sel * dp;
+  __syncwarp();
+  if (d_logits_bf16)
+    for (int e = lane; e < num_experts; e += 32) d_logits_bf16[t * num_experts + e] = __float2bfloat16(d_row[e]);
+}
+
+void check_router_sizes(const char* where, int64_t num_tokens, int64_t num_experts, int64_t top_k) {
+  CHECK(num_experts >= 1 && num_experts <= kRouterMaxExperts, where, ": expert count ", num_experts,
+        " must be in [1, ", kRouterMaxExperts, "]");
+  CHECK(top_k >= 1 && top_k <= num_experts && top_k <= kRouterMaxTopK, where, ": top_k ", top_k, " must be in [1, ",
+        std::min(num_experts, kRouterMaxTopK), "]");
+  CHECK(num_tokens >= 0, where, ": negative token count ", num_tokens);
+}
+
+unsigned token_blocks(int64_t num_tokens) {
+  return static_cast<unsigned>((num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+}  // namespace
+
+void moe_router_logits_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* w, float* logits,
+                            int64_t num_tokens, int64_t hidden, int64_t num_experts, cudaStream_t stream) {
+  CHECK(num_tokens >= 0 && hidden >= 1 && num_experts >= 1, "moe_router_logits_cuda: bad sizes T=", num_tokens,
+        " C=", hidden, " E=", num_experts);
+  if (num_tokens == 0) return;
+  const float alpha = 1.0f, beta = 0.0f;
+  CUBLAS_CHECK(cublasSetStream(handle, stream));
+  // Column-major view: logits^T [E, T] = W [E, C] (stored as C x E, transposed) * x^T [C, T].
+  CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(num_experts),
+                            static_cast<int>(num_tokens), static_cast<int>(hidden), &alpha, w, CUDA_R_16BF,
+                            static_cast<int>(hidden), x, CUDA_R_16BF, static_cast<int>(hidden), &beta, logits,
+                            CUDA_R_32F, static_cast<int>(num_experts), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void moe_router_forward_cuda(const float* logits, float* probs, int32_t* topk_idx, float* topk_weight,
+                             int64_t num_tokens, int64_t num_experts, int64_t top_k, cudaStream_t stream) {
+  check_router_sizes("moe_router_forward_cuda", num_tokens, num_experts, top_k);
+  if (num_tokens == 0) return;
+  router_forward_kernel<<<token_blocks(num_tokens), 32 * kWarpsPerBlock, 0, stream>>>(
+      logits, probs, topk_idx, topk_weight, num_tokens, static_cast<int>(num_experts), static_cast<int>(top_k));
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_router_backward_cuda(const float* probs, const int32_t* topk_idx, const float* topk_weight,
+                              const float* d_topk_weight, float* d_logits, __nv_bfloat16* d_logits_bf16,
+                              bool accumulate, int64_t num_tokens, int64_t num_experts, int64_t top_k,
+                              cudaStream_t stream) {
+  check_router_sizes("moe_router_backward_cuda", num_tokens, num_experts, top_k);
+  if (num_tokens == 0) return;
+  router_backward_kernel<<<token_blocks(num_tokens), 32 * kWarpsPerBlock, 0, stream>>>(
+      probs, topk_idx, topk_weight, d_topk_weight, d_logits, d_logits_bf16, accumulate, num_tokens,
+      static_cast<int>(num_experts), static_cast<int>(top_k));
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_router_logits_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                                     const __nv_bfloat16* d_logits_bf16, __nv_bfloat16* dx, bool accumulate_dx,
+                                     float* d_w, int64_t num_tokens, int64_t hidden, int64_t num_experts,
+                                     cudaStream_t stream) {
+  CHECK(num_tokens >= 0 && hidden >= 1 && num_experts >= 1, "moe_router_logits_backward_cuda: bad sizes T=",
+        num_tokens, " C=", hidden, " E=", num_experts);
+  if (num_tokens == 0) return;
+  const int T = static_cast<int>(num_tokens), C = static_cast<int>(hidden), E = static_cast<int>(num_experts);
+  const float one = 1.0f, beta_dx = accumulate_dx ? 1.0f : 0.0f;
+  CUBLAS_CHECK(cublasSetStream(handle, stream));
+  // dx^T [C, T] = W^T [C, E] (W stored C x E column-major) * d_logits^T [E, T].
+  CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, C, T, E, &one, w, CUDA_R_16BF, C, d_logits_bf16,
+                            CUDA_R_16BF, E, &beta_dx, dx, CUDA_R_16BF, C, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  // d_w^T [C, E] += x^T [C, T] * d_logits [T, E].
+  CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, C, E, T, &one, x, CUDA_R_16BF, C, d_logits_bf16,
+                            CUDA_R_16BF, E, &one, d_w, CUDA_R_32F, C, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace deltamoe
