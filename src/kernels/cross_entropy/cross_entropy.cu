@@ -1,0 +1,169 @@
+// CUDA kernels of the chunked lm_head + cross-entropy: the per-row online log-sum-exp / gradient
+// kernel (one block per row), a fixed-order loss reduction, and the chunk loop over cuBLASLt.
+#include <algorithm>
+#include <cmath>
+
+#include "core/cuda_check.h"
+#include "kernels/cross_entropy/cross_entropy.h"
+#include "kernels/cross_entropy/cross_entropy_cuda.h"
+#include "kernels/gemm/bf16_vector.cuh"
+
+namespace deltamoe {
+
+namespace {
+
+constexpr int kRowThreads = 512;
+constexpr int kReduceThreads = 1024;
+
+// Running (max, sum of exp(x - max)) pairs: the online log-sum-exp state.
+struct MaxSum {
+  float max;
+  float sum;
+};
+
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+  if (a.max == -INFINITY) return b;  // an empty side (a thread that saw no element)
+  if (b.max == -INFINITY) return a;
+  const float m = fmaxf(a.max, b.max);
+  return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
+}
+
+template <int kVec>
+__global__ void cross_entropy_rows_kernel(__nv_bfloat16* logits, const int64_t* labels, int64_t vocab,
+                                          bool write_grad, float grad_scale, float* token_loss, float* lse_out,
+                                          int32_t* bad_label_position) {
+  const int64_t row = blockIdx.x;
+  __nv_bfloat16* row_logits = logits + row * vocab;
+  const int64_t label = labels[row];
+  const bool label_in_range = label >= 0 && label < vocab;
+  const bool supervised = label_in_range;
+  if (!label_in_range && label != kIgnoreIndex && threadIdx.x == 0 && bad_label_position != nullptr)
+    atomicCAS(bad_label_position, 0, static_cast<int>(row + 1));
+
+  // Read the label's logit now: the gradient pass below overwrites the row.
+  __shared__ float label_logit;
+  if (threadIdx.x == 0) label_logit = supervised ? __bfloat162float(row_logits[label]) : 0.0f;
+
+  MaxSum state{-INFINITY, 0.0f};
+  for (int64_t v = threadIdx.x * kVec; v < vocab; v += kRowThreads * kVec) {
+    float x[kVec];
+    load_bf16_as_f32<kVec>(row_logits + v, x);
+    float chunk_max = x[0];
+#pragma unroll
+    for (int i = 1; i < kVec; ++i) chunk_max = fmaxf(chunk_max, x[i]);
+    const float m = fmaxf(state.max, chunk_max);
+    float sum = state.max == -INFINITY ? 0.0f : state.sum * expf(state.max - m);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) sum += expf(x[i] - m);
+    state = {m, sum};
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    MaxSum other{__shfl_xor_sync(0xffffffffu, state.max, offset), __shfl_xor_sync(0xffffffffu, state.sum, offset)};
+    state = combine(state, other);
+  }
+  __shared__ MaxSum warp_states[kRowThreads / 32];
+  __shared__ float row_lse;
+  if (threadIdx.x % 32 == 0) warp_states[threadIdx.x / 32] = state;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    MaxSum total = warp_states[0];
+    for (int w = 1; w < kRowThreads / 32; ++w) total = combine(total, warp_states[w]);
+    row_lse = total.max + logf(total.sum);
+    lse_out[row] = row_lse;
+    token_loss[row] = supervised ? row_lse - label_logit : 0.0f;
+  }
+  __syncthreads();
+  if (!write_grad) return;
+  const float lse = row_lse;
+  for (int64_t v = threadIdx.x * kVec; v < vocab; v += kRowThreads * kVec) {
+    float x[kVec];
+    load_bf16_as_f32<kVec>(row_logits + v, x);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      if (supervised) {
+        x[i] = grad_scale * expf(x[i] - lse);
+        if (v + i == label) x[i] -= grad_scale;
+      } else {
+        x[i] = 0.0f;
+      }
+    }
+    store_f32_as_bf16<kVec>(row_logits + v, x);
+  }
+}
+
+// loss = sum(token_loss) / count, one block, fixed order (deterministic).
+__global__ void mean_loss_kernel(const float* token_loss, int64_t rows, float inv_count, float* loss) {
+  float sum = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += kReduceThreads) sum += token_loss[r];
+  sum = warp_sum(sum);
+  __shared__ float warp_sums[kReduceThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0;
+    for (int w = 0; w < kReduceThreads / 32; ++w) total += warp_sums[w];
+    loss[0] = total * inv_count;
+  }
+}
+
+}  // namespace
+
+void cross_entropy_rows_cuda(__nv_bfloat16* logits, const int64_t* labels, int64_t rows, int64_t vocab,
+                             bool write_grad, float grad_scale, float* token_loss, float* lse,
+                             int32_t* bad_label_position, cudaStream_t stream) {
+  CHECK(rows >= 0 && vocab > 0, "cross_entropy_rows_cuda: bad sizes rows ", rows, ", V ", vocab);
+  CHECK(rows < (int64_t{1} << 31) - 1, "cross_entropy_rows_cuda: ", rows, " rows is too many for one call");
+  if (rows == 0) return;
+  const unsigned blocks = static_cast<unsigned>(rows);
+  if (can_use_vec8(vocab, logits)) {
+    cross_entropy_rows_kernel<8><<<blocks, kRowThreads, 0, stream>>>(logits, labels, vocab, write_grad, grad_scale,
+                                                                     token_loss, lse, bad_label_position);
+  } else {
+    cross_entropy_rows_kernel<1><<<blocks, kRowThreads, 0, stream>>>(logits, labels, vocab, write_grad, grad_scale,
+                                                                     token_loss, lse, bad_label_position);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+size_t lm_head_cross_entropy_workspace_bytes(int64_t chunk_rows, int64_t vocab) {
+  const size_t bytes = static_cast<size_t>(chunk_rows) * static_cast<size_t>(vocab) * sizeof(__nv_bfloat16);
+  return (bytes + 255) / 256 * 256;
+}
+
+void lm_head_cross_entropy_cuda(GemmContext& ctx, const LmHeadLossArgs& args, void* workspace, size_t workspace_bytes,
+                                cudaStream_t stream) {
+  const int64_t tokens = args.num_tokens, hidden = args.hidden_size, vocab = args.vocab;
+  CHECK(tokens >= 0 && hidden > 0 && vocab > 0, "lm_head_cross_entropy_cuda: bad sizes T ", tokens, ", H ", hidden,
+        ", V ", vocab);
+  CHECK(args.chunk_rows > 0, "lm_head_cross_entropy_cuda: chunk_rows must be positive, got ", args.chunk_rows);
+  CHECK(args.num_supervised >= 0, "lm_head_cross_entropy_cuda: negative supervised-token count ",
+        args.num_supervised);
+  CHECK(args.hidden && args.weight && args.labels && args.token_loss && args.lse && args.loss,
+        "lm_head_cross_entropy_cuda: a required pointer (hidden, weight, labels, token_loss, lse, loss) is null");
+  const int64_t chunk_rows = std::min(args.chunk_rows, std::max<int64_t>(tokens, 1));
+  CHECK(workspace_bytes >= lm_head_cross_entropy_workspace_bytes(chunk_rows, vocab),
+        "lm_head_cross_entropy_cuda: workspace of ", workspace_bytes, " bytes, needs ",
+        lm_head_cross_entropy_workspace_bytes(chunk_rows, vocab), " for ", chunk_rows, " x ", vocab, " logits");
+  const bool backward = args.d_hidden != nullptr || args.d_weight != nullptr;
+  // d(mean)/d(token loss) = d_loss / N; N = 0 means nothing is supervised: zero gradient.
+  const float grad_scale =
+      args.num_supervised > 0 ? static_cast<float>(static_cast<double>(args.d_loss) / args.num_supervised) : 0.0f;
+  auto* logits = static_cast<__nv_bfloat16*>(workspace);
+  for (int64_t begin = 0; begin < tokens; begin += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, tokens - begin);
+    const __nv_bfloat16* x_chunk = args.hidden + begin * hidden;
+    linear_forward_cuda(ctx, x_chunk, args.weight, logits, DType::bf16, rows, hidden, vocab, stream);
+    cross_entropy_rows_cuda(logits, args.labels + begin, rows, vocab, backward, grad_scale, args.token_loss + begin,
+                            args.lse + begin, args.bad_label_position, stream);
+    if (args.d_hidden != nullptr)
+      linear_backward_input_cuda(ctx, logits, args.weight, args.d_hidden + begin * hidden, rows, hidden, vocab, stream);
+    if (args.d_weight != nullptr)
+      linear_backward_weight_cuda(ctx, logits, x_chunk, args.d_weight, rows, hidden, vocab, stream);
+  }
+  const float inv_count = args.num_supervised > 0 ? 1.0f / static_cast<float>(args.num_supervised) : 0.0f;
+  mean_loss_kernel<<<1, kReduceThreads, 0, stream>>>(args.token_loss, tokens, inv_count, args.loss);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace deltamoe
