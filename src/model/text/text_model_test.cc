@@ -61,6 +61,7 @@ double relative_max_diff(const float* a, const float* b, size_t count) {
 
 double worst_grad_diff(const ParamMap& a, const ParamMap& b, std::string* worst_name) {
   double worst = 0;
+  *worst_name = "all identical";
   for (const auto& [name, tensor] : b) {
     const double diff = relative_max_diff(a.at(name).values.data(), tensor.values.data(), tensor.values.size());
     if (diff > worst) worst = diff, *worst_name = name;
