@@ -32,20 +32,23 @@ namespace {
 
 constexpr size_t kDirectScanMaxSymbols = 48;
 
-// Repeatedly merges the lowest-ranked adjacent pair, leftmost first.
+// Repeatedly merges the lowest-ranked adjacent pair, leftmost first. The pair merges are looked up
+// once and then only around each merge.
 void merge_direct(std::vector<int32_t>& symbols, const BpeMerges& merges) {
-  while (symbols.size() > 1) {
-    int32_t best_rank = -1, best_merged = -1;
-    size_t best_index = 0;
-    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      const BpeMerges::Merge merge = merges.find(symbols[i], symbols[i + 1]);
-      if (merge.rank >= 0 && (best_rank < 0 || merge.rank < best_rank)) {
-        best_rank = merge.rank, best_merged = merge.merged, best_index = i;
-      }
+  thread_local std::vector<BpeMerges::Merge> pairs;  // pairs[i]: merge of symbols[i], symbols[i + 1]
+  pairs.clear();
+  for (size_t i = 0; i + 1 < symbols.size(); ++i) pairs.push_back(merges.find(symbols[i], symbols[i + 1]));
+  while (!pairs.empty()) {
+    size_t best = pairs.size();
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      if (pairs[i].rank >= 0 && (best == pairs.size() || pairs[i].rank < pairs[best].rank)) best = i;
     }
-    if (best_rank < 0) return;
-    symbols[best_index] = best_merged;
-    symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(best_index) + 1);
+    if (best == pairs.size()) return;
+    symbols[best] = pairs[best].merged;
+    symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+    pairs.erase(pairs.begin() + static_cast<std::ptrdiff_t>(best));
+    if (best > 0) pairs[best - 1] = merges.find(symbols[best - 1], symbols[best]);
+    if (best < pairs.size()) pairs[best] = merges.find(symbols[best], symbols[best + 1]);
   }
 }
 
