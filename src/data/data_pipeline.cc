@@ -145,29 +145,38 @@ DataPipeline::Result DataPipeline::take(int64_t job) {
 
 DataPosition DataPipeline::position_now() const {
   DataPosition position{epoch_, next_slot_, packer_.pending_slots(), files_.size(), options_.seed, options_.shuffle};
-  if (next_slot_ == files_.size() && position.pending_slots.empty()) {
+  if (next_slot_ == files_.size() && position.pending_slots.empty() && next_job_to_take_ == epoch_end_job_) {
     position.epoch = epoch_ + 1;  // the epoch is used up: the same point, said as the next epoch's start
     position.next_slot = 0;
   }
   return position;
 }
 
-std::optional<MicroBatch> DataPipeline::next_batch() {
-  for (;;) {
-    while (packer_.wants_sample() && next_job_to_take_ < epoch_end_job_) {
-      Result result = take(next_job_to_take_++);
-      CHECK(result.fatal.empty(), result.fatal);
-      if (!result.resumed) next_slot_ = result.slot + 1;
-      if (!result.sample) {
-        skips_.add(result.reason, result.message);
-        continue;
-      }
-      if (result.sample->truncated) skips_.add_truncated();
-      packer_.push(result.slot, std::move(*result.sample));
+std::optional<Packer::Slotted> DataPipeline::next_sample() {
+  while (next_job_to_take_ < epoch_end_job_) {
+    Result result = take(next_job_to_take_++);
+    CHECK(result.fatal.empty(), result.fatal);
+    if (!result.resumed) next_slot_ = result.slot + 1;
+    if (!result.sample) {
+      skips_.add(result.reason, result.message);
+      continue;
     }
-    if (!packer_.empty()) {
-      MicroBatch batch = packer_.pack();
-      batch.position_after = position_now();
+    if (result.sample->truncated) skips_.add_truncated();
+    return Packer::Slotted{result.slot, std::move(*result.sample)};
+  }
+  return std::nullopt;
+}
+
+std::optional<MicroBatch> DataPipeline::next_batch() {
+  // After a resume, the first jobs rebuild the samples that were waiting in the packer; they wait
+  // again, so the packer is where it was when the position was saved.
+  while (next_job_to_take_ < std::min<int64_t>(static_cast<int64_t>(start_.pending_slots.size()), epoch_end_job_)) {
+    if (std::optional<Packer::Slotted> waiting = next_sample()) packer_.push_waiting(std::move(*waiting));
+  }
+  const Packer::Feed feed = [this] { return next_sample(); };
+  for (;;) {
+    if (std::optional<MicroBatch> batch = packer_.pack(feed)) {
+      batch->position_after = position_now();
       return batch;
     }
     if (epoch_end_job_ >= total_jobs_) return std::nullopt;

@@ -26,7 +26,7 @@ struct PipelineOptions {
   std::vector<std::string> dataset_paths;
   SampleOptions sample;
   int64_t token_budget = 8192;  // most tokens per micro-batch; max_length defaults to it
-  size_t pack_window = 16;      // samples that may wait for a batch they fit in
+  size_t pack_window = 16;      // samples that did not fit and may wait for a later batch
   int num_workers = 2;          // 0: build samples on the caller's thread
   size_t prefetch = 32;         // samples built ahead of the packer
   bool shuffle = true;
@@ -64,6 +64,8 @@ class DataPipeline {
   };
   Result produce(int64_t job) const;
   Result take(int64_t job);
+  // The next good sample of the current epoch (skips counted on the way), or nullopt at its end.
+  std::optional<Packer::Slotted> next_sample();
   void worker_loop();
   std::shared_ptr<const std::vector<int64_t>> order_of(int64_t epoch) const;
   DataPosition position_now() const;

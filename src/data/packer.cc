@@ -43,19 +43,21 @@ Packer::Packer(int64_t token_budget, size_t window) : token_budget_(token_budget
   CHECK(window >= 1, "packing window must be at least 1");
 }
 
-void Packer::push(int64_t slot, SftSample sample) {
+void Packer::check_sample(const SftSample& sample) const {
   CHECK(sample.num_tokens() > 0 && sample.num_tokens() <= token_budget_, "sample ", sample.sample_index, " has ",
         sample.num_tokens(), " tokens; the batch budget is ", token_budget_, " (max_length must not exceed it)");
   CHECK(sample.positions.size() == 3 * sample.input_ids.size() && sample.labels.size() == sample.input_ids.size(),
         "sample ", sample.sample_index, ": positions/labels do not match its tokens");
-  waiting_.push_back({slot, std::move(sample)});
 }
 
-MicroBatch Packer::pack() {
-  CHECK(!waiting_.empty(), "Packer::pack with no waiting sample");
-  MicroBatch batch;
-  batch.cu_seqlens.push_back(0);
-  std::vector<Waiting> taken;
+void Packer::push_waiting(Slotted sample) {
+  check_sample(sample.sample);
+  CHECK(waiting_.size() < window_, "Packer: more waiting samples than the window of ", window_);
+  waiting_.push_back(std::move(sample));
+}
+
+std::optional<MicroBatch> Packer::pack(const Feed& feed) {
+  std::vector<Slotted> taken;
   int64_t used = 0;
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     if (used + it->sample.num_tokens() <= token_budget_) {
@@ -66,10 +68,24 @@ MicroBatch Packer::pack() {
       ++it;
     }
   }
+  while (waiting_.size() < window_ && used < token_budget_) {
+    std::optional<Slotted> next = feed();
+    if (!next) break;
+    check_sample(next->sample);
+    if (used + next->sample.num_tokens() <= token_budget_) {
+      used += next->sample.num_tokens();
+      taken.push_back(std::move(*next));
+    } else {
+      waiting_.push_back(std::move(*next));
+    }
+  }
+  if (taken.empty()) return std::nullopt;
+  MicroBatch batch;
+  batch.cu_seqlens.push_back(0);
   batch.input_ids.reserve(static_cast<size_t>(used));
   batch.labels.reserve(static_cast<size_t>(used));
   std::vector<const SftSample*> samples;
-  for (const Waiting& entry : taken) {
+  for (const Slotted& entry : taken) {
     append_sample(batch, entry.sample);
     samples.push_back(&entry.sample);
   }
@@ -79,7 +95,7 @@ MicroBatch Packer::pack() {
 
 std::vector<int64_t> Packer::pending_slots() const {
   std::vector<int64_t> slots;
-  for (const Waiting& entry : waiting_) slots.push_back(entry.slot);
+  for (const Slotted& entry : waiting_) slots.push_back(entry.slot);
   return slots;
 }
 

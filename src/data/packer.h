@@ -6,6 +6,8 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <optional>
 #include <vector>
 
 #include "data/data_position.h"
@@ -32,28 +34,37 @@ struct MicroBatch {
 
 class Packer {
  public:
-  // token_budget: most tokens per batch; window: how many samples may wait (>= 1; 1 = in order).
+  // A sample with its slot in the epoch order (kept for resume).
+  struct Slotted {
+    int64_t slot;
+    SftSample sample;
+  };
+  // Gives the next sample of the stream, or nullopt at its end.
+  using Feed = std::function<std::optional<Slotted>()>;
+
+  // token_budget: most tokens per batch; window: how many samples that did not fit may wait for a
+  // later batch (>= 1; 1 = plain in-order packing).
   Packer(int64_t token_budget, size_t window);
 
-  bool wants_sample() const { return waiting_.size() < window_; }
+  // One batch: waiting samples that fit, oldest first (the oldest always fits, so none waits
+  // forever); then samples from feed, each taken if it fits or else set waiting, until the window
+  // is full or the feed ends. nullopt when nothing is waiting and the feed is empty.
+  // Throws if a sample exceeds the budget.
+  std::optional<MicroBatch> pack(const Feed& feed);
+
+  // Puts a sample back in the waiting list (resume: the pending slots of a DataPosition, in order).
+  void push_waiting(Slotted sample);
   bool empty() const { return waiting_.empty(); }
-  // slot: the sample's slot in its epoch order (kept for resume). Throws if it exceeds the budget.
-  void push(int64_t slot, SftSample sample);
-  // One batch: the oldest waiting sample first (so none waits forever), then every waiting sample
-  // that still fits, oldest first. Requires !empty().
-  MicroBatch pack();
   // Slots of the waiting samples, oldest first.
   std::vector<int64_t> pending_slots() const;
   int64_t token_budget() const { return token_budget_; }
 
  private:
-  struct Waiting {
-    int64_t slot;
-    SftSample sample;
-  };
+  void check_sample(const SftSample& sample) const;
+
   int64_t token_budget_;
   size_t window_;
-  std::deque<Waiting> waiting_;
+  std::deque<Slotted> waiting_;
 };
 
 }  // namespace deltamoe
