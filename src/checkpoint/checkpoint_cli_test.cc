@@ -2,6 +2,7 @@
 // ($DELTAMOE_BINARY): the 35B parameter counts, completeness checks with exit codes, and a
 // layout/shard conversion that round-trips to byte-identical files.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -10,6 +11,8 @@
 #include <filesystem>
 
 #include "checkpoint/checkpoint_test_util.h"
+#include "checkpoint/model_checkpoint.h"
+#include "checkpoint/random_init.h"
 #include "checkpoint/sharded.h"
 #include "model/param_table.h"
 
@@ -110,6 +113,40 @@ TEST(CheckpointCli, InspectFailsOnAnIncompleteCheckpoint) {
   RunResult convert = run_deltamoe("convert --in " + dir.path("b") + " --out " + dir.path("c"));
   EXPECT_NE(convert.exit_code, 0);
   EXPECT_NE(convert.output.find(dropped), std::string::npos) << convert.output;
+}
+
+// The RAM rule at a small scale: converting a ~410 MB checkpoint (two 205 MB tensors) must keep the
+// converter's peak resident set far below the checkpoint size (loads map, saves stream).
+TEST(CheckpointCli, ConvertKeepsResidentMemoryFarBelowCheckpointSize) {
+  ScratchDir dir("cli_ram");
+  ModelConfig config = model_config_preset("tiny");
+  config.text.vocab_size = 400'000;
+  config.text.hidden_size = 256;
+  config.text.bos_token_id = config.text.eos_token_id = std::nullopt;
+  ModelCheckpoint checkpoint = random_init_checkpoint(config, 1, DType::bf16);
+  // Cheap deterministic bytes for the two big tensors (random normals would take most of the test).
+  for (const char* name : {"model.embed_tokens.weight", "lm_head.weight"}) {
+    const Shape shape = checkpoint.params.at(name).shape();
+    checkpoint.params[name] =
+        StoredTensor::from_range_producer(DType::bf16, shape, [](void* dst, size_t offset, size_t n) {
+          for (size_t i = 0; i < n; ++i) static_cast<uint8_t*>(dst)[i] = static_cast<uint8_t>((offset + i) * 131 % 251);
+        });
+  }
+  SaveOptions single;
+  single.max_shard_bytes = 0;
+  save_model_dir(checkpoint, dir.path("a"), single);
+  const int64_t file_bytes = static_cast<int64_t>(std::filesystem::file_size(dir.path("a/model.safetensors")));
+  RunResult convert = run_deltamoe("convert --in " + dir.path("a") + " --out " + dir.path("b") +
+                                   " --layout per_expert --shard_size 100000000");
+  ASSERT_EQ(convert.exit_code, 0) << convert.output;
+  struct rusage usage {};
+  getrusage(RUSAGE_CHILDREN, &usage);
+  const int64_t peak_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  std::printf("checkpoint %lld MB, peak resident set of the largest child %lld MB\n",
+              static_cast<long long>(file_bytes >> 20), static_cast<long long>(peak_bytes >> 20));
+  EXPECT_GT(file_bytes, int64_t{350} << 20);
+  EXPECT_LT(peak_bytes, file_bytes / 3);
+  EXPECT_EQ(run_deltamoe("inspect " + dir.path("b")).exit_code, 0);
 }
 
 TEST(CheckpointCli, BadArgumentsGiveClearErrors) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -35,8 +36,9 @@ void store(void* dst, DType dtype, int64_t index, double value) {
   }
 }
 
-// Values [begin, end) of one tensor; block b of the tensor always uses stream hash(name) + b.
-void fill_block(void* dst, DType dtype, InitKind init, double std_dev, uint64_t seed, uint64_t stream, int64_t begin,
+// Writes values [begin, end) of one tensor to out[0 .. end - begin); block b of a tensor always
+// uses stream hash(name) + b and starts at element b * kBlockElements.
+void fill_block(void* out, DType dtype, InitKind init, double std_dev, uint64_t seed, uint64_t stream, int64_t begin,
                 int64_t end) {
   Rng rng(seed, stream);
   for (int64_t i = begin; i < end; ++i) {
@@ -48,7 +50,7 @@ void fill_block(void* dst, DType dtype, InitKind init, double std_dev, uint64_t 
       // transformers draws A from U(0, 16); the lower bound 0.01 keeps log(A) finite.
       case InitKind::a_log: value = std::log(0.01 + (16.0 - 0.01) * rng.uniform_f64()); break;
     }
-    store(dst, dtype, i, value);
+    store(out, dtype, i - begin, value);
   }
 }
 
@@ -57,14 +59,33 @@ StoredTensor make_random_tensor(const ParamSpec& spec, double std_dev, uint64_t 
   const DType dtype = spec.dtype;
   const InitKind init = spec.init;
   const int64_t numel = spec.shape.numel();
-  return StoredTensor::from_producer(dtype, spec.shape, [=](void* dst) {
-    const int64_t num_blocks = (numel + kBlockElements - 1) / kBlockElements;
+  const size_t element = dtype_size(dtype);
+  // Any element range can be produced: blocks inside it are generated in place, the (at most two)
+  // blocks it cuts through are generated whole into a scratch buffer and the needed part copied.
+  return StoredTensor::from_range_producer(dtype, spec.shape, [=](void* dst, size_t byte_offset, size_t nbytes) {
+    CHECK(byte_offset % element == 0 && nbytes % element == 0, "random init: byte range not element aligned");
+    const int64_t first = static_cast<int64_t>(byte_offset / element);
+    const int64_t last = first + static_cast<int64_t>(nbytes / element);
+    CHECK(last <= numel, "random init: range past the end of ", spec.name);
+    const int64_t first_block = first / kBlockElements, end_block = (last + kBlockElements - 1) / kBlockElements;
+    const int64_t num_blocks = end_block - first_block;
     const int64_t num_threads =
         std::max<int64_t>(1, std::min<int64_t>(num_blocks, std::thread::hardware_concurrency()));
-    auto work = [&](int64_t first_block) {
-      for (int64_t b = first_block; b < num_blocks; b += num_threads) {
-        int64_t begin = b * kBlockElements, end = std::min(numel, begin + kBlockElements);
-        fill_block(dst, dtype, init, std_dev, seed, name_stream + static_cast<uint64_t>(b), begin, end);
+    auto work = [&](int64_t thread_idx) {
+      std::vector<uint8_t> scratch;
+      for (int64_t b = first_block + thread_idx; b < end_block; b += num_threads) {
+        const int64_t block_begin = b * kBlockElements, block_end = std::min(numel, block_begin + kBlockElements);
+        const uint64_t stream = name_stream + static_cast<uint64_t>(b);
+        uint8_t* out = static_cast<uint8_t*>(dst);
+        if (block_begin >= first && block_end <= last) {
+          fill_block(out + (block_begin - first) * element, dtype, init, std_dev, seed, stream, block_begin, block_end);
+          continue;
+        }
+        scratch.resize(static_cast<size_t>(block_end - block_begin) * element);
+        fill_block(scratch.data(), dtype, init, std_dev, seed, stream, block_begin, block_end);
+        const int64_t copy_begin = std::max(first, block_begin), copy_end = std::min(last, block_end);
+        std::memcpy(out + (copy_begin - first) * element, scratch.data() + (copy_begin - block_begin) * element,
+                    static_cast<size_t>(copy_end - copy_begin) * element);
       }
     };
     std::vector<std::thread> threads;

@@ -81,6 +81,31 @@ TEST(RandomInit, NormalTensorsHaveInitializerRangeStd) {
   EXPECT_NEAR(experts.std_dev, 0.02, 0.02 * 0.05);
 }
 
+// Streamed writes ask for pieces that cut through generation blocks; every way of reading must
+// give the same bytes.
+TEST(RandomInit, PiecesAndSlicesMatchTheWholeTensor) {
+  ModelConfig config = model_config_preset("tiny");
+  config.text.vocab_size = 40000;  // embed_tokens: 2.56 M values, 3 blocks
+  config.text.bos_token_id = config.text.eos_token_id = std::nullopt;
+  ModelCheckpoint checkpoint = random_init_checkpoint(config, 21, DType::bf16);
+  const StoredTensor& embed = checkpoint.params.at("model.embed_tokens.weight");
+  HostTensor whole = embed.to_host();
+  const uint8_t* bytes = static_cast<const uint8_t*>(whole.data());
+  std::vector<uint8_t> streamed;
+  embed.for_each_piece([&](const uint8_t* data, size_t n) { streamed.insert(streamed.end(), data, data + n); },
+                       1'234'567);  // not a multiple of the element size nor of a block
+  ASSERT_EQ(streamed.size(), whole.nbytes());
+  int64_t differing = 0;
+  for (size_t i = 0; i < streamed.size(); ++i) differing += streamed[i] != bytes[i];
+  // A slice that starts inside block 0 and ends inside block 2.
+  const size_t offset = 2 * 1'000'003;
+  HostTensor slice = embed.slice_bytes(offset, {1'500'000}).to_host();
+  for (size_t i = 0; i < slice.nbytes(); ++i)
+    differing += static_cast<const uint8_t*>(slice.data())[i] != bytes[offset + i];
+  std::printf("streamed pieces and slice vs whole tensor: %lld differing bytes\n", static_cast<long long>(differing));
+  EXPECT_EQ(differing, 0);
+}
+
 TEST(RandomInit, SpecialInitialisations) {
   ModelCheckpoint checkpoint = random_init_checkpoint(model_config_preset("tiny-vl"), 5, DType::bf16);
   auto expect_constant = [&](const std::string& name, double value) {

@@ -175,7 +175,7 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
 StoredTensor SafetensorsFile::tensor(const std::string& name) const {
   const SafetensorsEntry* entry = find(name);
   CHECK(entry != nullptr, path_, ": no tensor named '", name, "'");
-  return StoredTensor::from_bytes(entry->dtype, entry->shape, data_ + entry->begin, shared_from_this());
+  return StoredTensor::from_mapped_file(entry->dtype, entry->shape, data_ + entry->begin, shared_from_this());
 }
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
