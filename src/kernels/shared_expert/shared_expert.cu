@@ -1,0 +1,245 @@
+// Shared expert on the device: cuBLAS products in row-major terms, then small fp32 kernels for the
+// SiLU gate, the per-token sigmoid scale and its gradients (ordered reductions, no atomics).
+#include <algorithm>
+
+#include "core/cuda_check.h"
+#include "kernels/shared_expert/shared_expert_cuda.h"
+
+namespace deltamoe {
+
+namespace {
+
+using nvbf16 = __nv_bfloat16;
+
+constexpr int kTokensPerChunk = 256;  // rows per partial sum of d_expert_gate
+
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+class WorkspaceCarver {
+ public:
+  WorkspaceCarver(void* base, size_t bytes) : at_(static_cast<char*>(base)), left_(bytes) {}
+  template <typename T>
+  T* take(int64_t count) {
+    const size_t bytes = align256(static_cast<size_t>(count) * sizeof(T));
+    CHECK(bytes <= left_, "shared_expert: workspace too small (", left_, " bytes left, need ", bytes, ")");
+    T* piece = reinterpret_cast<T*>(at_);
+    at_ += bytes;
+    left_ -= bytes;
+    return piece;
+  }
+
+ private:
+  char* at_;
+  size_t left_;
+};
+
+// Row-major C [M, N] = alpha op(A) op(B) + beta C; A stored [M, K] ([K, M] when trans_a), B
+// stored [K, N] ([N, K] when trans_b). cuBLAS is column-major: compute C^T = op(B)^T op(A)^T.
+void gemm_row_major(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                    const nvbf16* a, int64_t lda, const nvbf16* b, int64_t ldb, float beta, void* c,
+                    cudaDataType c_type, int64_t ldc) {
+  const float alpha = 1.0f;
+  CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_16BF,
+                            static_cast<int>(ldb), a, CUDA_R_16BF, static_cast<int>(lda), &beta, c, c_type,
+                            static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+unsigned elementwise_grid(int64_t total) {
+  return static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, int64_t{1} << 20));
+}
+
+__global__ void swiglu_kernel(const nvbf16* gate, const nvbf16* up, nvbf16* h, int64_t total) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = __bfloat162float(gate[i]);
+    h[i] = __float2bfloat16(g * sigmoidf(g) * __bfloat162float(up[i]));
+  }
+}
+
+// gate/up are overwritten with their gradients (same element, same thread).
+__global__ void swiglu_backward_kernel(nvbf16* gate_to_dgate, nvbf16* up_to_dup, const float* d_h, int64_t total) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = __bfloat162float(gate_to_dgate[i]), u = __bfloat162float(up_to_dup[i]), s = sigmoidf(g);
+    gate_to_dgate[i] = __float2bfloat16(d_h[i] * u * s * (1.0f + g * (1.0f - s)));
+    up_to_dup[i] = __float2bfloat16(d_h[i] * g * s);
+  }
+}
+
+// y[t] = (y[t] if accumulate) + sigmoid(logit[t]) out[t].
+__global__ void scale_output_kernel(const float* out, const float* logit, nvbf16* y, bool accumulate, int64_t hidden,
+                                    int64_t total) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float value = sigmoidf(logit[i / hidden]) * out[i];
+    y[i] = __float2bfloat16(accumulate ? __bfloat162float(y[i]) + value : value);
+  }
+}
+
+// One block per token: d_logit = s (1 - s) (dy . out), d_out = s dy (bf16).
+__global__ void scale_backward_kernel(const float* out, const float* logit, const nvbf16* dy, float* d_logit,
+                                      nvbf16* d_out, int64_t hidden) {
+  __shared__ float warp_sums[32];
+  const int64_t t = blockIdx.x;
+  const float s = sigmoidf(logit[t]);
+  float dot = 0;
+  for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
+    const float g = __bfloat162float(dy[t * hidden + c]);
+    dot += g * out[t * hidden + c];
+    d_out[t * hidden + c] = __float2bfloat16(s * g);
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, d);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = dot;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += warp_sums[w];
+    d_logit[t] = total * s * (1.0f - s);
+  }
+}
+
+// dx[t, c] = (dx if accumulate) + dx32[t, c] + d_logit[t] w_gate[c].
+__global__ void finish_dx_kernel(const float* dx32, const float* d_logit, const nvbf16* expert_gate, nvbf16* dx,
+                                 bool accumulate, int64_t hidden, int64_t total) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float value = dx32[i] + d_logit[i / hidden] * __bfloat162float(expert_gate[i % hidden]);
+    dx[i] = __float2bfloat16(accumulate ? __bfloat162float(dx[i]) + value : value);
+  }
+}
+
+// partial[chunk, c] = sum over the chunk's tokens of d_logit[t] x[t, c].
+__global__ void gate_grad_partial_kernel(const float* d_logit, const nvbf16* x, float* partial, int64_t num_tokens,
+                                         int64_t hidden) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= hidden) return;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokensPerChunk;
+  const int64_t t1 = min(num_tokens, t0 + kTokensPerChunk);
+  float sum = 0;
+  for (int64_t t = t0; t < t1; ++t) sum += d_logit[t] * __bfloat162float(x[t * hidden + c]);
+  partial[blockIdx.y * hidden + c] = sum;
+}
+
+__global__ void gate_grad_reduce_kernel(const float* partial, int chunks, int64_t hidden, float* d_expert_gate) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= hidden) return;
+  float sum = 0;
+  for (int i = 0; i < chunks; ++i) sum += partial[i * hidden + c];
+  d_expert_gate[c] += sum;
+}
+
+void check_sizes(const char* where, int64_t num_tokens, int64_t hidden, int64_t intermediate) {
+  CHECK(num_tokens >= 0 && hidden >= 1 && intermediate >= 1 && num_tokens < (int64_t{1} << 31) &&
+            hidden < (int64_t{1} << 31) && intermediate < (int64_t{1} << 31),
+        where, ": bad sizes T=", num_tokens, " C=", hidden, " I=", intermediate);
+}
+
+struct ForwardBuffers {
+  nvbf16 *gate, *up, *h;
+  float *out, *logit;
+};
+
+ForwardBuffers take_forward_buffers(WorkspaceCarver& carve, int64_t T, int64_t C, int64_t I) {
+  ForwardBuffers b;
+  b.gate = carve.take<nvbf16>(T * I);
+  b.up = carve.take<nvbf16>(T * I);
+  b.h = carve.take<nvbf16>(T * I);
+  b.out = carve.take<float>(T * C);
+  b.logit = carve.take<float>(T);
+  return b;
+}
+
+size_t forward_buffer_bytes(int64_t T, int64_t C, int64_t I) {
+  return 3 * align256(T * I * sizeof(nvbf16)) + align256(T * C * sizeof(float)) + align256(T * sizeof(float));
+}
+
+// gate, up, h = silu(gate) up, out = h W_down^T (f32), logit = x . w_gate (f32).
+void run_forward(cublasHandle_t handle, const nvbf16* x, const nvbf16* gate_proj, const nvbf16* up_proj,
+                 const nvbf16* down_proj, const nvbf16* expert_gate, const ForwardBuffers& b, int64_t T, int64_t C,
+                 int64_t I, cudaStream_t stream) {
+  CUBLAS_CHECK(cublasSetStream(handle, stream));
+  gemm_row_major(handle, false, true, T, I, C, x, C, gate_proj, C, 0.0f, b.gate, CUDA_R_16BF, I);
+  gemm_row_major(handle, false, true, T, I, C, x, C, up_proj, C, 0.0f, b.up, CUDA_R_16BF, I);
+  gemm_row_major(handle, false, true, T, 1, C, x, C, expert_gate, C, 0.0f, b.logit, CUDA_R_32F, 1);
+  swiglu_kernel<<<elementwise_grid(T * I), 256, 0, stream>>>(b.gate, b.up, b.h, T * I);
+  CUDA_CHECK_LAUNCH();
+  gemm_row_major(handle, false, true, T, C, I, b.h, I, down_proj, I, 0.0f, b.out, CUDA_R_32F, C);
+}
+
+}  // namespace
+
+size_t shared_expert_forward_workspace_bytes(int64_t num_tokens, int64_t hidden, int64_t intermediate) {
+  return forward_buffer_bytes(num_tokens, hidden, intermediate);
+}
+
+size_t shared_expert_backward_workspace_bytes(int64_t num_tokens, int64_t hidden, int64_t intermediate) {
+  const int64_t T = num_tokens, C = hidden, I = intermediate;
+  const int64_t chunks = std::max<int64_t>((T + kTokensPerChunk - 1) / kTokensPerChunk, 1);
+  return forward_buffer_bytes(T, C, I) + align256(T * C * sizeof(nvbf16)) + align256(T * I * sizeof(float)) +
+         align256(T * sizeof(float)) + align256(chunks * C * sizeof(float));
+}
+
+void shared_expert_forward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
+                                const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
+                                const __nv_bfloat16* expert_gate, __nv_bfloat16* y, bool accumulate,
+                                int64_t num_tokens, int64_t hidden, int64_t intermediate, void* workspace,
+                                size_t workspace_bytes, cudaStream_t stream) {
+  check_sizes("shared_expert_forward_cuda", num_tokens, hidden, intermediate);
+  if (num_tokens == 0) return;
+  const int64_t T = num_tokens, C = hidden, I = intermediate;
+  WorkspaceCarver carve(workspace, workspace_bytes);
+  const ForwardBuffers b = take_forward_buffers(carve, T, C, I);
+  run_forward(handle, x, gate_proj, up_proj, down_proj, expert_gate, b, T, C, I, stream);
+  scale_output_kernel<<<elementwise_grid(T * C), 256, 0, stream>>>(b.out, b.logit, y, accumulate, C, T * C);
+  CUDA_CHECK_LAUNCH();
+}
+
+void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
+                                 const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
+                                 const __nv_bfloat16* expert_gate, const __nv_bfloat16* dy, __nv_bfloat16* dx,
+                                 bool accumulate_dx, float* d_gate_proj, float* d_up_proj, float* d_down_proj,
+                                 float* d_expert_gate, int64_t num_tokens, int64_t hidden, int64_t intermediate,
+                                 void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  check_sizes("shared_expert_backward_cuda", num_tokens, hidden, intermediate);
+  if (num_tokens == 0) return;
+  const int64_t T = num_tokens, C = hidden, I = intermediate;
+  WorkspaceCarver carve(workspace, workspace_bytes);
+  const ForwardBuffers b = take_forward_buffers(carve, T, C, I);
+  nvbf16* d_out = carve.take<nvbf16>(T * C);
+  float* d_h = carve.take<float>(T * I);
+  float* d_logit = carve.take<float>(T);
+  const int64_t chunks = (T + kTokensPerChunk - 1) / kTokensPerChunk;
+  float* partial = carve.take<float>(chunks * C);
+
+  run_forward(handle, x, gate_proj, up_proj, down_proj, expert_gate, b, T, C, I, stream);
+  scale_backward_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(b.out, b.logit, dy, d_logit, d_out, C);
+  CUDA_CHECK_LAUNCH();
+  // d_h = d_out W_down; d_down += d_out^T h.
+  gemm_row_major(handle, false, false, T, I, C, d_out, C, down_proj, I, 0.0f, d_h, CUDA_R_32F, I);
+  gemm_row_major(handle, true, false, C, I, T, d_out, C, b.h, I, 1.0f, d_down_proj, CUDA_R_32F, I);
+  swiglu_backward_kernel<<<elementwise_grid(T * I), 256, 0, stream>>>(b.gate, b.up, d_h, T * I);
+  CUDA_CHECK_LAUNCH();
+  const nvbf16* d_gate = b.gate;
+  const nvbf16* d_up = b.up;
+  // dx32 = d_gate W_gate + d_up W_up (reusing the f32 out buffer), then + d_logit w_gate.
+  float* dx32 = b.out;
+  gemm_row_major(handle, false, false, T, C, I, d_gate, I, gate_proj, C, 0.0f, dx32, CUDA_R_32F, C);
+  gemm_row_major(handle, false, false, T, C, I, d_up, I, up_proj, C, 1.0f, dx32, CUDA_R_32F, C);
+  finish_dx_kernel<<<elementwise_grid(T * C), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx, C,
+                                                                 T * C);
+  CUDA_CHECK_LAUNCH();
+  gemm_row_major(handle, true, false, I, C, T, d_gate, I, x, C, 1.0f, d_gate_proj, CUDA_R_32F, C);
+  gemm_row_major(handle, true, false, I, C, T, d_up, I, x, C, 1.0f, d_up_proj, CUDA_R_32F, C);
+  const dim3 partial_grid(static_cast<unsigned>((C + 255) / 256), static_cast<unsigned>(chunks));
+  gate_grad_partial_kernel<<<partial_grid, 256, 0, stream>>>(d_logit, x, partial, T, C);
+  CUDA_CHECK_LAUNCH();
+  gate_grad_reduce_kernel<<<static_cast<unsigned>((C + 255) / 256), 256, 0, stream>>>(
+      partial, static_cast<int>(chunks), C, d_expert_gate);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace deltamoe
