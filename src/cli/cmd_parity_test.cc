@@ -55,8 +55,9 @@ class CmdParity : public ::testing::Test {
     std::vector<int64_t> ids(2 * 9), labels(2 * 9);
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 37 + 5) % 4000), labels[i] = ids[i];
     labels[0] = labels[9] = -100;
-    write_safetensors(dir_.path("inputs.safetensors"), {{"input_ids", StoredTensor::from_host(int64_tensor(ids, {2, 9}))},
-                                                        {"labels", StoredTensor::from_host(int64_tensor(labels, {2, 9}))}});
+    write_safetensors(dir_.path("inputs.safetensors"),
+                      {{"input_ids", StoredTensor::from_host(int64_tensor(ids, {2, 9}))},
+                       {"labels", StoredTensor::from_host(int64_tensor(labels, {2, 9}))}});
   }
   ScratchDir dir_{"cmd_parity_test"};
 };
@@ -84,7 +85,8 @@ TEST_F(CmdParity, OutputEqualsInProcessRun) {
 }
 
 TEST_F(CmdParity, BadCommandLinesAndInputsFailClearly) {
-  RunResult run = run_deltamoe(str_cat("parity --model ", dir_.path("model"), " --inputs ", dir_.path("inputs.safetensors")));
+  RunResult run =
+      run_deltamoe(str_cat("parity --model ", dir_.path("model"), " --inputs ", dir_.path("inputs.safetensors")));
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.output.find("--out"), std::string::npos) << run.output;
   run = run_deltamoe(str_cat("parity --model ", dir_.path("model"), " --inputs ", dir_.path("missing.safetensors"),

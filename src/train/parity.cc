@@ -74,8 +74,8 @@ ParityInputs load_parity_inputs(const std::string& path) {
         " and input_ids ", inputs.input_ids.shape().str(), " must have the same shape [B, S]");
   inputs.cu_seqlens = read_optional(*file, "cu_seqlens", DType::i32, 1);
   if (inputs.cu_seqlens) {
-    CHECK(inputs.input_ids.shape()[0] == 1, path, ": cu_seqlens packs sequences into one row, but input_ids has B = ",
-          inputs.input_ids.shape()[0]);
+    CHECK(inputs.input_ids.shape()[0] == 1, path,
+          ": cu_seqlens packs sequences into one row, but input_ids has B = ", inputs.input_ids.shape()[0]);
     check_cu_seqlens(inputs.cu_seqlens->as<int32_t>(), inputs.cu_seqlens->numel() - 1, inputs.input_ids.shape()[1],
                      path.c_str());
   }
@@ -111,8 +111,8 @@ ParityResult run_parity_cpu(const ModelCheckpoint& checkpoint, const ParityInput
   model_inputs.input_embeds = text_inputs.input_embeds.empty() ? nullptr : text_inputs.input_embeds.data();
   model_inputs.shifted_labels = shifted.data();
   const TextModelOutput out = model.forward(batch, model_inputs);
-  log_info("parity: ", num_tokens, " tokens, ", out.num_supervised, " supervised, ce_loss ", out.ce_loss,
-           ", aux_loss ", out.aux_loss);
+  log_info("parity: ", num_tokens, " tokens, ", out.num_supervised, " supervised, ce_loss ", out.ce_loss, ", aux_loss ",
+           out.aux_loss);
 
   ParityResult result;
   result.ce_loss = out.ce_loss;

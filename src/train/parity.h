@@ -23,9 +23,9 @@ struct ParityInputs {
 };
 
 struct ParityResult {
-  double ce_loss = 0;                        // mean CE over supervised tokens after the shift
-  double aux_loss = 0;                       // load-balancing loss before its coefficient
-  HostTensor logits;                         // f32 [B, S, V]
+  double ce_loss = 0;                           // mean CE over supervised tokens after the shift
+  double aux_loss = 0;                          // load-balancing loss before its coefficient
+  HostTensor logits;                            // f32 [B, S, V]
   std::map<std::string, HostTensor> grads;      // d ce_loss / d param, f32, by HF name
   std::map<std::string, HostTensor> grads_aux;  // d aux_loss / d param
 };

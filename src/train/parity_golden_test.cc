@@ -75,8 +75,8 @@ void check_case(const fs::path& dir) {
   const double aux_ref = f32_values(expected->tensor("aux_loss"))[0];
   const double ce_err = std::abs(result.ce_loss - ce_ref) / std::abs(ce_ref);
   const double aux_err = std::abs(result.aux_loss - aux_ref) / std::abs(aux_ref);
-  std::printf("  %s: ce_loss %.8f vs %.8f (rel %.2e), aux_loss %.8f vs %.8f (rel %.2e)\n", name.c_str(),
-              result.ce_loss, ce_ref, ce_err, result.aux_loss, aux_ref, aux_err);
+  std::printf("  %s: ce_loss %.8f vs %.8f (rel %.2e), aux_loss %.8f vs %.8f (rel %.2e)\n", name.c_str(), result.ce_loss,
+              ce_ref, ce_err, result.aux_loss, aux_ref, aux_err);
   EXPECT_LE(ce_err, kLossTolerance) << name;
   EXPECT_LE(aux_err, kLossTolerance) << name;
 

@@ -43,13 +43,16 @@ std::vector<int64_t> random_tokens(uint64_t seed, int64_t count, int64_t vocab) 
   return ids;
 }
 
-void write_inputs(const std::string& path, const std::vector<NamedTensor>& tensors) { write_safetensors(path, tensors); }
+void write_inputs(const std::string& path, const std::vector<NamedTensor>& tensors) {
+  write_safetensors(path, tensors);
+}
 
 std::vector<NamedTensor> row_inputs(int64_t vocab) {
   std::vector<int64_t> labels = random_tokens(2, kRows * kSeqLen, vocab);
   labels[3] = labels[15] = -100;
-  return {{"input_ids", StoredTensor::from_host(int64_tensor(random_tokens(1, kRows * kSeqLen, vocab), {kRows, kSeqLen}))},
-          {"labels", StoredTensor::from_host(int64_tensor(labels, {kRows, kSeqLen}))}};
+  return {
+      {"input_ids", StoredTensor::from_host(int64_tensor(random_tokens(1, kRows * kSeqLen, vocab), {kRows, kSeqLen}))},
+      {"labels", StoredTensor::from_host(int64_tensor(labels, {kRows, kSeqLen}))}};
 }
 
 class ParityTest : public ::testing::Test {
@@ -120,17 +123,20 @@ TEST_F(ParityTest, BadInputsNameTheTensor) {
   std::string message = error_for({{"input_ids", ids}});
   std::printf("  %s\n", message.c_str());
   EXPECT_NE(message.find("'labels' is missing"), std::string::npos);
-  message = error_for({{"input_ids", ids}, {"labels", StoredTensor::from_host(int32_tensor({1, 2, 3, 4, 5, 6}, {1, 6}))}});
+  message =
+      error_for({{"input_ids", ids}, {"labels", StoredTensor::from_host(int32_tensor({1, 2, 3, 4, 5, 6}, {1, 6}))}});
   std::printf("  %s\n", message.c_str());
   EXPECT_NE(message.find("'labels' is I32, expected I64"), std::string::npos);
-  message = error_for({{"input_ids", ids}, {"labels", labels}, {"cu_seqlens", StoredTensor::from_host(int32_tensor({0, 4}, {2}))}});
+  message = error_for(
+      {{"input_ids", ids}, {"labels", labels}, {"cu_seqlens", StoredTensor::from_host(int32_tensor({0, 4}, {2}))}});
   std::printf("  %s\n", message.c_str());
   EXPECT_NE(message.find("cu_seqlens must end at the token count 6"), std::string::npos);
-  message = error_for({{"input_ids", StoredTensor::from_host(int64_tensor({1, 2, 3, vocab + 5, 1, 1}, {1, 6}))},
-                       {"labels", labels}});
+  message = error_for(
+      {{"input_ids", StoredTensor::from_host(int64_tensor({1, 2, 3, vocab + 5, 1, 1}, {1, 6}))}, {"labels", labels}});
   std::printf("  %s\n", message.c_str());
   EXPECT_NE(message.find("outside the vocabulary"), std::string::npos);
-  message = error_for({{"input_ids", ids}, {"labels", StoredTensor::from_host(int64_tensor({1, 2, -7, 4, 5, 6}, {1, 6}))}});
+  message =
+      error_for({{"input_ids", ids}, {"labels", StoredTensor::from_host(int64_tensor({1, 2, -7, 4, 5, 6}, {1, 6}))}});
   std::printf("  %s\n", message.c_str());
   EXPECT_NE(message.find("label -7"), std::string::npos);
 }

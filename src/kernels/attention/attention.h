@@ -23,9 +23,9 @@ void attention_forward_ref(const AttentionDims& dims, const T* q, const T* k, co
 
 // d_out [T, Hq, D] -> dq [T, Hq, D], dk and dv [T, Hkv, D], all written. out and lse from the forward.
 template <typename T>
-void attention_backward_ref(const AttentionDims& dims, const T* q, const T* k, const T* v, const T* out,
-                            const T* lse, const T* d_out, const int32_t* cu_seqlens, int64_t num_seqs, double scale,
-                            T* dq, T* dk, T* dv);
+void attention_backward_ref(const AttentionDims& dims, const T* q, const T* k, const T* v, const T* out, const T* lse,
+                            const T* d_out, const int32_t* cu_seqlens, int64_t num_seqs, double scale, T* dq, T* dk,
+                            T* dv);
 
 // Output gate: y = attn * sigmoid(gate), element-wise over count values; y written.
 template <typename T>

@@ -76,9 +76,9 @@ void attention_forward_ref(const AttentionDims& dims, const T* q, const T* k, co
 }
 
 template <typename T>
-void attention_backward_ref(const AttentionDims& dims, const T* q, const T* k, const T* v, const T* out,
-                            const T* lse, const T* d_out, const int32_t* cu_seqlens, int64_t num_seqs, double scale,
-                            T* dq, T* dk, T* dv) {
+void attention_backward_ref(const AttentionDims& dims, const T* q, const T* k, const T* v, const T* out, const T* lse,
+                            const T* d_out, const int32_t* cu_seqlens, int64_t num_seqs, double scale, T* dq, T* dk,
+                            T* dv) {
   check_dims(dims);
   check_cu_seqlens(cu_seqlens, num_seqs, dims.num_tokens, "attention");
   const int64_t Hq = dims.num_q_heads, Hkv = dims.num_kv_heads, D = dims.head_dim, Tn = dims.num_tokens;
@@ -127,12 +127,12 @@ void attention_gate_backward_ref(const T* attn, const T* gate, const T* dy, T* d
   }
 }
 
-#define INSTANTIATE(T)                                                                                          \
-  template void attention_forward_ref<T>(const AttentionDims&, const T*, const T*, const T*, const int32_t*,    \
-                                         int64_t, double, T*, T*);                                              \
-  template void attention_backward_ref<T>(const AttentionDims&, const T*, const T*, const T*, const T*,         \
-                                          const T*, const T*, const int32_t*, int64_t, double, T*, T*, T*);     \
-  template void attention_gate_forward_ref<T>(const T*, const T*, T*, int64_t);                                 \
+#define INSTANTIATE(T)                                                                                                \
+  template void attention_forward_ref<T>(const AttentionDims&, const T*, const T*, const T*, const int32_t*, int64_t, \
+                                         double, T*, T*);                                                             \
+  template void attention_backward_ref<T>(const AttentionDims&, const T*, const T*, const T*, const T*, const T*,     \
+                                          const T*, const int32_t*, int64_t, double, T*, T*, T*);                     \
+  template void attention_gate_forward_ref<T>(const T*, const T*, T*, int64_t);                                       \
   template void attention_gate_backward_ref<T>(const T*, const T*, const T*, T*, T*, int64_t);
 INSTANTIATE(float)
 INSTANTIATE(double)

@@ -59,8 +59,7 @@ TEST(AttentionRef, BackwardMatchesFiniteDifferences) {
   const std::vector<double> d_out = gradcheck::random_normal(rng, in.q.size());
   std::vector<double> out(in.q.size()), lse(6 * 4);
   auto loss = [&] {
-    attention_forward_ref(in.dims, in.q.data(), in.k.data(), in.v.data(), cu.data(), 2, scale, out.data(),
-                          lse.data());
+    attention_forward_ref(in.dims, in.q.data(), in.k.data(), in.v.data(), cu.data(), 2, scale, out.data(), lse.data());
     return gradcheck::dot(out, d_out);
   };
   loss();

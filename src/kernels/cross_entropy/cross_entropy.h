@@ -19,7 +19,7 @@ void shift_labels_ref(const int64_t* labels, int64_t* shifted, int64_t rows, int
 // itself adds no rounding, and writes their count.
 template <typename T>
 double cross_entropy_forward_ref(const T* logits, const int64_t* labels, T* lse, int64_t num_tokens, int64_t vocab,
-                            int64_t* num_supervised);
+                                 int64_t* num_supervised);
 
 // d_logits [T, V] written: d_loss * (softmax - onehot) / num_supervised on supervised rows, 0 elsewhere.
 template <typename T>

@@ -27,7 +27,7 @@ bool is_supervised(const int64_t* labels, int64_t t, int64_t vocab) {
 
 template <typename T>
 double cross_entropy_forward_ref(const T* logits, const int64_t* labels, T* lse, int64_t num_tokens, int64_t vocab,
-                            int64_t* num_supervised) {
+                                 int64_t* num_supervised) {
   double total = 0;
   int64_t count = 0;
   for (int64_t t = 0; t < num_tokens; ++t) {
@@ -62,8 +62,8 @@ void cross_entropy_backward_ref(const T* logits, const int64_t* labels, const T*
   }
 }
 
-#define INSTANTIATE(T)                                                                                        \
-  template double cross_entropy_forward_ref<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t*);          \
+#define INSTANTIATE(T)                                                                                    \
+  template double cross_entropy_forward_ref<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t*); \
   template void cross_entropy_backward_ref<T>(const T*, const int64_t*, const T*, T, T*, int64_t, int64_t);
 INSTANTIATE(float)
 INSTANTIATE(double)

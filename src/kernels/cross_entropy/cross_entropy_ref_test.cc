@@ -25,7 +25,9 @@ TEST(CrossEntropyRef, MeanOverSupervisedAndBackward) {
   const std::vector<int64_t> labels = {3, kIgnoreIndex, 0, 5, kIgnoreIndex};
   std::vector<double> lse(tokens);
   int64_t count = 0;
-  auto loss = [&] { return cross_entropy_forward_ref(logits.data(), labels.data(), lse.data(), tokens, vocab, &count); };
+  auto loss = [&] {
+    return cross_entropy_forward_ref(logits.data(), labels.data(), lse.data(), tokens, vocab, &count);
+  };
   const double value = loss();
   double expected = 0;
   for (int64_t t : {0, 2, 3}) {

@@ -27,7 +27,7 @@ void embedding_backward_ref(const int64_t* ids, const T* d_out, T* d_table, int6
   }
 }
 
-#define INSTANTIATE(T)                                                                          \
+#define INSTANTIATE(T)                                                                             \
   template void embedding_forward_ref<T>(const int64_t*, const T*, T*, int64_t, int64_t, int64_t); \
   template void embedding_backward_ref<T>(const int64_t*, const T*, T*, int64_t, int64_t, int64_t);
 INSTANTIATE(float)

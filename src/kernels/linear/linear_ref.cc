@@ -40,8 +40,8 @@ void linear_backward_ref(const T* x, const T* weight, const T* dy, T* dx, T* d_w
   }
 }
 
-#define INSTANTIATE(T)                                                                            \
-  template void linear_forward_ref<T>(const T*, const T*, T*, int64_t, int64_t, int64_t);           \
+#define INSTANTIATE(T)                                                                    \
+  template void linear_forward_ref<T>(const T*, const T*, T*, int64_t, int64_t, int64_t); \
   template void linear_backward_ref<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, int64_t);
 INSTANTIATE(float)
 INSTANTIATE(double)

@@ -20,8 +20,7 @@ TEST(LinearRef, BackwardMatchesFiniteDifferences) {
     return gradcheck::dot(y, dy);
   };
   std::vector<double> dx(rows * in_features, 123.0), d_weight(out_features * in_features, 0.0);
-  linear_backward_ref(x.data(), weight.data(), dy.data(), dx.data(), d_weight.data(), rows, in_features,
-                      out_features);
+  linear_backward_ref(x.data(), weight.data(), dy.data(), dx.data(), d_weight.data(), rows, in_features, out_features);
   EXPECT_LT(gradcheck::check_gradient("dx", x, dx, loss).relative(), gradcheck::kGradTolerance);
   EXPECT_LT(gradcheck::check_gradient("d_weight", weight, d_weight, loss).relative(), gradcheck::kGradTolerance);
 }

@@ -30,7 +30,8 @@ double moe_aux_loss_value(const MoeAuxStats& stats) {
   if (stats.num_rows == 0) return 0.0;
   const double rows = static_cast<double>(stats.num_rows);
   double sum = 0;
-  for (size_t e = 0; e < stats.prob_sum.size(); ++e) sum += (stats.selected_count[e] / rows) * (stats.prob_sum[e] / rows);
+  for (size_t e = 0; e < stats.prob_sum.size(); ++e)
+    sum += (stats.selected_count[e] / rows) * (stats.prob_sum[e] / rows);
   return static_cast<double>(stats.prob_sum.size()) * sum;
 }
 
@@ -47,7 +48,7 @@ void moe_aux_loss_backward_ref(const T* probs, const MoeAuxStats& stats, T d_aux
   softmax_backward_rows_ref(probs, d_probs.data(), d_logits, rows, num_experts);
 }
 
-#define INSTANTIATE(T)                                                                                            \
+#define INSTANTIATE(T)                                                                                             \
   template void moe_aux_loss_accumulate_ref<T>(const T*, const int32_t*, int64_t, int64_t, int64_t, MoeAuxStats*); \
   template void moe_aux_loss_backward_ref<T>(const T*, const MoeAuxStats&, T, T*, int64_t);
 INSTANTIATE(float)

@@ -109,9 +109,9 @@ void moe_experts_backward_ref(const MoeExpertsDims& dims, const T* x, const int3
   }
 }
 
-#define INSTANTIATE(T)                                                                                         \
-  template void moe_experts_forward_ref<T>(const MoeExpertsDims&, const T*, const int32_t*, const T*, const T*, \
-                                           const T*, T*);                                                      \
+#define INSTANTIATE(T)                                                                                           \
+  template void moe_experts_forward_ref<T>(const MoeExpertsDims&, const T*, const int32_t*, const T*, const T*,  \
+                                           const T*, T*);                                                        \
   template void moe_experts_backward_ref<T>(const MoeExpertsDims&, const T*, const int32_t*, const T*, const T*, \
                                             const T*, const T*, T*, T*, T*, T*);
 INSTANTIATE(float)

@@ -67,8 +67,8 @@ TEST(MoeExpertsRef, RejectsBadExpertIndex) {
   const std::vector<float> x(2), gate_up(2 * 2 * 2), down(2 * 2 * 1), weight = {1.0f};
   const std::vector<int32_t> idx = {5};
   std::vector<float> y(2);
-  EXPECT_THROW(moe_experts_forward_ref(dims, x.data(), idx.data(), weight.data(), gate_up.data(), down.data(), y.data()),
-               Error);
+  EXPECT_THROW(
+      moe_experts_forward_ref(dims, x.data(), idx.data(), weight.data(), gate_up.data(), down.data(), y.data()), Error);
 }
 
 }  // namespace

@@ -93,12 +93,11 @@ void moe_router_backward_ref(const T* probs, const int32_t* topk_idx, const T* t
   }
 }
 
-#define INSTANTIATE(T)                                                                                           \
-  template void moe_router_forward_ref<T>(const T*, T*, int32_t*, T*, int64_t, int64_t, int64_t);                \
-  template void moe_router_forward_given_choice_ref<T>(const T*, T*, const int32_t*, T*, int64_t, int64_t,       \
-                                                       int64_t);                                                 \
-  template void moe_router_backward_ref<T>(const T*, const int32_t*, const T*, const T*, T*, int64_t, int64_t,   \
-                                           int64_t);                                                             \
+#define INSTANTIATE(T)                                                                                               \
+  template void moe_router_forward_ref<T>(const T*, T*, int32_t*, T*, int64_t, int64_t, int64_t);                    \
+  template void moe_router_forward_given_choice_ref<T>(const T*, T*, const int32_t*, T*, int64_t, int64_t, int64_t); \
+  template void moe_router_backward_ref<T>(const T*, const int32_t*, const T*, const T*, T*, int64_t, int64_t,       \
+                                           int64_t);                                                                 \
   template void softmax_backward_rows_ref<T>(const T*, const T*, T*, int64_t, int64_t);
 INSTANTIATE(float)
 INSTANTIATE(double)

@@ -11,9 +11,9 @@
 namespace deltamoe {
 
 struct MropeSpec {
-  int64_t rotary_dim = 0;                // R
-  std::array<int64_t, 3> section{};      // frequencies per (t, h, w) axis, summing to R / 2
-  double theta = 10000.0;                // inv_freq_j = theta^(-2j / R)
+  int64_t rotary_dim = 0;            // R
+  std::array<int64_t, 3> section{};  // frequencies per (t, h, w) axis, summing to R / 2
+  double theta = 10000.0;            // inv_freq_j = theta^(-2j / R)
 };
 
 // Which position axis (0 t, 1 h, 2 w) frequency j in [0, R/2) reads.

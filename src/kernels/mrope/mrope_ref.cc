@@ -13,8 +13,8 @@ void check_spec(const MropeSpec& spec, int64_t head_dim) {
   CHECK(spec.rotary_dim > 0 && spec.rotary_dim % 2 == 0 && spec.rotary_dim <= head_dim, "mrope: rotary dim ",
         spec.rotary_dim, " must be even and within the head dim ", head_dim);
   CHECK(spec.section[0] + spec.section[1] + spec.section[2] == spec.rotary_dim / 2, "mrope: mrope_section [",
-        spec.section[0], ", ", spec.section[1], ", ", spec.section[2], "] must sum to rotary_dim / 2 = ",
-        spec.rotary_dim / 2);
+        spec.section[0], ", ", spec.section[1], ", ", spec.section[2],
+        "] must sum to rotary_dim / 2 = ", spec.rotary_dim / 2);
 }
 
 }  // namespace
@@ -83,8 +83,8 @@ void mrope_backward_ref(const MropeSpec& spec, const T* dy, const T* cos, const 
   }
 }
 
-#define INSTANTIATE(T)                                                                                            \
-  template void mrope_tables_ref<T>(const MropeSpec&, const int64_t*, int64_t, T*, T*);                           \
+#define INSTANTIATE(T)                                                                                               \
+  template void mrope_tables_ref<T>(const MropeSpec&, const int64_t*, int64_t, T*, T*);                              \
   template void mrope_forward_ref<T>(const MropeSpec&, const T*, const T*, const T*, T*, int64_t, int64_t, int64_t); \
   template void mrope_backward_ref<T>(const MropeSpec&, const T*, const T*, const T*, T*, int64_t, int64_t, int64_t);
 INSTANTIATE(float)

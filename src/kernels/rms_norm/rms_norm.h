@@ -14,7 +14,7 @@ void rms_norm_forward_ref(const T* x, const T* weight, T* y, T* rstd, int64_t ro
 
 // dy [T, C] -> dx [T, C] written; d_weight [C] added to. x, weight and rstd as in the forward.
 template <typename T>
-void rms_norm_backward_ref(const T* x, const T* weight, const T* rstd, const T* dy, T* dx, T* d_weight,
-                           int64_t rows, int64_t width);
+void rms_norm_backward_ref(const T* x, const T* weight, const T* rstd, const T* dy, T* dx, T* d_weight, int64_t rows,
+                           int64_t width);
 
 }  // namespace deltamoe

@@ -18,8 +18,8 @@ void rms_norm_forward_ref(const T* x, const T* weight, T* y, T* rstd, int64_t ro
 }
 
 template <typename T>
-void rms_norm_backward_ref(const T* x, const T* weight, const T* rstd, const T* dy, T* dx, T* d_weight,
-                           int64_t rows, int64_t width) {
+void rms_norm_backward_ref(const T* x, const T* weight, const T* rstd, const T* dy, T* dx, T* d_weight, int64_t rows,
+                           int64_t width) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* x_row = x + r * width;
     const T* dy_row = dy + r * width;
@@ -39,8 +39,8 @@ void rms_norm_backward_ref(const T* x, const T* weight, const T* rstd, const T* 
   }
 }
 
-#define INSTANTIATE(T)                                                                                    \
-  template void rms_norm_forward_ref<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);              \
+#define INSTANTIATE(T)                                                                         \
+  template void rms_norm_forward_ref<T>(const T*, const T*, T*, T*, int64_t, int64_t, double); \
   template void rms_norm_backward_ref<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t, int64_t);
 INSTANTIATE(float)
 INSTANTIATE(double)

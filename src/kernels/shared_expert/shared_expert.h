@@ -7,7 +7,6 @@
 
 namespace deltamoe {
 
-
 // x [T, C]; gate_proj and up_proj [I, C]; down_proj [C, I]; expert_gate [1, C]; y [T, C] written.
 template <typename T>
 void shared_expert_forward_ref(const T* x, const T* gate_proj, const T* up_proj, const T* down_proj,
@@ -17,8 +16,7 @@ void shared_expert_forward_ref(const T* x, const T* gate_proj, const T* up_proj,
 // Activations are recomputed from x.
 template <typename T>
 void shared_expert_backward_ref(const T* x, const T* gate_proj, const T* up_proj, const T* down_proj,
-                                const T* expert_gate, const T* dy, T* dx, T* d_gate_proj, T* d_up_proj,
-                                T* d_down_proj, T* d_expert_gate, int64_t num_tokens, int64_t hidden,
-                                int64_t intermediate);
+                                const T* expert_gate, const T* dy, T* dx, T* d_gate_proj, T* d_up_proj, T* d_down_proj,
+                                T* d_expert_gate, int64_t num_tokens, int64_t hidden, int64_t intermediate);
 
 }  // namespace deltamoe

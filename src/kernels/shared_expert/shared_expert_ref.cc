@@ -52,9 +52,8 @@ void shared_expert_forward_ref(const T* x, const T* gate_proj, const T* up_proj,
 
 template <typename T>
 void shared_expert_backward_ref(const T* x, const T* gate_proj, const T* up_proj, const T* down_proj,
-                                const T* expert_gate, const T* dy, T* dx, T* d_gate_proj, T* d_up_proj,
-                                T* d_down_proj, T* d_expert_gate, int64_t num_tokens, int64_t hidden,
-                                int64_t intermediate) {
+                                const T* expert_gate, const T* dy, T* dx, T* d_gate_proj, T* d_up_proj, T* d_down_proj,
+                                T* d_expert_gate, int64_t num_tokens, int64_t hidden, int64_t intermediate) {
   const int64_t C = hidden, I = intermediate;
   const auto a = shared_forward(x, gate_proj, up_proj, down_proj, expert_gate, num_tokens, C, I);
   std::vector<T> d_out(num_tokens * C), d_scale_logit(num_tokens);
@@ -82,11 +81,11 @@ void shared_expert_backward_ref(const T* x, const T* gate_proj, const T* up_proj
   for (int64_t i = 0; i < num_tokens * C; ++i) dx[i] += dx_part[i];
 }
 
-#define INSTANTIATE(T)                                                                                          \
-  template void shared_expert_forward_ref<T>(const T*, const T*, const T*, const T*, const T*, T*, int64_t,     \
-                                             int64_t, int64_t);                                                 \
-  template void shared_expert_backward_ref<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*,   \
-                                              T*, T*, T*, T*, int64_t, int64_t, int64_t);
+#define INSTANTIATE(T)                                                                                                \
+  template void shared_expert_forward_ref<T>(const T*, const T*, const T*, const T*, const T*, T*, int64_t, int64_t,  \
+                                             int64_t);                                                                \
+  template void shared_expert_backward_ref<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, \
+                                              T*, T*, int64_t, int64_t, int64_t);
 INSTANTIATE(float)
 INSTANTIATE(double)
 #undef INSTANTIATE

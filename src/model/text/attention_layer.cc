@@ -67,8 +67,8 @@ Activation attention_layer_backward(const TextConfig& c, const ParamMap& params,
   const AttentionDims dims{T, Hq, Hkv, D};
   Activation dq(T * Hq * D), dk(T * Hkv * D), dv(T * Hkv * D);
   attention_backward_ref(dims, s.q.data(), s.k.data(), s.v.data(), s.attn.data(), s.lse.data(), d_attn.data(),
-                         batch.cu_seqlens.data(), batch.num_seqs(), 1.0 / std::sqrt(static_cast<double>(D)),
-                         dq.data(), dk.data(), dv.data());
+                         batch.cu_seqlens.data(), batch.num_seqs(), 1.0 / std::sqrt(static_cast<double>(D)), dq.data(),
+                         dk.data(), dv.data());
   mrope_backward_ref(batch.rope, dq.data(), batch.rope_cos.data(), batch.rope_sin.data(), dq.data(), T, Hq, D);
   mrope_backward_ref(batch.rope, dk.data(), batch.rope_cos.data(), batch.rope_sin.data(), dk.data(), T, Hkv, D);
   Activation dq_raw(T * Hq * D), dk_raw(T * Hkv * D);

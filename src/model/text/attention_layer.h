@@ -13,13 +13,13 @@
 namespace deltamoe {
 
 struct AttentionLayerSaved {
-  Activation x;                // [T, C] layer input (already input_layernorm-ed)
-  Activation q_raw, q_rstd;    // [T, Hq, D] before q_norm, [T * Hq]
-  Activation gate;             // [T, Hq * D]
-  Activation k_raw, k_rstd;    // [T, Hkv, D], [T * Hkv]
-  Activation q, k, v;          // after norm + rope: [T, Hq, D], [T, Hkv, D]; v [T, Hkv, D]
-  Activation attn, lse;        // [T, Hq, D], [T, Hq]
-  Activation gated;            // [T, Hq * D] attn * sigmoid(gate)
+  Activation x;              // [T, C] layer input (already input_layernorm-ed)
+  Activation q_raw, q_rstd;  // [T, Hq, D] before q_norm, [T * Hq]
+  Activation gate;           // [T, Hq * D]
+  Activation k_raw, k_rstd;  // [T, Hkv, D], [T * Hkv]
+  Activation q, k, v;        // after norm + rope: [T, Hq, D], [T, Hkv, D]; v [T, Hkv, D]
+  Activation attn, lse;      // [T, Hq, D], [T, Hq]
+  Activation gated;          // [T, Hq * D] attn * sigmoid(gate)
 };
 
 // `names` is the layer's name prefix ("model.layers.3."). x [T, C]; returns y [T, C].

@@ -35,9 +35,9 @@ Activation decoder_layer_backward(const TextConfig& c, const ParamMap& params, P
   // Residual: dh = dy + d(post norm input) from the MoE branch.
   Activation d_normed = moe_block_backward(c, params, grads, names, T, s.moe, dy, aux_stats, aux_weight);
   Activation dh(T * C);
-  rms_norm_backward_ref(s.h.data(), param_values(params, names + "post_attention_layernorm.weight"),
-                        s.rstd_post.data(), d_normed.data(), dh.data(),
-                        param_values(*grads, names + "post_attention_layernorm.weight"), T, C);
+  rms_norm_backward_ref(s.h.data(), param_values(params, names + "post_attention_layernorm.weight"), s.rstd_post.data(),
+                        d_normed.data(), dh.data(), param_values(*grads, names + "post_attention_layernorm.weight"), T,
+                        C);
   add_into(dh, dy);
   d_normed = s.type == LayerType::linear_attention
                  ? gdn_layer_backward(c, params, grads, names, batch, s.gdn, dh)

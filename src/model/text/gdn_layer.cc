@@ -67,8 +67,7 @@ Activation gdn_layer_forward(const TextConfig& c, const ParamMap& params, const 
   // conv1d.weight [conv_dim, 1, K] has the memory layout of [conv_dim, K].
   Activation conv(T * d.conv_dim);
   causal_conv1d_forward_ref(s->mixed.data(), param_values(params, p + "conv1d.weight"), batch.cu_seqlens.data(),
-                            batch.num_seqs(), T, static_cast<int>(d.conv_dim), static_cast<int>(d.kernel),
-                            conv.data());
+                            batch.num_seqs(), T, static_cast<int>(d.conv_dim), static_cast<int>(d.kernel), conv.data());
   // Channels [0, key_dim) are q, [key_dim, 2 key_dim) k, the rest v; heads are contiguous inside.
   s->q.resize(T * d.key_dim);
   s->k.resize(T * d.key_dim);
@@ -91,9 +90,9 @@ Activation gdn_layer_forward(const TextConfig& c, const ParamMap& params, const 
                         param_values(params, p + "dt_bias"), T, static_cast<int>(d.Hv), s->g.data(), s->beta.data());
   s->core.resize(T * d.value_dim);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.Dk)));
-  gated_delta_rule_recurrent_forward_ref<float>(rule_shape(d, batch), scale, s->q_normed.data(),
-                                                s->k_normed.data(), s->v.data(), s->g.data(), s->beta.data(), nullptr,
-                                                s->core.data(), nullptr);
+  gated_delta_rule_recurrent_forward_ref<float>(rule_shape(d, batch), scale, s->q_normed.data(), s->k_normed.data(),
+                                                s->v.data(), s->g.data(), s->beta.data(), nullptr, s->core.data(),
+                                                nullptr);
   s->normed.resize(T * d.value_dim);
   gated_rmsnorm_forward_ref(s->core.data(), s->z.data(), param_values(params, p + "norm.weight"), T * d.Hv,
                             static_cast<int>(d.Dv), static_cast<float>(c.rms_norm_eps), s->normed.data());
@@ -116,10 +115,9 @@ Activation gdn_layer_backward(const TextConfig& c, const ParamMap& params, Param
                              dz.data(), param_values(*grads, p + "norm.weight"));
   Activation dq_normed(T * d.key_dim), dk_normed(T * d.key_dim), dv(T * d.value_dim), dg(T * d.Hv), dbeta(T * d.Hv);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.Dk)));
-  gated_delta_rule_recurrent_backward_ref<float>(rule_shape(d, batch), scale, s.q_normed.data(), s.k_normed.data(),
-                                                 s.v.data(), s.g.data(), s.beta.data(), nullptr, d_core.data(), nullptr,
-                                                 dq_normed.data(), dk_normed.data(), dv.data(), dg.data(), dbeta.data(),
-                                                 nullptr);
+  gated_delta_rule_recurrent_backward_ref<float>(
+      rule_shape(d, batch), scale, s.q_normed.data(), s.k_normed.data(), s.v.data(), s.g.data(), s.beta.data(), nullptr,
+      d_core.data(), nullptr, dq_normed.data(), dk_normed.data(), dv.data(), dg.data(), dbeta.data(), nullptr);
   Activation dq(T * d.key_dim), dk(T * d.key_dim);
   l2norm_backward_ref(s.q.data(), dq_normed.data(), T * d.Hk, static_cast<int>(d.Dk), dq.data());
   l2norm_backward_ref(s.k.data(), dk_normed.data(), T * d.Hk, static_cast<int>(d.Dk), dk.data());

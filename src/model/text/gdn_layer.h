@@ -13,14 +13,14 @@
 namespace deltamoe {
 
 struct GdnLayerSaved {
-  Activation x;         // [T, C] layer input (already input_layernorm-ed)
-  Activation mixed;     // [T, conv_dim] in_proj_qkv output, before the conv
-  Activation z, a, b;   // [T, Hv * Dv], [T, Hv], [T, Hv]
-  Activation q, k, v;   // after conv + SiLU: [T, Hk, Dk], [T, Hk, Dk], [T, Hv, Dv]
+  Activation x;                   // [T, C] layer input (already input_layernorm-ed)
+  Activation mixed;               // [T, conv_dim] in_proj_qkv output, before the conv
+  Activation z, a, b;             // [T, Hv * Dv], [T, Hv], [T, Hv]
+  Activation q, k, v;             // after conv + SiLU: [T, Hk, Dk], [T, Hk, Dk], [T, Hv, Dv]
   Activation q_normed, k_normed;  // l2-normalised q, k
-  Activation g, beta;   // [T, Hv]
-  Activation core;      // [T, Hv, Dv] gated delta rule output
-  Activation normed;    // [T, Hv * Dv] gated RMSNorm output (out_proj input)
+  Activation g, beta;             // [T, Hv]
+  Activation core;                // [T, Hv, Dv] gated delta rule output
+  Activation normed;              // [T, Hv * Dv] gated RMSNorm output (out_proj input)
 };
 
 // `names` is the layer's name prefix ("model.layers.0."). x [T, C]; returns y [T, C].

@@ -17,8 +17,8 @@ MoeExpertsDims experts_dims(const TextConfig& c, int64_t num_tokens) {
 
 }  // namespace
 
-Activation moe_block_forward(const TextConfig& c, const ParamMap& params, const std::string& names,
-                             int64_t num_tokens, const Activation& x, MoeBlockSaved* s, MoeAuxStats* aux_stats,
+Activation moe_block_forward(const TextConfig& c, const ParamMap& params, const std::string& names, int64_t num_tokens,
+                             const Activation& x, MoeBlockSaved* s, MoeAuxStats* aux_stats,
                              const int32_t* forced_topk_idx) {
   const std::string p = names + "mlp.";
   const int64_t T = num_tokens, C = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
@@ -31,16 +31,16 @@ Activation moe_block_forward(const TextConfig& c, const ParamMap& params, const 
   s->topk_weight.resize(T * K);
   if (forced_topk_idx != nullptr) {
     s->topk_idx.assign(forced_topk_idx, forced_topk_idx + T * K);
-    moe_router_forward_given_choice_ref(logits.data(), s->probs.data(), s->topk_idx.data(), s->topk_weight.data(), T,
-                                        E, K);
+    moe_router_forward_given_choice_ref(logits.data(), s->probs.data(), s->topk_idx.data(), s->topk_weight.data(), T, E,
+                                        K);
   } else {
     moe_router_forward_ref(logits.data(), s->probs.data(), s->topk_idx.data(), s->topk_weight.data(), T, E, K);
   }
   if (aux_stats != nullptr) moe_aux_loss_accumulate_ref(s->probs.data(), s->topk_idx.data(), T, E, K, aux_stats);
   Activation y(T * C), shared(T * C);
   moe_experts_forward_ref(experts_dims(c, T), x.data(), s->topk_idx.data(), s->topk_weight.data(),
-                          param_values(params, p + "experts.gate_up_proj"), param_values(params, p + "experts.down_proj"),
-                          y.data());
+                          param_values(params, p + "experts.gate_up_proj"),
+                          param_values(params, p + "experts.down_proj"), y.data());
   shared_expert_forward_ref(x.data(), param_values(params, p + "shared_expert.gate_proj.weight"),
                             param_values(params, p + "shared_expert.up_proj.weight"),
                             param_values(params, p + "shared_expert.down_proj.weight"),

@@ -16,8 +16,8 @@ struct TextBatch {
   std::vector<int32_t> cu_seqlens;  // [N + 1]; attention and the GDN recurrences never cross these
   std::vector<int64_t> positions;   // [3, T] rows t, h, w
   MropeSpec rope;
-  std::vector<float> rope_cos;      // [T, R / 2]
-  std::vector<float> rope_sin;      // [T, R / 2]
+  std::vector<float> rope_cos;  // [T, R / 2]
+  std::vector<float> rope_sin;  // [T, R / 2]
 
   int num_seqs() const { return static_cast<int>(cu_seqlens.size()) - 1; }
 };

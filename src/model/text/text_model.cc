@@ -57,8 +57,8 @@ TextModelOutput TextModel::forward(const TextBatch& batch, const TextModelInputs
   lse_.resize(T);
   if (inputs.shifted_labels != nullptr) {
     shifted_labels_.assign(inputs.shifted_labels, inputs.shifted_labels + T);
-    out.ce_loss = cross_entropy_forward_ref(logits_.data(), shifted_labels_.data(), lse_.data(), T, V,
-                                            &out.num_supervised);
+    out.ce_loss =
+        cross_entropy_forward_ref(logits_.data(), shifted_labels_.data(), lse_.data(), T, V, &out.num_supervised);
   } else {
     shifted_labels_.clear();
   }
@@ -86,7 +86,8 @@ ParamMap TextModel::backward(float ce_weight, float aux_weight, std::vector<floa
           "d_input_embeds to return their gradient");
     *d_input_embeds = std::move(dx);
   } else {
-    embedding_backward_ref(input_ids_.data(), dx.data(), param_values(grads, prefix_ + ".embed_tokens.weight"), T, V, C);
+    embedding_backward_ref(input_ids_.data(), dx.data(), param_values(grads, prefix_ + ".embed_tokens.weight"), T, V,
+                           C);
     if (d_input_embeds != nullptr) *d_input_embeds = std::move(dx);
   }
   return grads;

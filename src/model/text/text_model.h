@@ -30,9 +30,9 @@ struct TextModelInputs {
 };
 
 struct TextModelOutput {
-  std::vector<float> logits;   // [T, V]
-  double ce_loss = 0;          // mean over supervised tokens
-  double aux_loss = 0;         // load-balancing loss over all layers, before its coefficient
+  std::vector<float> logits;  // [T, V]
+  double ce_loss = 0;         // mean over supervised tokens
+  double aux_loss = 0;        // load-balancing loss over all layers, before its coefficient
   int64_t num_supervised = 0;
 };
 

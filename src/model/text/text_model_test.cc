@@ -88,9 +88,10 @@ TEST(TextModel, PackedEqualLengthSequencesEqualRows) {
   const TextModelOutput out_rows = as_rows.forward(make_text_batch(config, T, row_cu_seqlens(rows, seq_len)),
                                                    {ids.data(), nullptr, shifted_rows.data()});
   const std::vector<int32_t> cu = {0, 20, 40, 60};
-  const TextModelOutput out_packed = packed.forward(make_text_batch(config, T, cu), {ids.data(), nullptr,
-                                                                                      shifted_packed.data()});
-  const double logits_diff = relative_max_diff(out_packed.logits.data(), out_rows.logits.data(), out_rows.logits.size());
+  const TextModelOutput out_packed =
+      packed.forward(make_text_batch(config, T, cu), {ids.data(), nullptr, shifted_packed.data()});
+  const double logits_diff =
+      relative_max_diff(out_packed.logits.data(), out_rows.logits.data(), out_rows.logits.size());
   std::printf("  ce %.8f vs %.8f, aux %.8f vs %.8f, logits rel diff %.3e\n", out_packed.ce_loss, out_rows.ce_loss,
               out_packed.aux_loss, out_rows.aux_loss, logits_diff);
   EXPECT_EQ(out_packed.num_supervised, out_rows.num_supervised);
@@ -99,8 +100,8 @@ TEST(TextModel, PackedEqualLengthSequencesEqualRows) {
   EXPECT_LT(logits_diff, 1e-5);
   for (auto [ce_weight, aux_weight] : {std::pair{1.0f, 0.0f}, std::pair{0.0f, 1.0f}}) {
     std::string worst_name;
-    const double worst = worst_grad_diff(packed.backward(ce_weight, aux_weight), as_rows.backward(ce_weight, aux_weight),
-                                         &worst_name);
+    const double worst =
+        worst_grad_diff(packed.backward(ce_weight, aux_weight), as_rows.backward(ce_weight, aux_weight), &worst_name);
     std::printf("  %s gradients: worst rel diff %.3e (%s)\n", ce_weight != 0 ? "ce" : "aux", worst, worst_name.c_str());
     EXPECT_LT(worst, 1e-5);
   }
@@ -119,7 +120,8 @@ TEST(TextModel, PackedEqualsOneByOne) {
   std::vector<int64_t> shifted(T);
   shift_labels_ref(labels.data(), shifted.data(), 1, T);
   TextModel packed(config, kPrefix, &params);
-  const TextModelOutput out_packed = packed.forward(make_text_batch(config, T, cu), {ids.data(), nullptr, shifted.data()});
+  const TextModelOutput out_packed =
+      packed.forward(make_text_batch(config, T, cu), {ids.data(), nullptr, shifted.data()});
   // Compare sums of per-token losses: the packed mean covers all supervised tokens at once.
   ParamMap packed_grads = packed.backward(static_cast<float>(out_packed.num_supervised), 0.0f);
   ParamMap summed = zeros_like(params);

@@ -107,7 +107,8 @@ float* param_values(ParamMap& params, const std::string& name) {
 
 ParamMap zeros_like(const ParamMap& params) {
   ParamMap zeros;
-  for (const auto& [name, tensor] : params) zeros[name] = {tensor.shape, std::vector<float>(tensor.values.size(), 0.0f)};
+  for (const auto& [name, tensor] : params)
+    zeros[name] = {tensor.shape, std::vector<float>(tensor.values.size(), 0.0f)};
   return zeros;
 }
 
