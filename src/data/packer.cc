@@ -8,13 +8,13 @@
 namespace deltamoe {
 namespace {
 
-void append_sample(MicroBatch& batch, const SftSample& sample) {
+void append_sample(MicroBatch& batch, SftSample& sample) {
   batch.input_ids.insert(batch.input_ids.end(), sample.input_ids.begin(), sample.input_ids.end());
   batch.labels.insert(batch.labels.end(), sample.labels.begin(), sample.labels.end());
   batch.cu_seqlens.push_back(static_cast<int32_t>(batch.input_ids.size()));
-  for (const ImagePatches& image : sample.images) {
-    batch.pixel_values.insert(batch.pixel_values.end(), image.pixel_values.begin(), image.pixel_values.end());
+  for (ImagePatches& image : sample.images) {
     batch.image_grid_thw.push_back(image.grid_thw);
+    batch.images.push_back(std::move(image));
   }
   batch.sample_indices.push_back(sample.sample_index);
   batch.num_supervised += sample.num_supervised;
@@ -37,6 +37,16 @@ void gather_positions(MicroBatch& batch, const std::vector<const SftSample*>& sa
 }
 
 }  // namespace
+
+int64_t MicroBatch::num_patches() const {
+  int64_t total = 0;
+  for (const ImagePatches& image : images) total += image.num_patches();
+  return total;
+}
+
+void copy_pixel_values(const MicroBatch& batch, float* dst) {
+  for (const ImagePatches& image : batch.images) dst = std::copy(image.pixel_values.begin(), image.pixel_values.end(), dst);
+}
 
 Packer::Packer(int64_t token_budget, size_t window) : token_budget_(token_budget), window_(window) {
   CHECK(token_budget > 0, "token budget must be positive, got ", token_budget);
@@ -85,7 +95,7 @@ std::optional<MicroBatch> Packer::pack(const Feed& feed) {
   batch.input_ids.reserve(static_cast<size_t>(used));
   batch.labels.reserve(static_cast<size_t>(used));
   std::vector<const SftSample*> samples;
-  for (const Slotted& entry : taken) {
+  for (Slotted& entry : taken) {
     append_sample(batch, entry.sample);
     samples.push_back(&entry.sample);
   }

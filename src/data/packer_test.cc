@@ -43,6 +43,8 @@ void check_batch(const MicroBatch& batch, const std::map<int64_t, SftSample>& sa
   ASSERT_EQ(batch.positions.size(), 3 * batch.input_ids.size());
   const size_t total = batch.input_ids.size();
   size_t image = 0, pixel = 0;
+  std::vector<float> pixel_values(static_cast<size_t>(batch.num_patches() * 4));
+  copy_pixel_values(batch, pixel_values.data());
   int64_t supervised = 0;
   for (size_t s = 0; s < batch.sample_indices.size(); ++s) {
     const SftSample& sample = samples.at(batch.sample_indices[s]);
@@ -58,12 +60,13 @@ void check_batch(const MicroBatch& batch, const std::map<int64_t, SftSample>& sa
     for (const ImagePatches& expected : sample.images) {
       ASSERT_LT(image, batch.image_grid_thw.size());
       EXPECT_EQ(batch.image_grid_thw[image++], expected.grid_thw);
-      for (const float value : expected.pixel_values) EXPECT_EQ(batch.pixel_values[pixel++], value);
+      for (const float value : expected.pixel_values) EXPECT_EQ(pixel_values[pixel++], value);
     }
     supervised += sample.num_supervised;
   }
   EXPECT_EQ(image, batch.image_grid_thw.size());
-  EXPECT_EQ(pixel, batch.pixel_values.size());
+  EXPECT_EQ(pixel, pixel_values.size());
+  EXPECT_EQ(batch.images.size(), batch.image_grid_thw.size());
   EXPECT_EQ(batch.num_supervised, supervised);
 }
 
