@@ -56,7 +56,9 @@ void check_rows(int64_t rows, int64_t vocab, uint64_t seed) {
   cross_entropy_rows_cuda(bf16_ptr(logits_d), labels_d.view.as<int64_t>(), rows, vocab, true, grad_scale,
                           f32_ptr(token_loss_d), f32_ptr(lse_d), flag.view.as<int32_t>(), nullptr);
   device_synchronize();
-  expect_close("lse (f32)", lse_d, lse_ref, 1e-6);  // fp32 sums in another order
+  // The reference sums exp() sequentially in fp32 (error grows like sqrt(V) ulps, ~2e-5 at
+  // V = 1e5); the kernel's tree sum differs by about that much.
+  expect_close("lse (f32)", lse_d, lse_ref, 1e-5);
   // Token losses are differences lse - logit: compare absolutely against the lse scale.
   CompareResult token = compare_tensors("token loss (f32)", to_host(token_loss_d.view), token_loss_ref);
   EXPECT_TRUE(token.all_finite);
@@ -233,7 +235,7 @@ TEST(CrossEntropyGpu, WorkspaceTooSmallIsRejected) {
 TEST(CrossEntropyGpu, TimingAt35BShapes) {
   const int64_t tokens = 8192, hidden = 2048, vocab = 248320, chunk_rows = 1024;
   DeviceTensor x = to_device(random_normal_tensor({tokens, hidden}, 1), DType::bf16);
-  DeviceTensor w = to_device(random_normal_tensor({vocab, hidden}, 2, 0.02f), DType::bf16);
+  DeviceTensor w = tiled_random_device_tensor({vocab, hidden}, 2, 0.02f);  // 1 GB: tiled, not drawn per element
   DeviceTensor labels = to_device(random_labels(tokens, vocab, 3));
   DeviceTensor token_loss = device_tensor(DType::f32, {tokens}), lse = device_tensor(DType::f32, {tokens});
   DeviceTensor loss = device_tensor(DType::f32, {1});

@@ -5,6 +5,9 @@
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "core/cuda_check.h"
 #include "core/device_buffer.h"
 #include "kernels/common/tensor_compare.h"
 
@@ -29,6 +32,20 @@ inline DeviceTensor poisoned_device_tensor(DType dtype, Shape shape) {
   DeviceTensor t = device_tensor(dtype, shape);
   device_fill_bytes(t.view, 0xFF);
   return t;
+}
+
+// A large bf16 device tensor for timing: one block of 2^20 random values (never zeros) repeated,
+// so that gigabyte-sized inputs do not take minutes of host-side sampling.
+inline DeviceTensor tiled_random_device_tensor(Shape shape, uint64_t seed, float scale) {
+  constexpr int64_t kBlock = int64_t{1} << 20;
+  HostTensor block = random_normal_tensor({kBlock}, seed, scale).to_dtype(DType::bf16);
+  DeviceTensor out = device_tensor(DType::bf16, shape);
+  auto* dst = static_cast<uint8_t*>(out.view.data);
+  for (int64_t offset = 0; offset < shape.numel(); offset += kBlock) {
+    const int64_t count = std::min(kBlock, shape.numel() - offset);
+    CUDA_CHECK(cudaMemcpy(dst + offset * 2, block.data(), static_cast<size_t>(count) * 2, cudaMemcpyHostToDevice));
+  }
+  return out;
 }
 
 }  // namespace deltamoe
