@@ -17,5 +17,7 @@ int cmd_init(int argc, char** argv);
 int cmd_inspect(int argc, char** argv);
 int cmd_convert(int argc, char** argv);
 int cmd_parity(int argc, char** argv);
+int cmd_train(int argc, char** argv);
+int cmd_data(int argc, char** argv);
 
 }  // namespace deltamoe

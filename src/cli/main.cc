@@ -18,6 +18,8 @@ const Command kCommands[] = {
     {"inspect", "summarise a config (parameter counts) or check a checkpoint directory", cmd_inspect},
     {"convert", "load a checkpoint and save it again (expert layout, sharding)", cmd_convert},
     {"parity", "reference forward + backward on one batch: losses, logits, gradients (safetensors)", cmd_parity},
+    {"train", "fine-tune a model on chat JSONL data (checkpoints, metrics, --resume)", cmd_train},
+    {"data", "read SFT datasets as training would: samples, tokens, labels, skips, packing", cmd_data},
 };
 
 void print_help() {

@@ -49,6 +49,9 @@ SampleBuilder::SampleBuilder(Tokenizer tokenizer, SampleOptions options)
 SftSample SampleBuilder::build(const SftRecord& record, int64_t sample_index, const std::string& where) const {
   SftSample sample;
   sample.sample_index = sample_index;
+  if (!options_.allow_images && !record.images.empty()) {
+    throw SampleSkip(SkipReason::kUnsupported, where + ": the sample has images but the model has no vision tower");
+  }
   RenderedChat chat;
   try {
     chat = render_chat(parse_chat(record.messages_json, record.tools_json, where), options_.chat_format, options_.chat_options);

@@ -22,6 +22,7 @@ struct SampleOptions {
   int64_t max_length = 0;  // 0: no limit
   bool truncate = false;   // over max_length: cut (true) or drop the sample (false)
   ImagePreprocessConfig image_config;
+  bool allow_images = true;  // false for text-only models: samples with images are skipped (unsupported)
 };
 
 class SampleBuilder {

@@ -1,0 +1,199 @@
+// `deltamoe data`: reads SFT datasets exactly as training would (same pipeline, labels, packing)
+// and reports samples, tokens, image tokens, supervised fraction, skips with reasons, packing
+// efficiency and throughput; --preview K prints one rendered sample with its label mask.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/data_pipeline.h"
+#include "data/sample_skip.h"
+#include "data/sft_record.h"
+#include "model/config.h"
+#include "tokenizer/tokenizer.h"
+
+namespace deltamoe {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Image settings from the model directory: the vision config (patch and merge sizes) and, when
+// present, preprocessor_config.json (pixel limits, mean/std); Qwen3.5 defaults otherwise.
+void configure_images(const std::string& model_dir, const Tokenizer& tokenizer, SampleOptions& options) {
+  const fs::path config_path = fs::path(model_dir) / "config.json";
+  if (fs::exists(config_path)) {
+    const ModelConfig config = load_model_config_file(config_path.string());
+    options.allow_images = config.has_vision;
+    if (config.has_vision) {
+      options.image_config.patch_size = config.vision.patch_size;
+      options.image_config.temporal_patch_size = config.vision.temporal_patch_size;
+      options.image_config.merge_size = config.vision.spatial_merge_size;
+      const int32_t pad = tokenizer.require_token_id("<|image_pad|>");
+      CHECK(pad == config.image_token_id, config_path.string(), ": image_token_id ", config.image_token_id,
+            " differs from the tokenizer's <|image_pad|> id ", pad, "; the tokenizer does not belong to this model");
+    }
+  } else {
+    log_warn(model_dir, " has no config.json; using Qwen3.5 image settings (patch 16, merge 2)");
+  }
+  const fs::path preprocessor_path = fs::path(model_dir) / "preprocessor_config.json";
+  if (!fs::exists(preprocessor_path)) return;
+  std::ifstream in(preprocessor_path);
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(in);
+    ImagePreprocessConfig& image = options.image_config;
+    if (json.contains("size") && json["size"].is_object()) {
+      image.min_pixels = json["size"].value("shortest_edge", image.min_pixels);
+      image.max_pixels = json["size"].value("longest_edge", image.max_pixels);
+    }
+    image.min_pixels = json.value("min_pixels", image.min_pixels);
+    image.max_pixels = json.value("max_pixels", image.max_pixels);
+    if (json.contains("image_mean")) image.image_mean = json["image_mean"].get<std::array<float, 3>>();
+    if (json.contains("image_std")) image.image_std = json["image_std"].get<std::array<float, 3>>();
+  } catch (const nlohmann::json::exception& error) {
+    RAISE(preprocessor_path.string(), ": cannot read the image settings: ", error.what());
+  }
+}
+
+// The sample's text with supervised tokens between [[ and ]] and image token runs shortened.
+std::string render_with_mask(const SftSample& sample, const Tokenizer& tokenizer, int32_t image_token_id) {
+  std::string out;
+  size_t i = 0;
+  while (i < sample.input_ids.size()) {
+    const bool image = sample.input_ids[i] == image_token_id;
+    const bool supervised = sample.labels[i] != kIgnoreLabel;
+    size_t j = i;
+    while (j < sample.input_ids.size() && (sample.input_ids[j] == image_token_id) == image &&
+           (sample.labels[j] != kIgnoreLabel) == supervised) {
+      ++j;
+    }
+    if (image) {
+      out += str_cat("<|image_pad|> x ", j - i);
+    } else {
+      const std::string text = tokenizer.decode(std::span<const int32_t>(sample.input_ids.data() + i, j - i));
+      out += supervised ? "[[" + text + "]]" : text;
+    }
+    i = j;
+  }
+  return out;
+}
+
+void print_preview(const DatasetFiles& files, const SampleBuilder& builder, int64_t index) {
+  CHECK(index >= 0 && index < files.size(), "--preview ", index, " is out of range: the datasets hold ", files.size(),
+        " samples (0-based, file after file)");
+  const DatasetFiles::Location location = files.locate(index);
+  const std::string where = files.where(index);
+  std::printf("\nsample %lld (%s)\n", static_cast<long long>(index), where.c_str());
+  try {
+    const SftRecord record = parse_sft_record(location.source->read(location.index), location.source->directory(), where);
+    const SftSample sample = builder.build(record, index, where);
+    std::printf("%lld tokens, %zu image(s) (%lld image tokens), %lld supervised%s; supervised text is inside [[ ]]\n",
+                static_cast<long long>(sample.num_tokens()), sample.images.size(), static_cast<long long>(sample.num_image_tokens),
+                static_cast<long long>(sample.num_supervised), sample.truncated ? ", truncated" : "");
+    for (const ImagePatches& image : sample.images) {
+      std::printf("  image grid (t, h, w) = (%lld, %lld, %lld)\n", static_cast<long long>(image.grid_thw[0]),
+                  static_cast<long long>(image.grid_thw[1]), static_cast<long long>(image.grid_thw[2]));
+    }
+    std::printf("----\n%s\n----\n", render_with_mask(sample, builder.tokenizer(), builder.image_token_id()).c_str());
+  } catch (const SampleSkip& skip) {
+    std::printf("skipped (%s): %s\n", skip_reason_name(skip.reason()), skip.what());
+  }
+}
+
+}  // namespace
+
+int cmd_data(int argc, char** argv) {
+  ArgParser args("data", "read SFT datasets as training would and report samples, tokens, labels, skips and packing");
+  args.add_required("dataset", "JSONL file(s), comma separated: {\"messages\": [...]} with image parts, or + \"images\" with <image> tags");
+  args.add_required("model", "model directory (tokenizer.json, config.json, preprocessor_config.json)");
+  args.add_option("max_length", "longest sample in tokens (image tokens included)", "8192");
+  args.add_option("packing_length", "tokens per packed micro-batch (0: max_length)", "0");
+  args.add_option("truncation_strategy", "samples over max_length: delete (skip, counted) or right (cut the end)", "delete");
+  args.add_flag("supervise_all", "train on every token except image pads, not only assistant answers");
+  args.add_option("chat_format", "chat template: qwen3.5 or qwen3", "qwen3.5");
+  args.add_option("preview", "also print sample K (0-based, file after file) with its label mask");
+  args.add_option("num_workers", "sample-building threads", "2");
+  args.add_option("seed", "shuffle seed", "42");
+  args.add_option("pack_window", "samples that may wait for a later micro-batch", "16");
+  args.add_option("min_pixels", "override the image pixel lower bound");
+  args.add_option("max_pixels", "override the image pixel upper bound");
+  if (!args.parse(argc, argv)) return 0;
+
+  const std::string model_dir = args.get("model");
+  const Tokenizer tokenizer = Tokenizer::load(model_dir);
+  PipelineOptions options;
+  options.dataset_paths = split_dataset_list(args.get("dataset"));
+  CHECK(!options.dataset_paths.empty(), "--dataset names no file");
+  options.sample.chat_format = chat_format_from_name(args.get("chat_format"));
+  options.sample.supervise_all = args.flag("supervise_all");
+  options.sample.max_length = args.get_int("max_length");
+  CHECK(options.sample.max_length > 0, "--max_length must be positive, got ", options.sample.max_length);
+  const std::string truncation = args.get("truncation_strategy");
+  CHECK(truncation == "delete" || truncation == "right", "--truncation_strategy must be delete or right, got '", truncation, "'");
+  options.sample.truncate = truncation == "right";
+  configure_images(model_dir, tokenizer, options.sample);
+  if (args.has("min_pixels")) options.sample.image_config.min_pixels = args.get_int("min_pixels");
+  if (args.has("max_pixels")) options.sample.image_config.max_pixels = args.get_int("max_pixels");
+  const int64_t packing_length = args.get_int("packing_length");
+  options.token_budget = packing_length > 0 ? packing_length : options.sample.max_length;
+  const int64_t num_workers = args.get_int("num_workers");
+  CHECK(num_workers >= 0 && num_workers <= 256, "--num_workers must be in 0..256, got ", num_workers);
+  options.num_workers = static_cast<int>(num_workers);
+  options.seed = static_cast<uint64_t>(args.get_int("seed"));
+  const int64_t window = args.get_int("pack_window");
+  CHECK(window >= 1, "--pack_window must be at least 1, got ", window);
+  options.pack_window = static_cast<size_t>(window);
+
+  DataPipeline pipeline(options, tokenizer);
+  int64_t num_batches = 0, num_samples = 0, num_tokens = 0, num_image_tokens = 0, num_images = 0, num_supervised = 0;
+  int64_t max_batch_tokens = 0;
+  const auto start = std::chrono::steady_clock::now();
+  while (std::optional<MicroBatch> batch = pipeline.next_batch()) {
+    ++num_batches;
+    num_samples += batch->num_samples();
+    num_tokens += batch->num_tokens();
+    num_image_tokens += batch->num_image_tokens;
+    num_images += static_cast<int64_t>(batch->images.size());
+    num_supervised += batch->num_supervised;
+    max_batch_tokens = std::max(max_batch_tokens, batch->num_tokens());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const SkipStats& skips = pipeline.skip_stats();
+  const auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+
+  std::printf("datasets:    %zu file(s), %lld lines\n", options.dataset_paths.size(), static_cast<long long>(pipeline.num_samples()));
+  std::printf("samples:     %lld kept, %s\n", static_cast<long long>(num_samples), skips.summary().c_str());
+  std::printf("tokens:      %lld (%.1f per sample), max_length %lld\n", static_cast<long long>(num_tokens),
+              ratio(static_cast<double>(num_tokens), static_cast<double>(num_samples)), static_cast<long long>(options.sample.max_length));
+  std::printf("images:      %lld, %lld image tokens (%.1f%% of tokens)\n", static_cast<long long>(num_images),
+              static_cast<long long>(num_image_tokens), 100 * ratio(static_cast<double>(num_image_tokens), static_cast<double>(num_tokens)));
+  std::printf("supervised:  %lld tokens (%.1f%% of tokens)\n", static_cast<long long>(num_supervised),
+              100 * ratio(static_cast<double>(num_supervised), static_cast<double>(num_tokens)));
+  std::printf("packing:     %lld micro-batches of <= %lld tokens (largest %lld), efficiency %.1f%%\n",
+              static_cast<long long>(num_batches), static_cast<long long>(options.token_budget), static_cast<long long>(max_batch_tokens),
+              100 * ratio(static_cast<double>(num_tokens), static_cast<double>(num_batches * options.token_budget)));
+  std::printf("throughput:  %.1f samples/s, %.0f tokens/s (%d worker thread(s), %.2f s)\n",
+              ratio(static_cast<double>(num_samples + skips.total()), seconds), ratio(static_cast<double>(num_tokens), seconds),
+              options.num_workers, seconds);
+  if (!skips.first_messages().empty()) {
+    std::printf("first skips:\n");
+    for (const std::string& message : skips.first_messages()) std::printf("  %s\n", message.c_str());
+  }
+  if (args.has("preview")) {
+    SampleOptions preview_options = options.sample;
+    const SampleBuilder builder(tokenizer, preview_options);
+    print_preview(pipeline.files(), builder, args.get_int("preview"));
+  }
+  return 0;
+}
+
+}  // namespace deltamoe
