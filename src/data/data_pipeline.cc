@@ -93,9 +93,9 @@ DataPipeline::Result DataPipeline::produce(int64_t job) const {
     epoch += 1 + later / files_.size();
     result.slot = later % files_.size();
   }
-  const int64_t sample_index = (*order_of(epoch))[static_cast<size_t>(result.slot)];
   std::string where;
-  try {
+  try {  // everything inside: an exception escaping a worker thread would end the process
+    const int64_t sample_index = (*order_of(epoch))[static_cast<size_t>(result.slot)];
     const DatasetFiles::Location location = files_.locate(sample_index);
     where = files_.where(sample_index);
     const std::string line = location.source->read(location.index);
