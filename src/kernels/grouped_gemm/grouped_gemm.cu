@@ -134,7 +134,10 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedParams p)
     int lo = 0, hi = p.num_groups - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (p.tile_starts[mid] <= tile) lo = mid; else hi = mid - 1;
+      if (p.tile_starts[mid] <= tile)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     const int g = lo;
     const int m0 = p.offsets[g] + (tile - p.tile_starts[g]) * kTileM;
@@ -147,8 +150,10 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedParams p)
                   : OperandTile{b_g + n0, p.n, cols_valid, p.k};
     ldc = p.n;
     const int64_t c_offset = static_cast<int64_t>(m0) * p.n + n0;
-    if constexpr (kEpilogue == kStoreBf16) c_bf16 = static_cast<nvbf16*>(p.c) + c_offset;
-    else c_f32 = static_cast<float*>(p.c) + c_offset;
+    if constexpr (kEpilogue == kStoreBf16)
+      c_bf16 = static_cast<nvbf16*>(p.c) + c_offset;
+    else
+      c_f32 = static_cast<float*>(p.c) + c_offset;
   } else {
     const int g = blockIdx.z;
     const int r0 = p.offsets[g];
@@ -204,14 +209,18 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedParams p)
 #pragma unroll
       for (int i = 0; i < kFragsM; ++i) {
         const int row = warp_m * kWarpM + i * 16;
-        if constexpr (kAKMajor) wmma::load_matrix_sync(fa[i], sa + row * (kTileK + kPad) + kk, kTileK + kPad);
-        else wmma::load_matrix_sync(fa[i], sa + kk * (kTileM + kPad) + row, kTileM + kPad);
+        if constexpr (kAKMajor)
+          wmma::load_matrix_sync(fa[i], sa + row * (kTileK + kPad) + kk, kTileK + kPad);
+        else
+          wmma::load_matrix_sync(fa[i], sa + kk * (kTileM + kPad) + row, kTileM + kPad);
       }
 #pragma unroll
       for (int j = 0; j < kFragsN; ++j) {
         const int col = warp_n * kWarpN + j * 16;
-        if constexpr (kBKMajor) wmma::load_matrix_sync(fb[j], sb + col * (kTileK + kPad) + kk, kTileK + kPad);
-        else wmma::load_matrix_sync(fb[j], sb + kk * (kTileN + kPad) + col, kTileN + kPad);
+        if constexpr (kBKMajor)
+          wmma::load_matrix_sync(fb[j], sb + col * (kTileK + kPad) + kk, kTileK + kPad);
+        else
+          wmma::load_matrix_sync(fb[j], sb + kk * (kTileN + kPad) + col, kTileN + kPad);
       }
 #pragma unroll
       for (int i = 0; i < kFragsM; ++i)
@@ -254,9 +263,12 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedParams p)
           }
         } else {
           for (int e = 0; e < 8 && col + e < cols_valid; ++e) {
-            if constexpr (kEpilogue == kStoreBf16) c_bf16[at + e] = __float2bfloat16(v[e]);
-            else if constexpr (kEpilogue == kStoreF32) c_f32[at + e] = v[e];
-            else c_f32[at + e] += v[e];
+            if constexpr (kEpilogue == kStoreBf16)
+              c_bf16[at + e] = __float2bfloat16(v[e]);
+            else if constexpr (kEpilogue == kStoreF32)
+              c_f32[at + e] = v[e];
+            else
+              c_f32[at + e] += v[e];
           }
         }
       }
@@ -308,8 +320,10 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 template <bool kBKMajor, bool kAligned>
 void launch_rows(const GroupedParams& params, DType c_dtype, dim3 grid, cudaStream_t stream) {
-  if (c_dtype == DType::bf16) launch<true, kBKMajor, kAligned, kStoreBf16>(params, grid, stream);
-  else launch<true, kBKMajor, kAligned, kStoreF32>(params, grid, stream);
+  if (c_dtype == DType::bf16)
+    launch<true, kBKMajor, kAligned, kStoreBf16>(params, grid, stream);
+  else
+    launch<true, kBKMajor, kAligned, kStoreF32>(params, grid, stream);
 }
 
 }  // namespace
@@ -336,18 +350,22 @@ void grouped_gemm_rows_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, bool
   build_tile_starts_kernel<<<1, 32, 0, stream>>>(offsets, static_cast<int>(num_groups), tile_starts);
   CUDA_CHECK_LAUNCH();
 
-  GroupedParams params{a, b, c, offsets, tile_starts, static_cast<int>(num_groups), 0, static_cast<int>(n),
-                       static_cast<int>(k)};
+  GroupedParams params{
+      a, b, c, offsets, tile_starts, static_cast<int>(num_groups), 0, static_cast<int>(n), static_cast<int>(k)};
   const int64_t max_tiles = (max_rows + kTileM - 1) / kTileM + num_groups;
   const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>((n + kTileN - 1) / kTileN));
   // 16-byte paths need every contiguous extent (k of A; k or n of B; n of C) a multiple of 8.
   const bool aligned = k % 8 == 0 && n % 8 == 0 && aligned16(a) && aligned16(b) && aligned16(c);
   if (b_stored_nk) {
-    if (aligned) launch_rows<true, true>(params, c_dtype, grid, stream);
-    else launch_rows<true, false>(params, c_dtype, grid, stream);
+    if (aligned)
+      launch_rows<true, true>(params, c_dtype, grid, stream);
+    else
+      launch_rows<true, false>(params, c_dtype, grid, stream);
   } else {
-    if (aligned) launch_rows<false, true>(params, c_dtype, grid, stream);
-    else launch_rows<false, false>(params, c_dtype, grid, stream);
+    if (aligned)
+      launch_rows<false, true>(params, c_dtype, grid, stream);
+    else
+      launch_rows<false, false>(params, c_dtype, grid, stream);
   }
 }
 
@@ -356,13 +374,15 @@ void grouped_gemm_weight_grad_cuda(const __nv_bfloat16* a, const __nv_bfloat16* 
   CHECK(num_groups >= 1 && num_groups <= 65535, "grouped_gemm_weight_grad_cuda: group count ", num_groups,
         " must be in [1, 65535]");
   CHECK(m >= 1 && n >= 1, "grouped_gemm_weight_grad_cuda: sizes m=", m, " n=", n, " must be positive");
-  GroupedParams params{a, b, c, offsets, nullptr, static_cast<int>(num_groups), static_cast<int>(m),
-                       static_cast<int>(n), 0};
+  GroupedParams params{
+      a, b, c, offsets, nullptr, static_cast<int>(num_groups), static_cast<int>(m), static_cast<int>(n), 0};
   const dim3 grid(static_cast<unsigned>((m + kTileM - 1) / kTileM), static_cast<unsigned>((n + kTileN - 1) / kTileN),
                   static_cast<unsigned>(num_groups));
   const bool aligned = m % 8 == 0 && n % 8 == 0 && aligned16(a) && aligned16(b) && aligned16(c);
-  if (aligned) launch<false, false, true, kAddF32>(params, grid, stream);
-  else launch<false, false, false, kAddF32>(params, grid, stream);
+  if (aligned)
+    launch<false, false, true, kAddF32>(params, grid, stream);
+  else
+    launch<false, false, false, kAddF32>(params, grid, stream);
 }
 
 }  // namespace deltamoe

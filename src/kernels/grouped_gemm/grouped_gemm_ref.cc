@@ -1,7 +1,6 @@
 // Plain CPU reference of the grouped products: a loop over groups, rows and columns.
-#include "kernels/grouped_gemm/grouped_gemm.h"
-
 #include "core/error.h"
+#include "kernels/grouped_gemm/grouped_gemm.h"
 
 namespace deltamoe {
 
@@ -49,7 +48,7 @@ void grouped_gemm_weight_grad_ref(const T* a, const T* b, T* c, const int32_t* o
   }
 }
 
-#define INSTANTIATE(T)                                                                                         \
+#define INSTANTIATE(T)                                                                                             \
   template void grouped_gemm_rows_ref<T>(const T*, const T*, bool, T*, const int32_t*, int64_t, int64_t, int64_t); \
   template void grouped_gemm_weight_grad_ref<T>(const T*, const T*, T*, const int32_t*, int64_t, int64_t, int64_t);
 INSTANTIATE(float)

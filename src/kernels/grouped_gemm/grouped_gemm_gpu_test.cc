@@ -1,0 +1,218 @@
+// GPU test of the grouped GEMM against its CPU reference: row-grouped products (weights [N, K] and
+// [K, N], bf16 and f32 outputs) and weight gradients, over empty groups, single rows, odd sizes and
+// the Qwen3.5-35B-A3B expert widths; then timing at 8192 tokens x 8 experts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/device_buffer.h"
+#include "core/rng.h"
+#include "kernels/common/tensor_compare.h"
+#include "kernels/gemm/gpu_timing.h"
+#include "kernels/grouped_gemm/grouped_gemm.h"
+#include "kernels/grouped_gemm/grouped_gemm_cuda.h"
+
+namespace deltamoe {
+namespace {
+
+HostTensor random_bf16_exact(Shape shape, uint64_t seed, float scale = 1.0f) {
+  return random_normal_tensor(shape, seed, scale).to_dtype(DType::bf16).to_f32();
+}
+
+// Timing data: a pool of random values repeated (generating 10^9 normals on the host is slow;
+// the speed of the products does not depend on the values).
+HostTensor pattern_tensor(Shape shape, uint64_t seed, float scale) {
+  const int64_t pool_size = 4099;
+  HostTensor pool = random_normal_tensor({pool_size}, seed, scale), out(DType::f32, shape);
+  for (int64_t i = 0; i < out.numel(); ++i) out.as<float>()[i] = pool.as<float>()[i % pool_size];
+  return out;
+}
+
+const __nv_bfloat16* bf16_ptr(const DeviceTensor& t) { return static_cast<const __nv_bfloat16*>(t.view.data); }
+
+// Group offsets: groups floor(i * G / empty_groups) get no row (group 0 among them); every other
+// row goes to a random one of the remaining groups.
+std::vector<int32_t> random_offsets(int64_t rows, int64_t groups, int64_t empty_groups, uint64_t seed) {
+  std::vector<bool> empty(groups, false);
+  for (int64_t i = 0; i < empty_groups; ++i) empty[i * groups / empty_groups] = true;
+  std::vector<int64_t> used;
+  for (int64_t g = 0; g < groups; ++g)
+    if (!empty[g]) used.push_back(g);
+  Rng rng(seed);
+  std::vector<int32_t> counts(groups, 0);
+  for (int64_t r = 0; r < rows; ++r) counts[used[rng.below(used.size())]] += 1;
+  std::vector<int32_t> offsets(groups + 1, 0);
+  for (int64_t g = 0; g < groups; ++g) offsets[g + 1] = offsets[g] + counts[g];
+  return offsets;
+}
+
+DeviceTensor offsets_to_device(const std::vector<int32_t>& offsets) {
+  HostTensor host(DType::i32, {static_cast<int64_t>(offsets.size())});
+  std::copy(offsets.begin(), offsets.end(), host.as<int32_t>());
+  return to_device(host);
+}
+
+struct GroupedShape {
+  int64_t rows, groups, empty_groups, n, k;
+};
+
+void check_rows(const GroupedShape& s, bool b_stored_nk, uint64_t seed) {
+  std::printf("rows-grouped R=%lld G=%lld (empty %lld) N=%lld K=%lld b=%s\n", static_cast<long long>(s.rows),
+              static_cast<long long>(s.groups), static_cast<long long>(s.empty_groups), static_cast<long long>(s.n),
+              static_cast<long long>(s.k), b_stored_nk ? "[N,K]" : "[K,N]");
+  const std::vector<int32_t> offsets = random_offsets(s.rows, s.groups, s.empty_groups, seed);
+  HostTensor a = random_bf16_exact({s.rows, s.k}, seed + 1);
+  HostTensor b = random_bf16_exact({s.groups, b_stored_nk ? s.n : s.k, b_stored_nk ? s.k : s.n}, seed + 2,
+                                   1.0f / std::sqrt(static_cast<float>(s.k)));
+  HostTensor c_ref(DType::f32, {s.rows, s.n});
+  grouped_gemm_rows_ref(a.as<float>(), b.as<float>(), b_stored_nk, c_ref.as<float>(), offsets.data(), s.groups, s.n,
+                        s.k);
+
+  DeviceTensor a_d = to_device(a, DType::bf16), b_d = to_device(b, DType::bf16), off_d = offsets_to_device(offsets);
+  DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(s.groups));
+  for (DType out_dtype : {DType::bf16, DType::f32}) {
+    DeviceTensor c_d = device_tensor(out_dtype, {s.rows, s.n});
+    device_fill_bytes(c_d.view, 0xFF);
+    grouped_gemm_rows_cuda(bf16_ptr(a_d), bf16_ptr(b_d), b_stored_nk, c_d.view.data, out_dtype,
+                           static_cast<const int32_t*>(off_d.view.data), s.groups, s.rows, s.n, s.k, workspace.data(),
+                           workspace.bytes(), nullptr);
+    device_synchronize();
+    // bf16 output: one rounding (2^-9 relative) -> rel_l2 <= 1e-2; f32 output: only summation order.
+    CompareResult r = compare_tensors(out_dtype == DType::bf16 ? "c (bf16)" : "c (f32)", to_host(c_d.view), c_ref);
+    EXPECT_TRUE(r.all_finite);
+    EXPECT_LE(r.rel_l2, out_dtype == DType::bf16 ? 1e-2 : 1e-4);
+  }
+}
+
+void check_weight_grad(const GroupedShape& s, uint64_t seed) {
+  const int64_t m = s.n, n = s.k;  // c_g [M, N]
+  std::printf("weight-grad R=%lld G=%lld (empty %lld) M=%lld N=%lld\n", static_cast<long long>(s.rows),
+              static_cast<long long>(s.groups), static_cast<long long>(s.empty_groups), static_cast<long long>(m),
+              static_cast<long long>(n));
+  const std::vector<int32_t> offsets = random_offsets(s.rows, s.groups, s.empty_groups, seed);
+  HostTensor a = random_bf16_exact({s.rows, m}, seed + 1);
+  HostTensor b = random_bf16_exact({s.rows, n}, seed + 2);
+  HostTensor c_init = random_normal_tensor({s.groups, m, n}, seed + 3);
+  HostTensor c_ref = random_normal_tensor({s.groups, m, n}, seed + 3);
+  grouped_gemm_weight_grad_ref(a.as<float>(), b.as<float>(), c_ref.as<float>(), offsets.data(), s.groups, m, n);
+
+  DeviceTensor a_d = to_device(a, DType::bf16), b_d = to_device(b, DType::bf16), off_d = offsets_to_device(offsets);
+  DeviceTensor c_d = to_device(c_init, DType::f32);
+  grouped_gemm_weight_grad_cuda(bf16_ptr(a_d), bf16_ptr(b_d), static_cast<float*>(c_d.view.data),
+                                static_cast<const int32_t*>(off_d.view.data), s.groups, m, n, nullptr);
+  device_synchronize();
+  CompareResult r = compare_tensors("c (f32, added to)", to_host(c_d.view), c_ref);
+  EXPECT_TRUE(r.all_finite);
+  EXPECT_LE(r.rel_l2, 1e-4);
+}
+
+const GroupedShape kShapes[] = {
+    {1, 1, 0, 16, 16},           // one row
+    {1, 4, 3, 24, 40},           // one row, three empty groups
+    {300, 5, 2, 64, 96},         // empty groups between used ones, partial tiles
+    {513, 7, 1, 136, 72},        // groups larger than one 128-row tile
+    {97, 6, 2, 37, 53},          // odd N and K: the element-by-element path
+    {260, 3, 0, 129, 131},       // odd, more than one tile each way
+    {512, 256, 40, 1024, 2048},  // 35B gate_up widths (E=256, N=2I, K=H), 64 tokens x 8
+    {512, 256, 40, 2048, 512},   // 35B down widths
+};
+
+TEST(GroupedGemmGpu, RowsMatchReference) {
+  uint64_t seed = 100;
+  for (const GroupedShape& s : kShapes) {
+    for (bool nk : {true, false}) check_rows(s, nk, seed += 20);
+  }
+}
+
+TEST(GroupedGemmGpu, WeightGradMatchesReference) {
+  uint64_t seed = 900;
+  for (const GroupedShape& s : kShapes) check_weight_grad(s, seed += 10);
+}
+
+TEST(GroupedGemmGpu, LaunchOverUpperBoundLeavesLaterRowsAlone) {
+  // max_rows larger than the routed rows (offsets[G] < max_rows): rows past the end stay poisoned.
+  const int64_t groups = 4, routed = 200, max_rows = 260, n = 32, k = 64;
+  std::vector<int32_t> offsets = random_offsets(routed, groups, 1, 7);
+  HostTensor a = random_bf16_exact({max_rows, k}, 8), b = random_bf16_exact({groups, n, k}, 9);
+  DeviceTensor a_d = to_device(a, DType::bf16), b_d = to_device(b, DType::bf16), off_d = offsets_to_device(offsets);
+  DeviceTensor c_d = device_tensor(DType::f32, {max_rows, n});
+  device_fill_bytes(c_d.view, 0xFF);
+  DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(groups));
+  grouped_gemm_rows_cuda(bf16_ptr(a_d), bf16_ptr(b_d), true, c_d.view.data, DType::f32,
+                         static_cast<const int32_t*>(off_d.view.data), groups, max_rows, n, k, workspace.data(),
+                         workspace.bytes(), nullptr);
+  HostTensor c = to_host(c_d.view);
+  int64_t finite_rows = 0, poisoned_tail = 0;
+  for (int64_t r = 0; r < max_rows; ++r) {
+    const bool finite = std::isfinite(c.as<float>()[r * n]);
+    if (r < routed)
+      finite_rows += finite;
+    else
+      poisoned_tail += !finite;
+  }
+  std::printf("  routed rows written %lld/%lld, tail rows untouched %lld/%lld\n", static_cast<long long>(finite_rows),
+              static_cast<long long>(routed), static_cast<long long>(poisoned_tail),
+              static_cast<long long>(max_rows - routed));
+  EXPECT_EQ(finite_rows, routed);
+  EXPECT_EQ(poisoned_tail, max_rows - routed);
+}
+
+TEST(GroupedGemmGpu, BadSizesAreRefused) {
+  DeviceBuffer workspace(16);
+  EXPECT_THROW(grouped_gemm_rows_cuda(nullptr, nullptr, true, nullptr, DType::bf16, nullptr, 0, 8, 8, 8,
+                                      workspace.data(), workspace.bytes(), nullptr),
+               Error);
+  EXPECT_THROW(grouped_gemm_rows_cuda(nullptr, nullptr, true, nullptr, DType::bf16, nullptr, 8, 8, 8, 8,
+                                      workspace.data(), 4, nullptr),
+               Error);
+  EXPECT_THROW(grouped_gemm_weight_grad_cuda(nullptr, nullptr, nullptr, nullptr, 4, 0, 8, nullptr), Error);
+}
+
+// Qwen3.5-35B-A3B at 8192 tokens: R = 65536 routed rows over 256 experts (uniform random routing).
+TEST(GroupedGemmGpu, Timing35B) {
+  const int64_t tokens = 8192, top_k = 8, rows = tokens * top_k, experts = 256, hidden = 2048, inter = 512;
+  const std::vector<int32_t> offsets = random_offsets(rows, experts, 0, 77);
+  DeviceTensor off_d = offsets_to_device(offsets);
+  const int32_t* off = static_cast<const int32_t*>(off_d.view.data);
+  DeviceTensor x = to_device(pattern_tensor({rows, hidden}, 1, 1.0f), DType::bf16);
+  DeviceTensor h = to_device(pattern_tensor({rows, 2 * inter}, 2, 1.0f), DType::bf16);
+  DeviceTensor w_gu = to_device(pattern_tensor({experts, 2 * inter, hidden}, 3, 0.02f), DType::bf16);
+  DeviceTensor w_down = to_device(pattern_tensor({experts, hidden, inter}, 4, 0.02f), DType::bf16);
+  DeviceTensor gu = device_tensor(DType::bf16, {rows, 2 * inter});
+  DeviceTensor y = device_tensor(DType::bf16, {rows, hidden});
+  DeviceTensor d_gu_w = device_tensor(DType::f32, {experts, 2 * inter, hidden});
+  DeviceTensor d_down_w = device_tensor(DType::f32, {experts, hidden, inter});
+  device_fill_bytes(d_gu_w.view, 0);
+  device_fill_bytes(d_down_w.view, 0);
+  DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(experts));
+  const double gu_flops = 2.0 * rows * (2 * inter) * hidden, down_flops = 2.0 * rows * hidden * inter;
+  auto time_it = [&](const char* name, double flops, auto&& launch) {
+    print_flop_timing(name, median_ms(launch, nullptr), flops);
+  };
+  std::printf("grouped GEMM, T=8192 K=8 E=256 H=2048 I=512 (floor = FLOPs at 790 TFLOP/s; target >= 600)\n");
+  time_it("gate_up fwd  [R,H]x[E,2I,H]^T", gu_flops, [&](cudaStream_t s) {
+    grouped_gemm_rows_cuda(bf16_ptr(x), bf16_ptr(w_gu), true, gu.view.data, DType::bf16, off, experts, rows, 2 * inter,
+                           hidden, workspace.data(), workspace.bytes(), s);
+  });
+  time_it("down fwd     [R,I]x[E,H,I]^T", down_flops, [&](cudaStream_t s) {
+    grouped_gemm_rows_cuda(bf16_ptr(h), bf16_ptr(w_down), true, y.view.data, DType::bf16, off, experts, rows, hidden,
+                           inter, workspace.data(), workspace.bytes(), s);
+  });
+  time_it("gate_up dX   [R,2I]x[E,2I,H]", gu_flops, [&](cudaStream_t s) {
+    grouped_gemm_rows_cuda(bf16_ptr(h), bf16_ptr(w_gu), false, y.view.data, DType::bf16, off, experts, rows, hidden,
+                           2 * inter, workspace.data(), workspace.bytes(), s);
+  });
+  time_it("gate_up dW   [R,2I]^T[R,H] f32+=", gu_flops, [&](cudaStream_t s) {
+    grouped_gemm_weight_grad_cuda(bf16_ptr(h), bf16_ptr(x), static_cast<float*>(d_gu_w.view.data), off, experts,
+                                  2 * inter, hidden, s);
+  });
+  time_it("down dW      [R,H]^T[R,I] f32+=", down_flops, [&](cudaStream_t s) {
+    grouped_gemm_weight_grad_cuda(bf16_ptr(x), bf16_ptr(h), static_cast<float*>(d_down_w.view.data), off, experts,
+                                  hidden, inter, s);
+  });
+  device_synchronize();
+}
+
+}  // namespace
+}  // namespace deltamoe
