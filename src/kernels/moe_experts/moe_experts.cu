@@ -115,8 +115,8 @@ void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& 
   nvbf16* h = carve.take<nvbf16>(rows * I);
 
   moe_permute_cuda(x, plan.sorted_slot, xp, rows, C, dims.top_k, stream);
-  grouped_gemm_rows_cuda(xp, gate_up, true, gu, DType::bf16, plan.expert_offsets, E, rows, 2 * I, C, tiles,
-                         tile_bytes, stream);
+  grouped_gemm_rows_cuda(xp, gate_up, true, gu, DType::bf16, plan.expert_offsets, E, rows, 2 * I, C, tiles, tile_bytes,
+                         stream);
   swiglu_forward_kernel<<<elementwise_grid(rows * I), 256, 0, stream>>>(gu, h, rows, I);
   CUDA_CHECK_LAUNCH();
   nvbf16* y_expert = xp;
@@ -136,15 +136,15 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
   const size_t tile_bytes = grouped_gemm_rows_workspace_bytes(E);
   void* tiles = carve.take<char>(static_cast<int64_t>(tile_bytes));
   nvbf16* xp = carve.take<nvbf16>(rows * C);
-  nvbf16* dyp = carve.take<nvbf16>(rows * C);  // later reused for the permuted input gradient
+  nvbf16* dyp = carve.take<nvbf16>(rows * C);     // later reused for the permuted input gradient
   nvbf16* gu = carve.take<nvbf16>(rows * 2 * I);  // becomes d_gu in place
   float* dh_u = carve.take<float>(rows * I);
   nvbf16* hw = carve.take<nvbf16>(rows * I);
 
   // Recompute gu = x W_gu^T in expert-major order.
   moe_permute_cuda(x, plan.sorted_slot, xp, rows, C, dims.top_k, stream);
-  grouped_gemm_rows_cuda(xp, gate_up, true, gu, DType::bf16, plan.expert_offsets, E, rows, 2 * I, C, tiles,
-                         tile_bytes, stream);
+  grouped_gemm_rows_cuda(xp, gate_up, true, gu, DType::bf16, plan.expert_offsets, E, rows, 2 * I, C, tiles, tile_bytes,
+                         stream);
   // dh_u = dy W_down (down_e stored [C, I] = [K, N]); kept in fp32 for the routing-weight gradient.
   moe_permute_cuda(dy, plan.sorted_slot, dyp, rows, C, dims.top_k, stream);
   grouped_gemm_rows_cuda(dyp, down, false, dh_u, DType::f32, plan.expert_offsets, E, rows, I, C, tiles, tile_bytes,

@@ -27,8 +27,8 @@ size_t moe_routing_plan_bytes(int64_t num_tokens, int64_t num_experts, int64_t t
 MoeRoutingPlan moe_routing_plan_in(void* memory, int64_t num_tokens, int64_t num_experts, int64_t top_k);
 
 // topk_idx int32 [T, K] (each in [0, E); not checked on the device) -> the plan. No host sync.
-void moe_routing_plan_cuda(const int32_t* topk_idx, const MoeRoutingPlan& plan, int64_t num_tokens,
-                           int64_t num_experts, int64_t top_k, cudaStream_t stream);
+void moe_routing_plan_cuda(const int32_t* topk_idx, const MoeRoutingPlan& plan, int64_t num_tokens, int64_t num_experts,
+                           int64_t top_k, cudaStream_t stream);
 
 // Workspace (bytes) of the forward and the backward.
 size_t moe_experts_forward_workspace_bytes(const MoeExpertsDims& dims);
@@ -52,7 +52,7 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
 void moe_permute_cuda(const __nv_bfloat16* x, const int32_t* sorted_slot, __nv_bfloat16* xp, int64_t rows,
                       int64_t hidden, int64_t top_k, cudaStream_t stream);
 // y[t] = sum over k (in order) of w[t, k] * yp[row_of_slot[t*K+k]] (w null: weight 1), fp32 sum: [T, C] bf16.
-void moe_combine_cuda(const __nv_bfloat16* yp, const int32_t* row_of_slot, const float* topk_weight,
-                      __nv_bfloat16* y, int64_t num_tokens, int64_t hidden, int64_t top_k, cudaStream_t stream);
+void moe_combine_cuda(const __nv_bfloat16* yp, const int32_t* row_of_slot, const float* topk_weight, __nv_bfloat16* y,
+                      int64_t num_tokens, int64_t hidden, int64_t top_k, cudaStream_t stream);
 
 }  // namespace deltamoe

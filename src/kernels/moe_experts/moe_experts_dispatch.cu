@@ -173,8 +173,8 @@ MoeRoutingPlan moe_routing_plan_in(void* memory, int64_t num_tokens, int64_t num
   return plan;
 }
 
-void moe_routing_plan_cuda(const int32_t* topk_idx, const MoeRoutingPlan& plan, int64_t num_tokens,
-                           int64_t num_experts, int64_t top_k, cudaStream_t stream) {
+void moe_routing_plan_cuda(const int32_t* topk_idx, const MoeRoutingPlan& plan, int64_t num_tokens, int64_t num_experts,
+                           int64_t top_k, cudaStream_t stream) {
   CHECK(num_experts >= 1 && num_experts <= kMaxExperts, "moe_routing_plan_cuda: expert count ", num_experts,
         " must be in [1, ", kMaxExperts, "]");
   CHECK(top_k >= 1 && top_k <= num_experts, "moe_routing_plan_cuda: top_k ", top_k, " must be in [1, ", num_experts,
@@ -193,11 +193,10 @@ void moe_routing_plan_cuda(const int32_t* topk_idx, const MoeRoutingPlan& plan, 
                                                                                         plan.chunk_scratch);
   CUDA_CHECK_LAUNCH();
   scan_counts_kernel<<<1, 1024, shared, stream>>>(plan.chunk_scratch, static_cast<int>(chunks), experts,
-                                                   plan.expert_offsets);
+                                                  plan.expert_offsets);
   CUDA_CHECK_LAUNCH();
-  assign_rows_kernel<<<static_cast<unsigned>(chunks), 32, shared, stream>>>(topk_idx, slots, experts,
-                                                                            plan.chunk_scratch, plan.sorted_slot,
-                                                                            plan.row_of_slot);
+  assign_rows_kernel<<<static_cast<unsigned>(chunks), 32, shared, stream>>>(
+      topk_idx, slots, experts, plan.chunk_scratch, plan.sorted_slot, plan.row_of_slot);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -207,20 +206,24 @@ void moe_permute_cuda(const __nv_bfloat16* x, const int32_t* sorted_slot, __nv_b
         rows);
   if (rows == 0) return;
   const unsigned grid = static_cast<unsigned>(rows);
-  if (vector_rows(x, xp, hidden)) permute_kernel<true><<<grid, 128, 0, stream>>>(x, sorted_slot, xp, hidden, top_k);
-  else permute_kernel<false><<<grid, 128, 0, stream>>>(x, sorted_slot, xp, hidden, top_k);
+  if (vector_rows(x, xp, hidden))
+    permute_kernel<true><<<grid, 128, 0, stream>>>(x, sorted_slot, xp, hidden, top_k);
+  else
+    permute_kernel<false><<<grid, 128, 0, stream>>>(x, sorted_slot, xp, hidden, top_k);
   CUDA_CHECK_LAUNCH();
 }
 
-void moe_combine_cuda(const __nv_bfloat16* yp, const int32_t* row_of_slot, const float* topk_weight,
-                      __nv_bfloat16* y, int64_t num_tokens, int64_t hidden, int64_t top_k, cudaStream_t stream) {
+void moe_combine_cuda(const __nv_bfloat16* yp, const int32_t* row_of_slot, const float* topk_weight, __nv_bfloat16* y,
+                      int64_t num_tokens, int64_t hidden, int64_t top_k, cudaStream_t stream) {
   CHECK(hidden >= 1 && top_k >= 1 && num_tokens >= 0, "moe_combine_cuda: hidden ", hidden, ", top_k ", top_k,
         ", tokens ", num_tokens);
   if (num_tokens == 0) return;
   const unsigned grid = static_cast<unsigned>(num_tokens);
   const int k = static_cast<int>(top_k);
-  if (vector_rows(yp, y, hidden)) combine_kernel<true><<<grid, 256, 0, stream>>>(yp, row_of_slot, topk_weight, y, hidden, k);
-  else combine_kernel<false><<<grid, 256, 0, stream>>>(yp, row_of_slot, topk_weight, y, hidden, k);
+  if (vector_rows(yp, y, hidden))
+    combine_kernel<true><<<grid, 256, 0, stream>>>(yp, row_of_slot, topk_weight, y, hidden, k);
+  else
+    combine_kernel<false><<<grid, 256, 0, stream>>>(yp, row_of_slot, topk_weight, y, hidden, k);
   CUDA_CHECK_LAUNCH();
 }
 

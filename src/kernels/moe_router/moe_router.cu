@@ -110,8 +110,8 @@ __global__ void router_backward_kernel(const float* probs, const int32_t* topk_i
 }
 
 void check_router_sizes(const char* where, int64_t num_tokens, int64_t num_experts, int64_t top_k) {
-  CHECK(num_experts >= 1 && num_experts <= kRouterMaxExperts, where, ": expert count ", num_experts,
-        " must be in [1, ", kRouterMaxExperts, "]");
+  CHECK(num_experts >= 1 && num_experts <= kRouterMaxExperts, where, ": expert count ", num_experts, " must be in [1, ",
+        kRouterMaxExperts, "]");
   CHECK(top_k >= 1 && top_k <= num_experts && top_k <= kRouterMaxTopK, where, ": top_k ", top_k, " must be in [1, ",
         std::min(num_experts, kRouterMaxTopK), "]");
   CHECK(num_tokens >= 0, where, ": negative token count ", num_tokens);
@@ -162,8 +162,8 @@ void moe_router_logits_backward_cuda(cublasHandle_t handle, const __nv_bfloat16*
                                      const __nv_bfloat16* d_logits_bf16, __nv_bfloat16* dx, bool accumulate_dx,
                                      float* d_w, int64_t num_tokens, int64_t hidden, int64_t num_experts,
                                      cudaStream_t stream) {
-  CHECK(num_tokens >= 0 && hidden >= 1 && num_experts >= 1, "moe_router_logits_backward_cuda: bad sizes T=",
-        num_tokens, " C=", hidden, " E=", num_experts);
+  CHECK(num_tokens >= 0 && hidden >= 1 && num_experts >= 1, "moe_router_logits_backward_cuda: bad sizes T=", num_tokens,
+        " C=", hidden, " E=", num_experts);
   if (num_tokens == 0) return;
   const int T = static_cast<int>(num_tokens), C = static_cast<int>(hidden), E = static_cast<int>(num_experts);
   const float one = 1.0f, beta_dx = accumulate_dx ? 1.0f : 0.0f;

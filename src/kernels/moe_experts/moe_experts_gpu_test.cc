@@ -1,0 +1,285 @@
+// GPU test of the routed experts against the CPU reference: routing plan (exact), forward,
+// backward (dx, routing-weight and weight gradients) over T=1, odd H, experts without tokens,
+// and the Qwen3.5-35B-A3B widths; determinism; timing at 8192 tokens.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "core/device_buffer.h"
+#include "core/rng.h"
+#include "kernels/common/tensor_compare.h"
+#include "kernels/gemm/gpu_timing.h"
+#include "kernels/moe_experts/moe_experts.h"
+#include "kernels/moe_experts/moe_experts_cuda.h"
+
+namespace deltamoe {
+namespace {
+
+HostTensor random_bf16_exact(Shape shape, uint64_t seed, float scale = 1.0f) {
+  return random_normal_tensor(shape, seed, scale).to_dtype(DType::bf16).to_f32();
+}
+
+// A pool of random values repeated: fast to make at the 35B sizes, for timing only.
+HostTensor pattern_tensor(Shape shape, uint64_t seed, float scale) {
+  const int64_t pool_size = 4099;
+  HostTensor pool = random_normal_tensor({pool_size}, seed, scale), out(DType::f32, shape);
+  for (int64_t i = 0; i < out.numel(); ++i) out.as<float>()[i] = pool.as<float>()[i % pool_size];
+  return out;
+}
+
+const __nv_bfloat16* bf16_ptr(const DeviceTensor& t) { return static_cast<const __nv_bfloat16*>(t.view.data); }
+__nv_bfloat16* bf16_mut(DeviceTensor& t) { return static_cast<__nv_bfloat16*>(t.view.data); }
+float* f32_ptr(DeviceTensor& t) { return static_cast<float*>(t.view.data); }
+
+// Routing: each token picks K distinct experts among the first `used_experts` (the rest get no
+// token); weights positive, summing to one.
+void random_routing(int64_t tokens, int64_t used_experts, int64_t top_k, uint64_t seed, HostTensor* idx,
+                    HostTensor* weight) {
+  *idx = HostTensor(DType::i32, {tokens, top_k});
+  *weight = HostTensor(DType::f32, {tokens, top_k});
+  Rng rng(seed);
+  std::vector<int32_t> experts(used_experts);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::iota(experts.begin(), experts.end(), 0);
+    float sum = 0;
+    for (int64_t k = 0; k < top_k; ++k) {
+      const int64_t pick = k + static_cast<int64_t>(rng.below(used_experts - k));
+      std::swap(experts[k], experts[pick]);
+      idx->as<int32_t>()[t * top_k + k] = experts[k];
+      sum += (weight->as<float>()[t * top_k + k] = 0.05f + rng.uniform());
+    }
+    for (int64_t k = 0; k < top_k; ++k) weight->as<float>()[t * top_k + k] /= sum;
+  }
+}
+
+HostTensor minus(const HostTensor& a, const HostTensor& b) {
+  HostTensor a32 = a.to_f32(), b32 = b.to_f32(), out(DType::f32, a.shape());
+  for (int64_t i = 0; i < a.numel(); ++i) out.as<float>()[i] = a32.as<float>()[i] - b32.as<float>()[i];
+  return out;
+}
+
+struct ExpertCase {
+  int64_t tokens, hidden, experts, used_experts, top_k, inter;
+};
+
+struct DevicePlan {
+  DeviceBuffer memory;
+  MoeRoutingPlan plan;
+};
+
+DevicePlan build_plan(const DeviceTensor& idx_d, const MoeExpertsDims& dims) {
+  DevicePlan p;
+  p.memory = DeviceBuffer(moe_routing_plan_bytes(dims.num_tokens, dims.num_experts, dims.top_k));
+  p.plan = moe_routing_plan_in(p.memory.data(), dims.num_tokens, dims.num_experts, dims.top_k);
+  moe_routing_plan_cuda(static_cast<const int32_t*>(idx_d.view.data), p.plan, dims.num_tokens, dims.num_experts,
+                        dims.top_k, nullptr);
+  return p;
+}
+
+HostTensor download_i32(const int32_t* device, int64_t count) {
+  TensorView view(const_cast<int32_t*>(device), DType::i32, {count}, Device::cuda);
+  return to_host(view);
+}
+
+// The plan must be the stable expert-major order of the flat slots.
+void check_plan(const MoeRoutingPlan& plan, const HostTensor& idx, const MoeExpertsDims& dims) {
+  const int64_t slots = dims.num_tokens * dims.top_k, E = dims.num_experts;
+  std::vector<int32_t> expected_offsets(E + 1, 0), expected_sorted;
+  for (int64_t s = 0; s < slots; ++s) expected_offsets[idx.as<int32_t>()[s] + 1] += 1;
+  for (int64_t e = 0; e < E; ++e) expected_offsets[e + 1] += expected_offsets[e];
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t s = 0; s < slots; ++s)
+      if (idx.as<int32_t>()[s] == e) expected_sorted.push_back(static_cast<int32_t>(s));
+  HostTensor offsets = download_i32(plan.expert_offsets, E + 1);
+  HostTensor sorted = download_i32(plan.sorted_slot, slots);
+  HostTensor row_of = download_i32(plan.row_of_slot, slots);
+  int64_t offset_mismatch = 0, order_mismatch = 0, inverse_mismatch = 0, empty_experts = 0;
+  for (int64_t e = 0; e <= E; ++e) offset_mismatch += offsets.as<int32_t>()[e] != expected_offsets[e];
+  for (int64_t e = 0; e < E; ++e) empty_experts += expected_offsets[e + 1] == expected_offsets[e];
+  for (int64_t r = 0; r < slots; ++r) order_mismatch += sorted.as<int32_t>()[r] != expected_sorted[r];
+  for (int64_t s = 0; s < slots; ++s) {
+    const int32_t row = row_of.as<int32_t>()[s];
+    inverse_mismatch += row < 0 || row >= slots || expected_sorted[row] != s;
+  }
+  std::printf("  plan: %lld experts without tokens; mismatches: offsets %lld, order %lld, inverse %lld\n",
+              static_cast<long long>(empty_experts), static_cast<long long>(offset_mismatch),
+              static_cast<long long>(order_mismatch), static_cast<long long>(inverse_mismatch));
+  EXPECT_EQ(offset_mismatch, 0);
+  EXPECT_EQ(order_mismatch, 0);
+  EXPECT_EQ(inverse_mismatch, 0);
+}
+
+void check_case(const ExpertCase& c, uint64_t seed) {
+  const MoeExpertsDims dims{c.tokens, c.hidden, c.experts, c.top_k, c.inter};
+  std::printf("moe experts T=%lld C=%lld E=%lld (used %lld) K=%lld I=%lld\n", static_cast<long long>(c.tokens),
+              static_cast<long long>(c.hidden), static_cast<long long>(c.experts),
+              static_cast<long long>(c.used_experts), static_cast<long long>(c.top_k), static_cast<long long>(c.inter));
+  HostTensor idx, weight;
+  random_routing(c.tokens, c.used_experts, c.top_k, seed, &idx, &weight);
+  HostTensor x = random_bf16_exact({c.tokens, c.hidden}, seed + 1);
+  HostTensor gate_up =
+      random_bf16_exact({c.experts, 2 * c.inter, c.hidden}, seed + 2, 1.0f / std::sqrt(static_cast<float>(c.hidden)));
+  HostTensor down =
+      random_bf16_exact({c.experts, c.hidden, c.inter}, seed + 3, 1.0f / std::sqrt(static_cast<float>(c.inter)));
+  HostTensor dy = random_bf16_exact({c.tokens, c.hidden}, seed + 4);
+  HostTensor d_gu_init = random_normal_tensor({c.experts, 2 * c.inter, c.hidden}, seed + 5);
+  HostTensor d_down_init = random_normal_tensor({c.experts, c.hidden, c.inter}, seed + 6);
+
+  HostTensor y_ref(DType::f32, {c.tokens, c.hidden}), dx_ref(DType::f32, {c.tokens, c.hidden});
+  HostTensor dw_ref(DType::f32, {c.tokens, c.top_k});
+  HostTensor d_gu_ref = d_gu_init.to_f32(), d_down_ref = d_down_init.to_f32();
+  moe_experts_forward_ref(dims, x.as<float>(), idx.as<int32_t>(), weight.as<float>(), gate_up.as<float>(),
+                          down.as<float>(), y_ref.as<float>());
+  moe_experts_backward_ref(dims, x.as<float>(), idx.as<int32_t>(), weight.as<float>(), gate_up.as<float>(),
+                           down.as<float>(), dy.as<float>(), dx_ref.as<float>(), dw_ref.as<float>(),
+                           d_gu_ref.as<float>(), d_down_ref.as<float>());
+
+  DeviceTensor idx_d = to_device(idx), weight_d = to_device(weight, DType::f32);
+  DeviceTensor x_d = to_device(x, DType::bf16), gu_d = to_device(gate_up, DType::bf16);
+  DeviceTensor down_d = to_device(down, DType::bf16), dy_d = to_device(dy, DType::bf16);
+  DeviceTensor y_d = device_tensor(DType::bf16, {c.tokens, c.hidden});
+  DeviceTensor dx_d = device_tensor(DType::bf16, {c.tokens, c.hidden});
+  DeviceTensor dw_d = device_tensor(DType::f32, {c.tokens, c.top_k});
+  DeviceTensor d_gu_d = to_device(d_gu_init, DType::f32), d_down_d = to_device(d_down_init, DType::f32);
+  for (DeviceTensor* t : {&y_d, &dx_d, &dw_d}) device_fill_bytes(t->view, 0xFF);
+
+  DevicePlan p = build_plan(idx_d, dims);
+  DeviceBuffer fwd_ws(moe_experts_forward_workspace_bytes(dims)), bwd_ws(moe_experts_backward_workspace_bytes(dims));
+  device_fill_bytes(TensorView(fwd_ws.data(), DType::u8, {static_cast<int64_t>(fwd_ws.bytes())}, Device::cuda), 0xFF);
+  device_fill_bytes(TensorView(bwd_ws.data(), DType::u8, {static_cast<int64_t>(bwd_ws.bytes())}, Device::cuda), 0xFF);
+  moe_experts_forward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
+                           bf16_mut(y_d), fwd_ws.data(), fwd_ws.bytes(), nullptr);
+  moe_experts_backward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
+                            bf16_ptr(dy_d), bf16_mut(dx_d), f32_ptr(dw_d), f32_ptr(d_gu_d), f32_ptr(d_down_d),
+                            bwd_ws.data(), bwd_ws.bytes(), nullptr);
+  device_synchronize();
+  check_plan(p.plan, idx, dims);
+
+  // Tolerance 1e-2 everywhere: the device keeps the expert activations (gu, h, per-expert y, d_gu,
+  // w h) in bf16, one rounding each (2^-9 relative) on the way; the weight gradients are compared
+  // as increments (got - initial) so that the initial values do not hide their error.
+  std::vector<CompareResult> results;
+  results.push_back(compare_tensors("y", to_host(y_d.view), y_ref));
+  results.push_back(compare_tensors("dx", to_host(dx_d.view), dx_ref));
+  results.push_back(compare_tensors("d_topk_weight", to_host(dw_d.view), dw_ref));
+  results.push_back(
+      compare_tensors("d_gate_up increment", minus(to_host(d_gu_d.view), d_gu_init), minus(d_gu_ref, d_gu_init)));
+  results.push_back(
+      compare_tensors("d_down increment", minus(to_host(d_down_d.view), d_down_init), minus(d_down_ref, d_down_init)));
+  for (const CompareResult& r : results) {
+    EXPECT_TRUE(r.all_finite);
+    EXPECT_LE(r.rel_l2, 1e-2);
+  }
+}
+
+TEST(MoeExpertsGpu, MatchesReference) {
+  const ExpertCase cases[] = {
+      {1, 64, 4, 4, 2, 32},          // T = 1
+      {1, 40, 8, 8, 8, 24},          // T = 1, K = E
+      {37, 53, 7, 7, 3, 19},         // odd H and I: unaligned paths everywhere
+      {20, 96, 16, 5, 2, 48},        // 11 experts without any token
+      {300, 128, 16, 16, 4, 64},     // several row tiles per expert
+      {150, 136, 32, 30, 8, 40},     // two empty experts at the end, odd tile counts
+      {64, 2048, 256, 256, 8, 512},  // Qwen3.5-35B-A3B widths (many experts get 0-3 tokens)
+  };
+  uint64_t seed = 1000;
+  for (const ExpertCase& c : cases) check_case(c, seed += 10);
+}
+
+TEST(MoeExpertsGpu, IsDeterministic) {
+  const ExpertCase c{200, 256, 16, 12, 4, 96};
+  const MoeExpertsDims dims{c.tokens, c.hidden, c.experts, c.top_k, c.inter};
+  HostTensor idx, weight;
+  random_routing(c.tokens, c.used_experts, c.top_k, 5, &idx, &weight);
+  DeviceTensor idx_d = to_device(idx), weight_d = to_device(weight, DType::f32);
+  DeviceTensor x_d = to_device(random_normal_tensor({c.tokens, c.hidden}, 6), DType::bf16);
+  DeviceTensor gu_d = to_device(random_normal_tensor({c.experts, 2 * c.inter, c.hidden}, 7, 0.06f), DType::bf16);
+  DeviceTensor down_d = to_device(random_normal_tensor({c.experts, c.hidden, c.inter}, 8, 0.1f), DType::bf16);
+  DeviceTensor dy_d = to_device(random_normal_tensor({c.tokens, c.hidden}, 9), DType::bf16);
+  DeviceBuffer fwd_ws(moe_experts_forward_workspace_bytes(dims)), bwd_ws(moe_experts_backward_workspace_bytes(dims));
+  std::vector<HostTensor> outputs[2];
+  for (int run = 0; run < 2; ++run) {
+    DevicePlan p = build_plan(idx_d, dims);
+    DeviceTensor y_d = device_tensor(DType::bf16, {c.tokens, c.hidden});
+    DeviceTensor dx_d = device_tensor(DType::bf16, {c.tokens, c.hidden});
+    DeviceTensor dw_d = device_tensor(DType::f32, {c.tokens, c.top_k});
+    DeviceTensor d_gu_d = device_tensor(DType::f32, {c.experts, 2 * c.inter, c.hidden});
+    DeviceTensor d_down_d = device_tensor(DType::f32, {c.experts, c.hidden, c.inter});
+    device_fill_bytes(d_gu_d.view, 0);
+    device_fill_bytes(d_down_d.view, 0);
+    moe_experts_forward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
+                             bf16_mut(y_d), fwd_ws.data(), fwd_ws.bytes(), nullptr);
+    moe_experts_backward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
+                              bf16_ptr(dy_d), bf16_mut(dx_d), f32_ptr(dw_d), f32_ptr(d_gu_d), f32_ptr(d_down_d),
+                              bwd_ws.data(), bwd_ws.bytes(), nullptr);
+    for (DeviceTensor* t : {&y_d, &dx_d, &dw_d, &d_gu_d, &d_down_d}) outputs[run].push_back(to_host(t->view));
+  }
+  int64_t differing = 0;
+  for (size_t i = 0; i < outputs[0].size(); ++i)
+    differing += std::memcmp(outputs[0][i].data(), outputs[1][i].data(), outputs[0][i].nbytes()) != 0;
+  std::printf("  outputs differing bitwise between two runs: %lld of %zu\n", static_cast<long long>(differing),
+              outputs[0].size());
+  EXPECT_EQ(differing, 0);
+}
+
+TEST(MoeExpertsGpu, BadSizesAreRefused) {
+  MoeRoutingPlan plan;
+  EXPECT_THROW(moe_routing_plan_cuda(nullptr, plan, 4, 8, 9, nullptr), Error);  // top_k > E
+  EXPECT_THROW(moe_routing_plan_cuda(nullptr, plan, 4, 0, 1, nullptr), Error);  // no experts
+  const MoeExpertsDims dims{4, 0, 8, 2, 16};                                    // hidden 0
+  EXPECT_THROW(moe_experts_forward_cuda(dims, plan, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, nullptr),
+               Error);
+  const MoeExpertsDims ok{4, 8, 8, 2, 16};
+  EXPECT_THROW(moe_experts_forward_cuda(ok, plan, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 16, nullptr),
+               Error);  // workspace too small
+}
+
+// Qwen3.5-35B-A3B, 8192 tokens, uniform random routing over 256 experts.
+TEST(MoeExpertsGpu, Timing35B) {
+  const MoeExpertsDims dims{8192, 2048, 256, 8, 512};
+  const int64_t T = dims.num_tokens, C = dims.hidden, E = dims.num_experts, K = dims.top_k, I = dims.intermediate;
+  HostTensor idx, weight;
+  random_routing(T, E, K, 11, &idx, &weight);
+  DeviceTensor idx_d = to_device(idx), weight_d = to_device(weight, DType::f32);
+  DeviceTensor x_d = to_device(pattern_tensor({T, C}, 1, 1.0f), DType::bf16);
+  DeviceTensor gu_d = to_device(pattern_tensor({E, 2 * I, C}, 2, 0.02f), DType::bf16);
+  DeviceTensor down_d = to_device(pattern_tensor({E, C, I}, 3, 0.04f), DType::bf16);
+  DeviceTensor dy_d = to_device(pattern_tensor({T, C}, 4, 1.0f), DType::bf16);
+  DeviceTensor y_d = device_tensor(DType::bf16, {T, C}), dx_d = device_tensor(DType::bf16, {T, C});
+  DeviceTensor dw_d = device_tensor(DType::f32, {T, K});
+  DeviceTensor d_gu_d = device_tensor(DType::f32, {E, 2 * I, C}), d_down_d = device_tensor(DType::f32, {E, C, I});
+  device_fill_bytes(d_gu_d.view, 0);
+  device_fill_bytes(d_down_d.view, 0);
+  DevicePlan p = build_plan(idx_d, dims);
+  DeviceBuffer fwd_ws(moe_experts_forward_workspace_bytes(dims)), bwd_ws(moe_experts_backward_workspace_bytes(dims));
+  const double rows = static_cast<double>(T * K);
+  const double gate_up_flops = 2.0 * rows * 2 * I * C, down_flops = 2.0 * rows * C * I;
+  std::printf("routed experts, T=8192 K=8 E=256 H=2048 I=512 (floor = matmul FLOPs at 790 TFLOP/s)\n");
+  const double plan_ms = median_ms(
+      [&](cudaStream_t s) { moe_routing_plan_cuda(static_cast<const int32_t*>(idx_d.view.data), p.plan, T, E, K, s); },
+      nullptr);
+  std::printf("  TIMING %-44s %9.3f ms\n", "routing plan (counts, offsets, order)", plan_ms);
+  const double fwd_ms = median_ms(
+      [&](cudaStream_t s) {
+        moe_experts_forward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
+                                 bf16_mut(y_d), fwd_ws.data(), fwd_ws.bytes(), s);
+      },
+      nullptr);
+  print_flop_timing("forward (permute, 2 grouped GEMMs, combine)", fwd_ms, gate_up_flops + down_flops);
+  const double bwd_ms = median_ms(
+      [&](cudaStream_t s) {
+        moe_experts_backward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
+                                  bf16_ptr(dy_d), bf16_mut(dx_d), f32_ptr(dw_d), f32_ptr(d_gu_d), f32_ptr(d_down_d),
+                                  bwd_ws.data(), bwd_ws.bytes(), s);
+      },
+      nullptr);
+  print_flop_timing("backward (recompute + 5 grouped GEMMs)", bwd_ms, 3 * gate_up_flops + 2 * down_flops);
+  device_synchronize();
+}
+
+}  // namespace
+}  // namespace deltamoe
