@@ -101,16 +101,15 @@ void moe_aux_loss_accumulate_cuda(const float* probs, const int32_t* topk_idx, i
                                   int64_t top_k, const MoeAuxDeviceStats& stats, void* workspace,
                                   size_t workspace_bytes, cudaStream_t stream) {
   check_experts("moe_aux_loss_accumulate_cuda", num_experts);
-  CHECK(top_k >= 1 && top_k <= num_experts && rows >= 0, "moe_aux_loss_accumulate_cuda: top_k ", top_k,
-        " rows ", rows);
+  CHECK(top_k >= 1 && top_k <= num_experts && rows >= 0, "moe_aux_loss_accumulate_cuda: top_k ", top_k, " rows ", rows);
   CHECK(workspace_bytes >= moe_aux_loss_accumulate_workspace_bytes(rows, num_experts),
         "moe_aux_loss_accumulate_cuda: workspace of ", workspace_bytes, " bytes, need ",
         moe_aux_loss_accumulate_workspace_bytes(rows, num_experts));
   if (rows == 0) return;
   const int64_t chunks = num_chunks(rows);
   double* partial_prob = static_cast<double*>(workspace);
-  int32_t* partial_count = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) +
-                                                      align256(chunks * num_experts * sizeof(double)));
+  int32_t* partial_count =
+      reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + align256(chunks * num_experts * sizeof(double)));
   const int E = static_cast<int>(num_experts);
   partial_sums_kernel<<<static_cast<unsigned>(chunks), 256, E * sizeof(int32_t), stream>>>(
       probs, topk_idx, rows, E, static_cast<int>(top_k), partial_prob, partial_count);

@@ -35,9 +35,8 @@ class WorkspaceCarver {
 
 // Row-major C [M, N] = alpha op(A) op(B) + beta C; A stored [M, K] ([K, M] when trans_a), B
 // stored [K, N] ([N, K] when trans_b). cuBLAS is column-major: compute C^T = op(B)^T op(A)^T.
-void gemm_row_major(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                    const nvbf16* a, int64_t lda, const nvbf16* b, int64_t ldb, float beta, void* c,
-                    cudaDataType c_type, int64_t ldc) {
+void gemm_row_major(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const nvbf16* a,
+                    int64_t lda, const nvbf16* b, int64_t ldb, float beta, void* c, cudaDataType c_type, int64_t ldc) {
   const float alpha = 1.0f;
   CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                             static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_16BF,
@@ -185,9 +184,9 @@ size_t shared_expert_backward_workspace_bytes(int64_t num_tokens, int64_t hidden
 
 void shared_expert_forward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
                                 const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
-                                const __nv_bfloat16* expert_gate, __nv_bfloat16* y, bool accumulate,
-                                int64_t num_tokens, int64_t hidden, int64_t intermediate, void* workspace,
-                                size_t workspace_bytes, cudaStream_t stream) {
+                                const __nv_bfloat16* expert_gate, __nv_bfloat16* y, bool accumulate, int64_t num_tokens,
+                                int64_t hidden, int64_t intermediate, void* workspace, size_t workspace_bytes,
+                                cudaStream_t stream) {
   check_sizes("shared_expert_forward_cuda", num_tokens, hidden, intermediate);
   if (num_tokens == 0) return;
   const int64_t T = num_tokens, C = hidden, I = intermediate;
@@ -230,15 +229,15 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
   gemm_row_major(handle, false, false, T, C, I, d_gate, I, gate_proj, C, 0.0f, dx32, CUDA_R_32F, C);
   gemm_row_major(handle, false, false, T, C, I, d_up, I, up_proj, C, 1.0f, dx32, CUDA_R_32F, C);
   finish_dx_kernel<<<elementwise_grid(T * C), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx, C,
-                                                                 T * C);
+                                                                T * C);
   CUDA_CHECK_LAUNCH();
   gemm_row_major(handle, true, false, I, C, T, d_gate, I, x, C, 1.0f, d_gate_proj, CUDA_R_32F, C);
   gemm_row_major(handle, true, false, I, C, T, d_up, I, x, C, 1.0f, d_up_proj, CUDA_R_32F, C);
   const dim3 partial_grid(static_cast<unsigned>((C + 255) / 256), static_cast<unsigned>(chunks));
   gate_grad_partial_kernel<<<partial_grid, 256, 0, stream>>>(d_logit, x, partial, T, C);
   CUDA_CHECK_LAUNCH();
-  gate_grad_reduce_kernel<<<static_cast<unsigned>((C + 255) / 256), 256, 0, stream>>>(
-      partial, static_cast<int>(chunks), C, d_expert_gate);
+  gate_grad_reduce_kernel<<<static_cast<unsigned>((C + 255) / 256), 256, 0, stream>>>(partial, static_cast<int>(chunks),
+                                                                                      C, d_expert_gate);
   CUDA_CHECK_LAUNCH();
 }
 

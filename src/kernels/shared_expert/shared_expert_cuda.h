@@ -18,9 +18,9 @@ size_t shared_expert_backward_workspace_bytes(int64_t num_tokens, int64_t hidden
 // y [T, C] bf16 written (accumulate false) or added to (true: y = routed + shared, summed in fp32).
 void shared_expert_forward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
                                 const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
-                                const __nv_bfloat16* expert_gate, __nv_bfloat16* y, bool accumulate,
-                                int64_t num_tokens, int64_t hidden, int64_t intermediate, void* workspace,
-                                size_t workspace_bytes, cudaStream_t stream);
+                                const __nv_bfloat16* expert_gate, __nv_bfloat16* y, bool accumulate, int64_t num_tokens,
+                                int64_t hidden, int64_t intermediate, void* workspace, size_t workspace_bytes,
+                                cudaStream_t stream);
 
 // dy [T, C] bf16 -> dx [T, C] bf16 written (accumulate_dx false) or added to; d_gate_proj,
 // d_up_proj [I, C], d_down_proj [C, I], d_expert_gate [1, C] f32 added to. Recomputes activations.
