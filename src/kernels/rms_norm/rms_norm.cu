@@ -20,10 +20,11 @@ int64_t num_row_chunks(int64_t rows) {
 }
 
 // Loads kVec values of s = x (+ residual, rounded to bf16 as the stored sum is).
+// x at x_offset, residual (contiguous rows) at offset.
 template <int kVec>
-__device__ __forceinline__ void load_input(const __nv_bfloat16* x, const __nv_bfloat16* residual, int64_t offset,
-                                           float (&s)[kVec]) {
-  load_bf16_as_f32<kVec>(x + offset, s);
+__device__ __forceinline__ void load_input(const __nv_bfloat16* x, int64_t x_offset, const __nv_bfloat16* residual,
+                                           int64_t offset, float (&s)[kVec]) {
+  load_bf16_as_f32<kVec>(x + x_offset, s);
   if (residual != nullptr) {
     float r[kVec];
     load_bf16_as_f32<kVec>(residual + offset, r);
@@ -33,17 +34,17 @@ __device__ __forceinline__ void load_input(const __nv_bfloat16* x, const __nv_bf
 }
 
 template <int kVec>
-__global__ void rms_norm_forward_kernel(const __nv_bfloat16* x, const __nv_bfloat16* residual,
+__global__ void rms_norm_forward_kernel(const __nv_bfloat16* x, int64_t x_stride, const __nv_bfloat16* residual,
                                         __nv_bfloat16* sum_out, const __nv_bfloat16* weight, __nv_bfloat16* y,
                                         float* rstd, int64_t rows, int64_t width, float eps) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
-  const int64_t base = row * width;
+  const int64_t base = row * width, x_base = row * x_stride;
   float sum_squares = 0;
   for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
     float s[kVec];
-    load_input<kVec>(x, residual, base + c, s);
+    load_input<kVec>(x, x_base + c, residual, base + c, s);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) sum_squares += s[i] * s[i];
   }
@@ -53,7 +54,7 @@ __global__ void rms_norm_forward_kernel(const __nv_bfloat16* x, const __nv_bfloa
   // Second pass re-reads the inputs (L1/L2-resident) so that any width fits.
   for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
     float s[kVec], w[kVec], out[kVec];
-    load_input<kVec>(x, residual, base + c, s);
+    load_input<kVec>(x, x_base + c, residual, base + c, s);
     load_bf16_as_f32<kVec>(weight + c, w);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) out[i] = s[i] * inv_rms * (1.0f + w[i]);
@@ -64,19 +65,19 @@ __global__ void rms_norm_forward_kernel(const __nv_bfloat16* x, const __nv_bfloa
 }
 
 template <int kVec>
-__global__ void rms_norm_backward_dx_kernel(const __nv_bfloat16* x, const __nv_bfloat16* weight, const float* rstd,
-                                            const __nv_bfloat16* dy, const __nv_bfloat16* d_skip,
-                                            __nv_bfloat16* dx, int64_t rows, int64_t width) {
+__global__ void rms_norm_backward_dx_kernel(const __nv_bfloat16* x, int64_t x_stride, const __nv_bfloat16* weight,
+                                            const float* rstd, const __nv_bfloat16* dy, const __nv_bfloat16* d_skip,
+                                            __nv_bfloat16* dx, int64_t dx_stride, int64_t rows, int64_t width) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
-  const int64_t base = row * width;
+  const int64_t base = row * width, x_base = row * x_stride, dx_base = row * dx_stride;
   const float inv_rms = rstd[row];
   // dn = dy * (1 + w); dx = inv_rms * (dn - n * mean(dn * n)), n = x * inv_rms.
   float sum_dn_n = 0;
   for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
     float xv[kVec], w[kVec], g[kVec];
-    load_bf16_as_f32<kVec>(x + base + c, xv);
+    load_bf16_as_f32<kVec>(x + x_base + c, xv);
     load_bf16_as_f32<kVec>(weight + c, w);
     load_bf16_as_f32<kVec>(dy + base + c, g);
 #pragma unroll
@@ -85,7 +86,7 @@ __global__ void rms_norm_backward_dx_kernel(const __nv_bfloat16* x, const __nv_b
   const float mean_dn_n = warp_sum(sum_dn_n) / static_cast<float>(width);
   for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
     float xv[kVec], w[kVec], g[kVec], out[kVec];
-    load_bf16_as_f32<kVec>(x + base + c, xv);
+    load_bf16_as_f32<kVec>(x + x_base + c, xv);
     load_bf16_as_f32<kVec>(weight + c, w);
     load_bf16_as_f32<kVec>(dy + base + c, g);
 #pragma unroll
@@ -96,20 +97,21 @@ __global__ void rms_norm_backward_dx_kernel(const __nv_bfloat16* x, const __nv_b
 #pragma unroll
       for (int i = 0; i < kVec; ++i) out[i] += skip[i];
     }
-    store_f32_as_bf16<kVec>(dx + base + c, out);
+    store_f32_as_bf16<kVec>(dx + dx_base + c, out);
   }
 }
 
 // partial[chunk, c] = sum over the chunk's rows of dy * x * rstd (thread per column, coalesced).
-__global__ void rms_norm_dweight_partial_kernel(const __nv_bfloat16* x, const float* rstd, const __nv_bfloat16* dy,
-                                                float* partial, int64_t rows, int64_t width, int64_t rows_per_chunk) {
+__global__ void rms_norm_dweight_partial_kernel(const __nv_bfloat16* x, int64_t x_stride, const float* rstd,
+                                                const __nv_bfloat16* dy, float* partial, int64_t rows, int64_t width,
+                                                int64_t rows_per_chunk) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
   if (c >= width) return;
   const int64_t chunk = blockIdx.y;
   const int64_t row_end = std::min(rows, (chunk + 1) * rows_per_chunk);
   float acc = 0;
   for (int64_t r = chunk * rows_per_chunk; r < row_end; ++r)
-    acc += __bfloat162float(dy[r * width + c]) * (__bfloat162float(x[r * width + c]) * rstd[r]);
+    acc += __bfloat162float(dy[r * width + c]) * (__bfloat162float(x[r * x_stride + c]) * rstd[r]);
   partial[chunk * width + c] = acc;
 }
 
@@ -124,21 +126,44 @@ __global__ void rms_norm_dweight_reduce_kernel(const float* partial, float* d_we
 
 }  // namespace
 
+void rms_norm_forward_strided_cuda(const __nv_bfloat16* x, int64_t x_row_stride, const __nv_bfloat16* weight,
+                                   __nv_bfloat16* y, float* rstd, int64_t rows, int64_t width, double eps,
+                                   cudaStream_t stream) {
+  CHECK(rows >= 0 && width > 0, "rms_norm_forward_cuda: bad size rows ", rows, ", width ", width);
+  CHECK(x_row_stride >= width, "rms_norm_forward_cuda: x row stride ", x_row_stride, " is shorter than the width ",
+        width);
+  CHECK(eps >= 0, "rms_norm_forward_cuda: eps must be >= 0, got ", eps);
+  if (rows == 0) return;
+  const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  if (can_use_vec8(width, x, y, weight) && x_row_stride % 8 == 0) {
+    rms_norm_forward_kernel<8><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+        x, x_row_stride, nullptr, nullptr, weight, y, rstd, rows, width, static_cast<float>(eps));
+  } else {
+    rms_norm_forward_kernel<1><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+        x, x_row_stride, nullptr, nullptr, weight, y, rstd, rows, width, static_cast<float>(eps));
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
 void rms_norm_forward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* sum_out,
                            const __nv_bfloat16* weight, __nv_bfloat16* y, float* rstd, int64_t rows, int64_t width,
                            double eps, cudaStream_t stream) {
-  CHECK(rows >= 0 && width > 0, "rms_norm_forward_cuda: bad size rows ", rows, ", width ", width);
   CHECK((residual == nullptr) == (sum_out == nullptr),
         "rms_norm_forward_cuda: residual and sum_out must be given together");
+  if (residual == nullptr) {
+    rms_norm_forward_strided_cuda(x, width, weight, y, rstd, rows, width, eps, stream);
+    return;
+  }
+  CHECK(rows >= 0 && width > 0, "rms_norm_forward_cuda: bad size rows ", rows, ", width ", width);
   CHECK(eps >= 0, "rms_norm_forward_cuda: eps must be >= 0, got ", eps);
   if (rows == 0) return;
   const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
   if (can_use_vec8(width, x, residual, sum_out, y) && can_use_vec8(width, weight)) {
-    rms_norm_forward_kernel<8><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, residual, sum_out, weight, y, rstd,
-                                                                           rows, width, static_cast<float>(eps));
+    rms_norm_forward_kernel<8><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, width, residual, sum_out, weight, y,
+                                                                           rstd, rows, width, static_cast<float>(eps));
   } else {
-    rms_norm_forward_kernel<1><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, residual, sum_out, weight, y, rstd,
-                                                                           rows, width, static_cast<float>(eps));
+    rms_norm_forward_kernel<1><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, width, residual, sum_out, weight, y,
+                                                                           rstd, rows, width, static_cast<float>(eps));
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -147,21 +172,24 @@ size_t rms_norm_backward_workspace_bytes(int64_t rows, int64_t width) {
   return static_cast<size_t>(num_row_chunks(rows)) * static_cast<size_t>(width) * sizeof(float);
 }
 
-void rms_norm_backward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* weight, const float* rstd,
-                            const __nv_bfloat16* dy, const __nv_bfloat16* d_skip, __nv_bfloat16* dx, float* d_weight,
-                            int64_t rows, int64_t width, void* workspace, size_t workspace_bytes,
-                            cudaStream_t stream) {
+void rms_norm_backward_strided_cuda(const __nv_bfloat16* x, int64_t x_row_stride, const __nv_bfloat16* weight,
+                                    const float* rstd, const __nv_bfloat16* dy, const __nv_bfloat16* d_skip,
+                                    __nv_bfloat16* dx, int64_t dx_row_stride, float* d_weight, int64_t rows,
+                                    int64_t width, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   CHECK(rows >= 0 && width > 0, "rms_norm_backward_cuda: bad size rows ", rows, ", width ", width);
+  CHECK(x_row_stride >= width && dx_row_stride >= width, "rms_norm_backward_cuda: row strides ", x_row_stride,
+        " (x) and ", dx_row_stride, " (dx) must cover the width ", width);
   CHECK(workspace_bytes >= rms_norm_backward_workspace_bytes(rows, width), "rms_norm_backward_cuda: workspace of ",
         workspace_bytes, " bytes, needs ", rms_norm_backward_workspace_bytes(rows, width));
   if (rows == 0) return;
   const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  if (can_use_vec8(width, x, dy, d_skip, dx) && can_use_vec8(width, weight)) {
-    rms_norm_backward_dx_kernel<8>
-        <<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, weight, rstd, dy, d_skip, dx, rows, width);
+  if (can_use_vec8(width, x, dy, d_skip, dx) && can_use_vec8(width, weight) && x_row_stride % 8 == 0 &&
+      dx_row_stride % 8 == 0) {
+    rms_norm_backward_dx_kernel<8><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+        x, x_row_stride, weight, rstd, dy, d_skip, dx, dx_row_stride, rows, width);
   } else {
-    rms_norm_backward_dx_kernel<1>
-        <<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, weight, rstd, dy, d_skip, dx, rows, width);
+    rms_norm_backward_dx_kernel<1><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+        x, x_row_stride, weight, rstd, dy, d_skip, dx, dx_row_stride, rows, width);
   }
   CUDA_CHECK_LAUNCH();
   const int64_t chunks = num_row_chunks(rows);
@@ -169,10 +197,18 @@ void rms_norm_backward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* weight,
   float* partial = static_cast<float*>(workspace);
   const unsigned column_blocks = static_cast<unsigned>((width + kColumnsPerBlock - 1) / kColumnsPerBlock);
   rms_norm_dweight_partial_kernel<<<dim3(column_blocks, static_cast<unsigned>(chunks)), kColumnsPerBlock, 0,
-                                    stream>>>(x, rstd, dy, partial, rows, width, rows_per_chunk);
+                                    stream>>>(x, x_row_stride, rstd, dy, partial, rows, width, rows_per_chunk);
   CUDA_CHECK_LAUNCH();
   rms_norm_dweight_reduce_kernel<<<column_blocks, kColumnsPerBlock, 0, stream>>>(partial, d_weight, chunks, width);
   CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm_backward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* weight, const float* rstd,
+                            const __nv_bfloat16* dy, const __nv_bfloat16* d_skip, __nv_bfloat16* dx, float* d_weight,
+                            int64_t rows, int64_t width, void* workspace, size_t workspace_bytes,
+                            cudaStream_t stream) {
+  rms_norm_backward_strided_cuda(x, width, weight, rstd, dy, d_skip, dx, width, d_weight, rows, width, workspace,
+                                 workspace_bytes, stream);
 }
 
 }  // namespace deltamoe

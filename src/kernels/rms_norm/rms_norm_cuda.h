@@ -30,4 +30,17 @@ void rms_norm_backward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* weight,
                             int64_t rows, int64_t width, void* workspace, size_t workspace_bytes,
                             cudaStream_t stream);
 
+// Per-head q_norm / k_norm straight from the projection output: row r of x at x + r * x_row_stride
+// (the query half of q_proj's [T, H, 2D] output: x = q_out, stride 2D); y, rstd as above.
+void rms_norm_forward_strided_cuda(const __nv_bfloat16* x, int64_t x_row_stride, const __nv_bfloat16* weight,
+                                   __nv_bfloat16* y, float* rstd, int64_t rows, int64_t width, double eps,
+                                   cudaStream_t stream);
+
+// Backward of the strided form: dx row r written at dx + r * dx_row_stride (the query half of
+// the q_proj output gradient); dy, d_skip contiguous [T, C]; d_weight added to.
+void rms_norm_backward_strided_cuda(const __nv_bfloat16* x, int64_t x_row_stride, const __nv_bfloat16* weight,
+                                    const float* rstd, const __nv_bfloat16* dy, const __nv_bfloat16* d_skip,
+                                    __nv_bfloat16* dx, int64_t dx_row_stride, float* d_weight, int64_t rows,
+                                    int64_t width, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
 }  // namespace deltamoe

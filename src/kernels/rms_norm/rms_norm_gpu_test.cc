@@ -74,6 +74,55 @@ TEST(RmsNormGpu, MatchesReferenceOverShapes) {
   check_rms_norm(20000, 24, false, false, 70);    // many rows: many d_weight chunks
 }
 
+// q_norm read straight from q_proj's output [T * H, 2D] (query half, stride 2D), its dx written
+// into the query half of the q_proj output gradient; the gate half must stay untouched.
+TEST(RmsNormGpu, StridedPerHeadNormMatchesReference) {
+  const int64_t rows = 45 * 16, width = 256, stride = 2 * width;
+  std::printf("strided q_norm rows=%lld width=%lld stride=%lld\n", static_cast<long long>(rows),
+              static_cast<long long>(width), static_cast<long long>(stride));
+  HostTensor q_out = random_bf16_exact({rows, stride}, 80, 2.0f);
+  HostTensor weight = random_bf16_exact({width}, 81, 0.3f);
+  HostTensor dy = random_bf16_exact({rows, width}, 82);
+  HostTensor query(DType::f32, {rows, width});
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < width; ++c) query.as<float>()[r * width + c] = q_out.as<float>()[r * stride + c];
+  HostTensor y_ref(DType::f32, {rows, width}), rstd_ref(DType::f32, {rows}), dx_ref(DType::f32, {rows, width});
+  HostTensor dw_ref(DType::f32, {width});
+  rms_norm_forward_ref(query.as<float>(), weight.as<float>(), y_ref.as<float>(), rstd_ref.as<float>(), rows, width,
+                       kEps);
+  rms_norm_backward_ref(query.as<float>(), weight.as<float>(), rstd_ref.as<float>(), dy.as<float>(),
+                        dx_ref.as<float>(), dw_ref.as<float>(), rows, width);
+  DeviceTensor q_d = to_device(q_out, DType::bf16), weight_d = to_device(weight, DType::bf16);
+  DeviceTensor dy_d = to_device(dy, DType::bf16);
+  DeviceTensor y_d = poisoned_device_tensor(DType::bf16, {rows, width});
+  DeviceTensor rstd_d = poisoned_device_tensor(DType::f32, {rows});
+  DeviceTensor d_q = poisoned_device_tensor(DType::bf16, {rows, stride});
+  HostTensor zeros(DType::f32, {width});
+  DeviceTensor dw_d = to_device(zeros, DType::f32);
+  DeviceBuffer workspace(rms_norm_backward_workspace_bytes(rows, width));
+  rms_norm_forward_strided_cuda(bf16_ptr(q_d), stride, bf16_ptr(weight_d), bf16_ptr(y_d), f32_ptr(rstd_d), rows,
+                                width, kEps, nullptr);
+  rms_norm_backward_strided_cuda(bf16_ptr(q_d), stride, bf16_ptr(weight_d), f32_ptr(rstd_d), bf16_ptr(dy_d), nullptr,
+                                 bf16_ptr(d_q), stride, f32_ptr(dw_d), rows, width, workspace.data(),
+                                 workspace.bytes(), nullptr);
+  device_synchronize();
+  expect_close("y (bf16)", y_d, y_ref, 1e-2);
+  expect_close("rstd (f32)", rstd_d, rstd_ref, 1e-5);
+  expect_close("d_weight (f32)", dw_d, dw_ref, 1e-4);
+  HostTensor d_q_host = to_host(d_q.view).to_f32();
+  HostTensor dx_got(DType::f32, {rows, width});
+  bool gate_half_untouched = true;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < width; ++c) {
+      dx_got.as<float>()[r * width + c] = d_q_host.as<float>()[r * stride + c];
+      gate_half_untouched = gate_half_untouched && std::isnan(d_q_host.as<float>()[r * stride + width + c]);
+    }
+  CompareResult dx = compare_tensors("dx in the q_proj gradient (bf16)", dx_got, dx_ref);
+  EXPECT_TRUE(dx.all_finite);
+  EXPECT_LE(dx.rel_l2, 1e-2);
+  EXPECT_TRUE(gate_half_untouched) << "the strided backward wrote into the gate half";
+}
+
 TEST(RmsNormGpu, BadArgumentsAreRejected) {
   DeviceTensor t = device_tensor(DType::bf16, {4, 8});
   DeviceTensor r = device_tensor(DType::f32, {4});
