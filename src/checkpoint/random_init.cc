@@ -1,5 +1,6 @@
-// Random initialisation following transformers' _init_weights for Qwen3.5-MoE, produced lazily
-// in fixed-size blocks (one Philox stream per tensor block) so results do not depend on threads.
+// Random initialisation following transformers' _init_weights for Qwen3.5-MoE, produced lazily for
+// any element range (one Philox stream per tensor, value i at a fixed counter), so results depend
+// neither on threads nor on how the writer splits a tensor.
 #include "checkpoint/random_init.h"
 
 #include <algorithm>
@@ -15,7 +16,11 @@
 namespace deltamoe {
 namespace {
 
-constexpr int64_t kBlockElements = int64_t{1} << 20;
+// Each value takes one Philox block (4 x u32: normal() uses all four), so value i of a tensor is
+// drawn at stream position 4 * i and any element range can be produced on its own.
+constexpr uint64_t kDrawsPerValue = 4;
+// Ranges smaller than this are produced on the calling thread.
+constexpr int64_t kMinElementsPerThread = int64_t{1} << 16;
 
 uint64_t fnv1a(const std::string& text) {
   uint64_t hash = 1469598103934665603ull;
@@ -36,12 +41,12 @@ void store(void* dst, DType dtype, int64_t index, double value) {
   }
 }
 
-// Writes values [begin, end) of one tensor to out[0 .. end - begin); block b of a tensor always
-// uses stream hash(name) + b and starts at element b * kBlockElements.
-void fill_block(void* out, DType dtype, InitKind init, double std_dev, uint64_t seed, uint64_t stream, int64_t begin,
+// Writes values [begin, end) of one tensor to out[0 .. end - begin).
+void fill_range(void* out, DType dtype, InitKind init, double std_dev, uint64_t seed, uint64_t stream, int64_t begin,
                 int64_t end) {
   Rng rng(seed, stream);
   for (int64_t i = begin; i < end; ++i) {
+    rng.seek(static_cast<uint64_t>(i) * kDrawsPerValue);
     double value = 0.0;
     switch (init) {
       case InitKind::normal: value = rng.normal() * std_dev; break;
@@ -55,38 +60,25 @@ void fill_block(void* out, DType dtype, InitKind init, double std_dev, uint64_t 
 }
 
 StoredTensor make_random_tensor(const ParamSpec& spec, double std_dev, uint64_t seed) {
-  const uint64_t name_stream = fnv1a(spec.name);
+  const uint64_t stream = fnv1a(spec.name);
   const DType dtype = spec.dtype;
   const InitKind init = spec.init;
   const int64_t numel = spec.shape.numel();
   const size_t element = dtype_size(dtype);
-  // Any element range can be produced: blocks inside it are generated in place, the (at most two)
-  // blocks it cuts through are generated whole into a scratch buffer and the needed part copied.
+  const std::string name = spec.name;
   return StoredTensor::from_range_producer(dtype, spec.shape, [=](void* dst, size_t byte_offset, size_t nbytes) {
     CHECK(byte_offset % element == 0 && nbytes % element == 0, "random init: byte range not element aligned");
     const int64_t first = static_cast<int64_t>(byte_offset / element);
-    const int64_t last = first + static_cast<int64_t>(nbytes / element);
-    CHECK(last <= numel, "random init: range past the end of ", spec.name);
-    const int64_t first_block = first / kBlockElements, end_block = (last + kBlockElements - 1) / kBlockElements;
-    const int64_t num_blocks = end_block - first_block;
-    const int64_t num_threads =
-        std::max<int64_t>(1, std::min<int64_t>(num_blocks, std::thread::hardware_concurrency()));
+    const int64_t count = static_cast<int64_t>(nbytes / element);
+    CHECK(first + count <= numel, "random init: range past the end of ", name);
+    const int64_t num_threads = std::max<int64_t>(
+        1, std::min<int64_t>(count / kMinElementsPerThread, std::thread::hardware_concurrency()));
+    const int64_t per_thread = (count + num_threads - 1) / num_threads;
     auto work = [&](int64_t thread_idx) {
-      std::vector<uint8_t> scratch;
-      for (int64_t b = first_block + thread_idx; b < end_block; b += num_threads) {
-        const int64_t block_begin = b * kBlockElements, block_end = std::min(numel, block_begin + kBlockElements);
-        const uint64_t stream = name_stream + static_cast<uint64_t>(b);
-        uint8_t* out = static_cast<uint8_t*>(dst);
-        if (block_begin >= first && block_end <= last) {
-          fill_block(out + (block_begin - first) * element, dtype, init, std_dev, seed, stream, block_begin, block_end);
-          continue;
-        }
-        scratch.resize(static_cast<size_t>(block_end - block_begin) * element);
-        fill_block(scratch.data(), dtype, init, std_dev, seed, stream, block_begin, block_end);
-        const int64_t copy_begin = std::max(first, block_begin), copy_end = std::min(last, block_end);
-        std::memcpy(out + (copy_begin - first) * element, scratch.data() + (copy_begin - block_begin) * element,
-                    static_cast<size_t>(copy_end - copy_begin) * element);
-      }
+      const int64_t begin = thread_idx * per_thread, end = std::min(count, begin + per_thread);
+      if (begin >= end) return;
+      fill_range(static_cast<uint8_t*>(dst) + begin * element, dtype, init, std_dev, seed, stream, first + begin,
+                 first + end);
     };
     std::vector<std::thread> threads;
     for (int64_t t = 1; t < num_threads; ++t) threads.emplace_back(work, t);

@@ -1,7 +1,7 @@
 // A randomly initialised model checkpoint with transformers' initialisation (see InitKind in
 // model/param_table.h). Tensors are produced lazily while the writer streams them, so even the
 // 397B preset can be written without holding it in RAM. Deterministic: a tensor's values depend
-// only on (seed, tensor name), not on order or on which other tensors exist.
+// only on (seed, tensor name, element index), not on order, threads or which other tensors exist.
 #pragma once
 
 #include <cstdint>

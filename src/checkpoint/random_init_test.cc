@@ -62,7 +62,7 @@ TEST(RandomInit, ValuesDependOnNameNotOnOtherTensors) {
 
 TEST(RandomInit, NormalTensorsHaveInitializerRangeStd) {
   ModelConfig config = model_config_preset("tiny");
-  config.text.vocab_size = 40000;  // 2.56 M values: several generation blocks
+  config.text.vocab_size = 40000;  // 2.56 M values, produced by several threads
   config.text.bos_token_id = config.text.eos_token_id = std::nullopt;
   ModelCheckpoint checkpoint = random_init_checkpoint(config, 11, DType::f32);
   Stats s = stats_of(checkpoint.params.at("model.embed_tokens.weight"));
@@ -70,7 +70,7 @@ TEST(RandomInit, NormalTensorsHaveInitializerRangeStd) {
               s.max);
   EXPECT_NEAR(s.mean, 0.0, 1e-4);
   EXPECT_NEAR(s.std_dev, 0.02, 0.02 * 0.01);
-  // Blocks must not repeat each other.
+  // Values far apart must not repeat each other (different counters).
   HostTensor values = checkpoint.params.at("model.embed_tokens.weight").to_host();
   const int64_t block = int64_t{1} << 20;
   int64_t equal = 0;
@@ -81,11 +81,11 @@ TEST(RandomInit, NormalTensorsHaveInitializerRangeStd) {
   EXPECT_NEAR(experts.std_dev, 0.02, 0.02 * 0.05);
 }
 
-// Streamed writes ask for pieces that cut through generation blocks; every way of reading must
-// give the same bytes.
+// Streamed writes and per-expert saves ask for arbitrary ranges; every way of reading must give
+// the same bytes.
 TEST(RandomInit, PiecesAndSlicesMatchTheWholeTensor) {
   ModelConfig config = model_config_preset("tiny");
-  config.text.vocab_size = 40000;  // embed_tokens: 2.56 M values, 3 blocks
+  config.text.vocab_size = 40000;  // embed_tokens: 2.56 M values
   config.text.bos_token_id = config.text.eos_token_id = std::nullopt;
   ModelCheckpoint checkpoint = random_init_checkpoint(config, 21, DType::bf16);
   const StoredTensor& embed = checkpoint.params.at("model.embed_tokens.weight");
@@ -93,11 +93,11 @@ TEST(RandomInit, PiecesAndSlicesMatchTheWholeTensor) {
   const uint8_t* bytes = static_cast<const uint8_t*>(whole.data());
   std::vector<uint8_t> streamed;
   embed.for_each_piece([&](const uint8_t* data, size_t n) { streamed.insert(streamed.end(), data, data + n); },
-                       1'234'567);  // not a multiple of the element size nor of a block
+                       1'234'567);  // not a multiple of the element size
   ASSERT_EQ(streamed.size(), whole.nbytes());
   int64_t differing = 0;
   for (size_t i = 0; i < streamed.size(); ++i) differing += streamed[i] != bytes[i];
-  // A slice that starts inside block 0 and ends inside block 2.
+  // A slice from an odd offset across most of the tensor.
   const size_t offset = 2 * 1'000'003;
   HostTensor slice = embed.slice_bytes(offset, {1'500'000}).to_host();
   for (size_t i = 0; i < slice.nbytes(); ++i)

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/error.h"
 
@@ -188,21 +189,25 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     return dtype_size(a->tensor.dtype()) > dtype_size(b->tensor.dtype());
   });
 
-  nlohmann::ordered_json header;
+  // The header is assembled as text: nlohmann's insertion-ordered object searches linearly, which
+  // would make a 30k-tensor per-expert file quadratic. Entries appear in data order.
   std::map<std::string, std::string> meta = metadata;
   meta["format"] = "pt";
-  header["__metadata__"] = meta;
+  std::string header = "{\"__metadata__\":" + json(meta).dump();
+  std::set<std::string> seen;
   uint64_t offset = 0;
   for (const NamedTensor* tensor : order) {
-    CHECK(!header.contains(tensor->name), path, ": tensor '", tensor->name, "' given twice");
+    CHECK(seen.insert(tensor->name).second, path, ": tensor '", tensor->name, "' given twice");
     CHECK(tensor->name != "__metadata__", path, ": '__metadata__' is not a valid tensor name");
     uint64_t nbytes = tensor->tensor.nbytes();
-    header[tensor->name] = {{"dtype", std::string(dtype_safetensors_name(tensor->tensor.dtype()))},
-                            {"shape", tensor->tensor.shape().to_vector()},
-                            {"data_offsets", {offset, offset + nbytes}}};
+    json entry = {{"dtype", std::string(dtype_safetensors_name(tensor->tensor.dtype()))},
+                  {"shape", tensor->tensor.shape().to_vector()},
+                  {"data_offsets", {offset, offset + nbytes}}};
+    header += "," + json(tensor->name).dump() + ":" + entry.dump();
     offset += nbytes;
   }
-  std::string header_text = header.dump();
+  header += "}";
+  std::string header_text = std::move(header);
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
 
   const std::string tmp_path = path + ".tmp";

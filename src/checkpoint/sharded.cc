@@ -149,7 +149,7 @@ std::vector<std::string> write_weights_dir(const std::string& dir, const std::ve
     written.push_back(kSingleWeightsFile);
     return written;
   }
-  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  json weight_map = json::object();  // sorted by name, as transformers writes it
   uint64_t num_params = 0;
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string name = shard_name(i, shards.size());
