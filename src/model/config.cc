@@ -364,6 +364,8 @@ std::string model_config_to_json(const ModelConfig& config) {
     out["vision_start_token_id"] = config.vision_start_token_id;
     out["vision_end_token_id"] = config.vision_end_token_id;
     out["tie_word_embeddings"] = config.tie_word_embeddings;
+    // transformers reads the load dtype ("auto") from the top level of a composite config.
+    if (!config.text.dtype.empty()) out["dtype"] = config.text.dtype;
     out["text_config"] = text_config_json(config.text, kTextType);
     out["vision_config"] = vision_config_json(config.vision);
   } else {
