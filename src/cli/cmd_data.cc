@@ -162,7 +162,7 @@ int cmd_data(int argc, char** argv) {
     num_samples += batch->num_samples();
     num_tokens += batch->num_tokens();
     num_image_tokens += batch->num_image_tokens;
-    num_images += static_cast<int64_t>(batch->images.size());
+    num_images += static_cast<int64_t>(batch->image_grid_thw.size());
     num_supervised += batch->num_supervised;
     max_batch_tokens = std::max(max_batch_tokens, batch->num_tokens());
   }

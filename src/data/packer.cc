@@ -8,13 +8,13 @@
 namespace deltamoe {
 namespace {
 
-void append_sample(MicroBatch& batch, SftSample& sample) {
+void append_sample(MicroBatch& batch, const SftSample& sample) {
   batch.input_ids.insert(batch.input_ids.end(), sample.input_ids.begin(), sample.input_ids.end());
   batch.labels.insert(batch.labels.end(), sample.labels.begin(), sample.labels.end());
   batch.cu_seqlens.push_back(static_cast<int32_t>(batch.input_ids.size()));
-  for (ImagePatches& image : sample.images) {
+  for (const ImagePatches& image : sample.images) {
+    batch.pixel_values.insert(batch.pixel_values.end(), image.pixel_values.begin(), image.pixel_values.end());
     batch.image_grid_thw.push_back(image.grid_thw);
-    batch.images.push_back(std::move(image));
   }
   batch.sample_indices.push_back(sample.sample_index);
   batch.num_supervised += sample.num_supervised;
@@ -40,12 +40,8 @@ void gather_positions(MicroBatch& batch, const std::vector<const SftSample*>& sa
 
 int64_t MicroBatch::num_patches() const {
   int64_t total = 0;
-  for (const ImagePatches& image : images) total += image.num_patches();
+  for (const auto& [t, h, w] : image_grid_thw) total += t * h * w;
   return total;
-}
-
-void copy_pixel_values(const MicroBatch& batch, float* dst) {
-  for (const ImagePatches& image : batch.images) dst = std::copy(image.pixel_values.begin(), image.pixel_values.end(), dst);
 }
 
 Packer::Packer(int64_t token_budget, size_t window) : token_budget_(token_budget), window_(window) {
@@ -94,8 +90,15 @@ std::optional<MicroBatch> Packer::pack(const Feed& feed) {
   batch.cu_seqlens.push_back(0);
   batch.input_ids.reserve(static_cast<size_t>(used));
   batch.labels.reserve(static_cast<size_t>(used));
+  // Exact reservation: pixel values are megabytes per image, and growing by doubling would copy
+  // them again and fault in fresh pages each time.
+  size_t num_pixel_values = 0;
+  for (const Slotted& entry : taken) {
+    for (const ImagePatches& image : entry.sample.images) num_pixel_values += image.pixel_values.size();
+  }
+  batch.pixel_values.reserve(num_pixel_values);
   std::vector<const SftSample*> samples;
-  for (Slotted& entry : taken) {
+  for (const Slotted& entry : taken) {
     append_sample(batch, entry.sample);
     samples.push_back(&entry.sample);
   }

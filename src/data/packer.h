@@ -21,9 +21,7 @@ struct MicroBatch {
   std::vector<int32_t> labels;                    // [T], unshifted, -100 = ignored
   std::vector<int32_t> cu_seqlens;                // [S+1], 0 .. T
   std::vector<int64_t> positions;                 // [3, T]: rows t, h, w
-  // [I] images in token order, each pixel_values [N_i, patch_dim]. Kept per image (moved, not
-  // copied) because the trainer copies them once anyway, straight into its pinned buffer.
-  std::vector<ImagePatches> images;
+  std::vector<float> pixel_values;                // [N, patch_dim], images in token order
   std::vector<std::array<int64_t, 3>> image_grid_thw;  // [I]
   std::vector<int64_t> sample_indices;            // [S] dataset index of each sample
   int64_t num_supervised = 0;
@@ -34,10 +32,6 @@ struct MicroBatch {
   int64_t num_samples() const { return static_cast<int64_t>(sample_indices.size()); }
   int64_t num_patches() const;  // N = sum over images of t*h*w
 };
-
-// Writes every image's pixel_values one after the other (the vision tower's [N, patch_dim] input).
-// dst must hold num_patches() * patch_dim floats.
-void copy_pixel_values(const MicroBatch& batch, float* dst);
 
 class Packer {
  public:
