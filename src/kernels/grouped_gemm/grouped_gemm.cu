@@ -99,6 +99,15 @@ __device__ __forceinline__ void load_tile(nvbf16* smem, const OperandTile& t, in
   }
 }
 
+// Eight floats rounded to bf16 in one 16-byte word (kept in registers, no local array).
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&pair);
+}
+__device__ __forceinline__ uint4 pack_bf16x8(const float* v) {
+  return make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
+}
+
 struct GroupedParams {
   const nvbf16* a;
   const nvbf16* b;
@@ -246,10 +255,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedParams p)
         const int64_t at = row * ldc + col;
         if (kAligned && col + 8 <= cols_valid) {
           if constexpr (kEpilogue == kStoreBf16) {
-            __align__(16) nvbf16 packed[8];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) packed[e] = __float2bfloat16(v[e]);
-            *reinterpret_cast<uint4*>(c_bf16 + at) = *reinterpret_cast<const uint4*>(packed);
+            *reinterpret_cast<uint4*>(c_bf16 + at) = pack_bf16x8(v);
           } else {
             float4* dst = reinterpret_cast<float4*>(c_f32 + at);
             float4 lo = make_float4(v[0], v[1], v[2], v[3]), hi = make_float4(v[4], v[5], v[6], v[7]);

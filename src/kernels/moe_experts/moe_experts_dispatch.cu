@@ -113,6 +113,15 @@ __global__ void permute_kernel(const nvbf16* x, const int32_t* sorted_slot, nvbf
   }
 }
 
+// Eight floats rounded to bf16 in one 16-byte word (kept in registers, no local array).
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&pair);
+}
+__device__ __forceinline__ uint4 pack_bf16x8(const float* v) {
+  return make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
+}
+
 // y[t] = sum_k w[t,k] yp[row_of_slot[t*K+k]], k in order, fp32.
 template <bool kVector>
 __global__ void combine_kernel(const nvbf16* yp, const int32_t* row_of_slot, const float* topk_weight, nvbf16* y,
@@ -129,10 +138,7 @@ __global__ void combine_kernel(const nvbf16* yp, const int32_t* row_of_slot, con
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] += w * __bfloat162float(v[e]);
       }
-      __align__(16) nvbf16 packed[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) packed[e] = __float2bfloat16(acc[e]);
-      reinterpret_cast<uint4*>(y + t * hidden)[c8] = *reinterpret_cast<const uint4*>(packed);
+      reinterpret_cast<uint4*>(y + t * hidden)[c8] = pack_bf16x8(acc);
     }
   } else {
     for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
