@@ -1,0 +1,173 @@
+// GPU test of causal GQA attention over packed sequences (attention_cuda.h) against the fp32 CPU
+// reference on the same bf16 inputs: T = 1, odd lengths and head dims, many short and empty
+// sequences, the Qwen3.5-35B-A3B widths (16 q / 2 kv heads, D = 256); rejected bad sizes; and
+// timing at 8192 tokens (2 x 4096 and 1 x 8192) in TFLOP/s next to the floor and cuDNN's time.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/rng.h"
+#include "kernels/attention/attention.h"
+#include "kernels/attention/attention_cuda.h"
+#include "kernels/flash_attention/attention_gpu_test_util.h"
+#include "kernels/gemm/gpu_test_util.h"
+#include "kernels/gemm/gpu_timing.h"
+
+namespace deltamoe {
+namespace {
+
+struct CausalCase {
+  std::vector<int> lengths;
+  int64_t q_heads, kv_heads, head_dim;
+};
+
+void check_case(const CausalCase& c, uint64_t seed) {
+  const int64_t tokens = total_length(c.lengths), num_seqs = static_cast<int64_t>(c.lengths.size());
+  const int64_t Hq = c.q_heads, Hkv = c.kv_heads, D = c.head_dim;
+  std::printf("causal attention T=%lld sequences=%lld Hq=%lld Hkv=%lld D=%lld\n", static_cast<long long>(tokens),
+              static_cast<long long>(num_seqs), static_cast<long long>(Hq), static_cast<long long>(Hkv),
+              static_cast<long long>(D));
+  const AttentionDims dims{tokens, Hq, Hkv, D};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  HostTensor q = random_bf16_exact({tokens, Hq, D}, seed);
+  HostTensor k = random_bf16_exact({tokens, Hkv, D}, seed + 1);
+  HostTensor v = random_bf16_exact({tokens, Hkv, D}, seed + 2);
+  HostTensor d_out = random_bf16_exact({tokens, Hq, D}, seed + 3);
+  HostTensor cu = cu_seqlens_from_lengths(c.lengths);
+
+  HostTensor out_ref(DType::f32, {tokens, Hq, D}), lse_ref(DType::f32, {tokens, Hq});
+  attention_forward_ref(dims, q.as<float>(), k.as<float>(), v.as<float>(), cu.as<int32_t>(), num_seqs, scale,
+                        out_ref.as<float>(), lse_ref.as<float>());
+  // The backward gets the forward output as the GPU stores it (bf16) and the reference lse, on
+  // both sides, so this check does not depend on the forward's rounding.
+  HostTensor out_bf16 = round_to_bf16(out_ref);
+  HostTensor dq_ref(DType::f32, {tokens, Hq, D}), dk_ref(DType::f32, {tokens, Hkv, D});
+  HostTensor dv_ref(DType::f32, {tokens, Hkv, D});
+  attention_backward_ref(dims, q.as<float>(), k.as<float>(), v.as<float>(), out_bf16.as<float>(), lse_ref.as<float>(),
+                         d_out.as<float>(), cu.as<int32_t>(), num_seqs, scale, dq_ref.as<float>(), dk_ref.as<float>(),
+                         dv_ref.as<float>());
+
+  DeviceTensor q_d = to_device(q, DType::bf16), k_d = to_device(k, DType::bf16), v_d = to_device(v, DType::bf16);
+  DeviceTensor d_out_d = to_device(d_out, DType::bf16), cu_d = to_device(cu);
+  DeviceTensor out_d = poisoned_device_tensor(DType::bf16, {tokens, Hq, D});
+  DeviceTensor lse_d = poisoned_device_tensor(DType::f32, {tokens, Hq});
+  attention_forward_cuda(dims, bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), cu_d.view.as<int32_t>(), num_seqs, scale,
+                         bf16_ptr(out_d), f32_ptr(lse_d), nullptr);
+  device_synchronize();
+  expect_close("out (bf16)", out_d, out_ref, 1e-2);
+  // lse is fp32 on both sides; only the summation order differs (~1e-6 relative).
+  expect_close("lse (f32)", lse_d, lse_ref, 1e-4);
+
+  DeviceTensor out_in = to_device(out_bf16, DType::bf16), lse_in = to_device(lse_ref, DType::f32);
+  DeviceTensor dq_d = poisoned_device_tensor(DType::bf16, {tokens, Hq, D});
+  DeviceTensor dk_d = poisoned_device_tensor(DType::bf16, {tokens, Hkv, D});
+  DeviceTensor dv_d = poisoned_device_tensor(DType::bf16, {tokens, Hkv, D});
+  DeviceBuffer workspace(std::max<size_t>(1, attention_backward_workspace_bytes(dims)));
+  attention_backward_cuda(dims, bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), bf16_ptr(out_in), f32_ptr(lse_in),
+                          bf16_ptr(d_out_d), cu_d.view.as<int32_t>(), num_seqs, scale, bf16_ptr(dq_d), bf16_ptr(dk_d),
+                          bf16_ptr(dv_d), workspace.data(), workspace.bytes(), nullptr);
+  device_synchronize();
+  expect_close("dq (bf16)", dq_d, dq_ref, 1e-2);
+  expect_close("dk (bf16)", dk_d, dk_ref, 1e-2);
+  expect_close("dv (bf16)", dv_d, dv_ref, 1e-2);
+}
+
+// Lengths in [0, max_length], about one in eight empty (empty sequences must be skipped).
+std::vector<int> random_lengths(int count, int max_length, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int> lengths(count);
+  for (int& length : lengths) {
+    length = rng.uniform() < 0.125f ? 0 : 1 + static_cast<int>(rng.uniform() * static_cast<float>(max_length));
+    length = std::min(length, max_length);
+  }
+  return lengths;
+}
+
+TEST(AttentionGpu, SingleToken) { check_case({{1}, 16, 2, 256}, 1); }
+
+TEST(AttentionGpu, OddLengthsAndHeadDims) {
+  check_case({{37, 1, 70}, 4, 2, 72}, 10);
+  check_case({{33}, 3, 1, 33}, 20);         // odd head dim, 3 query heads on one KV head
+  check_case({{100, 31}, 2, 2, 128}, 30);   // no grouping, tiles crossing a sequence boundary
+  check_case({{65, 2, 19}, 6, 3, 200}, 40); // D between the kernel's head-dim classes
+}
+
+TEST(AttentionGpu, ManyShortPackedSequences) {
+  check_case({random_lengths(60, 9, 5), 8, 1, 64}, 50);
+  check_case({{0, 3, 0, 0, 5, 1, 1, 0}, 4, 2, 16}, 60);  // leading, repeated and trailing empties
+}
+
+TEST(AttentionGpu, Qwen35MoeWidths) { check_case({{300, 211}, 16, 2, 256}, 70); }
+
+TEST(AttentionGpu, RejectsBadSizes) {
+  HostTensor cu = cu_seqlens_from_lengths({4});
+  DeviceTensor cu_d = to_device(cu);
+  DeviceTensor x = device_tensor(DType::bf16, {4, 4, 512});
+  DeviceTensor lse = device_tensor(DType::f32, {4, 4});
+  const int32_t* cu_ptr = cu_d.view.as<int32_t>();
+  // 3 query heads on 2 KV heads, and a head dim over the supported 256.
+  EXPECT_THROW(attention_forward_cuda({4, 3, 2, 64}, bf16_ptr(x), bf16_ptr(x), bf16_ptr(x), cu_ptr, 1, 0.125f,
+                                      bf16_ptr(x), f32_ptr(lse), nullptr),
+               Error);
+  EXPECT_THROW(attention_forward_cuda({4, 4, 2, 512}, bf16_ptr(x), bf16_ptr(x), bf16_ptr(x), cu_ptr, 1, 0.125f,
+                                      bf16_ptr(x), f32_ptr(lse), nullptr),
+               Error);
+  EXPECT_THROW(attention_forward_cuda({4, 4, 2, 64}, bf16_ptr(x), bf16_ptr(x), bf16_ptr(x), cu_ptr, 0, 0.125f,
+                                      bf16_ptr(x), f32_ptr(lse), nullptr),
+               Error);
+  // A workspace smaller than attention_backward_workspace_bytes says so.
+  const AttentionDims dims{4, 4, 2, 64};
+  DeviceBuffer small(4);
+  EXPECT_THROW(attention_backward_cuda(dims, bf16_ptr(x), bf16_ptr(x), bf16_ptr(x), bf16_ptr(x), f32_ptr(lse),
+                                       bf16_ptr(x), cu_ptr, 1, 0.125f, bf16_ptr(x), bf16_ptr(x), bf16_ptr(x),
+                                       small.data(), small.bytes(), nullptr),
+               Error);
+}
+
+void time_causal(const std::vector<int>& lengths, const char* label, double cudnn_forward_ms,
+                 double cudnn_total_ms) {
+  constexpr int64_t kQHeads = 16, kKvHeads = 2, kHeadDim = 256;
+  const int64_t tokens = total_length(lengths), num_seqs = static_cast<int64_t>(lengths.size());
+  const AttentionDims dims{tokens, kQHeads, kKvHeads, kHeadDim};
+  const float scale = 1.0f / 16.0f;
+  DeviceTensor q = tiled_random_device_tensor({tokens, kQHeads, kHeadDim}, 1, 1.0f);
+  DeviceTensor k = tiled_random_device_tensor({tokens, kKvHeads, kHeadDim}, 2, 1.0f);
+  DeviceTensor v = tiled_random_device_tensor({tokens, kKvHeads, kHeadDim}, 3, 1.0f);
+  DeviceTensor d_out = tiled_random_device_tensor({tokens, kQHeads, kHeadDim}, 4, 1.0f);
+  DeviceTensor cu = to_device(cu_seqlens_from_lengths(lengths));
+  DeviceTensor out = device_tensor(DType::bf16, {tokens, kQHeads, kHeadDim});
+  DeviceTensor lse = device_tensor(DType::f32, {tokens, kQHeads});
+  DeviceTensor dq = device_tensor(DType::bf16, {tokens, kQHeads, kHeadDim});
+  DeviceTensor dk = device_tensor(DType::bf16, {tokens, kKvHeads, kHeadDim});
+  DeviceTensor dv = device_tensor(DType::bf16, {tokens, kKvHeads, kHeadDim});
+  DeviceBuffer workspace(attention_backward_workspace_bytes(dims));
+  auto forward = [&](cudaStream_t stream) {
+    attention_forward_cuda(dims, bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), cu.view.as<int32_t>(), num_seqs, scale,
+                           bf16_ptr(out), f32_ptr(lse), stream);
+  };
+  auto backward = [&](cudaStream_t stream) {
+    attention_backward_cuda(dims, bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), bf16_ptr(out), f32_ptr(lse),
+                            bf16_ptr(d_out), cu.view.as<int32_t>(), num_seqs, scale, bf16_ptr(dq), bf16_ptr(dk),
+                            bf16_ptr(dv), workspace.data(), workspace.bytes(), stream);
+  };
+  const double forward_flops = attention_forward_flops(lengths, kQHeads, kHeadDim, true);
+  std::printf("causal attention timing %s (T=%lld, Hq=16, Hkv=2, D=256)\n", label, static_cast<long long>(tokens));
+  const double forward_ms = median_ms(forward, nullptr, 2, 5);
+  print_flop_timing("forward", forward_ms, forward_flops);
+  const double backward_ms = median_ms(backward, nullptr, 2, 5);
+  print_flop_timing("backward (2.5x forward FLOPs)", backward_ms, 2.5 * forward_flops);
+  print_flop_timing("forward + backward", forward_ms + backward_ms, 3.5 * forward_flops);
+  if (cudnn_forward_ms > 0)
+    std::printf("  baseline cuDNN SDPA (PyTorch, baselines.md): forward %.2f ms, forward + backward %.2f ms\n",
+                cudnn_forward_ms, cudnn_total_ms);
+  CompareResult sanity = compare_tensors("dq finite check (vs itself)", to_host(dq.view), to_host(dq.view));
+  EXPECT_TRUE(sanity.all_finite);
+}
+
+TEST(AttentionGpu, Timing35BShapes) {
+  time_causal({4096, 4096}, "2 x 4096", 2 * 0.29, 2 * 1.35);
+  time_causal({8192}, "1 x 8192", 0.90, 4.26);
+}
+
+}  // namespace
+}  // namespace deltamoe

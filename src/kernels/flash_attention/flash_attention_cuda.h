@@ -1,0 +1,60 @@
+// CUDA softmax attention over packed segments, causal or not, with grouped-query heads: the one
+// engine behind attention_cuda.h (text, causal GQA, D = 256) and bidirectional_attention_cuda.h
+// (vision, per-image, D = 72). Specs: attention_ref.cc and bidirectional_attention_ref.cc.
+//
+// Why our own kernel and not cuDNN's fused SDPA: cuDNN 9.19 offers causal training only through
+// the composite backend graph (~40 hand-built descriptors per direction, plan caching, and
+// "no engine" until the graph matches exactly; kernels-and-libraries.md section 4.1), and its
+// d = 256 backward exists only on Hopper while we also build sm_80. A self-contained kernel
+// gives any packing, any head dim <= 256, sm_80 and sm_90a, and a deterministic backward; the
+// cuDNN graph can be added later behind the same launchers and checked against this path.
+//
+// This first version is FlashAttention-2 shaped (query tiles, online softmax in fp32, the log-
+// sum-exp saved, probabilities recomputed in the backward) with fp32 SIMT arithmetic: eight lanes
+// share a row and split the head dim. The backward runs two passes without atomics: dQ (and
+// delta = dO . O) per query tile, then dK/dV per key tile summed over the query heads of its KV
+// head inside the block, so results are bitwise reproducible.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace deltamoe {
+
+constexpr int64_t kFlashAttentionMaxHeadDim = 256;
+
+// Sizes of one call. cu_seqlens is a DEVICE pointer, int32 [num_segments + 1], 0 = c[0] <= ...
+// <= c[N] = num_tokens (the host validates it, e.g. with check_cu_seqlens; it is never read on
+// the host). Query head h uses KV head h / (num_q_heads / num_kv_heads).
+struct FlashAttentionShape {
+  int64_t num_tokens = 0;    // T
+  int64_t num_q_heads = 0;   // Hq
+  int64_t num_kv_heads = 0;  // Hkv, divides Hq
+  int64_t head_dim = 0;      // D, 1..256
+  const int32_t* cu_seqlens = nullptr;
+  int64_t num_segments = 0;  // N >= 1
+  bool causal = true;        // causal within each segment, else every token sees its whole segment
+  float scale = 0;           // usually D^-0.5
+};
+
+// q [T, Hq, D], k and v [T, Hkv, D] bf16 -> out [T, Hq, D] bf16 and lse [T, Hq] fp32, written.
+void flash_attention_forward_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                  const __nv_bfloat16* v, __nv_bfloat16* out, float* lse, cudaStream_t stream);
+
+// Scratch of the backward: delta = rowsum(dO * O) in fp32, [T, Hq].
+size_t flash_attention_backward_workspace_bytes(const FlashAttentionShape& shape);
+
+// d_out [T, Hq, D] -> dq [T, Hq, D], dk and dv [T, Hkv, D], bf16, written (dK/dV summed over the
+// query heads of each KV head). out and lse are the forward's.
+void flash_attention_backward_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                   const __nv_bfloat16* v, const __nv_bfloat16* out, const float* lse,
+                                   const __nv_bfloat16* d_out, __nv_bfloat16* dq, __nv_bfloat16* dk,
+                                   __nv_bfloat16* dv, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// Throws with a message naming `where` unless the sizes are usable (used by both launchers).
+void check_flash_attention_shape(const FlashAttentionShape& shape, const char* where);
+
+}  // namespace deltamoe
