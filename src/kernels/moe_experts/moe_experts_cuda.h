@@ -19,7 +19,8 @@ struct MoeRoutingPlan {
   int32_t* expert_offsets = nullptr;  // [E+1] rows of expert e: [offsets[e], offsets[e+1])
   int32_t* sorted_slot = nullptr;     // [T*K] flat slot t*K+k of expert-major row r
   int32_t* row_of_slot = nullptr;     // [T*K] expert-major row of flat slot t*K+k
-  int32_t* chunk_scratch = nullptr;   // per-chunk counts while building
+  int32_t* chunk_counts = nullptr;    // scratch while building: per-chunk expert counts
+  int32_t* chunk_rows = nullptr;      // scratch while building: first row of each chunk's experts
 };
 
 // Bytes of the plan's memory (256-byte aligned pieces) and the plan laid out in it.

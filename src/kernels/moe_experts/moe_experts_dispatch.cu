@@ -31,12 +31,15 @@ __global__ void count_chunk_kernel(const int32_t* topk_idx, int64_t slots, int n
     counts[static_cast<int64_t>(blockIdx.x) * num_experts + e] = shared_counts[e];
 }
 
-// One block: expert totals -> exclusive offsets; then counts[chunk, e] becomes the first row of
-// that chunk's slots of expert e (the offset plus the counts of earlier chunks).
-__global__ void scan_counts_kernel(int32_t* counts, int chunks, int num_experts, int32_t* expert_offsets) {
+// One block: expert totals -> exclusive offsets; then chunk_rows[chunk, e] = the first row of that
+// chunk's slots of expert e (the offset plus the counts of earlier chunks).
+__global__ void scan_counts_kernel(const int32_t* __restrict__ counts, int chunks, int num_experts,
+                                   int32_t* __restrict__ expert_offsets, int32_t* __restrict__ chunk_rows) {
   extern __shared__ int32_t shared_offsets[];  // [E]
   for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
     int total = 0;
+    // Independent loads: unrolled so that many are in flight (one thread walks all chunks).
+#pragma unroll 16
     for (int c = 0; c < chunks; ++c) total += counts[static_cast<int64_t>(c) * num_experts + e];
     shared_offsets[e] = total;
   }
@@ -64,11 +67,11 @@ __global__ void scan_counts_kernel(int32_t* counts, int chunks, int num_experts,
   __syncthreads();
   for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
     int running = shared_offsets[e];
+#pragma unroll 16
     for (int c = 0; c < chunks; ++c) {
       const int64_t at = static_cast<int64_t>(c) * num_experts + e;
-      const int count = counts[at];
-      counts[at] = running;
-      running += count;
+      chunk_rows[at] = running;
+      running += counts[at];
     }
   }
 }
@@ -162,7 +165,7 @@ bool vector_rows(const void* a, const void* b, int64_t hidden) {
 size_t moe_routing_plan_bytes(int64_t num_tokens, int64_t num_experts, int64_t top_k) {
   const int64_t slots = num_tokens * top_k;
   return align256((num_experts + 1) * sizeof(int32_t)) + 2 * align256(slots * sizeof(int32_t)) +
-         align256(std::max<int64_t>(num_chunks(slots), 1) * num_experts * sizeof(int32_t));
+         2 * align256(std::max<int64_t>(num_chunks(slots), 1) * num_experts * sizeof(int32_t));
 }
 
 MoeRoutingPlan moe_routing_plan_in(void* memory, int64_t num_tokens, int64_t num_experts, int64_t top_k) {
@@ -175,7 +178,9 @@ MoeRoutingPlan moe_routing_plan_in(void* memory, int64_t num_tokens, int64_t num
   at += align256(slots * sizeof(int32_t));
   plan.row_of_slot = reinterpret_cast<int32_t*>(at);
   at += align256(slots * sizeof(int32_t));
-  plan.chunk_scratch = reinterpret_cast<int32_t*>(at);
+  plan.chunk_counts = reinterpret_cast<int32_t*>(at);
+  at += align256(std::max<int64_t>(num_chunks(slots), 1) * num_experts * sizeof(int32_t));
+  plan.chunk_rows = reinterpret_cast<int32_t*>(at);
   return plan;
 }
 
@@ -196,13 +201,13 @@ void moe_routing_plan_cuda(const int32_t* topk_idx, const MoeRoutingPlan& plan, 
   const int64_t chunks = num_chunks(slots);
   const size_t shared = num_experts * sizeof(int32_t);
   count_chunk_kernel<<<static_cast<unsigned>(chunks), kSlotsPerChunk, shared, stream>>>(topk_idx, slots, experts,
-                                                                                        plan.chunk_scratch);
+                                                                                        plan.chunk_counts);
   CUDA_CHECK_LAUNCH();
-  scan_counts_kernel<<<1, 1024, shared, stream>>>(plan.chunk_scratch, static_cast<int>(chunks), experts,
-                                                  plan.expert_offsets);
+  scan_counts_kernel<<<1, 1024, shared, stream>>>(plan.chunk_counts, static_cast<int>(chunks), experts,
+                                                  plan.expert_offsets, plan.chunk_rows);
   CUDA_CHECK_LAUNCH();
-  assign_rows_kernel<<<static_cast<unsigned>(chunks), 32, shared, stream>>>(
-      topk_idx, slots, experts, plan.chunk_scratch, plan.sorted_slot, plan.row_of_slot);
+  assign_rows_kernel<<<static_cast<unsigned>(chunks), 32, shared, stream>>>(topk_idx, slots, experts, plan.chunk_rows,
+                                                                            plan.sorted_slot, plan.row_of_slot);
   CUDA_CHECK_LAUNCH();
 }
 
