@@ -1,0 +1,169 @@
+// CPU reference engine: multimodal embedding -> text model forward/backward -> flat gradients.
+#include "train/cpu_engine.h"
+
+#include <cstring>
+#include <optional>
+
+#include "core/error.h"
+#include "model/text/text_batch.h"
+#include "model/text/text_model.h"
+#include "model/vision/multimodal_embedding.h"
+
+namespace deltamoe {
+
+std::vector<int64_t> shift_packed_labels(const MicroBatch& batch) {
+  const int64_t num_tokens = batch.num_tokens();
+  std::vector<int64_t> shifted(static_cast<size_t>(num_tokens), kIgnoreLabel);
+  for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s) {
+    for (int64_t t = batch.cu_seqlens[s]; t + 1 < batch.cu_seqlens[s + 1]; ++t) shifted[t] = batch.labels[t + 1];
+  }
+  return shifted;
+}
+
+namespace {
+
+// The vision tower's [N, patch_dim] input. NOTE: the data module is changing how a batch carries
+// its images (one concatenated pixel_values, or per-image ImagePatches); this accepts either.
+template <typename Batch>
+void gather_pixel_values(const Batch& batch, std::vector<float>* out) {
+  if constexpr (requires { batch.pixel_values; }) {
+    out->assign(batch.pixel_values.begin(), batch.pixel_values.end());
+  } else {
+    for (const auto& image : batch.images) out->insert(out->end(), image.pixel_values.begin(), image.pixel_values.end());
+  }
+}
+
+}  // namespace
+
+struct CpuEngine::Pass {
+  std::vector<int64_t> input_ids;
+  std::vector<int64_t> shifted_labels;
+  std::optional<HostTensor> pixel_values, image_grid_thw;
+  MultimodalEmbedding embedding;  // VLM only
+  std::optional<TextModel> model;
+};
+
+CpuEngine::CpuEngine(const ModelCheckpoint& checkpoint, const ParamLayout& layout)
+    : config_(checkpoint.config), text_prefix_(checkpoint.config.text_prefix()), layout_(layout) {
+  CHECK(!config_.tie_word_embeddings && !config_.text.tie_word_embeddings,
+        "train: tie_word_embeddings is not supported (Qwen3.5-MoE unties lm_head)");
+  for (const NamedShape& spec : text_param_shapes(config_.text, text_prefix_)) {
+    auto it = checkpoint.params.find(spec.name);
+    CHECK(it != checkpoint.params.end(), "train: the checkpoint has no tensor '", spec.name, "'");
+    const HostTensor values = it->second.to_host().to_f32();
+    text_params_[spec.name] = {values.shape().to_vector(),
+                               std::vector<float>(values.as<float>(), values.as<float>() + values.numel())};
+  }
+  check_text_params(text_params_, config_.text, text_prefix_);
+  if (config_.has_vision) {
+    for (const auto& [name, shape] : vision_param_shapes(config_.vision)) {
+      auto it = checkpoint.params.find(name);
+      CHECK(it != checkpoint.params.end(), "train: the checkpoint has no vision tensor '", name, "'");
+      vision_params_[name] = it->second.to_host().to_f32();
+    }
+  }
+  for (const ParamEntry& entry : layout_.entries()) {
+    const bool known = text_params_.count(entry.name) != 0 || vision_params_.count(entry.name) != 0;
+    CHECK(known, "train: trainable tensor '", entry.name, "' is not a parameter of the CPU model");
+  }
+}
+
+void CpuEngine::set_trainable_weights(const float* master) {
+  for (const ParamEntry& entry : layout_.entries()) {
+    const float* source = master + entry.offset;
+    const size_t bytes = static_cast<size_t>(entry.numel) * sizeof(float);
+    auto text = text_params_.find(entry.name);
+    if (text != text_params_.end()) {
+      std::memcpy(text->second.values.data(), source, bytes);
+    } else {
+      std::memcpy(vision_params_.at(entry.name).data(), source, bytes);
+    }
+  }
+}
+
+MicroBatchLoss CpuEngine::run_forward(const MicroBatch& batch, Pass* pass, std::vector<float>* logits) {
+  const int64_t num_tokens = batch.num_tokens();
+  CHECK(num_tokens > 0, "train: empty micro-batch");
+  CHECK(static_cast<int64_t>(batch.positions.size()) == 3 * num_tokens, "train: micro-batch positions must be [3, ",
+        num_tokens, "]");
+  pass->input_ids.assign(batch.input_ids.begin(), batch.input_ids.end());
+  pass->shifted_labels = shift_packed_labels(batch);
+
+  TextModelInputs inputs;
+  inputs.input_ids = pass->input_ids.data();
+  inputs.shifted_labels = pass->shifted_labels.data();
+  if (config_.has_vision) {
+    if (!batch.image_grid_thw.empty()) {
+      const int64_t num_images = static_cast<int64_t>(batch.image_grid_thw.size());
+      const int64_t patch_dim = config_.vision.patch_dim();
+      std::vector<float> pixels;
+      gather_pixel_values(batch, &pixels);
+      const int64_t num_patches = static_cast<int64_t>(pixels.size()) / patch_dim;
+      CHECK(num_patches * patch_dim == static_cast<int64_t>(pixels.size()),
+            "train: pixel_values of the micro-batch are not whole patches of ", patch_dim, " values");
+      pass->pixel_values.emplace(DType::f32, Shape(std::vector<int64_t>{num_patches, patch_dim}));
+      std::memcpy(pass->pixel_values->data(), pixels.data(), pixels.size() * sizeof(float));
+      pass->image_grid_thw.emplace(DType::i64, Shape(std::vector<int64_t>{num_images, 3}));
+      std::memcpy(pass->image_grid_thw->data(), batch.image_grid_thw.data(), static_cast<size_t>(num_images) * 24);
+    }
+    pass->embedding = multimodal_embed_forward(
+        config_, vision_params_, param_values(text_params_, text_prefix_ + ".embed_tokens.weight"),
+        pass->input_ids.data(), num_tokens, batch.cu_seqlens, pass->pixel_values ? &*pass->pixel_values : nullptr,
+        pass->image_grid_thw ? &*pass->image_grid_thw : nullptr);
+    inputs.input_embeds = pass->embedding.input_embeds.data();
+  } else {
+    CHECK(batch.image_grid_thw.empty(), "train: the batch has images but the model (", config_.model_type,
+          ") has no vision tower");
+  }
+  pass->model.emplace(config_.text, text_prefix_, &text_params_);
+  TextModelOutput out =
+      pass->model->forward(make_text_batch(config_.text, num_tokens, batch.cu_seqlens, batch.positions), inputs);
+  MicroBatchLoss loss;
+  loss.num_supervised = out.num_supervised;
+  loss.ce_sum = out.ce_loss * static_cast<double>(out.num_supervised);
+  loss.aux_loss = out.aux_loss;
+  loss.num_tokens = num_tokens;
+  if (logits != nullptr) *logits = std::move(out.logits);
+  return loss;
+}
+
+MicroBatchLoss CpuEngine::forward(const MicroBatch& batch, std::vector<float>* logits) {
+  Pass pass;
+  return run_forward(batch, &pass, logits);
+}
+
+MicroBatchLoss CpuEngine::forward_backward(const MicroBatch& batch, double ce_token_weight, double aux_weight,
+                                           float* grad) {
+  Pass pass;
+  const MicroBatchLoss loss = run_forward(batch, &pass, nullptr);
+  // The model's CE is a mean over this micro-batch's supervised tokens; the gradient of
+  // ce_token_weight * ce_sum is that of (ce_token_weight * num_supervised) * mean.
+  const double ce_weight = ce_token_weight * static_cast<double>(loss.num_supervised);
+  std::vector<float> d_embeds;
+  ParamMap text_grads = pass.model->backward(static_cast<float>(ce_weight), static_cast<float>(aux_weight),
+                                             config_.has_vision ? &d_embeds : nullptr);
+  std::vector<float> d_table;
+  VisionParams vision_grads;
+  if (config_.has_vision) {
+    // The text model left embed_tokens untouched (it started from input_embeds); the embedding
+    // backward adds the table's gradient and routes image rows into the vision tower.
+    ParamTensor& table_grad = text_grads.at(text_prefix_ + ".embed_tokens.weight");
+    multimodal_embed_backward(config_, vision_params_, pass.embedding, pass.input_ids.data(), batch.num_tokens(),
+                              d_embeds, table_grad.values.data(), &vision_grads);
+  }
+  for (const ParamEntry& entry : layout_.entries()) {
+    const float* source = nullptr;
+    auto text = text_grads.find(entry.name);
+    if (text != text_grads.end()) {
+      source = text->second.values.data();
+    } else if (auto vision = vision_grads.find(entry.name); vision != vision_grads.end()) {
+      source = vision->second.as<float>();
+    }
+    if (source == nullptr) continue;  // e.g. the vision tower of a text-only batch: zero gradient
+    float* target = grad + entry.offset;
+    for (int64_t i = 0; i < entry.numel; ++i) target[i] += source[i];
+  }
+  return loss;
+}
+
+}  // namespace deltamoe

@@ -1,0 +1,40 @@
+// The CPU reference engine: runs the fp32 reference model (vision tower, multimodal embedding, text
+// model) on one packed micro-batch and adds the gradients of the trainable tensors to the flat
+// buffer. Slow but exact; it is the spec the GPU engine is compared with.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "checkpoint/model_checkpoint.h"
+#include "model/text/text_params.h"
+#include "model/vision/vision_tower.h"
+#include "optim/param_layout.h"
+#include "train/train_engine.h"
+
+namespace deltamoe {
+
+class CpuEngine : public TrainEngine {
+ public:
+  // Copies every model parameter of checkpoint to fp32 (frozen ones keep these values for the whole
+  // run); layout names the trainable ones (each must exist in the checkpoint, checked).
+  CpuEngine(const ModelCheckpoint& checkpoint, const ParamLayout& layout);
+
+  std::string device_name() const override { return "cpu"; }
+  void set_trainable_weights(const float* master) override;
+  MicroBatchLoss forward_backward(const MicroBatch& batch, double ce_token_weight, double aux_weight,
+                                  float* grad) override;
+  MicroBatchLoss forward(const MicroBatch& batch, std::vector<float>* logits = nullptr) override;
+
+ private:
+  struct Pass;  // one forward's state, kept for its backward
+  MicroBatchLoss run_forward(const MicroBatch& batch, Pass* pass, std::vector<float>* logits);
+
+  ModelConfig config_;
+  std::string text_prefix_;
+  ParamLayout layout_;
+  ParamMap text_params_;        // fp32, fused layout
+  VisionParams vision_params_;  // fp32; empty for a text-only model
+};
+
+}  // namespace deltamoe

@@ -1,0 +1,137 @@
+// Training checkpoints written atomically (temporary directory + rename) and found again for --resume.
+#include "train/train_checkpoint.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace deltamoe {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormat = "deltamoe.trainer_state";
+constexpr const char* kStateFile = "trainer_state.json";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+
+void write_text_file(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  CHECK(out.good(), "writing ", path.string(), " failed (disk full or not writable?)");
+}
+
+// The step of a "checkpoint-N" directory name, or -1.
+int64_t checkpoint_step(const std::string& name) {
+  const std::string prefix = "checkpoint-";
+  if (!name.starts_with(prefix) || name.size() == prefix.size()) return -1;
+  int64_t step = 0;
+  for (char c : name.substr(prefix.size())) {
+    if (c < '0' || c > '9') return -1;
+    step = step * 10 + (c - '0');
+  }
+  return step;
+}
+
+}  // namespace
+
+std::string trainer_state_to_json(const TrainerState& state) {
+  nlohmann::ordered_json json;
+  json["format"] = kFormat;
+  json["global_step"] = state.global_step;
+  json["total_steps"] = state.total_steps;
+  json["tokens_seen"] = state.tokens_seen;
+  json["elapsed_s"] = state.elapsed_s;
+  json["data_position"] = nlohmann::json::parse(data_position_to_json(state.data_position));
+  json["rng"] = {{"seed", state.rng_seed}, {"position", state.rng_position}};
+  return json.dump(2) + "\n";
+}
+
+TrainerState trainer_state_from_json(const std::string& text, const std::string& where) {
+  TrainerState state;
+  try {
+    const nlohmann::json json = nlohmann::json::parse(text);
+    CHECK(json.value("format", "") == kFormat, where, ": not a deltamoe trainer state (format is not '", kFormat,
+          "')");
+    state.global_step = json.at("global_step").get<int64_t>();
+    state.total_steps = json.at("total_steps").get<int64_t>();
+    state.tokens_seen = json.at("tokens_seen").get<int64_t>();
+    state.elapsed_s = json.at("elapsed_s").get<double>();
+    state.data_position = data_position_from_json(json.at("data_position").dump(), where);
+    state.rng_seed = json.at("rng").at("seed").get<uint64_t>();
+    state.rng_position = json.at("rng").at("position").get<uint64_t>();
+  } catch (const nlohmann::json::exception& error) {
+    RAISE(where, ": malformed trainer state: ", error.what());
+  }
+  CHECK(state.global_step >= 0 && state.global_step <= state.total_steps, where, ": global_step ",
+        state.global_step, " is outside [0, total_steps = ", state.total_steps, "]");
+  return state;
+}
+
+std::string save_training_checkpoint(const std::string& output_dir, const CheckpointPayload& payload) {
+  CHECK(payload.model != nullptr && payload.optimizer != nullptr && payload.master != nullptr,
+        "save_training_checkpoint: incomplete payload");
+  const int64_t step = payload.state.global_step;
+  const fs::path final_dir = fs::path(output_dir) / str_cat("checkpoint-", step);
+  const fs::path temp_dir = fs::path(output_dir) / str_cat(".checkpoint-", step, ".tmp");
+  fs::remove_all(temp_dir);  // a leftover of an earlier crash
+  fs::create_directories(temp_dir);
+
+  SaveOptions save_options;
+  save_options.max_shard_bytes = payload.max_shard_bytes;
+  save_model_dir(*payload.model, temp_dir.string(), save_options);
+  if (!payload.side_files_dir.empty()) copy_side_files(payload.side_files_dir, temp_dir.string());
+
+  if (const char* fail_at = std::getenv("DELTAMOE_FAIL_SAVE_AT_STEP"); fail_at != nullptr && std::atoll(fail_at) == step) {
+    std::fprintf(stderr, "DELTAMOE_FAIL_SAVE_AT_STEP=%s: ending the process in the middle of a save\n", fail_at);
+    std::fflush(nullptr);
+    std::_Exit(86);
+  }
+
+  save_optimizer_state((temp_dir / kOptimizerFile).string(), *payload.optimizer, payload.progress, payload.master);
+  write_text_file(temp_dir / kStateFile, trainer_state_to_json(payload.state));
+
+  // Rename into place. A checkpoint of the same step (a re-run) is moved aside first, so at every
+  // moment one complete copy exists under a name --resume auto recognises or can be recovered.
+  const fs::path old_dir = fs::path(output_dir) / str_cat(".checkpoint-", step, ".old");
+  fs::remove_all(old_dir);
+  if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
+  fs::rename(temp_dir, final_dir);
+  fs::remove_all(old_dir);
+  return final_dir.string();
+}
+
+std::string resolve_resume_dir(const std::string& resume, const std::string& output_dir) {
+  if (resume != "auto") return resume;
+  int64_t best_step = -1;
+  fs::path best;
+  if (fs::is_directory(output_dir)) {
+    for (const auto& entry : fs::directory_iterator(output_dir)) {
+      const int64_t step = checkpoint_step(entry.path().filename().string());
+      if (step > best_step && fs::is_regular_file(entry.path() / kStateFile)) {
+        best_step = step;
+        best = entry.path();
+      }
+    }
+  }
+  CHECK(best_step >= 0, "--resume auto: no complete checkpoint-N directory in ", output_dir);
+  return best.string();
+}
+
+TrainerState load_trainer_state(const std::string& dir) {
+  const fs::path path = fs::path(dir) / kStateFile;
+  std::ifstream in(path, std::ios::binary);
+  CHECK(in.good(), "cannot read ", path.string());
+  std::stringstream text;
+  text << in.rdbuf();
+  return trainer_state_from_json(text.str(), path.string());
+}
+
+}  // namespace deltamoe

@@ -1,0 +1,82 @@
+// Progress line formatting and the metrics JSONL writer.
+#include "train/train_metrics.h"
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace deltamoe {
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const int64_t total = static_cast<int64_t>(std::llround(seconds));
+  char text[32];
+  if (total >= 3600) {
+    std::snprintf(text, sizeof(text), "%lldh%02lldm", static_cast<long long>(total / 3600),
+                  static_cast<long long>(total % 3600 / 60));
+  } else if (total >= 60) {
+    std::snprintf(text, sizeof(text), "%lldm%02llds", static_cast<long long>(total / 60),
+                  static_cast<long long>(total % 60));
+  } else {
+    std::snprintf(text, sizeof(text), "%llds", static_cast<long long>(total));
+  }
+  return text;
+}
+
+std::string format_progress_line(const StepMetrics& m) {
+  char rate[32];
+  if (m.tokens_per_s >= 1e3) {
+    std::snprintf(rate, sizeof(rate), "%.1fk", m.tokens_per_s / 1e3);
+  } else {
+    std::snprintf(rate, sizeof(rate), "%.0f", m.tokens_per_s);
+  }
+  char line[256];
+  std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f | lr %.3g | grad_norm %.3f | %s tok/s | %.2f s/step | ETA %s%s",
+                static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, m.lr, m.grad_norm, rate,
+                m.step_s, format_duration(m.eta_s).c_str(), m.skipped ? " | SKIPPED (non-finite gradient norm)" : "");
+  return line;
+}
+
+MetricsLog::MetricsLog(const std::string& path, bool append)
+    : path_(path), out_(path, append ? std::ios::app : std::ios::trunc) {
+  CHECK(out_.good(), "cannot open the metrics file ", path, " for writing");
+}
+
+void MetricsLog::write_line(const std::string& line) {
+  out_ << line << '\n';
+  out_.flush();
+  CHECK(out_.good(), "writing ", path_, " failed");
+}
+
+void MetricsLog::write_step(const StepMetrics& m) {
+  nlohmann::ordered_json json;
+  json["type"] = "train";
+  json["step"] = m.step;
+  json["total_steps"] = m.total_steps;
+  json["epoch"] = m.epoch;
+  json["loss"] = m.loss;
+  json["ce_loss"] = m.ce_loss;
+  json["aux_loss"] = m.aux_loss;
+  json["lr"] = m.lr;
+  json["grad_norm"] = std::isfinite(m.grad_norm) ? nlohmann::ordered_json(m.grad_norm) : nlohmann::ordered_json();
+  json["skipped"] = m.skipped;
+  json["tokens"] = m.num_tokens;
+  json["supervised_tokens"] = m.num_supervised;
+  json["step_s"] = m.step_s;
+  json["tokens_per_s"] = m.tokens_per_s;
+  json["elapsed_s"] = m.elapsed_s;
+  write_line(json.dump());
+}
+
+void MetricsLog::write_eval(int64_t step, double val_loss, int64_t num_supervised) {
+  nlohmann::ordered_json json;
+  json["type"] = "eval";
+  json["step"] = step;
+  json["val_loss"] = val_loss;
+  json["val_supervised_tokens"] = num_supervised;
+  write_line(json.dump());
+}
+
+}  // namespace deltamoe

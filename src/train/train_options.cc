@@ -1,0 +1,58 @@
+// Up-front validation of the training options: every message names the flag and the value.
+#include "train/train_options.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace deltamoe {
+
+namespace fs = std::filesystem;
+
+void validate_train_options(const TrainOptions& options) {
+  CHECK(!options.model_dir.empty(), "--model is required");
+  CHECK(fs::is_regular_file(fs::path(options.model_dir) / "config.json"), "--model ", options.model_dir,
+        ": not a model directory (no config.json there)");
+  CHECK(fs::exists(fs::path(options.model_dir) / "tokenizer.json"), "--model ", options.model_dir,
+        ": has no tokenizer.json (training renders chats with the model's tokenizer)");
+  CHECK(!options.dataset_paths.empty(), "--dataset is required (one or more JSONL files, comma separated)");
+  for (const auto* list : {&options.dataset_paths, &options.val_dataset_paths}) {
+    const char* flag = list == &options.dataset_paths ? "--dataset" : "--val_dataset";
+    for (const std::string& path : *list) {
+      CHECK(fs::is_regular_file(path), flag, ": no such file '", path, "'");
+    }
+  }
+  CHECK(!options.output_dir.empty(), "--output_dir is required");
+  CHECK(!fs::exists(options.output_dir) || fs::is_directory(options.output_dir), "--output_dir ",
+        options.output_dir, " exists and is not a directory");
+  CHECK(fs::weakly_canonical(options.output_dir) != fs::weakly_canonical(options.model_dir),
+        "--output_dir must differ from --model (checkpoints would overwrite the input model)");
+  CHECK(options.schedule.lr > 0, "--lr must be positive, got ", options.schedule.lr);
+  validate_adamw_config(options.adamw);
+  CHECK(options.max_steps > 0 || options.num_train_epochs > 0, "--num_train_epochs must be positive (or give ",
+        "--max_steps), got ", options.num_train_epochs);
+  CHECK(options.gradient_accumulation_steps >= 1, "--gradient_accumulation_steps must be >= 1, got ",
+        options.gradient_accumulation_steps);
+  CHECK(options.max_length > 0, "--max_length must be positive, got ", options.max_length);
+  CHECK(options.micro_batch_tokens >= 0, "--micro_batch_tokens must be >= 0, got ", options.micro_batch_tokens);
+  CHECK(options.micro_batch_tokens == 0 || options.micro_batch_tokens >= options.max_length,
+        "--micro_batch_tokens (", options.micro_batch_tokens, ") must be at least --max_length (", options.max_length,
+        ") so that every sample fits a micro-batch");
+  CHECK(options.save_steps >= 0, "--save_steps must be >= 0, got ", options.save_steps);
+  CHECK(options.eval_steps >= 0, "--eval_steps must be >= 0, got ", options.eval_steps);
+  CHECK(options.eval_steps == 0 || !options.val_dataset_paths.empty(), "--eval_steps needs --val_dataset");
+  CHECK(options.logging_steps >= 1, "--logging_steps must be >= 1, got ", options.logging_steps);
+  CHECK(options.stop_after_steps >= 0, "--stop_after_steps must be >= 0");
+  CHECK(options.num_workers >= 0, "--dataloader_num_workers must be >= 0");
+  CHECK(!options.router_aux_loss_coef || *options.router_aux_loss_coef >= 0,
+        "--router_aux_loss_coef must be >= 0, got ", *options.router_aux_loss_coef);
+  CHECK(options.min_pixels >= 0 && options.max_pixels >= 0, "--min_pixels / --max_pixels must be >= 0");
+  CHECK(options.max_pixels == 0 || options.min_pixels <= options.max_pixels, "--min_pixels (", options.min_pixels,
+        ") exceeds --max_pixels (", options.max_pixels, ")");
+  if (!options.resume.empty() && options.resume != "auto") {
+    CHECK(fs::is_regular_file(fs::path(options.resume) / "trainer_state.json"), "--resume ", options.resume,
+          ": not a training checkpoint (no trainer_state.json); give a checkpoint-N directory or 'auto'");
+  }
+}
+
+}  // namespace deltamoe

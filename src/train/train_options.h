@@ -1,0 +1,48 @@
+// Everything `deltamoe train` is told (flags or a config file), with ms-swift / Megatron names, and
+// the checks that run before any work starts.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "train/trainable_params.h"
+
+namespace deltamoe {
+
+struct TrainOptions {
+  std::string model_dir;                       // --model: Hugging Face model directory
+  std::vector<std::string> dataset_paths;      // --dataset a.jsonl[,b.jsonl]
+  std::vector<std::string> val_dataset_paths;  // --val_dataset (empty: no evaluation)
+  std::string output_dir;                      // --output_dir
+
+  LrScheduleConfig schedule;  // --lr --min_lr --warmup_ratio --warmup_steps; total_steps filled by the trainer
+  AdamWConfig adamw;          // --weight_decay --adam_beta1 --adam_beta2 --adam_epsilon --optimizer_state_dtype
+  double max_grad_norm = 1.0;
+  int64_t max_steps = -1;         // > 0 overrides num_train_epochs
+  int64_t num_train_epochs = 1;
+  int64_t gradient_accumulation_steps = 1;  // micro-batches per optimizer step
+  int64_t micro_batch_tokens = 0;           // packing budget of one micro-batch; 0: max_length
+  int64_t max_length = 2048;
+  bool truncate = false;  // --truncation_strategy right (true) or delete (false)
+  int64_t save_steps = 0;     // 0: save only at the end
+  int64_t eval_steps = 0;     // 0: evaluate only at the start and the end
+  int64_t logging_steps = 1;
+  uint64_t seed = 42;
+  FreezeOptions freeze;
+  std::optional<double> router_aux_loss_coef;  // default: the model config's
+  std::string resume;          // "": fresh run; a checkpoint directory; "auto": newest in output_dir
+  int64_t stop_after_steps = 0;  // > 0: end this process after that many steps (as if preempted)
+  int num_workers = 2;
+  int64_t min_pixels = 0, max_pixels = 0;  // 0: the processor defaults
+  uint64_t max_shard_bytes = 5'000'000'000;
+};
+
+// Checks values and paths (model dir with config.json, dataset files, output dir writable) and
+// throws an error that names the flag. Runs before the model is loaded.
+void validate_train_options(const TrainOptions& options);
+
+}  // namespace deltamoe

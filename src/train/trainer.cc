@@ -1,0 +1,268 @@
+// The training loop (see trainer.h); the optimizer conventions are those of docs/optimizer.md.
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include "checkpoint/model_checkpoint.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "data/data_pipeline.h"
+#include "optim/loss_scaling.h"
+#include "optim/optimizer_step.h"
+#include "tokenizer/tokenizer.h"
+#include "train/engine_factory.h"
+#include "train/train_checkpoint.h"
+#include "train/train_metrics.h"
+#include "train/trainable_params.h"
+
+namespace deltamoe {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+PipelineOptions pipeline_options(const TrainOptions& options, const ModelConfig& config,
+                                 const std::vector<std::string>& paths, bool training) {
+  PipelineOptions pipeline;
+  pipeline.dataset_paths = paths;
+  pipeline.sample.max_length = options.max_length;
+  pipeline.sample.truncate = options.truncate;
+  ImagePreprocessConfig& image = pipeline.sample.image_config;
+  image.patch_size = config.vision.patch_size;
+  image.temporal_patch_size = config.vision.temporal_patch_size;
+  image.merge_size = config.vision.spatial_merge_size;
+  if (options.min_pixels > 0) image.min_pixels = options.min_pixels;
+  if (options.max_pixels > 0) image.max_pixels = options.max_pixels;
+  pipeline.token_budget = options.micro_batch_tokens > 0 ? options.micro_batch_tokens : options.max_length;
+  pipeline.num_workers = options.num_workers;
+  pipeline.seed = options.seed;
+  pipeline.shuffle = training;
+  // With --max_steps the data repeats until the steps are done; otherwise it ends after the epochs.
+  pipeline.num_epochs = training && options.max_steps > 0 ? 0 : (training ? options.num_train_epochs : 1);
+  return pipeline;
+}
+
+// Micro-batches of one pass over the data (the step count of an epoch-based run).
+int64_t count_micro_batches(const PipelineOptions& options, const Tokenizer& tokenizer) {
+  PipelineOptions one_epoch = options;
+  one_epoch.num_epochs = 1;
+  DataPipeline pipeline(one_epoch, tokenizer);
+  int64_t count = 0;
+  while (pipeline.next_batch()) ++count;
+  return count;
+}
+
+struct EvalResult {
+  double loss = 0;
+  int64_t num_supervised = 0;
+};
+
+EvalResult evaluate(TrainEngine& engine, const std::vector<MicroBatch>& batches) {
+  double ce_sum = 0;
+  EvalResult result;
+  for (const MicroBatch& batch : batches) {
+    const MicroBatchLoss loss = engine.forward(batch);
+    ce_sum += loss.ce_sum;
+    result.num_supervised += loss.num_supervised;
+  }
+  result.loss = result.num_supervised > 0 ? ce_sum / static_cast<double>(result.num_supervised) : 0.0;
+  return result;
+}
+
+}  // namespace
+
+TrainSummary run_training(const TrainOptions& options, const std::string& device) {
+  validate_train_options(options);
+  const Clock::time_point run_start = Clock::now();
+  fs::create_directories(options.output_dir);
+
+  const ModelCheckpoint base = load_model_dir(options.model_dir);
+  const ModelConfig& config = base.config;
+  const double aux_coef = options.router_aux_loss_coef.value_or(config.text.router_aux_loss_coef);
+  TrainableParams trainable = build_trainable_params(base, options.freeze);
+  const ParamLayout& layout = trainable.layout;
+  std::vector<float>& master = trainable.master;
+  log_info("train: ", layout.num_tensors(), " trainable tensors, ", layout.num_parameters(), " parameters (of ",
+           base.params.size(), " tensors)");
+
+  const Tokenizer tokenizer = Tokenizer::load(options.model_dir);
+  const PipelineOptions train_data = pipeline_options(options, config, options.dataset_paths, true);
+
+  int64_t total_steps = options.max_steps;
+  if (total_steps <= 0) {
+    const int64_t batches = count_micro_batches(train_data, tokenizer);
+    CHECK(batches > 0, "--dataset: no usable samples (all skipped; see the messages above)");
+    const int64_t per_epoch = (batches + options.gradient_accumulation_steps - 1) / options.gradient_accumulation_steps;
+    total_steps = per_epoch * options.num_train_epochs;
+    log_info("train: ", batches, " micro-batches per epoch, ", per_epoch, " steps per epoch, ", total_steps,
+             " steps");
+  }
+  LrScheduleConfig schedule_config = options.schedule;
+  schedule_config.total_steps = total_steps;
+  validate_lr_schedule(schedule_config);
+  const LrSchedule schedule(schedule_config);
+  AdamW optimizer(layout, options.adamw);
+
+  TrainerState state;
+  state.total_steps = total_steps;
+  state.rng_seed = options.seed;
+  OptimizerProgress progress;
+  const bool resuming = !options.resume.empty();
+  if (resuming) {
+    const std::string dir = resolve_resume_dir(options.resume, options.output_dir);
+    state = load_trainer_state(dir);
+    CHECK(state.total_steps == total_steps, "--resume ", dir, ": that run had ", state.total_steps,
+          " total steps, this one has ", total_steps, "; keep --max_steps / --num_train_epochs / ",
+          "--gradient_accumulation_steps as they were");
+    progress = load_optimizer_state((fs::path(dir) / "optimizer.safetensors").string(), &optimizer, master.data());
+    CHECK(progress.schedule_step == state.global_step, dir, ": optimizer state is at step ", progress.schedule_step,
+          " but trainer_state.json at ", state.global_step);
+    log_info("train: resuming from ", dir, " at step ", state.global_step, "/", total_steps);
+  }
+  Rng rng(state.rng_seed);
+  rng.seek(state.rng_position);
+
+  std::unique_ptr<TrainEngine> engine = make_train_engine(device, base, layout);
+  engine->set_trainable_weights(master.data());
+
+  std::vector<MicroBatch> val_batches;
+  if (!options.val_dataset_paths.empty()) {
+    DataPipeline val_pipeline(pipeline_options(options, config, options.val_dataset_paths, false), tokenizer);
+    while (auto batch = val_pipeline.next_batch()) val_batches.push_back(std::move(*batch));
+    CHECK(!val_batches.empty(), "--val_dataset: no usable samples");
+  }
+
+  MetricsLog metrics((fs::path(options.output_dir) / "metrics.jsonl").string(), resuming);
+  TrainSummary summary;
+  summary.total_steps = total_steps;
+  summary.device = engine->device_name();
+  auto run_eval = [&](int64_t step) {
+    const EvalResult result = evaluate(*engine, val_batches);
+    metrics.write_eval(step, result.loss, result.num_supervised);
+    std::printf("eval step %lld/%lld | val_loss %.4f (%lld supervised tokens)\n", static_cast<long long>(step),
+                static_cast<long long>(total_steps), result.loss, static_cast<long long>(result.num_supervised));
+    std::fflush(stdout);
+    if (!summary.has_val) summary.first_val_loss = result.loss;
+    summary.has_val = true;
+    summary.last_val_loss = result.loss;
+  };
+  if (!val_batches.empty()) run_eval(state.global_step);
+
+  auto save = [&]() {
+    CheckpointPayload payload;
+    const ModelCheckpoint weights = checkpoint_with_master(base, layout, master.data());
+    payload.model = &weights;
+    payload.side_files_dir = options.model_dir;
+    payload.max_shard_bytes = options.max_shard_bytes;
+    payload.optimizer = &optimizer;
+    payload.progress = progress;
+    payload.master = master.data();
+    state.rng_position = rng.position();
+    payload.state = state;
+    summary.last_checkpoint = save_training_checkpoint(options.output_dir, payload);
+    std::printf("saved %s\n", summary.last_checkpoint.c_str());
+    std::fflush(stdout);
+  };
+
+  DataPipeline pipeline(train_data, tokenizer, state.data_position);
+  std::vector<float> grad(static_cast<size_t>(layout.total_numel()), 0.0f);
+  const double elapsed_before = state.elapsed_s;
+  const Clock::time_point loop_start = Clock::now();
+  bool saved_at_step = false;
+  while (state.global_step < total_steps) {
+    const Clock::time_point step_start = Clock::now();
+    std::vector<MicroBatch> batches;
+    while (static_cast<int64_t>(batches.size()) < options.gradient_accumulation_steps) {
+      std::optional<MicroBatch> batch = pipeline.next_batch();
+      if (!batch) break;
+      batches.push_back(std::move(*batch));
+    }
+    if (batches.empty()) {
+      log_warn("train: the data ended at step ", state.global_step, " of ", total_steps);
+      break;
+    }
+    GlobalBatchCounts counts;
+    counts.num_micro_batches = static_cast<int64_t>(batches.size());
+    for (const MicroBatch& batch : batches) counts.num_supervised_tokens += batch.num_supervised;
+    if (counts.num_supervised_tokens == 0) {
+      log_warn("train: step ", state.global_step + 1, " has no supervised tokens; only the aux loss trains");
+    }
+    GlobalBatchLoss loss(counts, aux_coef);
+    int64_t num_tokens = 0;
+    for (const MicroBatch& batch : batches) {
+      const MicroBatchLoss part = engine->forward_backward(batch, loss.ce_token_weight(), loss.aux_weight(), grad.data());
+      loss.add_micro_batch(part.ce_sum, part.num_supervised, part.aux_loss);
+      num_tokens += part.num_tokens;
+    }
+    const StepReport report =
+        clip_and_step(optimizer, schedule, options.max_grad_norm, &progress, master.data(), grad.data());
+    std::fill(grad.begin(), grad.end(), 0.0f);
+    engine->set_trainable_weights(master.data());
+
+    ++state.global_step;
+    ++summary.steps_this_run;
+    saved_at_step = false;
+    state.tokens_seen += num_tokens;
+    state.data_position = batches.back().position_after;
+    state.elapsed_s = elapsed_before + seconds_since(loop_start);
+
+    StepMetrics step;
+    step.step = state.global_step;
+    step.total_steps = total_steps;
+    step.epoch = pipeline.epoch();
+    step.ce_loss = loss.ce_loss();
+    step.aux_loss = loss.weighted_aux_loss();
+    step.loss = loss.total_loss();
+    step.lr = report.lr;
+    step.grad_norm = report.grad_norm;
+    step.skipped = report.skipped;
+    step.num_tokens = num_tokens;
+    step.num_supervised = counts.num_supervised_tokens;
+    step.step_s = seconds_since(step_start);
+    step.tokens_per_s = step.step_s > 0 ? static_cast<double>(num_tokens) / step.step_s : 0.0;
+    step.elapsed_s = state.elapsed_s;
+    const double mean_step_s = seconds_since(loop_start) / static_cast<double>(summary.steps_this_run);
+    step.eta_s = mean_step_s * static_cast<double>(total_steps - state.global_step);
+    metrics.write_step(step);
+    if (summary.steps_this_run == 1) summary.first_loss = step.loss;
+    summary.last_loss = step.loss;
+    if (report.skipped) log_warn("train: step ", step.step, ": gradient norm is not finite; update skipped");
+    const bool last = state.global_step == total_steps;
+    if (state.global_step % options.logging_steps == 0 || last || summary.steps_this_run == 1) {
+      std::printf("%s\n", format_progress_line(step).c_str());
+      std::fflush(stdout);
+    }
+    if (!val_batches.empty() && ((options.eval_steps > 0 && state.global_step % options.eval_steps == 0) || last)) {
+      run_eval(state.global_step);
+    }
+    if ((options.save_steps > 0 && state.global_step % options.save_steps == 0) || last) {
+      save();
+      saved_at_step = true;
+    }
+    if (options.stop_after_steps > 0 && summary.steps_this_run >= options.stop_after_steps && !last) {
+      if (!saved_at_step) save();
+      log_info("train: stopping after ", summary.steps_this_run, " steps (--stop_after_steps); continue with ",
+               "--resume auto");
+      break;
+    }
+  }
+  if (!saved_at_step && summary.steps_this_run > 0) save();
+  summary.steps_done = state.global_step;
+  summary.elapsed_s = seconds_since(run_start);
+  summary.data_skips = pipeline.skip_stats().summary();
+  return summary;
+}
+
+}  // namespace deltamoe

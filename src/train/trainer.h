@@ -1,0 +1,31 @@
+// The training loop: load the model, pick trainable tensors, stream packed micro-batches, accumulate
+// gradients over the global batch through a TrainEngine, step AdamW, report, evaluate, checkpoint,
+// and resume bitwise from a checkpoint. One loop for every device (see train_engine.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "train/train_options.h"
+
+namespace deltamoe {
+
+struct TrainSummary {
+  int64_t steps_done = 0;     // global step reached
+  int64_t total_steps = 0;
+  int64_t steps_this_run = 0;
+  double first_loss = 0, last_loss = 0;  // training loss of the first / last step of this run
+  bool has_val = false;
+  double first_val_loss = 0;  // at step 0 (or at the resumed step)
+  double last_val_loss = 0;
+  std::string last_checkpoint;  // newest checkpoint directory written
+  double elapsed_s = 0;         // this run
+  std::string device;
+  std::string data_skips;  // "0 skipped" or the reasons with counts
+};
+
+// device: see make_train_engine. Throws deltamoe::Error for bad options (before any work) and for
+// failures during the run.
+TrainSummary run_training(const TrainOptions& options, const std::string& device = "auto");
+
+}  // namespace deltamoe

