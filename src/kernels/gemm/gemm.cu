@@ -77,7 +77,11 @@ const cublasLtMatmulAlgo_t& GemmContext::algorithm_for(const Key& key, cublasLtM
   if (status == CUBLAS_STATUS_SUCCESS)
     status = cublasLtMatmulAlgoGetHeuristic(handle_, op, a, b, c, c, preference, 1, &result, &num_results);
   cublasLtMatmulPreferenceDestroy(preference);
-  CUBLAS_CHECK(status);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
+    num_results = 0;  // reported below with the shape
+  } else {
+    CUBLAS_CHECK(status);
+  }
   CHECK(num_results > 0, "gemm: cuBLASLt has no algorithm for a ", key.m, "x", key.n, "x", key.k,
         " bf16 product (trans_a ", key.trans_a, ", trans_b ", key.trans_b, ", output ", dtype_name(key.out_dtype),
         ")");
