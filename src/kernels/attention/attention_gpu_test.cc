@@ -4,7 +4,9 @@
 // timing at 8192 tokens (2 x 4096 and 1 x 8192) in TFLOP/s next to the floor and cuDNN's time.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "core/rng.h"
 #include "kernels/attention/attention.h"
@@ -49,14 +51,29 @@ void check_case(const CausalCase& c, uint64_t seed) {
 
   DeviceTensor q_d = to_device(q, DType::bf16), k_d = to_device(k, DType::bf16), v_d = to_device(v, DType::bf16);
   DeviceTensor d_out_d = to_device(d_out, DType::bf16), cu_d = to_device(cu);
-  DeviceTensor out_d = poisoned_device_tensor(DType::bf16, {tokens, Hq, D});
-  DeviceTensor lse_d = poisoned_device_tensor(DType::f32, {tokens, Hq});
-  attention_forward_cuda(dims, bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), cu_d.view.as<int32_t>(), num_seqs, scale,
-                         bf16_ptr(out_d), f32_ptr(lse_d), nullptr);
-  device_synchronize();
-  expect_close("out (bf16)", out_d, out_ref, 1e-2);
-  // lse is fp32 on both sides; only the summation order differs (~1e-6 relative).
-  expect_close("lse (f32)", lse_d, lse_ref, 1e-4);
+  // The dispatching launcher, then each forward path on its own (tensor cores where supported).
+  const FlashAttentionShape shape = causal_attention_shape(dims, cu_d.view.as<int32_t>(), num_seqs, scale);
+  for (int path = 0; path < 3; ++path) {
+    if (path == 2 && !flash_attention_forward_mma_supported(shape)) continue;
+    const char* names[] = {"dispatch", "simt", "mma"};
+    DeviceTensor out_d = poisoned_device_tensor(DType::bf16, {tokens, Hq, D});
+    DeviceTensor lse_d = poisoned_device_tensor(DType::f32, {tokens, Hq});
+    if (path == 0) {
+      attention_forward_cuda(dims, bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), cu_d.view.as<int32_t>(), num_seqs,
+                             scale, bf16_ptr(out_d), f32_ptr(lse_d), nullptr);
+    } else if (path == 1) {
+      flash_attention_forward_simt_cuda(shape, bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), bf16_ptr(out_d),
+                                        f32_ptr(lse_d), nullptr);
+    } else {
+      flash_attention_forward_mma_cuda(shape, bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), bf16_ptr(out_d),
+                                       f32_ptr(lse_d), nullptr);
+    }
+    device_synchronize();
+    expect_close(std::string("out (bf16) ") + names[path], out_d, out_ref, 1e-2);
+    // lse is fp32 on both sides; only the summation order differs (~1e-6 relative; the tensor-core
+    // path multiplies bf16 inputs exactly and adds in fp32 too).
+    expect_close(std::string("lse (f32) ") + names[path], lse_d, lse_ref, 1e-4);
+  }
 
   DeviceTensor out_in = to_device(out_bf16, DType::bf16), lse_in = to_device(lse_ref, DType::f32);
   DeviceTensor dq_d = poisoned_device_tensor(DType::bf16, {tokens, Hq, D});
@@ -154,6 +171,12 @@ void time_causal(const std::vector<int>& lengths, const char* label, double cudn
   std::printf("causal attention timing %s (T=%lld, Hq=16, Hkv=2, D=256)\n", label, static_cast<long long>(tokens));
   const double forward_ms = median_ms(forward, nullptr, 2, 5);
   print_flop_timing("forward", forward_ms, forward_flops);
+  auto forward_simt = [&](cudaStream_t stream) {
+    flash_attention_forward_simt_cuda(causal_attention_shape(dims, cu.view.as<int32_t>(), num_seqs, scale),
+                                      bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), bf16_ptr(out), f32_ptr(lse), stream);
+  };
+  print_flop_timing("forward, SIMT path (for comparison)", median_ms(forward_simt, nullptr, 1, 3), forward_flops);
+  forward(nullptr);  // the backward below uses the dispatcher's out and lse
   const double backward_ms = median_ms(backward, nullptr, 2, 5);
   print_flop_timing("backward (2.5x forward FLOPs)", backward_ms, 2.5 * forward_flops);
   print_flop_timing("forward + backward", forward_ms + backward_ms, 3.5 * forward_flops);

@@ -4,7 +4,9 @@
 // timing at 8 images x 1024 patches in TFLOP/s next to the floor.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "kernels/bidirectional_attention/bidirectional_attention.h"
 #include "kernels/bidirectional_attention/bidirectional_attention_cuda.h"
@@ -45,14 +47,29 @@ void check_case(const ImageCase& c, uint64_t seed) {
 
   DeviceTensor q_d = to_device(q, DType::bf16), k_d = to_device(k, DType::bf16), v_d = to_device(v, DType::bf16);
   DeviceTensor d_out_d = to_device(d_out, DType::bf16), cu_d = to_device(cu);
-  DeviceTensor out_d = poisoned_device_tensor(DType::bf16, {tokens, H, D});
-  DeviceTensor lse_d = poisoned_device_tensor(DType::f32, {tokens, H});
-  bidirectional_attention_forward_cuda(bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), cu_d.view.as<int32_t>(), segments,
-                                       bf16_ptr(out_d), f32_ptr(lse_d), tokens, H, D, scale, nullptr);
-  device_synchronize();
-  expect_close("out (bf16)", out_d, out_ref, 1e-2);
-  // lse is fp32 here and double-accumulated in the reference: summation order only (~1e-6).
-  expect_close("lse (f32)", lse_d, lse_ref, 1e-4);
+  // The dispatching launcher, then each forward path on its own (tensor cores where supported).
+  const FlashAttentionShape shape =
+      bidirectional_attention_shape(cu_d.view.as<int32_t>(), segments, tokens, H, D, scale);
+  for (int path = 0; path < 3; ++path) {
+    if (path == 2 && !flash_attention_forward_mma_supported(shape)) continue;
+    const char* names[] = {"dispatch", "simt", "mma"};
+    DeviceTensor out_d = poisoned_device_tensor(DType::bf16, {tokens, H, D});
+    DeviceTensor lse_d = poisoned_device_tensor(DType::f32, {tokens, H});
+    if (path == 0) {
+      bidirectional_attention_forward_cuda(bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), cu_d.view.as<int32_t>(),
+                                           segments, bf16_ptr(out_d), f32_ptr(lse_d), tokens, H, D, scale, nullptr);
+    } else if (path == 1) {
+      flash_attention_forward_simt_cuda(shape, bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), bf16_ptr(out_d),
+                                        f32_ptr(lse_d), nullptr);
+    } else {
+      flash_attention_forward_mma_cuda(shape, bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), bf16_ptr(out_d),
+                                       f32_ptr(lse_d), nullptr);
+    }
+    device_synchronize();
+    expect_close(std::string("out (bf16) ") + names[path], out_d, out_ref, 1e-2);
+    // lse is fp32 here and double-accumulated in the reference: summation order only (~1e-6).
+    expect_close(std::string("lse (f32) ") + names[path], lse_d, lse_ref, 1e-4);
+  }
 
   DeviceTensor out_in = to_device(out_bf16, DType::bf16), lse_in = to_device(lse_ref, DType::f32);
   DeviceTensor dq_d = poisoned_device_tensor(DType::bf16, {tokens, H, D});
@@ -75,6 +92,8 @@ TEST(BidirectionalAttentionGpu, OddSizes) {
   check_case({{37, 70, 5}, 3, 72}, 10);
   check_case({{33}, 2, 33}, 20);       // odd head dim
   check_case({{64, 1, 95}, 4, 256}, 30);  // the widest head dim
+  check_case({{130, 3, 200}, 2, 128}, 31);  // tensor-core forward, segments across tiles
+  check_case({{64, 0, 65}, 3, 64}, 32);
 }
 
 TEST(BidirectionalAttentionGpu, ManySmallImagesWithEmptySegments) {

@@ -9,9 +9,10 @@
 // gives any packing, any head dim <= 256, sm_80 and sm_90a, and a deterministic backward; the
 // cuDNN graph can be added later behind the same launchers and checked against this path.
 //
-// This first version is FlashAttention-2 shaped (query tiles, online softmax in fp32, the log-
-// sum-exp saved, probabilities recomputed in the backward) with fp32 SIMT arithmetic: eight lanes
-// share a row and split the head dim. The backward runs two passes without atomics: dQ (and
+// FlashAttention-2 shaped: query tiles, online softmax in fp32, the log-sum-exp saved and the
+// probabilities recomputed in the backward. The forward runs on tensor cores (mma.sync bf16, fp32
+// accumulate) for D in {64, 128, 256}, else on an fp32 SIMT kernel where eight lanes share a row
+// and split the head dim; the backward is SIMT in this version. The backward runs two passes without atomics: dQ (and
 // delta = dO . O) per query tile, then dK/dV per key tile summed over the query heads of its KV
 // head inside the block, so results are bitwise reproducible.
 #pragma once
@@ -43,6 +44,17 @@ struct FlashAttentionShape {
 // q [T, Hq, D], k and v [T, Hkv, D] bf16 -> out [T, Hq, D] bf16 and lse [T, Hq] fp32, written.
 void flash_attention_forward_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                   const __nv_bfloat16* v, __nv_bfloat16* out, float* lse, cudaStream_t stream);
+
+// The two forward paths behind flash_attention_forward_cuda, callable directly so that tests can
+// check each: tensor cores (mma.sync) for head dims 64, 128 and 256 with 16-byte aligned q/k/v,
+// and the fp32 SIMT kernel for any head dim. The dispatcher takes the first when it applies.
+bool flash_attention_forward_mma_supported(const FlashAttentionShape& shape);
+void flash_attention_forward_mma_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
+                                      const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out, float* lse,
+                                      cudaStream_t stream);
+void flash_attention_forward_simt_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
+                                       const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
+                                       float* lse, cudaStream_t stream);
 
 // Scratch of the backward: delta = rowsum(dO * O) in fp32, [T, Hq].
 size_t flash_attention_backward_workspace_bytes(const FlashAttentionShape& shape);

@@ -1,7 +1,9 @@
 // Forward of packed-segment attention: one block per (32-query tile, query head); K/V tiles of 32
 // keys pass through shared memory; each query row keeps its output and online-softmax state in
-// fp32 registers, eight lanes per row splitting the head dim. Also the shared shape check.
+// fp32 registers, eight lanes per row splitting the head dim. Also the shared shape check and the
+// dispatch between this kernel and the tensor-core one (flash_attention_forward_mma.cu).
 #include <cmath>
+#include <cstdint>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
@@ -133,9 +135,21 @@ void launch_forward(const FlashAttentionShape& shape, const __nv_bfloat16* q, co
 
 void flash_attention_forward_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                   const __nv_bfloat16* v, __nv_bfloat16* out, float* lse, cudaStream_t stream) {
-  check_flash_attention_shape(shape, "flash_attention_forward_cuda");
+  const auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  if (flash_attention_forward_mma_supported(shape) && aligned(q, 16) && aligned(k, 16) && aligned(v, 16) &&
+      aligned(out, 4)) {
+    flash_attention_forward_mma_cuda(shape, q, k, v, out, lse, stream);
+  } else {
+    flash_attention_forward_simt_cuda(shape, q, k, v, out, lse, stream);
+  }
+}
+
+void flash_attention_forward_simt_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
+                                       const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
+                                       float* lse, cudaStream_t stream) {
+  check_flash_attention_shape(shape, "flash_attention_forward_simt_cuda");
   if (shape.num_tokens == 0) return;
-  CHECK(q && k && v && out && lse, "flash_attention_forward_cuda: null tensor pointer");
+  CHECK(q && k && v && out && lse, "flash_attention_forward_simt_cuda: null tensor pointer");
   if (shape.head_dim <= 64) {
     launch_forward<8>(shape, q, k, v, out, lse, stream);
   } else if (shape.head_dim <= 128) {
