@@ -11,20 +11,34 @@ cp build/default/deltamoe gpu_bundle/bin/
 ctest --preset gpu -N | sed -n 's/^ *Test *#[0-9]*: *//p' | while read -r test_name; do
   cp "build/default/$test_name" gpu_bundle/bin/
 done
+# Shared libraries a bare GPU machine may lack (image codecs); CUDA's own come from the machine.
+mkdir -p gpu_bundle/lib
+for program in gpu_bundle/bin/*; do
+  ldd "$program" | awk '/=> \// {print $3}' | grep -E 'lib(jpeg|png16|webp|webpdemux|exif|z)\.so' || true
+done | sort -u | while read -r library; do cp -L "$library" gpu_bundle/lib/; done
+cat > gpu_bundle/env.sh <<'ENV'
+# Sourced on the GPU machine: finds the carried codec libraries and CUDA's libraries there.
+bundle_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cuda_libs=$(dirname "$(find /usr/local/cuda/ /usr/local/cuda/lib64/ /opt /usr/lib -name 'libcublasLt.so.13*' 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH="$bundle_dir/lib:${cuda_libs}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+ENV
 cat > gpu_bundle/run_gpu_tests.sh <<'RUN'
 #!/usr/bin/env bash
 # Runs every gpu test program in this bundle from the repository root; logs go to $OUT.
 cd "$(dirname "$0")/.."
+source gpu_bundle/env.sh
 out=${OUT:-/tmp}
 failed=0 passed=0
 for test_program in gpu_bundle/bin/*_gpu_test; do
   [ -e "$test_program" ] || continue
   name=$(basename "$test_program")
-  if DELTAMOE_SOURCE_DIR=$PWD DELTAMOE_BINARY=$PWD/gpu_bundle/bin/deltamoe "$test_program" > "$out/$name.log" 2>&1; then
+  log=/tmp/$name.log
+  if DELTAMOE_SOURCE_DIR=$PWD DELTAMOE_BINARY=$PWD/gpu_bundle/bin/deltamoe timeout 300 "$test_program" > "$log" 2>&1; then
     passed=$((passed + 1)); echo "PASS $name"
   else
-    failed=$((failed + 1)); echo "FAIL $name"; tail -30 "$out/$name.log"
+    failed=$((failed + 1)); echo "FAIL $name"; tail -30 "$log"
   fi
+  { echo "===== $name"; cat "$log"; } >> "$out/gpu_tests.log"  # one file: the device returns at most 8
 done
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
