@@ -1,0 +1,85 @@
+// 'deltamoe data' through the built binary ($DELTAMOE_BINARY): the report on a dataset with good
+// and bad lines (counts and reasons), the label-mask preview, and clear errors for bad flags/files.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+
+#include "data/data_test_util.h"
+
+namespace deltamoe {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+RunResult run_deltamoe(const std::string& args) {
+  const char* binary = std::getenv("DELTAMOE_BINARY");
+  EXPECT_NE(binary, nullptr) << "DELTAMOE_BINARY is not set (run through ctest)";
+  RunResult result;
+  if (binary == nullptr) return result;
+  const std::string command = std::string(binary) + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  EXPECT_NE(pipe, nullptr) << command;
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+// A model folder with only the tokenizer (image settings fall back to Qwen3.5's).
+fs::path tokenizer_only_model(const fs::path& folder) {
+  const fs::path model = folder / "model";
+  fs::create_directories(model);
+  fs::create_symlink(fs::absolute(data_test::kQwen3Tokenizer), model / "tokenizer.json");
+  return model;
+}
+
+TEST(DataCli, ReportsCountsSkipsAndPreview) {
+  const fs::path folder = data_test::temp_folder();
+  data_test::write_bytes(folder / "data/cat.jpg", data_test::jpeg_bytes(64, 64));
+  data_test::write_text(folder / "data/train.jsonl",
+                        data_test::chat_line("Hi", "Hello there") +
+                            R"({"messages": [{"role": "user", "content": "<image>What?"}, {"role": "assistant", "content": "A cat."}], "images": ["cat.jpg"]})"
+                            "\n{broken\n" +
+                            R"({"messages": [{"role": "user", "content": "<image>x"}, {"role": "assistant", "content": "y"}], "images": ["dog.jpg"]})"
+                            "\n" + data_test::chat_line("Bye", "See you"));
+  const fs::path model = tokenizer_only_model(folder);
+  const RunResult result = run_deltamoe("data --dataset " + (folder / "data/train.jsonl").string() + " --model " + model.string() +
+                                        " --max_length 256 --min_pixels 1024 --num_workers 1 --preview 1");
+  std::printf("%s", result.output.c_str());
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_NE(result.output.find("3 kept, 2 skipped (malformed_json 1, missing_image 1)"), std::string::npos);
+  EXPECT_NE(result.output.find("images:      1, 4 image tokens"), std::string::npos);
+  EXPECT_NE(result.output.find("train.jsonl:3"), std::string::npos) << "the malformed line is named";
+  EXPECT_NE(result.output.find("[[A cat.<|im_end|>]]"), std::string::npos) << "preview marks the supervised answer";
+  EXPECT_NE(result.output.find("<|image_pad|> x 4"), std::string::npos);
+  EXPECT_NE(result.output.find("image grid (t, h, w) = (1, 4, 4)"), std::string::npos);
+}
+
+TEST(DataCli, BadFlagsAndFilesAreClearErrors) {
+  const fs::path folder = data_test::temp_folder();
+  const fs::path model = tokenizer_only_model(folder);
+  RunResult result = run_deltamoe("data --dataset " + (folder / "none.jsonl").string() + " --model " + model.string());
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.output.find("none.jsonl"), std::string::npos) << result.output;
+  data_test::write_text(folder / "one.jsonl", data_test::chat_line("q", "a"));
+  result = run_deltamoe("data --dataset " + (folder / "one.jsonl").string() + " --model " + model.string() + " --truncation_strategy left");
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("--truncation_strategy"), std::string::npos) << result.output;
+  result = run_deltamoe("data --dataset " + (folder / "one.jsonl").string() + " --model " + model.string() + " --preview 5");
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("--preview 5 is out of range"), std::string::npos) << result.output;
+}
+
+}  // namespace
+}  // namespace deltamoe
