@@ -76,17 +76,29 @@ void check_case(const CausalCase& c, uint64_t seed) {
   }
 
   DeviceTensor out_in = to_device(out_bf16, DType::bf16), lse_in = to_device(lse_ref, DType::f32);
-  DeviceTensor dq_d = poisoned_device_tensor(DType::bf16, {tokens, Hq, D});
-  DeviceTensor dk_d = poisoned_device_tensor(DType::bf16, {tokens, Hkv, D});
-  DeviceTensor dv_d = poisoned_device_tensor(DType::bf16, {tokens, Hkv, D});
   DeviceBuffer workspace(std::max<size_t>(1, attention_backward_workspace_bytes(dims)));
-  attention_backward_cuda(dims, bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), bf16_ptr(out_in), f32_ptr(lse_in),
-                          bf16_ptr(d_out_d), cu_d.view.as<int32_t>(), num_seqs, scale, bf16_ptr(dq_d), bf16_ptr(dk_d),
-                          bf16_ptr(dv_d), workspace.data(), workspace.bytes(), nullptr);
-  device_synchronize();
-  expect_close("dq (bf16)", dq_d, dq_ref, 1e-2);
-  expect_close("dk (bf16)", dk_d, dk_ref, 1e-2);
-  expect_close("dv (bf16)", dv_d, dv_ref, 1e-2);
+  for (int path = 0; path < 3; ++path) {
+    if (path == 2 && !flash_attention_backward_mma_supported(shape)) continue;
+    const std::string name = std::string(" (bf16) ") + (path == 0 ? "dispatch" : path == 1 ? "simt" : "mma");
+    DeviceTensor dq_d = poisoned_device_tensor(DType::bf16, {tokens, Hq, D});
+    DeviceTensor dk_d = poisoned_device_tensor(DType::bf16, {tokens, Hkv, D});
+    DeviceTensor dv_d = poisoned_device_tensor(DType::bf16, {tokens, Hkv, D});
+    if (path == 0) {
+      attention_backward_cuda(dims, bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), bf16_ptr(out_in), f32_ptr(lse_in),
+                              bf16_ptr(d_out_d), cu_d.view.as<int32_t>(), num_seqs, scale, bf16_ptr(dq_d),
+                              bf16_ptr(dk_d), bf16_ptr(dv_d), workspace.data(), workspace.bytes(), nullptr);
+    } else {
+      auto* launch = path == 1 ? flash_attention_backward_simt_cuda : flash_attention_backward_mma_cuda;
+      launch(shape, bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), bf16_ptr(out_in), f32_ptr(lse_in), bf16_ptr(d_out_d),
+             bf16_ptr(dq_d), bf16_ptr(dk_d), bf16_ptr(dv_d), workspace.data(), workspace.bytes(), nullptr);
+    }
+    device_synchronize();
+    // The tensor-core path rounds P and dS to bf16 before their products (as FlashAttention
+    // does): ~2^-9 relative per term, averaging out over the sums, still far under 1e-2.
+    expect_close("dq" + name, dq_d, dq_ref, 1e-2);
+    expect_close("dk" + name, dk_d, dk_ref, 1e-2);
+    expect_close("dv" + name, dv_d, dv_ref, 1e-2);
+  }
 }
 
 // Lengths in [0, max_length], about one in eight empty (empty sequences must be skipped).
@@ -179,6 +191,15 @@ void time_causal(const std::vector<int>& lengths, const char* label, double cudn
   forward(nullptr);  // the backward below uses the dispatcher's out and lse
   const double backward_ms = median_ms(backward, nullptr, 2, 5);
   print_flop_timing("backward (2.5x forward FLOPs)", backward_ms, 2.5 * forward_flops);
+  auto backward_simt = [&](cudaStream_t stream) {
+    flash_attention_backward_simt_cuda(causal_attention_shape(dims, cu.view.as<int32_t>(), num_seqs, scale),
+                                       bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), bf16_ptr(out), f32_ptr(lse),
+                                       bf16_ptr(d_out), bf16_ptr(dq), bf16_ptr(dk), bf16_ptr(dv), workspace.data(),
+                                       workspace.bytes(), stream);
+  };
+  print_flop_timing("backward, SIMT path (for comparison)", median_ms(backward_simt, nullptr, 1, 3),
+                    2.5 * forward_flops);
+  backward(nullptr);  // the finite check below looks at the dispatcher's dq
   print_flop_timing("forward + backward", forward_ms + backward_ms, 3.5 * forward_flops);
   if (cudnn_forward_ms > 0)
     std::printf("  baseline cuDNN SDPA (PyTorch, baselines.md): forward %.2f ms, forward + backward %.2f ms\n",

@@ -72,18 +72,29 @@ void check_case(const ImageCase& c, uint64_t seed) {
   }
 
   DeviceTensor out_in = to_device(out_bf16, DType::bf16), lse_in = to_device(lse_ref, DType::f32);
-  DeviceTensor dq_d = poisoned_device_tensor(DType::bf16, {tokens, H, D});
-  DeviceTensor dk_d = poisoned_device_tensor(DType::bf16, {tokens, H, D});
-  DeviceTensor dv_d = poisoned_device_tensor(DType::bf16, {tokens, H, D});
   DeviceBuffer workspace(std::max<size_t>(1, bidirectional_attention_backward_workspace_bytes(tokens, H)));
-  bidirectional_attention_backward_cuda(bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), bf16_ptr(out_in),
-                                        f32_ptr(lse_in), bf16_ptr(d_out_d), cu_d.view.as<int32_t>(), segments,
-                                        bf16_ptr(dq_d), bf16_ptr(dk_d), bf16_ptr(dv_d), tokens, H, D, scale,
-                                        workspace.data(), workspace.bytes(), nullptr);
-  device_synchronize();
-  expect_close("dq (bf16)", dq_d, dq_ref, 1e-2);
-  expect_close("dk (bf16)", dk_d, dk_ref, 1e-2);
-  expect_close("dv (bf16)", dv_d, dv_ref, 1e-2);
+  for (int path = 0; path < 3; ++path) {
+    if (path == 2 && !flash_attention_backward_mma_supported(shape)) continue;
+    const std::string name = std::string(" (bf16) ") + (path == 0 ? "dispatch" : path == 1 ? "simt" : "mma");
+    DeviceTensor dq_d = poisoned_device_tensor(DType::bf16, {tokens, H, D});
+    DeviceTensor dk_d = poisoned_device_tensor(DType::bf16, {tokens, H, D});
+    DeviceTensor dv_d = poisoned_device_tensor(DType::bf16, {tokens, H, D});
+    if (path == 0) {
+      bidirectional_attention_backward_cuda(bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), bf16_ptr(out_in),
+                                            f32_ptr(lse_in), bf16_ptr(d_out_d), cu_d.view.as<int32_t>(), segments,
+                                            bf16_ptr(dq_d), bf16_ptr(dk_d), bf16_ptr(dv_d), tokens, H, D, scale,
+                                            workspace.data(), workspace.bytes(), nullptr);
+    } else {
+      auto* launch = path == 1 ? flash_attention_backward_simt_cuda : flash_attention_backward_mma_cuda;
+      launch(shape, bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), bf16_ptr(out_in), f32_ptr(lse_in), bf16_ptr(d_out_d),
+             bf16_ptr(dq_d), bf16_ptr(dk_d), bf16_ptr(dv_d), workspace.data(), workspace.bytes(), nullptr);
+    }
+    device_synchronize();
+    // The tensor-core path rounds P and dS to bf16 before their products: ~2^-9 per term.
+    expect_close("dq" + name, dq_d, dq_ref, 1e-2);
+    expect_close("dk" + name, dk_d, dk_ref, 1e-2);
+    expect_close("dv" + name, dv_d, dv_ref, 1e-2);
+  }
 }
 
 TEST(BidirectionalAttentionGpu, SinglePatch) { check_case({{1}, 16, 72}, 1); }

@@ -1,8 +1,11 @@
-// Backward of packed-segment attention in two deterministic passes (no atomics):
+// SIMT backward of packed-segment attention (any head dim; the dispatcher that prefers the
+// tensor-core version lives here too), in two deterministic passes (no atomics):
 //   1. per (32-query tile, query head): delta = dO . O, then dQ over the visible key tiles;
 //   2. per (32-key tile, KV head): dK and dV over the visible query tiles of every query head in
 //      the group, so the GQA sum stays inside one block.
 // Probabilities are recomputed from the saved log-sum-exp: P = exp(scale * q.k - lse).
+#include <cstdint>
+
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "kernels/flash_attention/flash_attention_common.cuh"
@@ -229,13 +232,28 @@ void flash_attention_backward_cuda(const FlashAttentionShape& shape, const __nv_
                                    const __nv_bfloat16* v, const __nv_bfloat16* out, const float* lse,
                                    const __nv_bfloat16* d_out, __nv_bfloat16* dq, __nv_bfloat16* dk,
                                    __nv_bfloat16* dv, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  check_flash_attention_shape(shape, "flash_attention_backward_cuda");
+  const auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  if (flash_attention_backward_mma_supported(shape) && aligned(q, 16) && aligned(k, 16) && aligned(v, 16) &&
+      aligned(d_out, 16) && aligned(dq, 4) && aligned(dk, 4) && aligned(dv, 4)) {
+    flash_attention_backward_mma_cuda(shape, q, k, v, out, lse, d_out, dq, dk, dv, workspace, workspace_bytes, stream);
+  } else {
+    flash_attention_backward_simt_cuda(shape, q, k, v, out, lse, d_out, dq, dk, dv, workspace, workspace_bytes,
+                                       stream);
+  }
+}
+
+void flash_attention_backward_simt_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
+                                        const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* out,
+                                        const float* lse, const __nv_bfloat16* d_out, __nv_bfloat16* dq,
+                                        __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, size_t workspace_bytes,
+                                        cudaStream_t stream) {
+  check_flash_attention_shape(shape, "flash_attention_backward_simt_cuda");
   const size_t needed = flash_attention_backward_workspace_bytes(shape);
-  CHECK(workspace_bytes >= needed, "flash_attention_backward_cuda: workspace of ", workspace_bytes,
+  CHECK(workspace_bytes >= needed, "flash_attention_backward_simt_cuda: workspace of ", workspace_bytes,
         " bytes is smaller than the ", needed, " bytes needed (flash_attention_backward_workspace_bytes)");
   if (shape.num_tokens == 0) return;
   CHECK(q && k && v && out && lse && d_out && dq && dk && dv && workspace,
-        "flash_attention_backward_cuda: null tensor or workspace pointer");
+        "flash_attention_backward_simt_cuda: null tensor or workspace pointer");
   float* delta = static_cast<float*>(workspace);
   if (shape.head_dim <= 64) {
     launch_backward<8>(shape, q, k, v, out, lse, d_out, dq, dk, dv, delta, stream);

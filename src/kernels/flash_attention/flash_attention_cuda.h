@@ -12,7 +12,8 @@
 // FlashAttention-2 shaped: query tiles, online softmax in fp32, the log-sum-exp saved and the
 // probabilities recomputed in the backward. The forward runs on tensor cores (mma.sync bf16, fp32
 // accumulate) for D in {64, 128, 256}, else on an fp32 SIMT kernel where eight lanes share a row
-// and split the head dim; the backward is SIMT in this version. The backward runs two passes without atomics: dQ (and
+// and split the head dim; the backward likewise (tensor-core passes for those head dims, SIMT
+// otherwise). The backward runs two passes without atomics: dQ (and
 // delta = dO . O) per query tile, then dK/dV per key tile summed over the query heads of its KV
 // head inside the block, so results are bitwise reproducible.
 #pragma once
@@ -65,6 +66,21 @@ void flash_attention_backward_cuda(const FlashAttentionShape& shape, const __nv_
                                    const __nv_bfloat16* v, const __nv_bfloat16* out, const float* lse,
                                    const __nv_bfloat16* d_out, __nv_bfloat16* dq, __nv_bfloat16* dk,
                                    __nv_bfloat16* dv, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// The two backward paths behind flash_attention_backward_cuda (same arguments), callable
+// directly for tests: tensor cores for D in {64, 128, 256} with 16-byte aligned q/k/v/d_out and
+// 4-byte aligned gradients, and the fp32 SIMT kernels for any head dim.
+bool flash_attention_backward_mma_supported(const FlashAttentionShape& shape);
+void flash_attention_backward_mma_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
+                                       const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* out,
+                                       const float* lse, const __nv_bfloat16* d_out, __nv_bfloat16* dq,
+                                       __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, size_t workspace_bytes,
+                                       cudaStream_t stream);
+void flash_attention_backward_simt_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
+                                        const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* out,
+                                        const float* lse, const __nv_bfloat16* d_out, __nv_bfloat16* dq,
+                                        __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, size_t workspace_bytes,
+                                        cudaStream_t stream);
 
 // Throws with a message naming `where` unless the sizes are usable (used by both launchers).
 void check_flash_attention_shape(const FlashAttentionShape& shape, const char* where);
