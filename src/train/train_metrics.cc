@@ -39,9 +39,29 @@ std::string format_progress_line(const StepMetrics& m) {
   return line;
 }
 
-MetricsLog::MetricsLog(const std::string& path, bool append)
-    : path_(path), out_(path, append ? std::ios::app : std::ios::trunc) {
+namespace {
+
+// The lines of an existing metrics file whose "step" is at most max_step (unparsable lines dropped).
+std::string lines_up_to_step(const std::string& path, int64_t max_step) {
+  std::ifstream in(path);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const nlohmann::json json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (json.is_object() && json.contains("step") && json["step"].is_number_integer() &&
+        json["step"].get<int64_t>() <= max_step) {
+      kept += line + "\n";
+    }
+  }
+  return kept;
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& path, int64_t keep_up_to_step) : path_(path) {
+  const std::string kept = keep_up_to_step >= 0 ? lines_up_to_step(path, keep_up_to_step) : std::string();
+  out_.open(path, std::ios::trunc);
   CHECK(out_.good(), "cannot open the metrics file ", path, " for writing");
+  out_ << kept;
 }
 
 void MetricsLog::write_line(const std::string& line) {

@@ -34,8 +34,10 @@ std::string format_duration(double seconds);
 // Appends JSON lines to a file (kept open; flushed after every line so a crash loses nothing).
 class MetricsLog {
  public:
-  // append: keep earlier lines (a resumed run continues the same file).
-  MetricsLog(const std::string& path, bool append);
+  // keep_up_to_step < 0: start a new file. Otherwise (a resumed run) keep the earlier lines of
+  // steps <= keep_up_to_step and drop later ones, which a run killed after its last checkpoint
+  // wrote and the resumed run is about to write again.
+  MetricsLog(const std::string& path, int64_t keep_up_to_step);
   void write_step(const StepMetrics& metrics);
   void write_eval(int64_t step, double val_loss, int64_t num_supervised);
   const std::string& path() const { return path_; }

@@ -1,6 +1,7 @@
 // Up-front validation of the training options: every message names the flag and the value.
 #include "train/train_options.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/error.h"
@@ -28,6 +29,11 @@ void validate_train_options(const TrainOptions& options) {
   CHECK(fs::weakly_canonical(options.output_dir) != fs::weakly_canonical(options.model_dir),
         "--output_dir must differ from --model (checkpoints would overwrite the input model)");
   CHECK(options.schedule.lr > 0, "--lr must be positive, got ", options.schedule.lr);
+  // The schedule's own checks; an epoch-based run's step count is known only after a pass over the
+  // data, so until then any count will do for the flags that do not depend on it.
+  LrScheduleConfig schedule = options.schedule;
+  schedule.total_steps = options.max_steps > 0 ? options.max_steps : std::max<int64_t>(1, schedule.warmup_steps);
+  validate_lr_schedule(schedule);
   validate_adamw_config(options.adamw);
   CHECK(options.max_steps > 0 || options.num_train_epochs > 0, "--num_train_epochs must be positive (or give ",
         "--max_steps), got ", options.num_train_epochs);

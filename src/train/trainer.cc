@@ -144,7 +144,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     CHECK(!val_batches.empty(), "--val_dataset: no usable samples");
   }
 
-  MetricsLog metrics((fs::path(options.output_dir) / "metrics.jsonl").string(), resuming);
+  MetricsLog metrics((fs::path(options.output_dir) / "metrics.jsonl").string(), resuming ? state.global_step : -1);
   TrainSummary summary;
   summary.total_steps = total_steps;
   summary.device = engine->device_name();
@@ -158,7 +158,8 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     summary.has_val = true;
     summary.last_val_loss = result.loss;
   };
-  if (!val_batches.empty()) run_eval(state.global_step);
+  // A resumed run evaluated this step before it was saved (its line is kept in the metrics).
+  if (!val_batches.empty() && !resuming) run_eval(state.global_step);
 
   auto save = [&]() {
     CheckpointPayload payload;

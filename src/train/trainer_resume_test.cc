@@ -5,6 +5,9 @@
 
 #include <sys/wait.h>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "optim/optimizer_state.h"
 #include "train/train_checkpoint.h"
 #include "train/train_test_util.h"
@@ -49,6 +52,21 @@ void expect_same_checkpoint(const fs::path& a, const fs::path& b) {
   EXPECT_GE(num_files, 4u);
 }
 
+// The "train" lines of a metrics file have steps 1, 2, ..., num_steps once each (a resumed run
+// replaces what the interrupted one wrote after its checkpoint).
+void expect_metrics_steps(const fs::path& metrics, int64_t num_steps) {
+  std::ifstream in(metrics);
+  std::string line;
+  int64_t expected = 1;
+  while (std::getline(in, line)) {
+    const auto json = nlohmann::json::parse(line);
+    if (json.at("type") != "train") continue;
+    EXPECT_EQ(json.at("step").get<int64_t>(), expected) << metrics;
+    ++expected;
+  }
+  EXPECT_EQ(expected, num_steps + 1) << metrics;
+}
+
 TEST_F(TrainerResumeTest, TwentyStepsEqualTenPlusResumePlusTen) {
   TrainOptions straight = small_run_options(*root_);
   straight.max_steps = 20;
@@ -69,6 +87,7 @@ TEST_F(TrainerResumeTest, TwentyStepsEqualTenPlusResumePlusTen) {
   EXPECT_EQ(part2.steps_this_run, 10);
 
   expect_same_checkpoint(*root_ / "straight" / "checkpoint-20", *root_ / "split" / "checkpoint-20");
+  expect_metrics_steps(*root_ / "split" / "metrics.jsonl", 20);
   // The training loss moved (the comparison is not between two untrained models).
   std::printf("  loss %.4f -> %.4f\n", full.first_loss, full.last_loss);
   EXPECT_LT(full.last_loss, full.first_loss);
@@ -114,6 +133,7 @@ TEST_F(TrainerResumeTest, KilledSaveLeavesPreviousCheckpointLoadable) {
   EXPECT_EQ(summary.steps_this_run, 4);
   EXPECT_TRUE(fs::exists(out / "checkpoint-6" / "optimizer.safetensors"));
   EXPECT_FALSE(fs::exists(out / ".checkpoint-4.tmp")) << "the leftover temporary save was not cleaned up";
+  expect_metrics_steps(out / "metrics.jsonl", 6);
 }
 
 }  // namespace

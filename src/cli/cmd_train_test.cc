@@ -1,0 +1,110 @@
+// `deltamoe train` through the binary: bad flags, paths and combinations fail before any work with
+// a message naming the flag; a config file supplies flags and the command line overrides them.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <fstream>
+
+#include "train/train_test_util.h"
+
+namespace deltamoe {
+namespace {
+
+using namespace train_test;
+
+class CmdTrainTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new fs::path(fresh_temp_dir("cmd_train"));
+    make_tiny_vl_fixture(*root_, 8, 4);
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*root_);
+    delete root_;
+  }
+
+  struct Result {
+    int exit_code;
+    std::string output;
+  };
+  static Result run(const std::string& flags) {
+    const char* binary = std::getenv("DELTAMOE_BINARY");
+    EXPECT_NE(binary, nullptr) << "DELTAMOE_BINARY is not set (run through ctest)";
+    const fs::path log = *root_ / "out.log";
+    const int status = std::system(str_cat(binary, " train ", flags, " > ", log.string(), " 2>&1").c_str());
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_bytes(log)};
+  }
+  // Flags of a valid short run; cases replace one of them.
+  static std::string good(const std::string& extra = "") {
+    return str_cat("--model ", (*root_ / "tiny-vl").string(), " --dataset ", (*root_ / "data" / "train.jsonl").string(),
+                   " --output_dir ", (*root_ / "out").string(), " --max_length 128 --min_pixels 4096 --max_pixels 4096 ",
+                   extra);
+  }
+  static fs::path* root_;
+};
+fs::path* CmdTrainTest::root_ = nullptr;
+
+TEST_F(CmdTrainTest, BadInputFailsBeforeAnyWork) {
+  struct Case {
+    std::string flags;
+    std::string message;
+  };
+  const std::string model = (*root_ / "tiny-vl").string();
+  const std::string data = (*root_ / "data" / "train.jsonl").string();
+  const std::string out = (*root_ / "out").string();
+  const std::vector<Case> cases = {
+      {good("--learning_rat 1e-4"), "did you mean --learning_rate"},
+      {str_cat("--model ", model, " --output_dir ", out), "needs --dataset"},
+      {str_cat("--model ", model, " --dataset /nonexistent/a.jsonl --output_dir ", out), "--dataset: no such file '/nonexistent/a.jsonl'"},
+      {str_cat("--model ", root_->string(), " --dataset ", data, " --output_dir ", out), "no config.json"},
+      {str_cat("--model ", model, " --dataset ", data, " --output_dir ", model), "--output_dir must differ from --model"},
+      {good("--lr -1"), "--lr must be positive"},
+      {good("--lr abc"), "--lr"},
+      {good("--micro_batch_tokens 64"), "--micro_batch_tokens (64) must be at least --max_length (128)"},
+      {good("--eval_steps 5"), "--eval_steps needs --val_dataset"},
+      {good("--freeze_vit maybe"), "--freeze_vit takes true or false"},
+      {good("--warmup_ratio 2"), "warmup"},
+      {good("--adam_beta2 1.5"), "--adam_beta2"},
+      {good("--tuner_type lora"), "--tuner_type lora is not supported"},
+      {good("--split_dataset_ratio 0.1"), "--split_dataset_ratio is not supported"},
+      {good("--resume /tmp"), "not a training checkpoint"},
+      {good("--resume auto"), "no complete checkpoint-N directory"},
+      {good("--device tpu"), "--device must be auto, cpu or cuda"},
+      {good("--optimizer_state_dtype f16"), "--optimizer_state_dtype must be f32 or bf16"},
+      {good("--config /nonexistent.json"), "--config: cannot read /nonexistent.json"},
+  };
+  for (const Case& c : cases) {
+    const Result result = run(c.flags);
+    EXPECT_EQ(result.exit_code, 1) << c.flags << "\n" << result.output;
+    EXPECT_NE(result.output.find(c.message), std::string::npos)
+        << "expected '" << c.message << "' for: " << c.flags << "\ngot: " << result.output;
+    EXPECT_EQ(result.output.find("step 1/"), std::string::npos) << "training started for: " << c.flags;
+  }
+}
+
+TEST_F(CmdTrainTest, ConfigFileSuppliesFlagsAndCommandLineWins) {
+  const fs::path config = *root_ / "run.json";
+  {
+    std::ofstream file(config);
+    file << "{\"model\": \"" << (*root_ / "tiny-vl").string() << "\", \"dataset\": [\""
+         << (*root_ / "data" / "train.jsonl").string() << "\"], \"output_dir\": \"" << (*root_ / "from_config").string()
+         << "\", \"max_steps\": 5, \"lr\": 1e-3, \"freeze_vit\": false, \"max_length\": 128, \"min_pixels\": 4096,"
+         << " \"max_pixels\": 4096}";
+  }
+  const Result result = run(str_cat("--config ", config.string(), " --max_steps 2"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("step 2/2"), std::string::npos) << result.output;
+  EXPECT_TRUE(fs::exists(*root_ / "from_config" / "checkpoint-2" / "optimizer.safetensors"));
+  EXPECT_TRUE(fs::exists(*root_ / "from_config" / "metrics.jsonl"));
+
+  std::ofstream bad(*root_ / "bad.json");
+  bad << "{\"lr\": [1, 2]}";
+  bad.close();
+  const Result bad_result = run(good(str_cat("--config ", (*root_ / "bad.json").string())));
+  EXPECT_EQ(bad_result.exit_code, 1);
+  EXPECT_NE(bad_result.output.find("'lr' must be a list of strings"), std::string::npos) << bad_result.output;
+}
+
+}  // namespace
+}  // namespace deltamoe
