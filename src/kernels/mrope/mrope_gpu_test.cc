@@ -27,11 +27,24 @@ MropeSpec make_spec(int64_t rotary_dim, int64_t s0, int64_t s1, int64_t s2) {
   return spec;
 }
 
-void check_mrope(const MropeSpec& spec, int64_t tokens, int64_t heads, int64_t head_dim, uint64_t seed) {
+// Packed text sequences (cu_seqlens): positions restart at 0 in each sequence, equal on all axes.
+HostTensor packed_text_positions(const std::vector<int64_t>& lengths) {
+  int64_t tokens = 0;
+  for (int64_t length : lengths) tokens += length;
+  HostTensor positions(DType::i64, {3, tokens});
+  int64_t t = 0;
+  for (int64_t length : lengths)
+    for (int64_t p = 0; p < length; ++p, ++t)
+      for (int axis = 0; axis < 3; ++axis) positions.as<int64_t>()[axis * tokens + t] = p;
+  return positions;
+}
+
+void check_mrope(const MropeSpec& spec, const HostTensor& positions, int64_t heads, int64_t head_dim,
+                 uint64_t seed) {
+  const int64_t tokens = positions.shape()[1];
   std::printf("mrope T=%lld H=%lld D=%lld R=%lld\n", static_cast<long long>(tokens), static_cast<long long>(heads),
               static_cast<long long>(head_dim), static_cast<long long>(spec.rotary_dim));
   const int64_t half = spec.rotary_dim / 2;
-  HostTensor positions = random_positions(tokens, 9000, seed);
   HostTensor x = random_bf16_exact({tokens, heads, head_dim}, seed + 1);
   HostTensor dy = random_bf16_exact({tokens, heads, head_dim}, seed + 2);
   HostTensor cos_ref(DType::f32, {tokens, half}), sin_ref(DType::f32, {tokens, half});
@@ -69,12 +82,18 @@ void check_mrope(const MropeSpec& spec, int64_t tokens, int64_t heads, int64_t h
   EXPECT_EQ(max_copy_diff, 0.0);
 }
 
+void check_mrope(const MropeSpec& spec, int64_t tokens, int64_t heads, int64_t head_dim, uint64_t seed) {
+  check_mrope(spec, random_positions(tokens, 9000, seed + 1000), heads, head_dim, seed);
+}
+
 TEST(MropeGpu, MatchesReferenceOverShapes) {
   check_mrope(make_spec(64, 11, 11, 10), 1, 16, 256, 1);    // T = 1, Qwen3.5 full attention q
   check_mrope(make_spec(64, 11, 11, 10), 300, 2, 256, 2);   // k heads
   check_mrope(make_spec(6, 1, 1, 1), 37, 3, 10, 3);         // odd head dim, tiny sections
   check_mrope(make_spec(16, 3, 3, 2), 50, 5, 16, 4);        // full rotary (R = D)
   check_mrope(make_spec(64, 32, 0, 0), 80, 4, 256, 5);      // text-only sections (t axis only)
+  // Many short packed sequences, positions restarting in each.
+  check_mrope(make_spec(64, 11, 11, 10), packed_text_positions({1, 5, 17, 3, 1, 40, 2, 9}), 16, 256, 6);
 }
 
 TEST(MropeGpu, BadSpecIsRejected) {
