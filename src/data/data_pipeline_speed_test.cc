@@ -15,16 +15,25 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Words drawn with a fixed LCG so every run reads the same text.
+// Words of 1-3 syllables drawn with a fixed LCG (about 30k distinct words, so the tokenizer's
+// piece cache sees a realistic mix of hits and misses), with some punctuation and numbers.
 std::string words(uint64_t& state, int count) {
-  static const char* kWords[] = {"the", "model", "reads", "images", "and", "writes", "careful", "answers", "about",
-                                 "tokens", "packing", "budget", "shuffle", "epoch", "resume", "exactly", "quick",
-                                 "brown", "fox", "jumps", "over", "lazy", "dog", "while", "numbers", "like", "42", "grow"};
+  static const char* kSyllables[] = {"ka", "to", "ren", "mi", "sol", "ther", "in", "ga", "pro", "lu", "ment", "ve",
+                                     "qu", "ab", "dor", "sti", "nel", "ox", "ria", "tem", "pa", "zu", "ble", "cor",
+                                     "wi", "fan", "ght", "ei", "sy", "on", "ex", "ly"};
+  const auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return state >> 33;
+  };
   std::string out;
   for (int i = 0; i < count; ++i) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    if (i) out += ' ';
-    out += kWords[(state >> 33) % (sizeof(kWords) / sizeof(kWords[0]))];
+    if (i) out += next() % 12 == 0 ? ", " : " ";
+    if (next() % 20 == 0) {
+      out += std::to_string(next() % 10000);
+      continue;
+    }
+    const uint64_t syllables = 1 + next() % 3;
+    for (uint64_t k = 0; k < syllables; ++k) out += kSyllables[next() % 32];
   }
   return out;
 }
