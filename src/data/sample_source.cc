@@ -29,8 +29,7 @@ SampleSource::SampleSource(const std::string& path) : path_(path) {
   std::vector<char> chunk(1 << 20);
   uint64_t chunk_offset = 0, line_start = 0;
   int64_t line_number = 1;
-  std::string pending;  // bytes of the current line seen so far, to tell blank lines apart
-  bool pending_blank = true;
+  bool pending_blank = true;  // the current line has only white space so far (it may span chunks)
   const auto finish_line = [&](uint64_t end) {
     if (!pending_blank) {
       CHECK(end - line_start <= std::numeric_limits<uint32_t>::max(), path, ":", line_number, ": line longer than 4 GiB");
