@@ -11,10 +11,10 @@ namespace deltamoe {
 namespace gdn_cuda {
 namespace {
 
-constexpr int kColumnStride = kScanColumns + 1;  // padded rows of the 64 x 32 slices
+constexpr int kColumnStride = kScanColumns + 1;  // padded rows of the 64-token column slices
 
-// Grid (N, Hv, ceil(Dv / 32)). Reverse scan over the chunks of one sequence carrying 32 columns
-// of dL/dH. Per chunk (last first): stores dH leaving the chunk, then
+// Grid (N, Hv, ceil(Dv / kScanColumns)). Reverse scan over the chunks of one sequence carrying a
+// column slice of dL/dH. Per chunk (last first): stores dH leaving the chunk, then
 //   dV_new_j = sum_{i>=j} P_ij do_i + e^(gamma_last - gamma_j) dH^T k_j,
 //   dH <- e^gamma_last dH + sum_i e^gamma_i (scale q_i) do_i^T - W^T dV_new.
 __global__ void __launch_bounds__(kThreads)
@@ -96,67 +96,112 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+constexpr int kStateTileRows = 32;  // rows of H and dH staged in shared memory at a time
+
 size_t grads_states_smem_bytes(int value_dim) {
-  return sizeof(float) * (3 * kChunk * (value_dim + 1) + 2 * kChunk + 1);
+  return sizeof(float) * (3 * kChunk * (value_dim + 1) + 2 * kStateTileRows * value_dim +
+                          2 * kChunk + 1);
 }
 
 // Grid (max_chunks, Hv). The gradient terms that multiply the chunk's states H and dH:
 //   dq_i  = e^gamma_i H do_i                      (w.r.t. scale*q; into dq_acc)
 //   dk_j  = e^(gamma_last - gamma_j) dH v_new_j    (into dk_acc)
 //   dW_i  = -H dV_new_i                           (overwrites W)
-// and the matching d gamma parts (into ws.dgamma).
+// and the matching d gamma parts (into ws.dgamma). H and dH are staged 32 rows at a time
+// (coalesced); each warp owns 4 of those rows and each lane the chunk rows lane and lane + 32.
 __global__ void __launch_bounds__(kThreads)
     grads_states_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
                         const __nv_bfloat16* k, const __nv_bfloat16* d_o, Workspace ws) {
+  constexpr int kRowsPerWarp = kStateTileRows / (kThreads / 32);
   const int chunk = blockIdx.x, h = blockIdx.y;
   if (chunk >= *ws.chunk_count) return;
   const ChunkInfo ci = ws.chunks[chunk];
   const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
   const int kh = key_head_of(s, h), len = ci.len, stride = Dv + 1, tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
   extern __shared__ float smem[];
-  float* dos = smem;                     // [64][Dv+1] d_o
-  float* vns = dos + kChunk * stride;    // [64][Dv+1] V_new
-  float* dvns = vns + kChunk * stride;   // [64][Dv+1] dV_new
-  float* s_q = dvns + kChunk * stride;   // [64] (scale q_i) . dq_i
-  float* s_k = s_q + kChunk;             // [64] k_j . dk_j
-  float* h_dot_dh = s_k + kChunk;        // [1]
-  for (int idx = tid; idx < len * Dv; idx += kThreads) {
+  float* dos = smem;                         // [64][Dv+1] d_o
+  float* vns = dos + kChunk * stride;        // [64][Dv+1] V_new
+  float* dvns = vns + kChunk * stride;       // [64][Dv+1] dV_new
+  float* h_tile = dvns + kChunk * stride;    // [32][Dv] rows of H
+  float* dh_tile = h_tile + kStateTileRows * Dv;  // [32][Dv] rows of dH
+  float* s_q = dh_tile + kStateTileRows * Dv;     // [64] (scale q_i) . dq_i
+  float* s_k = s_q + kChunk;                 // [64] k_j . dk_j
+  float* h_dot_dh = s_k + kChunk;            // [1]
+  for (int idx = tid; idx < kChunk * Dv; idx += kThreads) {
     const int i = idx / Dv, e = idx % Dv;
+    const bool valid = i < len;
     const int64_t src = (static_cast<int64_t>(ci.t0 + i) * Hv + h) * Dv + e;
-    dos[i * stride + e] = __bfloat162float(d_o[src]);
-    vns[i * stride + e] = ws.v_new[src];
-    dvns[i * stride + e] = ws.dv_new[src];
+    dos[i * stride + e] = valid ? __bfloat162float(d_o[src]) : 0.0f;
+    vns[i * stride + e] = valid ? ws.v_new[src] : 0.0f;
+    dvns[i * stride + e] = valid ? ws.dv_new[src] : 0.0f;
   }
   for (int i = tid; i < kChunk; i += kThreads) s_q[i] = s_k[i] = 0.0f;
   if (tid == 0) *h_dot_dh = 0.0f;
-  __syncthreads();
   const float* state = ws.h + (static_cast<int64_t>(chunk) * Hv + h) * Dk * Dv;
   const float* d_state = ws.dh + (static_cast<int64_t>(chunk) * Hv + h) * Dk * Dv;
   const float g_last = ws.gamma[static_cast<int64_t>(ci.t0 + len - 1) * Hv + h];
-  for (int idx = tid; idx < len * Dk; idx += kThreads) {
-    const int i = idx / Dk, d = idx % Dk;
-    float h_do = 0.0f, dh_vn = 0.0f, h_dvn = 0.0f;
-    for (int e = 0; e < Dv; ++e) {
-      const float hv = state[d * Dv + e];
-      h_do += hv * dos[i * stride + e];
-      h_dvn += hv * dvns[i * stride + e];
-      dh_vn += d_state[d * Dv + e] * vns[i * stride + e];
+  float h_dot_dh_partial = 0.0f;
+  for (int d0 = 0; d0 < Dk; d0 += kStateTileRows) {
+    __syncthreads();
+    for (int idx = tid; idx < kStateTileRows * Dv; idx += kThreads) {
+      const int d = d0 + idx / Dv, e = idx % Dv;
+      const float hv = d < Dk ? state[d * Dv + e] : 0.0f;
+      const float dhv = d < Dk ? d_state[d * Dv + e] : 0.0f;
+      h_tile[idx] = hv;
+      dh_tile[idx] = dhv;
+      h_dot_dh_partial += hv * dhv;
     }
-    const int64_t row = static_cast<int64_t>(ci.t0 + i) * Hv + h;
-    const float g_i = ws.gamma[row];
-    const float dq_inter = expf(g_i) * h_do;
-    const float dk_state = expf(g_last - g_i) * dh_vn;
-    ws.dq_acc[row * Dk + d] = dq_inter;
-    ws.dk_acc[row * Dk + d] = dk_state;
-    ws.w[row * Dk + d] = -h_dvn;
-    const int64_t qk_index = (static_cast<int64_t>(ci.t0 + i) * Hk + kh) * Dk + d;
-    atomicAdd(&s_q[i], scale * __bfloat162float(q[qk_index]) * dq_inter);
-    atomicAdd(&s_k[i], __bfloat162float(k[qk_index]) * dk_state);
+    __syncthreads();
+    float h_do[2][kRowsPerWarp] = {}, h_dvn[2][kRowsPerWarp] = {}, dh_vn[2][kRowsPerWarp] = {};
+    for (int e = 0; e < Dv; ++e) {
+      float x_do[2], x_dvn[2], x_vn[2];
+#pragma unroll
+      for (int ii = 0; ii < 2; ++ii) {
+        const int i = lane + 32 * ii;
+        x_do[ii] = dos[i * stride + e];
+        x_dvn[ii] = dvns[i * stride + e];
+        x_vn[ii] = vns[i * stride + e];
+      }
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const float hv = h_tile[(warp * kRowsPerWarp + r) * Dv + e];
+        const float dhv = dh_tile[(warp * kRowsPerWarp + r) * Dv + e];
+#pragma unroll
+        for (int ii = 0; ii < 2; ++ii) {
+          h_do[ii][r] += hv * x_do[ii];
+          h_dvn[ii][r] += hv * x_dvn[ii];
+          dh_vn[ii][r] += dhv * x_vn[ii];
+        }
+      }
+    }
+#pragma unroll
+    for (int ii = 0; ii < 2; ++ii) {
+      const int i = lane + 32 * ii;
+      if (i >= len) continue;
+      const int64_t row = static_cast<int64_t>(ci.t0 + i) * Hv + h;
+      const float g_i = ws.gamma[row];
+      const float to_end = expf(g_last - g_i), e_i = expf(g_i);
+      float q_part = 0.0f, k_part = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const int d = d0 + warp * kRowsPerWarp + r;
+        if (d >= Dk) continue;
+        const float dq_inter = e_i * h_do[ii][r];
+        const float dk_state = to_end * dh_vn[ii][r];
+        ws.dq_acc[row * Dk + d] = dq_inter;
+        ws.dk_acc[row * Dk + d] = dk_state;
+        ws.w[row * Dk + d] = -h_dvn[ii][r];
+        const int64_t qk_index = (static_cast<int64_t>(ci.t0 + i) * Hk + kh) * Dk + d;
+        q_part += scale * __bfloat162float(q[qk_index]) * dq_inter;
+        k_part += __bfloat162float(k[qk_index]) * dk_state;
+      }
+      atomicAdd(&s_q[i], q_part);
+      atomicAdd(&s_k[i], k_part);
+    }
   }
-  float partial = 0.0f;
-  for (int idx = tid; idx < Dk * Dv; idx += kThreads) partial += state[idx] * d_state[idx];
-  partial = warp_sum(partial);
-  if (tid % 32 == 0) atomicAdd(h_dot_dh, partial);
+  h_dot_dh_partial = warp_sum(h_dot_dh_partial);
+  if (lane == 0) atomicAdd(h_dot_dh, h_dot_dh_partial);
   __syncthreads();
   if (tid < len) {
     // d gamma_i += (q_i . dq_i) - (k_i . dk_i); the last token also collects the chunk decay
@@ -223,31 +268,40 @@ __global__ void __launch_bounds__(kThreads)
 
   // G_ij = do_i . v_new_j (j <= i): intra-chunk output term; M_ij = G_ij P_ij moves gamma.
   // dA_ij = beta_j e^gamma_j (dW_i . k_j) + beta_j (dV_new_i . v_j) on the strict lower part.
+  // One warp per (i, j): its lanes stride the head dim, so the row reads are coalesced.
   const float* p_in = ws.p + (static_cast<int64_t>(chunk) * Hv + h) * kChunk * kChunk;
-  for (int idx = tid; idx < kChunk * kChunk; idx += kThreads) {
-    const int i = idx / kChunk, j = idx % kChunk;
+  const int warp = tid / 32, lane = tid % 32;
+  for (int pair = warp; pair < kChunk * kChunk; pair += kThreads / 32) {
+    const int i = pair / kChunk, j = pair % kChunk;
     float ge_value = 0.0f, da_value = 0.0f;
     if (i < len && j <= i) {
       const __nv_bfloat16* do_i = d_o + row_of(i) * Dv;
       const float* vn_j = ws.v_new + row_of(j) * Dv;
       float g_ij = 0.0f;
-      for (int e = 0; e < Dv; ++e) g_ij += __bfloat162float(do_i[e]) * vn_j[e];
+      for (int e = lane; e < Dv; e += 32) g_ij += __bfloat162float(do_i[e]) * vn_j[e];
+      g_ij = warp_sum(g_ij);
       ge_value = g_ij * expf(gam[i] - gam[j]);
       if (j < i) {
-        const float m_ij = g_ij * p_in[idx];
-        atomicAdd(&d_gam[i], m_ij);
-        atomicAdd(&d_gam[j], -m_ij);
         const float* dw_i = ws.w + row_of(i) * Dk;
         const float* dvn_i = ws.dv_new + row_of(i) * Dv;
         const __nv_bfloat16* v_j = v + row_of(j) * Dv;
         float dw_k = 0.0f, dvn_v = 0.0f;
-        for (int d = 0; d < Dk; ++d) dw_k += dw_i[d] * ks[j * stride + d];
-        for (int e = 0; e < Dv; ++e) dvn_v += dvn_i[e] * __bfloat162float(v_j[e]);
+        for (int d = lane; d < Dk; d += 32) dw_k += dw_i[d] * ks[j * stride + d];
+        for (int e = lane; e < Dv; e += 32) dvn_v += dvn_i[e] * __bfloat162float(v_j[e]);
+        dw_k = warp_sum(dw_k);
+        dvn_v = warp_sum(dvn_v);
         da_value = bet[j] * e_gam[j] * dw_k + bet[j] * dvn_v;
+        if (lane == 0) {
+          const float m_ij = g_ij * p_in[pair];
+          atomicAdd(&d_gam[i], m_ij);
+          atomicAdd(&d_gam[j], -m_ij);
+        }
       }
     }
-    ge[idx] = ge_value;
-    da[idx] = da_value;
+    if (lane == 0) {
+      ge[pair] = ge_value;
+      da[pair] = da_value;
+    }
   }
   __syncthreads();
   // t1 = dA A^T: t1[a][j] = sum_{b <= j} dA[a][b] A[j][b].

@@ -129,9 +129,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Grid (N, Hv, ceil(Dv / 32)). Carries 32 columns of one head's state through the chunks of one
-// sequence (columns of the state evolve independently): stores the state entering each chunk,
-// turns U into V_new = U - W H, and advances H.
+// Grid (N, Hv, ceil(Dv / kScanColumns)). Carries a column slice of one head's state through the
+// chunks of one sequence (columns of the state evolve independently): stores the state entering
+// each chunk, turns U into V_new = U - W H, and advances H.
 __global__ void __launch_bounds__(kThreads)
     state_scan_kernel(GatedDeltaRuleShape s, const __nv_bfloat16* k, const float* initial_state,
                       float* final_state, Workspace ws) {

@@ -15,7 +15,7 @@ namespace deltamoe::gdn_cuda {
 
 constexpr int kChunk = kGatedDeltaRuleChunkSize;  // 64 tokens
 constexpr int kThreads = 256;                     // threads of every block
-constexpr int kScanColumns = 32;                  // state columns one scan block carries
+constexpr int kScanColumns = 16;  // state columns one scan block carries (more blocks in flight)
 
 // One chunk: tokens [t0, t0 + len) of sequence `seq`.
 struct ChunkInfo {
