@@ -132,5 +132,21 @@ TEST(SampleSource, IndexesNonBlankLinesAndMixesFiles) {
   EXPECT_THROW(DatasetFiles({(folder / "missing.jsonl").string()}), Error);
 }
 
+TEST(SampleSource, LinesAcrossReadChunks) {
+  // Indexing reads 1 MiB at a time: lines (and a blank line) that straddle chunk boundaries.
+  const auto folder = data_test::temp_folder();
+  std::vector<std::string> lines;
+  std::string text;
+  for (int i = 0; i < 5; ++i) {
+    lines.push_back(std::string(700 * 1024 + i * 977, static_cast<char>('a' + i)));
+    text += lines.back() + (i == 2 ? "\n" + std::string(600 * 1024, ' ') + "\n" : "\n");
+  }
+  data_test::write_text(folder / "big.jsonl", text);
+  const SampleSource source((folder / "big.jsonl").string());
+  ASSERT_EQ(source.size(), 5);
+  for (int64_t i = 0; i < 5; ++i) EXPECT_TRUE(source.read(i) == lines[static_cast<size_t>(i)]) << "line " << i;
+  EXPECT_EQ(source.line_number(3), 5);
+}
+
 }  // namespace
 }  // namespace deltamoe
