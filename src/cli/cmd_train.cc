@@ -25,7 +25,8 @@ void declare_flags(ArgParser& args) {
   args.add_required("output_dir", "where checkpoints and metrics.jsonl go");
   args.add_option("val_dataset", "validation JSONL file(s), comma separated (evaluated at start, every "
                   "--eval_steps, and at the end)", "");
-  args.add_option("split_dataset_ratio", "not supported yet: give --val_dataset", "0");
+  args.add_option("split_dataset_ratio", "fraction of --dataset held out for validation (seeded split written to "
+                  "OUTPUT_DIR/dataset_split)", "0");
   args.add_option("tuner_type", "full (LoRA is not supported yet)", "full");
   args.add_option("train_type", "alias of --tuner_type", "");
   args.add_option("lr", "peak learning rate", "1e-5");
@@ -125,8 +126,7 @@ TrainOptions options_from_args(const ArgParser& args) {
   options.dataset_paths = split_dataset_list(args.get("dataset"));
   options.val_dataset_paths = split_dataset_list(args.get("val_dataset"));
   options.output_dir = args.get("output_dir");
-  CHECK(args.get_double("split_dataset_ratio") == 0, "--split_dataset_ratio is not supported yet; split the data ",
-        "into two files and pass --val_dataset");
+  options.split_dataset_ratio = args.get_double("split_dataset_ratio");
   const std::string tuner = first_of(args, "tuner_type", "train_type");
   CHECK(tuner == "full", "--tuner_type ", tuner, " is not supported yet (only full)");
   options.schedule.lr = args.get("learning_rate").empty() ? args.get_double("lr") : args.get_double("learning_rate");

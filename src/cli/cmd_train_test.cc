@@ -62,12 +62,13 @@ TEST_F(CmdTrainTest, BadInputFailsBeforeAnyWork) {
       {good("--lr -1"), "--lr must be positive"},
       {good("--lr abc"), "--lr"},
       {good("--micro_batch_tokens 64"), "--micro_batch_tokens (64) must be at least --max_length (128)"},
-      {good("--eval_steps 5"), "--eval_steps needs --val_dataset"},
+      {good("--eval_steps 5"), "--eval_steps needs --val_dataset or --split_dataset_ratio"},
       {good("--freeze_vit maybe"), "--freeze_vit takes true or false"},
       {good("--warmup_ratio 2"), "warmup"},
       {good("--adam_beta2 1.5"), "--adam_beta2"},
       {good("--tuner_type lora"), "--tuner_type lora is not supported"},
-      {good("--split_dataset_ratio 0.1"), "--split_dataset_ratio is not supported"},
+      {good("--split_dataset_ratio 1.5"), "--split_dataset_ratio must be in [0, 1)"},
+      {good(str_cat("--split_dataset_ratio 0.2 --val_dataset ", data)), "not both"},
       {good("--resume /tmp"), "not a training checkpoint"},
       {good("--resume auto"), "no complete checkpoint-N directory"},
       {good("--device tpu"), "--device must be auto, cpu or cuda"},
@@ -104,6 +105,41 @@ TEST_F(CmdTrainTest, ConfigFileSuppliesFlagsAndCommandLineWins) {
   const Result bad_result = run(good(str_cat("--config ", (*root_ / "bad.json").string())));
   EXPECT_EQ(bad_result.exit_code, 1);
   EXPECT_NE(bad_result.output.find("'lr' must be a list of strings"), std::string::npos) << bad_result.output;
+}
+
+TEST_F(CmdTrainTest, SplitDatasetRatioHoldsOutSeededValidationSamples) {
+  const fs::path out = *root_ / "split_run";
+  const Result result = run(str_cat("--model ", (*root_ / "tiny-vl").string(), " --dataset ",
+                                    (*root_ / "data" / "train.jsonl").string(), " --output_dir ", out.string(),
+                                    " --max_length 128 --min_pixels 4096 --max_pixels 4096 --max_steps 1",
+                                    " --split_dataset_ratio 0.25 --seed 3"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("eval step 0/1"), std::string::npos) << result.output;
+  auto lines_of = [](const fs::path& path) {
+    std::vector<std::string> lines;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+  };
+  const auto train = lines_of(out / "dataset_split" / "train.jsonl");
+  const auto val = lines_of(out / "dataset_split" / "val.jsonl");
+  std::printf("  split: %zu train, %zu val\n", train.size(), val.size());
+  EXPECT_EQ(train.size(), 6u);
+  EXPECT_EQ(val.size(), 2u);
+  // Images now carry absolute paths that exist (the split files live elsewhere than the data).
+  size_t num_images = 0;
+  for (const auto* lines : {&train, &val}) {
+    for (const std::string& line : *lines) {
+      const std::string key = "\"image\":\"";
+      for (size_t at = line.find(key); at != std::string::npos; at = line.find(key, at + 1)) {
+        const size_t begin = at + key.size(), end = line.find('"', begin);
+        const fs::path image = line.substr(begin, end - begin);
+        EXPECT_TRUE(image.is_absolute() && fs::exists(image)) << image;
+        ++num_images;
+      }
+    }
+  }
+  EXPECT_EQ(num_images, 4u) << "the fixture has 4 samples with one image each";
 }
 
 }  // namespace

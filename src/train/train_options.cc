@@ -23,6 +23,10 @@ void validate_train_options(const TrainOptions& options) {
       CHECK(fs::is_regular_file(path), flag, ": no such file '", path, "'");
     }
   }
+  CHECK(options.split_dataset_ratio >= 0 && options.split_dataset_ratio < 1,
+        "--split_dataset_ratio must be in [0, 1), got ", options.split_dataset_ratio);
+  CHECK(options.split_dataset_ratio == 0 || options.val_dataset_paths.empty(),
+        "give --val_dataset or --split_dataset_ratio, not both");
   CHECK(!options.output_dir.empty(), "--output_dir is required");
   CHECK(!fs::exists(options.output_dir) || fs::is_directory(options.output_dir), "--output_dir ",
         options.output_dir, " exists and is not a directory");
@@ -46,7 +50,8 @@ void validate_train_options(const TrainOptions& options) {
         ") so that every sample fits a micro-batch");
   CHECK(options.save_steps >= 0, "--save_steps must be >= 0, got ", options.save_steps);
   CHECK(options.eval_steps >= 0, "--eval_steps must be >= 0, got ", options.eval_steps);
-  CHECK(options.eval_steps == 0 || !options.val_dataset_paths.empty(), "--eval_steps needs --val_dataset");
+  CHECK(options.eval_steps == 0 || !options.val_dataset_paths.empty() || options.split_dataset_ratio > 0,
+        "--eval_steps needs --val_dataset or --split_dataset_ratio");
   CHECK(options.logging_steps >= 1, "--logging_steps must be >= 1, got ", options.logging_steps);
   CHECK(options.stop_after_steps >= 0, "--stop_after_steps must be >= 0");
   CHECK(options.num_workers >= 0, "--dataloader_num_workers must be >= 0");

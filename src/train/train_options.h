@@ -17,6 +17,7 @@ struct TrainOptions {
   std::string model_dir;                       // --model: Hugging Face model directory
   std::vector<std::string> dataset_paths;      // --dataset a.jsonl[,b.jsonl]
   std::vector<std::string> val_dataset_paths;  // --val_dataset (empty: no evaluation)
+  double split_dataset_ratio = 0;              // > 0: validation split of --dataset instead
   std::string output_dir;                      // --output_dir
 
   LrScheduleConfig schedule;  // --lr --min_lr --warmup_ratio --warmup_steps; total_steps filled by the trainer

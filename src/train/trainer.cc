@@ -16,6 +16,7 @@
 #include "optim/loss_scaling.h"
 #include "optim/optimizer_step.h"
 #include "tokenizer/tokenizer.h"
+#include "train/dataset_split.h"
 #include "train/engine_factory.h"
 #include "train/train_checkpoint.h"
 #include "train/train_metrics.h"
@@ -98,7 +99,16 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
            base.params.size(), " tensors)");
 
   const Tokenizer tokenizer = Tokenizer::load(options.model_dir);
-  const PipelineOptions train_data = pipeline_options(options, config, options.dataset_paths, true);
+  std::vector<std::string> train_paths = options.dataset_paths, val_paths = options.val_dataset_paths;
+  if (options.split_dataset_ratio > 0) {
+    const DatasetSplit split = split_dataset(options.dataset_paths, options.split_dataset_ratio, options.seed,
+                                             (fs::path(options.output_dir) / "dataset_split").string());
+    log_info("train: --split_dataset_ratio ", options.split_dataset_ratio, ": ", split.num_train, " training and ",
+             split.num_val, " validation samples (", split.train_path, ", ", split.val_path, ")");
+    train_paths = {split.train_path};
+    val_paths = {split.val_path};
+  }
+  const PipelineOptions train_data = pipeline_options(options, config, train_paths, true);
 
   int64_t total_steps = options.max_steps;
   if (total_steps <= 0) {
@@ -138,8 +148,8 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   engine->set_trainable_weights(master.data());
 
   std::vector<MicroBatch> val_batches;
-  if (!options.val_dataset_paths.empty()) {
-    DataPipeline val_pipeline(pipeline_options(options, config, options.val_dataset_paths, false), tokenizer);
+  if (!val_paths.empty()) {
+    DataPipeline val_pipeline(pipeline_options(options, config, val_paths, false), tokenizer);
     while (auto batch = val_pipeline.next_batch()) val_batches.push_back(std::move(*batch));
     CHECK(!val_batches.empty(), "--val_dataset: no usable samples");
   }
