@@ -4,6 +4,7 @@
 // and the Qwen3.5-35B head shape at T = 2 x 4096 (checked on one key head's slice) with timing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
