@@ -1,4 +1,5 @@
-// Tensor-core backward of packed-segment attention for head dims 64, 128 and 256, in the same two
+// Tensor-core backward of packed-segment attention for head dims that are multiples of 8 up to 256
+// (tiles padded to 64, 80, 128 or 256 columns), in the same two
 // deterministic passes as the SIMT version (no atomics):
 //   delta = rowsum(dO * O) per (token, query head);
 //   dQ per (64-query tile, query head): S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K;
@@ -105,7 +106,7 @@ __global__ void __launch_bounds__(kThreads)
   uint16_t* v_tile = k_tile + kRows * kStride;
 
   const int num_tokens = static_cast<int>(shape.num_tokens), num_q_heads = static_cast<int>(shape.num_q_heads);
-  const int num_kv_heads = static_cast<int>(shape.num_kv_heads);
+  const int num_kv_heads = static_cast<int>(shape.num_kv_heads), head_dim = static_cast<int>(shape.head_dim);
   const int num_segments = static_cast<int>(shape.num_segments);
   const int head = blockIdx.y, kv_head = head / (num_q_heads / num_kv_heads);
   const int first_query = (gridDim.x - 1 - blockIdx.x) * kRows;  // long causal rows first
@@ -131,8 +132,8 @@ __global__ void __launch_bounds__(kThreads)
   const int block_key_end =
       shape.causal ? last_query + 1 : fa::find_segment(shape.cu_seqlens, num_segments, last_query).end;
 
-  load_tile<kHeadDim>(q_tile, q, first_query, kRows, num_tokens, num_q_heads, head);
-  load_tile<kHeadDim>(do_tile, d_out, first_query, kRows, num_tokens, num_q_heads, head);
+  load_tile<kHeadDim>(q_tile, q, first_query, kRows, num_tokens, num_q_heads, head, head_dim);
+  load_tile<kHeadDim>(do_tile, d_out, first_query, kRows, num_tokens, num_q_heads, head, head_dim);
   const uint16_t* q_rows = q_tile + warp * 16 * kStride;
   const uint16_t* do_rows = do_tile + warp * 16 * kStride;
   const float score_scale = shape.scale * fa::kLog2e;
@@ -143,8 +144,8 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int key0 = block_key_begin; key0 < block_key_end; key0 += kRows) {
     __syncthreads();
-    load_tile<kHeadDim>(k_tile, k, key0, kRows, block_key_end, num_kv_heads, kv_head);
-    load_tile<kHeadDim>(v_tile, v, key0, kRows, block_key_end, num_kv_heads, kv_head);
+    load_tile<kHeadDim>(k_tile, k, key0, kRows, block_key_end, num_kv_heads, kv_head, head_dim);
+    load_tile<kHeadDim>(v_tile, v, key0, kRows, block_key_end, num_kv_heads, kv_head, head_dim);
     __syncthreads();
     float score[kColumnTiles][4], d_prob[kColumnTiles][4];
     rows_times_rows_t<kHeadDim>(score, q_rows, k_tile, group_row, pair_col);
@@ -165,11 +166,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row_query[r] >= num_tokens) continue;
-    __nv_bfloat16* dq_row = dq + (static_cast<int64_t>(row_query[r]) * num_q_heads + head) * kHeadDim + pair_col;
+    __nv_bfloat16* dq_row = dq + (static_cast<int64_t>(row_query[r]) * num_q_heads + head) * head_dim + pair_col;
 #pragma unroll
-    for (int n = 0; n < kHeadDim / 8; ++n)
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      if (8 * n >= head_dim) break;  // padding columns are not stored (head_dim is a multiple of 8)
       *reinterpret_cast<__nv_bfloat162*>(dq_row + 8 * n) =
           __floats2bfloat162_rn(dq_acc[n][2 * r] * shape.scale, dq_acc[n][2 * r + 1] * shape.scale);
+    }
   }
 }
 
@@ -196,7 +199,7 @@ __global__ void __launch_bounds__(kThreads)
   float* delta_tile = lse_tile + kRows;
 
   const int num_tokens = static_cast<int>(shape.num_tokens), num_q_heads = static_cast<int>(shape.num_q_heads);
-  const int num_kv_heads = static_cast<int>(shape.num_kv_heads);
+  const int num_kv_heads = static_cast<int>(shape.num_kv_heads), head_dim = static_cast<int>(shape.head_dim);
   const int num_segments = static_cast<int>(shape.num_segments);
   const int group = num_q_heads / num_kv_heads;
   const int kv_head = blockIdx.y;
@@ -219,8 +222,8 @@ __global__ void __launch_bounds__(kThreads)
       shape.causal ? first_key : fa::find_segment(shape.cu_seqlens, num_segments, first_key).begin;
   const int block_query_end = fa::find_segment(shape.cu_seqlens, num_segments, last_key).end;
 
-  load_tile<kHeadDim>(k_tile, k, first_key, kRows, num_tokens, num_kv_heads, kv_head);
-  load_tile<kHeadDim>(v_tile, v, first_key, kRows, num_tokens, num_kv_heads, kv_head);
+  load_tile<kHeadDim>(k_tile, k, first_key, kRows, num_tokens, num_kv_heads, kv_head, head_dim);
+  load_tile<kHeadDim>(v_tile, v, first_key, kRows, num_tokens, num_kv_heads, kv_head, head_dim);
   const uint16_t* k_rows = k_tile + warp * 16 * kStride;
   const uint16_t* v_rows = v_tile + warp * 16 * kStride;
   const float score_scale = shape.scale * fa::kLog2e;
@@ -237,8 +240,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
       for (int query0 = block_query_begin; query0 < block_query_end; query0 += kRows) {
         __syncthreads();  // previous Q/dO tile no longer read (and K/V complete on the first pass)
-        load_tile<kHeadDim>(q_tile, q, query0, kRows, block_query_end, num_q_heads, head);
-        load_tile<kHeadDim>(do_tile, d_out, query0, kRows, block_query_end, num_q_heads, head);
+        load_tile<kHeadDim>(q_tile, q, query0, kRows, block_query_end, num_q_heads, head, head_dim);
+        load_tile<kHeadDim>(do_tile, d_out, query0, kRows, block_query_end, num_q_heads, head, head_dim);
         for (int i = threadIdx.x; i < kRows; i += blockDim.x) {
           const int query = query0 + i;
           const bool valid = query < block_query_end;
@@ -267,10 +270,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       if (row_key[r] >= num_tokens) continue;
-      const int64_t offset = (static_cast<int64_t>(row_key[r]) * num_kv_heads + kv_head) * kHeadDim + first_col +
+      const int64_t offset = (static_cast<int64_t>(row_key[r]) * num_kv_heads + kv_head) * head_dim + first_col +
                              pair_col;
 #pragma unroll
       for (int n = 0; n < kAccDim / 8; ++n) {
+        if (first_col + 8 * n >= head_dim) break;  // padding columns
         *reinterpret_cast<__nv_bfloat162*>(dk + offset + 8 * n) =
             __floats2bfloat162_rn(dk_acc[n][2 * r] * shape.scale, dk_acc[n][2 * r + 1] * shape.scale);
         *reinterpret_cast<__nv_bfloat162*>(dv + offset + 8 * n) =
@@ -312,7 +316,7 @@ void flash_attention_backward_mma_cuda(const FlashAttentionShape& shape, const _
   const char* where = "flash_attention_backward_mma_cuda";
   check_flash_attention_shape(shape, where);
   CHECK(flash_attention_backward_mma_supported(shape), where, ": head dim ", shape.head_dim,
-        " is not one of 64, 128, 256 (use flash_attention_backward_cuda, which falls back)");
+        " is not a multiple of 8 (use flash_attention_backward_cuda, which falls back)");
   const size_t needed = flash_attention_backward_workspace_bytes(shape);
   CHECK(workspace_bytes >= needed, where, ": workspace of ", workspace_bytes, " bytes is smaller than the ", needed,
         " bytes needed (flash_attention_backward_workspace_bytes)");
@@ -328,9 +332,11 @@ void flash_attention_backward_mma_cuda(const FlashAttentionShape& shape, const _
   delta_kernel<<<static_cast<unsigned>((rows + fa::kRowsPerBlock - 1) / fa::kRowsPerBlock), fa::kThreadsPerBlock, 0,
                  stream>>>(out, d_out, rows, static_cast<int>(shape.head_dim), delta);
   CUDA_CHECK_LAUNCH();
-  if (shape.head_dim == 64) {
+  if (shape.head_dim <= 64) {  // tiles padded with zero columns, as in the forward
     launch_backward_mma<64>(shape, q, k, v, lse, d_out, delta, dq, dk, dv, stream);
-  } else if (shape.head_dim == 128) {
+  } else if (shape.head_dim <= 80) {
+    launch_backward_mma<80>(shape, q, k, v, lse, d_out, delta, dq, dk, dv, stream);
+  } else if (shape.head_dim <= 128) {
     launch_backward_mma<128>(shape, q, k, v, lse, d_out, delta, dq, dk, dv, stream);
   } else {
     launch_backward_mma<256>(shape, q, k, v, lse, d_out, delta, dq, dk, dv, stream);

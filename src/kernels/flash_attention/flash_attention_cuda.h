@@ -11,7 +11,7 @@
 //
 // FlashAttention-2 shaped: query tiles, online softmax in fp32, the log-sum-exp saved and the
 // probabilities recomputed in the backward. The forward runs on tensor cores (mma.sync bf16, fp32
-// accumulate) for D in {64, 128, 256}, else on an fp32 SIMT kernel where eight lanes share a row
+// accumulate) for D a multiple of 8, else on an fp32 SIMT kernel where eight lanes share a row
 // and split the head dim; the backward likewise (tensor-core passes for those head dims, SIMT
 // otherwise). The backward runs two passes without atomics: dQ (and
 // delta = dO . O) per query tile, then dK/dV per key tile summed over the query heads of its KV
@@ -47,7 +47,7 @@ void flash_attention_forward_cuda(const FlashAttentionShape& shape, const __nv_b
                                   const __nv_bfloat16* v, __nv_bfloat16* out, float* lse, cudaStream_t stream);
 
 // The two forward paths behind flash_attention_forward_cuda, callable directly so that tests can
-// check each: tensor cores (mma.sync) for head dims 64, 128 and 256 with 16-byte aligned q/k/v,
+// check each: tensor cores (mma.sync) for head dims that are multiples of 8, 16-byte aligned q/k/v,
 // and the fp32 SIMT kernel for any head dim. The dispatcher takes the first when it applies.
 bool flash_attention_forward_mma_supported(const FlashAttentionShape& shape);
 void flash_attention_forward_mma_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
@@ -68,7 +68,7 @@ void flash_attention_backward_cuda(const FlashAttentionShape& shape, const __nv_
                                    __nv_bfloat16* dv, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 // The two backward paths behind flash_attention_backward_cuda (same arguments), callable
-// directly for tests: tensor cores for D in {64, 128, 256} with 16-byte aligned q/k/v/d_out and
+// directly for tests: tensor cores for D a multiple of 8 with 16-byte aligned q/k/v/d_out and
 // 4-byte aligned gradients, and the fp32 SIMT kernels for any head dim.
 bool flash_attention_backward_mma_supported(const FlashAttentionShape& shape);
 void flash_attention_backward_mma_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,

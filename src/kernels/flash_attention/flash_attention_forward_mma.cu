@@ -1,5 +1,5 @@
-// Tensor-core forward of packed-segment attention (FlashAttention-2 layout) for head dims 64, 128
-// and 256: a block of 4 warps owns 64 queries of one head (16 per warp); 64-key K/V tiles pass
+// Tensor-core forward of packed-segment attention (FlashAttention-2 layout) for head dims that are
+// multiples of 8 up to 256 (tiles padded to 64, 80, 128 or 256 columns): a block of 4 warps owns 64 queries of one head (16 per warp); 64-key K/V tiles pass
 // through shared memory; S = Q K^T and O += P V run on mma.sync m16n8k16 (bf16 in, fp32 out); the
 // online softmax stays in fp32 registers, P is handed from the S accumulators to the A operand
 // without touching shared memory. Works on sm_80 and sm_90a.
@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   uint16_t* v_tile = k_tile + kKeyRows * kStride;
 
   const int num_tokens = static_cast<int>(shape.num_tokens), num_q_heads = static_cast<int>(shape.num_q_heads);
-  const int num_kv_heads = static_cast<int>(shape.num_kv_heads);
+  const int num_kv_heads = static_cast<int>(shape.num_kv_heads), head_dim = static_cast<int>(shape.head_dim);
   const int num_segments = static_cast<int>(shape.num_segments);
   const int head = blockIdx.y, kv_head = head / (num_q_heads / num_kv_heads);
   // Later query tiles see more keys under the causal mask: start them first.
@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   const int block_key_end =
       shape.causal ? last_query + 1 : fa::find_segment(shape.cu_seqlens, num_segments, last_query).end;
 
-  load_tile<kHeadDim>(q_tile, q, first_query, kQueryRows, num_tokens, num_q_heads, head);
+  load_tile<kHeadDim>(q_tile, q, first_query, kQueryRows, num_tokens, num_q_heads, head, head_dim);
 
   float acc[kDimTiles][4];
 #pragma unroll
@@ -82,8 +82,8 @@ __global__ void __launch_bounds__(32 * kWarps)
 
   for (int key0 = block_key_begin; key0 < block_key_end; key0 += kKeyRows) {
     __syncthreads();  // previous K/V tile no longer read (and the Q tile is complete on the first pass)
-    load_tile<kHeadDim>(k_tile, k, key0, kKeyRows, block_key_end, num_kv_heads, kv_head);
-    load_tile<kHeadDim>(v_tile, v, key0, kKeyRows, block_key_end, num_kv_heads, kv_head);
+    load_tile<kHeadDim>(k_tile, k, key0, kKeyRows, block_key_end, num_kv_heads, kv_head, head_dim);
+    load_tile<kHeadDim>(v_tile, v, key0, kKeyRows, block_key_end, num_kv_heads, kv_head, head_dim);
     __syncthreads();
 
     float score[kKeyTiles][4];
@@ -174,9 +174,10 @@ __global__ void __launch_bounds__(32 * kWarps)
     if (query >= num_tokens) continue;
     // A valid row always sees its own key (causal) or its non-empty segment: row_sum > 0.
     const float inverse_sum = 1.0f / row_sum[r];
-    __nv_bfloat16* out_row = out + (static_cast<int64_t>(query) * num_q_heads + head) * kHeadDim + pair_col;
+    __nv_bfloat16* out_row = out + (static_cast<int64_t>(query) * num_q_heads + head) * head_dim + pair_col;
 #pragma unroll
     for (int n = 0; n < kDimTiles; ++n) {
+      if (8 * n >= head_dim) break;  // padding columns (head_dim is a multiple of 8)
       *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * n) =
           __floats2bfloat162_rn(acc[n][2 * r] * inverse_sum, acc[n][2 * r + 1] * inverse_sum);
     }
@@ -200,7 +201,7 @@ void launch_forward_mma(const FlashAttentionShape& shape, const __nv_bfloat16* q
 }  // namespace
 
 bool flash_attention_forward_mma_supported(const FlashAttentionShape& shape) {
-  return shape.head_dim == 64 || shape.head_dim == 128 || shape.head_dim == 256;
+  return shape.head_dim % 8 == 0 && shape.head_dim >= 8 && shape.head_dim <= kFlashAttentionMaxHeadDim;
 }
 
 void flash_attention_forward_mma_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
@@ -208,16 +209,19 @@ void flash_attention_forward_mma_cuda(const FlashAttentionShape& shape, const __
                                       cudaStream_t stream) {
   check_flash_attention_shape(shape, "flash_attention_forward_mma_cuda");
   CHECK(flash_attention_forward_mma_supported(shape), "flash_attention_forward_mma_cuda: head dim ", shape.head_dim,
-        " is not one of 64, 128, 256 (use flash_attention_forward_cuda, which falls back)");
+        " is not a multiple of 8 (use flash_attention_forward_cuda, which falls back)");
   if (shape.num_tokens == 0) return;
   CHECK(q && k && v && out && lse, "flash_attention_forward_mma_cuda: null tensor pointer");
   // 16-byte loads of head rows need 16-byte aligned tensors.
   for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k), static_cast<const void*>(v)})
     CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, "flash_attention_forward_mma_cuda: q/k/v must be 16-byte aligned");
   CHECK(reinterpret_cast<uintptr_t>(out) % 4 == 0, "flash_attention_forward_mma_cuda: out must be 4-byte aligned");
-  if (shape.head_dim == 64) {
+  // Tiles are padded with zero columns to the next instantiated width (72 -> 80 for the vision tower).
+  if (shape.head_dim <= 64) {
     launch_forward_mma<64>(shape, q, k, v, out, lse, stream);
-  } else if (shape.head_dim == 128) {
+  } else if (shape.head_dim <= 80) {
+    launch_forward_mma<80>(shape, q, k, v, out, lse, stream);
+  } else if (shape.head_dim <= 128) {
     launch_forward_mma<128>(shape, q, k, v, out, lse, stream);
   } else {
     launch_forward_mma<256>(shape, q, k, v, out, lse, stream);

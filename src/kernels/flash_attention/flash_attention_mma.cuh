@@ -40,20 +40,21 @@ __device__ inline uint32_t load_column_pair(const uint16_t* p) {
   return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[kStride]) << 16);
 }
 
-// Copies `rows` rows of one head of a [T, H, kHeadDim] bf16 tensor into shared rows of
-// kHeadDim + kPad elements with 16-byte accesses; rows at or past `limit` become zeros.
-template <int kHeadDim>
+// Copies `rows` rows of one head of a [T, H, head_dim] bf16 tensor (head_dim a multiple of 8, at
+// most kPaddedDim) into shared rows of kPaddedDim + kPad elements with 16-byte accesses; rows at
+// or past `limit` and columns past head_dim become zeros (they add nothing to the products).
+template <int kPaddedDim>
 __device__ inline void load_tile(uint16_t* tile, const __nv_bfloat16* source, int first, int rows, int limit,
-                                 int num_heads, int head) {
-  constexpr int kVectorsPerRow = kHeadDim / 8;
+                                 int num_heads, int head, int head_dim) {
+  constexpr int kVectorsPerRow = kPaddedDim / 8;
   for (int idx = threadIdx.x; idx < rows * kVectorsPerRow; idx += blockDim.x) {
     const int row = idx / kVectorsPerRow, vec = idx - row * kVectorsPerRow;
     const int token = first + row;
     uint4 value = make_uint4(0, 0, 0, 0);
-    if (token < limit)
-      value = *reinterpret_cast<const uint4*>(source + (static_cast<int64_t>(token) * num_heads + head) * kHeadDim +
+    if (token < limit && vec * 8 < head_dim)
+      value = *reinterpret_cast<const uint4*>(source + (static_cast<int64_t>(token) * num_heads + head) * head_dim +
                                               vec * 8);
-    *reinterpret_cast<uint4*>(tile + row * (kHeadDim + kPad) + vec * 8) = value;
+    *reinterpret_cast<uint4*>(tile + row * (kPaddedDim + kPad) + vec * 8) = value;
   }
 }
 
