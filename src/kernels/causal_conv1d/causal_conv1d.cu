@@ -34,14 +34,27 @@ __device__ inline int64_t sequence_end(const int32_t* cu_seqlens, int num_seqs, 
   return cu_seqlens[n];
 }
 
-// z[t,c] = sum_j w[c,K-1-j] x[t-j,c] over taps inside [seq_begin, t].
-__device__ inline float preactivation(const __nv_bfloat16* x, const float* w, int64_t seq_begin,
+// z[t,c] = sum_j tap[j] x[t-j,c] over taps inside [seq_begin, t], where tap[j] = w[c,K-1-j].
+// Loops run to the compile-time maximum so that the tap arrays stay in registers.
+__device__ inline float preactivation(const __nv_bfloat16* x, const float* tap, int64_t seq_begin,
                                       int64_t t, int c, int num_channels, int kernel_size) {
   float sum = 0.0f;
-  for (int j = 0; j < kernel_size && t - j >= seq_begin; ++j) {
-    sum += w[kernel_size - 1 - j] * __bfloat162float(x[(t - j) * num_channels + c]);
+#pragma unroll
+  for (int j = 0; j < kCausalConv1dMaxKernel; ++j) {
+    if (j < kernel_size && t - j >= seq_begin) {
+      sum += tap[j] * __bfloat162float(x[(t - j) * num_channels + c]);
+    }
   }
   return sum;
+}
+
+// tap[j] = weight[c, K-1-j] (the weight that multiplies the token j steps back); zero past K.
+__device__ inline void load_taps(const __nv_bfloat16* weight, int c, int kernel_size, float* tap) {
+#pragma unroll
+  for (int j = 0; j < kCausalConv1dMaxKernel; ++j) {
+    tap[j] = j < kernel_size ? __bfloat162float(weight[c * kernel_size + kernel_size - 1 - j])
+                             : 0.0f;
+  }
 }
 
 __global__ void conv_forward_kernel(const __nv_bfloat16* x, const __nv_bfloat16* weight,
@@ -49,61 +62,69 @@ __global__ void conv_forward_kernel(const __nv_bfloat16* x, const __nv_bfloat16*
                                     int num_channels, int kernel_size, __nv_bfloat16* y) {
   const int c = blockIdx.x * kThreads + threadIdx.x;
   if (c >= num_channels) return;
-  float w[kCausalConv1dMaxKernel];
-  for (int j = 0; j < kernel_size; ++j) w[j] = __bfloat162float(weight[c * kernel_size + j]);
+  float tap[kCausalConv1dMaxKernel];
+  load_taps(weight, c, kernel_size, tap);
   const int64_t t_begin = static_cast<int64_t>(blockIdx.y) * kTokensPerStrip;
   const int64_t t_end = min(num_tokens, t_begin + kTokensPerStrip);
   for (int64_t t = t_begin; t < t_end; ++t) {
     const int64_t seq_begin = sequence_begin(cu_seqlens, num_seqs, t);
-    const float z = preactivation(x, w, seq_begin, t, c, num_channels, kernel_size);
+    const float z = preactivation(x, tap, seq_begin, t, c, num_channels, kernel_size);
     y[t * num_channels + c] = __float2bfloat16(z * sigmoid_f(z));
   }
 }
 
 // dz[t,c] = dy * silu'(z): the gradient at the pre-activation.
 __device__ inline float preactivation_grad(const __nv_bfloat16* x, const __nv_bfloat16* dy,
-                                           const float* w, int64_t seq_begin, int64_t t, int c,
+                                           const float* tap, int64_t seq_begin, int64_t t, int c,
                                            int num_channels, int kernel_size) {
-  const float z = preactivation(x, w, seq_begin, t, c, num_channels, kernel_size);
+  const float z = preactivation(x, tap, seq_begin, t, c, num_channels, kernel_size);
   const float s = sigmoid_f(z);
   return __bfloat162float(dy[t * num_channels + c]) * s * (1.0f + z * (1.0f - s));
 }
 
-// dx[t,c] = sum_j w[c,K-1-j] dz[t+j,c] over t+j inside t's sequence; dweight[c,K-1-j] gets
-// x[t-j,c] dz[t,c], summed over the strip in registers and added once per thread.
+// dx[t,c] = sum_j tap[j] dz[t+j,c] over t+j inside t's sequence; d tap[j] (= dweight[c,K-1-j])
+// gets x[t-j,c] dz[t,c], summed over the strip in registers and added once per thread.
 __global__ void conv_backward_kernel(const __nv_bfloat16* x, const __nv_bfloat16* weight,
                                      const __nv_bfloat16* dy, const int32_t* cu_seqlens,
                                      int num_seqs, int64_t num_tokens, int num_channels,
                                      int kernel_size, __nv_bfloat16* dx, float* dweight) {
   const int c = blockIdx.x * kThreads + threadIdx.x;
   if (c >= num_channels) return;
-  float w[kCausalConv1dMaxKernel];
-  float dw[kCausalConv1dMaxKernel];
-  for (int j = 0; j < kernel_size; ++j) {
-    w[j] = __bfloat162float(weight[c * kernel_size + j]);
-    dw[j] = 0.0f;
-  }
+  float tap[kCausalConv1dMaxKernel];
+  float d_tap[kCausalConv1dMaxKernel];
+  load_taps(weight, c, kernel_size, tap);
+#pragma unroll
+  for (int j = 0; j < kCausalConv1dMaxKernel; ++j) d_tap[j] = 0.0f;
   const int64_t t_begin = static_cast<int64_t>(blockIdx.y) * kTokensPerStrip;
   const int64_t t_end = min(num_tokens, t_begin + kTokensPerStrip);
   for (int64_t t = t_begin; t < t_end; ++t) {
     const int64_t seq_begin = sequence_begin(cu_seqlens, num_seqs, t);
     const int64_t seq_end = sequence_end(cu_seqlens, num_seqs, t);
     // Weight gradient from this token's own pre-activation.
-    const float dz_t = preactivation_grad(x, dy, w, seq_begin, t, c, num_channels, kernel_size);
-    for (int j = 0; j < kernel_size && t - j >= seq_begin; ++j) {
-      dw[kernel_size - 1 - j] += __bfloat162float(x[(t - j) * num_channels + c]) * dz_t;
+    const float dz_t = preactivation_grad(x, dy, tap, seq_begin, t, c, num_channels, kernel_size);
+#pragma unroll
+    for (int j = 0; j < kCausalConv1dMaxKernel; ++j) {
+      if (j < kernel_size && t - j >= seq_begin) {
+        d_tap[j] += __bfloat162float(x[(t - j) * num_channels + c]) * dz_t;
+      }
     }
     // Input gradient gathers the later tokens of the same sequence that read x[t].
     float dx_t = 0.0f;
-    for (int j = 0; j < kernel_size && t + j < seq_end; ++j) {
-      const float dz = j == 0 ? dz_t
-                              : preactivation_grad(x, dy, w, seq_begin, t + j, c, num_channels,
-                                                   kernel_size);
-      dx_t += w[kernel_size - 1 - j] * dz;
+#pragma unroll
+    for (int j = 0; j < kCausalConv1dMaxKernel; ++j) {
+      if (j < kernel_size && t + j < seq_end) {
+        const float dz = j == 0 ? dz_t
+                                : preactivation_grad(x, dy, tap, seq_begin, t + j, c,
+                                                     num_channels, kernel_size);
+        dx_t += tap[j] * dz;
+      }
     }
     dx[t * num_channels + c] = __float2bfloat16(dx_t);
   }
-  for (int j = 0; j < kernel_size; ++j) atomicAdd(&dweight[c * kernel_size + j], dw[j]);
+#pragma unroll
+  for (int j = 0; j < kCausalConv1dMaxKernel; ++j) {
+    if (j < kernel_size) atomicAdd(&dweight[c * kernel_size + kernel_size - 1 - j], d_tap[j]);
+  }
 }
 
 void check_conv_launch(int num_seqs, int64_t num_tokens, int num_channels, int kernel_size) {
