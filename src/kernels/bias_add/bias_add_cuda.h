@@ -1,0 +1,33 @@
+// CUDA bias add (bf16 rows += bf16 bias) and its backward (fp32 column sums of dy, deterministic:
+// per-chunk partials then a fixed-order reduction). The column-partial machinery is shared with
+// gelu's fused bias backward. Legend: T rows, N features.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace deltamoe {
+
+// y [T, N] bf16 updated: y = bf16(y + bias), fp32 add.
+void bias_add_forward_cuda(const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t rows, int64_t features,
+                           cudaStream_t stream);
+
+// Row chunks of a column reduction over `rows` rows (each chunk writes one fp32 partial row).
+int64_t column_sum_num_chunks(int64_t rows);
+int64_t column_sum_rows_per_chunk(int64_t rows);
+
+// Bytes of scratch the backward needs: column_sum_num_chunks(rows) * features fp32 partials.
+size_t bias_add_backward_workspace_bytes(int64_t rows, int64_t features);
+
+// dy [T, N] bf16 -> d_bias [N] f32 added to (column sums, fp32, same result every run).
+void bias_add_backward_cuda(const __nv_bfloat16* dy, float* d_bias, int64_t rows, int64_t features, void* workspace,
+                            size_t workspace_bytes, cudaStream_t stream);
+
+// d_bias[c] += sum over chunks of partial[chunk, c], chunks in order (the second step above).
+void column_partials_reduce_cuda(const float* partial, int64_t num_chunks, int64_t features, float* d_bias,
+                                 cudaStream_t stream);
+
+}  // namespace deltamoe
