@@ -5,7 +5,7 @@
 //   dQ per (64-query tile, query head): S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K;
 //   dK, dV per (64-key tile, KV head) over every query head of the group: S^T = K Q^T,
 //     dP^T = V dO^T, dV += P^T dO, dK += dS^T Q. At D = 256 the dK/dV accumulators would not fit
-//     the registers, so the key pass runs twice, each time accumulating one half of the head dim.
+//     the registers, so two blocks share a key tile, each accumulating one half of the head dim.
 // All products on mma.sync m16n8k16 (bf16 in, fp32 accumulate); P and dS go to bf16 as A operands.
 #include <cstdint>
 
@@ -176,6 +176,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Blocks per key tile in the dK/dV pass, each accumulating one slice of the head dim (S^T and
+// dP^T are recomputed per slice): at D = 256 both accumulators together would not fit registers.
+constexpr int dkv_splits(int head_dim) { return head_dim > 128 ? 2 : 1; }
+
 template <int kHeadDim>
 constexpr size_t dkv_shared_bytes() {
   return static_cast<size_t>(4 * kRows) * (kHeadDim + fa::kPad) * sizeof(uint16_t) + 2 * kRows * sizeof(float);
@@ -188,8 +192,7 @@ __global__ void __launch_bounds__(kThreads)
                    const float* __restrict__ lse, const __nv_bfloat16* __restrict__ d_out,
                    const float* __restrict__ delta, __nv_bfloat16* __restrict__ dk, __nv_bfloat16* __restrict__ dv) {
   constexpr int kStride = kHeadDim + fa::kPad;
-  constexpr int kSplits = kHeadDim > 128 ? 2 : 1;  // passes over the queries, one slice of D each
-  constexpr int kAccDim = kHeadDim / kSplits;
+  constexpr int kAccDim = kHeadDim / dkv_splits(kHeadDim);
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   uint16_t* k_tile = reinterpret_cast<uint16_t*>(shared_bytes);
   uint16_t* v_tile = k_tile + kRows * kStride;
@@ -228,9 +231,8 @@ __global__ void __launch_bounds__(kThreads)
   const uint16_t* v_rows = v_tile + warp * 16 * kStride;
   const float score_scale = shape.scale * fa::kLog2e;
 
-#pragma unroll 1
-  for (int split = 0; split < kSplits; ++split) {
-    const int first_col = split * kAccDim;
+  {
+    const int first_col = blockIdx.z * kAccDim;  // this block's slice of the head dim
     float dk_acc[kAccDim / 8][4], dv_acc[kAccDim / 8][4];
 #pragma unroll
     for (int n = 0; n < kAccDim / 8; ++n) {
@@ -297,8 +299,8 @@ void launch_backward_mma(const FlashAttentionShape& shape, const __nv_bfloat16* 
   dq_mma_kernel<kHeadDim><<<dim3(tiles, static_cast<unsigned>(shape.num_q_heads)), kThreads, kDqShared, stream>>>(
       shape, q, k, v, lse, d_out, delta, dq);
   CUDA_CHECK_LAUNCH();
-  dkv_mma_kernel<kHeadDim><<<dim3(tiles, static_cast<unsigned>(shape.num_kv_heads)), kThreads, kDkvShared, stream>>>(
-      shape, q, k, v, lse, d_out, delta, dk, dv);
+  const dim3 dkv_grid(tiles, static_cast<unsigned>(shape.num_kv_heads), dkv_splits(kHeadDim));
+  dkv_mma_kernel<kHeadDim><<<dkv_grid, kThreads, kDkvShared, stream>>>(shape, q, k, v, lse, d_out, delta, dk, dv);
   CUDA_CHECK_LAUNCH();
 }
 
