@@ -1,6 +1,7 @@
 // `deltamoe parity` logic, reusable by the trainer: run the CPU fp32 reference model on a batch
-// from a safetensors file and collect ce_loss, aux_loss, logits and the gradients of each loss for
-// every trainable parameter (fused layout, HF names) — the quantities the golden files hold.
+// from a safetensors file (text, or images through the vision tower) and collect ce_loss, aux_loss,
+// logits and the gradients of each loss for every trainable parameter (fused layout, HF names) —
+// the quantities the golden files hold.
 #pragma once
 
 #include <map>
@@ -9,6 +10,7 @@
 
 #include "checkpoint/model_checkpoint.h"
 #include "core/tensor.h"
+#include "model/vision/trainable_parts.h"
 
 namespace deltamoe {
 
@@ -16,7 +18,7 @@ struct ParityInputs {
   HostTensor input_ids;                  // int64 [B, S]
   HostTensor labels;                     // int64 [B, S], unshifted, -100 ignored
   std::optional<HostTensor> cu_seqlens;  // int32 [N + 1], only with B = 1 (packed sequences)
-  // Vision inputs (the VLM path; see build_text_inputs in parity.cc for the hook).
+  // Vision inputs (the VLM path; build_text_inputs in parity.cc).
   std::optional<HostTensor> pixel_values;       // f32 [Np, 1536]
   std::optional<HostTensor> image_grid_thw;     // int64 [Ni, 3]
   std::optional<HostTensor> mm_token_type_ids;  // int64 [B, S]
@@ -28,13 +30,18 @@ struct ParityResult {
   HostTensor logits;                            // f32 [B, S, V]
   std::map<std::string, HostTensor> grads;      // d ce_loss / d param, f32, by HF name
   std::map<std::string, HostTensor> grads_aux;  // d aux_loss / d param
+  double backward_seconds = 0;                  // wall time of both backwards (0: nothing trained)
 };
 
 // Reads and validates the inputs file (dtypes, shapes, cu_seqlens rules); errors name the file and tensor.
 ParityInputs load_parity_inputs(const std::string& path);
 
 // Runs forward and two backwards (one per loss) of the CPU reference on the checkpoint's weights.
-ParityResult run_parity_cpu(const ModelCheckpoint& checkpoint, const ParityInputs& inputs);
+// With pixel_values the vision tower runs too and the model.visual.* gradients are returned.
+// Frozen parts (trainable) get no gradient entries and their weight gradients are not computed;
+// with every part frozen that the batch touches, no backward runs at all.
+ParityResult run_parity_cpu(const ModelCheckpoint& checkpoint, const ParityInputs& inputs,
+                            const TrainableParts& trainable = {});
 
 // Writes ce_loss, aux_loss (scalars), logits, grad.<name> and grad_aux.<name> (all f32).
 void write_parity_outputs(const std::string& path, const ParityResult& result);

@@ -1,9 +1,10 @@
-// Golden parity of the CPU reference against transformers: for every text case under tests/golden
-// (inputs without images), runs run_parity_cpu and compares with expected.safetensors:
-// ce_loss, aux_loss within 1e-5 relative; logits max|diff| / max|ref| <= 1e-4; every gradient
-// ||diff|| / ||ref|| <= 1e-4. Prints each case's worst tensor.
+// Golden parity of the CPU reference against transformers: for every case under tests/golden (text
+// and VLM with images), runs run_parity_cpu and compares with expected.safetensors: ce_loss,
+// aux_loss within 1e-5 relative; logits max|diff| / max|ref| <= 1e-4; every gradient (vision ones
+// included) ||diff|| / ||ref|| <= 1e-4. Prints each case's worst tensor.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -11,6 +12,7 @@
 
 #include "checkpoint/model_checkpoint.h"
 #include "checkpoint/safetensors.h"
+#include "core/error.h"
 #include "train/parity.h"
 
 namespace deltamoe {
@@ -25,18 +27,13 @@ std::string golden_dir() {
   return (fs::path(source != nullptr ? source : ".") / "tests" / "golden").string();
 }
 
-// Text cases: directories with model/, inputs.safetensors and expected.safetensors and no images.
-std::vector<fs::path> text_cases() {
+// Cases: directories with model/, inputs.safetensors and expected.safetensors.
+std::vector<fs::path> golden_cases() {
   std::vector<fs::path> cases;
   if (!fs::is_directory(golden_dir())) return cases;
   for (const auto& entry : fs::directory_iterator(golden_dir())) {
     const fs::path dir = entry.path();
-    if (!fs::exists(dir / "expected.safetensors") || !fs::exists(dir / "inputs.safetensors")) continue;
-    if (SafetensorsFile::open((dir / "inputs.safetensors").string())->contains("pixel_values")) {
-      std::printf("  %s has images: covered by the vision path, not by this test\n", dir.filename().c_str());
-      continue;
-    }
-    cases.push_back(dir);
+    if (fs::exists(dir / "expected.safetensors") && fs::exists(dir / "inputs.safetensors")) cases.push_back(dir);
   }
   std::sort(cases.begin(), cases.end());
   return cases;
@@ -68,7 +65,11 @@ double norm_ratio(const std::vector<float>& ours, const std::vector<float>& ref)
 void check_case(const fs::path& dir) {
   const std::string name = dir.filename().string();
   const ModelCheckpoint checkpoint = load_model_dir((dir / "model").string());
-  const ParityResult result = run_parity_cpu(checkpoint, load_parity_inputs((dir / "inputs.safetensors").string()));
+  const ParityInputs inputs = load_parity_inputs((dir / "inputs.safetensors").string());
+  const ParityResult result = run_parity_cpu(checkpoint, inputs);
+  std::printf("  %s: %s, %zu gradient tensors per loss\n", name.c_str(),
+              inputs.pixel_values ? str_cat(inputs.image_grid_thw->shape()[0], " images").c_str() : "text only",
+              result.grads.size());
   const auto expected = SafetensorsFile::open((dir / "expected.safetensors").string());
 
   const double ce_ref = f32_values(expected->tensor("ce_loss"))[0];
@@ -93,7 +94,7 @@ void check_case(const fs::path& dir) {
 
   // Every expected gradient must be ours and match; ours without a reference must be all zero.
   for (const auto& [kind, ours] : {std::pair{"grad.", &result.grads}, std::pair{"grad_aux.", &result.grads_aux}}) {
-    Worst worst;
+    Worst worst, worst_vision;
     std::set<std::string> seen;
     for (const SafetensorsEntry& entry : expected->entries()) {
       if (entry.name.rfind(kind, 0) != 0) continue;
@@ -109,6 +110,7 @@ void check_case(const fs::path& dir) {
       const std::vector<float> mine(it->second.as<float>(), it->second.as<float>() + it->second.numel());
       const double error = norm_ratio(mine, ref);
       worst.update(error, param);
+      if (param.rfind("model.visual.", 0) == 0) worst_vision.update(error, param);
       EXPECT_LE(error, kGradTolerance) << name << ": " << entry.name;
     }
     for (const auto& [param, tensor] : *ours) {
@@ -119,14 +121,23 @@ void check_case(const fs::path& dir) {
     }
     std::printf("  %s: %zu %s tensors, worst ||diff||/||ref|| %.3e (%s)\n", name.c_str(), seen.size(), kind,
                 worst.error, worst.name.c_str());
+    if (!worst_vision.name.empty()) {
+      std::printf("  %s: worst vision %s tensor %.3e (%s)\n", name.c_str(), kind, worst_vision.error,
+                  worst_vision.name.c_str());
+    }
   }
 }
 
-TEST(ParityGolden, TextCasesMatchTransformers) {
-  const std::vector<fs::path> cases = text_cases();
-  ASSERT_FALSE(cases.empty()) << "no text golden cases under " << golden_dir()
+TEST(ParityGolden, AllCasesMatchTransformers) {
+  const std::vector<fs::path> cases = golden_cases();
+  ASSERT_FALSE(cases.empty()) << "no golden cases under " << golden_dir()
                               << " (tools/golden/make_golden.py writes them)";
-  for (const fs::path& dir : cases) check_case(dir);
+  int with_images = 0;
+  for (const fs::path& dir : cases) {
+    check_case(dir);
+    with_images += SafetensorsFile::open((dir / "inputs.safetensors").string())->contains("pixel_values");
+  }
+  std::printf("  %zu cases, %d with images\n", cases.size(), with_images);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Checks the parity runner on a small random checkpoint: both on-disk expert layouts give the same
 // results, the output file holds every gradient under its fused HF name, packed inputs run, and bad
-// inputs are reported by tensor name.
+// inputs (text and image ones) are reported by tensor name.
+#include "train/parity.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,7 +13,6 @@
 #include "checkpoint/safetensors.h"
 #include "core/rng.h"
 #include "model/config.h"
-#include "train/parity.h"
 
 namespace deltamoe {
 namespace {
@@ -139,6 +140,43 @@ TEST_F(ParityTest, BadInputsNameTheTensor) {
       error_for({{"input_ids", ids}, {"labels", StoredTensor::from_host(int64_tensor({1, 2, -7, 4, 5, 6}, {1, 6}))}});
   std::printf("  %s\n", message.c_str());
   EXPECT_NE(message.find("label -7"), std::string::npos);
+}
+
+TEST_F(ParityTest, BadImageInputsSayWhatIsWrong) {
+  ModelConfig vl_config = model_config_preset("tiny-vl");
+  const ModelCheckpoint vl = random_init_checkpoint(vl_config, 3, DType::f32);
+  const ModelCheckpoint text = load_model_dir(dir_.path("fused"));
+  const int64_t pad = vl_config.image_token_id, patch_dim = vl_config.vision.patch_dim();
+  // One (1, 4, 4) image: 16 patches, 4 merged tokens.
+  ParityInputs good;
+  good.input_ids = int64_tensor({5, 6, pad, pad, pad, pad, 7, 8}, {1, 8});
+  good.labels = int64_tensor({5, 6, -100, -100, -100, -100, 7, 8}, {1, 8});
+  good.pixel_values = HostTensor::from_f32(std::vector<float>(16 * patch_dim, 0.25f), Shape{16, patch_dim});
+  good.image_grid_thw = int64_tensor({1, 4, 4}, {1, 3});
+  good.mm_token_type_ids = int64_tensor({0, 0, 1, 1, 1, 1, 0, 0}, {1, 8});
+  EXPECT_GT(run_parity_cpu(vl, good).grads.count("model.visual.merger.linear_fc2.weight"), 0u);
+  auto expect_error = [&](const ModelCheckpoint& checkpoint, const ParityInputs& inputs, const std::string& part) {
+    const std::string message = error_of([&] { run_parity_cpu(checkpoint, inputs); });
+    std::printf("  %s\n", message.c_str());
+    EXPECT_NE(message.find(part), std::string::npos) << message;
+  };
+  expect_error(text, good, "has no vision tower");
+  ParityInputs bad = good;
+  bad.image_grid_thw.reset();
+  expect_error(vl, bad, "pixel_values and image_grid_thw together");
+  bad = good;
+  bad.mm_token_type_ids = int64_tensor({0, 0, 1, 1, 1, 0, 0, 0}, {1, 8});
+  expect_error(vl, bad, "mm_token_type_ids[0, 5] is 0");
+  bad = good;
+  bad.pixel_values = HostTensor::from_f32(std::vector<float>(16 * 10, 0.0f), Shape{16, 10});
+  expect_error(vl, bad, "must have 1536 columns");
+  bad = good;
+  bad.input_ids = int64_tensor({5, 6, pad, pad, pad, 9, 7, 8}, {1, 8});
+  bad.mm_token_type_ids.reset();
+  expect_error(vl, bad, "3 tokens of id 4075 but 4 feature rows");  // one <|image_pad|> short
+  bad = good;
+  bad.image_grid_thw = int64_tensor({1, 4, 8}, {1, 3});
+  expect_error(vl, bad, "pixel_values must be [32, 1536] for image_grid_thw, got [16, 1536]");
 }
 
 }  // namespace

@@ -26,7 +26,7 @@ struct AttentionLayerSaved {
 Activation attention_layer_forward(const TextConfig& config, const ParamMap& params, const std::string& names,
                                    const TextBatch& batch, const Activation& x, AttentionLayerSaved* saved);
 
-// dy [T, C] -> returns dx [T, C]; the layer's parameter gradients are added to grads.
+// dy [T, C] -> returns dx [T, C]; the layer's parameter gradients are added to grads (null: frozen).
 Activation attention_layer_backward(const TextConfig& config, const ParamMap& params, ParamMap* grads,
                                     const std::string& names, const TextBatch& batch, const AttentionLayerSaved& saved,
                                     const Activation& dy);

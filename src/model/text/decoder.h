@@ -26,7 +26,7 @@ Activation decoder_layer_forward(const TextConfig& config, const ParamMap& param
                                  DecoderLayerSaved* saved, MoeAuxStats* aux_stats,
                                  const int32_t* forced_topk_idx = nullptr);
 
-// dy [T, C] -> returns dx [T, C]; gradients added to grads.
+// dy [T, C] -> returns dx [T, C]; gradients added to grads (null: frozen weights, only dx is formed).
 Activation decoder_layer_backward(const TextConfig& config, const ParamMap& params, ParamMap* grads, int64_t layer_idx,
                                   const std::string& prefix, const TextBatch& batch, const DecoderLayerSaved& saved,
                                   const Activation& dy, const MoeAuxStats& aux_stats, float aux_weight);

@@ -27,7 +27,7 @@ struct GdnLayerSaved {
 Activation gdn_layer_forward(const TextConfig& config, const ParamMap& params, const std::string& names,
                              const TextBatch& batch, const Activation& x, GdnLayerSaved* saved);
 
-// dy [T, C] -> returns dx [T, C]; parameter gradients are added to grads.
+// dy [T, C] -> returns dx [T, C]; parameter gradients are added to grads (null: frozen).
 Activation gdn_layer_backward(const TextConfig& config, const ParamMap& params, ParamMap* grads,
                               const std::string& names, const TextBatch& batch, const GdnLayerSaved& saved,
                               const Activation& dy);

@@ -26,7 +26,7 @@ Activation moe_block_forward(const TextConfig& config, const ParamMap& params, c
                              int64_t num_tokens, const Activation& x, MoeBlockSaved* saved, MoeAuxStats* aux_stats,
                              const int32_t* forced_topk_idx = nullptr);
 
-// dy [T, C] -> returns dx [T, C]; parameter gradients are added to grads. When aux_weight != 0 the
+// dy [T, C] -> returns dx [T, C]; parameter gradients added to grads (null: frozen). When aux_weight != 0 the
 // gradient of aux_weight * aux_loss (pooled statistics in aux_stats) flows in through the router.
 Activation moe_block_backward(const TextConfig& config, const ParamMap& params, ParamMap* grads,
                               const std::string& names, int64_t num_tokens, const MoeBlockSaved& saved,

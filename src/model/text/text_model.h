@@ -46,8 +46,11 @@ class TextModel {
 
   // Gradients of ce_weight * ce_loss + aux_weight * aux_loss of the last forward, for every
   // parameter. May be called several times per forward. When the forward started from
-  // input_embeds, d_input_embeds ([T, C]) receives their gradient.
-  ParamMap backward(float ce_weight, float aux_weight, std::vector<float>* d_input_embeds = nullptr) const;
+  // input_embeds, d_input_embeds ([T, C]) receives their gradient. With weight_grads false (frozen
+  // language model, e.g. to train only the vision tower) it returns no gradients and skips the
+  // weight products, still carrying the gradient back to d_input_embeds.
+  ParamMap backward(float ce_weight, float aux_weight, std::vector<float>* d_input_embeds = nullptr,
+                    bool weight_grads = true) const;
 
   const TextConfig& config() const { return config_; }
   const std::string& prefix() const { return prefix_; }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <utility>
@@ -44,6 +45,21 @@ float* param_values(ParamMap& params, const std::string& name);
 
 // A map with the same names and shapes, all zeros (gradient accumulators).
 ParamMap zeros_like(const ParamMap& params);
+
+// Where one layer's backward puts its parameter gradients. grads null means frozen weights: then
+// `optional` is null (for kernels whose header lets a null weight gradient skip that product) and
+// `required` a throwaway buffer (for kernels that always add one; kept until this object dies).
+class LayerGrads {
+ public:
+  LayerGrads(const ParamMap& params, ParamMap* grads) : params_(params), grads_(grads) {}
+  float* optional(const std::string& name);
+  float* required(const std::string& name);
+
+ private:
+  const ParamMap& params_;
+  ParamMap* grads_;
+  std::deque<std::vector<float>> scratch_;  // deque: pointers stay valid as it grows
+};
 
 // Random parameters for tests: matrices normal(0, matrix_std), zero-centred norm weights
 // normal(0, 0.3), the GDN norm weight 1 + normal(0, 0.3), A_log and dt_bias normal(0, 0.5).

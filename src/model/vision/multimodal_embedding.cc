@@ -43,16 +43,26 @@ MultimodalEmbedding multimodal_embed_forward(const ModelConfig& config, const Vi
 
 void multimodal_embed_backward(const ModelConfig& config, const VisionParams& vision_params,
                                const MultimodalEmbedding& forward, const int64_t* input_ids, int64_t num_tokens,
-                               std::vector<float>& d_input_embeds, float* d_embed_table, VisionParams* vision_grads) {
+                               std::vector<float>& d_input_embeds, float* d_embed_table, VisionParams* vision_grads,
+                               const TrainableParts& trainable) {
   const int64_t hidden = config.text.hidden_size;
   CHECK(static_cast<int64_t>(d_input_embeds.size()) == num_tokens * hidden, "multimodal backward: d_input_embeds has ",
         d_input_embeds.size(), " values, expected ", num_tokens * hidden);
-  if (forward.has_images) {
+  if (forward.has_images && trainable.vision()) {
     const int64_t rows = forward.vision.features.shape()[0];
     HostTensor d_features(DType::f32, Shape{rows, hidden});
     token_scatter_backward_ref(input_ids, num_tokens, config.image_token_id, d_input_embeds.data(),
                                d_features.as<float>(), rows, hidden);
-    vision_tower_backward(vision_params, config.vision, forward.vision.saved, d_features, vision_grads);
+    vision_tower_backward(vision_params, config.vision, forward.vision.saved, d_features, vision_grads, kVisionPrefix,
+                          trainable);
+  }
+  if (d_embed_table == nullptr) return;
+  if (forward.has_images && !trainable.vision()) {
+    // The scatter's backward above did not run, so the image rows still hold their gradient: they
+    // belong to the features, not to the <|image_pad|> embedding row.
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      if (input_ids[t] == config.image_token_id) std::fill_n(d_input_embeds.data() + t * hidden, hidden, 0.0f);
+    }
   }
   embedding_backward_ref(input_ids, d_input_embeds.data(), d_embed_table, num_tokens, config.text.vocab_size, hidden);
 }

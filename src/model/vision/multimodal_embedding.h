@@ -27,9 +27,12 @@ MultimodalEmbedding multimodal_embed_forward(const ModelConfig& config, const Vi
                                              const HostTensor* image_grid_thw);
 
 // d_input_embeds [T, C] from the text model; its image rows are moved to the vision tower (and
-// zeroed here). d_embed_table [V, C] and vision_grads (by HF name) are added to.
+// zeroed here). d_embed_table [V, C] and vision_grads (by HF name) are added to. Freezing: a null
+// d_embed_table skips the table's gradient (frozen LLM); with neither ViT nor merger trainable the
+// vision backward does not run at all, otherwise vision_tower_backward skips the frozen part.
 void multimodal_embed_backward(const ModelConfig& config, const VisionParams& vision_params,
                                const MultimodalEmbedding& forward, const int64_t* input_ids, int64_t num_tokens,
-                               std::vector<float>& d_input_embeds, float* d_embed_table, VisionParams* vision_grads);
+                               std::vector<float>& d_input_embeds, float* d_embed_table, VisionParams* vision_grads,
+                               const TrainableParts& trainable = {});
 
 }  // namespace deltamoe

@@ -113,7 +113,8 @@ VisionTowerOutput forward_impl(const VisionParams& params, const VisionConfig& c
 
 template <typename T>
 HostTensor backward_impl(const VisionParams& params, const VisionConfig& config, const VisionTowerSaved& saved,
-                         const HostTensor& d_features, VisionParams& grads, const std::string& prefix) {
+                         const HostTensor& d_features, VisionParams& grads, const std::string& prefix,
+                         const TrainableParts& trainable) {
   const auto& state = *static_cast<const TowerState<T>*>(saved.state.get());
   const int64_t n = state.layout.num_patches, c = config.hidden_size, m = config.spatial_merge_size;
   const int64_t rows = n / (m * m), merged = config.merged_dim(), out_dim = config.out_hidden_size;
@@ -122,20 +123,28 @@ HostTensor backward_impl(const VisionParams& params, const VisionConfig& config,
         "vision tower backward: d_features must be ", dtype_name(DTypeOf<T>::value), " [", rows, ", ", out_dim,
         "], got ", dtype_name(d_features.dtype()), " ", d_features.shape().str());
   auto grad = [&](const std::string& name, int64_t numel) { return vision_param<T>(grads, prefix + name, numel); };
+  // A frozen merger's weight products are skipped (null gradient); its input gradient is still needed by the ViT.
+  auto merger_grad = [&](const std::string& name, int64_t numel) -> T* {
+    return trainable.aligner ? grad(name, numel) : nullptr;
+  };
+  auto bias_backward = [&](const T* dy, T* d_bias, int64_t count, int64_t width) {
+    if (d_bias != nullptr) bias_add_backward_ref(dy, d_bias, count, width);
+  };
 
   std::vector<T> d_act(rows * merged), d_fc1(rows * merged), d_norm(n * c), dx(n * c);
   linear_backward_ref(state.merger_act.data(), vision_param<T>(params, prefix + ".merger.linear_fc2.weight", out_dim * merged),
-                      d_features.as<T>(), d_act.data(), grad(".merger.linear_fc2.weight", out_dim * merged), rows,
+                      d_features.as<T>(), d_act.data(), merger_grad(".merger.linear_fc2.weight", out_dim * merged), rows,
                       merged, out_dim);
-  bias_add_backward_ref(d_features.as<T>(), grad(".merger.linear_fc2.bias", out_dim), rows, out_dim);
+  bias_backward(d_features.as<T>(), merger_grad(".merger.linear_fc2.bias", out_dim), rows, out_dim);
   gelu_backward_ref(GeluKind::exact, state.merger_fc1.data(), d_act.data(), d_fc1.data(), rows * merged);
   linear_backward_ref(state.merger_norm.data(), vision_param<T>(params, prefix + ".merger.linear_fc1.weight", merged * merged),
-                      d_fc1.data(), d_norm.data(), grad(".merger.linear_fc1.weight", merged * merged), rows, merged,
+                      d_fc1.data(), d_norm.data(), merger_grad(".merger.linear_fc1.weight", merged * merged), rows, merged,
                       merged);
-  bias_add_backward_ref(d_fc1.data(), grad(".merger.linear_fc1.bias", merged), rows, merged);
+  bias_backward(d_fc1.data(), merger_grad(".merger.linear_fc1.bias", merged), rows, merged);
   layer_norm_backward_ref(state.merger_in.data(), vision_param<T>(params, prefix + ".merger.norm.weight", c),
                           state.merger_mean.data(), state.merger_rstd.data(), d_norm.data(), dx.data(),
-                          grad(".merger.norm.weight", c), grad(".merger.norm.bias", c), n, c);
+                          merger_grad(".merger.norm.weight", c), merger_grad(".merger.norm.bias", c), n, c);
+  if (!trainable.vit) return HostTensor();  // nothing below the merger is trained: no block backward
 
   for (int64_t j = config.depth - 1; j >= 0; --j) {
     vision_block_backward(config, params, block_prefix(prefix, j), state.layout, state.blocks[j], dx, grads);
@@ -206,14 +215,19 @@ VisionTowerOutput vision_tower_forward(const VisionParams& params, const VisionC
 
 HostTensor vision_tower_backward(const VisionParams& params, const VisionConfig& config,
                                  const VisionTowerSaved& saved, const HostTensor& d_features, VisionParams* grads,
-                                 const std::string& prefix) {
+                                 const std::string& prefix, const TrainableParts& trainable) {
   CHECK(saved.state != nullptr, "vision tower backward: no saved forward state");
   CHECK(grads != nullptr, "vision tower backward: grads must not be null");
+  const std::string merger_prefix = prefix + ".merger.";
   for (const auto& [name, shape] : vision_param_shapes(config, prefix)) {
+    const bool in_merger = name.compare(0, merger_prefix.size(), merger_prefix) == 0;
+    if (!(in_merger ? trainable.aligner : trainable.vit)) continue;  // frozen: no entry
     if (grads->find(name) == grads->end()) grads->emplace(name, HostTensor(saved.dtype, shape));
   }
-  if (saved.dtype == DType::f64) return backward_impl<double>(params, config, saved, d_features, *grads, prefix);
-  return backward_impl<float>(params, config, saved, d_features, *grads, prefix);
+  if (saved.dtype == DType::f64) {
+    return backward_impl<double>(params, config, saved, d_features, *grads, prefix, trainable);
+  }
+  return backward_impl<float>(params, config, saved, d_features, *grads, prefix, trainable);
 }
 
 }  // namespace deltamoe

@@ -12,6 +12,7 @@
 
 #include "core/tensor.h"
 #include "model/config.h"
+#include "model/vision/trainable_parts.h"
 
 namespace deltamoe {
 
@@ -39,9 +40,12 @@ VisionTowerOutput vision_tower_forward(const VisionParams& params, const VisionC
 
 // d_features [M, O] -> returns d_pixel_values [N, 3*Tp*P*P]; parameter gradients are added to
 // grads by HF name (a missing entry is created zero-filled with the parameter's shape and dtype).
+// Freezing (`trainable`, its llm field unused): a frozen merger gets no entries and no weight
+// products (its input gradient is still formed when the ViT trains); with the ViT frozen the
+// backward stops after the merger, adds no ViT entries and returns an empty() d_pixel_values.
 HostTensor vision_tower_backward(const VisionParams& params, const VisionConfig& config,
                                  const VisionTowerSaved& saved, const HostTensor& d_features, VisionParams* grads,
-                                 const std::string& prefix = kVisionPrefix);
+                                 const std::string& prefix = kVisionPrefix, const TrainableParts& trainable = {});
 
 // Names and shapes of the tower's parameters (spec §2.2), in checkpoint order.
 std::vector<std::pair<std::string, Shape>> vision_param_shapes(const VisionConfig& config,
