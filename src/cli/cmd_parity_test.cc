@@ -1,5 +1,6 @@
-// Runs `deltamoe parity` ($DELTAMOE_BINARY) on a small random checkpoint: the output file equals
-// the in-process parity run bit for bit, and bad command lines or inputs fail with a clear message.
+// Runs `deltamoe parity` ($DELTAMOE_BINARY) on a small random checkpoint and on the VLM golden case
+// (images, --freeze_* flags): the output file equals the in-process parity run bit for bit, frozen
+// parts are absent from it, and bad command lines or inputs fail with a clear message.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -98,6 +99,46 @@ TEST_F(CmdParity, BadCommandLinesAndInputsFailClearly) {
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.output.find("--device tpu"), std::string::npos) << run.output;
   std::printf("%s", run.output.c_str());
+}
+
+// The VLM golden case through the command line: images in, vision gradients out; with
+// --freeze_vit --freeze_llm only the merger's gradients are written, equal to the in-process run.
+TEST_F(CmdParity, ImagesAndFreezeFlags) {
+  const char* source = std::getenv("DELTAMOE_SOURCE_DIR");
+  const std::string golden = str_cat(source != nullptr ? source : ".", "/tests/golden/vlm_two_images");
+  const ModelCheckpoint checkpoint = load_model_dir(golden + "/model");
+  const ParityInputs inputs = load_parity_inputs(golden + "/inputs.safetensors");
+  ASSERT_TRUE(inputs.pixel_values.has_value()) << golden << " has no images";
+  for (const bool frozen : {false, true}) {
+    const RunResult run =
+        run_deltamoe(str_cat("parity --model ", golden, "/model --inputs ", golden, "/inputs.safetensors --out ",
+                             dir_.path("vlm.safetensors"), frozen ? " --freeze_vit --freeze_llm" : ""));
+    std::printf("%s", run.output.c_str());
+    ASSERT_EQ(run.exit_code, 0);
+    TrainableParts parts;
+    parts.vit = parts.llm = !frozen;
+    const ParityResult expected = run_parity_cpu(checkpoint, inputs, parts);
+    const auto out = SafetensorsFile::open(dir_.path("vlm.safetensors"));
+    size_t visual = 0, merger = 0, compared = 0;
+    for (const auto& [kind, grads] : {std::pair{"grad.", &expected.grads}, std::pair{"grad_aux.", &expected.grads_aux}})
+      for (const auto& [name, grad] : *grads) {
+        ASSERT_TRUE(out->contains(kind + name)) << kind << name;
+        EXPECT_TRUE(out->tensor(kind + name).bitwise_equal(StoredTensor::from_host(grad))) << kind << name;
+        visual += name.rfind("model.visual.", 0) == 0;
+        merger += name.rfind("model.visual.merger.", 0) == 0;
+        ++compared;
+      }
+    std::printf("  %s: %zu gradient tensors (%zu vision, %zu merger), identical to the in-process run\n",
+                frozen ? "--freeze_vit --freeze_llm" : "nothing frozen", compared, visual, merger);
+    EXPECT_EQ(out->entries().size(), compared + 3);
+    EXPECT_EQ(merger, 12u);  // 6 merger tensors, ce and aux
+    if (frozen) {
+      EXPECT_EQ(compared, merger);
+    } else {
+      EXPECT_EQ(visual, static_cast<size_t>(2 * (9 + 12 * checkpoint.config.vision.depth)));
+      EXPECT_GT(compared, visual);
+    }
+  }
 }
 
 }  // namespace
