@@ -187,6 +187,9 @@ int cmd_train(int argc, char** argv) {
               static_cast<long long>(summary.steps_done), static_cast<long long>(summary.total_steps),
               static_cast<long long>(summary.steps_this_run), summary.elapsed_s, summary.first_loss, summary.last_loss);
   if (summary.has_val) std::printf("; val_loss %.4f -> %.4f", summary.first_val_loss, summary.last_val_loss);
+  if (summary.has_val && summary.last_val_token_acc >= 0) {
+    std::printf("; val token_acc %.3f -> %.3f", summary.first_val_token_acc, summary.last_val_token_acc);
+  }
   std::printf("; data: %s\n", summary.data_skips.c_str());
   if (!summary.last_checkpoint.empty()) std::printf("checkpoint: %s\n", summary.last_checkpoint.c_str());
   std::printf("metrics: %s/metrics.jsonl\n", options.output_dir.c_str());

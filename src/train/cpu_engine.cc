@@ -1,6 +1,7 @@
 // CPU reference engine: multimodal embedding -> text model forward/backward -> flat gradients.
 #include "train/cpu_engine.h"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 
@@ -31,6 +32,17 @@ void gather_pixel_values(const Batch& batch, std::vector<float>* out) {
   } else {
     for (const auto& image : batch.images) out->insert(out->end(), image.pixel_values.begin(), image.pixel_values.end());
   }
+}
+
+// Supervised positions whose argmax over the vocabulary (first maximum) equals the label.
+int64_t count_correct(const std::vector<float>& logits, const std::vector<int64_t>& shifted_labels, int64_t vocab) {
+  int64_t correct = 0;
+  for (size_t t = 0; t < shifted_labels.size(); ++t) {
+    if (shifted_labels[t] == kIgnoreLabel) continue;
+    const float* row = logits.data() + t * static_cast<size_t>(vocab);
+    correct += std::max_element(row, row + vocab) - row == shifted_labels[t];
+  }
+  return correct;
 }
 
 }  // namespace
@@ -123,6 +135,7 @@ MicroBatchLoss CpuEngine::run_forward(const MicroBatch& batch, Pass* pass, std::
   loss.ce_sum = out.ce_loss * static_cast<double>(out.num_supervised);
   loss.aux_loss = out.aux_loss;
   loss.num_tokens = num_tokens;
+  loss.num_correct = count_correct(out.logits, pass->shifted_labels, config_.text.vocab_size);
   if (logits != nullptr) *logits = std::move(out.logits);
   return loss;
 }

@@ -17,6 +17,9 @@ struct MicroBatchLoss {
   int64_t num_supervised = 0;  // tokens whose shifted label is not -100
   double aux_loss = 0;         // router load-balancing loss of this forward pass, before its coefficient
   int64_t num_tokens = 0;
+  // Supervised tokens whose highest logit is the label (token accuracy, as ms-swift's token_acc);
+  // -1 when the engine does not compute it.
+  int64_t num_correct = -1;
 };
 
 class TrainEngine {

@@ -32,10 +32,13 @@ std::string format_progress_line(const StepMetrics& m) {
   } else {
     std::snprintf(rate, sizeof(rate), "%.0f", m.tokens_per_s);
   }
-  char line[256];
-  std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f | lr %.3g | grad_norm %.3f | %s tok/s | %.2f s/step | ETA %s%s",
-                static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, m.lr, m.grad_norm, rate,
-                m.step_s, format_duration(m.eta_s).c_str(), m.skipped ? " | SKIPPED (non-finite gradient norm)" : "");
+  char acc[32] = "";
+  if (m.token_acc >= 0) std::snprintf(acc, sizeof(acc), " | acc %.3f", m.token_acc);
+  char line[320];
+  std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f%s | lr %.3g | grad_norm %.3f | %s tok/s | %.2f s/step | ETA %s%s",
+                static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, acc, m.lr, m.grad_norm,
+                rate, m.step_s, format_duration(m.eta_s).c_str(),
+                m.skipped ? " | SKIPPED (non-finite gradient norm)" : "");
   return line;
 }
 
@@ -81,6 +84,7 @@ void MetricsLog::write_step(const StepMetrics& m) {
   json["aux_loss"] = m.aux_loss;
   json["lr"] = m.lr;
   json["grad_norm"] = std::isfinite(m.grad_norm) ? nlohmann::ordered_json(m.grad_norm) : nlohmann::ordered_json();
+  json["token_acc"] = m.token_acc >= 0 ? nlohmann::ordered_json(m.token_acc) : nlohmann::ordered_json();
   json["skipped"] = m.skipped;
   json["tokens"] = m.num_tokens;
   json["supervised_tokens"] = m.num_supervised;
@@ -90,11 +94,12 @@ void MetricsLog::write_step(const StepMetrics& m) {
   write_line(json.dump());
 }
 
-void MetricsLog::write_eval(int64_t step, double val_loss, int64_t num_supervised) {
+void MetricsLog::write_eval(int64_t step, double val_loss, double token_acc, int64_t num_supervised) {
   nlohmann::ordered_json json;
   json["type"] = "eval";
   json["step"] = step;
   json["val_loss"] = val_loss;
+  json["val_token_acc"] = token_acc >= 0 ? nlohmann::ordered_json(token_acc) : nlohmann::ordered_json();
   json["val_supervised_tokens"] = num_supervised;
   write_line(json.dump());
 }

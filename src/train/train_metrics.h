@@ -17,6 +17,7 @@ struct StepMetrics {
   double aux_loss = 0;  // coefficient * mean aux over micro-batches
   double lr = 0;
   double grad_norm = 0;
+  double token_acc = -1;  // supervised tokens predicted right (teacher forcing); -1: not computed
   bool skipped = false;
   int64_t num_tokens = 0;
   int64_t num_supervised = 0;
@@ -26,7 +27,8 @@ struct StepMetrics {
   double elapsed_s = 0;
 };
 
-// "step 12/100 | loss 3.2104 | lr 9.51e-05 | grad_norm 1.234 | 2.1k tok/s | 0.41 s/step | ETA 36s".
+// "step 12/100 | loss 3.2104 | acc 0.412 | lr 9.51e-05 | grad_norm 1.234 | 2.1k tok/s | 0.41 s/step | ETA 36s"
+// (acc: token accuracy of the step's supervised tokens, when the engine reports it).
 std::string format_progress_line(const StepMetrics& metrics);
 // "1h02m", "3m05s", "12s".
 std::string format_duration(double seconds);
@@ -39,7 +41,8 @@ class MetricsLog {
   // wrote and the resumed run is about to write again.
   MetricsLog(const std::string& path, int64_t keep_up_to_step);
   void write_step(const StepMetrics& metrics);
-  void write_eval(int64_t step, double val_loss, int64_t num_supervised);
+  // token_acc < 0 is written as null.
+  void write_eval(int64_t step, double val_loss, double token_acc, int64_t num_supervised);
   const std::string& path() const { return path_; }
 
  private:

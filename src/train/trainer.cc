@@ -1,6 +1,7 @@
 // The training loop (see trainer.h); the optimizer conventions are those of docs/optimizer.md.
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -68,17 +69,24 @@ int64_t count_micro_batches(const PipelineOptions& options, const Tokenizer& tok
 struct EvalResult {
   double loss = 0;
   int64_t num_supervised = 0;
+  double token_acc = -1;  // -1: the engine does not report it
 };
 
 EvalResult evaluate(TrainEngine& engine, const std::vector<MicroBatch>& batches) {
   double ce_sum = 0;
+  int64_t num_correct = 0;
+  bool has_correct = true;
   EvalResult result;
   for (const MicroBatch& batch : batches) {
     const MicroBatchLoss loss = engine.forward(batch);
     ce_sum += loss.ce_sum;
     result.num_supervised += loss.num_supervised;
+    has_correct = has_correct && loss.num_correct >= 0;
+    num_correct += loss.num_correct;
   }
-  result.loss = result.num_supervised > 0 ? ce_sum / static_cast<double>(result.num_supervised) : 0.0;
+  const double denominator = static_cast<double>(std::max<int64_t>(1, result.num_supervised));
+  result.loss = ce_sum / denominator;
+  if (has_correct) result.token_acc = static_cast<double>(num_correct) / denominator;
   return result;
 }
 
@@ -160,11 +168,16 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   summary.device = engine->device_name();
   auto run_eval = [&](int64_t step) {
     const EvalResult result = evaluate(*engine, val_batches);
-    metrics.write_eval(step, result.loss, result.num_supervised);
-    std::printf("eval step %lld/%lld | val_loss %.4f (%lld supervised tokens)\n", static_cast<long long>(step),
-                static_cast<long long>(total_steps), result.loss, static_cast<long long>(result.num_supervised));
+    metrics.write_eval(step, result.loss, result.token_acc, result.num_supervised);
+    std::printf("eval step %lld/%lld | val_loss %.4f | token_acc %.3f (%lld supervised tokens)\n",
+                static_cast<long long>(step), static_cast<long long>(total_steps), result.loss, result.token_acc,
+                static_cast<long long>(result.num_supervised));
     std::fflush(stdout);
-    if (!summary.has_val) summary.first_val_loss = result.loss;
+    if (!summary.has_val) {
+      summary.first_val_loss = result.loss;
+      summary.first_val_token_acc = result.token_acc;
+    }
+    summary.last_val_token_acc = result.token_acc;
     summary.has_val = true;
     summary.last_val_loss = result.loss;
   };
@@ -211,11 +224,12 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
       log_warn("train: step ", state.global_step + 1, " has no supervised tokens; only the aux loss trains");
     }
     GlobalBatchLoss loss(counts, aux_coef);
-    int64_t num_tokens = 0;
+    int64_t num_tokens = 0, num_correct = 0;
     for (const MicroBatch& batch : batches) {
       const MicroBatchLoss part = engine->forward_backward(batch, loss.ce_token_weight(), loss.aux_weight(), grad.data());
       loss.add_micro_batch(part.ce_sum, part.num_supervised, part.aux_loss);
       num_tokens += part.num_tokens;
+      num_correct = num_correct < 0 || part.num_correct < 0 ? -1 : num_correct + part.num_correct;
     }
     const StepReport report =
         clip_and_step(optimizer, schedule, options.max_grad_norm, &progress, master.data(), grad.data());
@@ -241,6 +255,9 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     step.skipped = report.skipped;
     step.num_tokens = num_tokens;
     step.num_supervised = counts.num_supervised_tokens;
+    step.token_acc = num_correct < 0 ? -1.0
+                                     : static_cast<double>(num_correct) /
+                                           static_cast<double>(std::max<int64_t>(1, counts.num_supervised_tokens));
     step.step_s = seconds_since(step_start);
     step.tokens_per_s = step.step_s > 0 ? static_cast<double>(num_tokens) / step.step_s : 0.0;
     step.elapsed_s = state.elapsed_s;

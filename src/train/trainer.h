@@ -16,8 +16,9 @@ struct TrainSummary {
   int64_t steps_this_run = 0;
   double first_loss = 0, last_loss = 0;  // training loss of the first / last step of this run
   bool has_val = false;
-  double first_val_loss = 0;  // at step 0 (or at the resumed step)
+  double first_val_loss = 0;  // first evaluation of this run (step 0 for a fresh run)
   double last_val_loss = 0;
+  double first_val_token_acc = -1, last_val_token_acc = -1;  // -1: not reported by the engine
   std::string last_checkpoint;  // newest checkpoint directory written
   double elapsed_s = 0;         // this run
   std::string device;

@@ -2,6 +2,8 @@
 // big batch, and a saved checkpoint reloads into the same logits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 
 #include "data/packer.h"
@@ -156,12 +158,34 @@ TEST_F(TrainerEngineTest, SavedCheckpointReloadsIntoTheSameLogits) {
   const MicroBatch batch = pack(samples, 0, samples.size());
   std::vector<float> logits_saved, logits_reloaded, logits_master;
   const FreezeOptions none{false, false, false};
+  MicroBatchLoss reloaded_loss;
   for (auto [checkpoint, logits] : {std::pair{&as_saved, &logits_saved}, std::pair{&reloaded, &logits_reloaded}}) {
     TrainableParams params = build_trainable_params(*checkpoint, none);
     CpuEngine engine(*checkpoint, params.layout);
     engine.set_trainable_weights(params.master.data());
-    engine.forward(batch, logits);
+    reloaded_loss = engine.forward(batch, logits);
   }
+  // The engine's token accuracy and CE agree with the logits it returned (argmax and log-softmax
+  // of each supervised row, labels shifted inside each sample).
+  const int64_t vocab = reloaded.config.text.vocab_size;
+  const std::vector<int64_t> shifted = shift_packed_labels(batch);
+  int64_t correct = 0, supervised = 0;
+  double ce_sum = 0;
+  for (size_t t = 0; t < shifted.size(); ++t) {
+    if (shifted[t] == kIgnoreLabel) continue;
+    const float* row = logits_reloaded.data() + t * vocab;
+    const float max_logit = *std::max_element(row, row + vocab);
+    double sum_exp = 0;
+    for (int64_t v = 0; v < vocab; ++v) sum_exp += std::exp(static_cast<double>(row[v]) - max_logit);
+    ce_sum += max_logit + std::log(sum_exp) - row[shifted[t]];
+    correct += row[shifted[t]] == max_logit;
+    ++supervised;
+  }
+  std::printf("  token accuracy %lld/%lld, CE sum %.6f (engine %.6f)\n", static_cast<long long>(correct),
+              static_cast<long long>(supervised), ce_sum, reloaded_loss.ce_sum);
+  EXPECT_EQ(reloaded_loss.num_supervised, supervised);
+  EXPECT_EQ(reloaded_loss.num_correct, correct);
+  EXPECT_NEAR(reloaded_loss.ce_sum, ce_sum, 1e-5 * ce_sum);
   {
     CpuEngine engine(base, trained.layout);
     engine.set_trainable_weights(trained.master.data());

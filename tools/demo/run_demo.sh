@@ -30,6 +30,8 @@ import json, sys
 evals = [json.loads(line) for line in open(sys.argv[1]) if '"eval"' in line]
 first, last = evals[0]["val_loss"], evals[-1]["val_loss"]
 print(f"demo: validation loss {first:.4f} -> {last:.4f} (ratio {last / first:.3f}, must be <= 0.5)")
+if evals[-1].get("val_token_acc") is not None:
+    print(f"demo: validation token accuracy {evals[0]['val_token_acc']:.3f} -> {evals[-1]['val_token_acc']:.3f}")
 sys.exit(0 if last <= 0.5 * first else 1)
 PY
 echo "demo: trained model and training state in $out/run/checkpoint-$steps ($((end - start)) s for init, data and training)"
