@@ -16,6 +16,10 @@
 // otherwise). The backward runs two passes without atomics: dQ (and
 // delta = dO . O) per query tile, then dK/dV per key tile summed over the query heads of its KV
 // head inside the block, so results are bitwise reproducible.
+//
+// Not yet done for speed (first version, correctness first): ldmatrix(.trans) fragment loads and
+// cp.async double buffering of the K/V (or Q/dO) tiles, a dK/dV pass that does not recompute
+// S^T and dP^T per half of D = 256, and wgmma on sm_90a.
 #pragma once
 
 #include <cuda_bf16.h>
