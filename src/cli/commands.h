@@ -19,5 +19,6 @@ int cmd_convert(int argc, char** argv);
 int cmd_parity(int argc, char** argv);
 int cmd_train(int argc, char** argv);
 int cmd_data(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
 
 }  // namespace deltamoe

@@ -20,6 +20,7 @@ const Command kCommands[] = {
     {"parity", "reference forward + backward on one batch: losses, logits, gradients (safetensors)", cmd_parity},
     {"train", "fine-tune a model on chat JSONL data (checkpoints, metrics, --resume)", cmd_train},
     {"data", "read SFT datasets as training would: samples, tokens, labels, skips, packing", cmd_data},
+    {"bench", "time full training steps (forward, backward, AdamW) on the GPU at full widths", cmd_bench},
 };
 
 void print_help() {

@@ -1,0 +1,52 @@
+// CUDA-event component timing of a training step.
+#include "train/gpu/component_timer.h"
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+
+namespace deltamoe {
+
+const char* component_name(Component component) {
+  switch (component) {
+    case Component::gdn: return "GDN";
+    case Component::attention: return "attention";
+    case Component::moe: return "MoE";
+    case Component::lm_head_loss: return "lm_head + loss";
+    case Component::optimizer: return "optimizer";
+    case Component::other: return "other";
+    case Component::count: break;
+  }
+  return "?";
+}
+
+ComponentTimer::ComponentTimer(int max_marks) : events_(static_cast<size_t>(max_marks)), labels_(events_.size()) {
+  for (cudaEvent_t& event : events_) CUDA_CHECK(cudaEventCreate(&event));
+}
+
+ComponentTimer::~ComponentTimer() {
+  for (cudaEvent_t event : events_) cudaEventDestroy(event);
+}
+
+void ComponentTimer::mark(Component component, cudaStream_t stream) {
+  if (!enabled_) return;
+  // One slot stays free for finish(); too many marks is a programming error, not user input.
+  CHECK(used_ + 1 < static_cast<int>(events_.size()), "component timer: more than ", events_.size() - 1,
+        " marks in one step");
+  CUDA_CHECK(cudaEventRecord(events_[used_], stream));
+  labels_[used_] = component;
+  ++used_;
+}
+
+void ComponentTimer::finish(cudaStream_t stream) {
+  if (!enabled_ || used_ == 0) return;
+  CUDA_CHECK(cudaEventRecord(events_[used_], stream));
+  CUDA_CHECK(cudaEventSynchronize(events_[used_]));
+  for (int i = 0; i < used_; ++i) {
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]));
+    totals_ms_[static_cast<int>(labels_[i])] += ms;
+  }
+  used_ = 0;
+}
+
+}  // namespace deltamoe

@@ -1,0 +1,40 @@
+// ComponentTimer: CUDA events recorded at component boundaries inside a step (no host sync),
+// summed per component after the step, so the breakdown covers the whole step without gaps.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <vector>
+
+namespace deltamoe {
+
+enum class Component { gdn, attention, moe, lm_head_loss, optimizer, other, count };
+const char* component_name(Component component);
+constexpr int kNumComponents = static_cast<int>(Component::count);
+
+class ComponentTimer {
+ public:
+  explicit ComponentTimer(int max_marks = 1024);
+  ~ComponentTimer();
+  ComponentTimer(const ComponentTimer&) = delete;
+  ComponentTimer& operator=(const ComponentTimer&) = delete;
+
+  void set_enabled(bool enabled) { enabled_ = enabled; }
+  bool enabled() const { return enabled_; }
+  // Time from here to the next mark (or finish) counts for `component`.
+  void mark(Component component, cudaStream_t stream);
+  // Closes the last interval, waits for the events and adds the intervals to the totals (ms).
+  void finish(cudaStream_t stream);
+  const std::array<double, kNumComponents>& totals_ms() const { return totals_ms_; }
+  void reset_totals() { totals_ms_.fill(0.0); }
+
+ private:
+  bool enabled_ = false;
+  std::vector<cudaEvent_t> events_;
+  std::vector<Component> labels_;
+  int used_ = 0;
+  std::array<double, kNumComponents> totals_ms_{};
+};
+
+}  // namespace deltamoe

@@ -1,0 +1,73 @@
+// Device pointers of the activations a GpuTextModel plans once: what each decoder layer saves for
+// its backward (GDN, attention or MoE parts) and the per-layer temporaries shared by all layers.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/moe_experts/moe_experts_cuda.h"
+
+namespace deltamoe {
+
+using DeviceBf16 = __nv_bfloat16;
+
+// Gated DeltaNet mixer: projections, conv outputs split into q/k/v, normalised q/k, gates, core.
+struct GdnSaved {
+  DeviceBf16 *mixed = nullptr, *z = nullptr, *a = nullptr, *b = nullptr;  // [T, conv], [T, vd], [T, Hv] x2
+  DeviceBf16 *q = nullptr, *k = nullptr, *v = nullptr;                    // after conv + SiLU
+  DeviceBf16 *q_normed = nullptr, *k_normed = nullptr;                    // l2-normalised
+  float *g = nullptr, *beta = nullptr;                                    // [T, Hv]
+  DeviceBf16 *core = nullptr, *normed = nullptr;                          // [T, Hv, Dv]
+};
+
+// Gated attention mixer: q_proj output (query | gate per head), k/v, normed + rotated q/k, output.
+struct AttentionSaved {
+  DeviceBf16 *q_and_gate = nullptr, *k_raw = nullptr, *v = nullptr;
+  DeviceBf16 *q = nullptr, *k = nullptr;
+  float *q_rstd = nullptr, *k_rstd = nullptr;
+  DeviceBf16* attn = nullptr;
+  float* lse = nullptr;
+  DeviceBf16* gated = nullptr;
+};
+
+// Sparse MoE block: router outputs and the routing plan (the experts recompute their activations).
+struct MoeSaved {
+  float *logits = nullptr, *probs = nullptr;
+  int32_t* topk_idx = nullptr;
+  float* topk_weight = nullptr;
+  void* plan_memory = nullptr;
+  MoeRoutingPlan plan;  // laid out in plan_memory for the batch's token count
+};
+
+struct GpuLayerBuffers {
+  bool is_gdn = true;
+  DeviceBf16* x_in = nullptr;       // residual stream entering the layer
+  DeviceBf16* normed_in = nullptr;  // input_layernorm output (mixer input)
+  float* rstd_in = nullptr;
+  DeviceBf16* mixer_out = nullptr;
+  DeviceBf16* h = nullptr;            // x_in + mixer_out
+  DeviceBf16* normed_post = nullptr;  // post_attention_layernorm output (MoE input)
+  float* rstd_post = nullptr;
+  DeviceBf16* moe_out = nullptr;  // the layer's output is h + moe_out (added by the next norm)
+  GdnSaved gdn;
+  AttentionSaved attn;
+  MoeSaved moe;
+};
+
+// Temporaries of one layer's forward or backward, reused by every layer.
+struct GpuScratch {
+  // GDN
+  DeviceBf16 *conv = nullptr, *d_normed_v = nullptr, *d_core = nullptr, *dz = nullptr;
+  DeviceBf16 *dq_normed = nullptr, *dk_normed = nullptr, *dv = nullptr;
+  float *dg = nullptr, *dbeta = nullptr;
+  DeviceBf16 *da = nullptr, *db = nullptr, *d_conv = nullptr, *d_mixed = nullptr;
+  // attention
+  DeviceBf16 *d_gated = nullptr, *d_q_and_gate = nullptr, *dq = nullptr, *dk = nullptr, *dv_attn = nullptr;
+  DeviceBf16* dk_raw = nullptr;
+  // MoE
+  float *d_topk_weight = nullptr, *d_logits = nullptr;
+  DeviceBf16* d_logits_bf16 = nullptr;
+};
+
+}  // namespace deltamoe

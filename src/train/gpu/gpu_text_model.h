@@ -1,0 +1,161 @@
+// GpuTextModel: the Qwen3.5-MoE text model trained on one GPU, composed from the CUDA kernels.
+// Parameters live in flat buffers laid out by ParamLayout (fp32 master, fp32 gradients, AdamW
+// moments, bf16 working copy); activations and workspaces are planned once from (config, token
+// budget) into one DeviceArena, so a step neither allocates nor synchronises with the host.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/device_buffer.h"
+#include "core/dtype.h"
+#include "kernels/mrope/mrope.h"
+#include "model/config.h"
+#include "model/text/text_params.h"
+#include "optim/adamw.h"
+#include "optim/param_layout.h"
+#include "train/gpu/component_timer.h"
+
+namespace deltamoe {
+
+class GemmContext;
+struct GpuLayerBuffers;
+struct GpuScratch;
+
+struct GpuModelOptions {
+  int64_t max_tokens = 8192;         // token budget of one step (activations are planned for it)
+  int64_t max_seqs = 64;             // most packed sequences in one step
+  int64_t loss_chunk_rows = 1024;    // lm_head + cross-entropy chunk (logits never held for all tokens)
+  AdamWConfig adamw;                 // moment_dtype f32 or bf16
+  float aux_loss_weight = 0.0f;      // router load-balancing loss weight (0: HF default, no aux loss)
+  bool time_components = false;      // record CUDA events between components (bench)
+};
+
+// Bytes held on the device, by kind.
+struct GpuMemoryBreakdown {
+  size_t weights = 0;      // bf16 working copy + fp32 master
+  size_t gradients = 0;    // fp32 flat gradients
+  size_t optimizer = 0;    // AdamW moments
+  size_t activations = 0;  // planned activation arena
+  size_t workspace = 0;    // kernel workspaces, cuBLASLt workspace, batch inputs
+};
+
+class GpuTextModel {
+ public:
+  GpuTextModel(const TextConfig& config, std::string prefix, const GpuModelOptions& options);
+  ~GpuTextModel();
+  GpuTextModel(const GpuTextModel&) = delete;
+  GpuTextModel& operator=(const GpuTextModel&) = delete;
+
+  const ParamLayout& layout() const { return layout_; }
+  const TextConfig& config() const { return config_; }
+  cudaStream_t stream() const { return stream_; }
+
+  // fp32 host parameters (every name of text_param_shapes) -> master and bf16 copy. Synchronises.
+  void upload_params(const ParamMap& params);
+  // Random parameters on the device (bench): matrices normal(0, matrix_std), zero-centred norms 0,
+  // the GDN norm weight 1, A_log log(1..16)-like values, dt_bias 1. Does not synchronise.
+  void randomize_params(uint64_t seed, float matrix_std);
+
+  // Copies one batch's inputs to the device (outside the step): ids and shifted labels [T] (label
+  // -100 ignored), cu_seqlens [N+1] and positions [3, T] (empty: text positions). Validates on the host.
+  void set_batch(const std::vector<int64_t>& ids, const std::vector<int64_t>& shifted_labels,
+                 const std::vector<int32_t>& cu_seqlens, const std::vector<int64_t>& positions = {});
+
+  // Forward and backward of the batch: gradients are zeroed then written. No host sync.
+  void forward_backward();
+  // One AdamW update of every parameter (adam_step counted from 1). No host sync.
+  void optimizer_step(double lr, int64_t adam_step);
+
+  // Reads the mean cross-entropy and the aux-loss value of the last forward (synchronises).
+  float read_loss() const;
+  double read_aux_loss() const;
+  // Downloads the fp32 gradient of one parameter (synchronises).
+  std::vector<float> read_gradient(const std::string& name) const;
+  std::vector<float> read_master(const std::string& name) const;
+  // Downloads the experts chosen for every token of decoder layer `layer` ([T, K], synchronises),
+  // e.g. to pin the CPU reference's routing to the GPU's in a comparison.
+  std::vector<int32_t> read_topk_idx(int64_t layer) const;
+
+  GpuMemoryBreakdown memory() const;
+  ComponentTimer& timer() { return timer_; }
+  int64_t num_tokens() const { return num_tokens_; }
+  const std::vector<int32_t>& host_cu_seqlens() const { return host_cu_seqlens_; }
+
+ private:
+  void plan_activations();
+  void forward();
+  void backward();
+  void gdn_forward(int64_t layer);
+  void gdn_backward(int64_t layer, const __nv_bfloat16* dy, __nv_bfloat16* dx);
+  void attention_forward(int64_t layer);
+  void attention_backward(int64_t layer, const __nv_bfloat16* dy, __nv_bfloat16* dx);
+  void moe_forward(int64_t layer);
+  void moe_backward(int64_t layer, const __nv_bfloat16* dy, __nv_bfloat16* dx);
+  // Pointers into the flat buffers of parameter `name` (of layer `layer` when layer >= 0).
+  const __nv_bfloat16* weight(int64_t layer, const std::string& name) const;
+  float* master(int64_t layer, const std::string& name) const;
+  float* grad(int64_t layer, const std::string& name) const;
+  int64_t offset_of(int64_t layer, const std::string& name) const;
+  // dx [T, C] += dy [T, N] W [N, C] (bf16 output, fp32 accumulation inside the product).
+  void linear_backward_input_add(const __nv_bfloat16* dy, const __nv_bfloat16* w, __nv_bfloat16* dx, int64_t rows,
+                                 int64_t in_features, int64_t out_features);
+
+  TextConfig config_;
+  std::string prefix_;
+  GpuModelOptions options_;
+  ParamLayout layout_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<GemmContext> gemm_;
+  ComponentTimer timer_;
+
+  DeviceBuffer master_, grads_, moment_m_, moment_v_, weights_bf16_;
+  std::unique_ptr<DeviceArena> arena_;  // activations, planned once
+  size_t activation_bytes_ = 0;
+  DeviceBuffer workspace_;              // shared by every kernel, used one at a time on stream_
+  size_t workspace_bytes_ = 0;
+  DeviceBuffer inputs_;                 // ids, labels, cu_seqlens, positions, rope tables, losses
+  size_t inputs_bytes_ = 0;
+
+  // Batch inputs on the device (inside inputs_).
+  int64_t* ids_ = nullptr;
+  int64_t* labels_ = nullptr;
+  int32_t* cu_seqlens_ = nullptr;
+  int64_t* positions_ = nullptr;
+  float* rope_cos_ = nullptr;
+  float* rope_sin_ = nullptr;
+  float* token_loss_ = nullptr;
+  float* lse_ = nullptr;
+  float* loss_ = nullptr;
+  double* aux_loss_ = nullptr;
+  double* aux_counts_ = nullptr;  // [E] fp64 selection counts over all layers
+  double* aux_probs_ = nullptr;   // [E] fp64 probability sums over all layers
+  int64_t num_tokens_ = 0;
+  int64_t num_seqs_ = 0;
+  int64_t num_supervised_ = 0;
+  std::vector<int32_t> host_cu_seqlens_;
+
+  // Activations (inside arena_): per layer, plus the shared ones below.
+  std::vector<GpuLayerBuffers> layers_;
+  __nv_bfloat16* embedded_ = nullptr;      // [T, C] layer 0 input
+  __nv_bfloat16* final_hidden_ = nullptr;  // [T, C] residual stream after the last layer
+  __nv_bfloat16* final_normed_ = nullptr;  // [T, C]
+  float* final_rstd_ = nullptr;            // [T]
+  __nv_bfloat16* grad_a_ = nullptr;        // [T, C] backward ping-pong
+  __nv_bfloat16* grad_b_ = nullptr;        // [T, C]
+  __nv_bfloat16* grad_mixer_ = nullptr;    // [T, C] gradient reaching the mixer output (dh)
+  __nv_bfloat16* grad_normed_ = nullptr;   // [T, C] gradient of a norm output
+  // Backward scratch sized for the widest layer (reused by every layer, one at a time).
+  std::unique_ptr<GpuScratch> scratch_;
+  MropeSpec rope_;
+};
+
+}  // namespace deltamoe

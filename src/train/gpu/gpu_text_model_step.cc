@@ -1,0 +1,366 @@
+// GpuTextModel's forward and backward schedules, following the CPU reference model
+// (src/model/text: decoder.cc, gdn_layer.cc, attention_layer.cc, moe_block.cc, text_model.cc)
+// operation for operation; residual adds are fused into the following RMSNorm. One stream, no
+// allocation, no host synchronisation.
+#include <cmath>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "kernels/attention/attention_cuda.h"
+#include "kernels/causal_conv1d/causal_conv1d_cuda.h"
+#include "kernels/cross_entropy/cross_entropy_cuda.h"
+#include "kernels/embedding/embedding_cuda.h"
+#include "kernels/gate_activations/gate_activations_cuda.h"
+#include "kernels/gated_delta_rule/gated_delta_rule_cuda.h"
+#include "kernels/gated_rmsnorm/gated_rmsnorm_cuda.h"
+#include "kernels/gdn_gates/gdn_gates_cuda.h"
+#include "kernels/gemm/gemm_cuda.h"
+#include "kernels/l2norm/l2norm_cuda.h"
+#include "kernels/moe_aux_loss/moe_aux_loss_cuda.h"
+#include "kernels/moe_experts/moe_experts_cuda.h"
+#include "kernels/moe_router/moe_router_cuda.h"
+#include "kernels/mrope/mrope_cuda.h"
+#include "kernels/rms_norm/rms_norm_cuda.h"
+#include "kernels/shared_expert/shared_expert_cuda.h"
+#include "train/gpu/gpu_layer_buffers.h"
+#include "train/gpu/gpu_text_model.h"
+
+namespace deltamoe {
+
+namespace {
+
+// Copies columns [col, col + width) of a [rows, ld_src] bf16 matrix into a dense [rows, width] one
+// (or back, with the roles swapped): the GDN conv output holds q | k | v side by side per token.
+void copy_columns(const DeviceBf16* src, int64_t ld_src, DeviceBf16* dst, int64_t ld_dst, int64_t width, int64_t rows,
+                  cudaStream_t stream) {
+  CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(ld_dst) * sizeof(DeviceBf16), src,
+                               static_cast<size_t>(ld_src) * sizeof(DeviceBf16),
+                               static_cast<size_t>(width) * sizeof(DeviceBf16), static_cast<size_t>(rows),
+                               cudaMemcpyDeviceToDevice, stream));
+}
+
+}  // namespace
+
+void GpuTextModel::linear_backward_input_add(const DeviceBf16* dy, const DeviceBf16* w, DeviceBf16* dx, int64_t rows,
+                                             int64_t in_features, int64_t out_features) {
+  // dx [T, in] += dy [T, out] @ W [out, in]
+  gemm_bf16_cuda(*gemm_, false, false, rows, in_features, out_features, 1.0f, dy, out_features, w, in_features, 1.0f,
+                 dx, DType::bf16, in_features, stream_);
+}
+
+void GpuTextModel::forward_backward() {
+  CHECK(num_tokens_ > 0, "gpu model: forward_backward called before set_batch");
+  CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
+  forward();
+  backward();
+}
+
+void GpuTextModel::forward() {
+  const TextConfig& c = config_;
+  const int64_t T = num_tokens_, C = c.hidden_size;
+  const double eps = c.rms_norm_eps;
+  timer_.mark(Component::other, stream_);
+  embedding_forward_cuda(ids_, weight(-1, prefix_ + ".embed_tokens.weight"), embedded_, T, c.vocab_size, C, nullptr,
+                         stream_);
+  moe_aux_stats_reset_cuda(MoeAuxDeviceStats{aux_counts_, aux_probs_}, c.num_experts, stream_);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    GpuLayerBuffers& b = layers_[static_cast<size_t>(i)];
+    timer_.mark(Component::other, stream_);
+    if (i == 0) {
+      CUDA_CHECK(cudaMemcpyAsync(b.x_in, embedded_, static_cast<size_t>(T * C) * sizeof(DeviceBf16),
+                                 cudaMemcpyDeviceToDevice, stream_));
+      rms_norm_forward_cuda(b.x_in, nullptr, nullptr, weight(i, "input_layernorm.weight"), b.normed_in, b.rstd_in, T,
+                            C, eps, stream_);
+    } else {
+      // x_in = previous h + previous MoE output (the previous layer's residual add).
+      const GpuLayerBuffers& prev = layers_[static_cast<size_t>(i - 1)];
+      rms_norm_forward_cuda(prev.moe_out, prev.h, b.x_in, weight(i, "input_layernorm.weight"), b.normed_in,
+                            b.rstd_in, T, C, eps, stream_);
+    }
+    if (b.is_gdn) {
+      timer_.mark(Component::gdn, stream_);
+      gdn_forward(i);
+    } else {
+      timer_.mark(Component::attention, stream_);
+      attention_forward(i);
+    }
+    timer_.mark(Component::other, stream_);
+    rms_norm_forward_cuda(b.mixer_out, b.x_in, b.h, weight(i, "post_attention_layernorm.weight"), b.normed_post,
+                          b.rstd_post, T, C, eps, stream_);
+    timer_.mark(Component::moe, stream_);
+    moe_forward(i);
+  }
+  timer_.mark(Component::other, stream_);
+  const GpuLayerBuffers& last = layers_.back();
+  rms_norm_forward_cuda(last.moe_out, last.h, final_hidden_, weight(-1, prefix_ + ".norm.weight"), final_normed_,
+                        final_rstd_, T, C, eps, stream_);
+  moe_aux_loss_value_cuda(MoeAuxDeviceStats{aux_counts_, aux_probs_}, c.num_experts, T * c.num_hidden_layers,
+                          aux_loss_, stream_);
+}
+
+void GpuTextModel::backward() {
+  const TextConfig& c = config_;
+  const int64_t T = num_tokens_, C = c.hidden_size;
+  timer_.mark(Component::lm_head_loss, stream_);
+  LmHeadLossArgs loss;
+  loss.hidden = final_normed_;
+  loss.weight = weight(-1, "lm_head.weight");
+  loss.labels = labels_;
+  loss.num_tokens = T;
+  loss.hidden_size = C;
+  loss.vocab = c.vocab_size;
+  loss.num_supervised = num_supervised_;
+  loss.d_loss = 1.0f;
+  loss.chunk_rows = options_.loss_chunk_rows;
+  loss.token_loss = token_loss_;
+  loss.lse = lse_;
+  loss.loss = loss_;
+  loss.d_hidden = grad_normed_;
+  loss.d_weight = grad(-1, "lm_head.weight");
+  lm_head_cross_entropy_cuda(*gemm_, loss, workspace_.data(), workspace_bytes_, stream_);
+
+  timer_.mark(Component::other, stream_);
+  // d_out: gradient of the current layer's output (h + moe_out).
+  DeviceBf16* d_out = grad_a_;
+  DeviceBf16* d_in = grad_b_;
+  rms_norm_backward_cuda(final_hidden_, weight(-1, prefix_ + ".norm.weight"), final_rstd_, grad_normed_, nullptr,
+                         d_out, grad(-1, prefix_ + ".norm.weight"), T, C, workspace_.data(), workspace_bytes_, stream_);
+  for (int64_t i = c.num_hidden_layers - 1; i >= 0; --i) {
+    const GpuLayerBuffers& b = layers_[static_cast<size_t>(i)];
+    timer_.mark(Component::moe, stream_);
+    moe_backward(i, d_out, grad_normed_);
+    timer_.mark(Component::other, stream_);
+    // dh = norm backward + d_out (the residual path around the MoE block).
+    rms_norm_backward_cuda(b.h, weight(i, "post_attention_layernorm.weight"), b.rstd_post, grad_normed_, d_out,
+                           grad_mixer_, grad(i, "post_attention_layernorm.weight"), T, C, workspace_.data(),
+                           workspace_bytes_, stream_);
+    if (b.is_gdn) {
+      timer_.mark(Component::gdn, stream_);
+      gdn_backward(i, grad_mixer_, grad_normed_);
+    } else {
+      timer_.mark(Component::attention, stream_);
+      attention_backward(i, grad_mixer_, grad_normed_);
+    }
+    timer_.mark(Component::other, stream_);
+    rms_norm_backward_cuda(b.x_in, weight(i, "input_layernorm.weight"), b.rstd_in, grad_normed_, grad_mixer_, d_in,
+                           grad(i, "input_layernorm.weight"), T, C, workspace_.data(), workspace_bytes_, stream_);
+    std::swap(d_out, d_in);
+  }
+  embedding_backward_cuda(ids_, d_out, grad(-1, prefix_ + ".embed_tokens.weight"), T, c.vocab_size, C, stream_);
+}
+
+// ---- Gated DeltaNet (gdn_layer.cc) ----
+
+void GpuTextModel::gdn_forward(int64_t layer) {
+  const TextConfig& c = config_;
+  GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
+  GdnSaved& s = b.gdn;
+  const int64_t T = num_tokens_, C = c.hidden_size, kd = c.key_dim(), vd = c.value_dim(), conv = c.conv_dim();
+  const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
+  const int Dk = static_cast<int>(c.linear_key_head_dim), Dv = static_cast<int>(c.linear_value_head_dim);
+  const std::string p = "linear_attn.";
+  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "in_proj_qkv.weight"), s.mixed, DType::bf16, T, C, conv,
+                      stream_);
+  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "in_proj_z.weight"), s.z, DType::bf16, T, C, vd, stream_);
+  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "in_proj_b.weight"), s.b, DType::bf16, T, C, Hv, stream_);
+  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "in_proj_a.weight"), s.a, DType::bf16, T, C, Hv, stream_);
+  causal_conv1d_forward_cuda(s.mixed, weight(layer, p + "conv1d.weight"), cu_seqlens_, static_cast<int>(num_seqs_), T,
+                             static_cast<int>(conv), static_cast<int>(c.linear_conv_kernel_dim), scratch_->conv,
+                             stream_);
+  copy_columns(scratch_->conv, conv, s.q, kd, kd, T, stream_);
+  copy_columns(scratch_->conv + kd, conv, s.k, kd, kd, T, stream_);
+  copy_columns(scratch_->conv + 2 * kd, conv, s.v, vd, vd, T, stream_);
+  l2norm_forward_cuda(s.q, T * Hk, Dk, s.q_normed, stream_);
+  l2norm_forward_cuda(s.k, T * Hk, Dk, s.k_normed, stream_);
+  // A_log and dt_bias are read in fp32 straight from the master weights, as the reference does.
+  gdn_gates_forward_cuda(s.a, s.b, master(layer, p + "A_log"), master(layer, p + "dt_bias"), T, static_cast<int>(Hv),
+                         s.g, s.beta, stream_);
+  GatedDeltaRuleShape shape;
+  shape.cu_seqlens = cu_seqlens_;
+  shape.num_seqs = static_cast<int>(num_seqs_);
+  shape.num_tokens = T;
+  shape.num_key_heads = static_cast<int>(Hk);
+  shape.num_value_heads = static_cast<int>(Hv);
+  shape.key_dim = Dk;
+  shape.value_dim = Dv;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk)));
+  gated_delta_rule_forward_cuda(shape, scale, s.q_normed, s.k_normed, s.v, s.g, s.beta, nullptr, s.core, nullptr,
+                                workspace_.data(), workspace_bytes_, stream_);
+  gated_rmsnorm_forward_cuda(s.core, s.z, weight(layer, p + "norm.weight"), T * Hv, Dv,
+                             static_cast<float>(c.rms_norm_eps), s.normed, stream_);
+  linear_forward_cuda(*gemm_, s.normed, weight(layer, p + "out_proj.weight"), b.mixer_out, DType::bf16, T, vd, C,
+                      stream_);
+}
+
+void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, DeviceBf16* dx) {
+  const TextConfig& c = config_;
+  const GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
+  const GdnSaved& s = b.gdn;
+  GpuScratch& w = *scratch_;
+  const int64_t T = num_tokens_, C = c.hidden_size, kd = c.key_dim(), vd = c.value_dim(), conv = c.conv_dim();
+  const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
+  const int Dk = static_cast<int>(c.linear_key_head_dim), Dv = static_cast<int>(c.linear_value_head_dim);
+  const std::string p = "linear_attn.";
+  linear_backward_input_cuda(*gemm_, dy, weight(layer, p + "out_proj.weight"), w.d_normed_v, T, vd, C, stream_);
+  linear_backward_weight_cuda(*gemm_, dy, s.normed, grad(layer, p + "out_proj.weight"), T, vd, C, stream_);
+  gated_rmsnorm_backward_cuda(s.core, s.z, weight(layer, p + "norm.weight"), w.d_normed_v, T * Hv, Dv,
+                              static_cast<float>(c.rms_norm_eps), w.d_core, w.dz, grad(layer, p + "norm.weight"),
+                              stream_);
+  GatedDeltaRuleShape shape;
+  shape.cu_seqlens = cu_seqlens_;
+  shape.num_seqs = static_cast<int>(num_seqs_);
+  shape.num_tokens = T;
+  shape.num_key_heads = static_cast<int>(Hk);
+  shape.num_value_heads = static_cast<int>(Hv);
+  shape.key_dim = Dk;
+  shape.value_dim = Dv;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk)));
+  gated_delta_rule_backward_cuda(shape, scale, s.q_normed, s.k_normed, s.v, s.g, s.beta, nullptr, w.d_core, nullptr,
+                                 w.dq_normed, w.dk_normed, w.dv, w.dg, w.dbeta, nullptr, workspace_.data(),
+                                 workspace_bytes_, stream_);
+  // dq, dk land directly in their columns of d_conv (through a dense temporary: l2norm writes dense rows).
+  l2norm_backward_cuda(s.q, w.dq_normed, T * Hk, Dk, w.d_mixed, stream_);
+  copy_columns(w.d_mixed, kd, w.d_conv, conv, kd, T, stream_);
+  l2norm_backward_cuda(s.k, w.dk_normed, T * Hk, Dk, w.d_mixed, stream_);
+  copy_columns(w.d_mixed, kd, w.d_conv + kd, conv, kd, T, stream_);
+  copy_columns(w.dv, vd, w.d_conv + 2 * kd, conv, vd, T, stream_);
+  gdn_gates_backward_cuda(s.a, s.b, master(layer, p + "A_log"), master(layer, p + "dt_bias"), w.dg, w.dbeta, T,
+                          static_cast<int>(Hv), w.da, w.db, grad(layer, p + "A_log"), grad(layer, p + "dt_bias"),
+                          stream_);
+  causal_conv1d_backward_cuda(s.mixed, weight(layer, p + "conv1d.weight"), w.d_conv, cu_seqlens_,
+                              static_cast<int>(num_seqs_), T, static_cast<int>(conv),
+                              static_cast<int>(c.linear_conv_kernel_dim), w.d_mixed, grad(layer, p + "conv1d.weight"),
+                              stream_);
+  const DeviceBf16* x = b.normed_in;
+  linear_backward_input_cuda(*gemm_, w.d_mixed, weight(layer, p + "in_proj_qkv.weight"), dx, T, C, conv, stream_);
+  linear_backward_weight_cuda(*gemm_, w.d_mixed, x, grad(layer, p + "in_proj_qkv.weight"), T, C, conv, stream_);
+  linear_backward_input_add(w.dz, weight(layer, p + "in_proj_z.weight"), dx, T, C, vd);
+  linear_backward_weight_cuda(*gemm_, w.dz, x, grad(layer, p + "in_proj_z.weight"), T, C, vd, stream_);
+  linear_backward_input_add(w.db, weight(layer, p + "in_proj_b.weight"), dx, T, C, Hv);
+  linear_backward_weight_cuda(*gemm_, w.db, x, grad(layer, p + "in_proj_b.weight"), T, C, Hv, stream_);
+  linear_backward_input_add(w.da, weight(layer, p + "in_proj_a.weight"), dx, T, C, Hv);
+  linear_backward_weight_cuda(*gemm_, w.da, x, grad(layer, p + "in_proj_a.weight"), T, C, Hv, stream_);
+}
+
+// ---- gated attention (attention_layer.cc) ----
+
+void GpuTextModel::attention_forward(int64_t layer) {
+  const TextConfig& c = config_;
+  GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
+  AttentionSaved& s = b.attn;
+  const int64_t T = num_tokens_, C = c.hidden_size, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const int64_t D = c.head_dim;
+  const std::string p = "self_attn.";
+  // q_proj rows per head h: [2hD, 2hD + D) query, [2hD + D, 2(h + 1)D) gate.
+  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "q_proj.weight"), s.q_and_gate, DType::bf16, T, C,
+                      Hq * 2 * D, stream_);
+  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "k_proj.weight"), s.k_raw, DType::bf16, T, C, Hkv * D,
+                      stream_);
+  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "v_proj.weight"), s.v, DType::bf16, T, C, Hkv * D,
+                      stream_);
+  rms_norm_forward_strided_cuda(s.q_and_gate, 2 * D, weight(layer, p + "q_norm.weight"), s.q, s.q_rstd, T * Hq, D,
+                                c.rms_norm_eps, stream_);
+  rms_norm_forward_cuda(s.k_raw, nullptr, nullptr, weight(layer, p + "k_norm.weight"), s.k, s.k_rstd, T * Hkv, D,
+                        c.rms_norm_eps, stream_);
+  mrope_forward_cuda(rope_, s.q, rope_cos_, rope_sin_, s.q, T, Hq, D, stream_);
+  mrope_forward_cuda(rope_, s.k, rope_cos_, rope_sin_, s.k, T, Hkv, D, stream_);
+  const AttentionDims dims{T, Hq, Hkv, D};
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  attention_forward_cuda(dims, s.q, s.k, s.v, cu_seqlens_, num_seqs_, scale, s.attn, s.lse, stream_);
+  attention_gate_forward_cuda(s.attn, s.q_and_gate + D, 2 * D, s.gated, T * Hq, D, stream_);
+  linear_forward_cuda(*gemm_, s.gated, weight(layer, p + "o_proj.weight"), b.mixer_out, DType::bf16, T, Hq * D, C,
+                      stream_);
+}
+
+void GpuTextModel::attention_backward(int64_t layer, const DeviceBf16* dy, DeviceBf16* dx) {
+  const TextConfig& c = config_;
+  const GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
+  const AttentionSaved& s = b.attn;
+  GpuScratch& w = *scratch_;
+  const int64_t T = num_tokens_, C = c.hidden_size, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const int64_t D = c.head_dim;
+  const std::string p = "self_attn.";
+  linear_backward_input_cuda(*gemm_, dy, weight(layer, p + "o_proj.weight"), w.d_gated, T, Hq * D, C, stream_);
+  linear_backward_weight_cuda(*gemm_, dy, s.gated, grad(layer, p + "o_proj.weight"), T, Hq * D, C, stream_);
+  // d_attn overwrites d_gated in place; d_gate goes straight into the gate half of d_q_and_gate.
+  attention_gate_backward_cuda(s.attn, s.q_and_gate + D, 2 * D, w.d_gated, w.d_gated, w.d_q_and_gate + D, 2 * D,
+                               T * Hq, D, stream_);
+  const AttentionDims dims{T, Hq, Hkv, D};
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  attention_backward_cuda(dims, s.q, s.k, s.v, s.attn, s.lse, w.d_gated, cu_seqlens_, num_seqs_, scale, w.dq, w.dk,
+                          w.dv_attn, workspace_.data(), workspace_bytes_, stream_);
+  mrope_backward_cuda(rope_, w.dq, rope_cos_, rope_sin_, w.dq, T, Hq, D, stream_);
+  mrope_backward_cuda(rope_, w.dk, rope_cos_, rope_sin_, w.dk, T, Hkv, D, stream_);
+  rms_norm_backward_strided_cuda(s.q_and_gate, 2 * D, weight(layer, p + "q_norm.weight"), s.q_rstd, w.dq, nullptr,
+                                 w.d_q_and_gate, 2 * D, grad(layer, p + "q_norm.weight"), T * Hq, D, workspace_.data(),
+                                 workspace_bytes_, stream_);
+  rms_norm_backward_cuda(s.k_raw, weight(layer, p + "k_norm.weight"), s.k_rstd, w.dk, nullptr, w.dk_raw,
+                         grad(layer, p + "k_norm.weight"), T * Hkv, D, workspace_.data(), workspace_bytes_, stream_);
+  const DeviceBf16* x = b.normed_in;
+  linear_backward_input_cuda(*gemm_, w.d_q_and_gate, weight(layer, p + "q_proj.weight"), dx, T, C, Hq * 2 * D,
+                             stream_);
+  linear_backward_weight_cuda(*gemm_, w.d_q_and_gate, x, grad(layer, p + "q_proj.weight"), T, C, Hq * 2 * D, stream_);
+  linear_backward_input_add(w.dk_raw, weight(layer, p + "k_proj.weight"), dx, T, C, Hkv * D);
+  linear_backward_weight_cuda(*gemm_, w.dk_raw, x, grad(layer, p + "k_proj.weight"), T, C, Hkv * D, stream_);
+  linear_backward_input_add(w.dv_attn, weight(layer, p + "v_proj.weight"), dx, T, C, Hkv * D);
+  linear_backward_weight_cuda(*gemm_, w.dv_attn, x, grad(layer, p + "v_proj.weight"), T, C, Hkv * D, stream_);
+}
+
+// ---- sparse MoE block (moe_block.cc) ----
+
+void GpuTextModel::moe_forward(int64_t layer) {
+  const TextConfig& c = config_;
+  GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
+  MoeSaved& s = b.moe;
+  const int64_t T = num_tokens_, C = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
+  const int64_t Is = c.shared_expert_intermediate_size;
+  const std::string p = "mlp.";
+  moe_router_logits_cuda(cublas_, b.normed_post, weight(layer, p + "gate.weight"), s.logits, T, C, E, stream_);
+  moe_router_forward_cuda(s.logits, s.probs, s.topk_idx, s.topk_weight, T, E, K, stream_);
+  moe_aux_loss_accumulate_cuda(s.probs, s.topk_idx, T, E, K, MoeAuxDeviceStats{aux_counts_, aux_probs_},
+                               workspace_.data(), workspace_bytes_, stream_);
+  moe_routing_plan_cuda(s.topk_idx, s.plan, T, E, K, stream_);
+  const MoeExpertsDims dims{T, C, E, K, c.moe_intermediate_size};
+  moe_experts_forward_cuda(dims, s.plan, b.normed_post, s.topk_weight, weight(layer, p + "experts.gate_up_proj"),
+                           weight(layer, p + "experts.down_proj"), b.moe_out, workspace_.data(), workspace_bytes_,
+                           stream_);
+  shared_expert_forward_cuda(cublas_, b.normed_post, weight(layer, p + "shared_expert.gate_proj.weight"),
+                             weight(layer, p + "shared_expert.up_proj.weight"),
+                             weight(layer, p + "shared_expert.down_proj.weight"),
+                             weight(layer, p + "shared_expert_gate.weight"), b.moe_out, true, T, C, Is,
+                             workspace_.data(), workspace_bytes_, stream_);
+}
+
+void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, DeviceBf16* dx) {
+  const TextConfig& c = config_;
+  const GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
+  const MoeSaved& s = b.moe;
+  GpuScratch& w = *scratch_;
+  const int64_t T = num_tokens_, C = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
+  const int64_t Is = c.shared_expert_intermediate_size;
+  const std::string p = "mlp.";
+  const MoeExpertsDims dims{T, C, E, K, c.moe_intermediate_size};
+  moe_experts_backward_cuda(dims, s.plan, b.normed_post, s.topk_weight, weight(layer, p + "experts.gate_up_proj"),
+                            weight(layer, p + "experts.down_proj"), dy, dx, w.d_topk_weight,
+                            grad(layer, p + "experts.gate_up_proj"), grad(layer, p + "experts.down_proj"),
+                            workspace_.data(), workspace_bytes_, stream_);
+  const bool with_aux = options_.aux_loss_weight != 0.0f;
+  if (with_aux)
+    moe_aux_loss_backward_cuda(s.probs, MoeAuxDeviceStats{aux_counts_, aux_probs_}, T * c.num_hidden_layers,
+                               options_.aux_loss_weight, w.d_logits, false, T, E, stream_);
+  moe_router_backward_cuda(s.probs, s.topk_idx, s.topk_weight, w.d_topk_weight, w.d_logits, w.d_logits_bf16, with_aux,
+                           T, E, K, stream_);
+  moe_router_logits_backward_cuda(cublas_, b.normed_post, weight(layer, p + "gate.weight"), w.d_logits_bf16, dx, true,
+                                  grad(layer, p + "gate.weight"), T, C, E, stream_);
+  shared_expert_backward_cuda(cublas_, b.normed_post, weight(layer, p + "shared_expert.gate_proj.weight"),
+                              weight(layer, p + "shared_expert.up_proj.weight"),
+                              weight(layer, p + "shared_expert.down_proj.weight"),
+                              weight(layer, p + "shared_expert_gate.weight"), dy, dx, true,
+                              grad(layer, p + "shared_expert.gate_proj.weight"),
+                              grad(layer, p + "shared_expert.up_proj.weight"),
+                              grad(layer, p + "shared_expert.down_proj.weight"),
+                              grad(layer, p + "shared_expert_gate.weight"), T, C, Is, workspace_.data(),
+                              workspace_bytes_, stream_);
+}
+
+}  // namespace deltamoe
