@@ -152,9 +152,9 @@ int run_bench(const ArgParser& args) {
   double sum = 0.0;
   for (double t : totals) sum += t;
   nlohmann::json components = nlohmann::json::object();
-  for (int i = 0; i < kNumComponents; ++i) {
+  for (int i = 0; i < kNumStepComponents; ++i) {
     const double ms = totals[i] / static_cast<double>(steps);
-    const char* name = component_name(static_cast<Component>(i));
+    const char* name = component_name(static_cast<StepComponent>(i));
     std::printf("  %-16s %9.2f ms  %5.1f%%\n", name, ms, sum > 0 ? 100.0 * totals[i] / sum : 0.0);
     components[name] = ms;
   }

@@ -6,15 +6,15 @@
 
 namespace deltamoe {
 
-const char* component_name(Component component) {
+const char* component_name(StepComponent component) {
   switch (component) {
-    case Component::gdn: return "GDN";
-    case Component::attention: return "attention";
-    case Component::moe: return "MoE";
-    case Component::lm_head_loss: return "lm_head + loss";
-    case Component::optimizer: return "optimizer";
-    case Component::other: return "other";
-    case Component::count: break;
+    case StepComponent::gdn: return "GDN";
+    case StepComponent::attention: return "attention";
+    case StepComponent::moe: return "MoE";
+    case StepComponent::lm_head_loss: return "lm_head + loss";
+    case StepComponent::optimizer: return "optimizer";
+    case StepComponent::other: return "other";
+    case StepComponent::count: break;
   }
   return "?";
 }
@@ -27,7 +27,7 @@ ComponentTimer::~ComponentTimer() {
   for (cudaEvent_t event : events_) cudaEventDestroy(event);
 }
 
-void ComponentTimer::mark(Component component, cudaStream_t stream) {
+void ComponentTimer::mark(StepComponent component, cudaStream_t stream) {
   if (!enabled_) return;
   // One slot stays free for finish(); too many marks is a programming error, not user input.
   CHECK(used_ + 1 < static_cast<int>(events_.size()), "component timer: more than ", events_.size() - 1,

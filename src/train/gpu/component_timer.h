@@ -9,9 +9,9 @@
 
 namespace deltamoe {
 
-enum class Component { gdn, attention, moe, lm_head_loss, optimizer, other, count };
-const char* component_name(Component component);
-constexpr int kNumComponents = static_cast<int>(Component::count);
+enum class StepComponent { gdn, attention, moe, lm_head_loss, optimizer, other, count };
+const char* component_name(StepComponent component);
+constexpr int kNumStepComponents = static_cast<int>(StepComponent::count);
 
 class ComponentTimer {
  public:
@@ -23,18 +23,18 @@ class ComponentTimer {
   void set_enabled(bool enabled) { enabled_ = enabled; }
   bool enabled() const { return enabled_; }
   // Time from here to the next mark (or finish) counts for `component`.
-  void mark(Component component, cudaStream_t stream);
+  void mark(StepComponent component, cudaStream_t stream);
   // Closes the last interval, waits for the events and adds the intervals to the totals (ms).
   void finish(cudaStream_t stream);
-  const std::array<double, kNumComponents>& totals_ms() const { return totals_ms_; }
+  const std::array<double, kNumStepComponents>& totals_ms() const { return totals_ms_; }
   void reset_totals() { totals_ms_.fill(0.0); }
 
  private:
   bool enabled_ = false;
   std::vector<cudaEvent_t> events_;
-  std::vector<Component> labels_;
+  std::vector<StepComponent> labels_;
   int used_ = 0;
-  std::array<double, kNumComponents> totals_ms_{};
+  std::array<double, kNumStepComponents> totals_ms_{};
 };
 
 }  // namespace deltamoe

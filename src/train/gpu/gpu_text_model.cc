@@ -371,7 +371,7 @@ void GpuTextModel::set_batch(const std::vector<int64_t>& ids, const std::vector<
 }
 
 void GpuTextModel::optimizer_step(double lr, int64_t adam_step) {
-  timer_.mark(Component::optimizer, stream_);
+  timer_.mark(StepComponent::optimizer, stream_);
   adamw_step_cuda(layout_, options_.adamw, layout_.whole(), lr, adam_step, master_.as<float>(), grads_.as<float>(),
                   moment_m_.data(), moment_v_.data(), weights_bf16_.as<DeviceBf16>(), stream_);
 }

@@ -34,6 +34,7 @@ struct GpuModelOptions {
   int64_t max_seqs = 64;             // most packed sequences in one step
   int64_t loss_chunk_rows = 1024;    // lm_head + cross-entropy chunk (logits never held for all tokens)
   AdamWConfig adamw;                 // moment_dtype f32 or bf16
+  float ce_loss_weight = 1.0f;       // the backward differentiates ce_weight * ce + aux_weight * aux
   float aux_loss_weight = 0.0f;      // router load-balancing loss weight (0: HF default, no aux loss)
   bool time_components = false;      // record CUDA events between components (bench)
 };
@@ -73,6 +74,15 @@ class GpuTextModel {
   void forward_backward();
   // One AdamW update of every parameter (adam_step counted from 1). No host sync.
   void optimizer_step(double lr, int64_t adam_step);
+
+  // Changes the loss weights of later backwards (e.g. parity: one backward per loss).
+  void set_loss_weights(float ce_weight, float aux_weight) {
+    options_.ce_loss_weight = ce_weight;
+    options_.aux_loss_weight = aux_weight;
+  }
+  // Logits [T, V] fp32 of the last forward (final_normed x lm_head^T). Allocates a [T, V] buffer:
+  // for parity checks on small batches only, never inside a training step. Synchronises.
+  std::vector<float> compute_logits() const;
 
   // Reads the mean cross-entropy and the aux-loss value of the last forward (synchronises).
   float read_loss() const;

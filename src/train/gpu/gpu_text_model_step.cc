@@ -48,6 +48,18 @@ void GpuTextModel::linear_backward_input_add(const DeviceBf16* dy, const DeviceB
                  dx, DType::bf16, in_features, stream_);
 }
 
+std::vector<float> GpuTextModel::compute_logits() const {
+  const int64_t T = num_tokens_, V = config_.vocab_size;
+  CHECK(T > 0, "gpu model: compute_logits called before a forward");
+  DeviceBuffer logits(static_cast<size_t>(T * V) * sizeof(float));
+  linear_forward_cuda(*gemm_, final_normed_, weight(-1, "lm_head.weight"), logits.data(), DType::f32, T,
+                      config_.hidden_size, V, stream_);
+  std::vector<float> host(static_cast<size_t>(T * V));
+  CUDA_CHECK(cudaMemcpyAsync(host.data(), logits.data(), logits.bytes(), cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return host;
+}
+
 void GpuTextModel::forward_backward() {
   CHECK(num_tokens_ > 0, "gpu model: forward_backward called before set_batch");
   CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
@@ -59,13 +71,13 @@ void GpuTextModel::forward() {
   const TextConfig& c = config_;
   const int64_t T = num_tokens_, C = c.hidden_size;
   const double eps = c.rms_norm_eps;
-  timer_.mark(Component::other, stream_);
+  timer_.mark(StepComponent::other, stream_);
   embedding_forward_cuda(ids_, weight(-1, prefix_ + ".embed_tokens.weight"), embedded_, T, c.vocab_size, C, nullptr,
                          stream_);
   moe_aux_stats_reset_cuda(MoeAuxDeviceStats{aux_counts_, aux_probs_}, c.num_experts, stream_);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     GpuLayerBuffers& b = layers_[static_cast<size_t>(i)];
-    timer_.mark(Component::other, stream_);
+    timer_.mark(StepComponent::other, stream_);
     if (i == 0) {
       CUDA_CHECK(cudaMemcpyAsync(b.x_in, embedded_, static_cast<size_t>(T * C) * sizeof(DeviceBf16),
                                  cudaMemcpyDeviceToDevice, stream_));
@@ -78,19 +90,19 @@ void GpuTextModel::forward() {
                             b.rstd_in, T, C, eps, stream_);
     }
     if (b.is_gdn) {
-      timer_.mark(Component::gdn, stream_);
+      timer_.mark(StepComponent::gdn, stream_);
       gdn_forward(i);
     } else {
-      timer_.mark(Component::attention, stream_);
+      timer_.mark(StepComponent::attention, stream_);
       attention_forward(i);
     }
-    timer_.mark(Component::other, stream_);
+    timer_.mark(StepComponent::other, stream_);
     rms_norm_forward_cuda(b.mixer_out, b.x_in, b.h, weight(i, "post_attention_layernorm.weight"), b.normed_post,
                           b.rstd_post, T, C, eps, stream_);
-    timer_.mark(Component::moe, stream_);
+    timer_.mark(StepComponent::moe, stream_);
     moe_forward(i);
   }
-  timer_.mark(Component::other, stream_);
+  timer_.mark(StepComponent::other, stream_);
   const GpuLayerBuffers& last = layers_.back();
   rms_norm_forward_cuda(last.moe_out, last.h, final_hidden_, weight(-1, prefix_ + ".norm.weight"), final_normed_,
                         final_rstd_, T, C, eps, stream_);
@@ -101,7 +113,7 @@ void GpuTextModel::forward() {
 void GpuTextModel::backward() {
   const TextConfig& c = config_;
   const int64_t T = num_tokens_, C = c.hidden_size;
-  timer_.mark(Component::lm_head_loss, stream_);
+  timer_.mark(StepComponent::lm_head_loss, stream_);
   LmHeadLossArgs loss;
   loss.hidden = final_normed_;
   loss.weight = weight(-1, "lm_head.weight");
@@ -110,7 +122,7 @@ void GpuTextModel::backward() {
   loss.hidden_size = C;
   loss.vocab = c.vocab_size;
   loss.num_supervised = num_supervised_;
-  loss.d_loss = 1.0f;
+  loss.d_loss = options_.ce_loss_weight;
   loss.chunk_rows = options_.loss_chunk_rows;
   loss.token_loss = token_loss_;
   loss.lse = lse_;
@@ -119,7 +131,7 @@ void GpuTextModel::backward() {
   loss.d_weight = grad(-1, "lm_head.weight");
   lm_head_cross_entropy_cuda(*gemm_, loss, workspace_.data(), workspace_bytes_, stream_);
 
-  timer_.mark(Component::other, stream_);
+  timer_.mark(StepComponent::other, stream_);
   // d_out: gradient of the current layer's output (h + moe_out).
   DeviceBf16* d_out = grad_a_;
   DeviceBf16* d_in = grad_b_;
@@ -127,21 +139,21 @@ void GpuTextModel::backward() {
                          d_out, grad(-1, prefix_ + ".norm.weight"), T, C, workspace_.data(), workspace_bytes_, stream_);
   for (int64_t i = c.num_hidden_layers - 1; i >= 0; --i) {
     const GpuLayerBuffers& b = layers_[static_cast<size_t>(i)];
-    timer_.mark(Component::moe, stream_);
+    timer_.mark(StepComponent::moe, stream_);
     moe_backward(i, d_out, grad_normed_);
-    timer_.mark(Component::other, stream_);
+    timer_.mark(StepComponent::other, stream_);
     // dh = norm backward + d_out (the residual path around the MoE block).
     rms_norm_backward_cuda(b.h, weight(i, "post_attention_layernorm.weight"), b.rstd_post, grad_normed_, d_out,
                            grad_mixer_, grad(i, "post_attention_layernorm.weight"), T, C, workspace_.data(),
                            workspace_bytes_, stream_);
     if (b.is_gdn) {
-      timer_.mark(Component::gdn, stream_);
+      timer_.mark(StepComponent::gdn, stream_);
       gdn_backward(i, grad_mixer_, grad_normed_);
     } else {
-      timer_.mark(Component::attention, stream_);
+      timer_.mark(StepComponent::attention, stream_);
       attention_backward(i, grad_mixer_, grad_normed_);
     }
-    timer_.mark(Component::other, stream_);
+    timer_.mark(StepComponent::other, stream_);
     rms_norm_backward_cuda(b.x_in, weight(i, "input_layernorm.weight"), b.rstd_in, grad_normed_, grad_mixer_, d_in,
                            grad(i, "input_layernorm.weight"), T, C, workspace_.data(), workspace_bytes_, stream_);
     std::swap(d_out, d_in);
