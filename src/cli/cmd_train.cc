@@ -47,6 +47,7 @@ void declare_flags(ArgParser& args) {
   args.add_option("max_length", "longest sample in tokens", "2048");
   args.add_option("truncation_strategy", "delete (drop longer samples) or right (cut them)", "delete");
   args.add_option("save_steps", "save a checkpoint every N steps (0: only at the end)", "0");
+  args.add_option("save_total_limit", "keep only the newest N checkpoints (0: keep all)", "0");
   args.add_option("eval_steps", "evaluate on --val_dataset every N steps (0: start and end only)", "0");
   args.add_option("logging_steps", "print the progress line every N steps", "1");
   args.add_option("seed", "seed of the data order (and any randomness of the run)", "42");
@@ -151,6 +152,7 @@ TrainOptions options_from_args(const ArgParser& args) {
         truncation, "'");
   options.truncate = truncation == "right";
   options.save_steps = args.get_int("save_steps");
+  options.save_total_limit = args.get_int("save_total_limit");
   options.eval_steps = args.get_int("eval_steps");
   options.logging_steps = args.get_int("logging_steps");
   const int64_t seed = args.get_int("seed");
@@ -193,7 +195,8 @@ int cmd_train(int argc, char** argv) {
   std::printf("; data: %s\n", summary.data_skips.c_str());
   if (!summary.last_checkpoint.empty()) std::printf("checkpoint: %s\n", summary.last_checkpoint.c_str());
   std::printf("metrics: %s/metrics.jsonl\n", options.output_dir.c_str());
-  return 0;
+  // Stopped by SIGTERM / SIGINT: the checkpoint is saved, but the job did not finish.
+  return summary.stopped_by_signal != 0 ? 128 + summary.stopped_by_signal : 0;
 }
 
 }  // namespace deltamoe

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 
 #include <fstream>
 
@@ -91,12 +94,13 @@ TEST_F(CmdTrainTest, ConfigFileSuppliesFlagsAndCommandLineWins) {
     file << "{\"model\": \"" << (*root_ / "tiny-vl").string() << "\", \"dataset\": [\""
          << (*root_ / "data" / "train.jsonl").string() << "\"], \"output_dir\": \"" << (*root_ / "from_config").string()
          << "\", \"max_steps\": 5, \"lr\": 1e-3, \"freeze_vit\": false, \"max_length\": 128, \"min_pixels\": 4096,"
-         << " \"max_pixels\": 4096}";
+         << " \"max_pixels\": 4096, \"save_steps\": 1, \"save_total_limit\": 1}";
   }
   const Result result = run(str_cat("--config ", config.string(), " --max_steps 2"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("step 2/2"), std::string::npos) << result.output;
   EXPECT_TRUE(fs::exists(*root_ / "from_config" / "checkpoint-2" / "optimizer.safetensors"));
+  EXPECT_FALSE(fs::exists(*root_ / "from_config" / "checkpoint-1")) << "--save_total_limit 1 kept an older checkpoint";
   EXPECT_TRUE(fs::exists(*root_ / "from_config" / "metrics.jsonl"));
 
   std::ofstream bad(*root_ / "bad.json");
@@ -140,6 +144,46 @@ TEST_F(CmdTrainTest, SplitDatasetRatioHoldsOutSeededValidationSamples) {
     }
   }
   EXPECT_EQ(num_images, 4u) << "the fixture has 4 samples with one image each";
+}
+
+TEST_F(CmdTrainTest, SigtermFinishesTheStepSavesAndResumes) {
+  const char* binary = std::getenv("DELTAMOE_BINARY");
+  ASSERT_NE(binary, nullptr);
+  const fs::path out = *root_ / "sigterm";
+  const fs::path log = *root_ / "sigterm.log";
+  const std::string flags = str_cat("--model ", (*root_ / "tiny-vl").string(), " --dataset ",
+                                    (*root_ / "data" / "train.jsonl").string(), " --output_dir ", out.string(),
+                                    " --max_length 128 --min_pixels 4096 --max_pixels 4096 --max_steps 500");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::string command = str_cat("exec ", binary, " train ", flags, " > ", log.string(), " 2>&1");
+    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait for the first step, then ask the run to stop as a cluster scheduler would.
+  bool started = false;
+  for (int i = 0; i < 1200 && !started; ++i) {
+    started = read_bytes(log).find("step 1/500") != std::string::npos;
+    if (!started) usleep(100000);
+  }
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(started) << read_bytes(log);
+  ASSERT_TRUE(WIFEXITED(status)) << "the process did not exit normally after SIGTERM:\n" << read_bytes(log);
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << read_bytes(log);
+  int64_t saved_step = -1;
+  for (const auto& entry : fs::directory_iterator(out)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("checkpoint-")) saved_step = std::stoll(name.substr(11));
+  }
+  std::printf("  stopped and saved at step %lld of 500\n", static_cast<long long>(saved_step));
+  ASSERT_GE(saved_step, 1) << read_bytes(log);
+  EXPECT_LT(saved_step, 500);
+  const Result resumed = run(str_cat(flags, " --resume auto --stop_after_steps 1"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(fs::exists(out / str_cat("checkpoint-", saved_step + 1))) << resumed.output;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/text/text_batch.h"
 #include "model/text/text_model.h"
+#include "train/trainable_params.h"
 #include "model/vision/multimodal_embedding.h"
 
 namespace deltamoe {
@@ -74,9 +75,15 @@ CpuEngine::CpuEngine(const ModelCheckpoint& checkpoint, const ParamLayout& layou
       vision_params_[name] = it->second.to_host().to_f32();
     }
   }
+  trainable_ = TrainableParts{false, false, false};
   for (const ParamEntry& entry : layout_.entries()) {
     const bool known = text_params_.count(entry.name) != 0 || vision_params_.count(entry.name) != 0;
     CHECK(known, "train: trainable tensor '", entry.name, "' is not a parameter of the CPU model");
+    switch (param_group(entry.name)) {
+      case ParamGroup::llm: trainable_.llm = true; break;
+      case ParamGroup::vit: trainable_.vit = true; break;
+      case ParamGroup::aligner: trainable_.aligner = true; break;
+    }
   }
 }
 
@@ -152,17 +159,19 @@ MicroBatchLoss CpuEngine::forward_backward(const MicroBatch& batch, double ce_to
   // The model's CE is a mean over this micro-batch's supervised tokens; the gradient of
   // ce_token_weight * ce_sum is that of (ce_token_weight * num_supervised) * mean.
   const double ce_weight = ce_token_weight * static_cast<double>(loss.num_supervised);
+  // A frozen language model still carries the gradient back to the vision tower, without its
+  // weight products; a frozen tower is not run backward at all.
+  const bool vision_backward = config_.has_vision && trainable_.vision();
   std::vector<float> d_embeds;
   ParamMap text_grads = pass.model->backward(static_cast<float>(ce_weight), static_cast<float>(aux_weight),
-                                             config_.has_vision ? &d_embeds : nullptr);
-  std::vector<float> d_table;
+                                             config_.has_vision ? &d_embeds : nullptr, trainable_.llm);
   VisionParams vision_grads;
-  if (config_.has_vision) {
+  if (config_.has_vision && (vision_backward || trainable_.llm)) {
     // The text model left embed_tokens untouched (it started from input_embeds); the embedding
     // backward adds the table's gradient and routes image rows into the vision tower.
-    ParamTensor& table_grad = text_grads.at(text_prefix_ + ".embed_tokens.weight");
+    float* table_grad = trainable_.llm ? text_grads.at(text_prefix_ + ".embed_tokens.weight").values.data() : nullptr;
     multimodal_embed_backward(config_, vision_params_, pass.embedding, pass.input_ids.data(), batch.num_tokens(),
-                              d_embeds, table_grad.values.data(), &vision_grads);
+                              d_embeds, table_grad, &vision_grads, trainable_);
   }
   for (const ParamEntry& entry : layout_.entries()) {
     const float* source = nullptr;

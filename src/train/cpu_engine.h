@@ -8,6 +8,7 @@
 
 #include "checkpoint/model_checkpoint.h"
 #include "model/text/text_params.h"
+#include "model/vision/trainable_parts.h"
 #include "model/vision/vision_tower.h"
 #include "optim/param_layout.h"
 #include "train/train_engine.h"
@@ -35,6 +36,7 @@ class CpuEngine : public TrainEngine {
   ParamLayout layout_;
   ParamMap text_params_;        // fp32, fused layout
   VisionParams vision_params_;  // fp32; empty for a text-only model
+  TrainableParts trainable_;    // which parts have tensors in the layout: frozen parts skip their weight products
 };
 
 }  // namespace deltamoe

@@ -1,12 +1,15 @@
 // Training checkpoints written atomically (temporary directory + rename) and found again for --resume.
 #include "train/train_checkpoint.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -123,6 +126,19 @@ std::string resolve_resume_dir(const std::string& resume, const std::string& out
   }
   CHECK(best_step >= 0, "--resume auto: no complete checkpoint-N directory in ", output_dir);
   return best.string();
+}
+
+void remove_old_checkpoints(const std::string& output_dir, int64_t keep) {
+  std::vector<std::pair<int64_t, fs::path>> complete;
+  for (const auto& entry : fs::directory_iterator(output_dir)) {
+    const int64_t step = checkpoint_step(entry.path().filename().string());
+    if (step >= 0 && fs::is_regular_file(entry.path() / kStateFile)) complete.emplace_back(step, entry.path());
+  }
+  std::sort(complete.begin(), complete.end());
+  for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) {
+    log_info("train: removing ", complete[i].second.string(), " (--save_total_limit ", keep, ")");
+    fs::remove_all(complete[i].second);
+  }
 }
 
 TrainerState load_trainer_state(const std::string& dir) {

@@ -47,6 +47,9 @@ std::string save_training_checkpoint(const std::string& output_dir, const Checkp
 // otherwise dir itself.
 std::string resolve_resume_dir(const std::string& resume, const std::string& output_dir);
 
+// Deletes all but the newest `keep` complete checkpoint-N directories of output_dir (--save_total_limit).
+void remove_old_checkpoints(const std::string& output_dir, int64_t keep);
+
 // Reads dir/trainer_state.json.
 TrainerState load_trainer_state(const std::string& dir);
 

@@ -49,6 +49,7 @@ void validate_train_options(const TrainOptions& options) {
         "--micro_batch_tokens (", options.micro_batch_tokens, ") must be at least --max_length (", options.max_length,
         ") so that every sample fits a micro-batch");
   CHECK(options.save_steps >= 0, "--save_steps must be >= 0, got ", options.save_steps);
+  CHECK(options.save_total_limit >= 0, "--save_total_limit must be >= 0, got ", options.save_total_limit);
   CHECK(options.eval_steps >= 0, "--eval_steps must be >= 0, got ", options.eval_steps);
   CHECK(options.eval_steps == 0 || !options.val_dataset_paths.empty() || options.split_dataset_ratio > 0,
         "--eval_steps needs --val_dataset or --split_dataset_ratio");

@@ -30,6 +30,7 @@ struct TrainOptions {
   int64_t max_length = 2048;
   bool truncate = false;  // --truncation_strategy right (true) or delete (false)
   int64_t save_steps = 0;     // 0: save only at the end
+  int64_t save_total_limit = 0;  // > 0: keep only the newest N checkpoints
   int64_t eval_steps = 0;     // 0: evaluate only at the start and the end
   int64_t logging_steps = 1;
   uint64_t seed = 42;

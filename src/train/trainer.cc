@@ -19,6 +19,7 @@
 #include "tokenizer/tokenizer.h"
 #include "train/dataset_split.h"
 #include "train/engine_factory.h"
+#include "train/stop_signal.h"
 #include "train/train_checkpoint.h"
 #include "train/train_metrics.h"
 #include "train/trainable_params.h"
@@ -196,10 +197,12 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     state.rng_position = rng.position();
     payload.state = state;
     summary.last_checkpoint = save_training_checkpoint(options.output_dir, payload);
+    if (options.save_total_limit > 0) remove_old_checkpoints(options.output_dir, options.save_total_limit);
     std::printf("saved %s\n", summary.last_checkpoint.c_str());
     std::fflush(stdout);
   };
 
+  const StopSignalGuard stop_guard;  // SIGTERM / SIGINT: finish the step, save, return
   DataPipeline pipeline(train_data, tokenizer, state.data_position);
   std::vector<float> grad(static_cast<size_t>(layout.total_numel()), 0.0f);
   const double elapsed_before = state.elapsed_s;
@@ -283,6 +286,13 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
       if (!saved_at_step) save();
       log_info("train: stopping after ", summary.steps_this_run, " steps (--stop_after_steps); continue with ",
                "--resume auto");
+      break;
+    }
+    if (StopSignalGuard::stop_signal() != 0 && !last) {
+      if (!saved_at_step) save();
+      log_warn("train: stopped by signal ", StopSignalGuard::stop_signal(), " after step ", state.global_step,
+               "; continue with --resume auto");
+      summary.stopped_by_signal = StopSignalGuard::stop_signal();
       break;
     }
   }

@@ -23,6 +23,7 @@ struct TrainSummary {
   double elapsed_s = 0;         // this run
   std::string device;
   std::string data_skips;  // "0 skipped" or the reasons with counts
+  int stopped_by_signal = 0;  // SIGTERM / SIGINT that ended the run early (checkpoint saved), or 0
 };
 
 // device: see make_train_engine. Throws deltamoe::Error for bad options (before any work) and for

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 
 #include "data/packer.h"
 #include "data/sample_builder.h"
@@ -135,6 +136,45 @@ TEST_F(TrainerEngineTest, EightMicroBatchesOfOneEqualOneOfEight) {
   // rounding noise (|g| ~ eps, e.g. embedding rows of unused tokens) move by O(lr) either way;
   // this bounds the update difference a few times above the gradient's.
   EXPECT_LT(update_rel, 1e-5);
+}
+
+// Freezing a part skips its weight products but must not change the gradients of the rest.
+TEST_F(TrainerEngineTest, FrozenPartsLeaveTheOtherGradientsUnchanged) {
+  const ModelCheckpoint checkpoint = load_model_dir((*root_ / "tiny-vl").string());
+  const Tokenizer tokenizer = Tokenizer::load((*root_ / "tiny-vl").string());
+  const MicroBatch batch = pack(build_samples(*root_ / "data" / "train.jsonl", tokenizer, 4), 0, 4);
+  ASSERT_FALSE(batch.image_grid_thw.empty());
+  auto gradients = [&](const FreezeOptions& freeze) {
+    TrainableParams params = build_trainable_params(checkpoint, freeze);
+    CpuEngine engine(checkpoint, params.layout);
+    engine.set_trainable_weights(params.master.data());
+    std::vector<float> grad(params.master.size(), 0.0f);
+    engine.forward_backward(batch, 1.0 / batch.num_supervised, 0.01, grad.data());
+    std::map<std::string, std::vector<float>> by_name;
+    for (const ParamEntry& entry : params.layout.entries()) {
+      by_name[entry.name].assign(grad.begin() + entry.offset, grad.begin() + entry.offset + entry.numel);
+    }
+    return by_name;
+  };
+  const auto all = gradients({false, false, false});
+  for (const FreezeOptions& freeze : {FreezeOptions{true, true, false}, FreezeOptions{false, false, true},
+                                      FreezeOptions{true, false, true}, FreezeOptions{false, true, false}}) {
+    const auto part = gradients(freeze);
+    ASSERT_FALSE(part.empty());
+    double worst = 0;
+    for (const auto& [name, values] : part) {
+      const std::vector<float>& reference = all.at(name);
+      double max_diff = 0, max_ref = 0;
+      for (size_t i = 0; i < values.size(); ++i) {
+        max_diff = std::max(max_diff, std::abs(static_cast<double>(values[i]) - reference[i]));
+        max_ref = std::max(max_ref, std::abs(static_cast<double>(reference[i])));
+      }
+      worst = std::max(worst, max_diff / std::max(max_ref, 1e-30));
+    }
+    std::printf("  freeze vit=%d aligner=%d llm=%d: %zu tensors, worst rel %.3e\n", freeze.freeze_vit,
+                freeze.freeze_aligner, freeze.freeze_llm, part.size(), worst);
+    EXPECT_EQ(worst, 0.0);
+  }
 }
 
 TEST_F(TrainerEngineTest, SavedCheckpointReloadsIntoTheSameLogits) {
