@@ -211,28 +211,29 @@ GpuTextModel::~GpuTextModel() {
 }
 
 void GpuTextModel::plan_activations() {
-  const int64_t T = options_.max_tokens;
-  const TextConfig& c = config_;
+  const int64_t T = options_.max_tokens, C = config_.hidden_size;
+  // One function lays everything out; run once counting bytes, once over the sized arena.
+  auto carve_all = [&](Carver& carver, std::vector<GpuLayerBuffers>* layers, GpuScratch* scratch) {
+    carve_layers(carver, config_, T, layers, scratch);
+    embedded_ = carver.take<DeviceBf16>(T * C);
+    final_hidden_ = carver.take<DeviceBf16>(T * C);
+    final_normed_ = carver.take<DeviceBf16>(T * C);
+    final_rstd_ = carver.take<float>(T);
+    grad_a_ = carver.take<DeviceBf16>(T * C);
+    grad_b_ = carver.take<DeviceBf16>(T * C);
+    grad_mixer_ = carver.take<DeviceBf16>(T * C);
+    grad_normed_ = carver.take<DeviceBf16>(T * C);
+  };
   Carver counter(nullptr);
-  GpuScratch unused;
-  std::vector<GpuLayerBuffers> sizing;
-  carve_layers(counter, c, T, &sizing, &unused);
-  // Shared activations: embedding output, final hidden/normed/rstd, backward gradients.
-  const size_t shared = 6 * ((static_cast<size_t>(T * c.hidden_size) * sizeof(DeviceBf16) + 255) / 256 * 256 + 256) +
-                        static_cast<size_t>(T) * sizeof(float) + 256;
-  activation_bytes_ = counter.used() + shared;
+  GpuScratch unused_scratch;
+  std::vector<GpuLayerBuffers> unused_layers;
+  carve_all(counter, &unused_layers, &unused_scratch);
+  activation_bytes_ = counter.used();
   arena_ = std::make_unique<DeviceArena>(activation_bytes_, "gpu model activations");
   Carver carver(arena_.get());
   scratch_ = std::make_unique<GpuScratch>();
-  carve_layers(carver, c, T, &layers_, scratch_.get());
-  embedded_ = carver.take<DeviceBf16>(T * c.hidden_size);
-  final_hidden_ = carver.take<DeviceBf16>(T * c.hidden_size);
-  final_normed_ = carver.take<DeviceBf16>(T * c.hidden_size);
-  final_rstd_ = carver.take<float>(T);
-  grad_a_ = carver.take<DeviceBf16>(T * c.hidden_size);
-  grad_b_ = carver.take<DeviceBf16>(T * c.hidden_size);
-  grad_mixer_ = carver.take<DeviceBf16>(T * c.hidden_size);
-  grad_normed_ = carver.take<DeviceBf16>(T * c.hidden_size);
+  carve_all(carver, &layers_, scratch_.get());
+  const TextConfig& c = config_;
 
   workspace_bytes_ = step_workspace_bytes(c, T, options_.max_seqs, options_.loss_chunk_rows);
   workspace_ = DeviceBuffer(workspace_bytes_);
@@ -314,12 +315,11 @@ void GpuTextModel::upload_params(const ParamMap& params) {
 void GpuTextModel::randomize_params(uint64_t seed, float matrix_std) {
   for (int i = 0; i < layout_.num_tensors(); ++i) {
     const ParamEntry& e = layout_.entry(i);
-    float mean = 0.0f, std = matrix_std;
-    if (e.shape.size() == 1 || ends_with(e.name, "shared_expert_gate.weight")) std = 0.0f;
-    if (ends_with(e.name, "shared_expert_gate.weight")) std = matrix_std;
-    if (ends_with(e.name, "linear_attn.norm.weight")) mean = 1.0f;  // plain (not zero-centred) RMSNorm weight
-    if (ends_with(e.name, "dt_bias")) mean = 1.0f;
-    if (ends_with(e.name, "A_log")) mean = 1.0f, std = 0.5f;  // decay rates exp(A_log) around e
+    // Matrices random; 1-D tensors constant: zero-centred norms 0 (scale 1), the GDN norm weight
+    // (a plain RMSNorm weight) and dt_bias 1; A_log random around 1 (decay rates exp(A_log) near e).
+    float mean = 0.0f, std = e.shape.size() >= 2 ? matrix_std : 0.0f;
+    if (ends_with(e.name, "linear_attn.norm.weight") || ends_with(e.name, "dt_bias")) mean = 1.0f;
+    if (ends_with(e.name, "A_log")) mean = 1.0f, std = 0.5f;
     fill_normal_cuda(master_.as<float>() + e.offset, e.numel, mean, std, seed, static_cast<uint64_t>(i), stream_);
   }
   convert_f32_to_bf16_cuda(master_.as<float>(), weights_bf16_.as<DeviceBf16>(), layout_.total_numel(), stream_);
