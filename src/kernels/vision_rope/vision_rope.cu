@@ -112,7 +112,8 @@ void vision_rope_tables_cuda(const int64_t* positions, int64_t num_patches, int6
   InverseFrequencies inv_freq{};
   for (int64_t j = 0; j < quarter; ++j) {
     // The reference's fp32 expression, term by term, so that both sides hold the same floats.
-    inv_freq.value[j] = 1.0f / std::pow(static_cast<float>(theta), static_cast<float>(2 * j) / static_cast<float>(half));
+    const float exponent = static_cast<float>(2 * j) / static_cast<float>(half);
+    inv_freq.value[j] = 1.0f / std::pow(static_cast<float>(theta), exponent);
   }
   const int64_t total = num_patches * half;
   vision_rope_tables_kernel<<<static_cast<unsigned>((total + kThreads - 1) / kThreads), kThreads, 0, stream>>>(

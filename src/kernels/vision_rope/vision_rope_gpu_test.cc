@@ -45,7 +45,8 @@ void check_vision_rope(const std::vector<int64_t>& grid_thw, int64_t heads, int6
 
   HostTensor qkv = random_bf16_exact({patches, qkv_stride}, seed);
   HostTensor dqkv = random_bf16_exact({patches, qkv_stride}, seed + 1);
-  HostTensor q = take_heads(qkv, qkv_stride, 0, heads, head_dim), k = take_heads(qkv, qkv_stride, heads, heads, head_dim);
+  HostTensor q = take_heads(qkv, qkv_stride, 0, heads, head_dim);
+  HostTensor k = take_heads(qkv, qkv_stride, heads, heads, head_dim);
   HostTensor v = take_heads(qkv, qkv_stride, 2 * heads, heads, head_dim);
   HostTensor dq = take_heads(dqkv, qkv_stride, 0, heads, head_dim);
   HostTensor q_ref(DType::f32, {patches, heads, head_dim}), k_ref(DType::f32, {patches, heads, head_dim});
