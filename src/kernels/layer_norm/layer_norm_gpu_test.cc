@@ -80,7 +80,7 @@ TEST(LayerNormGpu, MatchesReferenceOverShapes) {
   check_layer_norm(300, 64, true, true, 30);         // fused residual + skip gradient
   check_layer_norm(1024, 1152, true, false, 40);     // one 32x32-patch image, norm2 after the residual add
   check_layer_norm(3072 + 1024, 1152, false, true, 50);  // 64x48 + 32x32 images packed
-  check_layer_norm(256, 4608, false, false, 60);     // merger norm over 2x2 merged patches (4 * 1152)
+  check_layer_norm(256, 4608, false, false, 60);     // a wider row (4 * 1152): several vectors per lane
   check_layer_norm(3, 8, false, true, 70);           // tiny, single chunk
   check_layer_norm(20000, 24, false, false, 80);     // many rows: many parameter-gradient chunks
 }
