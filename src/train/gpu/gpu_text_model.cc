@@ -422,6 +422,23 @@ std::vector<int32_t> GpuTextModel::read_topk_idx(int64_t layer) const {
   return host;
 }
 
+std::vector<float> GpuTextModel::read_layer_activation(int64_t layer, LayerActivation which) const {
+  CHECK(layer >= 0 && layer < config_.num_hidden_layers, "gpu model: no decoder layer ", layer);
+  const GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
+  const int64_t T = num_tokens_, C = config_.hidden_size;
+  if (which == LayerActivation::router_probs) return download(b.moe.probs, T * config_.num_experts, stream_);
+  const DeviceBf16* source = which == LayerActivation::input         ? b.x_in
+                             : which == LayerActivation::mixer_input ? b.normed_in
+                             : which == LayerActivation::after_mixer ? b.h
+                                                                     : b.normed_post;
+  std::vector<uint16_t> bits(static_cast<size_t>(T * C));
+  CUDA_CHECK(cudaMemcpyAsync(bits.data(), source, bits.size() * 2, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::vector<float> values(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) values[i] = bf16_bits_to_float(bits[i]);
+  return values;
+}
+
 GpuMemoryBreakdown GpuTextModel::memory() const {
   GpuMemoryBreakdown m;
   m.weights = master_.bytes() + weights_bf16_.bytes();

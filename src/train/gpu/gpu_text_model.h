@@ -29,6 +29,15 @@ class GemmContext;
 struct GpuLayerBuffers;
 struct GpuScratch;
 
+// Saved activations a test can download to localise a mismatch (per decoder layer).
+enum class LayerActivation {
+  input,        // [T, C] residual stream entering the layer
+  mixer_input,  // [T, C] input_layernorm output
+  after_mixer,  // [T, C] input + mixer output (h)
+  moe_input,    // [T, C] post_attention_layernorm output
+  router_probs, // [T, E] router softmax (fp32)
+};
+
 struct GpuModelOptions {
   int64_t max_tokens = 8192;         // token budget of one step (activations are planned for it)
   int64_t max_seqs = 64;             // most packed sequences in one step
@@ -93,6 +102,8 @@ class GpuTextModel {
   // Downloads the experts chosen for every token of decoder layer `layer` ([T, K], synchronises),
   // e.g. to pin the CPU reference's routing to the GPU's in a comparison.
   std::vector<int32_t> read_topk_idx(int64_t layer) const;
+  // Downloads one saved activation of decoder layer `layer` as fp32 (synchronises).
+  std::vector<float> read_layer_activation(int64_t layer, LayerActivation which) const;
 
   GpuMemoryBreakdown memory() const;
   ComponentTimer& timer() { return timer_; }

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <utility>
 
 #include "core/dtype.h"
 #include "kernels/common/tensor_compare.h"
@@ -20,6 +21,8 @@ namespace {
 // are held to 5e-2 rel_l2 (the kernels alone are held to 1e-2 in their own tests).
 constexpr double kGradRelL2 = 5e-2;
 constexpr double kLossRel = 1e-2;
+// Forward activations are bf16-rounded states compared with fp32 ones: 2e-2 after 4 layers.
+constexpr double kActivationRelL2 = 2e-2;
 
 bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -69,6 +72,28 @@ void run_case(const char* title, const std::vector<int32_t>& cu_seqlens, float a
   inputs.forced_routing = &routing;
   const TextModelOutput out = cpu.forward(batch, inputs);
   const ParamMap grads = cpu.backward(1.0f, aux_weight);
+
+  // Forward, layer by layer: where a composition goes wrong shows up here first.
+  const std::vector<DecoderLayerSaved>& saved = cpu.saved_layers();
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    const DecoderLayerSaved& ref = saved[static_cast<size_t>(i)];
+    const char* kind = ref.type == LayerType::linear_attention ? "GDN" : "attention";
+    const std::pair<LayerActivation, const Activation*> checks[] = {
+        {LayerActivation::input, &ref.x},
+        {LayerActivation::after_mixer, &ref.h},
+        {LayerActivation::moe_input, &ref.moe.x},
+        {LayerActivation::router_probs, &ref.moe.probs}};
+    const char* names[] = {"input", "after mixer", "moe input", "router probs"};
+    for (int j = 0; j < 4; ++j) {
+      const std::vector<float> got = gpu.read_layer_activation(i, checks[j].first);
+      ASSERT_EQ(got.size(), checks[j].second->size());
+      const CompareResult r = compare_values(got.data(), checks[j].second->data(), static_cast<int64_t>(got.size()));
+      std::printf("  layer %lld (%s) %-14s max|diff| %.3e max|ref| %.3e rel_l2 %.3e%s\n", static_cast<long long>(i),
+                  kind, names[j], r.max_abs_diff, r.max_abs_ref, r.rel_l2, r.all_finite ? "" : " NOT FINITE");
+      EXPECT_TRUE(r.all_finite);
+      EXPECT_LE(r.rel_l2, kActivationRelL2) << "layer " << i << " " << names[j];
+    }
+  }
 
   const double loss_rel = std::fabs(gpu_loss - out.ce_loss) / std::fabs(out.ce_loss);
   const double aux_rel = std::fabs(gpu_aux - out.aux_loss) / std::fabs(out.aux_loss);
