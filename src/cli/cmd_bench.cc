@@ -74,6 +74,7 @@ int run_bench(const ArgParser& args) {
   options.adamw.moment_dtype = moments == "bf16" ? DType::bf16 : DType::f32;
   options.aux_loss_weight = static_cast<float>(args.get_double("aux_loss_weight"));
   options.time_components = true;
+  options.recompute_mixers = args.flag("recompute");
   GpuTextModel model(config, "model", options);
   model.randomize_params(static_cast<uint64_t>(args.get_int("seed")), 0.02f);
 
@@ -128,9 +129,10 @@ int run_bench(const ArgParser& args) {
               static_cast<long long>(config.num_layers_of(LayerType::linear_attention)),
               static_cast<long long>(config.num_layers_of(LayerType::full_attention)),
               static_cast<long long>(tokens), static_cast<long long>(seqs), static_cast<long long>(seq_len));
-  std::printf("parameters: %.3f B total, %.3f B in matmuls per token; AdamW moments %s\n",
+  std::printf("parameters: %.3f B total, %.3f B in matmuls per token; AdamW moments %s; mixer recompute %s\n",
               static_cast<double>(model.layout().num_parameters()) / 1e9,
-              static_cast<double>(matmul_params_per_token(config)) / 1e9, moments.c_str());
+              static_cast<double>(matmul_params_per_token(config)) / 1e9, moments.c_str(),
+              options.recompute_mixers ? "on" : "off");
   std::printf("step time: median %.2f ms over %lld steps (min %.2f, max %.2f)\n", step_median_ms,
               static_cast<long long>(steps), *std::min_element(step_ms.begin(), step_ms.end()),
               *std::max_element(step_ms.begin(), step_ms.end()));
@@ -163,6 +165,7 @@ int run_bench(const ArgParser& args) {
                            {"layers", layers},
                            {"tokens", tokens},
                            {"seqs", seqs},
+                           {"recompute", options.recompute_mixers},
                            {"step_ms", step_median_ms},
                            {"tokens_per_s", tokens_per_s},
                            {"tflops", tflops},
@@ -196,6 +199,7 @@ int cmd_bench(int argc, char** argv) {
                   "0");
   args.add_option("loss_chunk", "tokens per lm_head + cross-entropy chunk", "1024");
   args.add_option("seed", "random seed of weights and tokens", "0");
+  args.add_flag("recompute", "rerun each GDN/attention mixer's forward before its backward (less activation memory)");
   if (!args.parse(argc, argv)) return 0;
 #if DELTAMOE_WITH_CUDA
   return run_bench(args);

@@ -46,8 +46,10 @@ class Carver {
 };
 
 // Lays out every activation of the step for `T` tokens.
-void carve_layers(Carver& c, const TextConfig& cfg, int64_t T, std::vector<GpuLayerBuffers>* layers,
-                  GpuScratch* scratch) {
+void carve_layers(Carver& c, const TextConfig& cfg, int64_t T, bool share_mixer_state,
+                  std::vector<GpuLayerBuffers>* layers, GpuScratch* scratch) {
+  const GdnSaved* first_gdn = nullptr;
+  const AttentionSaved* first_attn = nullptr;
   const int64_t C = cfg.hidden_size, E = cfg.num_experts, K = cfg.num_experts_per_tok;
   const int64_t kd = cfg.key_dim(), vd = cfg.value_dim(), conv = cfg.conv_dim(), Hv = cfg.linear_num_value_heads;
   const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, D = cfg.head_dim;
@@ -63,7 +65,11 @@ void carve_layers(Carver& c, const TextConfig& cfg, int64_t T, std::vector<GpuLa
     b.normed_post = c.take<DeviceBf16>(T * C);
     b.rstd_post = c.take<float>(T);
     b.moe_out = c.take<DeviceBf16>(T * C);
-    if (b.is_gdn) {
+    if (b.is_gdn && share_mixer_state && first_gdn != nullptr) {
+      b.gdn = *first_gdn;  // recomputed before the backward: every GDN layer uses one set
+    } else if (!b.is_gdn && share_mixer_state && first_attn != nullptr) {
+      b.attn = *first_attn;
+    } else if (b.is_gdn) {
       GdnSaved& g = b.gdn;
       g.mixed = c.take<DeviceBf16>(T * conv);
       g.z = c.take<DeviceBf16>(T * vd);
@@ -78,6 +84,7 @@ void carve_layers(Carver& c, const TextConfig& cfg, int64_t T, std::vector<GpuLa
       g.beta = c.take<float>(T * Hv);
       g.core = c.take<DeviceBf16>(T * vd);
       g.normed = c.take<DeviceBf16>(T * vd);
+      first_gdn = &g;
     } else {
       AttentionSaved& a = b.attn;
       a.q_and_gate = c.take<DeviceBf16>(T * Hq * 2 * D);
@@ -90,6 +97,7 @@ void carve_layers(Carver& c, const TextConfig& cfg, int64_t T, std::vector<GpuLa
       a.attn = c.take<DeviceBf16>(T * Hq * D);
       a.lse = c.take<float>(T * Hq);
       a.gated = c.take<DeviceBf16>(T * Hq * D);
+      first_attn = &a;
     }
     MoeSaved& m = b.moe;
     m.logits = c.take<float>(T * E);
@@ -214,7 +222,7 @@ void GpuTextModel::plan_activations() {
   const int64_t T = options_.max_tokens, C = config_.hidden_size;
   // One function lays everything out; run once counting bytes, once over the sized arena.
   auto carve_all = [&](Carver& carver, std::vector<GpuLayerBuffers>* layers, GpuScratch* scratch) {
-    carve_layers(carver, config_, T, layers, scratch);
+    carve_layers(carver, config_, T, options_.recompute_mixers, layers, scratch);
     embedded_ = carver.take<DeviceBf16>(T * C);
     final_hidden_ = carver.take<DeviceBf16>(T * C);
     final_normed_ = carver.take<DeviceBf16>(T * C);

@@ -46,6 +46,9 @@ struct GpuModelOptions {
   float ce_loss_weight = 1.0f;       // the backward differentiates ce_weight * ce + aux_weight * aux
   float aux_loss_weight = 0.0f;      // router load-balancing loss weight (0: HF default, no aux loss)
   bool time_components = false;      // record CUDA events between components (bench)
+  // Keep only one set of mixer internals per layer type and rerun each mixer's forward just before
+  // its backward: saves the GDN/attention intermediates of all but one layer for ~1/3 more mixer time.
+  bool recompute_mixers = false;
 };
 
 // Bytes held on the device, by kind.

@@ -148,9 +148,11 @@ void GpuTextModel::backward() {
                            workspace_bytes_, stream_);
     if (b.is_gdn) {
       timer_.mark(StepComponent::gdn, stream_);
+      if (options_.recompute_mixers) gdn_forward(i);  // refills the shared intermediates (and mixer_out, unused now)
       gdn_backward(i, grad_mixer_, grad_normed_);
     } else {
       timer_.mark(StepComponent::attention, stream_);
+      if (options_.recompute_mixers) attention_forward(i);
       attention_backward(i, grad_mixer_, grad_normed_);
     }
     timer_.mark(StepComponent::other, stream_);
