@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the default preset (CUDA) here and gathers what a GPU machine needs into gpu_bundle/:
+# Builds the CUDA code (sm_90a by default; BUNDLE_ARCH to change) here and gathers what a GPU machine needs into gpu_bundle/:
 # the deltamoe program, every gpu-labelled test program, and a runner. Carry gpu_bundle/ to the
 # GPU machine (same CUDA major version) and run `bash gpu_bundle/run_gpu_tests.sh` there.
 set -euo pipefail
@@ -10,9 +10,9 @@ gpu_tests=$(ctest --preset gpu -N | sed -n 's/^ *Test *#[0-9]*: *//p')
 # Keep going past a test that does not build, and say which ones are missing from the bundle.
 cmake --build --preset default -j "${JOBS:-2}" --target deltamoe $gpu_tests -- -k 0 || echo "gpu_bundle: some targets failed to build"
 rm -rf gpu_bundle && mkdir -p gpu_bundle/bin
-cp build/default/deltamoe gpu_bundle/bin/
+cp "$build/deltamoe" gpu_bundle/bin/
 for test_name in $gpu_tests; do
-  if [ -x "build/default/$test_name" ]; then cp "build/default/$test_name" gpu_bundle/bin/; else echo "gpu_bundle: MISSING $test_name"; fi
+  if [ -x "$build/$test_name" ]; then cp "$build/$test_name" gpu_bundle/bin/; else echo "gpu_bundle: MISSING $test_name"; fi
 done
 # Shared libraries a bare GPU machine may lack (image codecs); CUDA's own come from the machine.
 mkdir -p gpu_bundle/lib
