@@ -4,11 +4,14 @@
 # GPU machine (same CUDA major version) and run `bash gpu_bundle/run_gpu_tests.sh` there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake --preset default > /dev/null
-# Only what travels: the program and the gpu-labelled test programs.
-gpu_tests=$(ctest --preset gpu -N | sed -n 's/^ *Test *#[0-9]*: *//p')
-# Keep going past a test that does not build, and say which ones are missing from the bundle.
-cmake --build --preset default -j "${JOBS:-2}" --target deltamoe $gpu_tests -- -k 0 || echo "gpu_bundle: some targets failed to build"
+# The H200 needs only sm_90a; building one architecture halves nvcc's time on 2 cores.
+arch=${BUNDLE_ARCH:-90a}
+build=build/bundle-$arch
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDELTAMOE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" > /dev/null
+# Only what travels: the program and the gpu-labelled test programs. Keep going past a test
+# that does not build, and say which ones are missing from the bundle.
+gpu_tests=$(ctest --test-dir "$build" -L gpu -N | sed -n 's/^ *Test *#[0-9]*: *//p')
+cmake --build "$build" -j "${JOBS:-2}" --target deltamoe $gpu_tests -- -k 0 || echo "gpu_bundle: some targets failed to build"
 rm -rf gpu_bundle && mkdir -p gpu_bundle/bin
 cp "$build/deltamoe" gpu_bundle/bin/
 for test_name in $gpu_tests; do
