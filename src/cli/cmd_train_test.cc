@@ -75,6 +75,9 @@ TEST_F(CmdTrainTest, BadInputFailsBeforeAnyWork) {
       {good("--resume /tmp"), "not a training checkpoint"},
       {good("--resume auto"), "no complete checkpoint-N directory"},
       {good("--device tpu"), "--device must be auto, cpu or cuda"},
+#if !defined(DELTAMOE_WITH_CUDA)
+      {good("--device cuda"), "--device cuda: this build has no GPU training engine"},
+#endif
       {good("--optimizer_state_dtype f16"), "--optimizer_state_dtype must be f32 or bf16"},
       {good("--config /nonexistent.json"), "--config: cannot read /nonexistent.json"},
   };

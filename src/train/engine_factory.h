@@ -1,6 +1,7 @@
-// Picks the engine a run computes with: the CPU reference now; the GPU engine plugs in here.
+// Picks the engine a run computes with: the CPU reference, or the GPU engine once it is registered.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -10,8 +11,16 @@
 
 namespace deltamoe {
 
-// device: "auto" (the GPU when this build has one and the GPU engine exists, else the CPU), "cpu"
-// or "cuda". Throws, naming --device, for a device this build cannot run on.
+using TrainEngineFactory =
+    std::function<std::unique_ptr<TrainEngine>(const ModelCheckpoint& checkpoint, const ParamLayout& layout)>;
+
+// The hook for the GPU engine. src/train/gpu sits above src/train in the layering (it uses the
+// trainer's types), so it cannot be called from here directly: the CUDA build registers its
+// factory at start-up (e.g. from the CLI) and make_train_engine uses it for "auto" and "cuda".
+void register_gpu_train_engine(TrainEngineFactory factory);
+
+// device: "auto" (the registered GPU engine if any, else the CPU), "cpu" or "cuda". Throws, naming
+// --device, for a device this build cannot run on.
 std::unique_ptr<TrainEngine> make_train_engine(const std::string& device, const ModelCheckpoint& checkpoint,
                                                const ParamLayout& layout);
 
