@@ -23,7 +23,8 @@ template <typename S>
 void causal_conv1d_forward_ref(const S* x, const S* weight, const int32_t* cu_seqlens, int num_seqs,
                                int64_t num_tokens, int num_channels, int kernel_size, S* y);
 
-// Given dy [T, C], writes dx [T, C] and ADDS the weight gradient to dweight [C, K].
+// Given dy [T, C], writes dx [T, C] and ADDS the weight gradient to dweight [C, K] (null: not
+// computed, e.g. a frozen weight).
 // The pre-activation is recomputed from x.
 template <typename S>
 void causal_conv1d_backward_ref(const S* x, const S* weight, const S* dy, const int32_t* cu_seqlens,

@@ -68,7 +68,7 @@ void causal_conv1d_backward_ref(const S* x, const S* weight, const S* dy, const 
         for (int j = 0; j < kernel_size && t - j >= seq_begin; ++j) {
           const int64_t w_idx = static_cast<int64_t>(c) * kernel_size + (kernel_size - 1 - j);
           dx[(t - j) * num_channels + c] += weight[w_idx] * dz;
-          dweight[w_idx] += x[(t - j) * num_channels + c] * dz;
+          if (dweight != nullptr) dweight[w_idx] += x[(t - j) * num_channels + c] * dz;
         }
       }
     }

@@ -144,5 +144,24 @@ TEST(CausalConv1dRef, RejectsBadCuSeqlens) {
                Error);
 }
 
+
+// A null dweight (frozen conv weight) skips the weight gradient and leaves dx bitwise unchanged.
+TEST(CausalConv1dRef, NullWeightGradientGivesIdenticalInputGradient) {
+  const auto cu = offsets_of({5, 11});
+  const int channels = 6, kernel = 4;
+  const int64_t tokens = cu.back();
+  const auto x = gdn_test::to_float(random_uniform(tokens * channels, -2, 2, 70));
+  const auto w = gdn_test::to_float(random_uniform(channels * kernel, -1, 1, 71));
+  const auto dy = gdn_test::to_float(random_uniform(tokens * channels, -1, 1, 72));
+  std::vector<float> dx(x.size()), dx_frozen(x.size()), dw(w.size(), 0.0f);
+  causal_conv1d_backward_ref(x.data(), w.data(), dy.data(), cu.data(), 2, tokens, channels, kernel, dx.data(),
+                             dw.data());
+  causal_conv1d_backward_ref(x.data(), w.data(), dy.data(), cu.data(), 2, tokens, channels, kernel,
+                             dx_frozen.data(), static_cast<float*>(nullptr));
+  const gdn_test::ErrorStats stats = compare("dx (dweight null vs given)", dx_frozen, dx);
+  EXPECT_GT(stats.scale, 0.0);
+  EXPECT_EQ(stats.max_abs, 0.0);
+}
+
 }  // namespace
 }  // namespace deltamoe

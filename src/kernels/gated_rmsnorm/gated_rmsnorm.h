@@ -18,7 +18,7 @@ template <typename S>
 void gated_rmsnorm_forward_ref(const S* o, const S* z, const S* weight, int64_t num_rows, int dim,
                                S eps, S* y);
 
-// Given dy: writes d_o and dz; ADDS to dweight.
+// Given dy: writes d_o and dz; ADDS to dweight (null: not computed, e.g. a frozen weight).
 template <typename S>
 void gated_rmsnorm_backward_ref(const S* o, const S* z, const S* weight, const S* dy,
                                 int64_t num_rows, int dim, S eps, S* d_o, S* dz, S* dweight);

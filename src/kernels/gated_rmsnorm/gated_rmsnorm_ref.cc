@@ -60,7 +60,7 @@ void gated_rmsnorm_backward_ref(const S* o, const S* z, const S* weight, const S
       const S gate = z[i] * s;
       const S u = dy[i] * gate * weight[d];
       u_dot_n += u * n;
-      dweight[d] += dy[i] * gate * n;
+      if (dweight != nullptr) dweight[d] += dy[i] * gate * n;
       // d silu(z)/dz = s (1 + z (1 - s)).
       dz[i] = dy[i] * n * weight[d] * s * (S(1) + z[i] * (S(1) - s));
     }

@@ -93,5 +93,27 @@ TEST(GatedRmsNormRef, RejectsBadSizes) {
                Error);
 }
 
+
+// A null dweight (frozen norm weight) skips the weight gradient and leaves d_o and dz bitwise unchanged.
+TEST(GatedRmsNormRef, NullWeightGradientGivesIdenticalInputGradients) {
+  const int64_t rows = 9;
+  const int dim = 16;
+  const auto o = gdn_test::to_float(random_uniform(rows * dim, -2, 2, 50));
+  const auto z = gdn_test::to_float(random_uniform(rows * dim, -3, 3, 51));
+  const auto w = gdn_test::to_float(random_uniform(dim, 0.5, 1.5, 52));
+  const auto dy = gdn_test::to_float(random_uniform(rows * dim, -1, 1, 53));
+  std::vector<float> d_o(o.size()), dz(o.size()), dw(dim, 0.0f), d_o_frozen(o.size()), dz_frozen(o.size());
+  gated_rmsnorm_backward_ref(o.data(), z.data(), w.data(), dy.data(), rows, dim, 1e-6f, d_o.data(), dz.data(),
+                             dw.data());
+  gated_rmsnorm_backward_ref(o.data(), z.data(), w.data(), dy.data(), rows, dim, 1e-6f, d_o_frozen.data(),
+                             dz_frozen.data(), static_cast<float*>(nullptr));
+  const gdn_test::ErrorStats d_o_stats = compare("d_o (dweight null vs given)", d_o_frozen, d_o);
+  const gdn_test::ErrorStats dz_stats = compare("dz (dweight null vs given)", dz_frozen, dz);
+  EXPECT_GT(d_o_stats.scale, 0.0);
+  EXPECT_GT(dz_stats.scale, 0.0);
+  EXPECT_EQ(d_o_stats.max_abs, 0.0);
+  EXPECT_EQ(dz_stats.max_abs, 0.0);
+}
+
 }  // namespace
 }  // namespace deltamoe

@@ -19,7 +19,8 @@ template <typename S>
 void gdn_gates_forward_ref(const S* a, const S* b, const S* A_log, const S* dt_bias,
                            int64_t num_tokens, int num_heads, S* g, S* beta);
 
-// Given dg and dbeta [T, H]: writes da and db [T, H]; ADDS to dA_log and ddt_bias [H].
+// Given dg and dbeta [T, H]: writes da and db [T, H]; ADDS to dA_log and ddt_bias [H] (each may be
+// null: not computed, e.g. frozen parameters).
 template <typename S>
 void gdn_gates_backward_ref(const S* a, const S* b, const S* A_log, const S* dt_bias, const S* dg,
                             const S* dbeta, int64_t num_tokens, int num_heads, S* da, S* db,

@@ -59,8 +59,8 @@ void gdn_gates_backward_ref(const S* a, const S* b, const S* A_log, const S* dt_
       // g = -exp(A_log) sp(pre): dg/dA_log = g, dg/dpre = -exp(A_log) sp'(pre).
       const S d_pre = -dg[i] * decay_rate * softplus_derivative(pre);
       da[i] = d_pre;
-      ddt_bias[h] += d_pre;
-      dA_log[h] += dg[i] * (-decay_rate * softplus(pre));
+      if (ddt_bias != nullptr) ddt_bias[h] += d_pre;
+      if (dA_log != nullptr) dA_log[h] += dg[i] * (-decay_rate * softplus(pre));
       const S s = sigmoid(b[i]);
       db[i] = dbeta[i] * s * (S(1) - s);
     }

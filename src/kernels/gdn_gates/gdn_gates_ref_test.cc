@@ -96,5 +96,43 @@ TEST(GdnGatesRef, RejectsBadSizes) {
       Error);
 }
 
+
+// Null dA_log / ddt_bias (frozen gate parameters) skip those gradients, one or both at a time; da,
+// db and the gradient still asked for stay bitwise unchanged.
+TEST(GdnGatesRef, NullParameterGradientsGiveIdenticalInputGradients) {
+  const int64_t tokens = 21;
+  const int heads = 4;
+  const auto a = gdn_test::to_float(random_uniform(tokens * heads, -5, 5, 60));
+  const auto b = gdn_test::to_float(random_uniform(tokens * heads, -5, 5, 61));
+  const auto a_log = gdn_test::to_float(random_uniform(heads, -1, 1, 62));
+  const auto dt_bias = gdn_test::to_float(random_uniform(heads, -1, 1, 63));
+  const auto dg = gdn_test::to_float(random_uniform(tokens * heads, -1, 1, 64));
+  const auto dbeta = gdn_test::to_float(random_uniform(tokens * heads, -1, 1, 65));
+  std::vector<float> da(a.size()), db(a.size()), d_a_log(heads, 0.0f), d_dt_bias(heads, 0.0f);
+  gdn_gates_backward_ref(a.data(), b.data(), a_log.data(), dt_bias.data(), dg.data(), dbeta.data(), tokens, heads,
+                         da.data(), db.data(), d_a_log.data(), d_dt_bias.data());
+  // mask bit 0: dA_log asked for, bit 1: ddt_bias asked for; 3 (both) is the run above.
+  for (int mask = 0; mask < 3; ++mask) {
+    const bool keep_a_log = mask & 1, keep_dt_bias = mask & 2;
+    std::vector<float> da_frozen(a.size()), db_frozen(a.size()), d_a_log_kept(heads, 0.0f), d_dt_bias_kept(heads, 0.0f);
+    gdn_gates_backward_ref(a.data(), b.data(), a_log.data(), dt_bias.data(), dg.data(), dbeta.data(), tokens, heads,
+                           da_frozen.data(), db_frozen.data(), keep_a_log ? d_a_log_kept.data() : nullptr,
+                           keep_dt_bias ? d_dt_bias_kept.data() : nullptr);
+    SCOPED_TRACE(mask);
+    const gdn_test::ErrorStats da_stats = compare("da (parameter grads null)", da_frozen, da);
+    const gdn_test::ErrorStats db_stats = compare("db (parameter grads null)", db_frozen, db);
+    EXPECT_GT(da_stats.scale, 0.0);
+    EXPECT_GT(db_stats.scale, 0.0);
+    EXPECT_EQ(da_stats.max_abs, 0.0);
+    EXPECT_EQ(db_stats.max_abs, 0.0);
+    if (mask == 1) {
+      EXPECT_EQ(compare("dA_log (ddt_bias null)", d_a_log_kept, d_a_log).max_abs, 0.0);
+    }
+    if (mask == 2) {
+      EXPECT_EQ(compare("ddt_bias (dA_log null)", d_dt_bias_kept, d_dt_bias).max_abs, 0.0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deltamoe

@@ -22,7 +22,8 @@ void moe_experts_forward_ref(const MoeExpertsDims& dims, const T* x, const int32
                              const T* gate_up, const T* down, T* y);
 
 // dy [T, C] -> dx [T, C] and d_topk_weight [T, K] written; d_gate_up [E, 2I, C] and d_down [E, C, I]
-// added to. Expert activations are recomputed, not saved.
+// added to (each may be null: not computed, e.g. frozen experts; that skips the weight-gradient
+// products). Expert activations are recomputed, not saved.
 template <typename T>
 void moe_experts_backward_ref(const MoeExpertsDims& dims, const T* x, const int32_t* topk_idx, const T* topk_weight,
                               const T* gate_up, const T* down, const T* dy, T* dx, T* d_topk_weight, T* d_gate_up,

@@ -75,7 +75,7 @@ void moe_experts_backward_ref(const MoeExpertsDims& dims, const T* x, const int3
       expert_gate_up(dims, x_row, gate_up, e, gu);
       for (int64_t i = 0; i < I; ++i) h[i] = gu[i] * sigmoid(gu[i]) * gu[I + i];
       const T* w_down = down + e * C * I;
-      T* dw_down = d_down + e * C * I;
+      T* dw_down = d_down != nullptr ? d_down + e * C * I : nullptr;
       const T weight = topk_weight[t * dims.top_k + slot];
       // d weight = dy . y_e; d y_e = weight * dy.
       T d_weight = 0;
@@ -85,10 +85,10 @@ void moe_experts_backward_ref(const MoeExpertsDims& dims, const T* x, const int3
         for (int64_t i = 0; i < I; ++i) y_c += w_down[c * I + i] * h[i];
         d_weight += dy_row[c] * y_c;
         const T dy_e = weight * dy_row[c];
-        for (int64_t i = 0; i < I; ++i) {
-          dw_down[c * I + i] += dy_e * h[i];
-          dh[i] += dy_e * w_down[c * I + i];
+        if (dw_down != nullptr) {
+          for (int64_t i = 0; i < I; ++i) dw_down[c * I + i] += dy_e * h[i];
         }
+        for (int64_t i = 0; i < I; ++i) dh[i] += dy_e * w_down[c * I + i];
       }
       d_topk_weight[t * dims.top_k + slot] = d_weight;
       // h = silu(g) * u: dg = dh * u * silu'(g), du = dh * silu(g); silu'(g) = s (1 + g (1 - s)).
@@ -98,12 +98,12 @@ void moe_experts_backward_ref(const MoeExpertsDims& dims, const T* x, const int3
         d_gu[I + i] = dh[i] * g * s;
       }
       const T* w_gu = gate_up + e * 2 * I * C;
-      T* dw_gu = d_gate_up + e * 2 * I * C;
+      T* dw_gu = d_gate_up != nullptr ? d_gate_up + e * 2 * I * C : nullptr;
       for (int64_t n = 0; n < 2 * I; ++n) {
-        for (int64_t c = 0; c < C; ++c) {
-          dw_gu[n * C + c] += d_gu[n] * x_row[c];
-          dx_row[c] += d_gu[n] * w_gu[n * C + c];
+        if (dw_gu != nullptr) {
+          for (int64_t c = 0; c < C; ++c) dw_gu[n * C + c] += d_gu[n] * x_row[c];
         }
+        for (int64_t c = 0; c < C; ++c) dx_row[c] += d_gu[n] * w_gu[n * C + c];
       }
     }
   }

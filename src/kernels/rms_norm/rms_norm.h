@@ -12,7 +12,8 @@ namespace deltamoe {
 template <typename T>
 void rms_norm_forward_ref(const T* x, const T* weight, T* y, T* rstd, int64_t rows, int64_t width, double eps);
 
-// dy [T, C] -> dx [T, C] written; d_weight [C] added to. x, weight and rstd as in the forward.
+// dy [T, C] -> dx [T, C] written; d_weight [C] added to (null: not computed, e.g. a frozen weight).
+// x, weight and rstd as in the forward.
 template <typename T>
 void rms_norm_backward_ref(const T* x, const T* weight, const T* rstd, const T* dy, T* dx, T* d_weight, int64_t rows,
                            int64_t width);

@@ -28,7 +28,7 @@ void rms_norm_backward_ref(const T* x, const T* weight, const T* rstd, const T* 
     T mean_dn_n = 0;
     for (int64_t c = 0; c < width; ++c) {
       const T normed = x_row[c] * inv_rms;
-      d_weight[c] += dy_row[c] * normed;
+      if (d_weight != nullptr) d_weight[c] += dy_row[c] * normed;
       mean_dn_n += dy_row[c] * (T(1) + weight[c]) * normed;
     }
     mean_dn_n /= T(width);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "kernels/gated_delta_rule/gradient_check_test_util.h"
 #include "kernels/gradcheck/gradcheck.h"
 #include "kernels/rms_norm/rms_norm.h"
 
@@ -44,6 +45,23 @@ TEST(RmsNormRef, BackwardMatchesFiniteDifferences) {
   rms_norm_backward_ref(x.data(), weight.data(), rstd.data(), dy.data(), dx.data(), d_weight.data(), rows, width);
   EXPECT_LT(gradcheck::check_gradient("dx", x, dx, loss).relative(), gradcheck::kGradTolerance);
   EXPECT_LT(gradcheck::check_gradient("d_weight", weight, d_weight, loss).relative(), gradcheck::kGradTolerance);
+}
+
+
+// A null d_weight (frozen norm weight) skips the weight gradient and leaves dx bitwise unchanged.
+TEST(RmsNormRef, NullWeightGradientGivesIdenticalInputGradient) {
+  const int64_t rows = 7, width = 16;
+  const auto x = gdn_test::to_float(gdn_test::random_uniform(rows * width, -2, 2, 30));
+  const auto weight = gdn_test::to_float(gdn_test::random_uniform(width, -0.5, 0.5, 31));
+  const auto dy = gdn_test::to_float(gdn_test::random_uniform(rows * width, -1, 1, 32));
+  std::vector<float> y(rows * width), rstd(rows), dx(rows * width), dx_frozen(rows * width), d_weight(width, 0.0f);
+  rms_norm_forward_ref(x.data(), weight.data(), y.data(), rstd.data(), rows, width, 1e-6);
+  rms_norm_backward_ref(x.data(), weight.data(), rstd.data(), dy.data(), dx.data(), d_weight.data(), rows, width);
+  rms_norm_backward_ref(x.data(), weight.data(), rstd.data(), dy.data(), dx_frozen.data(), static_cast<float*>(nullptr),
+                        rows, width);
+  const gdn_test::ErrorStats stats = gdn_test::compare("dx (d_weight null vs given)", dx_frozen, dx);
+  EXPECT_GT(stats.scale, 0.0) << "the input gradient is all zeros, so the comparison proves nothing";
+  EXPECT_EQ(stats.max_abs, 0.0);
 }
 
 }  // namespace

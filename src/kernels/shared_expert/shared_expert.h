@@ -12,8 +12,8 @@ template <typename T>
 void shared_expert_forward_ref(const T* x, const T* gate_proj, const T* up_proj, const T* down_proj,
                                const T* expert_gate, T* y, int64_t num_tokens, int64_t hidden, int64_t intermediate);
 
-// dy [T, C] -> dx [T, C] written; d_gate_proj, d_up_proj, d_down_proj, d_expert_gate added to.
-// Activations are recomputed from x.
+// dy [T, C] -> dx [T, C] written; d_gate_proj, d_up_proj, d_down_proj, d_expert_gate added to (each
+// may be null: not computed, e.g. a frozen expert). Activations are recomputed from x.
 template <typename T>
 void shared_expert_backward_ref(const T* x, const T* gate_proj, const T* up_proj, const T* down_proj,
                                 const T* expert_gate, const T* dy, T* dx, T* d_gate_proj, T* d_up_proj, T* d_down_proj,
