@@ -56,13 +56,13 @@ Activation attention_layer_forward(const TextConfig& c, const ParamMap& params, 
 Activation attention_layer_backward(const TextConfig& c, const ParamMap& params, ParamMap* grads,
                                     const std::string& names, const TextBatch& batch, const AttentionLayerSaved& s,
                                     const Activation& dy) {
-  LayerGrads grad(params, grads);  // grads null: frozen weights, no weight gradients
+  LayerGrads grad(grads);  // grads null: frozen weights, no weight gradients
   const std::string p = names + "self_attn.";
   const int64_t T = batch.num_tokens, C = c.hidden_size, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const int64_t D = c.head_dim;
   Activation d_gated(T * Hq * D);
   linear_backward_ref(s.gated.data(), param_values(params, p + "o_proj.weight"), dy.data(), d_gated.data(),
-                      grad.optional(p + "o_proj.weight"), T, Hq * D, C);
+                      grad.of(p + "o_proj.weight"), T, Hq * D, C);
   Activation d_attn(T * Hq * D), d_gate(T * Hq * D);
   attention_gate_backward_ref(s.attn.data(), s.gate.data(), d_gated.data(), d_attn.data(), d_gate.data(), T * Hq * D);
   const AttentionDims dims{T, Hq, Hkv, D};
@@ -74,9 +74,9 @@ Activation attention_layer_backward(const TextConfig& c, const ParamMap& params,
   mrope_backward_ref(batch.rope, dk.data(), batch.rope_cos.data(), batch.rope_sin.data(), dk.data(), T, Hkv, D);
   Activation dq_raw(T * Hq * D), dk_raw(T * Hkv * D);
   rms_norm_backward_ref(s.q_raw.data(), param_values(params, p + "q_norm.weight"), s.q_rstd.data(), dq.data(),
-                        dq_raw.data(), grad.required(p + "q_norm.weight"), T * Hq, D);
+                        dq_raw.data(), grad.of(p + "q_norm.weight"), T * Hq, D);
   rms_norm_backward_ref(s.k_raw.data(), param_values(params, p + "k_norm.weight"), s.k_rstd.data(), dk.data(),
-                        dk_raw.data(), grad.required(p + "k_norm.weight"), T * Hkv, D);
+                        dk_raw.data(), grad.of(p + "k_norm.weight"), T * Hkv, D);
   Activation d_q_and_gate(T * Hq * 2 * D);
   for (int64_t row = 0; row < T * Hq; ++row)
     for (int64_t d = 0; d < D; ++d) {
@@ -85,12 +85,12 @@ Activation attention_layer_backward(const TextConfig& c, const ParamMap& params,
     }
   Activation dx(T * C), dx_part(T * C);
   linear_backward_ref(s.x.data(), param_values(params, p + "q_proj.weight"), d_q_and_gate.data(), dx.data(),
-                      grad.optional(p + "q_proj.weight"), T, C, Hq * 2 * D);
+                      grad.of(p + "q_proj.weight"), T, C, Hq * 2 * D);
   linear_backward_ref(s.x.data(), param_values(params, p + "k_proj.weight"), dk_raw.data(), dx_part.data(),
-                      grad.optional(p + "k_proj.weight"), T, C, Hkv * D);
+                      grad.of(p + "k_proj.weight"), T, C, Hkv * D);
   add_into(dx, dx_part);
   linear_backward_ref(s.x.data(), param_values(params, p + "v_proj.weight"), dv.data(), dx_part.data(),
-                      grad.optional(p + "v_proj.weight"), T, C, Hkv * D);
+                      grad.of(p + "v_proj.weight"), T, C, Hkv * D);
   add_into(dx, dx_part);
   return dx;
 }

@@ -30,21 +30,21 @@ Activation decoder_layer_forward(const TextConfig& c, const ParamMap& params, in
 Activation decoder_layer_backward(const TextConfig& c, const ParamMap& params, ParamMap* grads, int64_t layer_idx,
                                   const std::string& prefix, const TextBatch& batch, const DecoderLayerSaved& s,
                                   const Activation& dy, const MoeAuxStats& aux_stats, float aux_weight) {
-  LayerGrads grad(params, grads);  // grads null: frozen weights, no weight gradients
+  LayerGrads grad(grads);  // grads null: frozen weights, no weight gradients
   const std::string names = layer_prefix(prefix, layer_idx);
   const int64_t T = batch.num_tokens, C = c.hidden_size;
   // Residual: dh = dy + d(post norm input) from the MoE branch.
   Activation d_normed = moe_block_backward(c, params, grads, names, T, s.moe, dy, aux_stats, aux_weight);
   Activation dh(T * C);
   rms_norm_backward_ref(s.h.data(), param_values(params, names + "post_attention_layernorm.weight"), s.rstd_post.data(),
-                        d_normed.data(), dh.data(), grad.required(names + "post_attention_layernorm.weight"), T, C);
+                        d_normed.data(), dh.data(), grad.of(names + "post_attention_layernorm.weight"), T, C);
   add_into(dh, dy);
   d_normed = s.type == LayerType::linear_attention
                  ? gdn_layer_backward(c, params, grads, names, batch, s.gdn, dh)
                  : attention_layer_backward(c, params, grads, names, batch, s.attn, dh);
   Activation dx(T * C);
   rms_norm_backward_ref(s.x.data(), param_values(params, names + "input_layernorm.weight"), s.rstd_in.data(),
-                        d_normed.data(), dx.data(), grad.required(names + "input_layernorm.weight"), T, C);
+                        d_normed.data(), dx.data(), grad.of(names + "input_layernorm.weight"), T, C);
   add_into(dx, dh);
   return dx;
 }

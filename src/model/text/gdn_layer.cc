@@ -103,17 +103,17 @@ Activation gdn_layer_forward(const TextConfig& c, const ParamMap& params, const 
 
 Activation gdn_layer_backward(const TextConfig& c, const ParamMap& params, ParamMap* grads, const std::string& names,
                               const TextBatch& batch, const GdnLayerSaved& s, const Activation& dy) {
-  LayerGrads grad(params, grads);  // grads null: frozen weights, no weight gradients
+  LayerGrads grad(grads);  // grads null: frozen weights, no weight gradients
   const std::string p = names + "linear_attn.";
   const GdnDims d = gdn_dims(c, batch);
   const int64_t T = d.T;
   Activation d_normed(T * d.value_dim);
   linear_backward_ref(s.normed.data(), param_values(params, p + "out_proj.weight"), dy.data(), d_normed.data(),
-                      grad.optional(p + "out_proj.weight"), T, d.value_dim, d.C);
+                      grad.of(p + "out_proj.weight"), T, d.value_dim, d.C);
   Activation d_core(T * d.value_dim), dz(T * d.value_dim);
   gated_rmsnorm_backward_ref(s.core.data(), s.z.data(), param_values(params, p + "norm.weight"), d_normed.data(),
                              T * d.Hv, static_cast<int>(d.Dv), static_cast<float>(c.rms_norm_eps), d_core.data(),
-                             dz.data(), grad.required(p + "norm.weight"));
+                             dz.data(), grad.of(p + "norm.weight"));
   Activation dq_normed(T * d.key_dim), dk_normed(T * d.key_dim), dv(T * d.value_dim), dg(T * d.Hv), dbeta(T * d.Hv);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.Dk)));
   gated_delta_rule_recurrent_backward_ref<float>(
@@ -125,7 +125,7 @@ Activation gdn_layer_backward(const TextConfig& c, const ParamMap& params, Param
   Activation da(T * d.Hv), db(T * d.Hv);
   gdn_gates_backward_ref(s.a.data(), s.b.data(), param_values(params, p + "A_log"), param_values(params, p + "dt_bias"),
                          dg.data(), dbeta.data(), T, static_cast<int>(d.Hv), da.data(), db.data(),
-                         grad.required(p + "A_log"), grad.required(p + "dt_bias"));
+                         grad.of(p + "A_log"), grad.of(p + "dt_bias"));
   Activation d_conv(T * d.conv_dim);
   for (int64_t t = 0; t < T; ++t) {
     float* row = d_conv.data() + t * d.conv_dim;
@@ -138,18 +138,18 @@ Activation gdn_layer_backward(const TextConfig& c, const ParamMap& params, Param
   Activation d_mixed(T * d.conv_dim);
   causal_conv1d_backward_ref(s.mixed.data(), param_values(params, p + "conv1d.weight"), d_conv.data(),
                              batch.cu_seqlens.data(), batch.num_seqs(), T, static_cast<int>(d.conv_dim),
-                             static_cast<int>(d.kernel), d_mixed.data(), grad.required(p + "conv1d.weight"));
+                             static_cast<int>(d.kernel), d_mixed.data(), grad.of(p + "conv1d.weight"));
   Activation dx(T * d.C), dx_part(T * d.C);
   linear_backward_ref(s.x.data(), param_values(params, p + "in_proj_qkv.weight"), d_mixed.data(), dx.data(),
-                      grad.optional(p + "in_proj_qkv.weight"), T, d.C, d.conv_dim);
+                      grad.of(p + "in_proj_qkv.weight"), T, d.C, d.conv_dim);
   linear_backward_ref(s.x.data(), param_values(params, p + "in_proj_z.weight"), dz.data(), dx_part.data(),
-                      grad.optional(p + "in_proj_z.weight"), T, d.C, d.value_dim);
+                      grad.of(p + "in_proj_z.weight"), T, d.C, d.value_dim);
   add_into(dx, dx_part);
   linear_backward_ref(s.x.data(), param_values(params, p + "in_proj_b.weight"), db.data(), dx_part.data(),
-                      grad.optional(p + "in_proj_b.weight"), T, d.C, d.Hv);
+                      grad.of(p + "in_proj_b.weight"), T, d.C, d.Hv);
   add_into(dx, dx_part);
   linear_backward_ref(s.x.data(), param_values(params, p + "in_proj_a.weight"), da.data(), dx_part.data(),
-                      grad.optional(p + "in_proj_a.weight"), T, d.C, d.Hv);
+                      grad.of(p + "in_proj_a.weight"), T, d.C, d.Hv);
   add_into(dx, dx_part);
   return dx;
 }

@@ -52,7 +52,7 @@ Activation moe_block_forward(const TextConfig& c, const ParamMap& params, const 
 Activation moe_block_backward(const TextConfig& c, const ParamMap& params, ParamMap* grads, const std::string& names,
                               int64_t num_tokens, const MoeBlockSaved& s, const Activation& dy,
                               const MoeAuxStats& aux_stats, float aux_weight) {
-  LayerGrads grad(params, grads);  // grads null: frozen weights, no weight gradients
+  LayerGrads grad(grads);  // grads null: frozen weights, no weight gradients
   const std::string p = names + "mlp.";
   const int64_t T = num_tokens, C = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
   const int64_t Is = c.shared_expert_intermediate_size;
@@ -60,7 +60,7 @@ Activation moe_block_backward(const TextConfig& c, const ParamMap& params, Param
   moe_experts_backward_ref(experts_dims(c, T), s.x.data(), s.topk_idx.data(), s.topk_weight.data(),
                            param_values(params, p + "experts.gate_up_proj"),
                            param_values(params, p + "experts.down_proj"), dy.data(), dx.data(), d_topk_weight.data(),
-                           grad.required(p + "experts.gate_up_proj"), grad.required(p + "experts.down_proj"));
+                           grad.of(p + "experts.gate_up_proj"), grad.of(p + "experts.down_proj"));
   Activation d_logits(T * E);
   moe_router_backward_ref(s.probs.data(), s.topk_idx.data(), s.topk_weight.data(), d_topk_weight.data(),
                           d_logits.data(), T, E, K);
@@ -70,15 +70,15 @@ Activation moe_block_backward(const TextConfig& c, const ParamMap& params, Param
     add_into(d_logits, d_logits_aux);
   }
   linear_backward_ref(s.x.data(), param_values(params, p + "gate.weight"), d_logits.data(), dx_part.data(),
-                      grad.optional(p + "gate.weight"), T, C, E);
+                      grad.of(p + "gate.weight"), T, C, E);
   add_into(dx, dx_part);
   shared_expert_backward_ref(
       s.x.data(), param_values(params, p + "shared_expert.gate_proj.weight"),
       param_values(params, p + "shared_expert.up_proj.weight"),
       param_values(params, p + "shared_expert.down_proj.weight"), param_values(params, p + "shared_expert_gate.weight"),
-      dy.data(), dx_part.data(), grad.required(p + "shared_expert.gate_proj.weight"),
-      grad.required(p + "shared_expert.up_proj.weight"), grad.required(p + "shared_expert.down_proj.weight"),
-      grad.required(p + "shared_expert_gate.weight"), T, C, Is);
+      dy.data(), dx_part.data(), grad.of(p + "shared_expert.gate_proj.weight"),
+      grad.of(p + "shared_expert.up_proj.weight"), grad.of(p + "shared_expert.down_proj.weight"),
+      grad.of(p + "shared_expert_gate.weight"), T, C, Is);
   add_into(dx, dx_part);
   return dx;
 }

@@ -73,15 +73,15 @@ ParamMap TextModel::backward(float ce_weight, float aux_weight, std::vector<floa
   CHECK(static_cast<int64_t>(layers_.size()) == c.num_hidden_layers, "text model: backward called before forward");
   ParamMap grads = weight_grads ? zeros_like(params) : ParamMap{};
   ParamMap* grads_or_frozen = weight_grads ? &grads : nullptr;
-  LayerGrads grad(params, grads_or_frozen);
+  LayerGrads grad(grads_or_frozen);
   Activation d_logits(T * V, 0.0f);
   if (!shifted_labels_.empty() && ce_weight != 0.0f)
     cross_entropy_backward_ref(logits_.data(), shifted_labels_.data(), lse_.data(), ce_weight, d_logits.data(), T, V);
   Activation d_normed(T * C), dx(T * C);
   linear_backward_ref(final_normed_.data(), param_values(params, "lm_head.weight"), d_logits.data(), d_normed.data(),
-                      grad.optional("lm_head.weight"), T, C, V);
+                      grad.of("lm_head.weight"), T, C, V);
   rms_norm_backward_ref(final_hidden_.data(), param_values(params, prefix_ + ".norm.weight"), final_rstd_.data(),
-                        d_normed.data(), dx.data(), grad.required(prefix_ + ".norm.weight"), T, C);
+                        d_normed.data(), dx.data(), grad.of(prefix_ + ".norm.weight"), T, C);
   for (int64_t i = c.num_hidden_layers - 1; i >= 0; --i)
     dx = decoder_layer_backward(c, params, grads_or_frozen, i, prefix_, batch_, layers_[i], dx, aux_stats_, aux_weight);
   if (input_ids_.empty()) {

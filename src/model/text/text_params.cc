@@ -112,15 +112,8 @@ ParamMap zeros_like(const ParamMap& params) {
   return zeros;
 }
 
-float* LayerGrads::optional(const std::string& name) {
+float* LayerGrads::of(const std::string& name) const {
   return grads_ != nullptr ? param_values(*grads_, name) : nullptr;
-}
-
-float* LayerGrads::required(const std::string& name) {
-  if (grads_ != nullptr) return param_values(*grads_, name);
-  auto it = params_.find(name);
-  CHECK(it != params_.end(), "text model: parameter '", name, "' is missing");
-  return scratch_.emplace_back(it->second.values.size(), 0.0f).data();
 }
 
 ParamMap random_text_params(const TextConfig& config, const std::string& prefix, uint64_t seed, double matrix_std) {

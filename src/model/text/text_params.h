@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <string>
 #include <utility>
@@ -47,18 +46,15 @@ float* param_values(ParamMap& params, const std::string& name);
 ParamMap zeros_like(const ParamMap& params);
 
 // Where one layer's backward puts its parameter gradients. grads null means frozen weights: then
-// `optional` is null (for kernels whose header lets a null weight gradient skip that product) and
-// `required` a throwaway buffer (for kernels that always add one; kept until this object dies).
+// `of` is null for every name, which each CPU reference backward reads as "weight gradient not
+// needed" and skips that work (no throwaway buffers).
 class LayerGrads {
  public:
-  LayerGrads(const ParamMap& params, ParamMap* grads) : params_(params), grads_(grads) {}
-  float* optional(const std::string& name);
-  float* required(const std::string& name);
+  explicit LayerGrads(ParamMap* grads) : grads_(grads) {}
+  float* of(const std::string& name) const;
 
  private:
-  const ParamMap& params_;
   ParamMap* grads_;
-  std::deque<std::vector<float>> scratch_;  // deque: pointers stay valid as it grows
 };
 
 // Random parameters for tests: matrices normal(0, matrix_std), zero-centred norm weights
