@@ -35,7 +35,8 @@ TEST(LinearRef, NullGradientsLeaveTheOtherBitwiseUnchanged) {
   const auto weight = gdn_test::to_float(gdn_test::random_uniform(out_features * in_features, -1, 1, 21));
   auto dy = gdn_test::to_float(gdn_test::random_uniform(rows * out_features, -1, 1, 22));
   dy[3] = 0.0f;  // the reference skips zero upstream entries; cover that branch too
-  std::vector<float> dx(x.size()), d_weight(weight.size(), 0.0f), dx_frozen(x.size()), d_weight_only(weight.size(), 0.0f);
+  std::vector<float> dx(x.size()), d_weight(weight.size(), 0.0f);
+  std::vector<float> dx_frozen(x.size()), d_weight_only(weight.size(), 0.0f);
   linear_backward_ref(x.data(), weight.data(), dy.data(), dx.data(), d_weight.data(), rows, in_features, out_features);
   linear_backward_ref(x.data(), weight.data(), dy.data(), dx_frozen.data(), static_cast<float*>(nullptr), rows,
                       in_features, out_features);

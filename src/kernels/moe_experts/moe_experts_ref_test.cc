@@ -96,7 +96,8 @@ TEST(MoeExpertsRef, NullWeightGradientsGiveIdenticalInputGradients) {
                              dx_frozen.data(), d_weight_frozen.data(), keep_gate_up ? d_gate_up_kept.data() : nullptr,
                              keep_down ? d_down_kept.data() : nullptr);
     const gdn_test::ErrorStats dx_stats = gdn_test::compare("dx (weight grads null)", dx_frozen, dx);
-    const gdn_test::ErrorStats dw_stats = gdn_test::compare("d_topk_weight (weight grads null)", d_weight_frozen, d_weight);
+    const gdn_test::ErrorStats dw_stats =
+        gdn_test::compare("d_topk_weight (weight grads null)", d_weight_frozen, d_weight);
     EXPECT_GT(dx_stats.scale, 0.0);
     EXPECT_GT(dw_stats.scale, 0.0);
     EXPECT_EQ(dx_stats.max_abs, 0.0);
