@@ -56,7 +56,7 @@ Activation attention_layer_forward(const TextConfig& c, const ParamMap& params, 
 Activation attention_layer_backward(const TextConfig& c, const ParamMap& params, ParamMap* grads,
                                     const std::string& names, const TextBatch& batch, const AttentionLayerSaved& s,
                                     const Activation& dy) {
-  LayerGrads grad(grads);  // grads null: frozen weights, no weight gradients
+  LayerGrads grad(params, grads);  // grads null: frozen weights, no weight gradients
   const std::string p = names + "self_attn.";
   const int64_t T = batch.num_tokens, C = c.hidden_size, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const int64_t D = c.head_dim;

@@ -30,7 +30,7 @@ Activation decoder_layer_forward(const TextConfig& c, const ParamMap& params, in
 Activation decoder_layer_backward(const TextConfig& c, const ParamMap& params, ParamMap* grads, int64_t layer_idx,
                                   const std::string& prefix, const TextBatch& batch, const DecoderLayerSaved& s,
                                   const Activation& dy, const MoeAuxStats& aux_stats, float aux_weight) {
-  LayerGrads grad(grads);  // grads null: frozen weights, no weight gradients
+  LayerGrads grad(params, grads);  // grads null: frozen weights, no weight gradients
   const std::string names = layer_prefix(prefix, layer_idx);
   const int64_t T = batch.num_tokens, C = c.hidden_size;
   // Residual: dh = dy + d(post norm input) from the MoE branch.

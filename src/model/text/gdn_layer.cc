@@ -103,7 +103,7 @@ Activation gdn_layer_forward(const TextConfig& c, const ParamMap& params, const 
 
 Activation gdn_layer_backward(const TextConfig& c, const ParamMap& params, ParamMap* grads, const std::string& names,
                               const TextBatch& batch, const GdnLayerSaved& s, const Activation& dy) {
-  LayerGrads grad(grads);  // grads null: frozen weights, no weight gradients
+  LayerGrads grad(params, grads);  // grads null: frozen weights, no weight gradients
   const std::string p = names + "linear_attn.";
   const GdnDims d = gdn_dims(c, batch);
   const int64_t T = d.T;

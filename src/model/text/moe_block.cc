@@ -52,7 +52,7 @@ Activation moe_block_forward(const TextConfig& c, const ParamMap& params, const 
 Activation moe_block_backward(const TextConfig& c, const ParamMap& params, ParamMap* grads, const std::string& names,
                               int64_t num_tokens, const MoeBlockSaved& s, const Activation& dy,
                               const MoeAuxStats& aux_stats, float aux_weight) {
-  LayerGrads grad(grads);  // grads null: frozen weights, no weight gradients
+  LayerGrads grad(params, grads);  // grads null: frozen weights, no weight gradients
   const std::string p = names + "mlp.";
   const int64_t T = num_tokens, C = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
   const int64_t Is = c.shared_expert_intermediate_size;

@@ -73,7 +73,7 @@ ParamMap TextModel::backward(float ce_weight, float aux_weight, std::vector<floa
   CHECK(static_cast<int64_t>(layers_.size()) == c.num_hidden_layers, "text model: backward called before forward");
   ParamMap grads = weight_grads ? zeros_like(params) : ParamMap{};
   ParamMap* grads_or_frozen = weight_grads ? &grads : nullptr;
-  LayerGrads grad(grads_or_frozen);
+  LayerGrads grad(params, grads_or_frozen);
   Activation d_logits(T * V, 0.0f);
   if (!shifted_labels_.empty() && ce_weight != 0.0f)
     cross_entropy_backward_ref(logits_.data(), shifted_labels_.data(), lse_.data(), ce_weight, d_logits.data(), T, V);
@@ -89,9 +89,10 @@ ParamMap TextModel::backward(float ce_weight, float aux_weight, std::vector<floa
           "d_input_embeds to return their gradient");
     *d_input_embeds = std::move(dx);
   } else {
-    if (weight_grads)
-      embedding_backward_ref(input_ids_.data(), dx.data(), param_values(grads, prefix_ + ".embed_tokens.weight"), T, V,
-                             C);
+    // The embedding backward only forms the table's gradient: nothing to do when it is frozen.
+    if (float* d_table = grad.of(prefix_ + ".embed_tokens.weight")) {
+      embedding_backward_ref(input_ids_.data(), dx.data(), d_table, T, V, C);
+    }
     if (d_input_embeds != nullptr) *d_input_embeds = std::move(dx);
   }
   return grads;

@@ -1,6 +1,6 @@
 // A frozen language model (TextModel::backward with weight_grads false): it returns no parameter
-// gradients, its input-embedding gradient is bitwise that of the trainable backward, and skipping
-// every weight-gradient product makes its backward clearly cheaper (best-of-5 wall time).
+// gradients, its input-embedding gradient is bitwise that of the trainable backward, it hands the
+// kernels no weight-gradient buffer at all (work counters), and its backward is cheaper (CPU time).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -76,11 +76,36 @@ TEST(TextModelFreeze, FrozenBackwardGivesTheSameInputGradientAndNoWeightGradient
       SCOPED_TRACE(testing::Message() << (from_embeds ? "input_embeds" : "input_ids") << " ce " << ce_weight
                                       << " aux " << aux_weight);
       std::vector<float> d_trainable, d_frozen;
+      weight_grad_counts() = {};
       const ParamMap trainable_grads = model.backward(ce_weight, aux_weight, &d_trainable, true);
+      const WeightGradCounts trainable = weight_grad_counts();
+      weight_grad_counts() = {};
       const ParamMap frozen_grads = model.backward(ce_weight, aux_weight, &d_frozen, false);
+      const WeightGradCounts frozen = weight_grad_counts();
       EXPECT_FALSE(trainable_grads.empty());
       EXPECT_TRUE(frozen_grads.empty()) << "a frozen language model returned " << frozen_grads.size() << " gradients";
       expect_same_bits(d_frozen, d_trainable, "d_input_embeds frozen vs trainable");
+      // Every parameter's gradient product is formed once when trainable (embed_tokens only when the
+      // model did the lookup itself) and none when frozen.
+      int64_t expected_products = 0, expected_values = 0;
+      for (const NamedShape& spec : text_param_shapes(fc.config, kPrefix)) {
+        if (from_embeds && spec.name == std::string(kPrefix) + ".embed_tokens.weight") continue;
+        ++expected_products;
+        int64_t numel = 1;
+        for (int64_t dim : spec.shape) numel *= dim;
+        expected_values += numel;
+      }
+      std::printf("  weight-gradient products: trainable %lld computed (%lld values), %lld skipped; frozen %lld "
+                  "computed, %lld skipped (%lld values)\n",
+                  static_cast<long long>(trainable.computed), static_cast<long long>(trainable.computed_values),
+                  static_cast<long long>(trainable.skipped), static_cast<long long>(frozen.computed),
+                  static_cast<long long>(frozen.skipped), static_cast<long long>(frozen.skipped_values));
+      EXPECT_EQ(trainable.computed, expected_products);
+      EXPECT_EQ(trainable.computed_values, expected_values);
+      EXPECT_EQ(trainable.skipped, 0);
+      EXPECT_EQ(frozen.computed, 0) << "a frozen language model still formed weight gradients";
+      EXPECT_EQ(frozen.skipped, expected_products);
+      EXPECT_EQ(frozen.skipped_values, expected_values);
     }
   }
 }
@@ -125,11 +150,12 @@ TEST(TextModelFreeze, FrozenBackwardIsClearlyCheaper) {
       "wall); frozen / trainable = %.0f%% CPU (%.0f%% wall)\n",
       static_cast<long long>(fc.num_tokens), kRepeats, 1e3 * best_cpu[0], 1e3 * best_wall[0], 1e3 * best_cpu[1],
       1e3 * best_wall[1], 100 * ratio, 100 * best_wall[1] / best_wall[0]);
-  // Bound: the frozen backward still forms every input gradient (the dx products, lm_head's the
-  // largest, were ~40% of its profile) and the expert kernels recompute their forward with scalar
-  // dot products in both modes, so on this preset it lands near 73% of the trainable CPU time
-  // (by a count of multiply-adds ~54%). 0.8 leaves room for a loaded machine.
-  EXPECT_LE(ratio, 0.8) << "the frozen backward should skip every weight-gradient product";
+  // The frozen backward still forms every input gradient (the dx products, lm_head's the largest,
+  // were ~40% of its profile) and the expert kernels recompute their forward in both modes, so on
+  // this preset it takes ~70-75% of the trainable CPU time on a quiet machine. On the shared VM
+  // even CPU time swings by tens of percent, so the firm checks are the work counters above; this
+  // asserts only the direction, and prints the numbers.
+  EXPECT_LT(ratio, 1.0) << "the frozen backward should skip every weight-gradient product";
 }
 
 }  // namespace

@@ -112,8 +112,22 @@ ParamMap zeros_like(const ParamMap& params) {
   return zeros;
 }
 
+WeightGradCounts& weight_grad_counts() {
+  thread_local WeightGradCounts counts;
+  return counts;
+}
+
 float* LayerGrads::of(const std::string& name) const {
-  return grads_ != nullptr ? param_values(*grads_, name) : nullptr;
+  auto it = params_.find(name);
+  CHECK(it != params_.end(), "text model: parameter '", name, "' is missing");
+  const auto values = static_cast<int64_t>(it->second.values.size());
+  WeightGradCounts& counts = weight_grad_counts();
+  if (grads_ == nullptr) {
+    ++counts.skipped, counts.skipped_values += values;
+    return nullptr;
+  }
+  ++counts.computed, counts.computed_values += values;
+  return param_values(*grads_, name);
 }
 
 ParamMap random_text_params(const TextConfig& config, const std::string& prefix, uint64_t seed, double matrix_std) {

@@ -45,15 +45,25 @@ float* param_values(ParamMap& params, const std::string& name);
 // A map with the same names and shapes, all zeros (gradient accumulators).
 ParamMap zeros_like(const ParamMap& params);
 
+// Weight-gradient products the text backward asked the kernels for (computed) or left out because
+// the weights are frozen (skipped), with the weight values they cover. Per thread; tests reset and
+// read it to check that freezing removes that work without relying on timing.
+struct WeightGradCounts {
+  int64_t computed = 0, skipped = 0;
+  int64_t computed_values = 0, skipped_values = 0;
+};
+WeightGradCounts& weight_grad_counts();
+
 // Where one layer's backward puts its parameter gradients. grads null means frozen weights: then
 // `of` is null for every name, which each CPU reference backward reads as "weight gradient not
-// needed" and skips that work (no throwaway buffers).
+// needed" and skips that work (no throwaway buffers). Every call is tallied in weight_grad_counts.
 class LayerGrads {
  public:
-  explicit LayerGrads(ParamMap* grads) : grads_(grads) {}
+  LayerGrads(const ParamMap& params, ParamMap* grads) : params_(params), grads_(grads) {}
   float* of(const std::string& name) const;
 
  private:
+  const ParamMap& params_;
   ParamMap* grads_;
 };
 
