@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU machine for everything that needs it (device time is scarce, so the checks
 # travel together): the gpu-labelled tests from gpu_bundle/ (scripts/gpu_bundle.sh), the
-# transformers checkpoint round trip (tools/hf_checkpoint_check.py), and the torch AdamW golden data.
-# Usage (through the device tool, carrying gpu_bundle): bash tools/gpu/session_checks.sh [tests|hf|adamw]...
+# transformers checkpoint round trip (tools/hf_checkpoint_check.py), the torch AdamW golden data, the
+# demo checkpoint in transformers (carry it; DEMO_CHECKPOINT names it) and the benchmark.
+# Usage (through the device tool, carrying gpu_bundle): bash tools/gpu/session_checks.sh [tests|hf|adamw|demo|bench]...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must name the folder whose files come back}"
@@ -18,6 +19,9 @@ for step in $steps; do
     hf) python3 tools/hf_checkpoint_check.py --deltamoe gpu_bundle/bin/deltamoe --workdir /tmp/hfcheck \
           2>&1 | tee "$OUT/hf_checkpoint_check.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     adamw) python3 src/optim/golden/make_torch_adamw_golden.py --out "$OUT/torch_adamw.json" || status=1 ;;
+    demo) python3 tools/demo/check_in_transformers.py --deltamoe gpu_bundle/bin/deltamoe \
+            --checkpoint "${DEMO_CHECKPOINT:-out/demo/run/checkpoint-60}" 2>&1 | tee "$OUT/demo_in_transformers.log"
+          [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench) [ -f tools/gpu/run_bench.sh ] && bash tools/gpu/run_bench.sh 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
