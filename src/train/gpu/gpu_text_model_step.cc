@@ -62,6 +62,7 @@ std::vector<float> GpuTextModel::compute_logits() const {
 
 void GpuTextModel::forward_backward() {
   CHECK(num_tokens_ > 0, "gpu model: forward_backward called before set_batch");
+  timer_.mark(StepComponent::other, stream_);  // the gradient zeroing counts as "other"
   CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
   forward();
   backward();
