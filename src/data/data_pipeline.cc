@@ -39,7 +39,7 @@ DataPipeline::DataPipeline(const PipelineOptions& options, Tokenizer tokenizer, 
                  return sample;
                }()),
       start_(checked_start(start, files_.size(), options)),
-      packer_(options.token_budget, options.pack_window),
+      packer_(options.token_budget, options.pack_window, options.max_samples_per_batch),
       skips_(options.num_skip_messages) {
   CHECK(files_.size() > 0, "the datasets hold no samples (", options.dataset_paths.size(), " file(s), all empty)");
   CHECK(options.num_epochs >= 0 && options.num_workers >= 0 && options.prefetch >= 1,

@@ -27,6 +27,7 @@ struct PipelineOptions {
   SampleOptions sample;
   int64_t token_budget = 8192;  // most tokens per micro-batch; max_length defaults to it
   size_t pack_window = 16;      // samples that did not fit and may wait for a later batch
+  int64_t max_samples_per_batch = 0;  // most samples per micro-batch (0: tokens only)
   int num_workers = 2;          // 0: build samples on the caller's thread
   size_t prefetch = 32;         // samples built ahead of the packer
   bool shuffle = true;

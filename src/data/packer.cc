@@ -44,9 +44,11 @@ int64_t MicroBatch::num_patches() const {
   return total;
 }
 
-Packer::Packer(int64_t token_budget, size_t window) : token_budget_(token_budget), window_(window) {
+Packer::Packer(int64_t token_budget, size_t window, int64_t max_samples)
+    : token_budget_(token_budget), window_(window), max_samples_(max_samples) {
   CHECK(token_budget > 0, "token budget must be positive, got ", token_budget);
   CHECK(window >= 1, "packing window must be at least 1");
+  CHECK(max_samples >= 0, "samples per micro-batch must be >= 0 (0: no limit), got ", max_samples);
 }
 
 void Packer::check_sample(const SftSample& sample) const {
@@ -65,7 +67,7 @@ void Packer::push_waiting(Slotted sample) {
 std::optional<MicroBatch> Packer::pack(const Feed& feed) {
   std::vector<Slotted> taken;
   int64_t used = 0;
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
+  for (auto it = waiting_.begin(); it != waiting_.end() && !is_full(taken.size());) {
     if (used + it->sample.num_tokens() <= token_budget_) {
       used += it->sample.num_tokens();
       taken.push_back(std::move(*it));
@@ -74,7 +76,8 @@ std::optional<MicroBatch> Packer::pack(const Feed& feed) {
       ++it;
     }
   }
-  while (waiting_.size() < window_ && used < token_budget_) {
+  // A full batch stops reading the feed, so no sample is taken from it only to wait.
+  while (waiting_.size() < window_ && used < token_budget_ && !is_full(taken.size())) {
     std::optional<Slotted> next = feed();
     if (!next) break;
     check_sample(next->sample);

@@ -1,6 +1,7 @@
-// Packing samples into micro-batches of at most a fixed token budget, without padding: samples
-// are concatenated and described by cu_seqlens; positions restart at every sample. A small window
-// of waiting samples lets later short samples fill the space an earlier long one leaves.
+// Packing samples into micro-batches of at most a fixed token budget (and optionally a number of
+// samples), without padding: samples are concatenated and described by cu_seqlens; positions
+// restart at every sample. A small window of waiting samples lets later short samples fill the
+// space an earlier long one leaves.
 #pragma once
 
 #include <array>
@@ -44,12 +45,13 @@ class Packer {
   using Feed = std::function<std::optional<Slotted>()>;
 
   // token_budget: most tokens per batch; window: how many samples that did not fit may wait for a
-  // later batch (>= 1; 1 = plain in-order packing).
-  Packer(int64_t token_budget, size_t window);
+  // later batch (>= 1; 1 = plain in-order packing); max_samples: most samples per batch (0: no
+  // limit; the sample-counted --micro_batch_size).
+  Packer(int64_t token_budget, size_t window, int64_t max_samples = 0);
 
   // One batch: waiting samples that fit, oldest first (the oldest always fits, so none waits
   // forever); then samples from feed, each taken if it fits or else set waiting, until the window
-  // is full or the feed ends. nullopt when nothing is waiting and the feed is empty.
+  // is full, the batch holds max_samples samples, or the feed ends. nullopt when nothing is waiting and the feed is empty.
   // Throws if a sample exceeds the budget.
   std::optional<MicroBatch> pack(const Feed& feed);
 
@@ -59,12 +61,18 @@ class Packer {
   // Slots of the waiting samples, oldest first.
   std::vector<int64_t> pending_slots() const;
   int64_t token_budget() const { return token_budget_; }
+  int64_t max_samples() const { return max_samples_; }
 
  private:
   void check_sample(const SftSample& sample) const;
 
+  bool is_full(size_t num_taken) const {
+    return max_samples_ > 0 && static_cast<int64_t>(num_taken) >= max_samples_;
+  }
+
   int64_t token_budget_;
   size_t window_;
+  int64_t max_samples_;
   std::deque<Slotted> waiting_;
 };
 

@@ -149,5 +149,64 @@ TEST(Packer, WaitingSamplesAndOversizedSamples) {
   EXPECT_THROW(Packer(0, 1), Error);
 }
 
+// --micro_batch_size: at most max_samples samples per batch, in stream order when the token budget
+// is no constraint; no sample lost or read ahead of need; the token budget still applies.
+TEST(Packer, SampleCapLimitsSamplesPerBatch) {
+  for (const int64_t cap : {int64_t{1}, int64_t{3}, int64_t{8}}) {
+    std::mt19937 random(11);
+    std::map<int64_t, SftSample> samples;
+    constexpr int64_t kBudget = 8 * 40;  // cap x longest sample: tokens never limit the batch
+    Packer packer(kBudget, 4, cap);
+    EXPECT_EQ(packer.max_samples(), cap);
+    const int64_t num_samples = 50;
+    int64_t index = 0, num_read = 0;
+    const Packer::Feed feed = [&]() -> std::optional<Packer::Slotted> {
+      if (index >= num_samples) return std::nullopt;
+      samples[index] = synthetic_sample(index, 1 + static_cast<int64_t>(random() % 40), static_cast<int>(index % 2));
+      ++index;
+      ++num_read;
+      return Packer::Slotted{index - 1, samples[index - 1]};
+    };
+    int64_t expected = 0, num_batches = 0;
+    while (std::optional<MicroBatch> batch = packer.pack(feed)) {
+      check_batch(*batch, samples, kBudget);
+      ++num_batches;
+      // Every batch but the last is full, and the packer reads only the samples it takes.
+      EXPECT_EQ(batch->num_samples(), std::min(cap, num_samples - expected));
+      EXPECT_EQ(num_read, expected + batch->num_samples());
+      EXPECT_TRUE(packer.empty());
+      for (const int64_t sample : batch->sample_indices) EXPECT_EQ(sample, expected++);
+    }
+    EXPECT_EQ(expected, num_samples);
+    EXPECT_EQ(num_batches, (num_samples + cap - 1) / cap);
+    std::printf("cap %lld: %lld batches of 50 samples\n", static_cast<long long>(cap),
+                static_cast<long long>(num_batches));
+  }
+}
+
+TEST(Packer, SampleCapAndTokenBudgetTogether) {
+  // Budget 10 and cap 2: lengths 3 3 3 -> [3 3] (cap), [3 2] (cap), then 6 and 5 do not fit
+  // together (tokens): [6], and 5 alone; waiting samples count against the cap too.
+  Packer packer(10, 2, 2);
+  std::vector<Packer::Slotted> stream;
+  for (const int64_t length : {3, 3, 3, 2, 6, 5}) {
+    const auto i = static_cast<int64_t>(stream.size());
+    stream.push_back({i, synthetic_sample(i, length, 0)});
+  }
+  size_t next = 0;
+  const Packer::Feed feed = [&]() -> std::optional<Packer::Slotted> {
+    if (next == stream.size()) return std::nullopt;
+    return stream[next++];
+  };
+  std::vector<std::vector<int64_t>> batches;
+  while (std::optional<MicroBatch> batch = packer.pack(feed)) {
+    EXPECT_LE(batch->num_samples(), 2);
+    EXPECT_LE(batch->num_tokens(), 10);
+    batches.push_back(batch->sample_indices);
+  }
+  EXPECT_EQ(batches, (std::vector<std::vector<int64_t>>{{0, 1}, {2, 3}, {4}, {5}}));
+  EXPECT_THROW(Packer(10, 1, -1), Error);
+}
+
 }  // namespace
 }  // namespace deltamoe
