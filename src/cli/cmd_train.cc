@@ -42,8 +42,14 @@ void declare_flags(ArgParser& args) {
   args.add_option("max_grad_norm", "clip by the global gradient norm (<= 0: off)", "1.0");
   args.add_option("num_train_epochs", "passes over --dataset (unless --max_steps)", "1");
   args.add_option("max_steps", "optimizer steps (> 0 overrides --num_train_epochs)", "-1");
-  args.add_option("gradient_accumulation_steps", "packed micro-batches per optimizer step (the global batch)", "1");
-  args.add_option("micro_batch_tokens", "token budget of one packed micro-batch (default --max_length)", "0");
+  args.add_option("global_batch_size", "samples per optimizer step over all ranks (accumulation = global / "
+                  "(micro x ranks)); 0: the batch is counted in tokens", "0");
+  args.add_option("micro_batch_size", "samples per micro-batch (default 1 with --global_batch_size)", "0");
+  args.add_option("per_device_train_batch_size", "alias of --micro_batch_size", "");
+  args.add_option("gradient_accumulation_steps", "micro-batches per optimizer step (0: derived from "
+                  "--global_batch_size, else 1)", "0");
+  args.add_option("micro_batch_tokens", "token budget of one packed micro-batch (default --max_length); the "
+                  "alternative to --global_batch_size / --micro_batch_size", "0");
   args.add_option("max_length", "longest sample in tokens", "2048");
   args.add_option("truncation_strategy", "delete (drop longer samples) or right (cut them)", "delete");
   args.add_option("save_steps", "save a checkpoint every N steps (0: only at the end)", "0");
@@ -144,6 +150,10 @@ TrainOptions options_from_args(const ArgParser& args) {
   options.max_grad_norm = args.get_double("max_grad_norm");
   options.num_train_epochs = args.get_int("num_train_epochs");
   options.max_steps = args.get_int("max_steps");
+  options.global_batch_size = args.get_int("global_batch_size");
+  options.micro_batch_size = args.get("per_device_train_batch_size").empty()
+                                 ? args.get_int("micro_batch_size")
+                                 : args.get_int("per_device_train_batch_size");
   options.gradient_accumulation_steps = args.get_int("gradient_accumulation_steps");
   options.micro_batch_tokens = args.get_int("micro_batch_tokens");
   options.max_length = args.get_int("max_length");

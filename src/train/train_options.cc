@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "train/batch_plan.h"
 
 namespace deltamoe {
 
@@ -41,9 +42,8 @@ void validate_train_options(const TrainOptions& options) {
   validate_adamw_config(options.adamw);
   CHECK(options.max_steps > 0 || options.num_train_epochs > 0, "--num_train_epochs must be positive (or give ",
         "--max_steps), got ", options.num_train_epochs);
-  CHECK(options.gradient_accumulation_steps >= 1, "--gradient_accumulation_steps must be >= 1, got ",
-        options.gradient_accumulation_steps);
   CHECK(options.max_length > 0, "--max_length must be positive, got ", options.max_length);
+  plan_batches(options);  // batch-size flags agree with each other
   CHECK(options.micro_batch_tokens >= 0, "--micro_batch_tokens must be >= 0, got ", options.micro_batch_tokens);
   CHECK(options.micro_batch_tokens == 0 || options.micro_batch_tokens >= options.max_length,
         "--micro_batch_tokens (", options.micro_batch_tokens, ") must be at least --max_length (", options.max_length,

@@ -25,8 +25,13 @@ struct TrainOptions {
   double max_grad_norm = 1.0;
   int64_t max_steps = -1;         // > 0 overrides num_train_epochs
   int64_t num_train_epochs = 1;
-  int64_t gradient_accumulation_steps = 1;  // micro-batches per optimizer step
+  // The global batch, in samples (--global_batch_size / --micro_batch_size) or in tokens
+  // (--gradient_accumulation_steps packed micro-batches of --micro_batch_tokens); see batch_plan.h.
+  int64_t global_batch_size = 0;            // samples per optimizer step (0: not counted in samples)
+  int64_t micro_batch_size = 0;             // samples per micro-batch (0: 1 with --global_batch_size)
+  int64_t gradient_accumulation_steps = 0;  // micro-batches per optimizer step (0: derived, else 1)
   int64_t micro_batch_tokens = 0;           // packing budget of one micro-batch; 0: max_length
+  int64_t data_parallel_size = 1;           // ranks sharing the global batch (1 until multi-GPU runs)
   int64_t max_length = 2048;
   bool truncate = false;  // --truncation_strategy right (true) or delete (false)
   int64_t save_steps = 0;     // 0: save only at the end

@@ -17,6 +17,7 @@
 #include "optim/loss_scaling.h"
 #include "optim/optimizer_step.h"
 #include "tokenizer/tokenizer.h"
+#include "train/batch_plan.h"
 #include "train/dataset_split.h"
 #include "train/engine_factory.h"
 #include "train/stop_signal.h"
@@ -48,7 +49,9 @@ PipelineOptions pipeline_options(const TrainOptions& options, const ModelConfig&
   image.merge_size = config.vision.spatial_merge_size;
   if (options.min_pixels > 0) image.min_pixels = options.min_pixels;
   if (options.max_pixels > 0) image.max_pixels = options.max_pixels;
-  pipeline.token_budget = options.micro_batch_tokens > 0 ? options.micro_batch_tokens : options.max_length;
+  const BatchPlan plan = plan_batches(options);
+  pipeline.token_budget = plan.token_budget;
+  pipeline.max_samples_per_batch = plan.micro_batch_samples;
   pipeline.num_workers = options.num_workers;
   pipeline.seed = options.seed;
   pipeline.shuffle = training;
@@ -119,11 +122,21 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   }
   const PipelineOptions train_data = pipeline_options(options, config, train_paths, true);
 
+  const BatchPlan batch_plan = plan_batches(options);
+  const int64_t accumulation = batch_plan.accumulation;
+  if (batch_plan.global_batch_samples > 0) {
+    log_info("train: global batch ", batch_plan.global_batch_samples, " samples = ", accumulation,
+             " micro-batches of ", batch_plan.micro_batch_samples, " sample(s) x ", options.data_parallel_size,
+             " data-parallel rank(s)");
+  } else {
+    log_info("train: global batch ", accumulation, " packed micro-batches of <= ", batch_plan.token_budget,
+             " tokens");
+  }
   int64_t total_steps = options.max_steps;
   if (total_steps <= 0) {
     const int64_t batches = count_micro_batches(train_data, tokenizer);
     CHECK(batches > 0, "--dataset: no usable samples (all skipped; see the messages above)");
-    const int64_t per_epoch = (batches + options.gradient_accumulation_steps - 1) / options.gradient_accumulation_steps;
+    const int64_t per_epoch = (batches + accumulation - 1) / accumulation;
     total_steps = per_epoch * options.num_train_epochs;
     log_info("train: ", batches, " micro-batches per epoch, ", per_epoch, " steps per epoch, ", total_steps,
              " steps");
@@ -144,7 +157,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     state = load_trainer_state(dir);
     CHECK(state.total_steps == total_steps, "--resume ", dir, ": that run had ", state.total_steps,
           " total steps, this one has ", total_steps, "; keep --max_steps / --num_train_epochs / ",
-          "--gradient_accumulation_steps as they were");
+          "--global_batch_size / --micro_batch_size / --gradient_accumulation_steps as they were");
     progress = load_optimizer_state((fs::path(dir) / "optimizer.safetensors").string(), &optimizer, master.data());
     CHECK(progress.schedule_step == state.global_step, dir, ": optimizer state is at step ", progress.schedule_step,
           " but trainer_state.json at ", state.global_step);
@@ -211,7 +224,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   while (state.global_step < total_steps) {
     const Clock::time_point step_start = Clock::now();
     std::vector<MicroBatch> batches;
-    while (static_cast<int64_t>(batches.size()) < options.gradient_accumulation_steps) {
+    while (static_cast<int64_t>(batches.size()) < accumulation) {
       std::optional<MicroBatch> batch = pipeline.next_batch();
       if (!batch) break;
       batches.push_back(std::move(*batch));
