@@ -45,7 +45,7 @@ def main():
     with torch.no_grad():
         logits = model(input_ids=ids).logits.float()
     with tempfile.TemporaryDirectory() as work:
-        save_file({"input_ids": ids.to(torch.int64).contiguous(), "labels": ids.to(torch.int64).contiguous()},
+        save_file({"input_ids": ids.to(torch.int64).contiguous(), "labels": ids.to(torch.int64).clone()},
                   os.path.join(work, "inputs.safetensors"))
         subprocess.run([args.deltamoe, "parity", "--model", args.checkpoint, "--inputs",
                         os.path.join(work, "inputs.safetensors"), "--out", os.path.join(work, "out.safetensors")],
