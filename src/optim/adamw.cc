@@ -42,16 +42,18 @@ AdamWStepScalars adamw_step_scalars(const AdamWConfig& config, double lr, int64_
 
 namespace {
 
-// torch's lerp: the small-weight form keeps precision near start, the other near end.
+// torch's lerp: the small-weight form keeps precision near start, the other near end. Fused
+// multiply-adds as torch's vectorised CPU kernels compute them: bitwise equal to torch.optim.AdamW
+// (adamw_golden_test); the CUDA kernel uses the same fused forms.
 inline float torch_lerp(float start, float end, float weight) {
-  return std::fabs(weight) < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.0f - weight);
+  return std::fabs(weight) < 0.5f ? std::fma(weight, end - start, start) : std::fma(-(end - start), 1.0f - weight, end);
 }
 
 // The update of one element; m and v come in as fp32 and leave updated.
 inline void adamw_element(const AdamWStepScalars& s, float decay_factor, float& p, float g, float& m, float& v) {
   p = p * decay_factor;
   m = torch_lerp(m, g, s.one_minus_beta1);
-  v = v * s.beta2 + s.one_minus_beta2 * g * g;        // addcmul: self + (value * t1) * t2
+  v = std::fma(s.one_minus_beta2 * g, g, v * s.beta2);  // addcmul, fused as torch's vectorised CPU kernel
   const float denom = std::sqrt(v) / s.bias_correction2_sqrt + s.eps;
   p = p + s.neg_step_size * m / denom;                 // addcdiv: self + (value * t1) / t2
 }

@@ -12,18 +12,17 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 65535;
 
-// torch's lerp, as the CPU reference writes it.
+// torch's lerp, fused as the CPU reference writes it (bitwise equal to torch's CPU AdamW).
 __device__ __forceinline__ float torch_lerp(float start, float end, float weight) {
   const float diff = __fsub_rn(end, start);
-  return fabsf(weight) < 0.5f ? __fadd_rn(start, __fmul_rn(weight, diff))
-                              : __fsub_rn(end, __fmul_rn(diff, __fsub_rn(1.0f, weight)));
+  return fabsf(weight) < 0.5f ? __fmaf_rn(weight, diff, start) : __fmaf_rn(-diff, __fsub_rn(1.0f, weight), end);
 }
 
 __device__ __forceinline__ void adamw_element(const AdamWStepScalars& s, float decay_factor, float& p, float g,
                                               float& m, float& v) {
   p = __fmul_rn(p, decay_factor);
   m = torch_lerp(m, g, s.one_minus_beta1);
-  v = __fadd_rn(__fmul_rn(v, s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
+  v = __fmaf_rn(__fmul_rn(s.one_minus_beta2, g), g, __fmul_rn(v, s.beta2));
   const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bias_correction2_sqrt), s.eps);
   p = __fadd_rn(p, __fdiv_rn(__fmul_rn(s.neg_step_size, m), denom));
 }
