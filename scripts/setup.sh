@@ -6,11 +6,15 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config libgtest-dev nlohmann-json3-dev
           libjpeg-dev libpng-dev libwebp-dev libexif-dev zlib1g-dev
-          python3 python3-jinja2 python3-numpy nodejs npm)
+          python3 python3-jinja2 python3-numpy)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
 done
+# Node.js and npm may come from elsewhere than Debian (the machine image ships them); installing
+# Debian's npm over another nodejs breaks apt, so look for the commands instead of the packages.
+command -v node > /dev/null || missing+=(nodejs)
+command -v npm > /dev/null || missing+=(npm)
 if ((${#missing[@]})); then
   echo "setup: installing Debian packages: ${missing[*]}"
   sudo_cmd=""
