@@ -17,6 +17,7 @@ cp "$build/deltamoe" gpu_bundle/bin/
 for test_name in $gpu_tests; do
   if [ -x "$build/$test_name" ]; then cp "$build/$test_name" gpu_bundle/bin/; else echo "gpu_bundle: MISSING $test_name"; fi
 done
+strip gpu_bundle/bin/*  # the device carries at most 64 MiB with the tree
 # Shared libraries a bare GPU machine may lack (image codecs); CUDA's own come from the machine.
 mkdir -p gpu_bundle/lib
 for program in gpu_bundle/bin/*; do
@@ -35,9 +36,11 @@ cd "$(dirname "$0")/.."
 source gpu_bundle/env.sh
 out=${OUT:-/tmp}
 failed=0 passed=0
-for test_program in gpu_bundle/bin/*_gpu_test; do
-  [ -e "$test_program" ] || continue
-  name=$(basename "$test_program")
+# GPU_TESTS="a_gpu_test b_gpu_test" runs only those, in that order.
+programs=${GPU_TESTS:-$(cd gpu_bundle/bin && ls *_gpu_test 2>/dev/null)}
+for name in $programs; do
+  test_program=gpu_bundle/bin/$name
+  [ -e "$test_program" ] || { echo "MISSING $name"; failed=$((failed + 1)); continue; }
   log=/tmp/$name.log
   if DELTAMOE_SOURCE_DIR=$PWD DELTAMOE_BINARY=$PWD/gpu_bundle/bin/deltamoe timeout 300 "$test_program" > "$log" 2>&1; then
     passed=$((passed + 1)); echo "PASS $name"
