@@ -231,6 +231,9 @@ void GpuTextModel::plan_activations() {
     grad_b_ = carver.take<DeviceBf16>(T * C);
     grad_mixer_ = carver.take<DeviceBf16>(T * C);
     grad_normed_ = carver.take<DeviceBf16>(T * C);
+    captured_grads_.clear();
+    if (options_.capture_layer_grads)
+      for (int64_t k = 0; k < 3 * config_.num_hidden_layers; ++k) captured_grads_.push_back(carver.take<DeviceBf16>(T * C));
   };
   Carver counter(nullptr);
   GpuScratch unused_scratch;
@@ -440,6 +443,25 @@ std::vector<float> GpuTextModel::read_layer_activation(int64_t layer, LayerActiv
                              : which == LayerActivation::after_mixer ? b.h
                                                                      : b.normed_post;
   std::vector<uint16_t> bits(static_cast<size_t>(T * C));
+  CUDA_CHECK(cudaMemcpyAsync(bits.data(), source, bits.size() * 2, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::vector<float> values(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) values[i] = bf16_bits_to_float(bits[i]);
+  return values;
+}
+
+void GpuTextModel::capture_gradient(int64_t layer, LayerGradient which, const DeviceBf16* source) {
+  if (captured_grads_.empty()) return;
+  DeviceBf16* slot = captured_grads_[static_cast<size_t>(layer * 3 + static_cast<int64_t>(which))];
+  CUDA_CHECK(cudaMemcpyAsync(slot, source, static_cast<size_t>(num_tokens_ * config_.hidden_size) * sizeof(DeviceBf16),
+                             cudaMemcpyDeviceToDevice, stream_));
+}
+
+std::vector<float> GpuTextModel::read_layer_gradient(int64_t layer, LayerGradient which) const {
+  CHECK(layer >= 0 && layer < config_.num_hidden_layers, "gpu model: no decoder layer ", layer);
+  CHECK(!captured_grads_.empty(), "gpu model: layer gradients were not captured (set options.capture_layer_grads)");
+  const DeviceBf16* source = captured_grads_[static_cast<size_t>(layer * 3 + static_cast<int64_t>(which))];
+  std::vector<uint16_t> bits(static_cast<size_t>(num_tokens_ * config_.hidden_size));
   CUDA_CHECK(cudaMemcpyAsync(bits.data(), source, bits.size() * 2, cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   std::vector<float> values(bits.size());

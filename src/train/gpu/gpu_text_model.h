@@ -38,6 +38,14 @@ enum class LayerActivation {
   router_probs, // [T, E] router softmax (fp32)
 };
 
+// Residual-stream gradients of one decoder layer, kept when GpuModelOptions::capture_layer_grads
+// is set, so a test can tell which layer's backward goes wrong (not only which weight).
+enum class LayerGradient {
+  output,       // [T, C] gradient reaching the layer's output (h + moe_out)
+  after_mixer,  // [T, C] gradient reaching h (MoE branch + skip), i.e. the mixer output's gradient
+  input,        // [T, C] gradient the layer passes to its input (the previous layer's output)
+};
+
 struct GpuModelOptions {
   int64_t max_tokens = 8192;         // token budget of one step (activations are planned for it)
   int64_t max_seqs = 64;             // most packed sequences in one step
@@ -49,6 +57,8 @@ struct GpuModelOptions {
   // Keep only one set of mixer internals per layer type and rerun each mixer's forward just before
   // its backward: saves the GDN/attention intermediates of all but one layer for ~1/3 more mixer time.
   bool recompute_mixers = false;
+  // Tests: keep bf16 copies of every layer's residual-stream gradients (3 x [T, C] per layer).
+  bool capture_layer_grads = false;
 };
 
 // Bytes held on the device, by kind.
@@ -107,6 +117,9 @@ class GpuTextModel {
   std::vector<int32_t> read_topk_idx(int64_t layer) const;
   // Downloads one saved activation of decoder layer `layer` as fp32 (synchronises).
   std::vector<float> read_layer_activation(int64_t layer, LayerActivation which) const;
+  // Downloads one captured residual-stream gradient of decoder layer `layer` as fp32 (needs
+  // options.capture_layer_grads; synchronises).
+  std::vector<float> read_layer_gradient(int64_t layer, LayerGradient which) const;
 
   GpuMemoryBreakdown memory() const;
   ComponentTimer& timer() { return timer_; }
@@ -123,6 +136,8 @@ class GpuTextModel {
   void attention_backward(int64_t layer, const __nv_bfloat16* dy, __nv_bfloat16* dx);
   void moe_forward(int64_t layer);
   void moe_backward(int64_t layer, const __nv_bfloat16* dy, __nv_bfloat16* dx);
+  // Copies a [T, C] gradient into its capture slot when capture_layer_grads is on (else nothing).
+  void capture_gradient(int64_t layer, LayerGradient which, const __nv_bfloat16* source);
   // Pointers into the flat buffers of parameter `name` (of layer `layer` when layer >= 0).
   const __nv_bfloat16* weight(int64_t layer, const std::string& name) const;
   float* master(int64_t layer, const std::string& name) const;
@@ -177,6 +192,8 @@ class GpuTextModel {
   __nv_bfloat16* grad_b_ = nullptr;        // [T, C]
   __nv_bfloat16* grad_mixer_ = nullptr;    // [T, C] gradient reaching the mixer output (dh)
   __nv_bfloat16* grad_normed_ = nullptr;   // [T, C] gradient of a norm output
+  // [layer * 3 + LayerGradient] -> [T, C] bf16 copies (empty unless capture_layer_grads).
+  std::vector<__nv_bfloat16*> captured_grads_;
   // Backward scratch sized for the widest layer (reused by every layer, one at a time).
   std::unique_ptr<GpuScratch> scratch_;
   MropeSpec rope_;

@@ -140,6 +140,7 @@ void GpuTextModel::backward() {
                          d_out, grad(-1, prefix_ + ".norm.weight"), T, C, workspace_.data(), workspace_bytes_, stream_);
   for (int64_t i = c.num_hidden_layers - 1; i >= 0; --i) {
     const GpuLayerBuffers& b = layers_[static_cast<size_t>(i)];
+    capture_gradient(i, LayerGradient::output, d_out);
     timer_.mark(StepComponent::moe, stream_);
     moe_backward(i, d_out, grad_normed_);
     timer_.mark(StepComponent::other, stream_);
@@ -147,6 +148,7 @@ void GpuTextModel::backward() {
     rms_norm_backward_cuda(b.h, weight(i, "post_attention_layernorm.weight"), b.rstd_post, grad_normed_, d_out,
                            grad_mixer_, grad(i, "post_attention_layernorm.weight"), T, C, workspace_.data(),
                            workspace_bytes_, stream_);
+    capture_gradient(i, LayerGradient::after_mixer, grad_mixer_);
     if (b.is_gdn) {
       timer_.mark(StepComponent::gdn, stream_);
       if (options_.recompute_mixers) gdn_forward(i);  // refills the shared intermediates (and mixer_out, unused now)
@@ -159,6 +161,7 @@ void GpuTextModel::backward() {
     timer_.mark(StepComponent::other, stream_);
     rms_norm_backward_cuda(b.x_in, weight(i, "input_layernorm.weight"), b.rstd_in, grad_normed_, grad_mixer_, d_in,
                            grad(i, "input_layernorm.weight"), T, C, workspace_.data(), workspace_bytes_, stream_);
+    capture_gradient(i, LayerGradient::input, d_in);
     std::swap(d_out, d_in);
   }
   embedding_backward_cuda(ids_, d_out, grad(-1, prefix_ + ".embed_tokens.weight"), T, c.vocab_size, C, stream_);
