@@ -68,6 +68,8 @@ struct GpuScratch {
   // MoE
   float *d_topk_weight = nullptr, *d_logits = nullptr;
   DeviceBf16* d_logits_bf16 = nullptr;
+  // A mixer's input gradient summed over its projections in fp32, rounded to bf16 once [T, C].
+  float* d_mixer_input_f32 = nullptr;
 };
 
 }  // namespace deltamoe

@@ -136,6 +136,7 @@ void carve_layers(Carver& c, const TextConfig& cfg, int64_t T, bool share_mixer_
   s.d_topk_weight = c.take<float>(T * K);
   s.d_logits = c.take<float>(T * E);
   s.d_logits_bf16 = c.take<DeviceBf16>(T * E);
+  s.d_mixer_input_f32 = c.take<float>(T * cfg.hidden_size);
 }
 
 GatedDeltaRuleShape rule_shape_for(const TextConfig& cfg, int64_t T, int64_t num_seqs, const int32_t* cu_seqlens) {

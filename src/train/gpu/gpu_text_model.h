@@ -143,9 +143,10 @@ class GpuTextModel {
   float* master(int64_t layer, const std::string& name) const;
   float* grad(int64_t layer, const std::string& name) const;
   int64_t offset_of(int64_t layer, const std::string& name) const;
-  // dx [T, C] += dy [T, N] W [N, C] (bf16 output, fp32 accumulation inside the product).
-  void linear_backward_input_add(const __nv_bfloat16* dy, const __nv_bfloat16* w, __nv_bfloat16* dx, int64_t rows,
-                                 int64_t in_features, int64_t out_features);
+  // dx [T, K] (fp32) = dy [T, N] W [N, K] when `add` is false, += when true: a mixer sums its
+  // projections' input gradients in fp32 and rounds once (not once per projection in bf16).
+  void linear_backward_input_f32(const __nv_bfloat16* dy, const __nv_bfloat16* w, float* dx, int64_t rows,
+                                 int64_t in_features, int64_t out_features, bool add);
 
   TextConfig config_;
   std::string prefix_;

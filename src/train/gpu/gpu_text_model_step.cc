@@ -24,6 +24,7 @@
 #include "kernels/shared_expert/shared_expert_cuda.h"
 #include "train/gpu/gpu_layer_buffers.h"
 #include "train/gpu/gpu_text_model.h"
+#include "train/gpu/param_init.h"
 
 namespace deltamoe {
 
@@ -41,11 +42,11 @@ void copy_columns(const DeviceBf16* src, int64_t ld_src, DeviceBf16* dst, int64_
 
 }  // namespace
 
-void GpuTextModel::linear_backward_input_add(const DeviceBf16* dy, const DeviceBf16* w, DeviceBf16* dx, int64_t rows,
-                                             int64_t in_features, int64_t out_features) {
-  // dx [T, in] += dy [T, out] @ W [out, in]
-  gemm_bf16_cuda(*gemm_, false, false, rows, in_features, out_features, 1.0f, dy, out_features, w, in_features, 1.0f,
-                 dx, DType::bf16, in_features, stream_);
+void GpuTextModel::linear_backward_input_f32(const DeviceBf16* dy, const DeviceBf16* w, float* dx, int64_t rows,
+                                             int64_t in_features, int64_t out_features, bool add) {
+  // dx [T, in] (+)= dy [T, out] @ W [out, in], fp32 output
+  gemm_bf16_cuda(*gemm_, false, false, rows, in_features, out_features, 1.0f, dy, out_features, w, in_features,
+                 add ? 1.0f : 0.0f, dx, DType::f32, in_features, stream_);
 }
 
 std::vector<float> GpuTextModel::compute_logits() const {
@@ -250,14 +251,16 @@ void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, DeviceBf16*
                               static_cast<int>(c.linear_conv_kernel_dim), w.d_mixed, grad(layer, p + "conv1d.weight"),
                               stream_);
   const DeviceBf16* x = b.normed_in;
-  linear_backward_input_cuda(*gemm_, w.d_mixed, weight(layer, p + "in_proj_qkv.weight"), dx, T, C, conv, stream_);
+  float* dx_sum = w.d_mixer_input_f32;
+  linear_backward_input_f32(w.d_mixed, weight(layer, p + "in_proj_qkv.weight"), dx_sum, T, C, conv, false);
   linear_backward_weight_cuda(*gemm_, w.d_mixed, x, grad(layer, p + "in_proj_qkv.weight"), T, C, conv, stream_);
-  linear_backward_input_add(w.dz, weight(layer, p + "in_proj_z.weight"), dx, T, C, vd);
+  linear_backward_input_f32(w.dz, weight(layer, p + "in_proj_z.weight"), dx_sum, T, C, vd, true);
   linear_backward_weight_cuda(*gemm_, w.dz, x, grad(layer, p + "in_proj_z.weight"), T, C, vd, stream_);
-  linear_backward_input_add(w.db, weight(layer, p + "in_proj_b.weight"), dx, T, C, Hv);
+  linear_backward_input_f32(w.db, weight(layer, p + "in_proj_b.weight"), dx_sum, T, C, Hv, true);
   linear_backward_weight_cuda(*gemm_, w.db, x, grad(layer, p + "in_proj_b.weight"), T, C, Hv, stream_);
-  linear_backward_input_add(w.da, weight(layer, p + "in_proj_a.weight"), dx, T, C, Hv);
+  linear_backward_input_f32(w.da, weight(layer, p + "in_proj_a.weight"), dx_sum, T, C, Hv, true);
   linear_backward_weight_cuda(*gemm_, w.da, x, grad(layer, p + "in_proj_a.weight"), T, C, Hv, stream_);
+  convert_f32_to_bf16_cuda(dx_sum, dx, T * C, stream_);
 }
 
 // ---- gated attention (attention_layer.cc) ----
@@ -315,13 +318,14 @@ void GpuTextModel::attention_backward(int64_t layer, const DeviceBf16* dy, Devic
   rms_norm_backward_cuda(s.k_raw, weight(layer, p + "k_norm.weight"), s.k_rstd, w.dk, nullptr, w.dk_raw,
                          grad(layer, p + "k_norm.weight"), T * Hkv, D, workspace_.data(), workspace_bytes_, stream_);
   const DeviceBf16* x = b.normed_in;
-  linear_backward_input_cuda(*gemm_, w.d_q_and_gate, weight(layer, p + "q_proj.weight"), dx, T, C, Hq * 2 * D,
-                             stream_);
+  float* dx_sum = w.d_mixer_input_f32;
+  linear_backward_input_f32(w.d_q_and_gate, weight(layer, p + "q_proj.weight"), dx_sum, T, C, Hq * 2 * D, false);
   linear_backward_weight_cuda(*gemm_, w.d_q_and_gate, x, grad(layer, p + "q_proj.weight"), T, C, Hq * 2 * D, stream_);
-  linear_backward_input_add(w.dk_raw, weight(layer, p + "k_proj.weight"), dx, T, C, Hkv * D);
+  linear_backward_input_f32(w.dk_raw, weight(layer, p + "k_proj.weight"), dx_sum, T, C, Hkv * D, true);
   linear_backward_weight_cuda(*gemm_, w.dk_raw, x, grad(layer, p + "k_proj.weight"), T, C, Hkv * D, stream_);
-  linear_backward_input_add(w.dv_attn, weight(layer, p + "v_proj.weight"), dx, T, C, Hkv * D);
+  linear_backward_input_f32(w.dv_attn, weight(layer, p + "v_proj.weight"), dx_sum, T, C, Hkv * D, true);
   linear_backward_weight_cuda(*gemm_, w.dv_attn, x, grad(layer, p + "v_proj.weight"), T, C, Hkv * D, stream_);
+  convert_f32_to_bf16_cuda(dx_sum, dx, T * C, stream_);
 }
 
 // ---- sparse MoE block (moe_block.cc) ----
