@@ -162,10 +162,25 @@ MicroBatchLoss CpuEngine::forward_backward(const MicroBatch& batch, double ce_to
   // A frozen language model still carries the gradient back to the vision tower, without its
   // weight products; a frozen tower is not run backward at all.
   const bool vision_backward = config_.has_vision && trainable_.vision();
-  std::vector<float> d_embeds;
-  ParamMap text_grads = pass.model->backward(static_cast<float>(ce_weight), static_cast<float>(aux_weight),
-                                             config_.has_vision ? &d_embeds : nullptr, trainable_.llm);
+  // The model adds each token's contribution straight onto the running totals of the step (copied
+  // in from `grad` and back out, both exact), so micro-batches of 1 perform the same fp32 additions
+  // in the same order as one micro-batch of all their samples: accumulation changes no rounding.
+  ParamMap text_grads;
   VisionParams vision_grads;
+  if (trainable_.llm) text_grads = zeros_like(text_params_);
+  for (const ParamEntry& entry : layout_.entries()) {
+    const float* source = grad + entry.offset;
+    if (auto text = text_grads.find(entry.name); text != text_grads.end()) {
+      std::copy(source, source + entry.numel, text->second.values.data());
+    } else if (vision_params_.count(entry.name) != 0) {
+      HostTensor total(DType::f32, vision_params_.at(entry.name).shape());
+      std::copy(source, source + entry.numel, total.as<float>());
+      vision_grads.emplace(entry.name, std::move(total));
+    }
+  }
+  std::vector<float> d_embeds;
+  pass.model->backward_into(trainable_.llm ? &text_grads : nullptr, static_cast<float>(ce_weight),
+                            static_cast<float>(aux_weight), config_.has_vision ? &d_embeds : nullptr);
   if (config_.has_vision && (vision_backward || trainable_.llm)) {
     // The text model left embed_tokens untouched (it started from input_embeds); the embedding
     // backward adds the table's gradient and routes image rows into the vision tower.
@@ -174,16 +189,13 @@ MicroBatchLoss CpuEngine::forward_backward(const MicroBatch& batch, double ce_to
                               d_embeds, table_grad, &vision_grads, trainable_);
   }
   for (const ParamEntry& entry : layout_.entries()) {
-    const float* source = nullptr;
-    auto text = text_grads.find(entry.name);
-    if (text != text_grads.end()) {
-      source = text->second.values.data();
+    const float* total = nullptr;
+    if (auto text = text_grads.find(entry.name); text != text_grads.end()) {
+      total = text->second.values.data();
     } else if (auto vision = vision_grads.find(entry.name); vision != vision_grads.end()) {
-      source = vision->second.as<float>();
+      total = vision->second.as<float>();
     }
-    if (source == nullptr) continue;  // e.g. the vision tower of a text-only batch: zero gradient
-    float* target = grad + entry.offset;
-    for (int64_t i = 0; i < entry.numel; ++i) target[i] += source[i];
+    if (total != nullptr) std::copy(total, total + entry.numel, grad + entry.offset);
   }
   return loss;
 }

@@ -67,12 +67,17 @@ TextModelOutput TextModel::forward(const TextBatch& batch, const TextModelInputs
 
 ParamMap TextModel::backward(float ce_weight, float aux_weight, std::vector<float>* d_input_embeds,
                              bool weight_grads) const {
+  ParamMap grads = weight_grads ? zeros_like(*params_) : ParamMap{};
+  backward_into(weight_grads ? &grads : nullptr, ce_weight, aux_weight, d_input_embeds);
+  return grads;
+}
+
+void TextModel::backward_into(ParamMap* grads_or_frozen, float ce_weight, float aux_weight,
+                              std::vector<float>* d_input_embeds) const {
   const TextConfig& c = config_;
   const ParamMap& params = *params_;
   const int64_t T = batch_.num_tokens, C = c.hidden_size, V = c.vocab_size;
   CHECK(static_cast<int64_t>(layers_.size()) == c.num_hidden_layers, "text model: backward called before forward");
-  ParamMap grads = weight_grads ? zeros_like(params) : ParamMap{};
-  ParamMap* grads_or_frozen = weight_grads ? &grads : nullptr;
   LayerGrads grad(params, grads_or_frozen);
   Activation d_logits(T * V, 0.0f);
   if (!shifted_labels_.empty() && ce_weight != 0.0f)
@@ -95,7 +100,6 @@ ParamMap TextModel::backward(float ce_weight, float aux_weight, std::vector<floa
     }
     if (d_input_embeds != nullptr) *d_input_embeds = std::move(dx);
   }
-  return grads;
 }
 
 }  // namespace deltamoe

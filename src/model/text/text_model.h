@@ -51,6 +51,12 @@ class TextModel {
   // weight products, still carrying the gradient back to d_input_embeds.
   ParamMap backward(float ce_weight, float aux_weight, std::vector<float>* d_input_embeds = nullptr,
                     bool weight_grads = true) const;
+  // The same, adding the gradients onto `grads` (every parameter present, e.g. a running total
+  // over micro-batches; null: frozen language model). Each token's contribution lands on the total
+  // directly, so accumulating micro-batches performs the fp32 additions of one larger batch in the
+  // same order.
+  void backward_into(ParamMap* grads, float ce_weight, float aux_weight,
+                     std::vector<float>* d_input_embeds = nullptr) const;
 
   const TextConfig& config() const { return config_; }
   const std::string& prefix() const { return prefix_; }
