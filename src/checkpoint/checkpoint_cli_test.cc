@@ -15,31 +15,10 @@
 #include "checkpoint/random_init.h"
 #include "checkpoint/sharded.h"
 #include "model/param_table.h"
+#include "testing/run_deltamoe.h"
 
 namespace deltamoe {
 namespace {
-
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-RunResult run_deltamoe(const std::string& args) {
-  const char* binary = std::getenv("DELTAMOE_BINARY");
-  EXPECT_NE(binary, nullptr) << "DELTAMOE_BINARY is not set (run through ctest)";
-  RunResult result;
-  if (binary == nullptr) return result;
-  std::string command = std::string(binary) + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  EXPECT_NE(pipe, nullptr) << command;
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
-  int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
 
 std::string with_commas(int64_t value) {
   std::string digits = std::to_string(value), out;

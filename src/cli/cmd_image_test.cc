@@ -10,29 +10,10 @@
 #include "checkpoint/safetensors.h"
 #include "data/image_preprocess.h"
 #include "data/image_test_util.h"
+#include "testing/run_deltamoe.h"
 
 namespace deltamoe {
 namespace {
-
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-RunResult run_deltamoe(const std::string& args) {
-  const char* binary = std::getenv("DELTAMOE_BINARY");
-  EXPECT_NE(binary, nullptr) << "DELTAMOE_BINARY is not set (run through ctest)";
-  RunResult result;
-  if (binary == nullptr) return result;
-  FILE* pipe = popen((std::string(binary) + " " + args + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
 
 TEST(CmdImage, WritesPixelValuesAndGridThw) {
   const RgbImage image = image_test::gradient_image(70, 130);

@@ -8,33 +8,12 @@
 #include <cstdlib>
 
 #include "data/data_test_util.h"
+#include "testing/run_deltamoe.h"
 
 namespace deltamoe {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-RunResult run_deltamoe(const std::string& args) {
-  const char* binary = std::getenv("DELTAMOE_BINARY");
-  EXPECT_NE(binary, nullptr) << "DELTAMOE_BINARY is not set (run through ctest)";
-  RunResult result;
-  if (binary == nullptr) return result;
-  const std::string command = std::string(binary) + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  EXPECT_NE(pipe, nullptr) << command;
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
 
 // A model folder with only the tokenizer (image settings fall back to Qwen3.5's).
 fs::path tokenizer_only_model(const fs::path& folder) {
