@@ -59,6 +59,9 @@ struct GpuModelOptions {
   bool recompute_mixers = false;
   // Tests: keep bf16 copies of every layer's residual-stream gradients (3 x [T, C] per layer).
   bool capture_layer_grads = false;
+  // Most image-token rows of one step (the VLM input: vision features scattered over them);
+  // -1: max_tokens; 0: text only (no image slots are allocated).
+  int64_t max_image_rows = -1;
 };
 
 // Bytes held on the device, by kind.
@@ -91,6 +94,18 @@ class GpuTextModel {
   // -100 ignored), cu_seqlens [N+1] and positions [3, T] (empty: text positions). Validates on the host.
   void set_batch(const std::vector<int64_t>& ids, const std::vector<int64_t>& shifted_labels,
                  const std::vector<int32_t>& cu_seqlens, const std::vector<int64_t>& positions = {});
+
+  // The multimodal input (outside the step, like set_batch; either order): rows int32 [M] are the
+  // token rows of <|image_pad|> in the batch, strictly increasing; [] = text only. Before each
+  // forward_backward() the caller writes the vision tower's output into image_embeddings(); the
+  // embedding step places it over those rows, and the backward gathers their gradient into
+  // image_embedding_grads() instead of adding it to embed_tokens' gradient. Synchronises.
+  void set_image_rows(const std::vector<int32_t>& rows);
+  int64_t num_image_rows() const { return num_image_rows_; }
+  // [M, C] bf16 device slot; write before forward_backward() (on stream() or synchronised with it).
+  __nv_bfloat16* image_embeddings() { return image_embeds_; }
+  // [M, C] bf16 device: d loss / d image_embeddings, valid after forward_backward() (on stream()).
+  const __nv_bfloat16* image_embedding_grads() const { return image_grads_; }
 
   // Forward and backward of the batch: gradients are zeroed then written. No host sync.
   void forward_backward();
@@ -182,6 +197,13 @@ class GpuTextModel {
   int64_t num_seqs_ = 0;
   int64_t num_supervised_ = 0;
   std::vector<int32_t> host_cu_seqlens_;
+  // Multimodal input (inside arena_): rows of the image tokens and their embeddings / gradients.
+  int64_t max_image_rows_ = 0;
+  int64_t num_image_rows_ = 0;
+  int64_t last_image_row_ = -1;             // host copy of the largest row, checked against the batch
+  int32_t* image_rows_ = nullptr;           // [max_image_rows] int32
+  __nv_bfloat16* image_embeds_ = nullptr;   // [max_image_rows, C]
+  __nv_bfloat16* image_grads_ = nullptr;    // [max_image_rows, C]
 
   // Activations (inside arena_): per layer, plus the shared ones below.
   std::vector<GpuLayerBuffers> layers_;
