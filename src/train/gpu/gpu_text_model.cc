@@ -185,6 +185,10 @@ GpuTextModel::GpuTextModel(const TextConfig& config, std::string prefix, const G
   CHECK(options_.max_tokens >= 1, "gpu model: the token budget must be positive, got ", options_.max_tokens);
   CHECK(options_.max_seqs >= 1, "gpu model: max_seqs must be positive, got ", options_.max_seqs);
   CHECK(options_.loss_chunk_rows >= 1, "gpu model: the loss chunk must be positive, got ", options_.loss_chunk_rows);
+  CHECK(options_.max_image_rows >= -1 && options_.max_image_rows <= options_.max_tokens,
+        "gpu model: max_image_rows must be -1 (the token budget) or 0..", options_.max_tokens, ", got ",
+        options_.max_image_rows);
+  max_image_rows_ = options_.max_image_rows < 0 ? options_.max_tokens : options_.max_image_rows;
   CHECK(!config_.tie_word_embeddings, "gpu model: tied word embeddings are not supported yet");
   validate_adamw_config(options_.adamw);
   for (const NamedShape& named : text_param_shapes(config_, prefix_)) {
@@ -232,6 +236,9 @@ void GpuTextModel::plan_activations() {
     grad_b_ = carver.take<DeviceBf16>(T * C);
     grad_mixer_ = carver.take<DeviceBf16>(T * C);
     grad_normed_ = carver.take<DeviceBf16>(T * C);
+    image_rows_ = carver.take<int32_t>(max_image_rows_);
+    image_embeds_ = carver.take<DeviceBf16>(max_image_rows_ * C);
+    image_grads_ = carver.take<DeviceBf16>(max_image_rows_ * C);
     captured_grads_.clear();
     if (options_.capture_layer_grads)
       for (int64_t k = 0; k < 3 * config_.num_hidden_layers; ++k) captured_grads_.push_back(carver.take<DeviceBf16>(T * C));
@@ -379,6 +386,26 @@ void GpuTextModel::set_batch(const std::vector<int64_t>& ids, const std::vector<
   for (GpuLayerBuffers& layer : layers_)
     layer.moe.plan = moe_routing_plan_in(layer.moe.plan_memory, T, config_.num_experts, config_.num_experts_per_tok);
   // Pageable host memory: wait for the copies so the caller may free its vectors.
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void GpuTextModel::set_image_rows(const std::vector<int32_t>& rows) {
+  const int64_t M = static_cast<int64_t>(rows.size());
+  CHECK(M <= max_image_rows_, "gpu model: ", M, " image-token rows, the model was planned for at most ",
+        max_image_rows_, " (GpuModelOptions::max_image_rows)");
+  for (int64_t i = 0; i < M; ++i) {
+    const int32_t row = rows[static_cast<size_t>(i)];
+    CHECK(row >= 0 && row < options_.max_tokens, "gpu model: image-token row ", i, " is ", row,
+          ", outside the token budget [0, ", options_.max_tokens, ")");
+    CHECK(i == 0 || row > rows[static_cast<size_t>(i - 1)], "gpu model: image-token rows must be strictly increasing (",
+          "row ", i, " is ", row, " after ", rows[static_cast<size_t>(std::max<int64_t>(i - 1, 0))], ")");
+  }
+  num_image_rows_ = M;
+  last_image_row_ = M > 0 ? rows.back() : -1;
+  if (M == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(image_rows_, rows.data(), static_cast<size_t>(M) * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, stream_));
+  // Pageable host memory: wait for the copy so the caller may free its vector.
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 

@@ -22,6 +22,7 @@
 #include "kernels/mrope/mrope_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 #include "kernels/shared_expert/shared_expert_cuda.h"
+#include "kernels/token_scatter/token_scatter_cuda.h"
 #include "train/gpu/gpu_layer_buffers.h"
 #include "train/gpu/gpu_text_model.h"
 #include "train/gpu/param_init.h"
@@ -63,6 +64,8 @@ std::vector<float> GpuTextModel::compute_logits() const {
 
 void GpuTextModel::forward_backward() {
   CHECK(num_tokens_ > 0, "gpu model: forward_backward called before set_batch");
+  CHECK(last_image_row_ < num_tokens_, "gpu model: image-token row ", last_image_row_, " is outside the batch of ",
+        num_tokens_, " tokens (set_image_rows and set_batch disagree)");
   timer_.mark(StepComponent::other, stream_);  // the gradient zeroing counts as "other"
   CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
   forward();
@@ -76,6 +79,9 @@ void GpuTextModel::forward() {
   timer_.mark(StepComponent::other, stream_);
   embedding_forward_cuda(ids_, weight(-1, prefix_ + ".embed_tokens.weight"), embedded_, T, c.vocab_size, C, nullptr,
                          stream_);
+  // VLM input: the vision features replace the <|image_pad|> rows' embeddings.
+  if (num_image_rows_ > 0)
+    token_scatter_forward_cuda(image_rows_, image_embeds_, num_image_rows_, embedded_, T, C, stream_);
   moe_aux_stats_reset_cuda(MoeAuxDeviceStats{aux_counts_, aux_probs_}, c.num_experts, stream_);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     GpuLayerBuffers& b = layers_[static_cast<size_t>(i)];
@@ -165,6 +171,10 @@ void GpuTextModel::backward() {
     capture_gradient(i, LayerGradient::input, d_in);
     std::swap(d_out, d_in);
   }
+  // The image rows' gradient belongs to the vision features, not to the <|image_pad|> table row:
+  // gather it, then zero those rows before the table's backward (multimodal_embed_backward).
+  if (num_image_rows_ > 0)
+    token_scatter_backward_cuda(image_rows_, d_out, image_grads_, num_image_rows_, T, C, stream_);
   embedding_backward_cuda(ids_, d_out, grad(-1, prefix_ + ".embed_tokens.weight"), T, c.vocab_size, C, stream_);
 }
 
