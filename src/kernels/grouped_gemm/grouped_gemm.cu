@@ -1,5 +1,6 @@
-// Grouped GEMM kernels: 128x128x32 block tiles, 8 warps of 64x32 WMMA (nvbf16, fp32 accumulate),
-// a 3-stage cp.async pipeline, group sizes read on the device (launch over an upper bound).
+// Grouped GEMM launchers (validation, kernel choice) and the original WMMA kernel: 128x128x32 block
+// tiles, 8 warps of 64x32 WMMA (nvbf16, fp32 accumulate), a 3-stage cp.async pipeline, group sizes
+// read on the device (launch over an upper bound). The faster mma.sync kernel is grouped_gemm_mma.cu.
 #include <mma.h>
 
 #include <algorithm>
@@ -7,8 +8,12 @@
 
 #include "core/cuda_check.h"
 #include "kernels/grouped_gemm/grouped_gemm_cuda.h"
+#include "kernels/grouped_gemm/grouped_gemm_kernels_cuda.h"
 
 namespace deltamoe {
+
+// The one-line switch: false sends every grouped product back to the WMMA kernel below.
+constexpr bool kGroupedGemmUseMma = true;
 
 namespace {
 
@@ -341,6 +346,19 @@ size_t grouped_gemm_rows_workspace_bytes(int64_t num_groups) {
 void grouped_gemm_rows_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk, void* c, DType c_dtype,
                             const int32_t* offsets, int64_t num_groups, int64_t max_rows, int64_t n, int64_t k,
                             void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  grouped_gemm_rows_cuda_with(GroupedGemmKernel::automatic, a, b, b_stored_nk, c, c_dtype, offsets, num_groups,
+                              max_rows, n, k, workspace, workspace_bytes, stream);
+}
+
+void grouped_gemm_weight_grad_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
+                                   int64_t num_groups, int64_t m, int64_t n, cudaStream_t stream) {
+  grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::automatic, a, b, c, offsets, num_groups, m, n, stream);
+}
+
+void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b,
+                                 bool b_stored_nk, void* c, DType c_dtype, const int32_t* offsets, int64_t num_groups,
+                                 int64_t max_rows, int64_t n, int64_t k, void* workspace, size_t workspace_bytes,
+                                 cudaStream_t stream) {
   CHECK(num_groups >= 1 && num_groups < (1 << 20), "grouped_gemm_rows_cuda: group count ", num_groups,
         " must be in [1, 2^20)");
   CHECK(n >= 1 && k >= 1 && max_rows >= 0, "grouped_gemm_rows_cuda: sizes n=", n, " k=", k, " max_rows=", max_rows,
@@ -355,6 +373,13 @@ void grouped_gemm_rows_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, bool
   int32_t* tile_starts = static_cast<int32_t*>(workspace);
   build_tile_starts_kernel<<<1, 32, 0, stream>>>(offsets, static_cast<int>(num_groups), tile_starts);
   CUDA_CHECK_LAUNCH();
+
+  if (kGroupedGemmUseMma && kernel == GroupedGemmKernel::automatic &&
+      grouped_gemm_detail::mma_applies(a, b, c, n, k)) {
+    grouped_gemm_detail::rows_mma(a, b, b_stored_nk, c, c_dtype, offsets, tile_starts, static_cast<int>(num_groups),
+                                  max_rows, static_cast<int>(n), static_cast<int>(k), stream);
+    return;
+  }
 
   GroupedParams params{
       a, b, c, offsets, tile_starts, static_cast<int>(num_groups), 0, static_cast<int>(n), static_cast<int>(k)};
@@ -375,11 +400,19 @@ void grouped_gemm_rows_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, bool
   }
 }
 
-void grouped_gemm_weight_grad_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
-                                   int64_t num_groups, int64_t m, int64_t n, cudaStream_t stream) {
+void grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b,
+                                        float* c, const int32_t* offsets, int64_t num_groups, int64_t m, int64_t n,
+                                        cudaStream_t stream) {
   CHECK(num_groups >= 1 && num_groups <= 65535, "grouped_gemm_weight_grad_cuda: group count ", num_groups,
         " must be in [1, 65535]");
   CHECK(m >= 1 && n >= 1, "grouped_gemm_weight_grad_cuda: sizes m=", m, " n=", n, " must be positive");
+  CHECK(m < (int64_t{1} << 31) && n < (int64_t{1} << 31), "grouped_gemm_weight_grad_cuda: sizes m=", m, " n=", n,
+        " too large for 32-bit indices");
+  if (kGroupedGemmUseMma && kernel == GroupedGemmKernel::automatic && grouped_gemm_detail::mma_applies(a, b, c, m, n)) {
+    grouped_gemm_detail::weight_grad_mma(a, b, c, offsets, static_cast<int>(num_groups), static_cast<int>(m),
+                                         static_cast<int>(n), stream);
+    return;
+  }
   GroupedParams params{
       a, b, c, offsets, nullptr, static_cast<int>(num_groups), static_cast<int>(m), static_cast<int>(n), 0};
   const dim3 grid(static_cast<unsigned>((m + kTileM - 1) / kTileM), static_cast<unsigned>((n + kTileN - 1) / kTileN),

@@ -1,9 +1,12 @@
-// GPU test of the grouped GEMM against its CPU reference: row-grouped products (weights [N, K] and
-// [K, N], bf16 and f32 outputs) and weight gradients, over empty groups, single rows, odd sizes and
-// the Qwen3.5-35B-A3B expert widths; then timing at 8192 tokens x 8 experts.
+// GPU test of the grouped GEMM against its CPU reference, for both kernels (the mma.sync one that
+// callers get where it applies, and the original WMMA fallback): row-grouped products (weights
+// [N, K] and [K, N], bf16 and f32 outputs) and weight gradients, over empty groups, single rows,
+// odd sizes, K not a multiple of the 32-wide k-step and the Qwen3.5-35B-A3B expert widths; then
+// timing of both kernels side by side at 8192 tokens x 8 experts.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/device_buffer.h"
@@ -12,6 +15,7 @@
 #include "kernels/gemm/gpu_timing.h"
 #include "kernels/grouped_gemm/grouped_gemm.h"
 #include "kernels/grouped_gemm/grouped_gemm_cuda.h"
+#include "kernels/grouped_gemm/grouped_gemm_kernels_cuda.h"
 
 namespace deltamoe {
 namespace {
@@ -57,10 +61,12 @@ struct GroupedShape {
   int64_t rows, groups, empty_groups, n, k;
 };
 
-void check_rows(const GroupedShape& s, bool b_stored_nk, uint64_t seed) {
-  std::printf("rows-grouped R=%lld G=%lld (empty %lld) N=%lld K=%lld b=%s\n", static_cast<long long>(s.rows),
-              static_cast<long long>(s.groups), static_cast<long long>(s.empty_groups), static_cast<long long>(s.n),
-              static_cast<long long>(s.k), b_stored_nk ? "[N,K]" : "[K,N]");
+const char* kernel_name(GroupedGemmKernel kernel) { return kernel == GroupedGemmKernel::wmma ? "wmma" : "auto"; }
+
+void check_rows(const GroupedShape& s, bool b_stored_nk, GroupedGemmKernel kernel, uint64_t seed) {
+  std::printf("rows-grouped [%s] R=%lld G=%lld (empty %lld) N=%lld K=%lld b=%s\n", kernel_name(kernel),
+              static_cast<long long>(s.rows), static_cast<long long>(s.groups), static_cast<long long>(s.empty_groups),
+              static_cast<long long>(s.n), static_cast<long long>(s.k), b_stored_nk ? "[N,K]" : "[K,N]");
   const std::vector<int32_t> offsets = random_offsets(s.rows, s.groups, s.empty_groups, seed);
   HostTensor a = random_bf16_exact({s.rows, s.k}, seed + 1);
   HostTensor b = random_bf16_exact({s.groups, b_stored_nk ? s.n : s.k, b_stored_nk ? s.k : s.n}, seed + 2,
@@ -74,9 +80,9 @@ void check_rows(const GroupedShape& s, bool b_stored_nk, uint64_t seed) {
   for (DType out_dtype : {DType::bf16, DType::f32}) {
     DeviceTensor c_d = device_tensor(out_dtype, {s.rows, s.n});
     device_fill_bytes(c_d.view, 0xFF);
-    grouped_gemm_rows_cuda(bf16_ptr(a_d), bf16_ptr(b_d), b_stored_nk, c_d.view.data, out_dtype,
-                           static_cast<const int32_t*>(off_d.view.data), s.groups, s.rows, s.n, s.k, workspace.data(),
-                           workspace.bytes(), nullptr);
+    grouped_gemm_rows_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), b_stored_nk, c_d.view.data, out_dtype,
+                                static_cast<const int32_t*>(off_d.view.data), s.groups, s.rows, s.n, s.k,
+                                workspace.data(), workspace.bytes(), nullptr);
     device_synchronize();
     // bf16 output: one rounding (2^-9 relative) -> rel_l2 <= 1e-2; f32 output: only summation order.
     CompareResult r = compare_tensors(out_dtype == DType::bf16 ? "c (bf16)" : "c (f32)", to_host(c_d.view), c_ref);
@@ -85,11 +91,11 @@ void check_rows(const GroupedShape& s, bool b_stored_nk, uint64_t seed) {
   }
 }
 
-void check_weight_grad(const GroupedShape& s, uint64_t seed) {
+void check_weight_grad(const GroupedShape& s, GroupedGemmKernel kernel, uint64_t seed) {
   const int64_t m = s.n, n = s.k;  // c_g [M, N]
-  std::printf("weight-grad R=%lld G=%lld (empty %lld) M=%lld N=%lld\n", static_cast<long long>(s.rows),
-              static_cast<long long>(s.groups), static_cast<long long>(s.empty_groups), static_cast<long long>(m),
-              static_cast<long long>(n));
+  std::printf("weight-grad [%s] R=%lld G=%lld (empty %lld) M=%lld N=%lld\n", kernel_name(kernel),
+              static_cast<long long>(s.rows), static_cast<long long>(s.groups), static_cast<long long>(s.empty_groups),
+              static_cast<long long>(m), static_cast<long long>(n));
   const std::vector<int32_t> offsets = random_offsets(s.rows, s.groups, s.empty_groups, seed);
   HostTensor a = random_bf16_exact({s.rows, m}, seed + 1);
   HostTensor b = random_bf16_exact({s.rows, n}, seed + 2);
@@ -99,35 +105,66 @@ void check_weight_grad(const GroupedShape& s, uint64_t seed) {
 
   DeviceTensor a_d = to_device(a, DType::bf16), b_d = to_device(b, DType::bf16), off_d = offsets_to_device(offsets);
   DeviceTensor c_d = to_device(c_init, DType::f32);
-  grouped_gemm_weight_grad_cuda(bf16_ptr(a_d), bf16_ptr(b_d), static_cast<float*>(c_d.view.data),
-                                static_cast<const int32_t*>(off_d.view.data), s.groups, m, n, nullptr);
+  grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), static_cast<float*>(c_d.view.data),
+                                     static_cast<const int32_t*>(off_d.view.data), s.groups, m, n, nullptr);
   device_synchronize();
   CompareResult r = compare_tensors("c (f32, added to)", to_host(c_d.view), c_ref);
   EXPECT_TRUE(r.all_finite);
   EXPECT_LE(r.rel_l2, 1e-4);
 }
 
+// Shapes with N and K multiples of 8 take the mma.sync kernel under `auto`; the others the WMMA
+// kernel under both names. In weight-grad checks N is M and K is N of c_g, and K of the product is
+// each group's row count (rarely a multiple of 8 or 32).
 const GroupedShape kShapes[] = {
     {1, 1, 0, 16, 16},           // one row
     {1, 4, 3, 24, 40},           // one row, three empty groups
+    {50, 4, 1, 8, 8},            // K = 8: a quarter of one k-step; N = 8
     {300, 5, 2, 64, 96},         // empty groups between used ones, partial tiles
-    {513, 7, 1, 136, 72},        // groups larger than one 128-row tile
-    {97, 6, 2, 37, 53},          // odd N and K: the element-by-element path
-    {260, 3, 0, 129, 131},       // odd, more than one tile each way
-    {512, 256, 40, 1024, 2048},  // 35B gate_up widths (E=256, N=2I, K=H), 64 tokens x 8
+    {513, 7, 1, 136, 72},        // groups larger than one 128-row tile, K = 72 not a multiple of 32
+    {1200, 2, 0, 264, 200},      // groups of ~600 rows (4-5 m-tiles), 3 n-tiles, K % 32 = 8
+    {700, 9, 3, 392, 1000},      // many k-steps (pipeline wrap-around), K % 32 = 8
+    {97, 6, 2, 37, 53},          // odd N and K: the element-by-element path (WMMA only)
+    {260, 3, 0, 129, 131},       // odd, more than one tile each way (WMMA only)
+    {512, 256, 40, 1024, 2048},  // 35B gate_up widths (E=256, N=2I, K=H), 64 tokens x 8; ~1700
+                                 // tiles, so each persistent block of the mma kernel takes several
     {512, 256, 40, 2048, 512},   // 35B down widths
 };
 
+constexpr GroupedGemmKernel kKernels[] = {GroupedGemmKernel::automatic, GroupedGemmKernel::wmma};
+
 TEST(GroupedGemmGpu, RowsMatchReference) {
   uint64_t seed = 100;
-  for (const GroupedShape& s : kShapes) {
-    for (bool nk : {true, false}) check_rows(s, nk, seed += 20);
-  }
+  for (GroupedGemmKernel kernel : kKernels)
+    for (const GroupedShape& s : kShapes)
+      for (bool nk : {true, false}) check_rows(s, nk, kernel, seed += 20);
 }
 
 TEST(GroupedGemmGpu, WeightGradMatchesReference) {
   uint64_t seed = 900;
-  for (const GroupedShape& s : kShapes) check_weight_grad(s, seed += 10);
+  for (GroupedGemmKernel kernel : kKernels)
+    for (const GroupedShape& s : kShapes) check_weight_grad(s, kernel, seed += 10);
+}
+
+TEST(GroupedGemmGpu, MisalignedOperandsFallBack) {
+  // An A that starts 2 bytes past a 16-byte boundary cannot take 16-byte copies: the launcher must
+  // still give the right product (through the WMMA kernel's element path).
+  const GroupedShape s{200, 3, 0, 64, 72};
+  const std::vector<int32_t> offsets = random_offsets(s.rows, s.groups, s.empty_groups, 55);
+  HostTensor a = random_bf16_exact({s.rows * s.k + 1}, 56), b = random_bf16_exact({s.groups, s.n, s.k}, 57, 0.1f);
+  HostTensor c_ref(DType::f32, {s.rows, s.n});
+  grouped_gemm_rows_ref(a.as<float>() + 1, b.as<float>(), true, c_ref.as<float>(), offsets.data(), s.groups, s.n, s.k);
+  DeviceTensor a_d = to_device(a, DType::bf16), b_d = to_device(b, DType::bf16), off_d = offsets_to_device(offsets);
+  DeviceTensor c_d = device_tensor(DType::f32, {s.rows, s.n});
+  device_fill_bytes(c_d.view, 0xFF);
+  DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(s.groups));
+  grouped_gemm_rows_cuda(bf16_ptr(a_d) + 1, bf16_ptr(b_d), true, c_d.view.data, DType::f32,
+                         static_cast<const int32_t*>(off_d.view.data), s.groups, s.rows, s.n, s.k, workspace.data(),
+                         workspace.bytes(), nullptr);
+  device_synchronize();
+  CompareResult r = compare_tensors("c (f32, A misaligned)", to_host(c_d.view), c_ref);
+  EXPECT_TRUE(r.all_finite);
+  EXPECT_LE(r.rel_l2, 1e-4);
 }
 
 TEST(GroupedGemmGpu, LaunchOverUpperBoundLeavesLaterRowsAlone) {
@@ -181,35 +218,47 @@ TEST(GroupedGemmGpu, Timing35B) {
   DeviceTensor w_down = to_device(pattern_tensor({experts, hidden, inter}, 4, 0.02f), DType::bf16);
   DeviceTensor gu = device_tensor(DType::bf16, {rows, 2 * inter});
   DeviceTensor y = device_tensor(DType::bf16, {rows, hidden});
+  DeviceTensor d_h = device_tensor(DType::f32, {rows, inter});
   DeviceTensor d_gu_w = device_tensor(DType::f32, {experts, 2 * inter, hidden});
   DeviceTensor d_down_w = device_tensor(DType::f32, {experts, hidden, inter});
   device_fill_bytes(d_gu_w.view, 0);
   device_fill_bytes(d_down_w.view, 0);
   DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(experts));
   const double gu_flops = 2.0 * rows * (2 * inter) * hidden, down_flops = 2.0 * rows * hidden * inter;
-  auto time_it = [&](const char* name, double flops, auto&& launch) {
-    print_flop_timing(name, median_ms(launch, nullptr), flops);
+  // Each product timed with the WMMA kernel (the old one) and the automatic choice (the mma.sync
+  // kernel at these aligned shapes), on adjacent lines.
+  auto time_both = [&](const char* name, double flops, auto&& launch) {
+    for (GroupedGemmKernel kernel : {GroupedGemmKernel::wmma, GroupedGemmKernel::automatic}) {
+      const std::string label = std::string(name) + (kernel == GroupedGemmKernel::wmma ? " [wmma]" : " [mma]");
+      print_flop_timing(label.c_str(), median_ms([&](cudaStream_t s) { launch(kernel, s); }, nullptr), flops);
+    }
   };
-  std::printf("grouped GEMM, T=8192 K=8 E=256 H=2048 I=512 (floor = FLOPs at 790 TFLOP/s; target >= 600)\n");
-  time_it("gate_up fwd  [R,H]x[E,2I,H]^T", gu_flops, [&](cudaStream_t s) {
-    grouped_gemm_rows_cuda(bf16_ptr(x), bf16_ptr(w_gu), true, gu.view.data, DType::bf16, off, experts, rows, 2 * inter,
-                           hidden, workspace.data(), workspace.bytes(), s);
+  std::printf(
+      "grouped GEMM, T=8192 K=8 E=256 H=2048 I=512 (floor = FLOPs at 790 TFLOP/s; session-2 targets: >= 350 "
+      "TFLOP/s forward, >= 250 dW)\n");
+  time_both("gate_up fwd  [R,H]x[E,2I,H]^T", gu_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
+    grouped_gemm_rows_cuda_with(kernel, bf16_ptr(x), bf16_ptr(w_gu), true, gu.view.data, DType::bf16, off, experts,
+                                rows, 2 * inter, hidden, workspace.data(), workspace.bytes(), s);
   });
-  time_it("down fwd     [R,I]x[E,H,I]^T", down_flops, [&](cudaStream_t s) {
-    grouped_gemm_rows_cuda(bf16_ptr(h), bf16_ptr(w_down), true, y.view.data, DType::bf16, off, experts, rows, hidden,
-                           inter, workspace.data(), workspace.bytes(), s);
+  time_both("down fwd     [R,I]x[E,H,I]^T", down_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
+    grouped_gemm_rows_cuda_with(kernel, bf16_ptr(h), bf16_ptr(w_down), true, y.view.data, DType::bf16, off, experts,
+                                rows, hidden, inter, workspace.data(), workspace.bytes(), s);
   });
-  time_it("gate_up dX   [R,2I]x[E,2I,H]", gu_flops, [&](cudaStream_t s) {
-    grouped_gemm_rows_cuda(bf16_ptr(h), bf16_ptr(w_gu), false, y.view.data, DType::bf16, off, experts, rows, hidden,
-                           2 * inter, workspace.data(), workspace.bytes(), s);
+  time_both("gate_up dX   [R,2I]x[E,2I,H]", gu_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
+    grouped_gemm_rows_cuda_with(kernel, bf16_ptr(h), bf16_ptr(w_gu), false, y.view.data, DType::bf16, off, experts,
+                                rows, hidden, 2 * inter, workspace.data(), workspace.bytes(), s);
   });
-  time_it("gate_up dW   [R,2I]^T[R,H] f32+=", gu_flops, [&](cudaStream_t s) {
-    grouped_gemm_weight_grad_cuda(bf16_ptr(h), bf16_ptr(x), static_cast<float*>(d_gu_w.view.data), off, experts,
-                                  2 * inter, hidden, s);
+  time_both("down dX      [R,H]x[E,H,I] f32", down_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
+    grouped_gemm_rows_cuda_with(kernel, bf16_ptr(x), bf16_ptr(w_down), false, d_h.view.data, DType::f32, off,
+                                experts, rows, inter, hidden, workspace.data(), workspace.bytes(), s);
   });
-  time_it("down dW      [R,H]^T[R,I] f32+=", down_flops, [&](cudaStream_t s) {
-    grouped_gemm_weight_grad_cuda(bf16_ptr(x), bf16_ptr(h), static_cast<float*>(d_down_w.view.data), off, experts,
-                                  hidden, inter, s);
+  time_both("gate_up dW   [R,2I]^T[R,H] f32+=", gu_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
+    grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(h), bf16_ptr(x), static_cast<float*>(d_gu_w.view.data), off,
+                                       experts, 2 * inter, hidden, s);
+  });
+  time_both("down dW      [R,H]^T[R,I] f32+=", down_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
+    grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(x), bf16_ptr(h), static_cast<float*>(d_down_w.view.data), off,
+                                       experts, hidden, inter, s);
   });
   device_synchronize();
 }
