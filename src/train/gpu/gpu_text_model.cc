@@ -19,6 +19,7 @@
 #include "kernels/shared_expert/shared_expert_cuda.h"
 #include "model/text/text_batch.h"
 #include "optim/adamw_cuda.h"
+#include "train/gpu/arena_carver.h"
 #include "train/gpu/gpu_layer_buffers.h"
 #include "train/gpu/param_init.h"
 
@@ -26,24 +27,7 @@ namespace deltamoe {
 
 namespace {
 
-// Hands out pieces of a DeviceArena, or only counts their bytes when the arena is null, so that
-// one function both sizes the arena and lays it out.
-class Carver {
- public:
-  explicit Carver(DeviceArena* arena) : arena_(arena) {}
-  template <typename T>
-  T* take(int64_t count) {
-    const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
-    used_ = (used_ + 255) / 256 * 256 + bytes;
-    return arena_ != nullptr ? static_cast<T*>(arena_->allocate(bytes, 256)) : nullptr;
-  }
-  void* take_bytes(size_t bytes) { return take<char>(static_cast<int64_t>(bytes)); }
-  size_t used() const { return used_ + 256; }
-
- private:
-  DeviceArena* arena_;
-  size_t used_ = 0;
-};
+using Carver = ArenaCarver;
 
 // Lays out every activation of the step for `T` tokens.
 void carve_layers(Carver& c, const TextConfig& cfg, int64_t T, bool share_mixer_state,

@@ -112,8 +112,10 @@ class GpuVisionModel {
   size_t activation_bytes_ = 0;
   DeviceBuffer workspace_;
   size_t workspace_bytes_ = 0;
-  DeviceBuffer inputs_;
+  std::unique_ptr<DeviceArena> inputs_;  // batch inputs, planned once
   size_t inputs_bytes_ = 0;
+
+  int64_t grid_side_ = 0;                // G: the position table is G x G
 
   // Batch inputs (inside inputs_).
   float* pixels_f32_ = nullptr;          // [N, K] staging for the upload
@@ -130,7 +132,7 @@ class GpuVisionModel {
 
   // Activations (inside arena_).
   std::vector<GpuVisionBlockBuffers> blocks_;
-  __nv_bfloat16* embedded_ = nullptr;     // [N, C] patch + position embedding (block 0 input)
+  __nv_bfloat16* embedded_ = nullptr;     // [N, C] patch + position embedding (block 0's x_in)
   __nv_bfloat16* qkv_ = nullptr;          // [N, 3C] scratch
   __nv_bfloat16* branch_out_ = nullptr;   // [N, C] scratch: attention proj / MLP output of a block
   __nv_bfloat16* merger_in_ = nullptr;    // [N, C] the residual stream after the last block
