@@ -17,9 +17,10 @@
 // delta = dO . O) per query tile, then dK/dV per key tile summed over the query heads of its KV
 // head inside the block, so results are bitwise reproducible.
 //
-// Not yet done for speed (first version, correctness first): ldmatrix(.trans) fragment loads and
-// cp.async double buffering of the K/V (or Q/dO) tiles, a dK/dV pass that does not recompute
-// S^T and dP^T per half of D = 256, and wgmma on sm_90a.
+// Session 2 added pipelined kernels for head dims in (128, 256] (the text model's D = 256):
+// ldmatrix(.trans) fragment loads, cp.async overlap of the K/V (or Q/dO) tiles with the products,
+// and a dK/dV pass with 8 warps that covers D = 256 in one pass (flash_attention_*_fast.cu).
+// Not yet: wgmma on sm_90a.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -81,6 +82,22 @@ void flash_attention_backward_mma_cuda(const FlashAttentionShape& shape, const _
                                        __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, size_t workspace_bytes,
                                        cudaStream_t stream);
 void flash_attention_backward_simt_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
+                                        const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* out,
+                                        const float* lse, const __nv_bfloat16* d_out, __nv_bfloat16* dq,
+                                        __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, size_t workspace_bytes,
+                                        cudaStream_t stream);
+
+// The pipelined paths (flash_attention_forward_fast.cu, flash_attention_backward_fast.cu) for head
+// dims that are multiples of 8 in (128, 256], same arguments and alignment needs as the mma ones
+// (out also 16-byte aligned for the backward). The dispatchers take them first when
+// kFlashAttentionUseFastKernels is true; set it to false (this one line) to fall back to the
+// session-1 mma kernels everywhere.
+constexpr bool kFlashAttentionUseFastKernels = true;
+bool flash_attention_fast_supported(const FlashAttentionShape& shape);
+void flash_attention_forward_fast_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
+                                       const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
+                                       float* lse, cudaStream_t stream);
+void flash_attention_backward_fast_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
                                         const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* out,
                                         const float* lse, const __nv_bfloat16* d_out, __nv_bfloat16* dq,
                                         __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, size_t workspace_bytes,

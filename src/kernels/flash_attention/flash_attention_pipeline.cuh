@@ -1,0 +1,89 @@
+// Building blocks of the pipelined flash-attention kernels (flash_attention_*_fast.cu): cp.async
+// 16-byte copies global -> shared with zero fill, and ldmatrix fragment loads (plain and .trans)
+// of m16n8k16 operands from padded row-major shared tiles. sm_80 and newer.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace deltamoe::flash_attention_detail {
+
+__device__ inline uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Copies 16 bytes, or writes 16 zero bytes when `valid` is false (source not read then).
+__device__ inline void cp_async_16(void* shared, const void* global, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared)), "l"(global),
+               "r"(valid ? 16 : 0));
+}
+
+// Copies 4 bytes, or writes a zero word when `valid` is false.
+__device__ inline void cp_async_4(void* shared, const void* global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(shared)), "l"(global),
+               "r"(valid ? 4 : 0));
+}
+
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Four 8x8 bf16 matrices; lane L supplies the row address of matrix L / 8.
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row)));
+}
+
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row)));
+}
+
+// A fragment (16 x 16, rows row0.., columns col0..) of a row-major shared tile.
+template <int kStride>
+__device__ inline void load_a_fragment(uint32_t (&a)[4], const uint16_t* tile, int row0, int col0, int lane) {
+  ldmatrix_x4(a, tile + (row0 + lane % 16) * kStride + col0 + (lane / 16) * 8);
+}
+
+// B fragments of two adjacent n-tiles where B[k][n] = tile[n][k] (tile rows are the n index:
+// K in Q K^T): b[0], b[1] for columns n0..n0+7, b[2], b[3] for n0+8..n0+15; k from k0.
+template <int kStride>
+__device__ inline void load_b_fragments_from_rows(uint32_t (&b)[4], const uint16_t* tile, int n0, int k0,
+                                                  int lane) {
+  ldmatrix_x4(b, tile + (n0 + lane % 8 + (lane / 16) * 8) * kStride + k0 + ((lane / 8) % 2) * 8);
+}
+
+// B fragments of two adjacent n-tiles where B[k][n] = tile[k][n] (tile rows are the reduction
+// index: V in P V, K in dS K, dO in P^T dO): same register order as above.
+template <int kStride>
+__device__ inline void load_b_fragments_from_columns(uint32_t (&b)[4], const uint16_t* tile, int k0, int n0,
+                                                     int lane) {
+  ldmatrix_x4_trans(b, tile + (k0 + lane % 16) * kStride + n0 + (lane / 16) * 8);
+}
+
+// Issues cp.async copies of `rows` rows of one head of a [T, H, head_dim] bf16 tensor into shared
+// rows of kStride elements (kPaddedDim used columns); rows at or past `limit` and columns past
+// head_dim (a multiple of 8) are zero-filled. Threads of the block share the work.
+template <int kPaddedDim, int kStride>
+__device__ inline void issue_tile_copy(uint16_t* tile, const __nv_bfloat16* source, int first, int rows, int limit,
+                                       int num_heads, int head, int head_dim) {
+  constexpr int kVectorsPerRow = kPaddedDim / 8;
+  for (int idx = threadIdx.x; idx < rows * kVectorsPerRow; idx += blockDim.x) {
+    const int row = idx / kVectorsPerRow, vec = idx - row * kVectorsPerRow;
+    const int token = first + row;
+    const bool valid = token < limit && vec * 8 < head_dim;
+    const __nv_bfloat16* from =
+        valid ? source + (static_cast<int64_t>(token) * num_heads + head) * head_dim + vec * 8 : source;
+    cp_async_16(tile + row * kStride + vec * 8, from, valid);
+  }
+}
+
+}  // namespace deltamoe::flash_attention_detail
