@@ -374,8 +374,7 @@ void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* 
   build_tile_starts_kernel<<<1, 32, 0, stream>>>(offsets, static_cast<int>(num_groups), tile_starts);
   CUDA_CHECK_LAUNCH();
 
-  if (kGroupedGemmUseMma && kernel == GroupedGemmKernel::automatic &&
-      grouped_gemm_detail::mma_applies(a, b, c, n, k)) {
+  if (kGroupedGemmUseMma && kernel == GroupedGemmKernel::automatic && grouped_gemm_detail::mma_applies(a, b, c, n, k)) {
     grouped_gemm_detail::rows_mma(a, b, b_stored_nk, c, c_dtype, offsets, tile_starts, static_cast<int>(num_groups),
                                   max_rows, static_cast<int>(n), static_cast<int>(k), stream);
     return;

@@ -1,5 +1,6 @@
 // CUDA grouped products over device-side group offsets (no host synchronisation): bf16 operands,
-// fp32 accumulation on the tensor cores (WMMA, sm_80 and sm_90). The spec is grouped_gemm.h.
+// fp32 accumulation on the tensor cores (mma.sync where extents are multiples of 8 and operands
+// 16-byte aligned, else WMMA; sm_80 and sm_90). The spec is grouped_gemm.h.
 // Own kernel rather than cublasGemmGroupedBatchedEx, which takes group sizes on the host (a sync
 // per layer to read the routing counts) and measured at 34-42% of dense; wgmma comes later.
 #pragma once

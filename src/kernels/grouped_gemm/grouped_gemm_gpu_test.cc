@@ -61,12 +61,16 @@ struct GroupedShape {
   int64_t rows, groups, empty_groups, n, k;
 };
 
+// Both kernels are checked against one reference product: `auto` (the mma.sync kernel where the
+// sizes and alignment allow, which callers get) and the WMMA fallback.
+constexpr GroupedGemmKernel kKernels[] = {GroupedGemmKernel::automatic, GroupedGemmKernel::wmma};
+
 const char* kernel_name(GroupedGemmKernel kernel) { return kernel == GroupedGemmKernel::wmma ? "wmma" : "auto"; }
 
-void check_rows(const GroupedShape& s, bool b_stored_nk, GroupedGemmKernel kernel, uint64_t seed) {
-  std::printf("rows-grouped [%s] R=%lld G=%lld (empty %lld) N=%lld K=%lld b=%s\n", kernel_name(kernel),
-              static_cast<long long>(s.rows), static_cast<long long>(s.groups), static_cast<long long>(s.empty_groups),
-              static_cast<long long>(s.n), static_cast<long long>(s.k), b_stored_nk ? "[N,K]" : "[K,N]");
+void check_rows(const GroupedShape& s, bool b_stored_nk, uint64_t seed) {
+  std::printf("rows-grouped R=%lld G=%lld (empty %lld) N=%lld K=%lld b=%s\n", static_cast<long long>(s.rows),
+              static_cast<long long>(s.groups), static_cast<long long>(s.empty_groups), static_cast<long long>(s.n),
+              static_cast<long long>(s.k), b_stored_nk ? "[N,K]" : "[K,N]");
   const std::vector<int32_t> offsets = random_offsets(s.rows, s.groups, s.empty_groups, seed);
   HostTensor a = random_bf16_exact({s.rows, s.k}, seed + 1);
   HostTensor b = random_bf16_exact({s.groups, b_stored_nk ? s.n : s.k, b_stored_nk ? s.k : s.n}, seed + 2,
@@ -77,25 +81,29 @@ void check_rows(const GroupedShape& s, bool b_stored_nk, GroupedGemmKernel kerne
 
   DeviceTensor a_d = to_device(a, DType::bf16), b_d = to_device(b, DType::bf16), off_d = offsets_to_device(offsets);
   DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(s.groups));
-  for (DType out_dtype : {DType::bf16, DType::f32}) {
-    DeviceTensor c_d = device_tensor(out_dtype, {s.rows, s.n});
-    device_fill_bytes(c_d.view, 0xFF);
-    grouped_gemm_rows_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), b_stored_nk, c_d.view.data, out_dtype,
-                                static_cast<const int32_t*>(off_d.view.data), s.groups, s.rows, s.n, s.k,
-                                workspace.data(), workspace.bytes(), nullptr);
-    device_synchronize();
-    // bf16 output: one rounding (2^-9 relative) -> rel_l2 <= 1e-2; f32 output: only summation order.
-    CompareResult r = compare_tensors(out_dtype == DType::bf16 ? "c (bf16)" : "c (f32)", to_host(c_d.view), c_ref);
-    EXPECT_TRUE(r.all_finite);
-    EXPECT_LE(r.rel_l2, out_dtype == DType::bf16 ? 1e-2 : 1e-4);
+  for (GroupedGemmKernel kernel : kKernels) {
+    for (DType out_dtype : {DType::bf16, DType::f32}) {
+      DeviceTensor c_d = device_tensor(out_dtype, {s.rows, s.n});
+      device_fill_bytes(c_d.view, 0xFF);
+      grouped_gemm_rows_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), b_stored_nk, c_d.view.data, out_dtype,
+                                  static_cast<const int32_t*>(off_d.view.data), s.groups, s.rows, s.n, s.k,
+                                  workspace.data(), workspace.bytes(), nullptr);
+      device_synchronize();
+      // bf16 output: one rounding (2^-9 relative) -> rel_l2 <= 1e-2; f32 output: only summation order.
+      const std::string name =
+          std::string(out_dtype == DType::bf16 ? "c (bf16) [" : "c (f32) [") + kernel_name(kernel) + "]";
+      CompareResult r = compare_tensors(name, to_host(c_d.view), c_ref);
+      EXPECT_TRUE(r.all_finite);
+      EXPECT_LE(r.rel_l2, out_dtype == DType::bf16 ? 1e-2 : 1e-4);
+    }
   }
 }
 
-void check_weight_grad(const GroupedShape& s, GroupedGemmKernel kernel, uint64_t seed) {
+void check_weight_grad(const GroupedShape& s, uint64_t seed) {
   const int64_t m = s.n, n = s.k;  // c_g [M, N]
-  std::printf("weight-grad [%s] R=%lld G=%lld (empty %lld) M=%lld N=%lld\n", kernel_name(kernel),
-              static_cast<long long>(s.rows), static_cast<long long>(s.groups), static_cast<long long>(s.empty_groups),
-              static_cast<long long>(m), static_cast<long long>(n));
+  std::printf("weight-grad R=%lld G=%lld (empty %lld) M=%lld N=%lld\n", static_cast<long long>(s.rows),
+              static_cast<long long>(s.groups), static_cast<long long>(s.empty_groups), static_cast<long long>(m),
+              static_cast<long long>(n));
   const std::vector<int32_t> offsets = random_offsets(s.rows, s.groups, s.empty_groups, seed);
   HostTensor a = random_bf16_exact({s.rows, m}, seed + 1);
   HostTensor b = random_bf16_exact({s.rows, n}, seed + 2);
@@ -104,13 +112,16 @@ void check_weight_grad(const GroupedShape& s, GroupedGemmKernel kernel, uint64_t
   grouped_gemm_weight_grad_ref(a.as<float>(), b.as<float>(), c_ref.as<float>(), offsets.data(), s.groups, m, n);
 
   DeviceTensor a_d = to_device(a, DType::bf16), b_d = to_device(b, DType::bf16), off_d = offsets_to_device(offsets);
-  DeviceTensor c_d = to_device(c_init, DType::f32);
-  grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), static_cast<float*>(c_d.view.data),
-                                     static_cast<const int32_t*>(off_d.view.data), s.groups, m, n, nullptr);
-  device_synchronize();
-  CompareResult r = compare_tensors("c (f32, added to)", to_host(c_d.view), c_ref);
-  EXPECT_TRUE(r.all_finite);
-  EXPECT_LE(r.rel_l2, 1e-4);
+  for (GroupedGemmKernel kernel : kKernels) {
+    DeviceTensor c_d = to_device(c_init, DType::f32);
+    grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), static_cast<float*>(c_d.view.data),
+                                       static_cast<const int32_t*>(off_d.view.data), s.groups, m, n, nullptr);
+    device_synchronize();
+    const std::string name = std::string("c (f32, added to) [") + kernel_name(kernel) + "]";
+    CompareResult r = compare_tensors(name, to_host(c_d.view), c_ref);
+    EXPECT_TRUE(r.all_finite);
+    EXPECT_LE(r.rel_l2, 1e-4);
+  }
 }
 
 // Shapes with N and K multiples of 8 take the mma.sync kernel under `auto`; the others the WMMA
@@ -131,19 +142,16 @@ const GroupedShape kShapes[] = {
     {512, 256, 40, 2048, 512},   // 35B down widths
 };
 
-constexpr GroupedGemmKernel kKernels[] = {GroupedGemmKernel::automatic, GroupedGemmKernel::wmma};
-
 TEST(GroupedGemmGpu, RowsMatchReference) {
   uint64_t seed = 100;
-  for (GroupedGemmKernel kernel : kKernels)
-    for (const GroupedShape& s : kShapes)
-      for (bool nk : {true, false}) check_rows(s, nk, kernel, seed += 20);
+  for (const GroupedShape& s : kShapes) {
+    for (bool nk : {true, false}) check_rows(s, nk, seed += 20);
+  }
 }
 
 TEST(GroupedGemmGpu, WeightGradMatchesReference) {
   uint64_t seed = 900;
-  for (GroupedGemmKernel kernel : kKernels)
-    for (const GroupedShape& s : kShapes) check_weight_grad(s, kernel, seed += 10);
+  for (const GroupedShape& s : kShapes) check_weight_grad(s, seed += 10);
 }
 
 TEST(GroupedGemmGpu, MisalignedOperandsFallBack) {
@@ -249,9 +257,15 @@ TEST(GroupedGemmGpu, Timing35B) {
                                 rows, hidden, 2 * inter, workspace.data(), workspace.bytes(), s);
   });
   time_both("down dX      [R,H]x[E,H,I] f32", down_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
-    grouped_gemm_rows_cuda_with(kernel, bf16_ptr(x), bf16_ptr(w_down), false, d_h.view.data, DType::f32, off,
-                                experts, rows, inter, hidden, workspace.data(), workspace.bytes(), s);
+    grouped_gemm_rows_cuda_with(kernel, bf16_ptr(x), bf16_ptr(w_down), false, d_h.view.data, DType::f32, off, experts,
+                                rows, inter, hidden, workspace.data(), workspace.bytes(), s);
   });
+  // dW reads and rewrites the f32 gradient c [E, M, N] (2 x 4 bytes per element): a memory floor
+  // beside the FLOP floor (the bf16 operands add ~0.4 GB, mostly from L2).
+  const double gu_dw_bytes = 8.0 * experts * 2 * inter * hidden, down_dw_bytes = 8.0 * experts * hidden * inter;
+  std::printf("  dW memory floor: gate_up %.2f GB -> %.3f ms, down %.2f GB -> %.3f ms at %.0f GB/s\n",
+              gu_dw_bytes * 1e-9, gu_dw_bytes / (kMemoryGBpsCeiling * 1e9) * 1e3, down_dw_bytes * 1e-9,
+              down_dw_bytes / (kMemoryGBpsCeiling * 1e9) * 1e3, kMemoryGBpsCeiling);
   time_both("gate_up dW   [R,2I]^T[R,H] f32+=", gu_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
     grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(h), bf16_ptr(x), static_cast<float*>(d_gu_w.view.data), off,
                                        experts, 2 * inter, hidden, s);

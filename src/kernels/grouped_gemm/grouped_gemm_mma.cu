@@ -283,8 +283,7 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_mma_kernel(MmaParams
   const uint32_t a_lane = smem_a + a_fragment_offset<kAKMajor>(warp_m, lane) * sizeof(nvbf16);
   const uint32_t b_lane = smem_b + b_fragment_offset<kBKMajor>(warp_n, lane) * sizeof(nvbf16);
 
-  const int total_tiles =
-      kRowsMode ? p.tile_starts[p.num_groups] * p.n_tiles : p.num_groups * p.m_tiles * p.n_tiles;
+  const int total_tiles = kRowsMode ? p.tile_starts[p.num_groups] * p.n_tiles : p.num_groups * p.m_tiles * p.n_tiles;
   for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
     TileWork w;
     if constexpr (kRowsMode)
