@@ -31,7 +31,8 @@ __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\
 // Waits until at most kPending of this thread's committed groups are still in flight.
 template <int kPending>
 __device__ inline void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+  // The clobber keeps the compiler from moving ordinary shared-memory reads above the wait.
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // Four 8x8 bf16 matrices; lane L supplies the row address of matrix L / 8.
