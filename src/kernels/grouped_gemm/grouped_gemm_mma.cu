@@ -165,12 +165,28 @@ __device__ __forceinline__ void compute_stage(float (&acc)[kMmaM][kMmaN][4], uin
 
 // Accumulator element pairs straight from registers: lane (g = lane / 4, t = lane % 4) holds rows
 // g and g + 8 of each 16x8 block, columns 2t and 2t + 1 (both valid or both not: n % 8 == 0).
+// kAddF32 (dW, bound by reading and rewriting c) first issues the 8 loads of a 16-row band, then
+// the 8 stores, so that loads overlap instead of each waiting for the previous store.
 template <int kEpilogue>
 __device__ __forceinline__ void store_tile(const float (&acc)[kMmaM][kMmaN][4], void* c_tile, int64_t ldc,
                                            int rows_valid, int cols_valid, int warp_m, int warp_n, int lane) {
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int i = 0; i < kMmaM; ++i) {
+    float2 old[2][kMmaN];
+    if constexpr (kEpilogue == kAddF32) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = warp_m * kWarpM + i * 16 + g + half * 8;
+#pragma unroll
+        for (int j = 0; j < kMmaN; ++j) {
+          const int col = warp_n * kWarpN + j * 8 + 2 * t;
+          old[half][j] = row < rows_valid && col < cols_valid
+                             ? *reinterpret_cast<const float2*>(static_cast<const float*>(c_tile) + row * ldc + col)
+                             : make_float2(0.0f, 0.0f);
+        }
+      }
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = warp_m * kWarpM + i * 16 + g + half * 8;
@@ -183,14 +199,11 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kMmaM][kMmaN][4], 
         const int64_t at = row * ldc + col;
         if constexpr (kEpilogue == kStoreBf16) {
           *reinterpret_cast<__nv_bfloat162*>(static_cast<nvbf16*>(c_tile) + at) = __floats2bfloat162_rn(v0, v1);
+        } else if constexpr (kEpilogue == kAddF32) {
+          *reinterpret_cast<float2*>(static_cast<float*>(c_tile) + at) =
+              make_float2(old[half][j].x + v0, old[half][j].y + v1);
         } else {
-          float2* dst = reinterpret_cast<float2*>(static_cast<float*>(c_tile) + at);
-          if constexpr (kEpilogue == kAddF32) {
-            const float2 old = *dst;
-            *dst = make_float2(old.x + v0, old.y + v1);
-          } else {
-            *dst = make_float2(v0, v1);
-          }
+          *reinterpret_cast<float2*>(static_cast<float*>(c_tile) + at) = make_float2(v0, v1);
         }
       }
     }
