@@ -13,6 +13,9 @@
 #include "core/log.h"
 #include "data/sample_source.h"
 #include "train/trainer.h"
+#if DELTAMOE_WITH_CUDA
+#include "train/gpu/gpu_engine.h"
+#endif
 
 namespace deltamoe {
 
@@ -70,6 +73,8 @@ void declare_flags(ArgParser& args) {
   args.add_option("max_pixels", "largest image area after resizing (default: the processor's)", "0");
   args.add_option("max_shard_size", "largest safetensors shard of a saved checkpoint, in bytes", "5000000000");
   args.add_option("device", "auto, cpu or cuda", "auto");
+  args.add_option("peak_tflops", "the GPU's peak dense bf16 TFLOP/s for the MFU of the progress line (0: by GPU "
+                  "name, e.g. 989 for an H100/H200)", "0");
 }
 
 bool parse_bool(const ArgParser& args, const std::string& name) {
@@ -180,6 +185,8 @@ TrainOptions options_from_args(const ArgParser& args) {
   const int64_t shard = args.get_int("max_shard_size");
   CHECK(shard >= 0, "--max_shard_size must be >= 0");
   options.max_shard_bytes = static_cast<uint64_t>(shard);
+  options.peak_tflops = args.get_double("peak_tflops");
+  CHECK(options.peak_tflops >= 0, "--peak_tflops must be >= 0 (0: by GPU name), got ", options.peak_tflops);
   return options;
 }
 
@@ -193,6 +200,9 @@ int cmd_train(int argc, char** argv) {
   for (std::string& arg : expanded) expanded_argv.push_back(arg.data());
   if (!args.parse(static_cast<int>(expanded_argv.size()), expanded_argv.data())) return 0;
   const TrainOptions options = options_from_args(args);
+#if DELTAMOE_WITH_CUDA
+  if (args.get("device") != "cpu") register_gpu_engine();  // where a GPU answers: --device auto / cuda use it
+#endif
   const TrainSummary summary = run_training(options, args.get("device"));
 
   std::printf("\ntrain summary (%s): %lld/%lld steps (%lld this run) in %.1f s; loss %.4f -> %.4f", summary.device.c_str(),

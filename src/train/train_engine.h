@@ -3,6 +3,7 @@
 // (cpu_engine.h) and the GPU engine plug into the same loop.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,12 +23,26 @@ struct MicroBatchLoss {
   int64_t num_correct = -1;
 };
 
+// What an engine that plans its memory once (the GPU engine) must know about the batches to come.
+struct EngineSizing {
+  int64_t max_tokens = 0;   // token budget of one micro-batch (0: unknown)
+  int64_t max_samples = 0;  // most samples in one micro-batch (0: limited by tokens only)
+};
+
 class TrainEngine {
  public:
   virtual ~TrainEngine() = default;
 
   // "cpu" or "cuda:<n>", for logs and the metrics file.
   virtual std::string device_name() const = 0;
+  // The accelerator's model name (e.g. "NVIDIA H200"), which picks the default peak FLOP/s for
+  // MFU; empty for the CPU.
+  virtual std::string accelerator_name() const { return ""; }
+  // Model FLOPs of forward + backward of this micro-batch, counted as ../shared/baselines.md does
+  // (src/train/gpu/bench_flops.h); 0 when the engine does not report MFU (the CPU reference).
+  virtual double training_flops(const MicroBatch& batch) const { return 0.0; }
+  // Most device memory in use so far (bytes, CUDA context included); 0 when not measured.
+  virtual size_t peak_memory_bytes() const { return 0; }
 
   // Makes the engine compute with these weights: the flat fp32 master buffer of the trainer's
   // ParamLayout (trainable tensors only; frozen ones stay as loaded). Called once at the start and

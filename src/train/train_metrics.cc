@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -25,6 +26,16 @@ std::string format_duration(double seconds) {
   return text;
 }
 
+double default_peak_tflops(const std::string& gpu_name) {
+  auto has = [&](const char* part) { return gpu_name.find(part) != std::string::npos; };
+  if (has("H100") && has("PCIe")) return 756.0;
+  if (has("H100") || has("H200") || has("H800") || has("GH200")) return 989.0;
+  if (has("A100") || has("A800")) return 312.0;
+  if (has("L40S")) return 362.0;
+  if (has("B200")) return 2250.0;
+  return 0.0;
+}
+
 std::string format_progress_line(const StepMetrics& m) {
   char rate[32];
   if (m.tokens_per_s >= 1e3) {
@@ -34,10 +45,21 @@ std::string format_progress_line(const StepMetrics& m) {
   }
   char acc[32] = "";
   if (m.token_acc >= 0) std::snprintf(acc, sizeof(acc), " | acc %.3f", m.token_acc);
-  char line[320];
-  std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f%s | lr %.3g | grad_norm %.3f | %s tok/s | %.2f s/step | ETA %s%s",
+  char device[96] = "";
+  if (m.tflops >= 0 && m.mfu >= 0) {
+    std::snprintf(device, sizeof(device), " | MFU %.1f%% (%.3g TFLOP/s)", 100.0 * m.mfu, m.tflops);
+  } else if (m.tflops >= 0) {
+    std::snprintf(device, sizeof(device), " | %.3g TFLOP/s", m.tflops);
+  }
+  if (m.peak_mem_gib >= 0) {
+    const size_t used = std::strlen(device);
+    std::snprintf(device + used, sizeof(device) - used, " | mem %.1f GiB", m.peak_mem_gib);
+  }
+  char line[420];
+  std::snprintf(line, sizeof(line),
+                "step %lld/%lld | loss %.4f%s | lr %.3g | grad_norm %.3f | %s tok/s%s | %.2f s/step | ETA %s%s",
                 static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, acc, m.lr, m.grad_norm,
-                rate, m.step_s, format_duration(m.eta_s).c_str(),
+                rate, device, m.step_s, format_duration(m.eta_s).c_str(),
                 m.skipped ? " | SKIPPED (non-finite gradient norm)" : "");
   return line;
 }
@@ -91,6 +113,9 @@ void MetricsLog::write_step(const StepMetrics& m) {
   json["step_s"] = m.step_s;
   json["tokens_per_s"] = m.tokens_per_s;
   json["elapsed_s"] = m.elapsed_s;
+  if (m.tflops >= 0) json["tflops"] = m.tflops;
+  if (m.mfu >= 0) json["mfu"] = m.mfu;
+  if (m.peak_mem_gib >= 0) json["peak_mem_gib"] = m.peak_mem_gib;
   write_line(json.dump());
 }
 

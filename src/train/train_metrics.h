@@ -25,13 +25,22 @@ struct StepMetrics {
   double tokens_per_s = 0;
   double eta_s = 0;
   double elapsed_s = 0;
+  // GPU engine only (negative: not reported, left out of the line and the file).
+  double tflops = -1;        // model TFLOP/s of the step (FLOPs as ../shared/baselines.md counts them / step_s)
+  double mfu = -1;           // tflops / the device's peak (needs a known peak: --peak_tflops or the GPU name)
+  double peak_mem_gib = -1;  // most device memory in use so far (GiB, CUDA context included)
 };
 
 // "step 12/100 | loss 3.2104 | acc 0.412 | lr 9.51e-05 | grad_norm 1.234 | 2.1k tok/s | 0.41 s/step | ETA 36s"
-// (acc: token accuracy of the step's supervised tokens, when the engine reports it).
+// (acc: token accuracy of the step's supervised tokens, when the engine reports it). The GPU
+// engine adds "| MFU 41.2% (407 TFLOP/s) | mem 61.3 GiB" after tok/s ("| 407 TFLOP/s" without a peak).
 std::string format_progress_line(const StepMetrics& metrics);
 // "1h02m", "3m05s", "12s".
 std::string format_duration(double seconds);
+// Peak dense bf16 TFLOP/s of a GPU from its name (cudaDeviceProp::name), as the spec sheets give
+// them without sparsity: H100/H200/H800/GH200 989 (SXM; "PCIe" H100 756), A100/A800 312, L40S 362,
+// B200 2250; 0 when unknown (then MFU is left out unless --peak_tflops names it).
+double default_peak_tflops(const std::string& gpu_name);
 
 // Appends JSON lines to a file (kept open; flushed after every line so a crash loses nothing).
 class MetricsLog {

@@ -46,6 +46,7 @@ struct TrainOptions {
   int num_workers = 2;
   int64_t min_pixels = 0, max_pixels = 0;  // 0: the processor defaults
   uint64_t max_shard_bytes = 5'000'000'000;
+  double peak_tflops = 0;  // --peak_tflops: the device's peak for MFU (0: by GPU name, see train_metrics.h)
 };
 
 // Checks values and paths (model dir with config.json, dataset files, output dir writable) and

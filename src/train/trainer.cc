@@ -166,8 +166,18 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   Rng rng(state.rng_seed);
   rng.seek(state.rng_position);
 
-  std::unique_ptr<TrainEngine> engine = make_train_engine(device, base, layout);
+  EngineSizing sizing;
+  sizing.max_tokens = batch_plan.token_budget;
+  sizing.max_samples = batch_plan.micro_batch_samples;
+  std::unique_ptr<TrainEngine> engine = make_train_engine(device, base, layout, sizing);
   engine->set_trainable_weights(master.data());
+  // MFU needs the device's peak: --peak_tflops, else the GPU's spec-sheet value by name.
+  const double peak_tflops =
+      options.peak_tflops > 0 ? options.peak_tflops : default_peak_tflops(engine->accelerator_name());
+  if (!engine->accelerator_name().empty()) {
+    log_info("train: ", engine->device_name(), " is ", engine->accelerator_name(), "; MFU against ",
+             peak_tflops > 0 ? str_cat(peak_tflops, " TFLOP/s peak") : std::string("no known peak (--peak_tflops)"));
+  }
 
   std::vector<MicroBatch> val_batches;
   if (!val_paths.empty()) {
@@ -241,7 +251,9 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     }
     GlobalBatchLoss loss(counts, aux_coef);
     int64_t num_tokens = 0, num_correct = 0;
+    double step_flops = 0;
     for (const MicroBatch& batch : batches) {
+      step_flops += engine->training_flops(batch);
       const MicroBatchLoss part = engine->forward_backward(batch, loss.ce_token_weight(), loss.aux_weight(), grad.data());
       loss.add_micro_batch(part.ce_sum, part.num_supervised, part.aux_loss);
       num_tokens += part.num_tokens;
@@ -277,6 +289,11 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     step.step_s = seconds_since(step_start);
     step.tokens_per_s = step.step_s > 0 ? static_cast<double>(num_tokens) / step.step_s : 0.0;
     step.elapsed_s = state.elapsed_s;
+    if (step_flops > 0 && step.step_s > 0) {
+      step.tflops = step_flops / step.step_s / 1e12;
+      if (peak_tflops > 0) step.mfu = step.tflops / peak_tflops;
+    }
+    if (engine->peak_memory_bytes() > 0) step.peak_mem_gib = static_cast<double>(engine->peak_memory_bytes()) / (1 << 30);
     const double mean_step_s = seconds_since(loop_start) / static_cast<double>(summary.steps_this_run);
     step.eta_s = mean_step_s * static_cast<double>(total_steps - state.global_step);
     metrics.write_step(step);

@@ -1,0 +1,231 @@
+// GpuEngine: uploads the checkpoint into a GpuTextModel planned for the trainer's token budget, runs
+// each packed micro-batch on the device and moves weights and gradients through the trainer's
+// flat host buffers (see gpu_engine.h).
+#include "train/gpu/gpu_engine.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "model/text/text_params.h"
+#include "train/engine_factory.h"
+#include "train/gpu/bench_flops.h"
+#include "train/gpu/gpu_text_model.h"
+
+namespace deltamoe {
+
+namespace {
+
+constexpr int64_t kIgnore = -100;
+// Evaluation downloads [T, V] fp32 logits to count the right argmaxes only up to this size
+// (256 MiB: the demo's 1024 x 4096 is 16 MiB; a real vocabulary at 8k tokens would be 8 GiB).
+constexpr int64_t kMaxAccuracyLogits = int64_t{1} << 26;
+
+// Supervised positions whose first-maximum logit is the label (as CpuEngine counts them).
+int64_t count_correct(const std::vector<float>& logits, const std::vector<int64_t>& shifted_labels, int64_t vocab) {
+  int64_t correct = 0;
+  for (size_t t = 0; t < shifted_labels.size(); ++t) {
+    if (shifted_labels[t] == kIgnore) continue;
+    const float* row = logits.data() + t * static_cast<size_t>(vocab);
+    correct += std::max_element(row, row + vocab) - row == shifted_labels[t];
+  }
+  return correct;
+}
+
+int64_t count_supervised(const std::vector<int64_t>& shifted_labels) {
+  return std::count_if(shifted_labels.begin(), shifted_labels.end(), [](int64_t label) { return label != kIgnore; });
+}
+
+double gib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
+
+}  // namespace
+
+int64_t planned_max_sequences(const EngineSizing& sizing) {
+  CHECK(sizing.max_tokens > 0, "train: the GPU engine needs the micro-batch token budget, got ", sizing.max_tokens);
+  if (sizing.max_samples > 0) return std::min(sizing.max_samples, sizing.max_tokens);
+  return std::min(sizing.max_tokens, std::max<int64_t>(64, sizing.max_tokens / kMinTokensPerSample));
+}
+
+struct GpuEngine::State {
+  ModelConfig config;
+  std::string text_prefix;
+  ParamLayout layout;  // the trainer's: trainable tensors only
+  EngineSizing sizing;
+  int64_t max_seqs = 0;
+  int device = 0;
+  std::string gpu_name;
+  std::unique_ptr<GpuTextModel> text;
+  // fp32 host copy of every text parameter: trainable ones are refreshed from the trainer's
+  // master, frozen ones keep the checkpoint's values; uploaded whole by set_trainable_weights.
+  ParamMap text_params;
+  // Trainer entries that are text parameters: (name, offset in the trainer's flat buffer).
+  std::vector<std::pair<std::string, int64_t>> text_entries;
+  size_t peak_used_bytes = 0;
+
+  void note_memory() {
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    peak_used_bytes = std::max(peak_used_bytes, total_bytes - free_bytes);
+  }
+
+  // Validates the batch and copies it to the device; returns the shifted labels.
+  std::vector<int64_t> upload_batch(const MicroBatch& batch) {
+    const int64_t num_tokens = batch.num_tokens();
+    CHECK(num_tokens > 0, "train: empty micro-batch");
+    CHECK(num_tokens <= sizing.max_tokens, "train: a micro-batch of ", num_tokens,
+          " tokens, the GPU engine was planned for at most ", sizing.max_tokens, " (the micro-batch token budget)");
+    const int64_t num_seqs = static_cast<int64_t>(batch.cu_seqlens.size()) - 1;
+    CHECK(num_seqs <= max_seqs, "train: a micro-batch of ", num_seqs, " samples, the GPU engine was planned for at most ",
+          max_seqs, " (", kMinTokensPerSample, " tokens per sample on average); cap the samples per micro-batch ",
+          "with --micro_batch_size");
+    CHECK(static_cast<int64_t>(batch.positions.size()) == 3 * num_tokens, "train: micro-batch positions must be [3, ",
+          num_tokens, "], got ", batch.positions.size(), " values");
+    CHECK(batch.image_grid_thw.empty() && batch.pixel_values.empty(), "train: this micro-batch holds ",
+          batch.image_grid_thw.size(), " image(s), but the GPU engine does not run the vision tower yet; ",
+          "train image data with --device cpu");
+    std::vector<int64_t> ids(batch.input_ids.begin(), batch.input_ids.end());
+    std::vector<int64_t> shifted = shift_packed_labels(batch);
+    text->set_batch(ids, shifted, batch.cu_seqlens, batch.positions);
+    return shifted;
+  }
+
+  // Runs forward + backward of the uploaded batch with the loss weights given and reads the losses.
+  MicroBatchLoss run(const std::vector<int64_t>& shifted, double ce_weight, double aux_weight) {
+    text->set_loss_weights(static_cast<float>(ce_weight), static_cast<float>(aux_weight));
+    text->forward_backward();
+    MicroBatchLoss loss;
+    loss.num_tokens = static_cast<int64_t>(shifted.size());
+    loss.num_supervised = count_supervised(shifted);
+    // The model reports the mean over the batch's supervised tokens (0 when there are none).
+    loss.ce_sum = static_cast<double>(text->read_loss()) * static_cast<double>(loss.num_supervised);
+    loss.aux_loss = text->read_aux_loss();
+    note_memory();
+    return loss;
+  }
+};
+
+GpuEngine::GpuEngine(const ModelCheckpoint& checkpoint, const ParamLayout& layout, const EngineSizing& sizing)
+    : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.config = checkpoint.config;
+  s.text_prefix = s.config.text_prefix();
+  s.layout = layout;
+  s.sizing = sizing;
+  s.max_seqs = planned_max_sequences(sizing);
+  CHECK(!s.config.tie_word_embeddings && !s.config.text.tie_word_embeddings,
+        "train: tie_word_embeddings is not supported (Qwen3.5-MoE unties lm_head)");
+  CUDA_CHECK(cudaGetDevice(&s.device));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, s.device));
+  s.gpu_name = prop.name;
+
+  for (const NamedShape& spec : text_param_shapes(s.config.text, s.text_prefix)) {
+    auto it = checkpoint.params.find(spec.name);
+    CHECK(it != checkpoint.params.end(), "train: the checkpoint has no tensor '", spec.name, "'");
+    const HostTensor values = it->second.to_host().to_f32();
+    s.text_params[spec.name] = {values.shape().to_vector(),
+                                std::vector<float>(values.as<float>(), values.as<float>() + values.numel())};
+  }
+  check_text_params(s.text_params, s.config.text, s.text_prefix);
+  for (const ParamEntry& entry : layout.entries()) {
+    if (s.text_params.count(entry.name) != 0) {
+      CHECK(static_cast<int64_t>(s.text_params.at(entry.name).values.size()) == entry.numel, "train: tensor '",
+            entry.name, "' has ", entry.numel, " values in the trainer's layout and ",
+            s.text_params.at(entry.name).values.size(), " in the model");
+      s.text_entries.emplace_back(entry.name, entry.offset);
+    } else {
+      // Vision tensors receive no gradient from text-only batches (image batches are refused).
+      CHECK(s.config.has_vision && entry.name.starts_with("model.visual.") && checkpoint.params.count(entry.name),
+            "train: trainable tensor '", entry.name, "' is not a parameter of the GPU model");
+    }
+  }
+
+  GpuModelOptions options;
+  options.max_tokens = sizing.max_tokens;
+  options.max_seqs = s.max_seqs;
+  options.loss_chunk_rows = std::min<int64_t>(1024, sizing.max_tokens);
+  // The model's own AdamW moments are not used (the trainer steps on the host): keep them small.
+  options.adamw.moment_dtype = DType::bf16;
+  s.text = std::make_unique<GpuTextModel>(s.config.text, s.text_prefix, options);
+  s.text->upload_params(s.text_params);
+  s.note_memory();
+  const GpuMemoryBreakdown mem = s.text->memory();
+  log_info("train: GPU engine on cuda:", s.device, " (", s.gpu_name, "), planned for ", sizing.max_tokens,
+           " tokens and ", s.max_seqs, " samples per micro-batch: weights ", gib(mem.weights), " GiB, gradients ",
+           gib(mem.gradients), " GiB, activations ", gib(mem.activations), " GiB, workspace ", gib(mem.workspace),
+           " GiB; device memory in use ", gib(s.peak_used_bytes), " GiB");
+}
+
+GpuEngine::~GpuEngine() = default;
+
+std::string GpuEngine::device_name() const { return str_cat("cuda:", state_->device); }
+
+std::string GpuEngine::accelerator_name() const { return state_->gpu_name; }
+
+void GpuEngine::set_trainable_weights(const float* master) {
+  State& s = *state_;
+  for (const auto& [name, offset] : s.text_entries) {
+    std::vector<float>& values = s.text_params.at(name).values;
+    std::copy(master + offset, master + offset + static_cast<int64_t>(values.size()), values.begin());
+  }
+  // The whole text model goes up (frozen tensors unchanged): one upload per optimizer step.
+  s.text->upload_params(s.text_params);
+}
+
+MicroBatchLoss GpuEngine::forward_backward(const MicroBatch& batch, double ce_token_weight, double aux_weight,
+                                           float* grad) {
+  State& s = *state_;
+  const std::vector<int64_t> shifted = s.upload_batch(batch);
+  // The model differentiates ce_weight * mean CE; the contract asks for ce_token_weight * CE sum,
+  // which is (ce_token_weight * num_supervised) * mean.
+  const double ce_weight = ce_token_weight * static_cast<double>(count_supervised(shifted));
+  const MicroBatchLoss loss = s.run(shifted, ce_weight, aux_weight);
+  // The device gradients were zeroed and written by this micro-batch: add them to the step's total.
+  for (const auto& [name, offset] : s.text_entries) {
+    const std::vector<float> part = s.text->read_gradient(name);
+    float* total = grad + offset;
+    for (size_t i = 0; i < part.size(); ++i) total[i] += part[i];
+  }
+  return loss;
+}
+
+MicroBatchLoss GpuEngine::forward(const MicroBatch& batch, std::vector<float>* logits) {
+  State& s = *state_;
+  const std::vector<int64_t> shifted = s.upload_batch(batch);
+  // GpuTextModel computes the loss inside its backward (lm_head + cross-entropy in chunks): run it
+  // with zero loss weights, whose gradients are zero and never read.
+  MicroBatchLoss loss = s.run(shifted, 0.0, 0.0);
+  const int64_t vocab = s.config.text.vocab_size;
+  if (logits != nullptr || loss.num_tokens * vocab <= kMaxAccuracyLogits) {
+    std::vector<float> values = s.text->compute_logits();
+    loss.num_correct = count_correct(values, shifted, vocab);
+    if (logits != nullptr) *logits = std::move(values);
+  }
+  return loss;
+}
+
+double GpuEngine::training_flops(const MicroBatch& batch) const {
+  return training_step_flops(state_->config.text, batch.cu_seqlens);
+}
+
+size_t GpuEngine::peak_memory_bytes() const { return state_->peak_used_bytes; }
+
+bool register_gpu_engine() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear the error so later CUDA calls start clean
+    return false;
+  }
+  register_gpu_train_engine([](const ModelCheckpoint& checkpoint, const ParamLayout& layout,
+                               const EngineSizing& sizing) -> std::unique_ptr<TrainEngine> {
+    return std::make_unique<GpuEngine>(checkpoint, layout, sizing);
+  });
+  return true;
+}
+
+}  // namespace deltamoe
