@@ -1,228 +1,255 @@
 // CUDA backward of the chunked gated delta rule, following chunk_backward in the chunked CPU
 // reference: recompute the forward chunk quantities and states, a reverse scan over chunks for
-// dL/dH and dV_new, then chunk-local gradients. Plain fp32 FMA version: correct first.
+// dL/dH and dV_new, then chunk-local gradients; products on tensor cores (gdn_mma.cuh, TF32 with
+// fp32 operands split in two), gates and reductions in fp32.
 #include <algorithm>
 
 #include "core/cuda_check.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_cuda.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_internal.cuh"
+#include "kernels/gated_delta_rule/gdn_mma.cuh"
 
 namespace deltamoe {
 namespace gdn_cuda {
 namespace {
 
-constexpr int kColumnStride = kScanColumns + 1;  // padded rows of the 64-token column slices
+// Shared tiles of the reverse state scan (~172 KB).
+struct DScanSmem {
+  float dh[kD * kColStride];      // columns [col0, col0 + 64) of dL/dH
+  float w[kChunk * kF32StrideT];  // W of the chunk (read transposed)
+  __nv_bfloat16 q[kChunk * kBf16Stride];
+  __nv_bfloat16 k[kChunk * kBf16Stride];
+  float p[kChunk * kSqStrideT];   // P (read transposed)
+  __nv_bfloat16 d_o[kChunk * kColStride];
+  float d_o_scaled[kChunk * kColStride];  // scale e^gamma_i do_i
+  float dvn[kChunk * kColStride];
+  float to_end[kChunk], exp_gamma[kChunk];
+  float chunk_decay;
+};
 
-// Grid (N, Hv, ceil(Dv / kScanColumns)). Reverse scan over the chunks of one sequence carrying a
-// column slice of dL/dH. Per chunk (last first): stores dH leaving the chunk, then
+// Grid (N, Hv, ceil(Dv / 64)). Reverse scan over the chunks of one sequence carrying 64 columns
+// of dL/dH. Per chunk (last first): stores dH leaving the chunk, then
 //   dV_new_j = sum_{i>=j} P_ij do_i + e^(gamma_last - gamma_j) dH^T k_j,
 //   dH <- e^gamma_last dH + sum_i e^gamma_i (scale q_i) do_i^T - W^T dV_new.
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     dstate_scan_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
                        const __nv_bfloat16* k, const __nv_bfloat16* d_o,
                        const float* d_final_state, float* d_initial_state, Workspace ws) {
-  const int n = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kScanColumns;
+  const int n = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kScanCols;
   const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
-  const int kh = key_head_of(s, h), tid = threadIdx.x;
-  const int cols = min(kScanColumns, Dv - col0);
-  __shared__ float dhs[kGatedDeltaRuleCudaMaxHeadDim * kScanColumns];
-  __shared__ float dvn[kChunk * kColumnStride];
-  __shared__ float to_end[kChunk];
-  __shared__ float e_gam[kChunk];
-  __shared__ float chunk_decay;
-  const int64_t state_base = (static_cast<int64_t>(n) * Hv + h) * Dk * Dv;
-  for (int idx = tid; idx < Dk * kScanColumns; idx += kThreads) {
-    const int d = idx / kScanColumns, e = idx % kScanColumns;
-    dhs[idx] = (d_final_state != nullptr && e < cols)
-                   ? d_final_state[state_base + d * Dv + col0 + e]
-                   : 0.0f;
+  const int kh = key_head_of(s, h), tid = threadIdx.x, warp = tid >> 5;
+  const int cols = min(kScanCols, Dv - col0);
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  DScanSmem& sm = *reinterpret_cast<DScanSmem*>(smem_raw);
+  const int64_t state_base = (static_cast<int64_t>(n) * Hv + h) * Dk * Dv + col0;
+  for (int idx = tid; idx < kD * kScanCols; idx += kThreads) {
+    const int d = idx / kScanCols, e = idx % kScanCols;
+    sm.dh[d * kColStride + e] = (d_final_state != nullptr && d < Dk && e < cols)
+                                    ? d_final_state[state_base + static_cast<int64_t>(d) * Dv + e]
+                                    : 0.0f;
   }
   const int first = ws.chunk_offsets[n], last = ws.chunk_offsets[n + 1];
   for (int c = last - 1; c >= first; --c) {
     const ChunkInfo ci = ws.chunks[c];
     const int len = ci.len;
+    const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
+    const int64_t qk_first = (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk;
     __syncthreads();
-    float* dh_out = ws.dh + (static_cast<int64_t>(c) * Hv + h) * Dk * Dv;
-    for (int idx = tid; idx < Dk * kScanColumns; idx += kThreads) {
-      const int d = idx / kScanColumns, e = idx % kScanColumns;
-      if (e < cols) dh_out[d * Dv + col0 + e] = dhs[idx];
+    float* dh_out = ws.dh + (static_cast<int64_t>(c) * Hv + h) * Dk * Dv + col0;
+    for (int idx = tid; idx < Dk * kScanCols; idx += kThreads) {
+      const int d = idx / kScanCols, e = idx % kScanCols;
+      if (e < cols) dh_out[static_cast<int64_t>(d) * Dv + e] = sm.dh[d * kColStride + e];
     }
-    if (tid < len) {
-      const float g_last = ws.gamma[static_cast<int64_t>(ci.t0 + len - 1) * Hv + h];
-      const float g_i = ws.gamma[static_cast<int64_t>(ci.t0 + tid) * Hv + h];
-      to_end[tid] = expf(g_last - g_i);
-      e_gam[tid] = expf(g_i);
-      if (tid == 0) chunk_decay = expf(g_last);
-    }
-    __syncthreads();
-    const float* p_in = ws.p + (static_cast<int64_t>(c) * Hv + h) * kChunk * kChunk;
-    for (int idx = tid; idx < len * kScanColumns; idx += kThreads) {
-      const int j = idx / kScanColumns, e = idx % kScanColumns;
-      if (e >= cols) continue;
-      float from_outputs = 0.0f;
-      for (int i = j; i < len; ++i) {
-        from_outputs += p_in[i * kChunk + j] *
-                        __bfloat162float(d_o[(static_cast<int64_t>(ci.t0 + i) * Hv + h) * Dv +
-                                             col0 + e]);
-      }
-      const __nv_bfloat16* k_row = k + (static_cast<int64_t>(ci.t0 + j) * Hk + kh) * Dk;
-      float from_state = 0.0f;
-      for (int d = 0; d < Dk; ++d) from_state += __bfloat162float(k_row[d]) * dhs[d * kScanColumns + e];
-      const float value = from_outputs + to_end[j] * from_state;
-      dvn[j * kColumnStride + e] = value;
-      ws.dv_new[(static_cast<int64_t>(ci.t0 + j) * Hv + h) * Dv + col0 + e] = value;
+    load_tile(sm.w, kF32StrideT, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
+              len, Dk);
+    load_tile(sm.q, kBf16Stride, kChunk, kD, q + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
+    load_tile(sm.k, kBf16Stride, kChunk, kD, k + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
+    load_tile(sm.p, kSqStrideT, kChunk, kChunk,
+              ws.p + (static_cast<int64_t>(c) * Hv + h) * kChunk * kChunk, kChunk, kChunk, kChunk);
+    load_tile(sm.d_o, kColStride, kChunk, kScanCols, d_o + row_first * Dv + col0,
+              static_cast<int64_t>(Hv) * Dv, len, cols);
+    if (tid < kChunk) {
+      const float g_last = ws.gamma[row_first + static_cast<int64_t>(len - 1) * Hv];
+      const float g_i = tid < len ? ws.gamma[row_first + static_cast<int64_t>(tid) * Hv] : 0.0f;
+      sm.to_end[tid] = tid < len ? expf(g_last - g_i) : 0.0f;
+      sm.exp_gamma[tid] = tid < len ? expf(g_i) : 0.0f;
+      if (tid == 0) sm.chunk_decay = expf(g_last);
     }
     __syncthreads();
-    for (int idx = tid; idx < Dk * kScanColumns; idx += kThreads) {
-      const int d = idx / kScanColumns, e = idx % kScanColumns;
-      if (e >= cols) continue;
-      float sum = chunk_decay * dhs[idx];
-      for (int i = 0; i < len; ++i) {
-        const int64_t row = static_cast<int64_t>(ci.t0 + i) * Hv + h;
-        const float qd =
-            scale * __bfloat162float(q[(static_cast<int64_t>(ci.t0 + i) * Hk + kh) * Dk + d]);
-        sum += e_gam[i] * qd * __bfloat162float(d_o[row * Dv + col0 + e]);
-        sum -= ws.w[row * Dk + d] * dvn[i * kColumnStride + e];
-      }
-      dhs[idx] = sum;
+    for (int idx = tid; idx < kChunk * kScanCols; idx += kThreads) {
+      const int i = idx / kScanCols, e = idx % kScanCols;
+      sm.d_o_scaled[i * kColStride + e] =
+          scale * sm.exp_gamma[i] * __bfloat162float(sm.d_o[i * kColStride + e]);
+    }
+    {
+      // dV_new: 64 x 64, warp tile rows 16 (warp % 4), columns 32 (warp / 4).
+      const int m0 = 16 * (warp & 3), n0 = 32 * (warp >> 2);
+      float acc[1][4][4];
+      zero_acc(acc);
+      warp_mma<1, 4, kD>(acc, rows_of<kBf16Stride>(sm.k), m0, rows_of<kColStride>(sm.dh), n0);
+      for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int j, int) {
+        acc[mt][nt][r] *= sm.to_end[j];
+      });
+      warp_mma<1, 4, kChunk>(acc, transposed<kSqStrideT>(sm.p), m0, rows_of<kColStride>(sm.d_o), n0);
+      for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int j, int e) {
+        if (j < len && e < cols)
+          ws.dv_new[(row_first + static_cast<int64_t>(j) * Hv) * Dv + col0 + e] = acc[mt][nt][r];
+        sm.dvn[j * kColStride + e] = acc[mt][nt][r];
+      });
+    }
+    __syncthreads();
+    {
+      // dH: 128 x 64, warp tile rows 16 warp, all 64 columns.
+      const int m0 = 16 * warp;
+      float acc[1][8][4], minus[1][8][4];
+      for_each_acc<1, 8>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
+        acc[mt][nt][r] = sm.chunk_decay * sm.dh[d * kColStride + e];
+      });
+      warp_mma<1, 8, kChunk>(acc, transposed<kBf16Stride>(sm.q), m0,
+                             rows_of<kColStride>(sm.d_o_scaled), 0);
+      zero_acc(minus);
+      warp_mma<1, 8, kChunk>(minus, transposed<kF32StrideT>(sm.w), m0, rows_of<kColStride>(sm.dvn), 0);
+      for_each_acc<1, 8>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
+        sm.dh[d * kColStride + e] = acc[mt][nt][r] - minus[mt][nt][r];
+      });
     }
   }
   __syncthreads();
   if (d_initial_state != nullptr) {
-    for (int idx = tid; idx < Dk * kScanColumns; idx += kThreads) {
-      const int d = idx / kScanColumns, e = idx % kScanColumns;
-      if (e < cols) d_initial_state[state_base + d * Dv + col0 + e] = dhs[idx];
+    for (int idx = tid; idx < Dk * kScanCols; idx += kThreads) {
+      const int d = idx / kScanCols, e = idx % kScanCols;
+      if (e < cols)
+        d_initial_state[state_base + static_cast<int64_t>(d) * Dv + e] = sm.dh[d * kColStride + e];
     }
   }
 }
 
-constexpr int kStateTileRows = 32;  // rows of H and dH staged in shared memory at a time
-
-size_t grads_states_smem_bytes(int value_dim) {
-  return sizeof(float) * (3 * kChunk * (value_dim + 1) + 2 * kStateTileRows * value_dim +
-                          2 * kChunk + 1);
-}
+// Shared tiles of the state-gradient kernel (~154 KB).
+struct StatesSmem {
+  float h[kD * kF32Stride];  // H, then dH (rows d, read transposed as B)
+  float x[kChunk * kF32Stride];  // dV_new, then V_new
+  __nv_bfloat16 d_o[kChunk * kBf16Stride];
+  __nv_bfloat16 q[kChunk * kBf16Stride];
+  __nv_bfloat16 k[kChunk * kBf16Stride];
+  float gamma[kChunk];
+  float s_q[kChunk], s_k[kChunk];
+  float h_dot_dh;
+};
 
 // Grid (max_chunks, Hv). The gradient terms that multiply the chunk's states H and dH:
-//   dq_i  = e^gamma_i H do_i                      (w.r.t. scale*q; into dq_acc)
-//   dk_j  = e^(gamma_last - gamma_j) dH v_new_j    (into dk_acc)
-//   dW_i  = -H dV_new_i                           (overwrites W)
-// and the matching d gamma parts (into ws.dgamma). H and dH are staged 32 rows at a time
-// (coalesced); each warp owns 4 of those rows and each lane the chunk rows lane and lane + 32.
-__global__ void __launch_bounds__(kThreads)
+//   dq_i = e^gamma_i H do_i                     (w.r.t. scale*q; into dq_acc)
+//   dk_j = e^(gamma_last - gamma_j) dH v_new_j  (into dk_acc)
+//   dW_i = -H dV_new_i                          (overwrites W)
+// and the matching d gamma parts (into ws.dgamma).
+__global__ void __launch_bounds__(kThreads, 1)
     grads_states_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
                         const __nv_bfloat16* k, const __nv_bfloat16* d_o, Workspace ws) {
-  constexpr int kRowsPerWarp = kStateTileRows / (kThreads / 32);
   const int chunk = blockIdx.x, h = blockIdx.y;
   if (chunk >= *ws.chunk_count) return;
   const ChunkInfo ci = ws.chunks[chunk];
   const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
-  const int kh = key_head_of(s, h), len = ci.len, stride = Dv + 1, tid = threadIdx.x;
-  const int warp = tid / 32, lane = tid % 32;
-  extern __shared__ float smem[];
-  float* dos = smem;                         // [64][Dv+1] d_o
-  float* vns = dos + kChunk * stride;        // [64][Dv+1] V_new
-  float* dvns = vns + kChunk * stride;       // [64][Dv+1] dV_new
-  float* h_tile = dvns + kChunk * stride;    // [32][Dv] rows of H
-  float* dh_tile = h_tile + kStateTileRows * Dv;  // [32][Dv] rows of dH
-  float* s_q = dh_tile + kStateTileRows * Dv;     // [64] (scale q_i) . dq_i
-  float* s_k = s_q + kChunk;                 // [64] k_j . dk_j
-  float* h_dot_dh = s_k + kChunk;            // [1]
-  for (int idx = tid; idx < kChunk * Dv; idx += kThreads) {
-    const int i = idx / Dv, e = idx % Dv;
-    const bool valid = i < len;
-    const int64_t src = (static_cast<int64_t>(ci.t0 + i) * Hv + h) * Dv + e;
-    dos[i * stride + e] = valid ? __bfloat162float(d_o[src]) : 0.0f;
-    vns[i * stride + e] = valid ? ws.v_new[src] : 0.0f;
-    dvns[i * stride + e] = valid ? ws.dv_new[src] : 0.0f;
+  const int kh = key_head_of(s, h), len = ci.len, tid = threadIdx.x, warp = tid >> 5;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  StatesSmem& sm = *reinterpret_cast<StatesSmem*>(smem_raw);
+  const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
+  const int64_t qk_first = (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk;
+  const int64_t state_first = (static_cast<int64_t>(chunk) * Hv + h) * Dk * Dv;
+  load_tile(sm.h, kF32Stride, kD, kD, ws.h + state_first, Dv, Dk, Dv);
+  load_tile(sm.x, kF32Stride, kChunk, kD, ws.dv_new + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
+            len, Dv);
+  load_tile(sm.d_o, kBf16Stride, kChunk, kD, d_o + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
+            len, Dv);
+  load_tile(sm.q, kBf16Stride, kChunk, kD, q + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
+  load_tile(sm.k, kBf16Stride, kChunk, kD, k + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
+  if (tid < kChunk) {
+    sm.gamma[tid] = tid < len ? ws.gamma[row_first + static_cast<int64_t>(tid) * Hv] : 0.0f;
+    sm.s_q[tid] = sm.s_k[tid] = 0.0f;
   }
-  for (int i = tid; i < kChunk; i += kThreads) s_q[i] = s_k[i] = 0.0f;
-  if (tid == 0) *h_dot_dh = 0.0f;
-  const float* state = ws.h + (static_cast<int64_t>(chunk) * Hv + h) * Dk * Dv;
-  const float* d_state = ws.dh + (static_cast<int64_t>(chunk) * Hv + h) * Dk * Dv;
-  const float g_last = ws.gamma[static_cast<int64_t>(ci.t0 + len - 1) * Hv + h];
-  float h_dot_dh_partial = 0.0f;
-  for (int d0 = 0; d0 < Dk; d0 += kStateTileRows) {
-    __syncthreads();
-    for (int idx = tid; idx < kStateTileRows * Dv; idx += kThreads) {
-      const int d = d0 + idx / Dv, e = idx % Dv;
-      const float hv = d < Dk ? state[d * Dv + e] : 0.0f;
-      const float dhv = d < Dk ? d_state[d * Dv + e] : 0.0f;
-      h_tile[idx] = hv;
-      dh_tile[idx] = dhv;
-      h_dot_dh_partial += hv * dhv;
+  if (tid == 0) sm.h_dot_dh = 0.0f;
+  __syncthreads();
+  const float g_last = sm.gamma[len - 1];
+  const int m0 = 16 * (warp & 3), n0 = 64 * (warp >> 2);  // 64 x 128 outputs
+  float acc[1][8][4], part[1][8][4];
+  // dq_i = e^gamma_i sum_e do_ie H_de.
+  zero_acc(acc);
+  warp_mma<1, 8, kD>(acc, rows_of<kBf16Stride>(sm.d_o), m0, transposed<kF32Stride>(sm.h), n0);
+  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
+    const float value = expf(sm.gamma[i]) * acc[mt][nt][r];
+    part[mt][nt][r] = 0.0f;
+    if (i < len && d < Dk) {
+      ws.dq_acc[(row_first + static_cast<int64_t>(i) * Hv) * Dk + d] = value;
+      part[mt][nt][r] = scale * __bfloat162float(sm.q[i * kBf16Stride + d]) * value;
     }
-    __syncthreads();
-    float h_do[2][kRowsPerWarp] = {}, h_dvn[2][kRowsPerWarp] = {}, dh_vn[2][kRowsPerWarp] = {};
-    for (int e = 0; e < Dv; ++e) {
-      float x_do[2], x_dvn[2], x_vn[2];
-#pragma unroll
-      for (int ii = 0; ii < 2; ++ii) {
-        const int i = lane + 32 * ii;
-        x_do[ii] = dos[i * stride + e];
-        x_dvn[ii] = dvns[i * stride + e];
-        x_vn[ii] = vns[i * stride + e];
-      }
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const float hv = h_tile[(warp * kRowsPerWarp + r) * Dv + e];
-        const float dhv = dh_tile[(warp * kRowsPerWarp + r) * Dv + e];
-#pragma unroll
-        for (int ii = 0; ii < 2; ++ii) {
-          h_do[ii][r] += hv * x_do[ii];
-          h_dvn[ii][r] += hv * x_dvn[ii];
-          dh_vn[ii][r] += dhv * x_vn[ii];
-        }
-      }
+  });
+  add_row_sums(part, m0, sm.s_q);
+  // dW_i = -sum_e dV_new_ie H_de.
+  zero_acc(acc);
+  warp_mma<1, 8, kD>(acc, rows_of<kF32Stride>(sm.x), m0, transposed<kF32Stride>(sm.h), n0);
+  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
+    if (i < len && d < Dk) ws.w[(row_first + static_cast<int64_t>(i) * Hv) * Dk + d] = -acc[mt][nt][r];
+  });
+  __syncthreads();
+  // dH replaces H in place; each thread multiplies the H values it overwrites into <H, dH>.
+  {
+    const float* dh_in = ws.dh + state_first;
+    float partial = 0.0f;
+    for (int idx = tid; idx < kD * kD; idx += kThreads) {
+      const int d = idx / kD, e = idx % kD;
+      const float dh_value = d < Dk && e < Dv ? dh_in[static_cast<int64_t>(d) * Dv + e] : 0.0f;
+      partial += sm.h[d * kF32Stride + e] * dh_value;
+      sm.h[d * kF32Stride + e] = dh_value;
     }
-#pragma unroll
-    for (int ii = 0; ii < 2; ++ii) {
-      const int i = lane + 32 * ii;
-      if (i >= len) continue;
-      const int64_t row = static_cast<int64_t>(ci.t0 + i) * Hv + h;
-      const float g_i = ws.gamma[row];
-      const float to_end = expf(g_last - g_i), e_i = expf(g_i);
-      float q_part = 0.0f, k_part = 0.0f;
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const int d = d0 + warp * kRowsPerWarp + r;
-        if (d >= Dk) continue;
-        const float dq_inter = e_i * h_do[ii][r];
-        const float dk_state = to_end * dh_vn[ii][r];
-        ws.dq_acc[row * Dk + d] = dq_inter;
-        ws.dk_acc[row * Dk + d] = dk_state;
-        ws.w[row * Dk + d] = -h_dvn[ii][r];
-        const int64_t qk_index = (static_cast<int64_t>(ci.t0 + i) * Hk + kh) * Dk + d;
-        q_part += scale * __bfloat162float(q[qk_index]) * dq_inter;
-        k_part += __bfloat162float(k[qk_index]) * dk_state;
-      }
-      atomicAdd(&s_q[i], q_part);
-      atomicAdd(&s_k[i], k_part);
-    }
+    partial = warp_sum(partial);
+    if ((tid & 31) == 0) atomicAdd(&sm.h_dot_dh, partial);
   }
-  h_dot_dh_partial = warp_sum(h_dot_dh_partial);
-  if (lane == 0) atomicAdd(h_dot_dh, h_dot_dh_partial);
+  load_tile(sm.x, kF32Stride, kChunk, kD, ws.v_new + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
+            len, Dv);
+  __syncthreads();
+  // dk_j = e^(gamma_last - gamma_j) sum_e v_new_je dH_de.
+  zero_acc(acc);
+  warp_mma<1, 8, kD>(acc, rows_of<kF32Stride>(sm.x), m0, transposed<kF32Stride>(sm.h), n0);
+  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int j, int d) {
+    part[mt][nt][r] = 0.0f;
+    if (j < len && d < Dk) {
+      const float value = expf(g_last - sm.gamma[j]) * acc[mt][nt][r];
+      ws.dk_acc[(row_first + static_cast<int64_t>(j) * Hv) * Dk + d] = value;
+      part[mt][nt][r] = __bfloat162float(sm.k[j * kBf16Stride + d]) * value;
+    }
+  });
+  add_row_sums(part, m0, sm.s_k);
   __syncthreads();
   if (tid < len) {
     // d gamma_i += (q_i . dq_i) - (k_i . dk_i); the last token also collects the chunk decay
     // e^gamma_last <H, dH> and every token's e^(gamma_last - gamma_j) k_j^T dH v_new_j.
-    float value = s_q[tid] - s_k[tid];
+    float value = sm.s_q[tid] - sm.s_k[tid];
     if (tid == len - 1) {
-      value += expf(g_last) * *h_dot_dh;
-      for (int j = 0; j < len; ++j) value += s_k[j];
+      value += expf(g_last) * sm.h_dot_dh;
+      for (int j = 0; j < len; ++j) value += sm.s_k[j];
     }
-    ws.dgamma[static_cast<int64_t>(ci.t0 + tid) * Hv + h] = value;
+    ws.dgamma[row_first + static_cast<int64_t>(tid) * Hv] = value;
   }
 }
 
-size_t grads_local_smem_bytes(int key_dim) {
-  return sizeof(float) * (2 * kChunk * (key_dim + 1) + 4 * kChunk * kChunk + 7 * kChunk);
-}
+// Shared tiles of the chunk-local gradient kernel (~191 KB).
+struct LocalSmem {
+  __nv_bfloat16 k[kChunk * kBf16Stride];
+  __nv_bfloat16 q[kChunk * kBf16Stride];
+  __nv_bfloat16 v[kChunk * kBf16Stride];
+  float a[kChunk * kSqStride];   // A = (I + L)^-1
+  float ge[kChunk * kSqStride];  // G_ij e^(gamma_i - gamma_j), j <= i
+  float da[kChunk * kSqStride];  // dA, then C = dL beta_i e^(gamma_i - gamma_j)
+  float t1[kChunk * kSqStride];  // dA A^T
+  float x1[kChunk * kF32Stride];  // V_new, then dW
+  float x2[kChunk * kF32Stride];  // d_o (bf16), then dV_new
+  float gamma[kChunk], beta[kChunk], exp_gamma[kChunk];
+  float d_gamma[kChunk], d_beta[kChunk], dx_dot_k[kChunk], dy_dot_v[kChunk];
+};
 
-// Grid (max_chunks, Hv). The chunk-local gradients: the intra-chunk attention term (G = do v_new^T),
-// the UT transform (dA, dL = -A^T dA A^T), and the direct k, v, beta, gamma terms; finishes dq,
-// dk (per value head, fp32), dv, dbeta, and dg as the reverse cumulative sum of d gamma.
-__global__ void __launch_bounds__(kThreads)
+// Grid (max_chunks, Hv). The chunk-local gradients: the intra-chunk attention term (G = do
+// v_new^T), the UT transform (dA, dL = -A^T dA A^T), and the direct k, v, beta, gamma terms;
+// finishes dq, dk (per value head, fp32), dv, dbeta, and dg as the reverse cumulative sum of
+// d gamma.
+__global__ void __launch_bounds__(kThreads, 1)
     grads_local_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
                        const __nv_bfloat16* k, const __nv_bfloat16* v, const float* beta,
                        const __nv_bfloat16* d_o, __nv_bfloat16* dv, float* dg, float* dbeta,
@@ -231,144 +258,164 @@ __global__ void __launch_bounds__(kThreads)
   if (chunk >= *ws.chunk_count) return;
   const ChunkInfo ci = ws.chunks[chunk];
   const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
-  const int kh = key_head_of(s, h), len = ci.len, stride = Dk + 1, tid = threadIdx.x;
-  extern __shared__ float smem[];
-  float* ks = smem;                       // [64][Dk+1]
-  float* qs = ks + kChunk * stride;       // [64][Dk+1] scale * q
-  float* am = qs + kChunk * stride;       // [64][64] A
-  float* ge = am + kChunk * kChunk;       // [64][64] G_ij e^(gamma_i - gamma_j), j <= i
-  float* da = ge + kChunk * kChunk;       // [64][64] dA, later C = dL beta_i e^(..)
-  float* t1 = da + kChunk * kChunk;       // [64][64] dA A^T
-  float* gam = t1 + kChunk * kChunk;      // [64]
-  float* bet = gam + kChunk;              // [64]
-  float* e_gam = bet + kChunk;            // [64]
-  float* d_gam = e_gam + kChunk;          // [64]
-  float* d_bet = d_gam + kChunk;          // [64]
-  float* dx_dot_k = d_bet + kChunk;       // [64]
-  float* dy_dot_v = dx_dot_k + kChunk;    // [64]
-  auto row_of = [&](int i) { return static_cast<int64_t>(ci.t0 + i) * Hv + h; };
+  const int kh = key_head_of(s, h), len = ci.len, tid = threadIdx.x, warp = tid >> 5;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  LocalSmem& sm = *reinterpret_cast<LocalSmem*>(smem_raw);
+  const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
+  const int64_t qk_first = (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk;
+  const int64_t square_first = (static_cast<int64_t>(chunk) * Hv + h) * kChunk * kChunk;
+  auto row_of = [&](int i) { return row_first + static_cast<int64_t>(i) * Hv; };
+  auto* d_o_tile = reinterpret_cast<__nv_bfloat16*>(sm.x2);  // bf16 [64][kBf16Stride] fits
 
-  for (int idx = tid; idx < len * Dk; idx += kThreads) {
-    const int i = idx / Dk, d = idx % Dk;
-    const int64_t src = (static_cast<int64_t>(ci.t0 + i) * Hk + kh) * Dk + d;
-    ks[i * stride + d] = __bfloat162float(k[src]);
-    qs[i * stride + d] = scale * __bfloat162float(q[src]);
-  }
-  const float* a_in = ws.a_inv + (static_cast<int64_t>(chunk) * Hv + h) * kChunk * kChunk;
-  for (int idx = tid; idx < kChunk * kChunk; idx += kThreads) am[idx] = a_in[idx];
-  for (int i = tid; i < kChunk; i += kThreads) {
-    const bool valid = i < len;
-    gam[i] = valid ? ws.gamma[row_of(i)] : 0.0f;
-    bet[i] = valid ? beta[row_of(i)] : 0.0f;
-    e_gam[i] = expf(gam[i]);
-    d_gam[i] = valid ? ws.dgamma[row_of(i)] : 0.0f;
-    d_bet[i] = dx_dot_k[i] = dy_dot_v[i] = 0.0f;
+  load_tile(sm.k, kBf16Stride, kChunk, kD, k + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
+  load_tile(sm.q, kBf16Stride, kChunk, kD, q + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
+  load_tile(sm.v, kBf16Stride, kChunk, kD, v + row_first * Dv, static_cast<int64_t>(Hv) * Dv, len,
+            Dv);
+  load_tile(sm.a, kSqStride, kChunk, kChunk, ws.a_inv + square_first, kChunk, kChunk, kChunk);
+  load_tile(sm.x1, kF32Stride, kChunk, kD, ws.v_new + row_first * Dv,
+            static_cast<int64_t>(Hv) * Dv, len, Dv);
+  load_tile(d_o_tile, kBf16Stride, kChunk, kD, d_o + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
+            len, Dv);
+  if (tid < kChunk) {
+    const bool valid = tid < len;
+    sm.gamma[tid] = valid ? ws.gamma[row_of(tid)] : 0.0f;
+    sm.beta[tid] = valid ? beta[row_of(tid)] : 0.0f;
+    sm.exp_gamma[tid] = expf(sm.gamma[tid]);
+    sm.d_gamma[tid] = valid ? ws.dgamma[row_of(tid)] : 0.0f;
+    sm.d_beta[tid] = sm.dx_dot_k[tid] = sm.dy_dot_v[tid] = 0.0f;
   }
   __syncthreads();
-
-  // G_ij = do_i . v_new_j (j <= i): intra-chunk output term; M_ij = G_ij P_ij moves gamma.
-  // dA_ij = beta_j e^gamma_j (dW_i . k_j) + beta_j (dV_new_i . v_j) on the strict lower part.
-  // One warp per (i, j): its lanes stride the head dim, so the row reads are coalesced.
-  const float* p_in = ws.p + (static_cast<int64_t>(chunk) * Hv + h) * kChunk * kChunk;
-  const int warp = tid / 32, lane = tid % 32;
-  for (int pair = warp; pair < kChunk * kChunk; pair += kThreads / 32) {
-    const int i = pair / kChunk, j = pair % kChunk;
-    float ge_value = 0.0f, da_value = 0.0f;
-    if (i < len && j <= i) {
-      const __nv_bfloat16* do_i = d_o + row_of(i) * Dv;
-      const float* vn_j = ws.v_new + row_of(j) * Dv;
-      float g_ij = 0.0f;
-      for (int e = lane; e < Dv; e += 32) g_ij += __bfloat162float(do_i[e]) * vn_j[e];
-      g_ij = warp_sum(g_ij);
-      ge_value = g_ij * expf(gam[i] - gam[j]);
-      if (j < i) {
-        const float* dw_i = ws.w + row_of(i) * Dk;
-        const float* dvn_i = ws.dv_new + row_of(i) * Dv;
-        const __nv_bfloat16* v_j = v + row_of(j) * Dv;
-        float dw_k = 0.0f, dvn_v = 0.0f;
-        for (int d = lane; d < Dk; d += 32) dw_k += dw_i[d] * ks[j * stride + d];
-        for (int e = lane; e < Dv; e += 32) dvn_v += dvn_i[e] * __bfloat162float(v_j[e]);
-        dw_k = warp_sum(dw_k);
-        dvn_v = warp_sum(dvn_v);
-        da_value = bet[j] * e_gam[j] * dw_k + bet[j] * dvn_v;
-        if (lane == 0) {
-          const float m_ij = g_ij * p_in[pair];
-          atomicAdd(&d_gam[i], m_ij);
-          atomicAdd(&d_gam[j], -m_ij);
-        }
+  // 64 x 64 products: warp tile rows 16 (warp % 4), columns 32 (warp / 4).
+  const int sm0 = 16 * (warp & 3), sn0 = 32 * (warp >> 2);
+  {
+    // G_ij = do_i . v_new_j (j <= i): intra-chunk output term; M_ij = G_ij P_ij moves gamma.
+    float acc[1][4][4], m_plus[1][4][4], m_minus[1][4][4];
+    zero_acc(acc);
+    warp_mma<1, 4, kD>(acc, rows_of<kBf16Stride>(d_o_tile), sm0, transposed<kF32Stride>(sm.x1), sn0);
+    const float* p_in = ws.p + square_first;
+    for_each_acc<1, 4>(sm0, sn0, [&](int mt, int nt, int r, int i, int j) {
+      float ge = 0.0f, m = 0.0f;
+      if (i < len && j <= i) {
+        ge = acc[mt][nt][r] * expf(sm.gamma[i] - sm.gamma[j]);
+        if (j < i) m = acc[mt][nt][r] * p_in[i * kChunk + j];
       }
-    }
-    if (lane == 0) {
-      ge[pair] = ge_value;
-      da[pair] = da_value;
-    }
+      sm.ge[i * kSqStride + j] = ge;
+      m_plus[mt][nt][r] = m;
+      m_minus[mt][nt][r] = -m;
+    });
+    add_row_sums(m_plus, sm0, sm.d_gamma);
+    add_col_sums(m_minus, sn0, sm.d_gamma);
   }
   __syncthreads();
-  // t1 = dA A^T: t1[a][j] = sum_{b <= j} dA[a][b] A[j][b].
-  for (int idx = tid; idx < kChunk * kChunk; idx += kThreads) {
-    const int a = idx / kChunk, j = idx % kChunk;
-    float sum = 0.0f;
-    if (a < len && j < len) {
-      for (int b = 0; b <= j && b < a; ++b) sum += da[a * kChunk + b] * am[j * kChunk + b];
-    }
-    t1[idx] = sum;
+  load_tile(sm.x1, kF32Stride, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
+            len, Dk);
+  load_tile(sm.x2, kF32Stride, kChunk, kD, ws.dv_new + row_first * Dv,
+            static_cast<int64_t>(Hv) * Dv, len, Dv);
+  __syncthreads();
+  {
+    // dA_ij = beta_j e^gamma_j (dW_i . k_j) + beta_j (dV_new_i . v_j) on the strict lower part.
+    float acc_w[1][4][4], acc_u[1][4][4];
+    zero_acc(acc_w);
+    zero_acc(acc_u);
+    warp_mma<1, 4, kD>(acc_w, rows_of<kF32Stride>(sm.x1), sm0, transposed<kBf16Stride>(sm.k), sn0);
+    warp_mma<1, 4, kD>(acc_u, rows_of<kF32Stride>(sm.x2), sm0, transposed<kBf16Stride>(sm.v), sn0);
+    for_each_acc<1, 4>(sm0, sn0, [&](int mt, int nt, int r, int i, int j) {
+      float value = 0.0f;
+      if (i < len && j < i)
+        value = sm.beta[j] * (sm.exp_gamma[j] * acc_w[mt][nt][r] + acc_u[mt][nt][r]);
+      sm.da[i * kSqStride + j] = value;
+    });
   }
   __syncthreads();
-  // dL = -A^T t1 on the strict lower part; L_ij = beta_i (k_i . k_j) e^(gamma_i - gamma_j).
-  // da is free now and receives C_ij = dL_ij beta_i e^(gamma_i - gamma_j) (dk gets (C + C^T) K).
-  for (int idx = tid; idx < kChunk * kChunk; idx += kThreads) {
-    const int i = idx / kChunk, j = idx % kChunk;
-    float c_value = 0.0f;
-    if (i < len && j < i) {
-      float sum = 0.0f;
-      for (int a = i; a < len; ++a) sum += am[a * kChunk + i] * t1[a * kChunk + j];
-      const float dl = -sum;
-      float kk = 0.0f;
-      for (int d = 0; d < Dk; ++d) kk += ks[i * stride + d] * ks[j * stride + d];
-      const float decay = expf(gam[i] - gam[j]);
-      const float f = dl * kk * decay;
-      atomicAdd(&d_bet[i], f);
-      atomicAdd(&d_gam[i], bet[i] * f);
-      atomicAdd(&d_gam[j], -bet[i] * f);
-      c_value = dl * bet[i] * decay;
-    }
-    da[idx] = c_value;
+  {
+    // t1 = dA A^T: t1[a][j] = sum_b dA[a][b] A[j][b].
+    float acc[1][4][4];
+    zero_acc(acc);
+    warp_mma<1, 4, kChunk>(acc, rows_of<kSqStride>(sm.da), sm0, transposed<kSqStride>(sm.a), sn0);
+    for_each_acc<1, 4>(sm0, sn0, [&](int mt, int nt, int r, int a, int j) {
+      sm.t1[a * kSqStride + j] = acc[mt][nt][r];
+    });
   }
   __syncthreads();
-  const float* cm = da;
-  // dq and dk rows. dX = A^T dW gives k's direct term beta e^gamma dX.
-  for (int idx = tid; idx < len * Dk; idx += kThreads) {
-    const int i = idx / Dk, d = idx % Dk;
-    const int64_t at = row_of(i) * Dk + d;
-    float dq_value = ws.dq_acc[at];
-    for (int j = 0; j <= i; ++j) dq_value += ge[i * kChunk + j] * ks[j * stride + d];
-    ws.dq_acc[at] = scale * dq_value;
-    float dx = 0.0f;
-    for (int a = i; a < len; ++a) dx += am[a * kChunk + i] * ws.w[row_of(a) * Dk + d];
-    float dk_value = ws.dk_acc[at] + bet[i] * e_gam[i] * dx;
-    for (int a = i; a < len; ++a) dk_value += ge[a * kChunk + i] * qs[a * stride + d];
-    for (int j = 0; j < i; ++j) dk_value += cm[i * kChunk + j] * ks[j * stride + d];
-    for (int a = i + 1; a < len; ++a) dk_value += cm[a * kChunk + i] * ks[a * stride + d];
-    ws.dk_acc[at] = dk_value;
-    atomicAdd(&dx_dot_k[i], dx * ks[i * stride + d]);
+  {
+    // dL = -A^T t1 on the strict lower part; L_ij = beta_i (k_i . k_j) e^(gamma_i - gamma_j).
+    // da is free now and receives C_ij = dL_ij beta_i e^(gamma_i - gamma_j) (dk gets (C + C^T) K).
+    float acc[1][4][4], kk[1][4][4], f[1][4][4], bf_plus[1][4][4], bf_minus[1][4][4];
+    zero_acc(acc);
+    zero_acc(kk);
+    warp_mma<1, 4, kChunk>(acc, transposed<kSqStride>(sm.a), sm0, rows_of<kSqStride>(sm.t1), sn0);
+    warp_mma<1, 4, kD>(kk, rows_of<kBf16Stride>(sm.k), sm0, transposed<kBf16Stride>(sm.k), sn0);
+    for_each_acc<1, 4>(sm0, sn0, [&](int mt, int nt, int r, int i, int j) {
+      float c_value = 0.0f, f_value = 0.0f;
+      if (i < len && j < i) {
+        const float dl = -acc[mt][nt][r];
+        const float decay = expf(sm.gamma[i] - sm.gamma[j]);
+        f_value = dl * kk[mt][nt][r] * decay;
+        c_value = dl * sm.beta[i] * decay;
+      }
+      f[mt][nt][r] = f_value;
+      bf_plus[mt][nt][r] = sm.beta[i] * f_value;
+      bf_minus[mt][nt][r] = -sm.beta[i] * f_value;
+      sm.da[i * kSqStride + j] = c_value;
+    });
+    add_row_sums(f, sm0, sm.d_beta);
+    add_row_sums(bf_plus, sm0, sm.d_gamma);
+    add_col_sums(bf_minus, sn0, sm.d_gamma);
   }
+  __syncthreads();
+  // 64 x 128 outputs: warp tile rows 16 (warp % 4), columns 64 (warp / 4).
+  const int m0 = 16 * (warp & 3), n0 = 64 * (warp >> 2);
+  float acc[1][8][4], part[1][8][4];
+  // dq_i = scale (dq_acc_i + sum_{j<=i} G_ij e^(gamma_i - gamma_j) k_j).
+  zero_acc(acc);
+  warp_mma<1, 8, kChunk>(acc, rows_of<kSqStride>(sm.ge), m0, rows_of<kBf16Stride>(sm.k), n0);
+  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
+    if (i < len && d < Dk) {
+      float* at = ws.dq_acc + row_of(i) * Dk + d;
+      *at = scale * (*at + acc[mt][nt][r]);
+    }
+  });
+  // dX = A^T dW gives k's direct term beta e^gamma dX.
+  zero_acc(acc);
+  warp_mma<1, 8, kChunk>(acc, transposed<kSqStride>(sm.a), m0, rows_of<kF32Stride>(sm.x1), n0);
+  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
+    part[mt][nt][r] = 0.0f;
+    if (i < len && d < Dk) {
+      float* at = ws.dk_acc + row_of(i) * Dk + d;
+      *at += sm.beta[i] * sm.exp_gamma[i] * acc[mt][nt][r];
+      part[mt][nt][r] = acc[mt][nt][r] * __bfloat162float(sm.k[i * kBf16Stride + d]);
+    }
+  });
+  add_row_sums(part, m0, sm.dx_dot_k);
+  // dk_i += scale sum_a G_ai e^(gamma_a - gamma_i) q_a + sum_j (C_ij + C_ji) k_j.
+  zero_acc(acc);
+  warp_mma<1, 8, kChunk>(acc, transposed<kSqStride>(sm.ge), m0, rows_of<kBf16Stride>(sm.q), n0);
+  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int, int) { acc[mt][nt][r] *= scale; });
+  warp_mma<1, 8, kChunk>(acc, rows_of<kSqStride>(sm.da), m0, rows_of<kBf16Stride>(sm.k), n0);
+  warp_mma<1, 8, kChunk>(acc, transposed<kSqStride>(sm.da), m0, rows_of<kBf16Stride>(sm.k), n0);
+  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
+    if (i < len && d < Dk) ws.dk_acc[row_of(i) * Dk + d] += acc[mt][nt][r];
+  });
   // dv = beta dY with dY = A^T dV_new (dU = dV_new).
-  for (int idx = tid; idx < len * Dv; idx += kThreads) {
-    const int i = idx / Dv, e = idx % Dv;
-    float dy = 0.0f;
-    for (int a = i; a < len; ++a) dy += am[a * kChunk + i] * ws.dv_new[row_of(a) * Dv + e];
-    dv[row_of(i) * Dv + e] = __float2bfloat16(bet[i] * dy);
-    atomicAdd(&dy_dot_v[i], dy * __bfloat162float(v[row_of(i) * Dv + e]));
-  }
+  zero_acc(acc);
+  warp_mma<1, 8, kChunk>(acc, transposed<kSqStride>(sm.a), m0, rows_of<kF32Stride>(sm.x2), n0);
+  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
+    part[mt][nt][r] = 0.0f;
+    if (i < len && e < Dv) {
+      dv[row_of(i) * Dv + e] = __float2bfloat16(sm.beta[i] * acc[mt][nt][r]);
+      part[mt][nt][r] = acc[mt][nt][r] * __bfloat162float(sm.v[i * kBf16Stride + e]);
+    }
+  });
+  add_row_sums(part, m0, sm.dy_dot_v);
   __syncthreads();
   if (tid == 0) {
     // gamma is the chunk-local prefix sum of g, so dg is the reverse cumulative sum of d gamma.
     float suffix = 0.0f;
     for (int i = len - 1; i >= 0; --i) {
-      const float direct = bet[i] * e_gam[i] * dx_dot_k[i];
-      suffix += d_gam[i] + direct;
+      const float direct = sm.beta[i] * sm.exp_gamma[i] * sm.dx_dot_k[i];
+      suffix += sm.d_gamma[i] + direct;
       dg[row_of(i)] = suffix;
-      dbeta[row_of(i)] = d_bet[i] + e_gam[i] * dx_dot_k[i] + dy_dot_v[i];
+      dbeta[row_of(i)] = sm.d_beta[i] + sm.exp_gamma[i] * sm.dx_dot_k[i] + sm.dy_dot_v[i];
     }
   }
 }
@@ -394,23 +441,60 @@ __global__ void reduce_key_grads_kernel(GatedDeltaRuleShape s, Workspace ws, __n
   }
 }
 
-template <typename Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  int device = 0, limit = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  CHECK(bytes <= static_cast<size_t>(limit), "gated_delta_rule_backward_cuda: needs ", bytes,
-        " bytes of shared memory per block, the device allows ", limit);
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(bytes)));
-}
-
 }  // namespace
 }  // namespace gdn_cuda
 
 size_t gated_delta_rule_backward_workspace_bytes(const GatedDeltaRuleShape& shape) {
   return gdn_cuda::carve_workspace(shape, true, nullptr, nullptr);
 }
+
+namespace gdn_cuda {
+
+void run_backward(const GatedDeltaRuleShape& shape, float scale, const __nv_bfloat16* q,
+                  const __nv_bfloat16* k, const __nv_bfloat16* v, const float* g, const float* beta,
+                  const float* initial_state, const __nv_bfloat16* d_o, const float* d_final_state,
+                  __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, float* dg, float* dbeta,
+                  float* d_initial_state, const Workspace& ws, cudaStream_t stream,
+                  StageMarks* marks) {
+  const bool has_tokens = shape.num_tokens > 0;
+  mark_stage(marks, "backward start", stream);
+  // Recompute the forward chunk quantities, the chunk-entry states H and V_new.
+  launch_build_chunk_table(shape, ws, stream);
+  if (has_tokens) launch_prepare_chunks(shape, scale, q, k, v, g, beta, ws, stream);
+  mark_stage(marks, "backward recompute prepare", stream);
+  launch_state_scan(shape, k, initial_state, nullptr, ws, stream);
+  mark_stage(marks, "backward recompute state scan", stream);
+  // Reverse scan: dH per chunk, dV_new, and d_initial_state (= d_final_state without tokens).
+  const dim3 scan_grid(shape.num_seqs, shape.num_value_heads,
+                       (shape.value_dim + kScanCols - 1) / kScanCols);
+  const size_t scan_smem = sizeof(DScanSmem);
+  allow_smem(dstate_scan_kernel, scan_smem);
+  dstate_scan_kernel<<<scan_grid, kThreads, scan_smem, stream>>>(shape, scale, q, k, d_o,
+                                                                 d_final_state, d_initial_state, ws);
+  CUDA_CHECK_LAUNCH();
+  mark_stage(marks, "backward dstate scan", stream);
+  if (!has_tokens) return;
+  const dim3 chunk_grid(static_cast<unsigned>(max_chunks(shape)), shape.num_value_heads);
+  const size_t states_smem = sizeof(StatesSmem);
+  allow_smem(grads_states_kernel, states_smem);
+  grads_states_kernel<<<chunk_grid, kThreads, states_smem, stream>>>(shape, scale, q, k, d_o, ws);
+  CUDA_CHECK_LAUNCH();
+  mark_stage(marks, "backward grads_states", stream);
+  const size_t local_smem = sizeof(LocalSmem);
+  allow_smem(grads_local_kernel, local_smem);
+  grads_local_kernel<<<chunk_grid, kThreads, local_smem, stream>>>(shape, scale, q, k, v, beta,
+                                                                   d_o, dv, dg, dbeta, ws);
+  CUDA_CHECK_LAUNCH();
+  mark_stage(marks, "backward grads_local", stream);
+  const int64_t count = shape.num_tokens * shape.num_key_heads * shape.key_dim;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(4096, (count + kThreads - 1) / kThreads));
+  reduce_key_grads_kernel<<<blocks, kThreads, 0, stream>>>(shape, ws, dq, dk);
+  CUDA_CHECK_LAUNCH();
+  mark_stage(marks, "backward reduce key grads", stream);
+}
+
+
+}  // namespace gdn_cuda
 
 void gated_delta_rule_backward_cuda(const GatedDeltaRuleShape& shape, float scale,
                                     const __nv_bfloat16* q, const __nv_bfloat16* k,
@@ -427,32 +511,8 @@ void gated_delta_rule_backward_cuda(const GatedDeltaRuleShape& shape, float scal
         "gated_delta_rule_backward_cuda: workspace of ", workspace_bytes, " bytes, need ", needed);
   Workspace ws{};
   carve_workspace(shape, true, workspace, &ws);
-  const bool has_tokens = shape.num_tokens > 0;
-  // Recompute the forward chunk quantities, the chunk-entry states H and V_new.
-  launch_build_chunk_table(shape, ws, stream);
-  if (has_tokens) launch_prepare_chunks(shape, scale, q, k, v, g, beta, ws, stream);
-  launch_state_scan(shape, k, initial_state, nullptr, ws, stream);
-  // Reverse scan: dH per chunk, dV_new, and d_initial_state (= d_final_state without tokens).
-  const dim3 scan_grid(shape.num_seqs, shape.num_value_heads,
-                       (shape.value_dim + kScanColumns - 1) / kScanColumns);
-  dstate_scan_kernel<<<scan_grid, kThreads, 0, stream>>>(shape, scale, q, k, d_o, d_final_state,
-                                                         d_initial_state, ws);
-  CUDA_CHECK_LAUNCH();
-  if (!has_tokens) return;
-  const dim3 chunk_grid(static_cast<unsigned>(max_chunks(shape)), shape.num_value_heads);
-  const size_t states_smem = grads_states_smem_bytes(shape.value_dim);
-  allow_smem(grads_states_kernel, states_smem);
-  grads_states_kernel<<<chunk_grid, kThreads, states_smem, stream>>>(shape, scale, q, k, d_o, ws);
-  CUDA_CHECK_LAUNCH();
-  const size_t local_smem = grads_local_smem_bytes(shape.key_dim);
-  allow_smem(grads_local_kernel, local_smem);
-  grads_local_kernel<<<chunk_grid, kThreads, local_smem, stream>>>(shape, scale, q, k, v, beta,
-                                                                   d_o, dv, dg, dbeta, ws);
-  CUDA_CHECK_LAUNCH();
-  const int64_t count = shape.num_tokens * shape.num_key_heads * shape.key_dim;
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(4096, (count + kThreads - 1) / kThreads));
-  reduce_key_grads_kernel<<<blocks, kThreads, 0, stream>>>(shape, ws, dq, dk);
-  CUDA_CHECK_LAUNCH();
+  run_backward(shape, scale, q, k, v, g, beta, initial_state, d_o, d_final_state, dq, dk, dv, dg,
+               dbeta, d_initial_state, ws, stream, nullptr);
 }
 
 }  // namespace deltamoe

@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "kernels/gated_delta_rule/gated_delta_rule.h"
 
@@ -45,5 +47,20 @@ void gated_delta_rule_backward_cuda(const GatedDeltaRuleShape& shape, float scal
                                     __nv_bfloat16* dk, __nv_bfloat16* dv, float* dg, float* dbeta,
                                     float* d_initial_state, void* workspace,
                                     size_t workspace_bytes, cudaStream_t stream);
+
+// Benchmark aid: runs the forward and then the backward `repeats` times with CUDA events between
+// their stages and returns each stage's median milliseconds, in launch order. Same arguments as
+// the two launchers (the workspace must fit both); synchronises, so never inside a training step.
+struct GatedDeltaRuleStageTime {
+  std::string name;
+  double ms;
+};
+std::vector<GatedDeltaRuleStageTime> gated_delta_rule_stage_times_cuda(
+    const GatedDeltaRuleShape& shape, float scale, const __nv_bfloat16* q, const __nv_bfloat16* k,
+    const __nv_bfloat16* v, const float* g, const float* beta, const float* initial_state,
+    __nv_bfloat16* o, float* final_state, const __nv_bfloat16* d_o, const float* d_final_state,
+    __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, float* dg, float* dbeta,
+    float* d_initial_state, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+    int repeats);
 
 }  // namespace deltamoe

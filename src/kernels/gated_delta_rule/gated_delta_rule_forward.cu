@@ -1,11 +1,13 @@
 // CUDA forward of the chunked gated delta rule: chunk table, per-chunk UT/WY preparation
-// (A = (I + L)^-1, W, U, P), the sequential state scan over chunks (column slices of the state in
-// parallel) and the chunk outputs. Plain fp32 FMA version: correct first, tensor cores next.
+// (A = (I + L)^-1, W, U, P), the sequential state scan over chunks (64-column slices of the state
+// in parallel) and the chunk outputs; the products run on tensor cores (gdn_mma.cuh, TF32 with
+// fp32 operands split in two), the triangular inverse and the gates in fp32.
 #include <algorithm>
 
 #include "core/cuda_check.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_cuda.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_internal.cuh"
+#include "kernels/gated_delta_rule/gdn_mma.cuh"
 
 namespace deltamoe {
 namespace gdn_cuda {
@@ -36,14 +38,64 @@ __global__ void build_chunk_table_kernel(const int32_t* cu_seqlens, int num_seqs
   }
 }
 
-// Shared memory of the preparation kernel: K and scale*Q rows (padded by one float against bank
-// conflicts), L and A (64 x 64), gamma and beta.
-size_t prepare_smem_bytes(int key_dim) {
-  return sizeof(float) * (2 * kChunk * (key_dim + 1) + 2 * kChunk * kChunk + 2 * kChunk);
+// Shared tiles of the preparation kernel (~105 KB: two blocks per SM).
+struct PrepareSmem {
+  __nv_bfloat16 k[kChunk * kBf16Stride];
+  __nv_bfloat16 q[kChunk * kBf16Stride];
+  __nv_bfloat16 v[kChunk * kBf16Stride];
+  float l[kChunk * kSqStride];   // L, then A diag(beta e^gamma)
+  float a[kChunk * kSqStride];   // A = (I + L)^-1
+  float au[kChunk * kSqStride];  // scratch of the inverse, then A diag(beta)
+  float gamma[kChunk], beta[kChunk], exp_gamma[kChunk];
+};
+
+// a = (I + L)^-1 for a strictly lower triangular 64 x 64 L, in fp32: the four 16 x 16 diagonal
+// blocks by forward substitution (one warp each), then the block rows below them in turn,
+// A_ij = -A_ii sum_{j <= m < i} L_im A_mj. `scratch` holds 16 rows of the inner sums.
+__device__ void invert_unit_lower(const float* l, float* a, float* scratch) {
+  constexpr int S = kSqStride;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  for (int idx = tid; idx < kChunk * kChunk; idx += blockDim.x) {
+    const int i = idx / kChunk, j = idx % kChunk;
+    if (j / 16 > i / 16) a[i * S + j] = 0.0f;
+  }
+  if (warp < 4) {
+    const int b0 = 16 * warp, c = lane & 15;
+    for (int r = 0; r < 16; ++r) {
+      float value = r == c ? 1.0f : 0.0f;
+      if (c < r) {
+        float sum = 0.0f;
+        for (int m = c; m < r; ++m) sum += l[(b0 + r) * S + b0 + m] * a[(b0 + m) * S + b0 + c];
+        value = -sum;
+      }
+      if (lane < 16) a[(b0 + r) * S + b0 + c] = value;
+      __syncwarp();
+    }
+  }
+  __syncthreads();
+  for (int bi = 1; bi < 4; ++bi) {
+    for (int idx = tid; idx < bi * 256; idx += blockDim.x) {
+      const int bj = idx / 256, r = (idx / 16) % 16, c = idx % 16;
+      float sum = 0.0f;
+      for (int m = 16 * bj; m < 16 * bi; ++m) sum += l[(16 * bi + r) * S + m] * a[m * S + 16 * bj + c];
+      scratch[r * S + 16 * bj + c] = sum;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < bi * 256; idx += blockDim.x) {
+      const int bj = idx / 256, r = (idx / 16) % 16, c = idx % 16;
+      float sum = 0.0f;
+      for (int m = 0; m <= r; ++m) sum += a[(16 * bi + r) * S + 16 * bi + m] * scratch[m * S + 16 * bj + c];
+      a[(16 * bi + r) * S + 16 * bj + c] = -sum;
+    }
+    __syncthreads();
+  }
 }
 
-// Grid (max_chunks, Hv). Builds gamma, P, A, W and U of one chunk and head.
-__global__ void __launch_bounds__(kThreads)
+// Grid (max_chunks, Hv). Builds gamma, P = (scale q_i . k_j) e^(gamma_i - gamma_j) (j <= i),
+// A = (I + L)^-1 with L_ij = beta_i (k_i . k_j) e^(gamma_i - gamma_j) (j < i), W = A diag(beta
+// e^gamma) K and U = A diag(beta) V of one chunk and head. K K^T and Q K^T run on tensor cores
+// with exact bf16 operands; the inverse is fp32 FMA; W and U split A into two TF32 parts.
+__global__ void __launch_bounds__(kThreads, 2)
     prepare_chunks_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
                           const __nv_bfloat16* k, const __nv_bfloat16* v, const float* g,
                           const float* beta, Workspace ws) {
@@ -51,204 +103,203 @@ __global__ void __launch_bounds__(kThreads)
   if (chunk >= *ws.chunk_count) return;
   const ChunkInfo ci = ws.chunks[chunk];
   const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
-  const int kh = key_head_of(s, h), len = ci.len, stride = Dk + 1, tid = threadIdx.x;
-  extern __shared__ float smem[];
-  float* ks = smem;                          // [64][Dk+1]
-  float* qs = ks + kChunk * stride;          // [64][Dk+1] scale * q
-  float* lm = qs + kChunk * stride;          // [64][64] L (strict lower)
-  float* am = lm + kChunk * kChunk;          // [64][64] A
-  float* gam = am + kChunk * kChunk;         // [64]
-  float* bet = gam + kChunk;                 // [64]
+  const int kh = key_head_of(s, h), len = ci.len, tid = threadIdx.x, warp = tid >> 5;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  PrepareSmem& sm = *reinterpret_cast<PrepareSmem*>(smem_raw);
 
-  for (int idx = tid; idx < len * Dk; idx += kThreads) {
-    const int i = idx / Dk, d = idx % Dk;
-    const int64_t src = (static_cast<int64_t>(ci.t0 + i) * Hk + kh) * Dk + d;
-    ks[i * stride + d] = __bfloat162float(k[src]);
-    qs[i * stride + d] = scale * __bfloat162float(q[src]);
-  }
-  for (int i = tid; i < len; i += kThreads) {
-    gam[i] = g[static_cast<int64_t>(ci.t0 + i) * Hv + h];
-    bet[i] = beta[static_cast<int64_t>(ci.t0 + i) * Hv + h];
+  const int64_t qk_first = (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk;
+  const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;  // [T, Hv] index of token t0
+  load_tile(sm.k, kBf16Stride, kChunk, kD, k + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
+  load_tile(sm.q, kBf16Stride, kChunk, kD, q + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
+  load_tile(sm.v, kBf16Stride, kChunk, kD, v + row_first * Dv, static_cast<int64_t>(Hv) * Dv, len,
+            Dv);
+  if (warp == 0)
+    load_chunk_gates(g, beta, row_first, Hv, len, sm.gamma, sm.beta, sm.exp_gamma, ws.gamma);
+  __syncthreads();
+
+  const int64_t square_first = (static_cast<int64_t>(chunk) * Hv + h) * kChunk * kChunk;
+  {
+    // Warp tile: rows 16 (warp % 4), columns 32 (warp / 4) of the 64 x 64 products.
+    const int m0 = 16 * (warp & 3), n0 = 32 * (warp >> 2);
+    float kk[1][4][4], qk[1][4][4];
+    zero_acc(kk);
+    zero_acc(qk);
+    warp_mma<1, 4, kD>(kk, rows_of<kBf16Stride>(sm.k), m0, transposed<kBf16Stride>(sm.k), n0);
+    warp_mma<1, 4, kD>(qk, rows_of<kBf16Stride>(sm.q), m0, transposed<kBf16Stride>(sm.k), n0);
+    float* p_out = ws.p + square_first;
+    for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int j) {
+      float l_value = 0.0f, p_value = 0.0f;
+      if (i < len && j <= i) {
+        const float decay = expf(sm.gamma[i] - sm.gamma[j]);
+        if (j < i) l_value = sm.beta[i] * kk[mt][nt][r] * decay;
+        p_value = scale * qk[mt][nt][r] * decay;
+      }
+      sm.l[i * kSqStride + j] = l_value;
+      p_out[i * kChunk + j] = p_value;
+    });
   }
   __syncthreads();
-  if (tid == 0) {
-    float running = 0.0f;
-    for (int i = 0; i < len; ++i) {
-      running += gam[i];
-      gam[i] = running;
-      ws.gamma[static_cast<int64_t>(ci.t0 + i) * Hv + h] = running;
-    }
-  }
-  __syncthreads();
-  // L_ij = beta_i (k_i . k_j) e^(gamma_i - gamma_j) for i > j; P_ij = (scale q_i . k_j) e^(..).
-  float* p_out = ws.p + (static_cast<int64_t>(chunk) * Hv + h) * kChunk * kChunk;
+  invert_unit_lower(sm.l, sm.a, sm.au);
+  float* a_out = ws.a_inv + square_first;
   for (int idx = tid; idx < kChunk * kChunk; idx += kThreads) {
     const int i = idx / kChunk, j = idx % kChunk;
-    float l_value = 0.0f, p_value = 0.0f;
-    if (i < len && j <= i) {
-      float kk = 0.0f, qk = 0.0f;
-      for (int d = 0; d < Dk; ++d) {
-        kk += ks[i * stride + d] * ks[j * stride + d];
-        qk += qs[i * stride + d] * ks[j * stride + d];
-      }
-      const float decay = expf(gam[i] - gam[j]);
-      if (j < i) l_value = bet[i] * kk * decay;
-      p_value = qk * decay;
-    }
-    lm[idx] = l_value;
-    p_out[idx] = p_value;
-    am[idx] = i == j ? 1.0f : 0.0f;
-  }
-  // A = (I + L)^-1 by forward substitution, one row at a time: A_ij = -sum_{j<=m<i} L_im A_mj.
-  for (int i = 1; i < len; ++i) {
-    __syncthreads();
-    for (int j = tid; j < i; j += kThreads) {
-      float sum = 0.0f;
-      for (int m = j; m < i; ++m) sum += lm[i * kChunk + m] * am[m * kChunk + j];
-      am[i * kChunk + j] = -sum;
-    }
+    const float a = sm.a[i * kSqStride + j];
+    a_out[idx] = a;
+    sm.l[i * kSqStride + j] = a * sm.beta[j] * sm.exp_gamma[j];
+    sm.au[i * kSqStride + j] = a * sm.beta[j];
   }
   __syncthreads();
-  float* a_out = ws.a_inv + (static_cast<int64_t>(chunk) * Hv + h) * kChunk * kChunk;
-  for (int idx = tid; idx < kChunk * kChunk; idx += kThreads) a_out[idx] = am[idx];
-  // W = A diag(beta e^gamma) K and U = A diag(beta) V (A lower triangular: j <= i).
-  for (int idx = tid; idx < len * Dk; idx += kThreads) {
-    const int i = idx / Dk, d = idx % Dk;
-    float sum = 0.0f;
-    for (int j = 0; j <= i; ++j) sum += am[i * kChunk + j] * bet[j] * expf(gam[j]) * ks[j * stride + d];
-    ws.w[(static_cast<int64_t>(ci.t0 + i) * Hv + h) * Dk + d] = sum;
-  }
-  for (int idx = tid; idx < len * Dv; idx += kThreads) {
-    const int i = idx / Dv, e = idx % Dv;
-    float sum = 0.0f;
-    for (int j = 0; j <= i; ++j) {
-      sum += am[i * kChunk + j] * bet[j] *
-             __bfloat162float(v[(static_cast<int64_t>(ci.t0 + j) * Hv + h) * Dv + e]);
-    }
-    ws.v_new[(static_cast<int64_t>(ci.t0 + i) * Hv + h) * Dv + e] = sum;
-  }
+  // W and U: 64 x 128 each; warp tile rows 16 (warp % 4), columns 64 (warp / 4).
+  const int m0 = 16 * (warp & 3), n0 = 64 * (warp >> 2);
+  float acc[1][8][4];
+  zero_acc(acc);
+  warp_mma<1, 8, kChunk>(acc, rows_of<kSqStride>(sm.l), m0, rows_of<kBf16Stride>(sm.k), n0);
+  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
+    if (i < len && d < Dk) ws.w[(row_first + static_cast<int64_t>(i) * Hv) * Dk + d] = acc[mt][nt][r];
+  });
+  zero_acc(acc);
+  warp_mma<1, 8, kChunk>(acc, rows_of<kSqStride>(sm.au), m0, rows_of<kBf16Stride>(sm.v), n0);
+  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
+    if (i < len && e < Dv)
+      ws.v_new[(row_first + static_cast<int64_t>(i) * Hv) * Dv + e] = acc[mt][nt][r];
+  });
 }
 
-// Grid (N, Hv, ceil(Dv / kScanColumns)). Carries a column slice of one head's state through the
-// chunks of one sequence (columns of the state evolve independently): stores the state entering
-// each chunk, turns U into V_new = U - W H, and advances H.
-__global__ void __launch_bounds__(kThreads)
+// Shared tiles of the forward state scan (~107 KB).
+struct ScanSmem {
+  float h[kD * kColStride];        // state columns [col0, col0 + 64) of H
+  float w[kChunk * kF32Stride];    // W of the chunk
+  __nv_bfloat16 k[kChunk * kBf16Stride];
+  float vn[kChunk * kColStride];   // U, then e^(gamma_last - gamma_j) V_new_j
+  float to_end[kChunk];
+  float chunk_decay;
+};
+
+// Grid (N, Hv, ceil(Dv / 64)). Carries 64 columns of one head's state through the chunks of one
+// sequence (state columns evolve independently): stores the state entering each chunk, turns U
+// into V_new = U - W H and advances H <- e^gamma_last H + K^T diag(e^(gamma_last - gamma)) V_new.
+__global__ void __launch_bounds__(kThreads, 2)
     state_scan_kernel(GatedDeltaRuleShape s, const __nv_bfloat16* k, const float* initial_state,
                       float* final_state, Workspace ws) {
-  const int n = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kScanColumns;
+  const int n = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kScanCols;
   const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
-  const int kh = key_head_of(s, h), tid = threadIdx.x;
-  const int cols = min(kScanColumns, Dv - col0);
-  __shared__ float hs[kGatedDeltaRuleCudaMaxHeadDim * kScanColumns];
-  __shared__ float vn[kChunk * (kScanColumns + 1)];
-  __shared__ float to_end[kChunk];
-  __shared__ float chunk_decay;
-  const int64_t state_base = (static_cast<int64_t>(n) * Hv + h) * Dk * Dv;
-  for (int idx = tid; idx < Dk * kScanColumns; idx += kThreads) {
-    const int d = idx / kScanColumns, e = idx % kScanColumns;
-    hs[idx] = (initial_state != nullptr && e < cols) ? initial_state[state_base + d * Dv + col0 + e]
-                                                     : 0.0f;
+  const int kh = key_head_of(s, h), tid = threadIdx.x, warp = tid >> 5;
+  const int cols = min(kScanCols, Dv - col0);
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ScanSmem& sm = *reinterpret_cast<ScanSmem*>(smem_raw);
+  const int64_t state_base = (static_cast<int64_t>(n) * Hv + h) * Dk * Dv + col0;
+  for (int idx = tid; idx < kD * kScanCols; idx += kThreads) {
+    const int d = idx / kScanCols, e = idx % kScanCols;
+    sm.h[d * kColStride + e] = (initial_state != nullptr && d < Dk && e < cols)
+                                   ? initial_state[state_base + static_cast<int64_t>(d) * Dv + e]
+                                   : 0.0f;
   }
   const int first = ws.chunk_offsets[n], last = ws.chunk_offsets[n + 1];
   for (int c = first; c < last; ++c) {
     const ChunkInfo ci = ws.chunks[c];
     const int len = ci.len;
+    const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
     __syncthreads();
-    float* h_out = ws.h + (static_cast<int64_t>(c) * Hv + h) * Dk * Dv;
-    for (int idx = tid; idx < Dk * kScanColumns; idx += kThreads) {
-      const int d = idx / kScanColumns, e = idx % kScanColumns;
-      if (e < cols) h_out[d * Dv + col0 + e] = hs[idx];
+    float* h_out = ws.h + (static_cast<int64_t>(c) * Hv + h) * Dk * Dv + col0;
+    for (int idx = tid; idx < Dk * kScanCols; idx += kThreads) {
+      const int d = idx / kScanCols, e = idx % kScanCols;
+      if (e < cols) h_out[static_cast<int64_t>(d) * Dv + e] = sm.h[d * kColStride + e];
     }
-    if (tid < len) {
-      const float g_last = ws.gamma[static_cast<int64_t>(ci.t0 + len - 1) * Hv + h];
-      to_end[tid] = expf(g_last - ws.gamma[static_cast<int64_t>(ci.t0 + tid) * Hv + h]);
-      if (tid == 0) chunk_decay = expf(g_last);
-    }
-    for (int idx = tid; idx < len * kScanColumns; idx += kThreads) {
-      const int i = idx / kScanColumns, e = idx % kScanColumns;
-      if (e >= cols) continue;
-      const int64_t row = static_cast<int64_t>(ci.t0 + i) * Hv + h;
-      const float* w_row = ws.w + row * Dk;
-      float sum = 0.0f;
-      for (int d = 0; d < Dk; ++d) sum += w_row[d] * hs[d * kScanColumns + e];
-      const float value = ws.v_new[row * Dv + col0 + e] - sum;
-      vn[i * (kScanColumns + 1) + e] = value;
-      ws.v_new[row * Dv + col0 + e] = value;
+    load_tile(sm.w, kF32Stride, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
+              len, Dk);
+    load_tile(sm.k, kBf16Stride, kChunk, kD, k + (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk,
+              static_cast<int64_t>(Hk) * Dk, len, Dk);
+    load_tile(sm.vn, kColStride, kChunk, kScanCols, ws.v_new + row_first * Dv + col0,
+              static_cast<int64_t>(Hv) * Dv, len, cols);
+    if (tid < kChunk) {
+      const float g_last = ws.gamma[row_first + static_cast<int64_t>(len - 1) * Hv];
+      sm.to_end[tid] =
+          tid < len ? expf(g_last - ws.gamma[row_first + static_cast<int64_t>(tid) * Hv]) : 0.0f;
+      if (tid == 0) sm.chunk_decay = expf(g_last);
     }
     __syncthreads();
-    // H <- e^gamma_last H + sum_j e^(gamma_last - gamma_j) k_j v_new_j^T.
-    for (int idx = tid; idx < Dk * kScanColumns; idx += kThreads) {
-      const int d = idx / kScanColumns, e = idx % kScanColumns;
-      if (e >= cols) continue;  // columns past Dv stay zero
-      float sum = chunk_decay * hs[idx];
-      for (int j = 0; j < len; ++j) {
-        const float kd = __bfloat162float(k[(static_cast<int64_t>(ci.t0 + j) * Hk + kh) * Dk + d]);
-        sum += to_end[j] * kd * vn[j * (kScanColumns + 1) + e];
-      }
-      hs[idx] = sum;
+    {
+      // V_new = U - W H: 64 x 64, warp tile rows 16 (warp % 4), columns 32 (warp / 4).
+      const int m0 = 16 * (warp & 3), n0 = 32 * (warp >> 2);
+      float acc[1][4][4];
+      zero_acc(acc);
+      warp_mma<1, 4, kD>(acc, rows_of<kF32Stride>(sm.w), m0, rows_of<kColStride>(sm.h), n0);
+      for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
+        const float value = sm.vn[i * kColStride + e] - acc[mt][nt][r];
+        if (i < len && e < cols)
+          ws.v_new[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = value;
+        sm.vn[i * kColStride + e] = sm.to_end[i] * value;
+      });
+    }
+    __syncthreads();
+    {
+      // H: 128 x 64, warp tile rows 16 warp, all 64 columns.
+      const int m0 = 16 * warp;
+      float acc[1][8][4];
+      for_each_acc<1, 8>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
+        acc[mt][nt][r] = sm.chunk_decay * sm.h[d * kColStride + e];
+      });
+      warp_mma<1, 8, kChunk>(acc, transposed<kBf16Stride>(sm.k), m0, rows_of<kColStride>(sm.vn), 0);
+      for_each_acc<1, 8>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
+        sm.h[d * kColStride + e] = acc[mt][nt][r];
+      });
     }
   }
   __syncthreads();
   if (final_state != nullptr) {
-    for (int idx = tid; idx < Dk * kScanColumns; idx += kThreads) {
-      const int d = idx / kScanColumns, e = idx % kScanColumns;
-      if (e < cols) final_state[state_base + d * Dv + col0 + e] = hs[idx];
+    for (int idx = tid; idx < Dk * kScanCols; idx += kThreads) {
+      const int d = idx / kScanCols, e = idx % kScanCols;
+      if (e < cols) final_state[state_base + static_cast<int64_t>(d) * Dv + e] = sm.h[d * kColStride + e];
     }
   }
 }
 
-size_t output_smem_bytes(int key_dim) {
-  return sizeof(float) * (kChunk * (key_dim + 1) + kChunk * kChunk + kChunk);
-}
+// Shared tiles of the output kernel (~90 KB: two blocks per SM).
+struct OutputSmem {
+  __nv_bfloat16 q[kChunk * kBf16Stride];
+  float h[kD * kColStride];       // state entering the chunk, columns [col0, col0 + 64)
+  float p[kChunk * kSqStride];
+  float vn[kChunk * kColStride];  // V_new, same columns
+  float exp_gamma[kChunk];
+};
 
-// Grid (max_chunks, Hv): o_i = e^gamma_i (scale q_i)^T H + sum_{j<=i} P_ij v_new_j.
-__global__ void __launch_bounds__(kThreads)
+// Grid (max_chunks, Hv, ceil(Dv / 64)): o_i = e^gamma_i (scale q_i)^T H + sum_{j<=i} P_ij v_new_j
+// for 64 output columns.
+__global__ void __launch_bounds__(kThreads, 2)
     output_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q, Workspace ws,
                   __nv_bfloat16* o) {
-  const int chunk = blockIdx.x, h = blockIdx.y;
+  const int chunk = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kScanCols;
   if (chunk >= *ws.chunk_count) return;
   const ChunkInfo ci = ws.chunks[chunk];
   const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
-  const int kh = key_head_of(s, h), len = ci.len, stride = Dk + 1, tid = threadIdx.x;
-  extern __shared__ float smem[];
-  float* qs = smem;                    // [64][Dk+1]
-  float* ps = qs + kChunk * stride;    // [64][64]
-  float* e_gam = ps + kChunk * kChunk;  // [64]
-  for (int idx = tid; idx < len * Dk; idx += kThreads) {
-    const int i = idx / Dk, d = idx % Dk;
-    qs[i * stride + d] =
-        scale * __bfloat162float(q[(static_cast<int64_t>(ci.t0 + i) * Hk + kh) * Dk + d]);
-  }
-  const float* p_in = ws.p + (static_cast<int64_t>(chunk) * Hv + h) * kChunk * kChunk;
-  for (int idx = tid; idx < kChunk * kChunk; idx += kThreads) ps[idx] = p_in[idx];
-  for (int i = tid; i < len; i += kThreads) {
-    e_gam[i] = expf(ws.gamma[static_cast<int64_t>(ci.t0 + i) * Hv + h]);
-  }
+  const int kh = key_head_of(s, h), len = ci.len, tid = threadIdx.x, warp = tid >> 5;
+  const int cols = min(kScanCols, Dv - col0);
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  OutputSmem& sm = *reinterpret_cast<OutputSmem*>(smem_raw);
+  const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
+  load_tile(sm.q, kBf16Stride, kChunk, kD, q + (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk,
+            static_cast<int64_t>(Hk) * Dk, len, Dk);
+  load_tile(sm.h, kColStride, kD, kScanCols,
+            ws.h + (static_cast<int64_t>(chunk) * Hv + h) * Dk * Dv + col0, Dv, Dk, cols);
+  load_tile(sm.p, kSqStride, kChunk, kChunk,
+            ws.p + (static_cast<int64_t>(chunk) * Hv + h) * kChunk * kChunk, kChunk, kChunk, kChunk);
+  load_tile(sm.vn, kColStride, kChunk, kScanCols, ws.v_new + row_first * Dv + col0,
+            static_cast<int64_t>(Hv) * Dv, len, cols);
+  if (tid < kChunk)
+    sm.exp_gamma[tid] = tid < len ? expf(ws.gamma[row_first + static_cast<int64_t>(tid) * Hv]) : 0.0f;
   __syncthreads();
-  const float* state = ws.h + (static_cast<int64_t>(chunk) * Hv + h) * Dk * Dv;
-  for (int idx = tid; idx < len * Dv; idx += kThreads) {
-    const int i = idx / Dv, e = idx % Dv;
-    float inter = 0.0f;
-    for (int d = 0; d < Dk; ++d) inter += qs[i * stride + d] * state[d * Dv + e];
-    float intra = 0.0f;
-    for (int j = 0; j <= i; ++j) {
-      intra += ps[i * kChunk + j] * ws.v_new[(static_cast<int64_t>(ci.t0 + j) * Hv + h) * Dv + e];
-    }
-    o[(static_cast<int64_t>(ci.t0 + i) * Hv + h) * Dv + e] =
-        __float2bfloat16(e_gam[i] * inter + intra);
-  }
-}
-
-// Raises a kernel's dynamic shared memory limit when it needs more than the default 48 KB.
-template <typename Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  int device = 0, limit = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  CHECK(bytes <= static_cast<size_t>(limit), "gated_delta_rule_cuda: needs ", bytes,
-        " bytes of shared memory per block, the device allows ", limit);
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(bytes)));
+  const int m0 = 16 * (warp & 3), n0 = 32 * (warp >> 2);
+  float acc[1][4][4];
+  zero_acc(acc);
+  warp_mma<1, 4, kD>(acc, rows_of<kBf16Stride>(sm.q), m0, rows_of<kColStride>(sm.h), n0);
+  for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int) {
+    acc[mt][nt][r] *= scale * sm.exp_gamma[i];
+  });
+  warp_mma<1, 4, kChunk>(acc, rows_of<kSqStride>(sm.p), m0, rows_of<kColStride>(sm.vn), n0);
+  for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
+    if (i < len && e < cols)
+      o[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = __float2bfloat16(acc[mt][nt][r]);
+  });
 }
 
 }  // namespace
@@ -310,7 +361,7 @@ void launch_build_chunk_table(const GatedDeltaRuleShape& s, const Workspace& ws,
 void launch_prepare_chunks(const GatedDeltaRuleShape& s, float scale, const __nv_bfloat16* q,
                            const __nv_bfloat16* k, const __nv_bfloat16* v, const float* g,
                            const float* beta, const Workspace& ws, cudaStream_t stream) {
-  const size_t smem = prepare_smem_bytes(s.key_dim);
+  const size_t smem = sizeof(PrepareSmem);
   allow_smem(prepare_chunks_kernel, smem);
   const dim3 grid(static_cast<unsigned>(max_chunks(s)), s.num_value_heads);
   prepare_chunks_kernel<<<grid, kThreads, smem, stream>>>(s, scale, q, k, v, g, beta, ws);
@@ -320,19 +371,36 @@ void launch_prepare_chunks(const GatedDeltaRuleShape& s, float scale, const __nv
 void launch_state_scan(const GatedDeltaRuleShape& s, const __nv_bfloat16* k,
                        const float* initial_state, float* final_state, const Workspace& ws,
                        cudaStream_t stream) {
-  const dim3 grid(s.num_seqs, s.num_value_heads,
-                  (s.value_dim + kScanColumns - 1) / kScanColumns);
-  state_scan_kernel<<<grid, kThreads, 0, stream>>>(s, k, initial_state, final_state, ws);
+  const dim3 grid(s.num_seqs, s.num_value_heads, (s.value_dim + kScanCols - 1) / kScanCols);
+  const size_t smem = sizeof(ScanSmem);
+  allow_smem(state_scan_kernel, smem);
+  state_scan_kernel<<<grid, kThreads, smem, stream>>>(s, k, initial_state, final_state, ws);
   CUDA_CHECK_LAUNCH();
 }
 
 void launch_output(const GatedDeltaRuleShape& s, float scale, const __nv_bfloat16* q,
                    const Workspace& ws, __nv_bfloat16* o, cudaStream_t stream) {
-  const size_t smem = output_smem_bytes(s.key_dim);
+  const size_t smem = sizeof(OutputSmem);
   allow_smem(output_kernel, smem);
-  const dim3 grid(static_cast<unsigned>(max_chunks(s)), s.num_value_heads);
+  const dim3 grid(static_cast<unsigned>(max_chunks(s)), s.num_value_heads,
+                  (s.value_dim + kScanCols - 1) / kScanCols);
   output_kernel<<<grid, kThreads, smem, stream>>>(s, scale, q, ws, o);
   CUDA_CHECK_LAUNCH();
+}
+
+void run_forward(const GatedDeltaRuleShape& shape, float scale, const __nv_bfloat16* q,
+                 const __nv_bfloat16* k, const __nv_bfloat16* v, const float* g, const float* beta,
+                 const float* initial_state, __nv_bfloat16* o, float* final_state,
+                 const Workspace& ws, cudaStream_t stream, StageMarks* marks) {
+  mark_stage(marks, "forward start", stream);
+  launch_build_chunk_table(shape, ws, stream);
+  // An empty batch still writes the final states (= initial states) below, so no early return.
+  if (shape.num_tokens > 0) launch_prepare_chunks(shape, scale, q, k, v, g, beta, ws, stream);
+  mark_stage(marks, "forward chunk table + prepare (UT/WY)", stream);
+  launch_state_scan(shape, k, initial_state, final_state, ws, stream);
+  mark_stage(marks, "forward state scan", stream);
+  if (shape.num_tokens > 0) launch_output(shape, scale, q, ws, o, stream);
+  mark_stage(marks, "forward output", stream);
 }
 
 }  // namespace gdn_cuda
@@ -354,11 +422,7 @@ void gated_delta_rule_forward_cuda(const GatedDeltaRuleShape& shape, float scale
         "gated_delta_rule_forward_cuda: workspace of ", workspace_bytes, " bytes, need ", needed);
   Workspace ws{};
   carve_workspace(shape, false, workspace, &ws);
-  launch_build_chunk_table(shape, ws, stream);
-  // An empty batch still writes the final states (= initial states) below, so no early return.
-  if (shape.num_tokens > 0) launch_prepare_chunks(shape, scale, q, k, v, g, beta, ws, stream);
-  launch_state_scan(shape, k, initial_state, final_state, ws, stream);
-  if (shape.num_tokens > 0) launch_output(shape, scale, q, ws, o, stream);
+  run_forward(shape, scale, q, k, v, g, beta, initial_state, o, final_state, ws, stream, nullptr);
 }
 
 }  // namespace deltamoe

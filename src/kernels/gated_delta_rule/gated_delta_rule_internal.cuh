@@ -1,6 +1,6 @@
 // Internals shared by the forward and backward CUDA files of the gated delta rule: the chunk
-// table, the workspace layout, and the launchers of the stages both directions run (chunk
-// preparation and the forward state scan).
+// table, the workspace layout, shared-tile strides, and the launchers of the stages both
+// directions run (chunk preparation and the forward state scan).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,13 +9,23 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/cuda_check.h"
 #include "kernels/gated_delta_rule/gated_delta_rule.h"
+#include "kernels/gated_delta_rule/gated_delta_rule_cuda.h"
 
 namespace deltamoe::gdn_cuda {
 
 constexpr int kChunk = kGatedDeltaRuleChunkSize;  // 64 tokens
-constexpr int kThreads = 256;                     // threads of every block
-constexpr int kScanColumns = 16;  // state columns one scan block carries (more blocks in flight)
+constexpr int kThreads = 256;                     // threads of every block (8 warps)
+constexpr int kD = kGatedDeltaRuleCudaMaxHeadDim;  // every head dim is zero-padded to 128 in shared
+constexpr int kScanCols = 64;  // state columns one scan block carries (Dv / 64 blocks per head)
+// Shared row strides (elements), chosen so that the mma fragment reads hit distinct banks:
+constexpr int kBf16Stride = kD + 8;       // [64][128] bf16 tiles (q, k, v, d_o)
+constexpr int kF32Stride = kD + 4;        // [rows][128] fp32 tiles read as row-major A
+constexpr int kF32StrideT = kD + 8;       // [rows][128] fp32 tiles read transposed or as B
+constexpr int kSqStride = kChunk + 4;     // [64][64] fp32 (A, L, P, dA, ...)
+constexpr int kSqStrideT = kChunk + 8;    // [64][64] fp32 read transposed
+constexpr int kColStride = kScanCols + 8;  // [rows][64] column slices (fp32 or bf16)
 
 // One chunk: tokens [t0, t0 + len) of sequence `seq`.
 struct ChunkInfo {
@@ -56,6 +66,32 @@ size_t carve_workspace(const GatedDeltaRuleShape& shape, bool backward, void* ba
 
 void check_shape(const char* op, const GatedDeltaRuleShape& shape);
 
+// Optional CUDA events between stages, for the stage-time benchmark (null everywhere else).
+struct StageMarks {
+  static constexpr int kMax = 16;
+  cudaEvent_t events[kMax];
+  const char* names[kMax];
+  int count = 0;
+};
+
+inline void mark_stage(StageMarks* marks, const char* name, cudaStream_t stream) {
+  if (marks == nullptr || marks->count >= StageMarks::kMax) return;
+  CUDA_CHECK(cudaEventRecord(marks->events[marks->count], stream));
+  marks->names[marks->count++] = name;
+}
+
+// The whole forward / backward on a carved workspace, marking each stage's end.
+void run_forward(const GatedDeltaRuleShape& shape, float scale, const __nv_bfloat16* q,
+                 const __nv_bfloat16* k, const __nv_bfloat16* v, const float* g, const float* beta,
+                 const float* initial_state, __nv_bfloat16* o, float* final_state,
+                 const Workspace& ws, cudaStream_t stream, StageMarks* marks);
+void run_backward(const GatedDeltaRuleShape& shape, float scale, const __nv_bfloat16* q,
+                  const __nv_bfloat16* k, const __nv_bfloat16* v, const float* g, const float* beta,
+                  const float* initial_state, const __nv_bfloat16* d_o, const float* d_final_state,
+                  __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, float* dg, float* dbeta,
+                  float* d_initial_state, const Workspace& ws, cudaStream_t stream,
+                  StageMarks* marks);
+
 // Stages both directions run, in this order on one stream.
 void launch_build_chunk_table(const GatedDeltaRuleShape& shape, const Workspace& ws,
                               cudaStream_t stream);
@@ -65,6 +101,51 @@ void launch_prepare_chunks(const GatedDeltaRuleShape& shape, float scale, const 
 void launch_state_scan(const GatedDeltaRuleShape& shape, const __nv_bfloat16* k,
                        const float* initial_state, float* final_state, const Workspace& ws,
                        cudaStream_t stream);
+
+// Loads the gates of one chunk (warp 0 only; lane l holds tokens 2l and 2l + 1): gamma = the
+// chunk-local inclusive cumulative sum of g, beta, e^gamma; zeros past len (gamma keeps its last
+// value). Writes gamma to gamma_out ([T, Hv] row of the chunk's first token) when not null.
+__device__ inline void load_chunk_gates(const float* g, const float* beta, int64_t first_row,
+                                        int num_value_heads, int len, float* gamma, float* bet,
+                                        float* exp_gamma, float* gamma_out) {
+  const int lane = threadIdx.x & 31;
+  float g_pair[2], b_pair[2];
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int i = 2 * lane + u;
+    const int64_t row = first_row + static_cast<int64_t>(i) * num_value_heads;
+    g_pair[u] = i < len ? g[row] : 0.0f;
+    b_pair[u] = i < len ? beta[row] : 0.0f;
+  }
+  float inclusive = g_pair[0] + g_pair[1];
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const float other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  const float exclusive = inclusive - (g_pair[0] + g_pair[1]);
+  const float cum[2] = {exclusive + g_pair[0], exclusive + g_pair[0] + g_pair[1]};
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int i = 2 * lane + u;
+    gamma[i] = cum[u];
+    bet[i] = b_pair[u];
+    exp_gamma[i] = expf(cum[u]);
+    if (gamma_out != nullptr && i < len)
+      gamma_out[first_row + static_cast<int64_t>(i) * num_value_heads] = cum[u];
+  }
+}
+
+// Raises a kernel's dynamic shared memory limit (the big tiles need more than the default 48 KB).
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  int device = 0, limit = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  CHECK(bytes <= static_cast<size_t>(limit), "gated_delta_rule_cuda: needs ", bytes,
+        " bytes of shared memory per block, the device allows ", limit);
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(bytes)));
+}
 
 // Block-wide helpers.
 __device__ inline float warp_sum(float v) {
