@@ -14,6 +14,10 @@ namespace deltamoe {
 
 // The one-line switch: false sends every grouped product back to the WMMA kernel below.
 constexpr bool kGroupedGemmUseMma = true;
+// Block tiles of the mma.sync kernel that callers get: the row-grouped products (forward, dX) and
+// the weight gradients (bound by the f32 read-modify-write of c; two blocks per SM overlap it).
+constexpr grouped_gemm_detail::MmaTile kRowsMmaTile = grouped_gemm_detail::MmaTile::wide;
+constexpr grouped_gemm_detail::MmaTile kWeightGradMmaTile = grouped_gemm_detail::MmaTile::square;
 
 namespace {
 
@@ -329,6 +333,13 @@ void launch(const GroupedParams& params, dim3 grid, cudaStream_t stream) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The mma.sync block tile for a caller's kernel choice (automatic: the default for the product kind).
+grouped_gemm_detail::MmaTile mma_tile(GroupedGemmKernel kernel, grouped_gemm_detail::MmaTile automatic_tile) {
+  if (kernel == GroupedGemmKernel::mma_128x128) return grouped_gemm_detail::MmaTile::square;
+  if (kernel == GroupedGemmKernel::mma_128x256) return grouped_gemm_detail::MmaTile::wide;
+  return automatic_tile;
+}
+
 template <bool kBKMajor, bool kAligned>
 void launch_rows(const GroupedParams& params, DType c_dtype, dim3 grid, cudaStream_t stream) {
   if (c_dtype == DType::bf16)
@@ -374,9 +385,10 @@ void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* 
   build_tile_starts_kernel<<<1, 32, 0, stream>>>(offsets, static_cast<int>(num_groups), tile_starts);
   CUDA_CHECK_LAUNCH();
 
-  if (kGroupedGemmUseMma && kernel == GroupedGemmKernel::automatic && grouped_gemm_detail::mma_applies(a, b, c, n, k)) {
-    grouped_gemm_detail::rows_mma(a, b, b_stored_nk, c, c_dtype, offsets, tile_starts, static_cast<int>(num_groups),
-                                  max_rows, static_cast<int>(n), static_cast<int>(k), stream);
+  if (kGroupedGemmUseMma && kernel != GroupedGemmKernel::wmma && grouped_gemm_detail::mma_applies(a, b, c, n, k)) {
+    grouped_gemm_detail::rows_mma(mma_tile(kernel, kRowsMmaTile), a, b, b_stored_nk, c, c_dtype, offsets, tile_starts,
+                                  static_cast<int>(num_groups), max_rows, static_cast<int>(n), static_cast<int>(k),
+                                  stream);
     return;
   }
 
@@ -407,9 +419,10 @@ void grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel kernel, const __nv_bfl
   CHECK(m >= 1 && n >= 1, "grouped_gemm_weight_grad_cuda: sizes m=", m, " n=", n, " must be positive");
   CHECK(m < (int64_t{1} << 31) && n < (int64_t{1} << 31), "grouped_gemm_weight_grad_cuda: sizes m=", m, " n=", n,
         " too large for 32-bit indices");
-  if (kGroupedGemmUseMma && kernel == GroupedGemmKernel::automatic && grouped_gemm_detail::mma_applies(a, b, c, m, n)) {
-    grouped_gemm_detail::weight_grad_mma(a, b, c, offsets, static_cast<int>(num_groups), static_cast<int>(m),
-                                         static_cast<int>(n), stream);
+  if (kGroupedGemmUseMma && kernel != GroupedGemmKernel::wmma && grouped_gemm_detail::mma_applies(a, b, c, m, n)) {
+    grouped_gemm_detail::weight_grad_mma(mma_tile(kernel, kWeightGradMmaTile), a, b, c, offsets,
+                                         static_cast<int>(num_groups), static_cast<int>(m), static_cast<int>(n),
+                                         stream);
     return;
   }
   GroupedParams params{

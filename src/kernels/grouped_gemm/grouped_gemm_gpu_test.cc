@@ -61,11 +61,24 @@ struct GroupedShape {
   int64_t rows, groups, empty_groups, n, k;
 };
 
-// Both kernels are checked against one reference product: `auto` (the mma.sync kernel where the
-// sizes and alignment allow, which callers get) and the WMMA fallback.
-constexpr GroupedGemmKernel kKernels[] = {GroupedGemmKernel::automatic, GroupedGemmKernel::wmma};
+// Every kernel choice is checked against one reference product: `auto` (what callers get), the
+// WMMA fallback, and both block tiles of the mma.sync kernel (which fall back to WMMA at shapes
+// the mma kernel does not take).
+constexpr GroupedGemmKernel kKernels[] = {GroupedGemmKernel::automatic, GroupedGemmKernel::wmma,
+                                          GroupedGemmKernel::mma_128x128, GroupedGemmKernel::mma_128x256};
 
-const char* kernel_name(GroupedGemmKernel kernel) { return kernel == GroupedGemmKernel::wmma ? "wmma" : "auto"; }
+const char* kernel_name(GroupedGemmKernel kernel) {
+  switch (kernel) {
+    case GroupedGemmKernel::wmma:
+      return "wmma";
+    case GroupedGemmKernel::mma_128x128:
+      return "mma 128x128";
+    case GroupedGemmKernel::mma_128x256:
+      return "mma 128x256";
+    default:
+      return "auto";
+  }
+}
 
 void check_rows(const GroupedShape& s, bool b_stored_nk, uint64_t seed) {
   std::printf("rows-grouped R=%lld G=%lld (empty %lld) N=%lld K=%lld b=%s\n", static_cast<long long>(s.rows),
@@ -233,30 +246,34 @@ TEST(GroupedGemmGpu, Timing35B) {
   device_fill_bytes(d_down_w.view, 0);
   DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(experts));
   const double gu_flops = 2.0 * rows * (2 * inter) * hidden, down_flops = 2.0 * rows * hidden * inter;
-  // Each product timed with the WMMA kernel (the old one) and the automatic choice (the mma.sync
-  // kernel at these aligned shapes), on adjacent lines.
-  auto time_both = [&](const char* name, double flops, auto&& launch) {
-    for (GroupedGemmKernel kernel : {GroupedGemmKernel::wmma, GroupedGemmKernel::automatic}) {
-      const std::string label = std::string(name) + (kernel == GroupedGemmKernel::wmma ? " [wmma]" : " [mma]");
+  // Each product timed with the WMMA kernel (the old one) and both block tiles of the mma.sync
+  // kernel, on adjacent lines; `auto` is 128x256 for the row products and 128x128 for dW
+  // (kRowsMmaTile, kWeightGradMmaTile in grouped_gemm.cu).
+  auto time_kernels = [&](const char* name, double flops, auto&& launch) {
+    for (GroupedGemmKernel kernel :
+         {GroupedGemmKernel::wmma, GroupedGemmKernel::mma_128x128, GroupedGemmKernel::mma_128x256}) {
+      const std::string label = std::string(name) + " [" + kernel_name(kernel) + "]";
       print_flop_timing(label.c_str(), median_ms([&](cudaStream_t s) { launch(kernel, s); }, nullptr), flops);
     }
   };
   std::printf(
       "grouped GEMM, T=8192 K=8 E=256 H=2048 I=512 (floor = FLOPs at 790 TFLOP/s; session-2 targets: >= 350 "
       "TFLOP/s forward, >= 250 dW)\n");
-  time_both("gate_up fwd  [R,H]x[E,2I,H]^T", gu_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
+  std::printf("  the forward reads every expert's weights once: gate_up %.2f GB, down %.2f GB of bf16\n",
+              2.0 * experts * 2 * inter * hidden * 1e-9, 2.0 * experts * hidden * inter * 1e-9);
+  time_kernels("gate_up fwd  [R,H]x[E,2I,H]^T", gu_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
     grouped_gemm_rows_cuda_with(kernel, bf16_ptr(x), bf16_ptr(w_gu), true, gu.view.data, DType::bf16, off, experts,
                                 rows, 2 * inter, hidden, workspace.data(), workspace.bytes(), s);
   });
-  time_both("down fwd     [R,I]x[E,H,I]^T", down_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
+  time_kernels("down fwd     [R,I]x[E,H,I]^T", down_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
     grouped_gemm_rows_cuda_with(kernel, bf16_ptr(h), bf16_ptr(w_down), true, y.view.data, DType::bf16, off, experts,
                                 rows, hidden, inter, workspace.data(), workspace.bytes(), s);
   });
-  time_both("gate_up dX   [R,2I]x[E,2I,H]", gu_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
+  time_kernels("gate_up dX   [R,2I]x[E,2I,H]", gu_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
     grouped_gemm_rows_cuda_with(kernel, bf16_ptr(h), bf16_ptr(w_gu), false, y.view.data, DType::bf16, off, experts,
                                 rows, hidden, 2 * inter, workspace.data(), workspace.bytes(), s);
   });
-  time_both("down dX      [R,H]x[E,H,I] f32", down_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
+  time_kernels("down dX      [R,H]x[E,H,I] f32", down_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
     grouped_gemm_rows_cuda_with(kernel, bf16_ptr(x), bf16_ptr(w_down), false, d_h.view.data, DType::f32, off, experts,
                                 rows, inter, hidden, workspace.data(), workspace.bytes(), s);
   });
@@ -266,11 +283,11 @@ TEST(GroupedGemmGpu, Timing35B) {
   std::printf("  dW memory floor: gate_up %.2f GB -> %.3f ms, down %.2f GB -> %.3f ms at %.0f GB/s\n",
               gu_dw_bytes * 1e-9, gu_dw_bytes / (kMemoryGBpsCeiling * 1e9) * 1e3, down_dw_bytes * 1e-9,
               down_dw_bytes / (kMemoryGBpsCeiling * 1e9) * 1e3, kMemoryGBpsCeiling);
-  time_both("gate_up dW   [R,2I]^T[R,H] f32+=", gu_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
+  time_kernels("gate_up dW   [R,2I]^T[R,H] f32+=", gu_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
     grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(h), bf16_ptr(x), static_cast<float*>(d_gu_w.view.data), off,
                                        experts, 2 * inter, hidden, s);
   });
-  time_both("down dW      [R,H]^T[R,I] f32+=", down_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
+  time_kernels("down dW      [R,H]^T[R,I] f32+=", down_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
     grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(x), bf16_ptr(h), static_cast<float*>(d_down_w.view.data), off,
                                        experts, hidden, inter, s);
   });

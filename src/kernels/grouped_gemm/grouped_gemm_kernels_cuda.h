@@ -14,8 +14,10 @@
 namespace deltamoe {
 
 // automatic: the mma.sync kernel where it applies (and kGroupedGemmUseMma in grouped_gemm.cu is
-// true), else WMMA. wmma: always the original kernel (the fallback and the speed baseline).
-enum class GroupedGemmKernel { automatic, wmma };
+// true) with the block tile chosen there per product kind, else WMMA. wmma: always the original
+// kernel (the fallback and the speed baseline). mma_128x128 / mma_128x256: the mma.sync kernel
+// with that block tile where it applies, else WMMA (for tests and benchmarks).
+enum class GroupedGemmKernel { automatic, wmma, mma_128x128, mma_128x256 };
 
 // grouped_gemm_rows_cuda / grouped_gemm_weight_grad_cuda with the kernel chosen by the caller.
 void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b,
@@ -28,19 +30,23 @@ void grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel kernel, const __nv_bfl
 
 namespace grouped_gemm_detail {
 
+// Block tiles of the mma.sync kernel: square 128x128 (two blocks per SM) or wide 128x256 (one block
+// per SM, half the shared-memory reads per product).
+enum class MmaTile { square, wide };
+
 // The mma.sync kernel needs every contiguous extent a multiple of 8 bf16 (16-byte chunks wholly
 // inside or outside) and 16-byte aligned bases; sizes were validated by the public launcher.
 bool mma_applies(const void* a, const void* b, const void* c, int64_t contiguous_1, int64_t contiguous_2);
 
 // Row-grouped product with the mma.sync kernel. tile_starts int32 [G+1]: per-group prefix of
 // 128-row tiles (built on the device by the caller); max_rows bounds offsets[G] (sizes the grid).
-void rows_mma(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk, void* c, DType c_dtype,
+void rows_mma(MmaTile tile, const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk, void* c, DType c_dtype,
               const int32_t* offsets, const int32_t* tile_starts, int num_groups, int64_t max_rows, int n, int k,
               cudaStream_t stream);
 
 // Weight-gradient product (c [G, M, N] f32 added to) with the mma.sync kernel.
-void weight_grad_mma(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets, int num_groups,
-                     int m, int n, cudaStream_t stream);
+void weight_grad_mma(MmaTile tile, const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
+                     int num_groups, int m, int n, cudaStream_t stream);
 
 }  // namespace grouped_gemm_detail
 }  // namespace deltamoe
