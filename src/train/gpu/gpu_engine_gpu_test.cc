@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "kernels/common/tensor_compare.h"
 #include "model/config.h"
+#include "model/vision/mrope_positions.h"
 #include "train/cpu_engine.h"
 #include "train/gpu/gpu_engine.h"
 #include "train/trainable_params.h"
@@ -28,11 +29,14 @@ namespace {
 // that expert's gradient by about one token's share: the 2e-2 bound leaves room for a few.
 constexpr double kLossRel = 1e-2;
 constexpr double kGradRelL2 = 2e-2;
+// The vision tensors alone: their gradient passes the whole text backward (bf16) and then the
+// tower's (gpu_vision_model_gpu_test holds the tower alone to 2e-2), so roughly twice the roundings.
+constexpr double kVisionGradRelL2 = 4e-2;
 constexpr int64_t kTokenBudget = 256;
 
 struct Fixture {
   ModelCheckpoint checkpoint = random_init_checkpoint(model_config_preset("tiny-vl"), 0, DType::bf16);
-  TrainableParams trainable = build_trainable_params(checkpoint, FreezeOptions{false, false, false});
+  TrainableParams trainable = build_trainable_params(checkpoint, FreezeOptions{false, false, false});  // all
 };
 
 Fixture& fixture() {
@@ -68,6 +72,47 @@ MicroBatch packed_text_batch(const std::vector<int32_t>& lengths, uint32_t seed)
   return batch;
 }
 
+// Samples with images, as the data pipeline packs them: per sample a few prompt tokens, then for
+// each image <|vision_start|>, t*h*w/4 <|image_pad|> tokens, <|vision_end|>; then the supervised
+// answer. grids[s] lists sample s's images (none: a text-only sample); pixel values random;
+// positions are the 3-D rope positions of the model's processor.
+MicroBatch packed_image_batch(const std::vector<std::vector<GridThw>>& grids, uint32_t seed) {
+  const ModelConfig& config = fixture().checkpoint.config;
+  const int64_t merge = config.vision.spatial_merge_size;
+  const int32_t ordinary = static_cast<int32_t>(config.text.vocab_size) - 64;
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> token(0, ordinary - 1);
+  std::normal_distribution<float> pixel(0.0f, 1.0f);
+  MicroBatch batch;
+  batch.cu_seqlens.push_back(0);
+  std::vector<GridThw> all_grids;
+  auto add = [&](int32_t id, bool supervised) {
+    batch.input_ids.push_back(id);
+    batch.labels.push_back(supervised ? id : -100);
+    batch.num_supervised += supervised;
+  };
+  for (size_t s = 0; s < grids.size(); ++s) {
+    for (int i = 0; i < 5; ++i) add(token(rng), false);
+    for (const GridThw& grid : grids[s]) {
+      add(static_cast<int32_t>(config.vision_start_token_id), false);
+      const int64_t patches = grid[0] * grid[1] * grid[2];
+      for (int64_t i = 0; i < patches / (merge * merge); ++i) add(static_cast<int32_t>(config.image_token_id), false);
+      add(static_cast<int32_t>(config.vision_end_token_id), false);
+      for (int64_t i = 0; i < patches * config.vision.patch_dim(); ++i) batch.pixel_values.push_back(pixel(rng));
+      batch.image_grid_thw.push_back(grid);
+      all_grids.push_back(grid);
+      batch.num_image_tokens += patches / (merge * merge);
+    }
+    for (int i = 0; i < 23; ++i) add(token(rng), true);
+    batch.cu_seqlens.push_back(static_cast<int32_t>(batch.input_ids.size()));
+    batch.sample_indices.push_back(static_cast<int64_t>(s));
+  }
+  const std::vector<int64_t> ids(batch.input_ids.begin(), batch.input_ids.end());
+  batch.positions = compute_mrope_positions(ids.data(), batch.num_tokens(), batch.cu_seqlens, all_grids, {}, merge,
+                                            config.image_token_id, config.video_token_id);
+  return batch;
+}
+
 int64_t shifted_supervised(const MicroBatch& batch) {
   const std::vector<int64_t> shifted = shift_packed_labels(batch);
   return std::count_if(shifted.begin(), shifted.end(), [](int64_t label) { return label != -100; });
@@ -87,27 +132,28 @@ void print_worst_tensors(const ParamLayout& layout, const std::vector<float>& go
     std::printf("    worst tensor %zu: %-60s rel_l2 %.3e\n", i + 1, worst[i].second.c_str(), worst[i].first);
 }
 
-class GpuEngineTest : public ::testing::TestWithParam<std::vector<int32_t>> {};
-
-// One micro-batch through both engines: CE sum, supervised count, aux loss, the flat gradient of
-// ce/S + aux_weight * aux added to a buffer that already holds values, and evaluation.
-TEST_P(GpuEngineTest, MatchesCpuEngineOnOneMicroBatch) {
+// One micro-batch through both engines with the trainable tensors of `freeze`: CE sum,
+// supervised count, aux loss, the flat gradient of ce/S + aux_weight * aux added to a buffer that
+// already holds values (whole and the vision tensors alone), and evaluation.
+void compare_engines(const MicroBatch& batch, const FreezeOptions& freeze) {
   Fixture& f = fixture();
-  const ParamLayout& layout = f.trainable.layout;
-  const MicroBatch batch = packed_text_batch(GetParam(), 11);
+  const TrainableParams trainable = build_trainable_params(f.checkpoint, freeze);
+  const ParamLayout& layout = trainable.layout;
   const int64_t supervised = shifted_supervised(batch);
   ASSERT_GT(supervised, 0);
   const double ce_token_weight = 1.0 / static_cast<double>(supervised + 17);  // as if a global batch held more
   const double aux_weight = 0.01;
-  std::printf("batch: %lld tokens, %zu samples, %lld supervised after the shift\n",
-              static_cast<long long>(batch.num_tokens()), batch.cu_seqlens.size() - 1,
-              static_cast<long long>(supervised));
+  std::printf("batch: %lld tokens, %zu samples, %zu images, %lld supervised after the shift; trainable: %d tensors"
+              " (freeze_vit %d, freeze_aligner %d, freeze_llm %d)\n",
+              static_cast<long long>(batch.num_tokens()), batch.cu_seqlens.size() - 1, batch.image_grid_thw.size(),
+              static_cast<long long>(supervised), layout.num_tensors(), freeze.freeze_vit, freeze.freeze_aligner,
+              freeze.freeze_llm);
 
   CpuEngine cpu(f.checkpoint, layout);
   GpuEngine gpu(f.checkpoint, layout, EngineSizing{kTokenBudget, 0});
   EXPECT_EQ(gpu.device_name().rfind("cuda:", 0), 0u) << gpu.device_name();
-  cpu.set_trainable_weights(f.trainable.master.data());
-  gpu.set_trainable_weights(f.trainable.master.data());
+  cpu.set_trainable_weights(trainable.master.data());
+  gpu.set_trainable_weights(trainable.master.data());
 
   // The caller's buffer already holds a running total (here a constant): engines add to it.
   constexpr float kRunningTotal = 0.25f;
@@ -134,6 +180,27 @@ TEST_P(GpuEngineTest, MatchesCpuEngineOnOneMicroBatch) {
   EXPECT_TRUE(whole.all_finite);
   EXPECT_GT(whole.max_abs_ref, 0.0);
   EXPECT_LE(whole.rel_l2, kGradRelL2);
+  // The vision tower's gradients are small next to the text model's, so they get their own check.
+  std::vector<float> gpu_vision, cpu_vision;
+  for (const ParamEntry& entry : layout.entries()) {
+    if (!entry.name.starts_with("model.visual.")) continue;
+    gpu_vision.insert(gpu_vision.end(), gpu_grad.begin() + entry.offset, gpu_grad.begin() + entry.offset + entry.numel);
+    cpu_vision.insert(cpu_vision.end(), cpu_grad.begin() + entry.offset, cpu_grad.begin() + entry.offset + entry.numel);
+  }
+  if (!gpu_vision.empty()) {
+    const CompareResult vision =
+        compare_values(gpu_vision.data(), cpu_vision.data(), static_cast<int64_t>(gpu_vision.size()));
+    std::printf("vision gradients (%zu values): max|diff| %.3e max|ref| %.3e rel_l2 %.3e\n", gpu_vision.size(),
+                vision.max_abs_diff, vision.max_abs_ref, vision.rel_l2);
+    EXPECT_TRUE(vision.all_finite);
+    if (batch.image_grid_thw.empty()) {
+      EXPECT_EQ(vision.max_abs_ref, 0.0);  // a text-only batch gives the tower nothing
+      EXPECT_EQ(vision.max_abs_diff, 0.0);
+    } else {
+      EXPECT_GT(vision.max_abs_ref, 0.0);
+      EXPECT_LE(vision.rel_l2, kVisionGradRelL2);
+    }
+  }
 
   // Evaluation: the same losses without a gradient; token accuracy counted on both sides (argmax
   // near-ties may differ by a token or two).
@@ -150,10 +217,39 @@ TEST_P(GpuEngineTest, MatchesCpuEngineOnOneMicroBatch) {
   EXPECT_GT(gpu.peak_memory_bytes(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Batches, GpuEngineTest,
+class GpuEngineTextTest : public ::testing::TestWithParam<std::vector<int32_t>> {};
+
+TEST_P(GpuEngineTextTest, MatchesCpuEngineOnOneMicroBatch) {
+  compare_engines(packed_text_batch(GetParam(), 11), FreezeOptions{false, false, false});
+}
+
+INSTANTIATE_TEST_SUITE_P(Batches, GpuEngineTextTest,
                          ::testing::Values(std::vector<int32_t>{97},                 // one sample, odd length
                                            std::vector<int32_t>{37, 1, 64, 90, 5},   // packed, a 1-token sample
                                            std::vector<int32_t>{256}));              // the whole budget
+
+// Image batches (vision tower forward, its features in the <|image_pad|> rows, its backward from
+// their gradient) under the freezing choices that decide which backward runs.
+struct ImageCase {
+  const char* name;
+  FreezeOptions freeze;
+};
+
+class GpuEngineImageTest : public ::testing::TestWithParam<ImageCase> {};
+
+TEST_P(GpuEngineImageTest, MatchesCpuEngineOnOneMicroBatch) {
+  // Three samples: two images of 4x6 and 2x2 patches, one image of 2x4, and a text-only sample.
+  const MicroBatch batch = packed_image_batch({{{1, 4, 6}, {1, 2, 2}}, {{1, 2, 4}}, {}}, 5);
+  compare_engines(batch, GetParam().freeze);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Freezing, GpuEngineImageTest,
+    ::testing::Values(ImageCase{"all_trained", {false, false, false}},
+                      ImageCase{"swift_default_llm_only", {true, true, false}},
+                      ImageCase{"frozen_llm_vit_trained", {false, true, true}},
+                      ImageCase{"aligner_only", {true, false, true}}),
+    [](const ::testing::TestParamInfo<ImageCase>& info) { return std::string(info.param.name); });
 
 // Two micro-batches accumulate: the buffer after both is the sum of each alone; and the master
 // weights handed over by set_trainable_weights are the ones the next forward uses.
@@ -212,12 +308,17 @@ TEST(GpuEngine, RefusesBatchesOutsideItsPlan) {
   std::printf("65 samples: %s\n", too_many.c_str());
   EXPECT_NE(too_many.find("planned for at most 64"), std::string::npos) << too_many;
   EXPECT_NE(too_many.find("--micro_batch_size"), std::string::npos) << too_many;
-  MicroBatch with_image = packed_text_batch({20}, 1);
-  with_image.image_grid_thw.push_back({1, 4, 4});
-  with_image.pixel_values.assign(16 * 1536, 0.5f);
+  // Images whose merged tokens do not match the batch's <|image_pad|> tokens.
+  MicroBatch with_image = packed_image_batch({{{1, 4, 4}}}, 1);
+  with_image.image_grid_thw[0] = {1, 2, 8};
+  with_image.pixel_values.resize(with_image.pixel_values.size() + 4 * 1536, 0.5f);
   const std::string image = message_of(with_image);
-  std::printf("image batch: %s\n", image.c_str());
-  EXPECT_NE(image.find("image"), std::string::npos) << image;
+  std::printf("mismatched image: %s\n", image.c_str());
+  EXPECT_NE(image.find("patches of pixel_values but its image_grid_thw describe"), std::string::npos) << image;
+  with_image.image_grid_thw[0] = {1, 2, 10};  // 20 patches = 5 merged tokens, the batch has 4 pads
+  const std::string pads = message_of(with_image);
+  std::printf("image tokens: %s\n", pads.c_str());
+  EXPECT_NE(pads.find("do not match"), std::string::npos) << pads;
 }
 
 TEST(GpuEngine, PlansSequencesFromTheBatchPlan) {
