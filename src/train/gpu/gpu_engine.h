@@ -1,6 +1,6 @@
-// GpuEngine: the trainer's TrainEngine on one CUDA device, composed from GpuTextModel. Weights go
-// up from the trainer's fp32 master buffer once per step, gradients come down into its flat host
-// buffer once per micro-batch (the known cost; docs/training.md). No CUDA types in this header.
+// GpuEngine: the trainer's TrainEngine on one CUDA device, composed from GpuTextModel and (VLMs)
+// GpuVisionModel. Weights go up from the trainer's fp32 master buffer once per step, gradients come
+// down into its flat host buffer once per micro-batch (the known cost; docs/training.md).
 #pragma once
 
 #include <cstddef>
@@ -16,9 +16,9 @@ namespace deltamoe {
 
 class GpuEngine : public TrainEngine {
  public:
-  // Uploads every text tensor of checkpoint (frozen ones stay as loaded); layout names the
-  // trainable tensors (each must be a parameter of the model, checked). The model's activations
-  // and workspaces are planned once for sizing (the trainer's token budget and sample cap).
+  // Uploads every text and vision tensor of checkpoint (frozen ones stay as loaded); layout names
+  // the trainable tensors (each must be a parameter of the model, checked). Activations and
+  // workspaces are planned once for sizing (the trainer's token budget and sample cap).
   GpuEngine(const ModelCheckpoint& checkpoint, const ParamLayout& layout, const EngineSizing& sizing);
   ~GpuEngine() override;
 
