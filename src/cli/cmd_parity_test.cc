@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "checkpoint/checkpoint_test_util.h"
 #include "checkpoint/model_checkpoint.h"
@@ -80,6 +81,19 @@ TEST_F(CmdParity, BadCommandLinesAndInputsFailClearly) {
   EXPECT_NE(run.output.find("--device tpu"), std::string::npos) << run.output;
   std::printf("%s", run.output.c_str());
 }
+
+#if !DELTAMOE_WITH_CUDA
+// A CPU-only build names why --device cuda cannot run, before reading the model.
+TEST_F(CmdParity, CudaDeviceNeedsACudaBuild) {
+  const RunResult run = run_deltamoe(str_cat("parity --model ", dir_.path("model"), " --inputs ",
+                                             dir_.path("inputs.safetensors"), " --out ", dir_.path("out.safetensors"),
+                                             " --device cuda"));
+  std::printf("%s", run.output.c_str());
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.output.find("built with CUDA"), std::string::npos) << run.output;
+  EXPECT_FALSE(std::filesystem::exists(dir_.path("out.safetensors")));
+}
+#endif
 
 // The VLM golden case through the command line: images in, vision gradients out; with
 // --freeze_vit --freeze_llm only the merger's gradients are written, equal to the in-process run.
