@@ -2,7 +2,8 @@
 # The main job on a fresh machine: set up, build, create the tiny-vl model with the demo tokenizer,
 # generate a small image + text dataset, train it (validation loss must halve), save, and print
 # where the result is. Builds with CUDA only where a GPU answers (nvcc alone is not enough: the
-# CUDA build takes most of an hour on 2 cores); the loop picks its engine (src/train/engine_factory.cc).
+# CUDA build takes most of an hour on 2 cores); the loop picks its engine (src/train/engine_factory.cc):
+# the GPU engine where the CUDA build finds a GPU, else the CPU reference (DEMO_DEVICE=cpu|cuda forces one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
