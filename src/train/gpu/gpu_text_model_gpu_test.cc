@@ -1,7 +1,8 @@
 // GpuTextModel against the CPU reference TextModel (fp32) on the tiny config: same bf16-rounded
 // weights, same tokens, the CPU's routing pinned to the GPU's choice (near-ties in bf16 would
 // otherwise pick other experts); loss, aux loss and every parameter gradient compared, for the
-// whole model and for each decoder layer alone (fed the GPU's own layer input and gradient).
+// whole model and for each decoder layer alone (fed the GPU's own layer input and gradient); and
+// the multimodal input (image-token rows) against the CPU model started from input_embeds.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,8 +12,10 @@
 #include <string>
 #include <utility>
 
+#include "core/cuda_check.h"
 #include "core/dtype.h"
 #include "kernels/common/tensor_compare.h"
+#include "kernels/embedding/embedding.h"
 #include "kernels/moe_aux_loss/moe_aux_loss.h"
 #include "model/text/decoder.h"
 #include "model/text/text_batch.h"
@@ -263,6 +266,131 @@ TEST(GpuTextModel, RecomputedMixersMatchCpuReference) {
 }
 
 TEST(GpuTextModel, SingleTokenBatch) { run_case("one token", {0, 1}, 0.01f); }
+
+// The multimodal input: image embeddings written into image_embeddings() replace the embedding of
+// the image-token rows (3-D positions that differ per axis there); the backward hands those rows'
+// gradient to image_embedding_grads() and keeps it out of embed_tokens. The CPU model starts from
+// the same input_embeds; its d_input_embeds at those rows is the reference, and embed_tokens'
+// gradient is the lookup's backward with those rows zeroed (multimodal_embed_backward).
+struct CpuEmbedsRun {
+  TextModelOutput out;
+  ParamMap grads;
+  std::vector<float> embeds;    // [T, C] the model's input (lookup with the image rows replaced)
+  std::vector<float> d_embeds;  // [T, C]
+};
+
+CpuEmbedsRun run_cpu_from_embeds(const TextConfig& config, const ParamMap& params, const TextBatch& batch,
+                                 const std::vector<int64_t>& ids, const std::vector<int64_t>& labels,
+                                 const std::vector<int32_t>& rows, const std::vector<float>& image_embeds,
+                                 const std::vector<std::vector<int32_t>>& routing) {
+  const int64_t T = batch.num_tokens, C = config.hidden_size;
+  const std::string table = "model.embed_tokens.weight";
+  CpuEmbedsRun run;
+  std::vector<float>& embeds = run.embeds;
+  embeds.resize(static_cast<size_t>(T * C));
+  embedding_forward_ref(ids.data(), param_values(params, table), embeds.data(), T, config.vocab_size, C);
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::copy_n(image_embeds.data() + i * C, C, embeds.data() + rows[i] * C);
+  TextModelInputs inputs;
+  inputs.input_ids = ids.data();
+  inputs.input_embeds = embeds.data();
+  inputs.shifted_labels = labels.data();
+  inputs.forced_routing = &routing;
+  TextModel cpu(config, "model", &params);
+  run.out = cpu.forward(batch, inputs);
+  run.grads = cpu.backward(1.0f, 0.01f, &run.d_embeds);
+  std::vector<float> d_lookup = run.d_embeds;
+  for (int32_t row : rows) std::fill_n(d_lookup.data() + row * C, C, 0.0f);
+  embedding_backward_ref(ids.data(), d_lookup.data(), param_values(run.grads, table), T, config.vocab_size, C);
+  return run;
+}
+
+std::vector<float> rows_of(const std::vector<float>& matrix, const std::vector<int32_t>& rows, int64_t width) {
+  std::vector<float> out;
+  for (int32_t row : rows) out.insert(out.end(), matrix.begin() + row * width, matrix.begin() + (row + 1) * width);
+  return out;
+}
+
+TEST(GpuTextModel, ImageRowsMatchCpuInputEmbeds) {
+  std::printf("image rows: 2 sequences (25 + 15 tokens), 6 image-token rows\n");
+  const TextConfig config = model_config_preset("tiny").text;
+  const int64_t C = config.hidden_size, image_id = 4000;
+  const std::vector<int32_t> cu_seqlens = {0, 25, 40};
+  const std::vector<int32_t> rows = {3, 4, 5, 6, 30, 31};
+  const int64_t T = cu_seqlens.back(), M = static_cast<int64_t>(rows.size());
+  const ParamMap params = rounded_params(config);
+  const ParamMap perturbed = perturbed_params(params, 12345);
+  const ParamMap perturbed2 = perturbed_params(params, 67890);
+  std::vector<int64_t> ids(static_cast<size_t>(T)), labels(static_cast<size_t>(T), -100);
+  for (int64_t t = 0; t < T; ++t) ids[t] = (t * 7919 + 13) % 3000;
+  for (int32_t row : rows) ids[row] = image_id;
+  for (int64_t t = 0; t + 1 < T; ++t)
+    if (t + 1 != cu_seqlens[1] && ids[t + 1] != image_id) labels[t] = ids[t + 1];
+  // 3-D positions: text counts on every axis; the image tokens spread over (h, w) as a 2 x 2 grid.
+  std::vector<int64_t> positions(static_cast<size_t>(3 * T));
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t p = t < cu_seqlens[1] ? t : t - cu_seqlens[1];
+    const auto image = std::find(rows.begin(), rows.end(), static_cast<int32_t>(t));
+    const int64_t k = image != rows.end() ? (image - rows.begin()) % 4 : 0;
+    positions[t] = p;
+    positions[T + t] = p + (image != rows.end() ? k / 2 + 3 : 0);
+    positions[2 * T + t] = p + (image != rows.end() ? k % 2 + 5 : 0);
+  }
+  std::vector<float> image_embeds(static_cast<size_t>(M * C));
+  const HostTensor random = random_normal_tensor(Shape{M, C}, 99, static_cast<float>(kMatrixStd));
+  for (int64_t i = 0; i < M * C; ++i) image_embeds[i] = round_to_bf16(random.as<float>()[i]);
+
+  GpuModelOptions options;
+  options.max_tokens = T + 3;
+  options.max_seqs = 2;
+  options.max_image_rows = M + 2;
+  options.aux_loss_weight = 0.01f;
+  GpuTextModel gpu(config, "model", options);
+  EXPECT_THROW(gpu.set_image_rows({5, 4}), Error);                         // not increasing
+  EXPECT_THROW(gpu.set_image_rows(std::vector<int32_t>(M + 3, 0)), Error);  // over max_image_rows
+  gpu.upload_params(params);
+  gpu.set_image_rows(rows);
+  gpu.set_batch(ids, labels, cu_seqlens, positions);
+  std::vector<uint16_t> bits(image_embeds.size());
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = float_to_bf16_bits(image_embeds[i]);
+  CUDA_CHECK(cudaMemcpy(gpu.image_embeddings(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+  gpu.forward_backward();
+  const float gpu_loss = gpu.read_loss();
+  std::vector<std::vector<int32_t>> routing;
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) routing.push_back(gpu.read_topk_idx(i));
+  std::fill(bits.begin(), bits.end(), uint16_t{0xFFFF});
+  CUDA_CHECK(cudaMemcpy(bits.data(), gpu.image_embedding_grads(), bits.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> gpu_image_grads(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) gpu_image_grads[i] = bf16_bits_to_float(bits[i]);
+
+  const TextBatch batch = make_text_batch(config, T, cu_seqlens, positions);
+  const CpuEmbedsRun ref = run_cpu_from_embeds(config, params, batch, ids, labels, rows, image_embeds, routing);
+  const CpuEmbedsRun moved = run_cpu_from_embeds(config, perturbed, batch, ids, labels, rows, image_embeds, routing);
+  const CpuEmbedsRun moved2 = run_cpu_from_embeds(config, perturbed2, batch, ids, labels, rows, image_embeds, routing);
+  const double loss_rel = std::fabs(gpu_loss - ref.out.ce_loss) / std::max(std::fabs(ref.out.ce_loss), 1e-12);
+  std::printf("  ce loss gpu %.6f cpu %.6f rel %.3e\n", gpu_loss, ref.out.ce_loss, loss_rel);
+  EXPECT_LE(loss_rel, kLossRel);
+  // bf16 table rows and bf16 image rows are copied, not computed: the layer input matches exactly.
+  const std::vector<float> layer_input = gpu.read_layer_activation(0, LayerActivation::input);
+  const CompareResult input = compare_values(layer_input.data(), ref.embeds.data(), T * C);
+  std::printf("  layer 0 input (lookup + image rows): max|diff| %.3e max|ref| %.3e\n", input.max_abs_diff,
+              input.max_abs_ref);
+  EXPECT_EQ(input.max_abs_diff, 0.0);
+  EXPECT_TRUE(input.all_finite);
+  check_tensor("image_embedding_grads", gpu_image_grads, rows_of(ref.d_embeds, rows, C),
+               rows_of(moved.d_embeds, rows, C), rows_of(moved2.d_embeds, rows, C), kGradFloor);
+  const std::string table = "model.embed_tokens.weight";
+  check_tensor(table, gpu.read_gradient(table), ref.grads.at(table).values, moved.grads.at(table).values,
+               moved2.grads.at(table).values, kGradFloor);
+  // The image token's own table row gets nothing: all its rows were image rows.
+  const std::vector<float> table_grad = gpu.read_gradient(table);
+  const bool image_row_zero = std::all_of(table_grad.begin() + image_id * C, table_grad.begin() + (image_id + 1) * C,
+                                          [](float v) { return v == 0.0f; });
+  EXPECT_TRUE(image_row_zero) << "the <|image_pad|> row of embed_tokens received a gradient";
+  for (const char* name : {"model.layers.3.self_attn.q_proj.weight", "model.layers.0.linear_attn.in_proj_qkv.weight"})
+    check_tensor(name, gpu.read_gradient(name), ref.grads.at(name).values, moved.grads.at(name).values,
+                 moved2.grads.at(name).values, kGradFloor);
+}
 
 TEST(GpuTextModel, BadBatchIsRejectedWithAMessage) {
   const TextConfig config = model_config_preset("tiny").text;
