@@ -129,6 +129,8 @@ struct GpuEngine::State {
           num_tokens, "], got ", batch.positions.size(), " values");
     std::vector<int64_t> ids(batch.input_ids.begin(), batch.input_ids.end());
     std::vector<int64_t> shifted = shift_packed_labels(batch);
+    CHECK(vision || (batch.image_grid_thw.empty() && batch.pixel_values.empty()), "train: the micro-batch has ",
+          batch.image_grid_thw.size(), " image(s) but the model (", config.model_type, ") has no vision tower");
     if (vision) text->set_image_rows(upload_images(batch, ids));
     text->set_batch(ids, shifted, batch.cu_seqlens, batch.positions);
     return shifted;
