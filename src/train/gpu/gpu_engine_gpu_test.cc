@@ -149,17 +149,16 @@ void compare_engines(const MicroBatch& batch, const FreezeOptions& freeze) {
               static_cast<long long>(supervised), layout.num_tensors(), freeze.freeze_vit, freeze.freeze_aligner,
               freeze.freeze_llm);
 
-  CpuEngine cpu(f.checkpoint, layout);
-  GpuEngine gpu(f.checkpoint, layout, EngineSizing{kTokenBudget, 0});
-  EXPECT_EQ(gpu.device_name().rfind("cuda:", 0), 0u) << gpu.device_name();
-  cpu.set_trainable_weights(trainable.master.data());
-  gpu.set_trainable_weights(trainable.master.data());
-
   // The caller's buffer already holds a running total (here a constant): engines add to it.
   constexpr float kRunningTotal = 0.25f;
   const size_t n = static_cast<size_t>(layout.total_numel());
   std::vector<float> cpu_grad(n, kRunningTotal), gpu_grad(n, kRunningTotal);
+  CpuEngine cpu(f.checkpoint, layout);
+  cpu.set_trainable_weights(trainable.master.data());
   const MicroBatchLoss cpu_loss = cpu.forward_backward(batch, ce_token_weight, aux_weight, cpu_grad.data());
+  GpuEngine gpu(f.checkpoint, layout, EngineSizing{kTokenBudget, 0});
+  EXPECT_EQ(gpu.device_name().rfind("cuda:", 0), 0u) << gpu.device_name();
+  gpu.set_trainable_weights(trainable.master.data());
   const MicroBatchLoss gpu_loss = gpu.forward_backward(batch, ce_token_weight, aux_weight, gpu_grad.data());
   for (size_t i = 0; i < n; ++i) cpu_grad[i] -= kRunningTotal, gpu_grad[i] -= kRunningTotal;
 
