@@ -165,5 +165,38 @@ TEST(GpuParityGolden, EveryCaseMatchesTransformersAndTheCpuReference) {
   EXPECT_GT(with_images, 0) << "no golden case with images";
 }
 
+// Inputs the CPU run refuses, the GPU run refuses too (before any device work), with a message.
+TEST(GpuParityGolden, RefusesWhatTheCpuRunRefuses) {
+  const fs::path vlm = fs::path(golden_dir()) / "vlm_two_images";
+  const fs::path text = fs::path(golden_dir()) / "text_two_rows";
+  ASSERT_TRUE(fs::is_directory(vlm) && fs::is_directory(text)) << "golden cases missing under " << golden_dir();
+  const ModelCheckpoint vlm_model = load_model_dir((vlm / "model").string());
+  const ModelCheckpoint text_model = load_model_dir((text / "model").string());
+  const ParityInputs images = load_parity_inputs((vlm / "inputs.safetensors").string());
+  ParityInputs no_grid = images;
+  no_grid.image_grid_thw.reset();
+  ParityInputs short_pixels = images;
+  const int64_t rows = images.pixel_values->shape()[0] - 4, cols = images.pixel_values->shape()[1];
+  short_pixels.pixel_values = HostTensor::from_f32(
+      std::vector<float>(images.pixel_values->as<float>(), images.pixel_values->as<float>() + rows * cols),
+      Shape{rows, cols});
+  struct Bad {
+    const char* what;
+    const ModelCheckpoint* model;
+    const ParityInputs* inputs;
+  };
+  for (const Bad& bad : {Bad{"pixel_values without image_grid_thw", &vlm_model, &no_grid},
+                         Bad{"images for a text-only model", &text_model, &images},
+                         Bad{"one merge block of pixel_values missing", &vlm_model, &short_pixels}}) {
+    EXPECT_THROW(run_parity_cpu(*bad.model, *bad.inputs), Error) << bad.what;
+    try {
+      run_parity_gpu(*bad.model, *bad.inputs);
+      ADD_FAILURE() << bad.what << ": the GPU run accepted it";
+    } catch (const Error& error) {
+      std::printf("  %s: %s\n", bad.what, error.what());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deltamoe
