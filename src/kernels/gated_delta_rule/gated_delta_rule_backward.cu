@@ -13,38 +13,43 @@ namespace deltamoe {
 namespace gdn_cuda {
 namespace {
 
-// Shared tiles of the reverse state scan (~172 KB).
+// Shared tiles of the reverse state scan carrying kCols state columns per block: 64 (~172 KB,
+// Hopper) or 32 (~135 KB, fits sm_80's 163 KB).
+template <int kCols>
 struct DScanSmem {
-  float dh[kD * kColStride];      // columns [col0, col0 + 64) of dL/dH
+  static constexpr int kStride = kCols + 8;  // rows of the column slices (fp32 or bf16)
+  float dh[kD * kStride];         // columns [col0, col0 + kCols) of dL/dH
   float w[kChunk * kF32StrideT];  // W of the chunk (read transposed)
   __nv_bfloat16 q[kChunk * kBf16Stride];
   __nv_bfloat16 k[kChunk * kBf16Stride];
   float p[kChunk * kSqStrideT];   // P (read transposed)
-  __nv_bfloat16 d_o[kChunk * kColStride];
-  float d_o_scaled[kChunk * kColStride];  // scale e^gamma_i do_i
-  float dvn[kChunk * kColStride];
+  __nv_bfloat16 d_o[kChunk * kStride];
+  float d_o_scaled[kChunk * kStride];  // scale e^gamma_i do_i
+  float dvn[kChunk * kStride];
   float to_end[kChunk], exp_gamma[kChunk];
   float chunk_decay;
 };
 
-// Grid (N, Hv, ceil(Dv / 64)). Reverse scan over the chunks of one sequence carrying 64 columns
-// of dL/dH. Per chunk (last first): stores dH leaving the chunk, then
+// Grid (N, Hv, ceil(Dv / kCols)). Reverse scan over the chunks of one sequence carrying kCols
+// columns of dL/dH. Per chunk (last first): stores dH leaving the chunk, then
 //   dV_new_j = sum_{i>=j} P_ij do_i + e^(gamma_last - gamma_j) dH^T k_j,
 //   dH <- e^gamma_last dH + sum_i e^gamma_i (scale q_i) do_i^T - W^T dV_new.
+template <int kCols>
 __global__ void __launch_bounds__(kThreads, 1)
     dstate_scan_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
                        const __nv_bfloat16* k, const __nv_bfloat16* d_o,
                        const float* d_final_state, float* d_initial_state, Workspace ws) {
-  const int n = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kScanCols;
+  constexpr int kStride = DScanSmem<kCols>::kStride;
+  const int n = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kCols;
   const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
   const int kh = key_head_of(s, h), tid = threadIdx.x, warp = tid >> 5;
-  const int cols = min(kScanCols, Dv - col0);
+  const int cols = min(kCols, Dv - col0);
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  DScanSmem& sm = *reinterpret_cast<DScanSmem*>(smem_raw);
+  DScanSmem<kCols>& sm = *reinterpret_cast<DScanSmem<kCols>*>(smem_raw);
   const int64_t state_base = (static_cast<int64_t>(n) * Hv + h) * Dk * Dv + col0;
-  for (int idx = tid; idx < kD * kScanCols; idx += kThreads) {
-    const int d = idx / kScanCols, e = idx % kScanCols;
-    sm.dh[d * kColStride + e] = (d_final_state != nullptr && d < Dk && e < cols)
+  for (int idx = tid; idx < kD * kCols; idx += kThreads) {
+    const int d = idx / kCols, e = idx % kCols;
+    sm.dh[d * kStride + e] = (d_final_state != nullptr && d < Dk && e < cols)
                                     ? d_final_state[state_base + static_cast<int64_t>(d) * Dv + e]
                                     : 0.0f;
   }
@@ -56,9 +61,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t qk_first = (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk;
     __syncthreads();
     float* dh_out = ws.dh + (static_cast<int64_t>(c) * Hv + h) * Dk * Dv + col0;
-    for (int idx = tid; idx < Dk * kScanCols; idx += kThreads) {
-      const int d = idx / kScanCols, e = idx % kScanCols;
-      if (e < cols) dh_out[static_cast<int64_t>(d) * Dv + e] = sm.dh[d * kColStride + e];
+    for (int idx = tid; idx < Dk * kCols; idx += kThreads) {
+      const int d = idx / kCols, e = idx % kCols;
+      if (e < cols) dh_out[static_cast<int64_t>(d) * Dv + e] = sm.dh[d * kStride + e];
     }
     load_tile(sm.w, kF32StrideT, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
               len, Dk);
@@ -66,7 +71,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     load_tile(sm.k, kBf16Stride, kChunk, kD, k + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
     load_tile(sm.p, kSqStrideT, kChunk, kChunk,
               ws.p + (static_cast<int64_t>(c) * Hv + h) * kChunk * kChunk, kChunk, kChunk, kChunk);
-    load_tile(sm.d_o, kColStride, kChunk, kScanCols, d_o + row_first * Dv + col0,
+    load_tile(sm.d_o, kStride, kChunk, kCols, d_o + row_first * Dv + col0,
               static_cast<int64_t>(Hv) * Dv, len, cols);
     if (tid < kChunk) {
       const float g_last = ws.gamma[row_first + static_cast<int64_t>(len - 1) * Hv];
@@ -75,51 +80,54 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm.exp_gamma[tid] = tid < len ? expf(g_i) : 0.0f;
       if (tid == 0) sm.chunk_decay = expf(g_last);
     }
+    wait_tile_loads();
     __syncthreads();
-    for (int idx = tid; idx < kChunk * kScanCols; idx += kThreads) {
-      const int i = idx / kScanCols, e = idx % kScanCols;
-      sm.d_o_scaled[i * kColStride + e] =
-          scale * sm.exp_gamma[i] * __bfloat162float(sm.d_o[i * kColStride + e]);
+    for (int idx = tid; idx < kChunk * kCols; idx += kThreads) {
+      const int i = idx / kCols, e = idx % kCols;
+      sm.d_o_scaled[i * kStride + e] =
+          scale * sm.exp_gamma[i] * __bfloat162float(sm.d_o[i * kStride + e]);
     }
     {
-      // dV_new: 64 x 64, warp tile rows 16 (warp % 4), columns 32 (warp / 4).
-      const int m0 = 16 * (warp & 3), n0 = 32 * (warp >> 2);
-      float acc[1][4][4];
+      // dV_new: 64 x kCols, warp tile rows 16 (warp % 4), columns kCols / 2 (warp / 4).
+      constexpr int NT = kCols / 16;
+      const int m0 = 16 * (warp & 3), n0 = (kCols / 2) * (warp >> 2);
+      float acc[1][NT][4];
       zero_acc(acc);
-      warp_mma<1, 4, kD>(acc, rows_of<kBf16Stride>(sm.k), m0, rows_of<kColStride>(sm.dh), n0);
-      for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int j, int) {
+      warp_mma<1, NT, kD>(acc, rows_of<kBf16Stride>(sm.k), m0, rows_of<kStride>(sm.dh), n0);
+      for_each_acc<1, NT>(m0, n0, [&](int mt, int nt, int r, int j, int) {
         acc[mt][nt][r] *= sm.to_end[j];
       });
-      warp_mma<1, 4, kChunk>(acc, transposed<kSqStrideT>(sm.p), m0, rows_of<kColStride>(sm.d_o), n0);
-      for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int j, int e) {
+      warp_mma<1, NT, kChunk>(acc, transposed<kSqStrideT>(sm.p), m0, rows_of<kStride>(sm.d_o), n0);
+      for_each_acc<1, NT>(m0, n0, [&](int mt, int nt, int r, int j, int e) {
         if (j < len && e < cols)
           ws.dv_new[(row_first + static_cast<int64_t>(j) * Hv) * Dv + col0 + e] = acc[mt][nt][r];
-        sm.dvn[j * kColStride + e] = acc[mt][nt][r];
+        sm.dvn[j * kStride + e] = acc[mt][nt][r];
       });
     }
     __syncthreads();
     {
-      // dH: 128 x 64, warp tile rows 16 warp, all 64 columns.
+      // dH: 128 x kCols, warp tile rows 16 warp, all columns.
+      constexpr int NT = kCols / 8;
       const int m0 = 16 * warp;
-      float acc[1][8][4], minus[1][8][4];
-      for_each_acc<1, 8>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
-        acc[mt][nt][r] = sm.chunk_decay * sm.dh[d * kColStride + e];
+      float acc[1][NT][4], minus[1][NT][4];
+      for_each_acc<1, NT>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
+        acc[mt][nt][r] = sm.chunk_decay * sm.dh[d * kStride + e];
       });
-      warp_mma<1, 8, kChunk>(acc, transposed<kBf16Stride>(sm.q), m0,
-                             rows_of<kColStride>(sm.d_o_scaled), 0);
+      warp_mma<1, NT, kChunk>(acc, transposed<kBf16Stride>(sm.q), m0,
+                             rows_of<kStride>(sm.d_o_scaled), 0);
       zero_acc(minus);
-      warp_mma<1, 8, kChunk>(minus, transposed<kF32StrideT>(sm.w), m0, rows_of<kColStride>(sm.dvn), 0);
-      for_each_acc<1, 8>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
-        sm.dh[d * kColStride + e] = acc[mt][nt][r] - minus[mt][nt][r];
+      warp_mma<1, NT, kChunk>(minus, transposed<kF32StrideT>(sm.w), m0, rows_of<kStride>(sm.dvn), 0);
+      for_each_acc<1, NT>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
+        sm.dh[d * kStride + e] = acc[mt][nt][r] - minus[mt][nt][r];
       });
     }
   }
   __syncthreads();
   if (d_initial_state != nullptr) {
-    for (int idx = tid; idx < Dk * kScanCols; idx += kThreads) {
-      const int d = idx / kScanCols, e = idx % kScanCols;
+    for (int idx = tid; idx < Dk * kCols; idx += kThreads) {
+      const int d = idx / kCols, e = idx % kCols;
       if (e < cols)
-        d_initial_state[state_base + static_cast<int64_t>(d) * Dv + e] = sm.dh[d * kColStride + e];
+        d_initial_state[state_base + static_cast<int64_t>(d) * Dv + e] = sm.dh[d * kStride + e];
     }
   }
 }
@@ -166,6 +174,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm.s_q[tid] = sm.s_k[tid] = 0.0f;
   }
   if (tid == 0) sm.h_dot_dh = 0.0f;
+  wait_tile_loads();
   __syncthreads();
   const float g_last = sm.gamma[len - 1];
   const int m0 = 16 * (warp & 3), n0 = 64 * (warp >> 2);  // 64 x 128 outputs
@@ -190,20 +199,45 @@ __global__ void __launch_bounds__(kThreads, 1)
   });
   __syncthreads();
   // dH replaces H in place; each thread multiplies the H values it overwrites into <H, dH>.
+  // Fixed trip counts with all of a thread's loads issued first (one memory round trip).
   {
     const float* dh_in = ws.dh + state_first;
     float partial = 0.0f;
-    for (int idx = tid; idx < kD * kD; idx += kThreads) {
-      const int d = idx / kD, e = idx % kD;
-      const float dh_value = d < Dk && e < Dv ? dh_in[static_cast<int64_t>(d) * Dv + e] : 0.0f;
-      partial += sm.h[d * kF32Stride + e] * dh_value;
-      sm.h[d * kF32Stride + e] = dh_value;
+    if (Dv % 4 == 0) {
+      constexpr int kPerThread = kD * kD / 4 / kThreads;  // float4 per thread
+      float4 values[kPerThread];
+#pragma unroll
+      for (int u = 0; u < kPerThread; ++u) {
+        const int idx = tid + u * kThreads, d = idx / (kD / 4), e = 4 * (idx % (kD / 4));
+        values[u] = d < Dk && e < Dv
+                        ? *reinterpret_cast<const float4*>(dh_in + static_cast<int64_t>(d) * Dv + e)
+                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int u = 0; u < kPerThread; ++u) {
+        const int idx = tid + u * kThreads, d = idx / (kD / 4), e = 4 * (idx % (kD / 4));
+        float* at = sm.h + d * kF32Stride + e;
+        partial += at[0] * values[u].x + at[1] * values[u].y + at[2] * values[u].z +
+                   at[3] * values[u].w;
+        at[0] = values[u].x;
+        at[1] = values[u].y;
+        at[2] = values[u].z;
+        at[3] = values[u].w;
+      }
+    } else {
+      for (int idx = tid; idx < kD * kD; idx += kThreads) {
+        const int d = idx / kD, e = idx % kD;
+        const float dh_value = d < Dk && e < Dv ? dh_in[static_cast<int64_t>(d) * Dv + e] : 0.0f;
+        partial += sm.h[d * kF32Stride + e] * dh_value;
+        sm.h[d * kF32Stride + e] = dh_value;
+      }
     }
     partial = warp_sum(partial);
     if ((tid & 31) == 0) atomicAdd(&sm.h_dot_dh, partial);
   }
   load_tile(sm.x, kF32Stride, kChunk, kD, ws.v_new + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
             len, Dv);
+  wait_tile_loads();
   __syncthreads();
   // dk_j = e^(gamma_last - gamma_j) sum_e v_new_je dH_de.
   zero_acc(acc);
@@ -230,17 +264,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// Shared tiles of the chunk-local gradient kernel (~191 KB).
+// Shared tiles of the chunk-local gradient kernel (~156 KB, within sm_80's 163 KB). Phases reuse
+// the two 64 x 128 fp32 tiles: (V_new, d_o) -> (dW, dV_new) -> (dA A^T, q).
 struct LocalSmem {
   __nv_bfloat16 k[kChunk * kBf16Stride];
-  __nv_bfloat16 q[kChunk * kBf16Stride];
   __nv_bfloat16 v[kChunk * kBf16Stride];
   float a[kChunk * kSqStride];   // A = (I + L)^-1
   float ge[kChunk * kSqStride];  // G_ij e^(gamma_i - gamma_j), j <= i
   float da[kChunk * kSqStride];  // dA, then C = dL beta_i e^(gamma_i - gamma_j)
-  float t1[kChunk * kSqStride];  // dA A^T
-  float x1[kChunk * kF32Stride];  // V_new, then dW
-  float x2[kChunk * kF32Stride];  // d_o (bf16), then dV_new
+  float x1[kChunk * kF32Stride];  // V_new, then dW, then t1 = dA A^T ([64][kSqStride])
+  float x2[kChunk * kF32Stride];  // d_o (bf16), then dV_new, then q (bf16)
   float gamma[kChunk], beta[kChunk], exp_gamma[kChunk];
   float d_gamma[kChunk], d_beta[kChunk], dx_dot_k[kChunk], dy_dot_v[kChunk];
 };
@@ -266,9 +299,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t square_first = (static_cast<int64_t>(chunk) * Hv + h) * kChunk * kChunk;
   auto row_of = [&](int i) { return row_first + static_cast<int64_t>(i) * Hv; };
   auto* d_o_tile = reinterpret_cast<__nv_bfloat16*>(sm.x2);  // bf16 [64][kBf16Stride] fits
+  auto* q_tile = reinterpret_cast<__nv_bfloat16*>(sm.x2);    // later, same place
+  float* t1 = sm.x1;                                          // later, [64][kSqStride]
 
   load_tile(sm.k, kBf16Stride, kChunk, kD, k + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
-  load_tile(sm.q, kBf16Stride, kChunk, kD, q + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
   load_tile(sm.v, kBf16Stride, kChunk, kD, v + row_first * Dv, static_cast<int64_t>(Hv) * Dv, len,
             Dv);
   load_tile(sm.a, kSqStride, kChunk, kChunk, ws.a_inv + square_first, kChunk, kChunk, kChunk);
@@ -284,9 +318,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm.d_gamma[tid] = valid ? ws.dgamma[row_of(tid)] : 0.0f;
     sm.d_beta[tid] = sm.dx_dot_k[tid] = sm.dy_dot_v[tid] = 0.0f;
   }
+  wait_tile_loads();
   __syncthreads();
   // 64 x 64 products: warp tile rows 16 (warp % 4), columns 32 (warp / 4).
   const int sm0 = 16 * (warp & 3), sn0 = 32 * (warp >> 2);
+  // 64 x 128 products: warp tile rows 16 (warp % 4), columns 64 (warp / 4).
+  const int m0 = 16 * (warp & 3), n0 = 64 * (warp >> 2);
   {
     // G_ij = do_i . v_new_j (j <= i): intra-chunk output term; M_ij = G_ij P_ij moves gamma.
     float acc[1][4][4], m_plus[1][4][4], m_minus[1][4][4];
@@ -311,6 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             len, Dk);
   load_tile(sm.x2, kF32Stride, kChunk, kD, ws.dv_new + row_first * Dv,
             static_cast<int64_t>(Hv) * Dv, len, Dv);
+  wait_tile_loads();
   __syncthreads();
   {
     // dA_ij = beta_j e^gamma_j (dW_i . k_j) + beta_j (dV_new_i . v_j) on the strict lower part.
@@ -326,14 +364,42 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm.da[i * kSqStride + j] = value;
     });
   }
+  {
+    float acc[1][8][4], part[1][8][4];
+    // dX = A^T dW gives k's direct term beta e^gamma dX.
+    zero_acc(acc);
+    warp_mma<1, 8, kChunk>(acc, transposed<kSqStride>(sm.a), m0, rows_of<kF32Stride>(sm.x1), n0);
+    for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
+      part[mt][nt][r] = 0.0f;
+      if (i < len && d < Dk) {
+        float* at = ws.dk_acc + row_of(i) * Dk + d;
+        *at += sm.beta[i] * sm.exp_gamma[i] * acc[mt][nt][r];
+        part[mt][nt][r] = acc[mt][nt][r] * __bfloat162float(sm.k[i * kBf16Stride + d]);
+      }
+    });
+    add_row_sums(part, m0, sm.dx_dot_k);
+    // dv = beta dY with dY = A^T dV_new (dU = dV_new).
+    zero_acc(acc);
+    warp_mma<1, 8, kChunk>(acc, transposed<kSqStride>(sm.a), m0, rows_of<kF32Stride>(sm.x2), n0);
+    for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
+      part[mt][nt][r] = 0.0f;
+      if (i < len && e < Dv) {
+        dv[row_of(i) * Dv + e] = __float2bfloat16(sm.beta[i] * acc[mt][nt][r]);
+        part[mt][nt][r] = acc[mt][nt][r] * __bfloat162float(sm.v[i * kBf16Stride + e]);
+      }
+    });
+    add_row_sums(part, m0, sm.dy_dot_v);
+  }
   __syncthreads();
+  // dW and dV_new are done: q goes where dV_new was, t1 where dW was.
+  load_tile(q_tile, kBf16Stride, kChunk, kD, q + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
   {
     // t1 = dA A^T: t1[a][j] = sum_b dA[a][b] A[j][b].
     float acc[1][4][4];
     zero_acc(acc);
     warp_mma<1, 4, kChunk>(acc, rows_of<kSqStride>(sm.da), sm0, transposed<kSqStride>(sm.a), sn0);
     for_each_acc<1, 4>(sm0, sn0, [&](int mt, int nt, int r, int a, int j) {
-      sm.t1[a * kSqStride + j] = acc[mt][nt][r];
+      t1[a * kSqStride + j] = acc[mt][nt][r];
     });
   }
   __syncthreads();
@@ -343,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc[1][4][4], kk[1][4][4], f[1][4][4], bf_plus[1][4][4], bf_minus[1][4][4];
     zero_acc(acc);
     zero_acc(kk);
-    warp_mma<1, 4, kChunk>(acc, transposed<kSqStride>(sm.a), sm0, rows_of<kSqStride>(sm.t1), sn0);
+    warp_mma<1, 4, kChunk>(acc, transposed<kSqStride>(sm.a), sm0, rows_of<kSqStride>(t1), sn0);
     warp_mma<1, 4, kD>(kk, rows_of<kBf16Stride>(sm.k), sm0, transposed<kBf16Stride>(sm.k), sn0);
     for_each_acc<1, 4>(sm0, sn0, [&](int mt, int nt, int r, int i, int j) {
       float c_value = 0.0f, f_value = 0.0f;
@@ -362,10 +428,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     add_row_sums(bf_plus, sm0, sm.d_gamma);
     add_col_sums(bf_minus, sn0, sm.d_gamma);
   }
+  wait_tile_loads();
   __syncthreads();
-  // 64 x 128 outputs: warp tile rows 16 (warp % 4), columns 64 (warp / 4).
-  const int m0 = 16 * (warp & 3), n0 = 64 * (warp >> 2);
-  float acc[1][8][4], part[1][8][4];
+  float acc[1][8][4];
   // dq_i = scale (dq_acc_i + sum_{j<=i} G_ij e^(gamma_i - gamma_j) k_j).
   zero_acc(acc);
   warp_mma<1, 8, kChunk>(acc, rows_of<kSqStride>(sm.ge), m0, rows_of<kBf16Stride>(sm.k), n0);
@@ -375,38 +440,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       *at = scale * (*at + acc[mt][nt][r]);
     }
   });
-  // dX = A^T dW gives k's direct term beta e^gamma dX.
-  zero_acc(acc);
-  warp_mma<1, 8, kChunk>(acc, transposed<kSqStride>(sm.a), m0, rows_of<kF32Stride>(sm.x1), n0);
-  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
-    part[mt][nt][r] = 0.0f;
-    if (i < len && d < Dk) {
-      float* at = ws.dk_acc + row_of(i) * Dk + d;
-      *at += sm.beta[i] * sm.exp_gamma[i] * acc[mt][nt][r];
-      part[mt][nt][r] = acc[mt][nt][r] * __bfloat162float(sm.k[i * kBf16Stride + d]);
-    }
-  });
-  add_row_sums(part, m0, sm.dx_dot_k);
   // dk_i += scale sum_a G_ai e^(gamma_a - gamma_i) q_a + sum_j (C_ij + C_ji) k_j.
   zero_acc(acc);
-  warp_mma<1, 8, kChunk>(acc, transposed<kSqStride>(sm.ge), m0, rows_of<kBf16Stride>(sm.q), n0);
+  warp_mma<1, 8, kChunk>(acc, transposed<kSqStride>(sm.ge), m0, rows_of<kBf16Stride>(q_tile), n0);
   for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int, int) { acc[mt][nt][r] *= scale; });
   warp_mma<1, 8, kChunk>(acc, rows_of<kSqStride>(sm.da), m0, rows_of<kBf16Stride>(sm.k), n0);
   warp_mma<1, 8, kChunk>(acc, transposed<kSqStride>(sm.da), m0, rows_of<kBf16Stride>(sm.k), n0);
   for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
     if (i < len && d < Dk) ws.dk_acc[row_of(i) * Dk + d] += acc[mt][nt][r];
   });
-  // dv = beta dY with dY = A^T dV_new (dU = dV_new).
-  zero_acc(acc);
-  warp_mma<1, 8, kChunk>(acc, transposed<kSqStride>(sm.a), m0, rows_of<kF32Stride>(sm.x2), n0);
-  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
-    part[mt][nt][r] = 0.0f;
-    if (i < len && e < Dv) {
-      dv[row_of(i) * Dv + e] = __float2bfloat16(sm.beta[i] * acc[mt][nt][r]);
-      part[mt][nt][r] = acc[mt][nt][r] * __bfloat162float(sm.v[i * kBf16Stride + e]);
-    }
-  });
-  add_row_sums(part, m0, sm.dy_dot_v);
   __syncthreads();
   if (tid == 0) {
     // gamma is the chunk-local prefix sum of g, so dg is the reverse cumulative sum of d gamma.
@@ -465,12 +507,17 @@ void run_backward(const GatedDeltaRuleShape& shape, float scale, const __nv_bflo
   launch_state_scan(shape, k, initial_state, nullptr, ws, stream);
   mark_stage(marks, "backward recompute state scan", stream);
   // Reverse scan: dH per chunk, dV_new, and d_initial_state (= d_final_state without tokens).
-  const dim3 scan_grid(shape.num_seqs, shape.num_value_heads,
-                       (shape.value_dim + kScanCols - 1) / kScanCols);
-  const size_t scan_smem = sizeof(DScanSmem);
-  allow_smem(dstate_scan_kernel, scan_smem);
-  dstate_scan_kernel<<<scan_grid, kThreads, scan_smem, stream>>>(shape, scale, q, k, d_o,
-                                                                 d_final_state, d_initial_state, ws);
+  if (sizeof(DScanSmem<64>) <= device_smem_limit()) {
+    const dim3 grid(shape.num_seqs, shape.num_value_heads, (shape.value_dim + 63) / 64);
+    allow_smem(dstate_scan_kernel<64>, sizeof(DScanSmem<64>));
+    dstate_scan_kernel<64><<<grid, kThreads, sizeof(DScanSmem<64>), stream>>>(
+        shape, scale, q, k, d_o, d_final_state, d_initial_state, ws);
+  } else {
+    const dim3 grid(shape.num_seqs, shape.num_value_heads, (shape.value_dim + 31) / 32);
+    allow_smem(dstate_scan_kernel<32>, sizeof(DScanSmem<32>));
+    dstate_scan_kernel<32><<<grid, kThreads, sizeof(DScanSmem<32>), stream>>>(
+        shape, scale, q, k, d_o, d_final_state, d_initial_state, ws);
+  }
   CUDA_CHECK_LAUNCH();
   mark_stage(marks, "backward dstate scan", stream);
   if (!has_tokens) return;

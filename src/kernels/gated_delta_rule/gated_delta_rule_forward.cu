@@ -3,6 +3,7 @@
 // in parallel) and the chunk outputs; the products run on tensor cores (gdn_mma.cuh, TF32 with
 // fp32 operands split in two), the triangular inverse and the gates in fp32.
 #include <algorithm>
+#include <cstdlib>
 
 #include "core/cuda_check.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_cuda.h"
@@ -115,6 +116,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             Dv);
   if (warp == 0)
     load_chunk_gates(g, beta, row_first, Hv, len, sm.gamma, sm.beta, sm.exp_gamma, ws.gamma);
+  wait_tile_loads();
   __syncthreads();
 
   const int64_t square_first = (static_cast<int64_t>(chunk) * Hv + h) * kChunk * kChunk;
@@ -165,84 +167,109 @@ __global__ void __launch_bounds__(kThreads, 2)
   });
 }
 
-// Shared tiles of the forward state scan (~107 KB).
+// Shared tiles of the forward state scan: with kStages = 2 (~195 KB, Hopper) the chunk inputs W,
+// K, U and gamma are double buffered so that the next chunk's copies fly while this chunk
+// computes; kStages = 1 (~125 KB) fits sm_80's 163 KB.
+template <int kStages>
 struct ScanSmem {
-  float h[kD * kColStride];        // state columns [col0, col0 + 64) of H
-  float w[kChunk * kF32Stride];    // W of the chunk
-  __nv_bfloat16 k[kChunk * kBf16Stride];
-  float vn[kChunk * kColStride];   // U, then e^(gamma_last - gamma_j) V_new_j
-  float to_end[kChunk];
-  float chunk_decay;
+  float h[kD * kColStride];                 // state columns [col0, col0 + 64) of H
+  float w[kStages][kChunk * kF32Stride];    // W of the chunk
+  __nv_bfloat16 k[kStages][kChunk * kBf16Stride];
+  float u[kStages][kChunk * kColStride];    // U, same columns
+  float gamma[kStages][kChunk];
+  float vn[kChunk * kColStride];            // e^(gamma_last - gamma_j) V_new_j
 };
+
+// Starts the asynchronous copies of one chunk's scan inputs into buffer `buf`.
+template <int kStages>
+__device__ void issue_scan_loads(ScanSmem<kStages>& sm, int buf, const GatedDeltaRuleShape& s,
+                                 const __nv_bfloat16* k, const Workspace& ws, const ChunkInfo& ci,
+                                 int h, int col0, int cols) {
+  const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
+  const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
+  load_tile(sm.w[buf], kF32Stride, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
+            ci.len, Dk);
+  load_tile(sm.k[buf], kBf16Stride, kChunk, kD,
+            k + (static_cast<int64_t>(ci.t0) * Hk + key_head_of(s, h)) * Dk,
+            static_cast<int64_t>(Hk) * Dk, ci.len, Dk);
+  load_tile(sm.u[buf], kColStride, kChunk, kScanCols, ws.v_new + row_first * Dv + col0,
+            static_cast<int64_t>(Hv) * Dv, ci.len, cols);
+  for (int i = threadIdx.x; i < kChunk; i += blockDim.x) {
+    const bool valid = i < ci.len;
+    cp_async_4(&sm.gamma[buf][i], ws.gamma + (valid ? row_first + static_cast<int64_t>(i) * Hv : 0),
+               valid);
+  }
+}
 
 // Grid (N, Hv, ceil(Dv / 64)). Carries 64 columns of one head's state through the chunks of one
 // sequence (state columns evolve independently): stores the state entering each chunk, turns U
 // into V_new = U - W H and advances H <- e^gamma_last H + K^T diag(e^(gamma_last - gamma)) V_new.
-__global__ void __launch_bounds__(kThreads, 2)
+template <int kStages>
+__global__ void __launch_bounds__(kThreads, 1)
     state_scan_kernel(GatedDeltaRuleShape s, const __nv_bfloat16* k, const float* initial_state,
                       float* final_state, Workspace ws) {
   const int n = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kScanCols;
-  const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
-  const int kh = key_head_of(s, h), tid = threadIdx.x, warp = tid >> 5;
+  const int Dk = s.key_dim, Dv = s.value_dim, Hv = s.num_value_heads;
+  const int tid = threadIdx.x, warp = tid >> 5;
   const int cols = min(kScanCols, Dv - col0);
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  ScanSmem& sm = *reinterpret_cast<ScanSmem*>(smem_raw);
+  ScanSmem<kStages>& sm = *reinterpret_cast<ScanSmem<kStages>*>(smem_raw);
   const int64_t state_base = (static_cast<int64_t>(n) * Hv + h) * Dk * Dv + col0;
+  const int first = ws.chunk_offsets[n], last = ws.chunk_offsets[n + 1];
+  if (first < last) issue_scan_loads(sm, 0, s, k, ws, ws.chunks[first], h, col0, cols);
   for (int idx = tid; idx < kD * kScanCols; idx += kThreads) {
     const int d = idx / kScanCols, e = idx % kScanCols;
     sm.h[d * kColStride + e] = (initial_state != nullptr && d < Dk && e < cols)
                                    ? initial_state[state_base + static_cast<int64_t>(d) * Dv + e]
                                    : 0.0f;
   }
-  const int first = ws.chunk_offsets[n], last = ws.chunk_offsets[n + 1];
   for (int c = first; c < last; ++c) {
+    const int buf = kStages == 2 ? (c - first) & 1 : 0;
     const ChunkInfo ci = ws.chunks[c];
     const int len = ci.len;
     const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
-    __syncthreads();
+    wait_tile_loads();
+    __syncthreads();  // chunk c's inputs are in; everybody is done with chunk c - 1's buffers
+    if (kStages == 2 && c + 1 < last)
+      issue_scan_loads(sm, buf ^ 1, s, k, ws, ws.chunks[c + 1], h, col0, cols);
     float* h_out = ws.h + (static_cast<int64_t>(c) * Hv + h) * Dk * Dv + col0;
     for (int idx = tid; idx < Dk * kScanCols; idx += kThreads) {
       const int d = idx / kScanCols, e = idx % kScanCols;
       if (e < cols) h_out[static_cast<int64_t>(d) * Dv + e] = sm.h[d * kColStride + e];
     }
-    load_tile(sm.w, kF32Stride, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
-              len, Dk);
-    load_tile(sm.k, kBf16Stride, kChunk, kD, k + (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk,
-              static_cast<int64_t>(Hk) * Dk, len, Dk);
-    load_tile(sm.vn, kColStride, kChunk, kScanCols, ws.v_new + row_first * Dv + col0,
-              static_cast<int64_t>(Hv) * Dv, len, cols);
-    if (tid < kChunk) {
-      const float g_last = ws.gamma[row_first + static_cast<int64_t>(len - 1) * Hv];
-      sm.to_end[tid] =
-          tid < len ? expf(g_last - ws.gamma[row_first + static_cast<int64_t>(tid) * Hv]) : 0.0f;
-      if (tid == 0) sm.chunk_decay = expf(g_last);
-    }
-    __syncthreads();
+    const float* gamma = sm.gamma[buf];
+    const float g_last = gamma[len - 1];
     {
       // V_new = U - W H: 64 x 64, warp tile rows 16 (warp % 4), columns 32 (warp / 4).
       const int m0 = 16 * (warp & 3), n0 = 32 * (warp >> 2);
       float acc[1][4][4];
       zero_acc(acc);
-      warp_mma<1, 4, kD>(acc, rows_of<kF32Stride>(sm.w), m0, rows_of<kColStride>(sm.h), n0);
+      warp_mma<1, 4, kD>(acc, rows_of<kF32Stride>(sm.w[buf]), m0, rows_of<kColStride>(sm.h), n0);
       for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
-        const float value = sm.vn[i * kColStride + e] - acc[mt][nt][r];
+        const float value = sm.u[buf][i * kColStride + e] - acc[mt][nt][r];
         if (i < len && e < cols)
           ws.v_new[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = value;
-        sm.vn[i * kColStride + e] = sm.to_end[i] * value;
+        sm.vn[i * kColStride + e] = i < len ? expf(g_last - gamma[i]) * value : 0.0f;
       });
     }
     __syncthreads();
     {
       // H: 128 x 64, warp tile rows 16 warp, all 64 columns.
       const int m0 = 16 * warp;
+      const float chunk_decay = expf(g_last);
       float acc[1][8][4];
       for_each_acc<1, 8>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
-        acc[mt][nt][r] = sm.chunk_decay * sm.h[d * kColStride + e];
+        acc[mt][nt][r] = chunk_decay * sm.h[d * kColStride + e];
       });
-      warp_mma<1, 8, kChunk>(acc, transposed<kBf16Stride>(sm.k), m0, rows_of<kColStride>(sm.vn), 0);
+      warp_mma<1, 8, kChunk>(acc, transposed<kBf16Stride>(sm.k[buf]), m0, rows_of<kColStride>(sm.vn),
+                             0);
       for_each_acc<1, 8>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
         sm.h[d * kColStride + e] = acc[mt][nt][r];
       });
+    }
+    if (kStages == 1 && c + 1 < last) {  // single buffer: refill once everybody is done with it
+      __syncthreads();
+      issue_scan_loads(sm, 0, s, k, ws, ws.chunks[c + 1], h, col0, cols);
     }
   }
   __syncthreads();
@@ -287,6 +314,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             static_cast<int64_t>(Hv) * Dv, len, cols);
   if (tid < kChunk)
     sm.exp_gamma[tid] = tid < len ? expf(ws.gamma[row_first + static_cast<int64_t>(tid) * Hv]) : 0.0f;
+  wait_tile_loads();
   __syncthreads();
   const int m0 = 16 * (warp & 3), n0 = 32 * (warp >> 2);
   float acc[1][4][4];
@@ -335,6 +363,17 @@ size_t carve_workspace(const GatedDeltaRuleShape& s, bool backward, void* base, 
   return offset;
 }
 
+size_t device_smem_limit() {
+  int device = 0, limit = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  // Read on every launch (a few ns) so that one test process can cover both variants.
+  const char* pretend = std::getenv("DELTAMOE_GDN_SMALL_SMEM");
+  const bool pretend_sm80 = pretend != nullptr && pretend[0] == '1';
+  constexpr int kSm80Limit = 163 * 1024;
+  return static_cast<size_t>(pretend_sm80 ? std::min(limit, kSm80Limit) : limit);
+}
+
 void check_shape(const char* op, const GatedDeltaRuleShape& s) {
   CHECK(s.cu_seqlens != nullptr, op, ": cu_seqlens is null");
   CHECK(s.num_seqs >= 1, op, ": need at least one sequence, got num_seqs=", s.num_seqs);
@@ -372,9 +411,15 @@ void launch_state_scan(const GatedDeltaRuleShape& s, const __nv_bfloat16* k,
                        const float* initial_state, float* final_state, const Workspace& ws,
                        cudaStream_t stream) {
   const dim3 grid(s.num_seqs, s.num_value_heads, (s.value_dim + kScanCols - 1) / kScanCols);
-  const size_t smem = sizeof(ScanSmem);
-  allow_smem(state_scan_kernel, smem);
-  state_scan_kernel<<<grid, kThreads, smem, stream>>>(s, k, initial_state, final_state, ws);
+  if (sizeof(ScanSmem<2>) <= device_smem_limit()) {
+    allow_smem(state_scan_kernel<2>, sizeof(ScanSmem<2>));
+    state_scan_kernel<2><<<grid, kThreads, sizeof(ScanSmem<2>), stream>>>(s, k, initial_state,
+                                                                          final_state, ws);
+  } else {
+    allow_smem(state_scan_kernel<1>, sizeof(ScanSmem<1>));
+    state_scan_kernel<1><<<grid, kThreads, sizeof(ScanSmem<1>), stream>>>(s, k, initial_state,
+                                                                          final_state, ws);
+  }
   CUDA_CHECK_LAUNCH();
 }
 

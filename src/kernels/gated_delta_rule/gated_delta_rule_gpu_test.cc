@@ -1,12 +1,14 @@
 // GPU test of the chunked gated delta rule kernels (forward and backward) against both CPU
 // references (chunked and recurrent) on the same bf16-rounded inputs: packed 1/63/64/65/130-token
 // sequences, odd head dims, initial/final states, many short sequences, T=1, an empty sequence,
-// and the Qwen3.5-35B head shape at T = 2 x 4096 (checked on one key head's slice) with timing.
+// the sm_80 (163 KB shared memory) kernel variants, and the Qwen3.5-35B head shape at
+// T = 2 x 4096 (checked on one key head's slice) with whole and per-stage timing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -290,6 +292,15 @@ TEST(GatedDeltaRuleGpu, ManyShortSequences) {
   std::vector<int> lengths;
   for (int i = 0; i < 40; ++i) lengths.push_back(1 + (i * 37) % 70);
   run_case({lengths, 2, 4, 32, 32, false});
+}
+
+// The kernel variants chosen where a block may use at most 163 KB of shared memory (sm_80:
+// single-buffered forward scan, 32-column reverse scan), forced on this GPU.
+TEST(GatedDeltaRuleGpu, Sm80SharedMemoryVariants) {
+  setenv("DELTAMOE_GDN_SMALL_SMEM", "1", 1);
+  run_case({{1, 63, 64, 65, 130}, 1, 3, 37, 45, true});
+  run_case({{65, 130, 200}, 2, 4, 128, 128, true});
+  unsetenv("DELTAMOE_GDN_SMALL_SMEM");
 }
 
 // Qwen3.5-35B-A3B linear attention: Hk = 16, Hv = 32, Dk = Dv = 128; 8192 tokens as 2 x 4096.

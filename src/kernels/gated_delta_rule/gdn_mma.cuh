@@ -98,15 +98,23 @@ __device__ __forceinline__ void warp_mma(float (&acc)[MT][NT][4], ViewA a, int m
       split_tf32<ViewB::kSplit>(b(k0 + t, col), b_hi[nt][0], b_lo[nt][0]);
       split_tf32<ViewB::kSplit>(b(k0 + t + 4, col), b_hi[nt][1], b_lo[nt][1]);
     }
+    // Pass by pass over the tiles, so that back-to-back mmas go to different accumulators.
+    if constexpr (ViewA::kSplit) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        if constexpr (ViewA::kSplit) mma_tf32(acc[mt][nt], a_lo[mt], b_hi[nt][0], b_hi[nt][1]);
-        if constexpr (ViewB::kSplit) mma_tf32(acc[mt][nt], a_hi[mt], b_lo[nt][0], b_lo[nt][1]);
-        mma_tf32(acc[mt][nt], a_hi[mt], b_hi[nt][0], b_hi[nt][1]);
-      }
+        for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a_lo[mt], b_hi[nt][0], b_hi[nt][1]);
     }
+    if constexpr (ViewB::kSplit) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a_hi[mt], b_lo[nt][0], b_lo[nt][1]);
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a_hi[mt], b_hi[nt][0], b_hi[nt][1]);
   }
 }
 
@@ -161,10 +169,33 @@ __device__ __forceinline__ void add_col_sums(const float (&values)[MT][NT][4], i
   }
 }
 
+// 16-byte asynchronous copy global -> shared (sm_80+); zero-fills the 16 bytes when !valid
+// (nothing is read then; src must still be a valid address).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  const uint32_t dst_addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_addr), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// 4-byte asynchronous copy global -> shared; zero-fills when !valid (src must stay valid).
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+  const uint32_t dst_addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst_addr), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+
+// Waits for this thread's outstanding cp.async copies; a __syncthreads after it publishes them.
+__device__ __forceinline__ void wait_tile_loads() {
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+}
+
 // Block-wide copy of a rows x cols block of a row-major global matrix (row stride src_stride
 // elements) into a shared tile of tile_rows x tile_cols (row stride dst_stride), zeros outside
-// the block. 16-byte accesses when the global rows allow it (dst_stride, tile_cols and the shared
-// base must keep 16-byte alignment: every tile in this folder does).
+// the block. When the global rows allow 16-byte accesses the copies are asynchronous (all in
+// flight at once): call wait_tile_loads() and __syncthreads() before reading the tile. dst_stride,
+// tile_cols and the shared base must keep 16-byte alignment (every tile in this folder does).
 template <typename T>
 __device__ __forceinline__ void load_tile(T* dst, int dst_stride, int tile_rows, int tile_cols,
                                           const T* src, int64_t src_stride, int rows, int cols) {
@@ -175,9 +206,8 @@ __device__ __forceinline__ void load_tile(T* dst, int dst_stride, int tile_rows,
     const int vecs_per_row = tile_cols / kVec;
     for (int idx = threadIdx.x; idx < tile_rows * vecs_per_row; idx += blockDim.x) {
       const int r = idx / vecs_per_row, c = (idx - r * vecs_per_row) * kVec;
-      uint4 value = make_uint4(0, 0, 0, 0);
-      if (r < rows && c < cols) value = *reinterpret_cast<const uint4*>(src + r * src_stride + c);
-      *reinterpret_cast<uint4*>(dst + r * dst_stride + c) = value;
+      const bool valid = r < rows && c < cols;
+      cp_async_16(dst + r * dst_stride + c, valid ? src + r * src_stride + c : src, valid);
     }
   } else {
     for (int idx = threadIdx.x; idx < tile_rows * tile_cols; idx += blockDim.x) {
