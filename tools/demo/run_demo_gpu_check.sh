@@ -18,7 +18,7 @@ for device in cuda cpu; do
   DEMO_DEVICE=$device bash tools/demo/run_demo.sh "$bin" "$work/$device" > "$results/demo_$device.log" 2>&1
   code=$?
   echo "demo on $device: exit $code after $(( $(date +%s) - start )) s (log: demo_$device.log)"
-  grep -E "^(step|eval)|demo:|train: GPU engine|train summary" "$results/demo_$device.log" | tail -25
+  grep -E "^(step|eval)|demo:|train: GPU engine|train summary|error|Error" "$results/demo_$device.log" | tail -25
   [ "$code" -eq 0 ] || status=1
   [ -f "$work/$device/run/metrics.jsonl" ] && cp "$work/$device/run/metrics.jsonl" "$results/demo_${device}_metrics.jsonl"
 done
