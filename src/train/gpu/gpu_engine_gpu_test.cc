@@ -281,7 +281,8 @@ void compare_engines(const MicroBatch& batch, const FreezeOptions& freeze) {
               static_cast<long long>(cpu_eval.num_correct), gpu_eval.ce_sum,
               static_cast<long long>(gpu_eval.num_correct));
   EXPECT_LE(rel_diff(gpu_eval.ce_sum, cpu_eval.ce_sum), kLossRel);
-  EXPECT_LE(rel_diff(gpu_eval.ce_sum, gpu_loss.ce_sum), 1e-6) << "forward and forward_backward disagree";
+  // The same forward as forward_backward's (fp32 atomics only in backwards): equal up to reordering.
+  EXPECT_LE(rel_diff(gpu_eval.ce_sum, gpu_loss.ce_sum), 1e-5) << "forward and forward_backward disagree";
   ASSERT_GE(gpu_eval.num_correct, 0);
   EXPECT_LE(std::llabs(gpu_eval.num_correct - cpu_eval.num_correct), 2 + supervised / 50);
   EXPECT_GT(gpu.training_flops(batch), 0.0);
@@ -354,7 +355,7 @@ TEST(GpuEngine, AccumulatesMicroBatchesAndTakesNewWeights) {
   const double restored = gpu.forward(a).ce_sum;
   std::printf("ce_sum: %.6f, lm_head x20 %.6f, restored %.6f\n", before, scaled, restored);
   EXPECT_GT(rel_diff(scaled, before), 1e-2);
-  EXPECT_LE(rel_diff(restored, before), 1e-6);
+  EXPECT_LE(rel_diff(restored, before), 1e-5);  // the same weights again (a wrong upload is off by far more)
 }
 
 // What the engine refuses, with messages that say what to do.
