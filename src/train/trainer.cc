@@ -293,7 +293,8 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
       step.tflops = step_flops / step.step_s / 1e12;
       if (peak_tflops > 0) step.mfu = step.tflops / peak_tflops;
     }
-    if (engine->peak_memory_bytes() > 0) step.peak_mem_gib = static_cast<double>(engine->peak_memory_bytes()) / (1 << 30);
+    const size_t peak_memory = engine->peak_memory_bytes();
+    if (peak_memory > 0) step.peak_mem_gib = static_cast<double>(peak_memory) / (1 << 30);
     const double mean_step_s = seconds_since(loop_start) / static_cast<double>(summary.steps_this_run);
     step.eta_s = mean_step_s * static_cast<double>(total_steps - state.global_step);
     metrics.write_step(step);

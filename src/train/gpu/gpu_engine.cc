@@ -122,9 +122,9 @@ struct GpuEngine::State {
     CHECK(num_tokens <= sizing.max_tokens, "train: a micro-batch of ", num_tokens,
           " tokens, the GPU engine was planned for at most ", sizing.max_tokens, " (the micro-batch token budget)");
     const int64_t num_seqs = static_cast<int64_t>(batch.cu_seqlens.size()) - 1;
-    CHECK(num_seqs <= max_seqs, "train: a micro-batch of ", num_seqs, " samples, the GPU engine was planned for at most ",
-          max_seqs, " (", kMinTokensPerSample, " tokens per sample on average); cap the samples per micro-batch ",
-          "with --micro_batch_size");
+    CHECK(num_seqs <= max_seqs, "train: a micro-batch of ", num_seqs,
+          " samples, the GPU engine was planned for at most ", max_seqs, " (", kMinTokensPerSample,
+          " tokens per sample on average); cap the samples per micro-batch with --micro_batch_size");
     CHECK(static_cast<int64_t>(batch.positions.size()) == 3 * num_tokens, "train: micro-batch positions must be [3, ",
           num_tokens, "], got ", batch.positions.size(), " values");
     std::vector<int64_t> ids(batch.input_ids.begin(), batch.input_ids.end());
@@ -208,7 +208,8 @@ GpuEngine::GpuEngine(const ModelCheckpoint& checkpoint, const ParamLayout& layou
   for (const ParamEntry& entry : layout.entries()) {
     const bool is_text = s.text_params.count(entry.name) != 0;
     const ParamMap& owner = is_text ? s.text_params : s.vision_params;
-    CHECK(owner.count(entry.name) != 0, "train: trainable tensor '", entry.name, "' is not a parameter of the GPU model");
+    CHECK(owner.count(entry.name) != 0, "train: trainable tensor '", entry.name,
+          "' is not a parameter of the GPU model");
     CHECK(static_cast<int64_t>(owner.at(entry.name).values.size()) == entry.numel, "train: tensor '", entry.name,
           "' has ", entry.numel, " values in the trainer's layout and ", owner.at(entry.name).values.size(),
           " in the model");
