@@ -212,6 +212,8 @@ int cmd_train(int argc, char** argv) {
   if (summary.has_val && summary.last_val_token_acc >= 0) {
     std::printf("; val token_acc %.3f -> %.3f", summary.first_val_token_acc, summary.last_val_token_acc);
   }
+  if (summary.mfu >= 0) std::printf("; MFU %.1f%%", 100.0 * summary.mfu);
+  if (summary.peak_mem_gib >= 0) std::printf("; peak GPU memory %.1f GiB", summary.peak_mem_gib);
   std::printf("; data: %s\n", summary.data_skips.c_str());
   if (!summary.last_checkpoint.empty()) std::printf("checkpoint: %s\n", summary.last_checkpoint.c_str());
   std::printf("metrics: %s/metrics.jsonl\n", options.output_dir.c_str());

@@ -231,6 +231,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   const double elapsed_before = state.elapsed_s;
   const Clock::time_point loop_start = Clock::now();
   bool saved_at_step = false;
+  double run_flops = 0, run_step_s = 0;  // for the summary's MFU
   while (state.global_step < total_steps) {
     const Clock::time_point step_start = Clock::now();
     std::vector<MicroBatch> batches;
@@ -292,9 +293,12 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     if (step_flops > 0 && step.step_s > 0) {
       step.tflops = step_flops / step.step_s / 1e12;
       if (peak_tflops > 0) step.mfu = step.tflops / peak_tflops;
+      run_flops += step_flops;
+      run_step_s += step.step_s;
+      if (peak_tflops > 0) summary.mfu = run_flops / run_step_s / 1e12 / peak_tflops;
     }
     const size_t peak_memory = engine->peak_memory_bytes();
-    if (peak_memory > 0) step.peak_mem_gib = static_cast<double>(peak_memory) / (1 << 30);
+    if (peak_memory > 0) summary.peak_mem_gib = step.peak_mem_gib = static_cast<double>(peak_memory) / (1 << 30);
     const double mean_step_s = seconds_since(loop_start) / static_cast<double>(summary.steps_this_run);
     step.eta_s = mean_step_s * static_cast<double>(total_steps - state.global_step);
     metrics.write_step(step);

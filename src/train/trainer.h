@@ -24,6 +24,10 @@ struct TrainSummary {
   std::string device;
   std::string data_skips;  // "0 skipped" or the reasons with counts
   int stopped_by_signal = 0;  // SIGTERM / SIGINT that ended the run early (checkpoint saved), or 0
+  // GPU engine only (negative: not reported): model FLOPs of this run's steps over their time
+  // against the peak, and the most device memory in use.
+  double mfu = -1;
+  double peak_mem_gib = -1;
 };
 
 // device: see make_train_engine. Throws deltamoe::Error for bad options (before any work) and for

@@ -77,6 +77,16 @@ TEST_F(TrainerDeviceMetricsTest, GpuEngineReportsBecomeMfuAndMemory) {
     EXPECT_EQ(summary.device, "cuda:0");
     const std::vector<nlohmann::json> lines = train_lines(fs::path(options.output_dir) / "metrics.jsonl");
     ASSERT_EQ(lines.size(), 2u);
+    // The summary's MFU: all FLOPs of the run over all its step time.
+    double flops = 0, seconds = 0;
+    for (const nlohmann::json& line : lines) {
+      flops += kFlopsPerToken * line["tokens"].get<double>();
+      seconds += line["step_s"].get<double>();
+    }
+    const double run_mfu = flops / seconds / 1e12 / (peak > 0 ? peak : 989.0);
+    std::printf("summary: MFU %.3e (expected %.3e), peak memory %.2f GiB\n", summary.mfu, run_mfu, summary.peak_mem_gib);
+    EXPECT_NEAR(summary.mfu, run_mfu, 1e-9 * run_mfu);
+    EXPECT_DOUBLE_EQ(summary.peak_mem_gib, 3.0);
     for (const nlohmann::json& line : lines) {
       const double tflops = kFlopsPerToken * line["tokens"].get<double>() / line["step_s"].get<double>() / 1e12;
       const double expected_peak = peak > 0 ? peak : 989.0;
@@ -101,6 +111,8 @@ TEST_F(TrainerDeviceMetricsTest, CpuEngineLeavesMfuOut) {
   options.max_steps = 1;
   const TrainSummary summary = run_training(options, "cpu");
   EXPECT_EQ(summary.device, "cpu");
+  EXPECT_LT(summary.mfu, 0);
+  EXPECT_LT(summary.peak_mem_gib, 0);
   const std::vector<nlohmann::json> lines = train_lines(fs::path(options.output_dir) / "metrics.jsonl");
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_FALSE(lines[0].contains("mfu") || lines[0].contains("tflops") || lines[0].contains("peak_mem_gib"))
