@@ -84,7 +84,8 @@ TEST_F(TrainerDeviceMetricsTest, GpuEngineReportsBecomeMfuAndMemory) {
       seconds += line["step_s"].get<double>();
     }
     const double run_mfu = flops / seconds / 1e12 / (peak > 0 ? peak : 989.0);
-    std::printf("summary: MFU %.3e (expected %.3e), peak memory %.2f GiB\n", summary.mfu, run_mfu, summary.peak_mem_gib);
+    std::printf("summary: MFU %.3e (expected %.3e), peak memory %.2f GiB\n", summary.mfu, run_mfu,
+                summary.peak_mem_gib);
     EXPECT_NEAR(summary.mfu, run_mfu, 1e-9 * run_mfu);
     EXPECT_DOUBLE_EQ(summary.peak_mem_gib, 3.0);
     for (const nlohmann::json& line : lines) {
