@@ -26,8 +26,7 @@ struct DScanSmem {
   __nv_bfloat16 d_o[kChunk * kStride];
   float d_o_scaled[kChunk * kStride];  // scale e^gamma_i do_i
   float dvn[kChunk * kStride];
-  float to_end[kChunk], exp_gamma[kChunk];
-  float chunk_decay;
+  float gamma[kChunk];
 };
 
 // Grid (N, Hv, ceil(Dv / kCols)). Reverse scan over the chunks of one sequence carrying kCols
@@ -54,38 +53,52 @@ __global__ void __launch_bounds__(kThreads, 1)
                                     : 0.0f;
   }
   const int first = ws.chunk_offsets[n], last = ws.chunk_offsets[n + 1];
+  // A chunk's inputs come in two groups of copies that overlap the other half of the work: K, P,
+  // d_o and gamma (the dV_new half) fly during the previous chunk's dH half, W and Q (the dH half)
+  // during this chunk's dV_new half. No extra shared memory.
+  auto issue_dvn_inputs = [&](int c) {
+    const ChunkInfo ci = ws.chunks[c];
+    const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
+    load_tile(sm.k, kBf16Stride, kChunk, kD, k + (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk,
+              static_cast<int64_t>(Hk) * Dk, ci.len, Dk);
+    load_tile(sm.p, kSqStrideT, kChunk, kChunk,
+              ws.p + (static_cast<int64_t>(c) * Hv + h) * kChunk * kChunk, kChunk, kChunk, kChunk);
+    load_tile(sm.d_o, kStride, kChunk, kCols, d_o + row_first * Dv + col0,
+              static_cast<int64_t>(Hv) * Dv, ci.len, cols);
+    for (int i = tid; i < kChunk; i += kThreads) {
+      const bool valid = i < ci.len;
+      cp_async_4(&sm.gamma[i], ws.gamma + (valid ? row_first + static_cast<int64_t>(i) * Hv : 0),
+                 valid);
+    }
+    cp_async_commit();
+  };
+  auto issue_dh_inputs = [&](int c) {
+    const ChunkInfo ci = ws.chunks[c];
+    const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
+    load_tile(sm.w, kF32StrideT, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
+              ci.len, Dk);
+    load_tile(sm.q, kBf16Stride, kChunk, kD, q + (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk,
+              static_cast<int64_t>(Hk) * Dk, ci.len, Dk);
+    cp_async_commit();
+  };
+  if (first < last) issue_dvn_inputs(last - 1);
   for (int c = last - 1; c >= first; --c) {
     const ChunkInfo ci = ws.chunks[c];
     const int len = ci.len;
     const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
-    const int64_t qk_first = (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk;
-    __syncthreads();
+    cp_async_wait<0>();  // the dV_new inputs of chunk c
+    __syncthreads();     // ... for everybody; the previous dH half is done with W, Q, dH, dV_new
+    issue_dh_inputs(c);
     float* dh_out = ws.dh + (static_cast<int64_t>(c) * Hv + h) * Dk * Dv + col0;
     for (int idx = tid; idx < Dk * kCols; idx += kThreads) {
       const int d = idx / kCols, e = idx % kCols;
       if (e < cols) dh_out[static_cast<int64_t>(d) * Dv + e] = sm.dh[d * kStride + e];
     }
-    load_tile(sm.w, kF32StrideT, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
-              len, Dk);
-    load_tile(sm.q, kBf16Stride, kChunk, kD, q + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
-    load_tile(sm.k, kBf16Stride, kChunk, kD, k + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
-    load_tile(sm.p, kSqStrideT, kChunk, kChunk,
-              ws.p + (static_cast<int64_t>(c) * Hv + h) * kChunk * kChunk, kChunk, kChunk, kChunk);
-    load_tile(sm.d_o, kStride, kChunk, kCols, d_o + row_first * Dv + col0,
-              static_cast<int64_t>(Hv) * Dv, len, cols);
-    if (tid < kChunk) {
-      const float g_last = ws.gamma[row_first + static_cast<int64_t>(len - 1) * Hv];
-      const float g_i = tid < len ? ws.gamma[row_first + static_cast<int64_t>(tid) * Hv] : 0.0f;
-      sm.to_end[tid] = tid < len ? expf(g_last - g_i) : 0.0f;
-      sm.exp_gamma[tid] = tid < len ? expf(g_i) : 0.0f;
-      if (tid == 0) sm.chunk_decay = expf(g_last);
-    }
-    wait_tile_loads();
-    __syncthreads();
+    const float g_last = sm.gamma[len - 1];
     for (int idx = tid; idx < kChunk * kCols; idx += kThreads) {
       const int i = idx / kCols, e = idx % kCols;
       sm.d_o_scaled[i * kStride + e] =
-          scale * sm.exp_gamma[i] * __bfloat162float(sm.d_o[i * kStride + e]);
+          scale * expf(sm.gamma[i]) * __bfloat162float(sm.d_o[i * kStride + e]);
     }
     {
       // dV_new: 64 x kCols, warp tile rows 16 (warp % 4), columns kCols / 2 (warp / 4).
@@ -95,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       zero_acc(acc);
       warp_mma<1, NT, kD>(acc, rows_of<kBf16Stride>(sm.k), m0, rows_of<kStride>(sm.dh), n0);
       for_each_acc<1, NT>(m0, n0, [&](int mt, int nt, int r, int j, int) {
-        acc[mt][nt][r] *= sm.to_end[j];
+        acc[mt][nt][r] *= j < len ? expf(g_last - sm.gamma[j]) : 0.0f;
       });
       warp_mma<1, NT, kChunk>(acc, transposed<kSqStrideT>(sm.p), m0, rows_of<kStride>(sm.d_o), n0);
       for_each_acc<1, NT>(m0, n0, [&](int mt, int nt, int r, int j, int e) {
@@ -104,14 +117,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         sm.dvn[j * kStride + e] = acc[mt][nt][r];
       });
     }
+    __syncthreads();  // K, P, d_o, gamma are free; dV_new and the scaled d_o are complete
+    if (c > first) {
+      issue_dvn_inputs(c - 1);
+      cp_async_wait<1>();  // W and Q of chunk c (the newer group may still fly)
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
     {
       // dH: 128 x kCols, warp tile rows 16 warp, all columns.
       constexpr int NT = kCols / 8;
       const int m0 = 16 * warp;
+      const float chunk_decay = expf(g_last);
       float acc[1][NT][4], minus[1][NT][4];
       for_each_acc<1, NT>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
-        acc[mt][nt][r] = sm.chunk_decay * sm.dh[d * kStride + e];
+        acc[mt][nt][r] = chunk_decay * sm.dh[d * kStride + e];
       });
       warp_mma<1, NT, kChunk>(acc, transposed<kBf16Stride>(sm.q), m0,
                              rows_of<kStride>(sm.d_o_scaled), 0);
@@ -271,7 +292,7 @@ struct LocalSmem {
   __nv_bfloat16 v[kChunk * kBf16Stride];
   float a[kChunk * kSqStride];   // A = (I + L)^-1
   float ge[kChunk * kSqStride];  // G_ij e^(gamma_i - gamma_j), j <= i
-  float da[kChunk * kSqStride];  // dA, then C = dL beta_i e^(gamma_i - gamma_j)
+  float da[kChunk * kSqStride];  // dA, then C + C^T with C = dL beta_i e^(gamma_i - gamma_j)
   float x1[kChunk * kF32Stride];  // V_new, then dW, then t1 = dA A^T ([64][kSqStride])
   float x2[kChunk * kF32Stride];  // d_o (bf16), then dV_new, then q (bf16)
   float gamma[kChunk], beta[kChunk], exp_gamma[kChunk];
@@ -364,18 +385,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm.da[i * kSqStride + j] = value;
     });
   }
+  // dX = A^T dW gives k's direct term beta e^gamma dX (kept until dk is written below).
+  float dk_direct[1][8][4];
   {
     float acc[1][8][4], part[1][8][4];
-    // dX = A^T dW gives k's direct term beta e^gamma dX.
-    zero_acc(acc);
-    warp_mma<1, 8, kChunk>(acc, transposed<kSqStride>(sm.a), m0, rows_of<kF32Stride>(sm.x1), n0);
+    zero_acc(dk_direct);
+    warp_mma<1, 8, kChunk>(dk_direct, transposed<kSqStride>(sm.a), m0, rows_of<kF32Stride>(sm.x1),
+                           n0);
     for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
-      part[mt][nt][r] = 0.0f;
-      if (i < len && d < Dk) {
-        float* at = ws.dk_acc + row_of(i) * Dk + d;
-        *at += sm.beta[i] * sm.exp_gamma[i] * acc[mt][nt][r];
-        part[mt][nt][r] = acc[mt][nt][r] * __bfloat162float(sm.k[i * kBf16Stride + d]);
-      }
+      const float dx = dk_direct[mt][nt][r];
+      part[mt][nt][r] = dx * __bfloat162float(sm.k[i * kBf16Stride + d]);  // zero rows past len
+      dk_direct[mt][nt][r] = sm.beta[i] * sm.exp_gamma[i] * dx;
     });
     add_row_sums(part, m0, sm.dx_dot_k);
     // dv = beta dY with dY = A^T dV_new (dU = dV_new).
@@ -405,7 +425,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   {
     // dL = -A^T t1 on the strict lower part; L_ij = beta_i (k_i . k_j) e^(gamma_i - gamma_j).
-    // da is free now and receives C_ij = dL_ij beta_i e^(gamma_i - gamma_j) (dk gets (C + C^T) K).
+    // da is free now and receives C + C^T, C_ij = dL_ij beta_i e^(gamma_i - gamma_j) strictly
+    // lower (dk gets (C + C^T) K): the owner of (i, j), i > j, also writes the mirror (j, i).
     float acc[1][4][4], kk[1][4][4], f[1][4][4], bf_plus[1][4][4], bf_minus[1][4][4];
     zero_acc(acc);
     zero_acc(kk);
@@ -422,7 +443,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       f[mt][nt][r] = f_value;
       bf_plus[mt][nt][r] = sm.beta[i] * f_value;
       bf_minus[mt][nt][r] = -sm.beta[i] * f_value;
-      sm.da[i * kSqStride + j] = c_value;
+      if (j < i) {
+        sm.da[i * kSqStride + j] = c_value;
+        sm.da[j * kSqStride + i] = c_value;
+      } else if (j == i) {
+        sm.da[i * kSqStride + j] = 0.0f;
+      }
     });
     add_row_sums(f, sm0, sm.d_beta);
     add_row_sums(bf_plus, sm0, sm.d_gamma);
@@ -440,12 +466,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       *at = scale * (*at + acc[mt][nt][r]);
     }
   });
-  // dk_i += scale sum_a G_ai e^(gamma_a - gamma_i) q_a + sum_j (C_ij + C_ji) k_j.
+  // dk_i += beta_i e^gamma_i dX_i + scale sum_a G_ai e^(gamma_a - gamma_i) q_a
+  //         + sum_j (C_ij + C_ji) k_j.
   zero_acc(acc);
   warp_mma<1, 8, kChunk>(acc, transposed<kSqStride>(sm.ge), m0, rows_of<kBf16Stride>(q_tile), n0);
-  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int, int) { acc[mt][nt][r] *= scale; });
+  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int, int) {
+    acc[mt][nt][r] = scale * acc[mt][nt][r] + dk_direct[mt][nt][r];
+  });
   warp_mma<1, 8, kChunk>(acc, rows_of<kSqStride>(sm.da), m0, rows_of<kBf16Stride>(sm.k), n0);
-  warp_mma<1, 8, kChunk>(acc, transposed<kSqStride>(sm.da), m0, rows_of<kBf16Stride>(sm.k), n0);
   for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
     if (i < len && d < Dk) ws.dk_acc[row_of(i) * Dk + d] += acc[mt][nt][r];
   });

@@ -262,13 +262,19 @@ void run_case(const GdnCase& c) {
                 bwd_bytes / 1048576.0);
     std::printf("  (session 1, plain fp32 SIMT kernels on the H200: forward 12.0 ms, backward "
                 "42.6 ms)\n");
-    const std::vector<GatedDeltaRuleStageTime> stages = gated_delta_rule_stage_times_cuda(
-        gpu_shape, scale, bf16_ptr(dq_in), bf16_ptr(dk_in), bf16_ptr(dv_in), f32_ptr(dg_in),
-        f32_ptr(dbeta_in), init_ptr, bf16_ptr(o), f32_ptr(final_state), bf16_ptr(ddo_in),
-        d_final_ptr, bf16_ptr(dq), bf16_ptr(dk), bf16_ptr(dv), f32_ptr(dg), f32_ptr(dbeta),
-        f32_ptr(d_init), workspace.data(), workspace.bytes(), nullptr, 10);
-    for (const GatedDeltaRuleStageTime& stage : stages)
-      std::printf("  STAGE %-40s %8.3f ms\n", stage.name.c_str(), stage.ms);
+    auto print_stages = [&](const char* variant) {
+      const std::vector<GatedDeltaRuleStageTime> stages = gated_delta_rule_stage_times_cuda(
+          gpu_shape, scale, bf16_ptr(dq_in), bf16_ptr(dk_in), bf16_ptr(dv_in), f32_ptr(dg_in),
+          f32_ptr(dbeta_in), init_ptr, bf16_ptr(o), f32_ptr(final_state), bf16_ptr(ddo_in),
+          d_final_ptr, bf16_ptr(dq), bf16_ptr(dk), bf16_ptr(dv), f32_ptr(dg), f32_ptr(dbeta),
+          f32_ptr(d_init), workspace.data(), workspace.bytes(), nullptr, 10);
+      for (const GatedDeltaRuleStageTime& stage : stages)
+        std::printf("  STAGE%s %-40s %8.3f ms\n", variant, stage.name.c_str(), stage.ms);
+    };
+    print_stages("");
+    setenv("DELTAMOE_GDN_SCAN_COLS", "32", 1);
+    print_stages(" (32-column scan)");
+    unsetenv("DELTAMOE_GDN_SCAN_COLS");
   }
 }
 
@@ -301,6 +307,14 @@ TEST(GatedDeltaRuleGpu, Sm80SharedMemoryVariants) {
   run_case({{1, 63, 64, 65, 130}, 1, 3, 37, 45, true});
   run_case({{65, 130, 200}, 2, 4, 128, 128, true});
   unsetenv("DELTAMOE_GDN_SMALL_SMEM");
+}
+
+// The 32-column forward scan (two blocks per SM), selected by its tuning hook.
+TEST(GatedDeltaRuleGpu, ThirtyTwoColumnScan) {
+  setenv("DELTAMOE_GDN_SCAN_COLS", "32", 1);
+  run_case({{1, 63, 64, 65, 130}, 1, 3, 37, 45, true});
+  run_case({{65, 130, 200}, 2, 4, 128, 128, true});
+  unsetenv("DELTAMOE_GDN_SCAN_COLS");
 }
 
 // Qwen3.5-35B-A3B linear attention: Hk = 16, Hv = 32, Dk = Dv = 128; 8192 tokens as 2 x 4096.

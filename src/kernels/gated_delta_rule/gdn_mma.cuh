@@ -186,6 +186,17 @@ __device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool vali
                : "memory");
 }
 
+// Closes the group of cp.async copies issued so far by this thread.
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most kPending committed groups of this thread are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 // Waits for this thread's outstanding cp.async copies; a __syncthreads after it publishes them.
 __device__ __forceinline__ void wait_tile_loads() {
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
