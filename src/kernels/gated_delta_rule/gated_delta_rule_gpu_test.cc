@@ -272,9 +272,9 @@ void run_case(const GdnCase& c) {
         std::printf("  STAGE%s %-40s %8.3f ms\n", variant, stage.name.c_str(), stage.ms);
     };
     print_stages("");
-    setenv("DELTAMOE_GDN_SCAN_COLS", "32", 1);
-    print_stages(" (32-column scan)");
-    unsetenv("DELTAMOE_GDN_SCAN_COLS");
+    setenv("DELTAMOE_GDN_SMALL_SMEM", "1", 1);
+    print_stages(" (sm_80 variants)");
+    unsetenv("DELTAMOE_GDN_SMALL_SMEM");
   }
 }
 
@@ -307,14 +307,6 @@ TEST(GatedDeltaRuleGpu, Sm80SharedMemoryVariants) {
   run_case({{1, 63, 64, 65, 130}, 1, 3, 37, 45, true});
   run_case({{65, 130, 200}, 2, 4, 128, 128, true});
   unsetenv("DELTAMOE_GDN_SMALL_SMEM");
-}
-
-// The 32-column forward scan (two blocks per SM), selected by its tuning hook.
-TEST(GatedDeltaRuleGpu, ThirtyTwoColumnScan) {
-  setenv("DELTAMOE_GDN_SCAN_COLS", "32", 1);
-  run_case({{1, 63, 64, 65, 130}, 1, 3, 37, 45, true});
-  run_case({{65, 130, 200}, 2, 4, 128, 128, true});
-  unsetenv("DELTAMOE_GDN_SCAN_COLS");
 }
 
 // Qwen3.5-35B-A3B linear attention: Hk = 16, Hv = 32, Dk = Dv = 128; 8192 tokens as 2 x 4096.

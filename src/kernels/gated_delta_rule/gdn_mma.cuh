@@ -38,14 +38,14 @@ __device__ __forceinline__ SmemView<T, 1, kStride> transposed(const T* p) {
   return {p};
 }
 
+// x rounded to TF32 (10 mantissa bits, ties away from zero) with two integer operations: adding
+// half a TF32 ulp to the magnitude bits carries into the kept bits exactly when rounding up.
 __device__ __forceinline__ uint32_t round_to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
+  return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
 }
 
-// x = hi + lo with hi the nearest TF32 value; lo keeps the next 11 bits (its own low bits are
-// dropped by the tensor core, an error of ~2^-22 |x|).
+// x = hi + lo with hi the nearest TF32 value (x - hi is exact in fp32); lo keeps the next 11
+// bits (its own low bits are dropped by the tensor core, an error of ~2^-21 |x|).
 template <bool kSplit>
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
   if constexpr (kSplit) {
