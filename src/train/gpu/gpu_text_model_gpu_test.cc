@@ -29,7 +29,8 @@ namespace {
 // far that may move a result depends on the model's conditioning, so the test measures it: the
 // CPU reference is rerun with every weight scaled by (1 + u 2^-9), u uniform in [-1, 1] (about one
 // bf16 rounding per weight), same routing, for two draws; each tensor may differ from the CPU by
-// kSensitivityFactor x the larger move of the two, and at least a floor. A composition bug (a
+// a factor (kSensitivityFactor for one layer alone, kWholeModelFactor for the whole model) x the
+// larger move of the two, and at least a floor. A composition bug (a
 // missing term, a wrong buffer, a wrong scale) moves a tensor by O(1), far beyond either.
 // Why (measured on the CPU with that perturbation, whole model): at matrix std 0.15 the tiny model
 // is chaotic: the perturbation alone moves layer-0 gradients 30% and A_log/dt_bias ~150%, the
@@ -38,6 +39,15 @@ namespace {
 constexpr double kMatrixStd = 0.05;
 constexpr float kWeightPerturbation = 1.0f / 512.0f;
 constexpr double kSensitivityFactor = 4.0;
+// The whole model stacks L layers of ~10 bf16 activation roundings each, and the perturbation
+// above stands for about one of them: a weight perturbation averages over each product's fan-in,
+// an activation rounding does not. If each rounding moves a result about as much as the
+// perturbation and they are uncorrelated, the GPU's error is ~sqrt(10 L) = 6.3x the measured move
+// for L = 4, hence a factor of 8 for whole-model comparisons. The one-token batch shows it (H200,
+// 2026-12-02: GPU error / sensitivity up to 5.3, since no sum over tokens averages the noise);
+// packed batches stayed under 4. A composition bug still moves a tensor by O(1), and the
+// layer-alone checks keep factor 4 and the 3e-2 floor.
+constexpr double kWholeModelFactor = 8.0;
 constexpr double kActivationFloor = 1e-2;  // bf16 read-out alone is ~2e-3
 constexpr double kGradFloor = 2e-2;
 constexpr double kLossRel = 1e-2;
@@ -45,7 +55,7 @@ constexpr double kLossRel = 1e-2;
 // roundings, ~10 bf16 ops of <=4e-3 each, so a 3e-2 floor.
 constexpr double kLayerFloor = 3e-2;
 
-double bound_from(double sensitivity, double floor) { return std::max(floor, kSensitivityFactor * sensitivity); }
+double bound_from(double sensitivity, double floor, double factor) { return std::max(floor, factor * sensitivity); }
 
 double rel_l2_of(const std::vector<float>& got, const std::vector<float>& ref) {
   return compare_values(got.data(), ref.data(), static_cast<int64_t>(std::min(got.size(), ref.size()))).rel_l2;
@@ -78,12 +88,13 @@ ParamMap perturbed_params(const ParamMap& params, uint32_t seed) {
 // Prints and checks one GPU tensor against the CPU reference; the bound is the floor or
 // kSensitivityFactor times how far the perturbed-weight CPU run moved the same tensor.
 double check_tensor(const std::string& label, const std::vector<float>& got, const std::vector<float>& ref,
-                    const std::vector<float>& perturbed_ref, const std::vector<float>& perturbed_ref2, double floor) {
+                    const std::vector<float>& perturbed_ref, const std::vector<float>& perturbed_ref2, double floor,
+                    double factor = kWholeModelFactor) {
   EXPECT_EQ(got.size(), ref.size()) << label;
   const CompareResult r =
       compare_values(got.data(), ref.data(), static_cast<int64_t>(std::min(got.size(), ref.size())));
   const double sensitivity = std::max(rel_l2_of(perturbed_ref, ref), rel_l2_of(perturbed_ref2, ref));
-  const double bound = bound_from(sensitivity, floor);
+  const double bound = bound_from(sensitivity, floor, factor);
   std::printf("    %-52s max|diff| %.3e max|ref| %.3e rel_l2 %.3e (bf16-weight sensitivity %.2e, bound %.2e)%s\n",
               label.c_str(), r.max_abs_diff, r.max_abs_ref, r.rel_l2, sensitivity, bound,
               r.all_finite ? "" : " NOT FINITE");
@@ -142,20 +153,21 @@ void check_layers_in_isolation(const TextConfig& config, const ParamMap& params,
     const CpuLayerRun moved = run_cpu_layer(config, perturbed, i, batch, x, route, dy, stats, aux_weight);
     const CpuLayerRun moved2 = run_cpu_layer(config, perturbed2, i, batch, x, route, dy, stats, aux_weight);
     worst = std::max(worst, check_tensor("forward: after mixer (h)", gpu.read_layer_activation(i, LayerActivation::after_mixer),
-                                         ref.saved.h, moved.saved.h, moved2.saved.h, kLayerFloor));
+                                         ref.saved.h, moved.saved.h, moved2.saved.h, kLayerFloor, kSensitivityFactor));
     worst = std::max(worst, check_tensor("forward: moe input", gpu.read_layer_activation(i, LayerActivation::moe_input),
-                                         ref.saved.moe.x, moved.saved.moe.x, moved2.saved.moe.x, kLayerFloor));
+                                         ref.saved.moe.x, moved.saved.moe.x, moved2.saved.moe.x, kLayerFloor,
+                                         kSensitivityFactor));
     if (i + 1 < config.num_hidden_layers)
       worst = std::max(worst, check_tensor("forward: layer output", gpu.read_layer_activation(i + 1, LayerActivation::input),
-                                           ref.y, moved.y, moved2.y, kLayerFloor));
+                                           ref.y, moved.y, moved2.y, kLayerFloor, kSensitivityFactor));
     worst = std::max(worst, check_tensor("backward: d layer input", gpu.read_layer_gradient(i, LayerGradient::input),
-                                         ref.dx, moved.dx, moved2.dx, kLayerFloor));
+                                         ref.dx, moved.dx, moved2.dx, kLayerFloor, kSensitivityFactor));
     const std::string names = layer_prefix("model", i);
     for (const ParamEntry& entry : gpu.layout().entries()) {
       if (entry.name.compare(0, names.size(), names) != 0) continue;
       worst = std::max(worst, check_tensor(entry.name, gpu.read_gradient(entry.name), ref.grads.at(entry.name).values,
                                            moved.grads.at(entry.name).values, moved2.grads.at(entry.name).values,
-                                           kLayerFloor));
+                                           kLayerFloor, kSensitivityFactor));
     }
   }
   std::printf("  layers alone: worst rel_l2 / bound %.3f\n", worst);
