@@ -171,126 +171,113 @@ __global__ void __launch_bounds__(kThreads, 2)
   });
 }
 
-// Shared tiles of the forward state scan carrying kCols state columns: with kStages = 2 and 64
-// columns (~195 KB, Hopper) the chunk inputs W, K, U and gamma are double buffered so that the
-// next chunk's copies fly while this chunk computes; one stage and 64 columns (~125 KB) fits
-// sm_80's 163 KB.
-template <int kStages, int kCols>
+// Shared tiles of the forward state scan carrying kScanCols = 64 state columns (~125 KB, fits
+// sm_80's 163 KB). Each half of a chunk's work runs while the other half's inputs are copied in;
+// on the H200 this measured faster than double-buffering all inputs (0.62 against 0.64 ms).
 struct ScanSmem {
-  static constexpr int kStride = kCols + 8;
-  float h[kD * kStride];                 // state columns [col0, col0 + 64) of H
-  float w[kStages][kChunk * kF32Stride];    // W of the chunk
-  __nv_bfloat16 k[kStages][kChunk * kBf16Stride];
-  float u[kStages][kChunk * kStride];    // U, same columns
-  float gamma[kStages][kChunk];
-  float vn[kChunk * kStride];            // e^(gamma_last - gamma_j) V_new_j
+  static constexpr int kStride = kScanCols + 8;
+  float h[kD * kStride];              // state columns [col0, col0 + 64) of H
+  float w[kChunk * kF32Stride];       // W of the chunk
+  __nv_bfloat16 k[kChunk * kBf16Stride];
+  float u[kChunk * kStride];          // U, same columns
+  float gamma[kChunk];
+  float vn[kChunk * kStride];         // e^(gamma_last - gamma_j) V_new_j
 };
 
-// Starts the asynchronous copies of one chunk's scan inputs into buffer `buf` as one group: the
-// V_new inputs (W, U, gamma) and/or the state-update input (K).
-template <int kStages, int kCols>
-__device__ void issue_scan_loads(ScanSmem<kStages, kCols>& sm, int buf, const GatedDeltaRuleShape& s,
-                                 const __nv_bfloat16* k, const Workspace& ws, const ChunkInfo& ci,
-                                 int h, int col0, int cols, bool vnew_inputs, bool state_input) {
-  const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
+// Starts the asynchronous copies of one chunk's V_new inputs (W, U, gamma) as one group.
+__device__ void issue_vnew_inputs(ScanSmem& sm, const GatedDeltaRuleShape& s, const Workspace& ws,
+                                  const ChunkInfo& ci, int h, int col0, int cols) {
+  const int Dk = s.key_dim, Dv = s.value_dim, Hv = s.num_value_heads;
   const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
-  if (vnew_inputs) {
-    load_tile(sm.w[buf], kF32Stride, kChunk, kD, ws.w + row_first * Dk,
-              static_cast<int64_t>(Hv) * Dk, ci.len, Dk);
-    load_tile(sm.u[buf], ScanSmem<kStages, kCols>::kStride, kChunk, kCols,
-              ws.v_new + row_first * Dv + col0, static_cast<int64_t>(Hv) * Dv, ci.len, cols);
-    for (int i = threadIdx.x; i < kChunk; i += blockDim.x) {
-      const bool valid = i < ci.len;
-      cp_async_4(&sm.gamma[buf][i],
-                 ws.gamma + (valid ? row_first + static_cast<int64_t>(i) * Hv : 0), valid);
-    }
-  }
-  if (state_input) {
-    load_tile(sm.k[buf], kBf16Stride, kChunk, kD,
-              k + (static_cast<int64_t>(ci.t0) * Hk + key_head_of(s, h)) * Dk,
-              static_cast<int64_t>(Hk) * Dk, ci.len, Dk);
+  load_tile(sm.w, kF32Stride, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
+            ci.len, Dk);
+  load_tile(sm.u, ScanSmem::kStride, kChunk, kScanCols, ws.v_new + row_first * Dv + col0,
+            static_cast<int64_t>(Hv) * Dv, ci.len, cols);
+  for (int i = threadIdx.x; i < kChunk; i += blockDim.x) {
+    const bool valid = i < ci.len;
+    cp_async_4(&sm.gamma[i], ws.gamma + (valid ? row_first + static_cast<int64_t>(i) * Hv : 0),
+               valid);
   }
   cp_async_commit();
 }
 
-// Grid (N, Hv, ceil(Dv / kCols)). Carries kCols columns of one head's state through the chunks of one
+// Starts the copy of one chunk's state-update input (K) as one group.
+__device__ void issue_state_input(ScanSmem& sm, const GatedDeltaRuleShape& s,
+                                  const __nv_bfloat16* k, const ChunkInfo& ci, int h) {
+  const int Dk = s.key_dim, Hk = s.num_key_heads;
+  load_tile(sm.k, kBf16Stride, kChunk, kD,
+            k + (static_cast<int64_t>(ci.t0) * Hk + key_head_of(s, h)) * Dk,
+            static_cast<int64_t>(Hk) * Dk, ci.len, Dk);
+  cp_async_commit();
+}
+
+// Grid (N, Hv, ceil(Dv / 64)). Carries 64 columns of one head's state through the chunks of one
 // sequence (state columns evolve independently): stores the state entering each chunk, turns U
 // into V_new = U - W H and advances H <- e^gamma_last H + K^T diag(e^(gamma_last - gamma)) V_new.
-template <int kStages, int kCols>
 __global__ void __launch_bounds__(kThreads, 1)
     state_scan_kernel(GatedDeltaRuleShape s, const __nv_bfloat16* k, const float* initial_state,
                       float* final_state, Workspace ws) {
-  constexpr int kStride = ScanSmem<kStages, kCols>::kStride;
+  constexpr int kCols = kScanCols, kStride = ScanSmem::kStride;
   const int n = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kCols;
   const int Dk = s.key_dim, Dv = s.value_dim, Hv = s.num_value_heads;
   const int tid = threadIdx.x, warp = tid >> 5;
   const int cols = min(kCols, Dv - col0);
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  ScanSmem<kStages, kCols>& sm = *reinterpret_cast<ScanSmem<kStages, kCols>*>(smem_raw);
+  ScanSmem& sm = *reinterpret_cast<ScanSmem*>(smem_raw);
   const int64_t state_base = (static_cast<int64_t>(n) * Hv + h) * Dk * Dv + col0;
   const int first = ws.chunk_offsets[n], last = ws.chunk_offsets[n + 1];
-  // Two stages: all of chunk c + 1 flies while chunk c computes. One stage: K of chunk c flies
-  // during its V_new half, W, U, gamma of chunk c + 1 during its state-update half.
-  if (first < last) issue_scan_loads(sm, 0, s, k, ws, ws.chunks[first], h, col0, cols, true, kStages == 2);
+  // K of chunk c flies during its V_new half; W, U, gamma of chunk c + 1 during its state half.
+  if (first < last) issue_vnew_inputs(sm, s, ws, ws.chunks[first], h, col0, cols);
   for (int idx = tid; idx < kD * kCols; idx += kThreads) {
     const int d = idx / kCols, e = idx % kCols;
     sm.h[d * kStride + e] = (initial_state != nullptr && d < Dk && e < cols)
-                                   ? initial_state[state_base + static_cast<int64_t>(d) * Dv + e]
-                                   : 0.0f;
+                                ? initial_state[state_base + static_cast<int64_t>(d) * Dv + e]
+                                : 0.0f;
   }
   for (int c = first; c < last; ++c) {
-    const int buf = kStages == 2 ? (c - first) & 1 : 0;
     const ChunkInfo ci = ws.chunks[c];
     const int len = ci.len;
     const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
     cp_async_wait<0>();
-    __syncthreads();  // chunk c's inputs are in; everybody is done with chunk c - 1's buffers
-    if (kStages == 2 && c + 1 < last)
-      issue_scan_loads(sm, buf ^ 1, s, k, ws, ws.chunks[c + 1], h, col0, cols, true, true);
-    if (kStages == 1) issue_scan_loads(sm, 0, s, k, ws, ci, h, col0, cols, false, true);
+    __syncthreads();  // chunk c's V_new inputs are in; everybody is done with chunk c - 1
+    issue_state_input(sm, s, k, ci, h);
     float* h_out = ws.h + (static_cast<int64_t>(c) * Hv + h) * Dk * Dv + col0;
     for (int idx = tid; idx < Dk * kCols; idx += kThreads) {
       const int d = idx / kCols, e = idx % kCols;
       if (e < cols) h_out[static_cast<int64_t>(d) * Dv + e] = sm.h[d * kStride + e];
     }
-    const float* gamma = sm.gamma[buf];
-    const float g_last = gamma[len - 1];
+    const float g_last = sm.gamma[len - 1];
     {
-      // V_new = U - W H: 64 x kCols, warp tile rows 16 (warp % 4), columns kCols / 2 (warp / 4).
-      constexpr int NT = kCols / 16;
-      const int m0 = 16 * (warp & 3), n0 = (kCols / 2) * (warp >> 2);
-      float acc[1][NT][4];
+      // V_new = U - W H: 64 x 64, warp tile rows 16 (warp % 4), columns 32 (warp / 4).
+      const int m0 = 16 * (warp & 3), n0 = 32 * (warp >> 2);
+      float acc[1][4][4];
       zero_acc(acc);
-      warp_mma<1, NT, kD>(acc, rows_of<kF32Stride>(sm.w[buf]), m0, rows_of<kStride>(sm.h), n0);
-      for_each_acc<1, NT>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
-        const float value = sm.u[buf][i * kStride + e] - acc[mt][nt][r];
+      warp_mma<1, 4, kD>(acc, rows_of<kF32Stride>(sm.w), m0, rows_of<kStride>(sm.h), n0);
+      for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
+        const float value = sm.u[i * kStride + e] - acc[mt][nt][r];
         if (i < len && e < cols)
           ws.v_new[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = value;
-        sm.vn[i * kStride + e] = i < len ? expf(g_last - gamma[i]) * value : 0.0f;
+        sm.vn[i * kStride + e] = i < len ? expf(g_last - sm.gamma[i]) * value : 0.0f;
       });
+    }
+    __syncthreads();  // W, U, gamma are free; V_new is complete
+    if (c + 1 < last) {
+      issue_vnew_inputs(sm, s, ws, ws.chunks[c + 1], h, col0, cols);
+      cp_async_wait<1>();  // K of chunk c (the newer group may still fly)
+    } else {
+      cp_async_wait<0>();
     }
     __syncthreads();
-    if (kStages == 1) {
-      if (c + 1 < last) {
-        issue_scan_loads(sm, 0, s, k, ws, ws.chunks[c + 1], h, col0, cols, true, false);
-        cp_async_wait<1>();  // K of chunk c
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();
-    }
     {
-      // H: 128 x kCols, warp tile rows 16 warp, all columns.
-      constexpr int NT = kCols / 8;
+      // H: 128 x 64, warp tile rows 16 warp, all 64 columns.
       const int m0 = 16 * warp;
       const float chunk_decay = expf(g_last);
-      float acc[1][NT][4];
-      for_each_acc<1, NT>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
+      float acc[1][8][4];
+      for_each_acc<1, 8>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
         acc[mt][nt][r] = chunk_decay * sm.h[d * kStride + e];
       });
-      warp_mma<1, NT, kChunk>(acc, transposed<kBf16Stride>(sm.k[buf]), m0, rows_of<kStride>(sm.vn),
-                              0);
-      for_each_acc<1, NT>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
+      warp_mma<1, 8, kChunk>(acc, transposed<kBf16Stride>(sm.k), m0, rows_of<kStride>(sm.vn), 0);
+      for_each_acc<1, 8>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
         sm.h[d * kStride + e] = acc[mt][nt][r];
       });
     }
@@ -433,21 +420,10 @@ void launch_prepare_chunks(const GatedDeltaRuleShape& s, float scale, const __nv
 void launch_state_scan(const GatedDeltaRuleShape& s, const __nv_bfloat16* k,
                        const float* initial_state, float* final_state, const Workspace& ws,
                        cudaStream_t stream) {
-  // (A 32-column single-stage variant at two blocks per SM measured 0.656 against 0.690 ms on the
-  // H200 at 2 x 4096, not worth a third variant.)
-  if (sizeof(ScanSmem<2, 64>) <= device_smem_limit()) {
-    using Smem = ScanSmem<2, 64>;
-    const dim3 grid(s.num_seqs, s.num_value_heads, (s.value_dim + 63) / 64);
-    allow_smem(state_scan_kernel<2, 64>, sizeof(Smem));
-    state_scan_kernel<2, 64><<<grid, kThreads, sizeof(Smem), stream>>>(s, k, initial_state,
-                                                                       final_state, ws);
-  } else {
-    using Smem = ScanSmem<1, 64>;
-    const dim3 grid(s.num_seqs, s.num_value_heads, (s.value_dim + 63) / 64);
-    allow_smem(state_scan_kernel<1, 64>, sizeof(Smem));
-    state_scan_kernel<1, 64><<<grid, kThreads, sizeof(Smem), stream>>>(s, k, initial_state,
-                                                                       final_state, ws);
-  }
+  const dim3 grid(s.num_seqs, s.num_value_heads, (s.value_dim + kScanCols - 1) / kScanCols);
+  allow_smem(state_scan_kernel, sizeof(ScanSmem));
+  state_scan_kernel<<<grid, kThreads, sizeof(ScanSmem), stream>>>(s, k, initial_state, final_state,
+                                                                  ws);
   CUDA_CHECK_LAUNCH();
 }
 
