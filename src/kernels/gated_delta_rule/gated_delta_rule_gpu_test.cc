@@ -301,7 +301,7 @@ TEST(GatedDeltaRuleGpu, ManyShortSequences) {
 }
 
 // The kernel variants chosen where a block may use at most 163 KB of shared memory (sm_80:
-// single-buffered forward scan, 32-column reverse scan), forced on this GPU.
+// the 32-column reverse scan), forced on this GPU.
 TEST(GatedDeltaRuleGpu, Sm80SharedMemoryVariants) {
   setenv("DELTAMOE_GDN_SMALL_SMEM", "1", 1);
   run_case({{1, 63, 64, 65, 130}, 1, 3, 37, 45, true});

@@ -67,7 +67,7 @@ size_t carve_workspace(const GatedDeltaRuleShape& shape, bool backward, void* ba
 void check_shape(const char* op, const GatedDeltaRuleShape& shape);
 
 // Shared memory one block may opt into on the current device; the kernels that have a
-// double-buffered or wider Hopper variant pick the variant that fits. DELTAMOE_GDN_SMALL_SMEM=1
+// wider Hopper variant (the reverse scan) pick the variant that fits. DELTAMOE_GDN_SMALL_SMEM=1
 // pretends sm_80's 163 KB so that the H200 can test the sm_80 variants.
 size_t device_smem_limit();
 
