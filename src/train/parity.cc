@@ -159,6 +159,7 @@ ParityResult run_parity_cpu(const ModelCheckpoint& checkpoint, const ParityInput
   model_inputs.input_ids = inputs.input_ids.as<int64_t>();
   model_inputs.input_embeds = text_inputs.multimodal ? text_inputs.multimodal->input_embeds.data() : nullptr;
   model_inputs.shifted_labels = shifted.data();
+  if (inputs.forced_routing) model_inputs.forced_routing = &*inputs.forced_routing;
   const TextModelOutput out = model.forward(batch, model_inputs);
   log_info("parity: ", num_tokens, " tokens, ", out.num_supervised, " supervised, ce_loss ", out.ce_loss, ", aux_loss ",
            out.aux_loss);
@@ -167,6 +168,7 @@ ParityResult run_parity_cpu(const ModelCheckpoint& checkpoint, const ParityInput
   result.ce_loss = out.ce_loss;
   result.aux_loss = out.aux_loss;
   result.logits = HostTensor::from_f32(out.logits, Shape{rows, seq_len, vocab});
+  for (const DecoderLayerSaved& layer : model.saved_layers()) result.routing.push_back(layer.moe.topk_idx);
   // With images the trained vision parts need the gradient of the text model's input embeddings,
   // even when the language model itself is frozen; otherwise a frozen LLM needs no backward.
   const bool vision_trained = text_inputs.multimodal && trainable.vision();

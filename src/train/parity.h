@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "checkpoint/model_checkpoint.h"
 #include "core/tensor.h"
@@ -22,6 +23,9 @@ struct ParityInputs {
   std::optional<HostTensor> pixel_values;       // f32 [Np, 1536]
   std::optional<HostTensor> image_grid_thw;     // int64 [Ni, 3]
   std::optional<HostTensor> mm_token_type_ids;  // int64 [B, S]
+  // Not from the file (the CLI never sets it): experts per decoder layer (L entries of [T, K])
+  // replacing the routers' top-k, e.g. to pin the CPU reference to a GPU run's choices.
+  std::optional<std::vector<std::vector<int32_t>>> forced_routing;
 };
 
 struct ParityResult {
@@ -31,6 +35,7 @@ struct ParityResult {
   std::map<std::string, HostTensor> grads;      // d ce_loss / d param, f32, by HF name
   std::map<std::string, HostTensor> grads_aux;  // d aux_loss / d param
   double backward_seconds = 0;                  // wall time of both backwards (0: nothing trained)
+  std::vector<std::vector<int32_t>> routing;    // experts chosen per decoder layer, L entries of [T, K]
 };
 
 // Reads and validates the inputs file (dtypes, shapes, cu_seqlens rules); errors name the file and tensor.

@@ -108,6 +108,8 @@ ParityResult run_parity_gpu(const ModelCheckpoint& checkpoint, const ParityInput
   CHECK(inputs.pixel_values.has_value() == inputs.image_grid_thw.has_value(),
         "parity: the inputs must carry pixel_values and image_grid_thw together (one of them is missing)");
   if (inputs.mm_token_type_ids) check_mm_token_types(inputs, model_config.image_token_id, model_config.video_token_id);
+  CHECK(!inputs.forced_routing, "parity --device cuda: forced routing is a CPU reference hook (pin the CPU run to "
+        "the GPU's routing instead)");
   const std::string prefix = model_config.text_prefix();
   const int64_t rows = inputs.input_ids.shape()[0], seq_len = inputs.input_ids.shape()[1];
   const int64_t T = rows * seq_len, V = config.vocab_size;
@@ -156,6 +158,8 @@ ParityResult run_parity_gpu(const ModelCheckpoint& checkpoint, const ParityInput
     // without gradients goes through forward_backward once.
     model.forward_backward();
     if (ce) {
+      for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
+        result.routing.push_back(model.read_topk_idx(layer));
       result.ce_loss = model.read_loss();
       result.aux_loss = model.read_aux_loss();
       result.logits = HostTensor::from_f32(model.compute_logits(), Shape{rows, seq_len, V});
