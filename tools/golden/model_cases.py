@@ -9,22 +9,36 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+import router_margins as rm
 import tiny_models as tm
 
 kIgnoreIndex = -100
 kMaxSeedAttempts = 40  # re-draws until router margins are comfortable
+# The *_router_margin cases (well-conditioned for bf16, so the GPU can be held to the issue's
+# bounds against these files): matrices at 0.3 of the usual gain, and every token's k-th vs
+# (k+1)-th router logit at least kBf16RouterLogitGap apart. Router logits have std ~kRouterGain (3);
+# the GPU's router inputs differ from fp32 by ~1e-2 relative, i.e. ~0.03 in a logit, so 0.3 leaves
+# 10x. (A probability threshold would say less: the k-th and (k+1)-th probabilities can both be
+# small while their logits are far apart.)
+kWellConditionedMatrixGain = 0.3
+kBf16RouterLogitGap = 0.3
 
 
 class ModelCase:
     """One golden case: which model, which inputs."""
 
-    def __init__(self, name, description, kind, config_kwargs, make_inputs, seed):
+    def __init__(self, name, description, kind, config_kwargs, make_inputs, seed, matrix_gain=1.0,
+                 min_router_logit_gap=None):
         self.name = name
         self.description = description
         self.kind = kind  # "text" or "vlm"
         self.config_kwargs = config_kwargs
         self.make_inputs = make_inputs  # (generator) -> dict of tensors
         self.seed = seed
+        self.matrix_gain = matrix_gain  # tiny_models.reinitialise
+        # None: re-draw seeds until the fp32 margin check passes; else widen the routers' margins
+        # to this logit gap (router_margins.py) and refuse the case if any layer stays under it.
+        self.min_router_logit_gap = min_router_logit_gap
 
 
 # ---------------------------------------------------------------- inputs
@@ -131,6 +145,17 @@ def all_cases():
                   vlm_inputs([[("image", (1, 4, 4)), ("ve",), ("text", 5), ("text", 10)],
                               [("text", 6), ("vs",), ("image", (1, 2, 6)), ("ve",), ("text", 9)]]),
                   1005),
+        # Well-conditioned twins of text_two_rows and vlm_two_images (same shapes and inputs).
+        ModelCase("text_router_margin", "text_two_rows' shapes and inputs; matrices at gain "
+                  f"{kWellConditionedMatrixGain}, router logit gaps >= {kBf16RouterLogitGap} for every "
+                  "token and layer (well-conditioned for bf16)", "text", base, text_inputs(2, 37, [5, 11]),
+                  1006, kWellConditionedMatrixGain, kBf16RouterLogitGap),
+        ModelCase("vlm_router_margin", "vlm_two_images' shapes and inputs; matrices at gain "
+                  f"{kWellConditionedMatrixGain}, router logit gaps >= {kBf16RouterLogitGap} for every "
+                  "token and layer (well-conditioned for bf16)", "vlm", vlm,
+                  vlm_inputs([[("text", 5), ("vs",), ("image", (1, 4, 6)), ("ve",), ("text", 4),
+                               ("vs",), ("image", (1, 6, 2)), ("ve",), ("text", 7)]]),
+                  1007, kWellConditionedMatrixGain, kBf16RouterLogitGap),
     ]
 
 
@@ -158,14 +183,39 @@ def _text_config(model):
     return getattr(model.config, "text_config", model.config)
 
 
+def build_margin_model(case, class_name, log):
+    """One draw; the routers are nudged until every gap reaches case.min_router_logit_gap, which is
+    then measured again per layer; returns (model, inputs, seed, margins) or refuses the case."""
+    config = (tm.build_text_config(**case.config_kwargs) if case.kind == "text"
+              else tm.build_vlm_config(**case.config_kwargs))
+    model = tm.build_model(class_name, config, case.seed, case.matrix_gain)
+    inputs = case.make_inputs(torch.Generator().manual_seed(case.seed))
+    top_k = _text_config(model).num_experts_per_tok
+    forward = lambda: _forward(model, inputs, labels=False)  # noqa: E731
+    rm.widen_router_margins(model, forward, top_k, case.min_router_logit_gap, log)
+    margins = rm.layer_margins(model, forward, top_k)
+    for layer, (logit_gap, prob_gap) in enumerate(margins):
+        log(f"  layer {layer}: smallest router gap k-th vs (k+1)-th: logit {logit_gap:.3e}, prob {prob_gap:.3e}")
+    short = [layer for layer, (logit_gap, _) in enumerate(margins) if logit_gap < case.min_router_logit_gap]
+    if short:
+        raise tm.GoldenError(f"{case.name}: layers {short} have a router logit gap under "
+                             f"{case.min_router_logit_gap} after widening; the case would not be "
+                             "well-conditioned for bf16")
+    logit_gap = min(gap for gap, _ in margins)
+    prob_gap = min(gap for _, gap in margins)
+    return model, inputs, case.seed, (logit_gap, prob_gap)
+
+
 def build_checked_model(case, log):
     """Draws seeds until the router margins are comfortable; returns (model, inputs, seed, margins)."""
     class_name = "Qwen3_5MoeForCausalLM" if case.kind == "text" else "Qwen3_5MoeForConditionalGeneration"
+    if case.min_router_logit_gap is not None:
+        return build_margin_model(case, class_name, log)
     for attempt in range(kMaxSeedAttempts):
         seed = case.seed + 100000 * attempt
         config = (tm.build_text_config(**case.config_kwargs) if case.kind == "text"
                   else tm.build_vlm_config(**case.config_kwargs))
-        model = tm.build_model(class_name, config, seed)
+        model = tm.build_model(class_name, config, seed, case.matrix_gain)
         inputs = case.make_inputs(torch.Generator().manual_seed(seed))
         with torch.no_grad():
             outputs = _forward(model, inputs, labels=False)
@@ -331,6 +381,8 @@ def run_model_case(case, out_dir, versions, log):
         "seed": seed,
         "router_min_logit_gap": logit_gap,
         "router_min_prob_gap": prob_gap,
+        "matrix_gain": case.matrix_gain,
+        "required_router_logit_gap": case.min_router_logit_gap,
         "ce_loss": expected["ce_loss"].item(),
         "aux_loss": expected["aux_loss"].item(),
         "router_aux_loss_coef": _text_config(model).router_aux_loss_coef,

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (through the device tool, which sets $OUT): generates the golden
 # files with tools/golden/make_golden.py on the CPU and packs them as $OUT/golden.tar.gz.
-# Usage: bash tools/gpu/run_golden.sh [all|text|vlm|preprocess]
+# Usage: bash tools/gpu/run_golden.sh [all|text|vlm|preprocess] [case,case,...]
+#   The optional second argument writes only the named cases (make_golden.py --only), e.g.
+#   `bash tools/gpu/run_golden.sh all text_router_margin,vlm_router_margin`; the tarball then holds
+#   just those directories, so unpacking it leaves the other cases untouched.
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 export CUDA_VISIBLE_DEVICES=""   # the golden numbers are CPU fp32 by design
@@ -9,6 +12,7 @@ cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must name the folder whose files come back (the device tool sets it)}"
 PYTHON="${PYTHON:-python3}"
 CASES="${1:-all}"
+ONLY="${2:-}"
 kMaxTarBytes=$((16 * 1024 * 1024))
 
 "$PYTHON" - <<'PY'
@@ -24,7 +28,8 @@ PY
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-"$PYTHON" tools/golden/make_golden.py --out "$WORK/golden" --cases "$CASES" 2>&1 | tee "$OUT/make_golden.log"
+"$PYTHON" tools/golden/make_golden.py --out "$WORK/golden" --cases "$CASES" --only "$ONLY" 2>&1 |
+  tee "$OUT/make_golden.log"
 
 echo "--- listing (bytes)"
 (cd "$WORK" && find golden -type f -printf '%10s  %p\n' | sort -k2)
