@@ -31,10 +31,15 @@ def capture_router_inputs(model, forward):
     captured = [None] * len(gates)
     handles = []
     for index, (_, module) in enumerate(gates):
-        def hook(_module, args, kwargs, index=index):
-            value = args[0] if args else next(iter(kwargs.values()))
+        def hook(_module, args, kwargs=None, index=index):
+            value = args[0] if args else next(iter((kwargs or {}).values()), None)
+            if value is None:
+                raise tm.GoldenError(f"{gates[index][0]} was called without its input")
             captured[index] = value.detach().reshape(-1, value.shape[-1]).double().clone()
-        handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+        try:  # torch >= 2.0 also hands keyword arguments to the hook
+            handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+        except TypeError:
+            handles.append(module.register_forward_pre_hook(hook))
     try:
         with torch.no_grad():
             outputs = forward()
