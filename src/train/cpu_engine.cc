@@ -111,6 +111,7 @@ MicroBatchLoss CpuEngine::run_forward(const MicroBatch& batch, Pass* pass, std::
   TextModelInputs inputs;
   inputs.input_ids = pass->input_ids.data();
   inputs.shifted_labels = pass->shifted_labels.data();
+  if (!forced_routing_.empty()) inputs.forced_routing = &forced_routing_;
   if (config_.has_vision) {
     if (!batch.image_grid_thw.empty()) {
       const int64_t num_images = static_cast<int64_t>(batch.image_grid_thw.size());

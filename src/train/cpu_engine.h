@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/model_checkpoint.h"
@@ -26,6 +27,9 @@ class CpuEngine : public TrainEngine {
   MicroBatchLoss forward_backward(const MicroBatch& batch, double ce_token_weight, double aux_weight,
                                   float* grad) override;
   MicroBatchLoss forward(const MicroBatch& batch, std::vector<float>* logits = nullptr) override;
+  // Test hook: the experts per decoder layer (L entries of [T, K]) that the next passes use instead
+  // of the routers' top-k, e.g. another engine's choices; empty: the routers decide.
+  void set_forced_routing(std::vector<std::vector<int32_t>> routing) { forced_routing_ = std::move(routing); }
 
  private:
   struct Pass;  // one forward's state, kept for its backward
@@ -37,6 +41,7 @@ class CpuEngine : public TrainEngine {
   ParamMap text_params_;        // fp32, fused layout
   VisionParams vision_params_;  // fp32; empty for a text-only model
   TrainableParts trainable_;    // which parts have tensors in the layout: frozen parts skip their weight products
+  std::vector<std::vector<int32_t>> forced_routing_;  // set_forced_routing; empty: none
 };
 
 }  // namespace deltamoe

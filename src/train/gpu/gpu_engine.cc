@@ -302,6 +302,13 @@ double GpuEngine::training_flops(const MicroBatch& batch) const {
 
 size_t GpuEngine::peak_memory_bytes() const { return state_->peak_used_bytes; }
 
+std::vector<std::vector<int32_t>> GpuEngine::last_routing() const {
+  std::vector<std::vector<int32_t>> routing;
+  for (int64_t layer = 0; layer < state_->config.text.num_hidden_layers; ++layer)
+    routing.push_back(state_->text->read_topk_idx(layer));
+  return routing;
+}
+
 bool register_gpu_engine() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {

@@ -32,6 +32,9 @@ class GpuEngine : public TrainEngine {
   MicroBatchLoss forward(const MicroBatch& batch, std::vector<float>* logits = nullptr) override;
   double training_flops(const MicroBatch& batch) const override;
   size_t peak_memory_bytes() const override;
+  // Test hook: the experts the last pass chose per decoder layer (L entries of [T, K]; synchronises),
+  // e.g. to pin the CPU engine's routing to them (CpuEngine::set_forced_routing).
+  std::vector<std::vector<int32_t>> last_routing() const;
 
  private:
   struct State;
