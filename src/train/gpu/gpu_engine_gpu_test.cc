@@ -24,7 +24,13 @@ namespace deltamoe {
 namespace {
 
 // Bounds (engine.md): losses within 1e-2 relative, the whole flat gradient rel_l2 <= 2e-2, unless the
-// model's own conditioning says a bf16 rounding moves it further. The GPU rounds activations to
+// model's own conditioning says a bf16 rounding moves it further. The gradients are compared with
+// the CPU engine PINNED to the GPU's routing (CpuEngine::set_forced_routing, GpuEngine::last_routing),
+// and the sensitivity is measured pinned as well: the H200 run of 2026-12-02 showed the unpinned
+// per-tensor check failing on layer-2 MoE tensors (rel_l2 0.11-0.27, their own sensitivity ~1e-2)
+// while the flat gradient passed; the GPU's bf16 activations move router inputs by ~1e-2, far more
+// than one bf16 rounding of the weights, so near-tie tokens pick other experts there. The unpinned
+// comparison is printed (with the number of tokens routed differently), not asserted. The GPU rounds activations to
 // bf16 where the CPU keeps fp32 (same bf16 weights). Measured on the CPU (tiny-vl, std 0.02): scaling
 // every weight by (1 + u 2^-9), about one bf16 rounding, moves the flat gradient by 2e-3 .. 1.5e-2
 // (T = 97 .. 256), almost all of it routed experts at 8-18% (a near-tie sends a token to another
@@ -195,17 +201,34 @@ void compare_engines(const MicroBatch& batch, const FreezeOptions& freeze) {
   // Zeroed buffers (a constant running total would round small gradients away); that the engines
   // add to the buffer is AccumulatesMicroBatchesAndTakesNewWeights' check.
   const size_t n = static_cast<size_t>(layout.total_numel());
-  std::vector<float> cpu_grad(n, 0.0f), gpu_grad(n, 0.0f);
+  std::vector<float> cpu_free_grad(n, 0.0f), cpu_grad(n, 0.0f), gpu_grad(n, 0.0f);
   CpuEngine cpu(f.checkpoint, layout);
   cpu.set_trainable_weights(trainable.master.data());
-  const MicroBatchLoss cpu_loss = cpu.forward_backward(batch, ce_token_weight, aux_weight, cpu_grad.data());
-  // Conditioning: how far one bf16 rounding of every weight moves the CPU's gradient.
+  const MicroBatchLoss cpu_loss = cpu.forward_backward(batch, ce_token_weight, aux_weight, cpu_free_grad.data());
+  GpuEngine gpu(f.checkpoint, layout, EngineSizing{kTokenBudget, 0});
+  EXPECT_EQ(gpu.device_name().rfind("cuda:", 0), 0u) << gpu.device_name();
+  gpu.set_trainable_weights(trainable.master.data());
+  const MicroBatchLoss gpu_loss = gpu.forward_backward(batch, ce_token_weight, aux_weight, gpu_grad.data());
+  const std::vector<std::vector<int32_t>> gpu_routing = gpu.last_routing();
+  // The CPU engine again, following the GPU's expert choices. How far that moves the CPU's own
+  // gradient says whether the GPU routed any token differently (0: identical routing).
+  cpu.set_forced_routing(gpu_routing);
+  cpu.forward_backward(batch, ce_token_weight, aux_weight, cpu_grad.data());
+  const double pinning_move =
+      compare_values(cpu_grad.data(), cpu_free_grad.data(), static_cast<int64_t>(n)).rel_l2;
+  const double unpinned = compare_values(gpu_grad.data(), cpu_free_grad.data(), static_cast<int64_t>(n)).rel_l2;
+  std::printf("pinning the CPU to the GPU's routing moves its flat gradient by %.3e%s; GPU vs the free CPU: flat "
+              "rel_l2 %.3e (printed, not asserted)\n",
+              pinning_move, pinning_move == 0 ? " (the same routing)" : " (some tokens routed differently)", unpinned);
+  // Conditioning: how far one bf16 rounding of every weight moves the CPU's gradient, routing
+  // pinned to the GPU's as in the comparison.
   double sensitivity = 0, vision_sensitivity = 0;
   std::vector<double> tensor_sensitivity(static_cast<size_t>(layout.num_tensors()), 0.0);
   for (const uint32_t seed : {1u, 2u}) {
     const ModelCheckpoint perturbed = perturbed_checkpoint(f.checkpoint, seed);
     CpuEngine moved(perturbed, layout);
     moved.set_trainable_weights(build_trainable_params(perturbed, freeze).master.data());
+    moved.set_forced_routing(gpu_routing);
     std::vector<float> moved_grad(n, 0.0f);
     moved.forward_backward(batch, ce_token_weight, aux_weight, moved_grad.data());
     sensitivity =
@@ -220,12 +243,11 @@ void compare_engines(const MicroBatch& batch, const FreezeOptions& freeze) {
   }
   const double grad_bound = std::max(kGradRelL2, kSensitivityFactor * sensitivity);
   const double vision_bound = std::max(kVisionGradRelL2, kSensitivityFactor * vision_sensitivity);
-  std::printf("CPU sensitivity to one bf16 rounding of the weights: flat %.3e, vision %.3e -> bounds %.3e, %.3e\n",
+  std::printf("CPU sensitivity to one bf16 rounding of the weights (routing pinned): flat %.3e, vision %.3e -> "
+              "bounds %.3e, %.3e\n",
               sensitivity, vision_sensitivity, grad_bound, vision_bound);
-  GpuEngine gpu(f.checkpoint, layout, EngineSizing{kTokenBudget, 0});
-  EXPECT_EQ(gpu.device_name().rfind("cuda:", 0), 0u) << gpu.device_name();
-  gpu.set_trainable_weights(trainable.master.data());
-  const MicroBatchLoss gpu_loss = gpu.forward_backward(batch, ce_token_weight, aux_weight, gpu_grad.data());
+  std::printf("unpinned worst tensors (GPU vs the free CPU, printed only):\n");
+  print_worst_tensors(layout, gpu_grad, cpu_free_grad, tensor_sensitivity);
 
   std::printf("ce_sum  cpu %.6f gpu %.6f rel %.3e\n", cpu_loss.ce_sum, gpu_loss.ce_sum,
               rel_diff(gpu_loss.ce_sum, cpu_loss.ce_sum));
@@ -238,8 +260,8 @@ void compare_engines(const MicroBatch& batch, const FreezeOptions& freeze) {
   EXPECT_LE(rel_diff(gpu_loss.aux_loss, cpu_loss.aux_loss), kLossRel);
 
   const CompareResult whole = compare_values(gpu_grad.data(), cpu_grad.data(), static_cast<int64_t>(n));
-  std::printf("flat gradient (%zu values): max|diff| %.3e max|ref| %.3e rel_l2 %.3e%s\n", n, whole.max_abs_diff,
-              whole.max_abs_ref, whole.rel_l2, whole.all_finite ? "" : " NOT FINITE");
+  std::printf("flat gradient vs the pinned CPU (%zu values): max|diff| %.3e max|ref| %.3e rel_l2 %.3e%s\n", n,
+              whole.max_abs_diff, whole.max_abs_ref, whole.rel_l2, whole.all_finite ? "" : " NOT FINITE");
   print_worst_tensors(layout, gpu_grad, cpu_grad, tensor_sensitivity);
   EXPECT_TRUE(whole.all_finite);
   EXPECT_GT(whole.max_abs_ref, 0.0);
@@ -273,8 +295,8 @@ void compare_engines(const MicroBatch& batch, const FreezeOptions& freeze) {
     }
   }
 
-  // Evaluation: the same losses without a gradient; token accuracy counted on both sides (argmax
-  // near-ties may differ by a token or two).
+  // Evaluation: the same losses without a gradient (the CPU still pinned to the GPU's routing);
+  // token accuracy counted on both sides (argmax near-ties may differ by a token or two).
   const MicroBatchLoss cpu_eval = cpu.forward(batch);
   const MicroBatchLoss gpu_eval = gpu.forward(batch);
   std::printf("eval    cpu ce_sum %.6f correct %lld | gpu ce_sum %.6f correct %lld\n", cpu_eval.ce_sum,
