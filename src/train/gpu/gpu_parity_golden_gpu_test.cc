@@ -203,7 +203,8 @@ void compare_with(const std::string& case_name, const ParityResult& gpu, const R
       const std::string key = kind + worst_margin_name;
       const auto sens = judgement.sensitivity.find(key);
       std::printf("  %s vs %s: closest to its bound: %s%s bound %.3e (bf16 sensitivity %.3e), bound / error %.2f\n",
-                  case_name.c_str(), ref.label.c_str(), kind, worst_margin_name.c_str(), bound_or_default(judgement, key),
+                  case_name.c_str(), ref.label.c_str(), kind, worst_margin_name.c_str(),
+                  bound_or_default(judgement, key),
                   sens != judgement.sensitivity.end() ? sens->second : 0.0, worst_margin);
     }
     if (worst_vision >= 0)
