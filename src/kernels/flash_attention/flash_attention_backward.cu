@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "kernels/flash_attention/flash_attention_common.cuh"
 #include "kernels/flash_attention/flash_attention_cuda.h"
+#include "kernels/flash_attention/flash_attention_launch_checks.h"
 
 namespace deltamoe {
 namespace {
@@ -253,9 +254,7 @@ void flash_attention_backward_simt_cuda(const FlashAttentionShape& shape, const 
                                         __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, size_t workspace_bytes,
                                         cudaStream_t stream) {
   check_flash_attention_shape(shape, "flash_attention_backward_simt_cuda");
-  const size_t needed = flash_attention_backward_workspace_bytes(shape);
-  CHECK(workspace_bytes >= needed, "flash_attention_backward_simt_cuda: workspace of ", workspace_bytes,
-        " bytes is smaller than the ", needed, " bytes needed (flash_attention_backward_workspace_bytes)");
+  fa::check_backward_workspace(shape, workspace_bytes, "flash_attention_backward_simt_cuda");
   if (shape.num_tokens == 0) return;
   CHECK(q && k && v && out && lse && d_out && dq && dk && dv && workspace,
         "flash_attention_backward_simt_cuda: null tensor or workspace pointer");

@@ -14,8 +14,10 @@
 #include "core/error.h"
 #include "kernels/flash_attention/flash_attention_common.cuh"
 #include "kernels/flash_attention/flash_attention_cuda.h"
+#include "kernels/flash_attention/flash_attention_launch_checks.h"
 #include "kernels/flash_attention/flash_attention_mma.cuh"
 #include "kernels/flash_attention/flash_attention_pipeline.cuh"
+#include "kernels/flash_attention/flash_attention_rows.cuh"
 
 namespace deltamoe {
 namespace {
@@ -73,30 +75,15 @@ __global__ void __launch_bounds__(32 * kDqWarps, 2)
 
   const int num_tokens = static_cast<int>(shape.num_tokens), num_q_heads = static_cast<int>(shape.num_q_heads);
   const int num_kv_heads = static_cast<int>(shape.num_kv_heads), head_dim = static_cast<int>(shape.head_dim);
-  const int num_segments = static_cast<int>(shape.num_segments);
   const int head = blockIdx.y, kv_head = head / (num_q_heads / num_kv_heads);
   const int first_query = (gridDim.x - 1 - blockIdx.x) * kDqQueryRows;  // long causal rows first
-  const int last_query = min(first_query + kDqQueryRows, num_tokens) - 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group_row = lane / 4, pair_col = 2 * (lane % 4);
 
-  int row_query[2], row_key_begin[2], row_key_limit[2];
+  const fa::QueryRows rows = fa::query_rows(shape, first_query, kDqQueryRows, warp * 16, group_row);
+  const int block_key_begin = rows.block_key_begin, block_key_end = rows.block_key_end;
   float row_lse[2], row_delta[2];  // lse in log2 units
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int query = first_query + warp * 16 + group_row + 8 * r;
-    const bool valid = query < num_tokens;
-    const fa::Segment segment = fa::find_segment(shape.cu_seqlens, num_segments, min(query, last_query));
-    row_query[r] = query;
-    row_key_begin[r] = segment.begin;
-    row_key_limit[r] = !valid ? segment.begin : shape.causal ? query + 1 : segment.end;
-    const int64_t stat = static_cast<int64_t>(valid ? query : last_query) * num_q_heads + head;
-    row_lse[r] = lse[stat] * fa::kLog2e;
-    row_delta[r] = delta[stat];
-  }
-  const int block_key_begin = fa::find_segment(shape.cu_seqlens, num_segments, first_query).begin;
-  const int block_key_end =
-      shape.causal ? last_query + 1 : fa::find_segment(shape.cu_seqlens, num_segments, last_query).end;
+  fa::load_row_stats(row_lse, row_delta, rows, num_tokens, num_q_heads, head, lse, delta);
 
   // Group order: {Q, dO, V(0)}, {K(0)}; then per step {V(j+1)}, {K(j+1)}.
   fa::issue_tile_copy<kHeadDim, kStride>(q_tile, q, first_query, kDqQueryRows, num_tokens, num_q_heads, head,
@@ -112,8 +99,7 @@ __global__ void __launch_bounds__(32 * kDqWarps, 2)
 
   const float score_scale = shape.scale * fa::kLog2e;
   float dq_acc[kDimTiles][4];
-#pragma unroll
-  for (int n = 0; n < kDimTiles; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.0f;
+  fa::zero_fragments(dq_acc);
 
   for (int key0 = block_key_begin; key0 < block_key_end; key0 += kDqKeyRows) {
     const bool has_next = key0 + kDqKeyRows < block_key_end;
@@ -121,23 +107,10 @@ __global__ void __launch_bounds__(32 * kDqWarps, 2)
     __syncthreads();
 
     float d_prob[kKeyTiles][4], score[kKeyTiles][4];
-#pragma unroll
-    for (int j = 0; j < kKeyTiles; ++j) {
-      d_prob[j][0] = d_prob[j][1] = d_prob[j][2] = d_prob[j][3] = 0.0f;
-      score[j][0] = score[j][1] = score[j][2] = score[j][3] = 0.0f;
-    }
-#pragma unroll
-    for (int s = 0; s < kHeadDim / 16; ++s) {  // dP = dO V^T
-      uint32_t a[4];
-      fa::load_a_fragment<kStride>(a, do_tile, warp * 16, 16 * s, lane);
-#pragma unroll
-      for (int jj = 0; jj < kKeyTiles / 2; ++jj) {
-        uint32_t b[4];
-        fa::load_b_fragments_from_rows<kStride>(b, v_tile, 16 * jj, 16 * s, lane);
-        fa::mma_bf16_16x8x16(d_prob[2 * jj], a[0], a[1], a[2], a[3], b[0], b[1]);
-        fa::mma_bf16_16x8x16(d_prob[2 * jj + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
-      }
-    }
+    fa::zero_fragments(d_prob);
+    fa::zero_fragments(score);
+    // dP = dO V^T
+    fa::ldmatrix_rows_times_rows_t<kStride, kHeadDim / 16>(d_prob, do_tile, warp * 16, v_tile, lane);
 
     fa::cp_async_wait<0>();  // K(j) landed
     __syncthreads();         // ... for all threads; every warp is done with V(j)
@@ -147,43 +120,11 @@ __global__ void __launch_bounds__(32 * kDqWarps, 2)
       fa::cp_async_commit();
     }
 
-#pragma unroll
-    for (int s = 0; s < kHeadDim / 16; ++s) {  // S = Q K^T
-      uint32_t a[4];
-      fa::load_a_fragment<kStride>(a, q_tile, warp * 16, 16 * s, lane);
-#pragma unroll
-      for (int jj = 0; jj < kKeyTiles / 2; ++jj) {
-        uint32_t b[4];
-        fa::load_b_fragments_from_rows<kStride>(b, k_tile, 16 * jj, 16 * s, lane);
-        fa::mma_bf16_16x8x16(score[2 * jj], a[0], a[1], a[2], a[3], b[0], b[1]);
-        fa::mma_bf16_16x8x16(score[2 * jj + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kKeyTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2, key = key0 + 8 * j + pair_col + (e % 2);
-        const bool visible = key >= row_key_begin[r] && key < row_key_limit[r];
-        const float p = visible ? exp2f(score[j][e] * score_scale - row_lse[r]) : 0.0f;
-        score[j][e] = p * (d_prob[j][e] - row_delta[r]);  // dS, before the scale
-      }
-    }
+    // S = Q K^T
+    fa::ldmatrix_rows_times_rows_t<kStride, kHeadDim / 16>(score, q_tile, warp * 16, k_tile, lane);
+    fa::dscore_step(score, d_prob, rows, row_lse, row_delta, key0, pair_col, score_scale);
     // dQ += dS K: the dS accumulators of key tiles 2t, 2t+1 are the A fragment of k-step t.
-#pragma unroll
-    for (int t = 0; t < kDqKeyRows / 16; ++t) {
-      const uint32_t a0 = fa::pack_bf16(score[2 * t][0], score[2 * t][1]);
-      const uint32_t a1 = fa::pack_bf16(score[2 * t][2], score[2 * t][3]);
-      const uint32_t a2 = fa::pack_bf16(score[2 * t + 1][0], score[2 * t + 1][1]);
-      const uint32_t a3 = fa::pack_bf16(score[2 * t + 1][2], score[2 * t + 1][3]);
-#pragma unroll
-      for (int nn = 0; nn < kDimTiles / 2; ++nn) {
-        uint32_t b[4];
-        fa::load_b_fragments_from_columns<kStride>(b, k_tile, 16 * t, 16 * nn, lane);
-        fa::mma_bf16_16x8x16(dq_acc[2 * nn], a0, a1, a2, a3, b[0], b[1]);
-        fa::mma_bf16_16x8x16(dq_acc[2 * nn + 1], a0, a1, a2, a3, b[2], b[3]);
-      }
-    }
+    fa::ldmatrix_weights_times_tile<kStride>(dq_acc, score, k_tile, lane);
 
     if (has_next) {
       __syncthreads();  // every warp is done with K(j)
@@ -193,17 +134,7 @@ __global__ void __launch_bounds__(32 * kDqWarps, 2)
     }
   }
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (row_query[r] >= num_tokens) continue;
-    __nv_bfloat16* dq_row = dq + (static_cast<int64_t>(row_query[r]) * num_q_heads + head) * head_dim + pair_col;
-#pragma unroll
-    for (int n = 0; n < kDimTiles; ++n) {
-      if (8 * n >= head_dim) break;  // padding columns are not stored
-      *reinterpret_cast<__nv_bfloat162*>(dq_row + 8 * n) =
-          __floats2bfloat162_rn(dq_acc[n][2 * r] * shape.scale, dq_acc[n][2 * r + 1] * shape.scale);
-    }
-  }
+  fa::store_dq_rows(dq_acc, rows, num_tokens, num_q_heads, head, head_dim, pair_col, shape.scale, dq);
 }
 
 // ---- dK/dV pass ----
@@ -235,7 +166,6 @@ __global__ void __launch_bounds__(32 * kDkvWarps, 1)
 
   const int num_tokens = static_cast<int>(shape.num_tokens), num_q_heads = static_cast<int>(shape.num_q_heads);
   const int num_kv_heads = static_cast<int>(shape.num_kv_heads), head_dim = static_cast<int>(shape.head_dim);
-  const int num_segments = static_cast<int>(shape.num_segments);
   const int group = num_q_heads / num_kv_heads;
   const int kv_head = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -249,20 +179,8 @@ __global__ void __launch_bounds__(32 * kDkvWarps, 1)
     const int tile = pass == 0 ? static_cast<int>(blockIdx.x) : num_key_tiles - 1 - static_cast<int>(blockIdx.x);
     if (pass == 1 && tile == static_cast<int>(blockIdx.x)) break;  // odd count: the middle tile once
     const int first_key = tile * kDkvKeyRows;
-    const int last_key = min(first_key + kDkvKeyRows, num_tokens) - 1;
-
-    // Key j is seen by queries [causal ? j : segment.begin, segment.end); none for rows past T.
-    int row_query_from[2], row_query_to[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = first_key + key_group * 16 + group_row + 8 * r;
-      const fa::Segment segment = fa::find_segment(shape.cu_seqlens, num_segments, min(key, last_key));
-      row_query_from[r] = shape.causal ? key : segment.begin;
-      row_query_to[r] = key < num_tokens ? segment.end : 0;
-    }
-    const int block_query_begin =
-        shape.causal ? first_key : fa::find_segment(shape.cu_seqlens, num_segments, first_key).begin;
-    const int block_query_end = fa::find_segment(shape.cu_seqlens, num_segments, last_key).end;
+    const fa::KeyRows rows = fa::key_rows(shape, first_key, kDkvKeyRows, key_group * 16, group_row);
+    const int block_query_begin = rows.block_query_begin, block_query_end = rows.block_query_end;
     const int query_tiles = (block_query_end - block_query_begin + kDkvQueryRows - 1) / kDkvQueryRows;
     const int steps = group * query_tiles;  // (query head, query tile) pairs, >= 1
 
@@ -295,11 +213,8 @@ __global__ void __launch_bounds__(32 * kDkvWarps, 1)
     fa::cp_async_commit();
 
     float dk_acc[kAccTiles][4], dv_acc[kAccTiles][4];
-#pragma unroll
-    for (int n = 0; n < kAccTiles; ++n) {
-      dk_acc[n][0] = dk_acc[n][1] = dk_acc[n][2] = dk_acc[n][3] = 0.0f;
-      dv_acc[n][0] = dv_acc[n][1] = dv_acc[n][2] = dv_acc[n][3] = 0.0f;
-    }
+    fa::zero_fragments(dk_acc);
+    fa::zero_fragments(dv_acc);
 
     for (int step = 0; step < steps; ++step) {
       if (step + 1 < steps) {
@@ -319,11 +234,8 @@ __global__ void __launch_bounds__(32 * kDkvWarps, 1)
 
       // S^T and dP^T for this warp's 16 keys x 16 queries (half), over the whole head dim.
       float prob[2][4], d_score[2][4];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        prob[j][0] = prob[j][1] = prob[j][2] = prob[j][3] = 0.0f;
-        d_score[j][0] = d_score[j][1] = d_score[j][2] = d_score[j][3] = 0.0f;
-      }
+      fa::zero_fragments(prob);
+      fa::zero_fragments(d_score);
 #pragma unroll 4  // fully unrolled, the loads hoisted for latency push the 128 accumulators to spill
       for (int s = 0; s < kHeadDim / 16; ++s) {
         uint32_t a[4], b[4];
@@ -344,7 +256,7 @@ __global__ void __launch_bounds__(32 * kDkvWarps, 1)
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const int e = 2 * r + c, column = 16 * half + 8 * j + pair_col + c, query = query0 + column;
-            const bool visible = query >= row_query_from[r] && query < row_query_to[r];
+            const bool visible = query >= rows.query_from[r] && query < rows.query_to[r];
             p[c] = visible ? exp2f(prob[j][e] * score_scale - lse_tile[column] * fa::kLog2e) : 0.0f;
             ds[c] = p[c] * (d_score[j][e] - delta_tile[column]);
           }
@@ -356,49 +268,15 @@ __global__ void __launch_bounds__(32 * kDkvWarps, 1)
       __syncthreads();  // P^T and dS^T of all 32 queries visible
 
       // dV += P^T dO and dK += dS^T Q for 16 keys x this warp's half of D.
-#pragma unroll
-      for (int t = 0; t < kDkvQueryRows / 16; ++t) {
-        uint32_t a[4];
-        fa::load_a_fragment<kProbStride>(a, prob_tile, key_group * 16, 16 * t, lane);
-#pragma unroll
-        for (int nn = 0; nn < kAccTiles / 2; ++nn) {
-          uint32_t b[4];
-          fa::load_b_fragments_from_columns<kStride>(b, do_tile, 16 * t, half * kHalfDim + 16 * nn, lane);
-          fa::mma_bf16_16x8x16(dv_acc[2 * nn], a[0], a[1], a[2], a[3], b[0], b[1]);
-          fa::mma_bf16_16x8x16(dv_acc[2 * nn + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < kDkvQueryRows / 16; ++t) {
-        uint32_t a[4];
-        fa::load_a_fragment<kProbStride>(a, dscore_tile, key_group * 16, 16 * t, lane);
-#pragma unroll
-        for (int nn = 0; nn < kAccTiles / 2; ++nn) {
-          uint32_t b[4];
-          fa::load_b_fragments_from_columns<kStride>(b, q_tile, 16 * t, half * kHalfDim + 16 * nn, lane);
-          fa::mma_bf16_16x8x16(dk_acc[2 * nn], a[0], a[1], a[2], a[3], b[0], b[1]);
-          fa::mma_bf16_16x8x16(dk_acc[2 * nn + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
-        }
-      }
+      fa::ldmatrix_shared_times_tile<kProbStride, kStride, kDkvQueryRows / 16>(dv_acc, prob_tile, key_group * 16,
+                                                                               do_tile, half * kHalfDim, lane);
+      fa::ldmatrix_shared_times_tile<kProbStride, kStride, kDkvQueryRows / 16>(dk_acc, dscore_tile, key_group * 16,
+                                                                               q_tile, half * kHalfDim, lane);
       __syncthreads();  // this step's buffers, P^T and dS^T are free for reuse
     }
 
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = first_key + key_group * 16 + group_row + 8 * r;
-      if (key >= num_tokens) continue;
-      const int first_col = half * kHalfDim;
-      const int64_t offset =
-          (static_cast<int64_t>(key) * num_kv_heads + kv_head) * head_dim + first_col + pair_col;
-#pragma unroll
-      for (int n = 0; n < kAccTiles; ++n) {
-        if (first_col + 8 * n >= head_dim) break;  // padding columns
-        *reinterpret_cast<__nv_bfloat162*>(dk + offset + 8 * n) =
-            __floats2bfloat162_rn(dk_acc[n][2 * r] * shape.scale, dk_acc[n][2 * r + 1] * shape.scale);
-        *reinterpret_cast<__nv_bfloat162*>(dv + offset + 8 * n) =
-            __floats2bfloat162_rn(dv_acc[n][2 * r], dv_acc[n][2 * r + 1]);
-      }
-    }
+    fa::store_dk_dv_rows(dk_acc, dv_acc, rows.key, num_tokens, num_kv_heads, kv_head, head_dim, half * kHalfDim,
+                         pair_col, shape.scale, dk, dv);
   }
 }
 
@@ -413,18 +291,13 @@ void flash_attention_backward_fast_cuda(const FlashAttentionShape& shape, const 
   check_flash_attention_shape(shape, where);
   CHECK(flash_attention_fast_supported(shape), where, ": head dim ", shape.head_dim,
         " is not a multiple of 8 in (128, 256] (use flash_attention_backward_cuda, which falls back)");
-  const size_t needed = flash_attention_backward_workspace_bytes(shape);
-  CHECK(workspace_bytes >= needed, where, ": workspace of ", workspace_bytes, " bytes is smaller than the ", needed,
-        " bytes needed (flash_attention_backward_workspace_bytes)");
+  fa::check_backward_workspace(shape, workspace_bytes, where);
   if (shape.num_tokens == 0) return;
-  CHECK(q && k && v && out && lse && d_out && dq && dk && dv && workspace, where, ": null tensor or workspace pointer");
-  for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k), static_cast<const void*>(v),
-                        static_cast<const void*>(out), static_cast<const void*>(d_out)})
-    CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, where, ": q, k, v, out and d_out must be 16-byte aligned");
-  for (const void* p : {static_cast<const void*>(dq), static_cast<const void*>(dk), static_cast<const void*>(dv)})
-    CHECK(reinterpret_cast<uintptr_t>(p) % 4 == 0, where, ": dq, dk and dv must be 4-byte aligned");
-  CHECK(reinterpret_cast<uintptr_t>(lse) % 4 == 0 && reinterpret_cast<uintptr_t>(workspace) % 4 == 0, where,
-        ": lse and workspace must be 4-byte aligned");
+  fa::check_backward_mma_pointers(q, k, v, out, lse, d_out, dq, dk, dv, workspace, where);
+  // The warp-per-row delta kernel reads out in 16-byte vectors; the dK/dV pass copies lse and delta by
+  // 4-byte cp.async.
+  CHECK(fa::is_aligned(out, 16), where, ": out must be 16-byte aligned");
+  CHECK(fa::is_aligned(lse, 4) && fa::is_aligned(workspace, 4), where, ": lse and workspace must be 4-byte aligned");
 
   float* delta = static_cast<float*>(workspace);
   const int64_t rows = shape.num_tokens * shape.num_q_heads;

@@ -13,17 +13,15 @@
 #include "core/error.h"
 #include "kernels/flash_attention/flash_attention_common.cuh"
 #include "kernels/flash_attention/flash_attention_cuda.h"
+#include "kernels/flash_attention/flash_attention_launch_checks.h"
 #include "kernels/flash_attention/flash_attention_mma.cuh"
+#include "kernels/flash_attention/flash_attention_rows.cuh"
 
 namespace deltamoe {
 namespace {
 
 namespace fa = flash_attention_detail;
-using fa::load_column_pair;
-using fa::load_pair;
 using fa::load_tile;
-using fa::mma_bf16_16x8x16;
-using fa::pack_bf16;
 
 constexpr int kThreads = 32 * fa::kMmaWarps;
 constexpr int kRows = fa::kTileRows;  // 64 rows per block and per tile
@@ -42,49 +40,6 @@ __global__ void __launch_bounds__(fa::kThreadsPerBlock)
   }
   partial = fa::row_sum(partial);
   if (row < rows && lane == 0) delta[row] = partial;
-}
-
-// S (16 x 64 per warp) += A_rows . B_rows^T over the head dim, both row-major shared tiles: A rows
-// are this warp's 16 rows, B rows the 64 columns of the result.
-template <int kHeadDim>
-__device__ inline void rows_times_rows_t(float (&c)[kColumnTiles][4], const uint16_t* a_rows,
-                                         const uint16_t* b_tile, int group_row, int pair_col) {
-  constexpr int kStride = kHeadDim + fa::kPad;
-#pragma unroll
-  for (int j = 0; j < kColumnTiles; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
-#pragma unroll
-  for (int s = 0; s < kHeadDim / 16; ++s) {
-    const uint16_t* a = a_rows + group_row * kStride + 16 * s + pair_col;
-    const uint32_t a0 = load_pair(a), a1 = load_pair(a + 8 * kStride);
-    const uint32_t a2 = load_pair(a + 8), a3 = load_pair(a + 8 * kStride + 8);
-#pragma unroll
-    for (int j = 0; j < kColumnTiles; ++j) {
-      const uint16_t* b = b_tile + (8 * j + group_row) * kStride + 16 * s + pair_col;
-      mma_bf16_16x8x16(c[j], a0, a1, a2, a3, load_pair(b), load_pair(b + 8));
-    }
-  }
-}
-
-// acc (16 x kAccDim) += W . tile[:, first_col : first_col + kAccDim], W (16 x 64) given as C
-// fragments (converted to bf16 A fragments here), tile a row-major shared [64, kHeadDim] tile.
-template <int kHeadDim, int kAccDim>
-__device__ inline void weights_times_tile(float (&acc)[kAccDim / 8][4], const float (&w)[kColumnTiles][4],
-                                          const uint16_t* tile, int first_col, int group_row, int pair_col) {
-  constexpr int kStride = kHeadDim + fa::kPad;
-#pragma unroll
-  for (int t = 0; t < kRows / 16; ++t) {
-    const uint32_t a0 = pack_bf16(w[2 * t][0], w[2 * t][1]);
-    const uint32_t a1 = pack_bf16(w[2 * t][2], w[2 * t][3]);
-    const uint32_t a2 = pack_bf16(w[2 * t + 1][0], w[2 * t + 1][1]);
-    const uint32_t a3 = pack_bf16(w[2 * t + 1][2], w[2 * t + 1][3]);
-    const uint16_t* b = tile + (16 * t + pair_col) * kStride + first_col + group_row;
-#pragma unroll
-    for (int n = 0; n < kAccDim / 8; ++n) {
-      const uint16_t* column = b + 8 * n;
-      mma_bf16_16x8x16(acc[n], a0, a1, a2, a3, load_column_pair<kStride>(column),
-                       load_column_pair<kStride>(column + 8 * kStride));
-    }
-  }
 }
 
 template <int kHeadDim>
@@ -107,30 +62,15 @@ __global__ void __launch_bounds__(kThreads)
 
   const int num_tokens = static_cast<int>(shape.num_tokens), num_q_heads = static_cast<int>(shape.num_q_heads);
   const int num_kv_heads = static_cast<int>(shape.num_kv_heads), head_dim = static_cast<int>(shape.head_dim);
-  const int num_segments = static_cast<int>(shape.num_segments);
   const int head = blockIdx.y, kv_head = head / (num_q_heads / num_kv_heads);
   const int first_query = (gridDim.x - 1 - blockIdx.x) * kRows;  // long causal rows first
-  const int last_query = min(first_query + kRows, num_tokens) - 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group_row = lane / 4, pair_col = 2 * (lane % 4);
 
-  int row_query[2], row_key_begin[2], row_key_limit[2];
+  const fa::QueryRows rows = fa::query_rows(shape, first_query, kRows, warp * 16, group_row);
+  const int block_key_begin = rows.block_key_begin, block_key_end = rows.block_key_end;
   float row_lse[2], row_delta[2];  // lse in log2 units
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int query = first_query + warp * 16 + group_row + 8 * r;
-    const bool valid = query < num_tokens;
-    const fa::Segment segment = fa::find_segment(shape.cu_seqlens, num_segments, min(query, last_query));
-    row_query[r] = query;
-    row_key_begin[r] = segment.begin;
-    row_key_limit[r] = !valid ? segment.begin : shape.causal ? query + 1 : segment.end;
-    const int64_t stat = static_cast<int64_t>(valid ? query : last_query) * num_q_heads + head;
-    row_lse[r] = lse[stat] * fa::kLog2e;
-    row_delta[r] = delta[stat];
-  }
-  const int block_key_begin = fa::find_segment(shape.cu_seqlens, num_segments, first_query).begin;
-  const int block_key_end =
-      shape.causal ? last_query + 1 : fa::find_segment(shape.cu_seqlens, num_segments, last_query).end;
+  fa::load_row_stats(row_lse, row_delta, rows, num_tokens, num_q_heads, head, lse, delta);
 
   load_tile<kHeadDim>(q_tile, q, first_query, kRows, num_tokens, num_q_heads, head, head_dim);
   load_tile<kHeadDim>(do_tile, d_out, first_query, kRows, num_tokens, num_q_heads, head, head_dim);
@@ -139,8 +79,7 @@ __global__ void __launch_bounds__(kThreads)
   const float score_scale = shape.scale * fa::kLog2e;
 
   float dq_acc[kHeadDim / 8][4];
-#pragma unroll
-  for (int n = 0; n < kHeadDim / 8; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.0f;
+  fa::zero_fragments(dq_acc);
 
   for (int key0 = block_key_begin; key0 < block_key_end; key0 += kRows) {
     __syncthreads();
@@ -148,32 +87,13 @@ __global__ void __launch_bounds__(kThreads)
     load_tile<kHeadDim>(v_tile, v, key0, kRows, block_key_end, num_kv_heads, kv_head, head_dim);
     __syncthreads();
     float score[kColumnTiles][4], d_prob[kColumnTiles][4];
-    rows_times_rows_t<kHeadDim>(score, q_rows, k_tile, group_row, pair_col);
-    rows_times_rows_t<kHeadDim>(d_prob, do_rows, v_tile, group_row, pair_col);
-#pragma unroll
-    for (int j = 0; j < kColumnTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2, key = key0 + 8 * j + pair_col + (e % 2);
-        const bool visible = key >= row_key_begin[r] && key < row_key_limit[r];
-        const float p = visible ? exp2f(score[j][e] * score_scale - row_lse[r]) : 0.0f;
-        score[j][e] = p * (d_prob[j][e] - row_delta[r]);  // dS, before the scale
-      }
-    }
-    weights_times_tile<kHeadDim, kHeadDim>(dq_acc, score, k_tile, 0, group_row, pair_col);
+    fa::rows_times_rows_t<kHeadDim>(score, q_rows, k_tile, group_row, pair_col);
+    fa::rows_times_rows_t<kHeadDim>(d_prob, do_rows, v_tile, group_row, pair_col);
+    fa::dscore_step(score, d_prob, rows, row_lse, row_delta, key0, pair_col, score_scale);
+    fa::weights_times_tile<kHeadDim, kHeadDim>(dq_acc, score, k_tile, 0, group_row, pair_col);
   }
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (row_query[r] >= num_tokens) continue;
-    __nv_bfloat16* dq_row = dq + (static_cast<int64_t>(row_query[r]) * num_q_heads + head) * head_dim + pair_col;
-#pragma unroll
-    for (int n = 0; n < kHeadDim / 8; ++n) {
-      if (8 * n >= head_dim) break;  // padding columns are not stored (head_dim is a multiple of 8)
-      *reinterpret_cast<__nv_bfloat162*>(dq_row + 8 * n) =
-          __floats2bfloat162_rn(dq_acc[n][2 * r] * shape.scale, dq_acc[n][2 * r + 1] * shape.scale);
-    }
-  }
+  fa::store_dq_rows(dq_acc, rows, num_tokens, num_q_heads, head, head_dim, pair_col, shape.scale, dq);
 }
 
 // Blocks per key tile in the dK/dV pass, each accumulating one slice of the head dim (S^T and
@@ -203,27 +123,14 @@ __global__ void __launch_bounds__(kThreads)
 
   const int num_tokens = static_cast<int>(shape.num_tokens), num_q_heads = static_cast<int>(shape.num_q_heads);
   const int num_kv_heads = static_cast<int>(shape.num_kv_heads), head_dim = static_cast<int>(shape.head_dim);
-  const int num_segments = static_cast<int>(shape.num_segments);
   const int group = num_q_heads / num_kv_heads;
   const int kv_head = blockIdx.y;
   const int first_key = blockIdx.x * kRows;  // early causal keys see the most queries: they come first
-  const int last_key = min(first_key + kRows, num_tokens) - 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group_row = lane / 4, pair_col = 2 * (lane % 4);
 
-  // Key j is seen by queries [causal ? j : segment.begin, segment.end); none for rows past T.
-  int row_key[2], row_query_from[2], row_query_to[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = first_key + warp * 16 + group_row + 8 * r;
-    const fa::Segment segment = fa::find_segment(shape.cu_seqlens, num_segments, min(key, last_key));
-    row_key[r] = key;
-    row_query_from[r] = shape.causal ? key : segment.begin;
-    row_query_to[r] = key < num_tokens ? segment.end : 0;
-  }
-  const int block_query_begin =
-      shape.causal ? first_key : fa::find_segment(shape.cu_seqlens, num_segments, first_key).begin;
-  const int block_query_end = fa::find_segment(shape.cu_seqlens, num_segments, last_key).end;
+  const fa::KeyRows rows = fa::key_rows(shape, first_key, kRows, warp * 16, group_row);
+  const int block_query_begin = rows.block_query_begin, block_query_end = rows.block_query_end;
 
   load_tile<kHeadDim>(k_tile, k, first_key, kRows, num_tokens, num_kv_heads, kv_head, head_dim);
   load_tile<kHeadDim>(v_tile, v, first_key, kRows, num_tokens, num_kv_heads, kv_head, head_dim);
@@ -234,11 +141,8 @@ __global__ void __launch_bounds__(kThreads)
   {
     const int first_col = blockIdx.z * kAccDim;  // this block's slice of the head dim
     float dk_acc[kAccDim / 8][4], dv_acc[kAccDim / 8][4];
-#pragma unroll
-    for (int n = 0; n < kAccDim / 8; ++n) {
-      dk_acc[n][0] = dk_acc[n][1] = dk_acc[n][2] = dk_acc[n][3] = 0.0f;
-      dv_acc[n][0] = dv_acc[n][1] = dv_acc[n][2] = dv_acc[n][3] = 0.0f;
-    }
+    fa::zero_fragments(dk_acc);
+    fa::zero_fragments(dv_acc);
     for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
       for (int query0 = block_query_begin; query0 < block_query_end; query0 += kRows) {
         __syncthreads();  // previous Q/dO tile no longer read (and K/V complete on the first pass)
@@ -252,37 +156,25 @@ __global__ void __launch_bounds__(kThreads)
         }
         __syncthreads();
         float prob[kColumnTiles][4], d_score[kColumnTiles][4];  // rows: keys, columns: queries
-        rows_times_rows_t<kHeadDim>(prob, k_rows, q_tile, group_row, pair_col);
-        rows_times_rows_t<kHeadDim>(d_score, v_rows, do_tile, group_row, pair_col);
+        fa::rows_times_rows_t<kHeadDim>(prob, k_rows, q_tile, group_row, pair_col);
+        fa::rows_times_rows_t<kHeadDim>(d_score, v_rows, do_tile, group_row, pair_col);
 #pragma unroll
         for (int j = 0; j < kColumnTiles; ++j) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int r = e / 2, column = 8 * j + pair_col + (e % 2), query = query0 + column;
-            const bool visible = query >= row_query_from[r] && query < row_query_to[r];
+            const bool visible = query >= rows.query_from[r] && query < rows.query_to[r];
             const float p = visible ? exp2f(prob[j][e] * score_scale - lse_tile[column]) : 0.0f;
             prob[j][e] = p;
             d_score[j][e] = p * (d_score[j][e] - delta_tile[column]);
           }
         }
-        weights_times_tile<kHeadDim, kAccDim>(dv_acc, prob, do_tile, first_col, group_row, pair_col);
-        weights_times_tile<kHeadDim, kAccDim>(dk_acc, d_score, q_tile, first_col, group_row, pair_col);
+        fa::weights_times_tile<kHeadDim, kAccDim>(dv_acc, prob, do_tile, first_col, group_row, pair_col);
+        fa::weights_times_tile<kHeadDim, kAccDim>(dk_acc, d_score, q_tile, first_col, group_row, pair_col);
       }
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if (row_key[r] >= num_tokens) continue;
-      const int64_t offset = (static_cast<int64_t>(row_key[r]) * num_kv_heads + kv_head) * head_dim + first_col +
-                             pair_col;
-#pragma unroll
-      for (int n = 0; n < kAccDim / 8; ++n) {
-        if (first_col + 8 * n >= head_dim) break;  // padding columns
-        *reinterpret_cast<__nv_bfloat162*>(dk + offset + 8 * n) =
-            __floats2bfloat162_rn(dk_acc[n][2 * r] * shape.scale, dk_acc[n][2 * r + 1] * shape.scale);
-        *reinterpret_cast<__nv_bfloat162*>(dv + offset + 8 * n) =
-            __floats2bfloat162_rn(dv_acc[n][2 * r], dv_acc[n][2 * r + 1]);
-      }
-    }
+    fa::store_dk_dv_rows(dk_acc, dv_acc, rows.key, num_tokens, num_kv_heads, kv_head, head_dim, first_col, pair_col,
+                         shape.scale, dk, dv);
   }
 }
 
@@ -319,16 +211,9 @@ void flash_attention_backward_mma_cuda(const FlashAttentionShape& shape, const _
   check_flash_attention_shape(shape, where);
   CHECK(flash_attention_backward_mma_supported(shape), where, ": head dim ", shape.head_dim,
         " is not a multiple of 8 (use flash_attention_backward_cuda, which falls back)");
-  const size_t needed = flash_attention_backward_workspace_bytes(shape);
-  CHECK(workspace_bytes >= needed, where, ": workspace of ", workspace_bytes, " bytes is smaller than the ", needed,
-        " bytes needed (flash_attention_backward_workspace_bytes)");
+  fa::check_backward_workspace(shape, workspace_bytes, where);
   if (shape.num_tokens == 0) return;
-  CHECK(q && k && v && out && lse && d_out && dq && dk && dv && workspace, where, ": null tensor or workspace pointer");
-  for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k), static_cast<const void*>(v),
-                        static_cast<const void*>(d_out)})
-    CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, where, ": q, k, v and d_out must be 16-byte aligned");
-  for (const void* p : {static_cast<const void*>(dq), static_cast<const void*>(dk), static_cast<const void*>(dv)})
-    CHECK(reinterpret_cast<uintptr_t>(p) % 4 == 0, where, ": dq, dk and dv must be 4-byte aligned");
+  fa::check_backward_mma_pointers(q, k, v, out, lse, d_out, dq, dk, dv, workspace, where);
   float* delta = static_cast<float*>(workspace);
   const int64_t rows = shape.num_tokens * shape.num_q_heads;
   delta_kernel<<<static_cast<unsigned>((rows + fa::kRowsPerBlock - 1) / fa::kRowsPerBlock), fa::kThreadsPerBlock, 0,

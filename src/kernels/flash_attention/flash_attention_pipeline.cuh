@@ -1,12 +1,15 @@
 // Building blocks of the pipelined flash-attention kernels (flash_attention_*_fast.cu): cp.async
 // 16-byte copies global -> shared with zero fill, and ldmatrix fragment loads (plain and .trans)
-// of m16n8k16 operands from padded row-major shared tiles. sm_80 and newer.
+// of m16n8k16 operands from padded row-major shared tiles, and the warp products built on them.
+// sm_80 and newer.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "kernels/flash_attention/flash_attention_mma.cuh"
 
 namespace deltamoe::flash_attention_detail {
 
@@ -84,6 +87,65 @@ __device__ inline void issue_tile_copy(uint16_t* tile, const __nv_bfloat16* sour
     const __nv_bfloat16* from =
         valid ? source + (static_cast<int64_t>(token) * num_heads + head) * head_dim + vec * 8 : source;
     cp_async_16(tile + row * kStride + vec * 8, from, valid);
+  }
+}
+
+// C (16 x 8 * kColumnTiles per warp) += A . B_rows^T over kDimSteps k-steps of 16, operands by
+// ldmatrix: A rows a_row0.. of a_tile, B rows 0.. of b_tile are the result's columns (Q K^T, dO V^T).
+template <int kStride, int kDimSteps, int kColumnTiles>
+__device__ __forceinline__ void ldmatrix_rows_times_rows_t(float (&c)[kColumnTiles][4], const uint16_t* a_tile,
+                                                           int a_row0, const uint16_t* b_tile, int lane) {
+#pragma unroll
+  for (int s = 0; s < kDimSteps; ++s) {
+    uint32_t a[4];
+    load_a_fragment<kStride>(a, a_tile, a_row0, 16 * s, lane);
+#pragma unroll
+    for (int jj = 0; jj < kColumnTiles / 2; ++jj) {
+      uint32_t b[4];
+      load_b_fragments_from_rows<kStride>(b, b_tile, 16 * jj, 16 * s, lane);
+      mma_bf16_16x8x16(c[2 * jj], a[0], a[1], a[2], a[3], b[0], b[1]);
+      mma_bf16_16x8x16(c[2 * jj + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+    }
+  }
+}
+
+// acc (16 x 8 * kAccTiles) += W . tile[:, 0 : 8 * kAccTiles], W given as kWeightTiles C fragments
+// (rounded to bf16 A fragments), tile rows the reduction index read by ldmatrix.trans (P V, dS K).
+template <int kStride, int kAccTiles, int kWeightTiles>
+__device__ __forceinline__ void ldmatrix_weights_times_tile(float (&acc)[kAccTiles][4],
+                                                            const float (&w)[kWeightTiles][4], const uint16_t* tile,
+                                                            int lane) {
+#pragma unroll
+  for (int t = 0; t < kWeightTiles / 2; ++t) {
+    uint32_t a[4];
+    accumulators_as_a_fragment(a, w, t);
+#pragma unroll
+    for (int nn = 0; nn < kAccTiles / 2; ++nn) {
+      uint32_t b[4];
+      load_b_fragments_from_columns<kStride>(b, tile, 16 * t, 16 * nn, lane);
+      mma_bf16_16x8x16(acc[2 * nn], a[0], a[1], a[2], a[3], b[0], b[1]);
+      mma_bf16_16x8x16(acc[2 * nn + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+    }
+  }
+}
+
+// acc (16 x 8 * kAccTiles) += A . tile[:, first_col ..], A (16 x 16 * kDimSteps) rows a_row0.. of
+// the row-major shared a_tile, tile rows the reduction index (P^T dO, dS^T Q): both by ldmatrix.
+template <int kAStride, int kStride, int kDimSteps, int kAccTiles>
+__device__ __forceinline__ void ldmatrix_shared_times_tile(float (&acc)[kAccTiles][4], const uint16_t* a_tile,
+                                                           int a_row0, const uint16_t* tile, int first_col,
+                                                           int lane) {
+#pragma unroll
+  for (int t = 0; t < kDimSteps; ++t) {
+    uint32_t a[4];
+    load_a_fragment<kAStride>(a, a_tile, a_row0, 16 * t, lane);
+#pragma unroll
+    for (int nn = 0; nn < kAccTiles / 2; ++nn) {
+      uint32_t b[4];
+      load_b_fragments_from_columns<kStride>(b, tile, 16 * t, first_col + 16 * nn, lane);
+      mma_bf16_16x8x16(acc[2 * nn], a[0], a[1], a[2], a[3], b[0], b[1]);
+      mma_bf16_16x8x16(acc[2 * nn + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+    }
   }
 }
 
