@@ -8,6 +8,7 @@
 
 #include "core/cuda_check.h"
 #include "kernels/grouped_gemm/grouped_gemm_cuda.h"
+#include "kernels/grouped_gemm/grouped_gemm_device.cuh"
 #include "kernels/grouped_gemm/grouped_gemm_kernels_cuda.h"
 
 namespace deltamoe {
@@ -33,7 +34,14 @@ constexpr int kPad = 8;  // nvbf16 elements of row padding: breaks bank conflict
 constexpr int kWarpM = 64, kWarpN = 32;
 constexpr int kFragsM = kWarpM / 16, kFragsN = kWarpN / 16;
 
-enum Epilogue : int { kStoreBf16 = 0, kStoreF32 = 1, kAddF32 = 2 };
+using grouped_gemm_detail::aligned16;
+using grouped_gemm_detail::cp_async_commit;
+using grouped_gemm_detail::cp_async_wait;
+using grouped_gemm_detail::GroupedParams;
+using grouped_gemm_detail::kAddF32;
+using grouped_gemm_detail::kStoreBf16;
+using grouped_gemm_detail::kStoreF32;
+using grouped_gemm_detail::TileSource;
 
 // Elements of one stage of a tile held k-major ([rows][K]) or k-outer ([K][rows]).
 template <bool kKMajor, int kRows>
@@ -41,30 +49,16 @@ constexpr int stage_elems() {
   return kKMajor ? kRows * (kTileK + kPad) : kTileK * (kRows + kPad);
 }
 
-// One operand tile: logical element (row, k) of the tile lives at base[row * ld + k] (k-major)
-// or base[k * ld + row] (k-outer); rows >= rows_valid and k >= k_valid read as zero.
-struct OperandTile {
-  const nvbf16* base;
-  int64_t ld;
-  int rows_valid;
-  int k_valid;
-};
-
 __device__ __forceinline__ void cp_async_16(void* smem, const void* global) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
 // Copies the k-slice [k0, k0 + kTileK) of a tile into shared memory. Aligned: 16-byte cp.async
 // chunks (the launcher guarantees that the contiguous extent is a multiple of 8 and the base
 // 16-byte aligned, so a chunk is wholly inside or wholly outside). Otherwise element by element.
 template <bool kKMajor, int kRows, bool kAligned>
-__device__ __forceinline__ void load_tile(nvbf16* smem, const OperandTile& t, int k0) {
+__device__ __forceinline__ void load_tile(nvbf16* smem, const TileSource& t, int k0) {
   const int tid = threadIdx.x;
   if constexpr (kAligned) {
     constexpr int kChunksPerLine = kKMajor ? kTileK / 8 : kRows / 8;
@@ -117,16 +111,6 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float* v) {
   return make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
 }
 
-struct GroupedParams {
-  const nvbf16* a;
-  const nvbf16* b;
-  void* c;
-  const int32_t* offsets;
-  const int32_t* tile_starts;  // rows mode only
-  int num_groups;
-  int m, n, k;  // rows mode: n, k (rows come from offsets); weight mode: m, n (k from offsets)
-};
-
 // Rows mode (kRowsMode): A [R, K] k-major, B_g [N, K] (kBKMajor) or [K, N], C [R, N].
 // Weight mode: A [R, M] and B [R, N] both k-outer with K = the group's rows, C_g [M, N] f32 +=.
 template <bool kRowsMode, bool kBKMajor, bool kAligned, int kEpilogue>
@@ -139,7 +123,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedParams p)
   nvbf16* smem_b = smem_a + kStages * kStageA;
   float* scratch = reinterpret_cast<float*>(smem_b + kStages * kStageB);  // 16x16 floats per warp
 
-  OperandTile ta, tb;
+  TileSource ta, tb;
   float* c_f32 = nullptr;
   nvbf16* c_bf16 = nullptr;
   int64_t ldc;
@@ -148,24 +132,15 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedParams p)
   if constexpr (kRowsMode) {
     const int tile = blockIdx.x;
     if (tile >= p.tile_starts[p.num_groups]) return;
-    // The group of this tile: the last g with tile_starts[g] <= tile (skips empty groups).
-    int lo = 0, hi = p.num_groups - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (p.tile_starts[mid] <= tile)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    const int g = lo;
+    const int g = grouped_gemm_detail::find_tile_group(p.tile_starts, p.num_groups, tile, 1);
     const int m0 = p.offsets[g] + (tile - p.tile_starts[g]) * kTileM;
     rows_valid = p.offsets[g + 1] - m0;
     cols_valid = p.n - n0;
     k_extent = p.k;
     ta = {p.a + static_cast<int64_t>(m0) * p.k, p.k, rows_valid, p.k};
     const nvbf16* b_g = p.b + static_cast<int64_t>(g) * p.n * p.k;
-    tb = kBKMajor ? OperandTile{b_g + static_cast<int64_t>(n0) * p.k, p.k, cols_valid, p.k}
-                  : OperandTile{b_g + n0, p.n, cols_valid, p.k};
+    tb = kBKMajor ? TileSource{b_g + static_cast<int64_t>(n0) * p.k, p.k, cols_valid, p.k}
+                  : TileSource{b_g + n0, p.n, cols_valid, p.k};
     ldc = p.n;
     const int64_t c_offset = static_cast<int64_t>(m0) * p.n + n0;
     if constexpr (kEpilogue == kStoreBf16)
@@ -330,8 +305,6 @@ void launch(const GroupedParams& params, dim3 grid, cudaStream_t stream) {
   kernel<<<grid, kThreads, kSmem, stream>>>(params);
   CUDA_CHECK_LAUNCH();
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The mma.sync block tile for a caller's kernel choice (automatic: the default for the product kind).
 grouped_gemm_detail::MmaTile mma_tile(GroupedGemmKernel kernel, grouped_gemm_detail::MmaTile automatic_tile) {

@@ -34,6 +34,9 @@ namespace grouped_gemm_detail {
 // per SM, half the shared-memory reads per product).
 enum class MmaTile { square, wide };
 
+// Whether a device pointer allows 16-byte vector accesses (both kernels' fast copies need it).
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // The mma.sync kernel needs every contiguous extent a multiple of 8 bf16 (16-byte chunks wholly
 // inside or outside) and 16-byte aligned bases; sizes were validated by the public launcher.
 bool mma_applies(const void* a, const void* b, const void* c, int64_t contiguous_1, int64_t contiguous_2);

@@ -6,6 +6,7 @@
 
 #include "core/cuda_check.h"
 #include "kernels/grouped_gemm/grouped_gemm_cuda.h"
+#include "kernels/grouped_gemm/grouped_gemm_device.cuh"
 #include "kernels/grouped_gemm/grouped_gemm_kernels_cuda.h"
 
 namespace deltamoe::grouped_gemm_detail {
@@ -37,8 +38,6 @@ struct Shape {
   static constexpr int kMinBlocks = kBlockN == 128 ? 2 : 1;
 };
 
-enum Epilogue : int { kStoreBf16 = 0, kStoreF32 = 1, kAddF32 = 2 };
-
 // A tile of kRows lines (m or n) stored k-major holds [kRows][kTileK + kPad]; k-outer holds
 // [kTileK][kRows + kPad].
 template <bool kKMajor, int kRows>
@@ -50,15 +49,6 @@ constexpr int stage_elems() {
   return kKMajor ? kRows * line_stride<true, kRows>() : kTileK * line_stride<false, kRows>();
 }
 
-// Where one operand tile comes from: logical (row, k) is base[row * ld + k] (k-major) or
-// base[k * ld + row] (k-outer); rows >= rows_valid or k >= k_valid read as zero.
-struct TileSource {
-  const nvbf16* base;
-  int64_t ld;
-  int rows_valid;
-  int k_valid;
-};
-
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -66,11 +56,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // 16-byte async copy; src_bytes 0 writes zeros without reading (the tile's out-of-range chunks).
 __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
@@ -230,14 +215,8 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kMmaM][Shape<kBloc
   }
 }
 
-struct MmaParams {
-  const nvbf16* a;
-  const nvbf16* b;
-  void* c;
-  const int32_t* offsets;
-  const int32_t* tile_starts;  // rows mode only
-  int num_groups;
-  int m, n, k;  // rows mode: n, k (rows from offsets); weight mode: m, n (k from offsets)
+// The WMMA kernel's parameters plus the tile grid of this kernel's persistent blocks.
+struct MmaParams : GroupedParams {
   int m_tiles;  // weight mode: ceil(m / 128)
   int n_tiles;  // ceil(n / kBlockN)
 };
@@ -253,16 +232,8 @@ struct TileWork {
 // blocks running together share the group's weight slices and activation rows in L2.
 template <bool kBKMajor, int kEpilogue, int kBlockN>
 __device__ __forceinline__ TileWork rows_tile(const MmaParams& p, int tile) {
-  // The group of this tile: the last g with tile_starts[g] * n_tiles <= tile (skips empty groups).
-  int lo = 0, hi = p.num_groups - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (p.tile_starts[mid] * p.n_tiles <= tile)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const int g = lo;
+  // Group g's tiles start at tile_starts[g] * n_tiles (each of its m-tiles for every n-tile).
+  const int g = find_tile_group(p.tile_starts, p.num_groups, tile, p.n_tiles);
   const int first = p.tile_starts[g], m_tiles = p.tile_starts[g + 1] - first;
   const int local = tile - first * p.n_tiles;
   const int n_index = local / m_tiles, m_index = local - n_index * m_tiles;
@@ -454,8 +425,6 @@ void weight_grad_mma_width(const MmaParams& base, cudaStream_t stream) {
   launch<false, false, kAddF32, kBlockN>(params, max_tiles, stream);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 bool mma_applies(const void* a, const void* b, const void* c, int64_t contiguous_1, int64_t contiguous_2) {
@@ -467,7 +436,7 @@ void rows_mma(MmaTile tile, const __nv_bfloat16* a, const __nv_bfloat16* b, bool
               cudaStream_t stream) {
   CHECK(mma_applies(a, b, c, n, k), "grouped GEMM (mma): n=", n, " and k=", k,
         " must be multiples of 8 and the operands 16-byte aligned");
-  const MmaParams params{a, b, c, offsets, tile_starts, num_groups, 0, n, k, 0, 0};
+  const MmaParams params{{a, b, c, offsets, tile_starts, num_groups, 0, n, k}, 0, 0};
   if (tile == MmaTile::wide)
     rows_mma_width<256>(params, b_stored_nk, c_dtype, max_rows, stream);
   else
@@ -478,7 +447,7 @@ void weight_grad_mma(MmaTile tile, const __nv_bfloat16* a, const __nv_bfloat16* 
                      int num_groups, int m, int n, cudaStream_t stream) {
   CHECK(mma_applies(a, b, c, m, n), "grouped GEMM (mma): m=", m, " and n=", n,
         " must be multiples of 8 and the operands 16-byte aligned");
-  const MmaParams params{a, b, c, offsets, nullptr, num_groups, m, n, 0, 0, 0};
+  const MmaParams params{{a, b, c, offsets, nullptr, num_groups, m, n, 0}, 0, 0};
   if (tile == MmaTile::wide)
     weight_grad_mma_width<256>(params, stream);
   else
