@@ -241,12 +241,10 @@ __global__ void __launch_bounds__(32 * kDkvWarps, 1)
         uint32_t a[4], b[4];
         fa::load_a_fragment<kStride>(a, k_tile, key_group * 16, 16 * s, lane);
         fa::load_b_fragments_from_rows<kStride>(b, q_tile, 16 * half, 16 * s, lane);
-        fa::mma_bf16_16x8x16(prob[0], a[0], a[1], a[2], a[3], b[0], b[1]);
-        fa::mma_bf16_16x8x16(prob[1], a[0], a[1], a[2], a[3], b[2], b[3]);
+        fa::mma_n_tile_pair(prob[0], prob[1], a, b);
         fa::load_a_fragment<kStride>(a, v_tile, key_group * 16, 16 * s, lane);
         fa::load_b_fragments_from_rows<kStride>(b, do_tile, 16 * half, 16 * s, lane);
-        fa::mma_bf16_16x8x16(d_score[0], a[0], a[1], a[2], a[3], b[0], b[1]);
-        fa::mma_bf16_16x8x16(d_score[1], a[0], a[1], a[2], a[3], b[2], b[3]);
+        fa::mma_n_tile_pair(d_score[0], d_score[1], a, b);
       }
 #pragma unroll
       for (int j = 0; j < 2; ++j) {

@@ -1,6 +1,6 @@
 // Tensor-core forward of packed-segment attention (FlashAttention-2 layout) for head dims that are
-// multiples of 8 up to 256 (tiles padded to 64, 80, 128 or 256 columns): a block of 4 warps owns 64 queries of one head (16 per warp); 64-key K/V tiles pass
-// through shared memory; S = Q K^T and O += P V run on mma.sync m16n8k16 (bf16 in, fp32 out); the
+// multiples of 8 up to 256 (tiles padded to 64, 80, 128 or 256 columns): a block of 4 warps owns
+// 64 queries of one head (16 per warp); 64-key K/V tiles pass through shared memory; S = Q K^T and O += P V run on mma.sync m16n8k16 (bf16 in, fp32 out); the
 // online softmax stays in fp32 registers, P is handed from the S accumulators to the A operand
 // without touching shared memory. Works on sm_80 and sm_90a.
 #include <cstdint>

@@ -90,6 +90,14 @@ __device__ inline void issue_tile_copy(uint16_t* tile, const __nv_bfloat16* sour
   }
 }
 
+// One A fragment times the B fragments of two adjacent n-tiles (b[0], b[1] and b[2], b[3], as
+// the load_b_fragments_* functions return them), accumulated into c0 and c1.
+__device__ __forceinline__ void mma_n_tile_pair(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4],
+                                                const uint32_t (&b)[4]) {
+  mma_bf16_16x8x16(c0, a[0], a[1], a[2], a[3], b[0], b[1]);
+  mma_bf16_16x8x16(c1, a[0], a[1], a[2], a[3], b[2], b[3]);
+}
+
 // C (16 x 8 * kColumnTiles per warp) += A . B_rows^T over kDimSteps k-steps of 16, operands by
 // ldmatrix: A rows a_row0.. of a_tile, B rows 0.. of b_tile are the result's columns (Q K^T, dO V^T).
 template <int kStride, int kDimSteps, int kColumnTiles>
@@ -103,8 +111,7 @@ __device__ __forceinline__ void ldmatrix_rows_times_rows_t(float (&c)[kColumnTil
     for (int jj = 0; jj < kColumnTiles / 2; ++jj) {
       uint32_t b[4];
       load_b_fragments_from_rows<kStride>(b, b_tile, 16 * jj, 16 * s, lane);
-      mma_bf16_16x8x16(c[2 * jj], a[0], a[1], a[2], a[3], b[0], b[1]);
-      mma_bf16_16x8x16(c[2 * jj + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+      mma_n_tile_pair(c[2 * jj], c[2 * jj + 1], a, b);
     }
   }
 }
@@ -123,8 +130,7 @@ __device__ __forceinline__ void ldmatrix_weights_times_tile(float (&acc)[kAccTil
     for (int nn = 0; nn < kAccTiles / 2; ++nn) {
       uint32_t b[4];
       load_b_fragments_from_columns<kStride>(b, tile, 16 * t, 16 * nn, lane);
-      mma_bf16_16x8x16(acc[2 * nn], a[0], a[1], a[2], a[3], b[0], b[1]);
-      mma_bf16_16x8x16(acc[2 * nn + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+      mma_n_tile_pair(acc[2 * nn], acc[2 * nn + 1], a, b);
     }
   }
 }
@@ -143,8 +149,7 @@ __device__ __forceinline__ void ldmatrix_shared_times_tile(float (&acc)[kAccTile
     for (int nn = 0; nn < kAccTiles / 2; ++nn) {
       uint32_t b[4];
       load_b_fragments_from_columns<kStride>(b, tile, 16 * t, first_col + 16 * nn, lane);
-      mma_bf16_16x8x16(acc[2 * nn], a[0], a[1], a[2], a[3], b[0], b[1]);
-      mma_bf16_16x8x16(acc[2 * nn + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+      mma_n_tile_pair(acc[2 * nn], acc[2 * nn + 1], a, b);
     }
   }
 }
