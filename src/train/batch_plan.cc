@@ -1,5 +1,8 @@
-// Batch-size flags -> micro-batch shape and accumulation, with the consistency checks.
+// Batch-size flags -> micro-batch shape and accumulation, with the consistency checks; the loss
+// weights of a step's micro-batches.
 #include "train/batch_plan.h"
+
+#include <cmath>
 
 #include "core/error.h"
 #include "train/train_options.h"
@@ -47,6 +50,27 @@ BatchPlan plan_batches(const TrainOptions& options) {
   }
   plan.global_batch_samples = per_micro_step * plan.accumulation;
   return plan;
+}
+
+MicroBatchWeights micro_batch_weights(int64_t num_supervised_tokens, int64_t num_micro_batches, double aux_coef) {
+  CHECK(num_supervised_tokens >= 0, "a step cannot have ", num_supervised_tokens, " supervised tokens");
+  CHECK(num_micro_batches > 0, "a step needs at least one micro-batch, got ", num_micro_batches);
+  CHECK(std::isfinite(aux_coef) && aux_coef >= 0, "--router_aux_loss_coef must be a non-negative number, got ",
+        aux_coef);
+  MicroBatchWeights weights;
+  if (num_supervised_tokens > 0) {
+    weights.ce_token_weight = 1.0;
+    weights.gradient_divisor = static_cast<double>(num_supervised_tokens);
+  }
+  // Scaled up by the divisor so that dividing the total leaves aux_coef / micro-batches.
+  weights.aux_weight = aux_coef / static_cast<double>(num_micro_batches) * weights.gradient_divisor;
+  return weights;
+}
+
+void divide_gradient(float* grad, size_t numel, double divisor) {
+  CHECK(divisor > 0 && std::isfinite(divisor), "gradient divisor must be positive, got ", divisor);
+  if (divisor == 1.0) return;
+  for (size_t i = 0; i < numel; ++i) grad[i] = static_cast<float>(static_cast<double>(grad[i]) / divisor);
 }
 
 }  // namespace deltamoe

@@ -1,7 +1,9 @@
 // How a global batch is cut into micro-batches: counted in samples (--global_batch_size,
-// --micro_batch_size, as ms-swift / Megatron count them) or in tokens (--micro_batch_tokens).
+// --micro_batch_size, as ms-swift / Megatron count them) or in tokens (--micro_batch_tokens), and
+// how their gradients are weighted so that the split changes no rounding.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace deltamoe {
@@ -20,5 +22,21 @@ struct BatchPlan {
 // token budget is micro x max_length so that the sample count alone decides a micro-batch.
 // Tokens: accumulation = --gradient_accumulation_steps (default 1), budget --micro_batch_tokens.
 BatchPlan plan_batches(const TrainOptions& options);
+
+// The loss weights every micro-batch of one step hands to TrainEngine::forward_backward, and the
+// divisor of the summed gradient. The engines differentiate the CE *sum* (ce_token_weight 1: the
+// CPU model's per-token weight is then n / n = 1 exactly in any micro-batch of n supervised tokens)
+// and the step divides the total by S, its supervised tokens, once. Seeding each micro-batch with
+// (1 / S) n instead leaves a per-token weight fl(fl(n / S) / n) that is 1 ulp off fl(1 / S) for some
+// n (e.g. 12 of 76), so the split would change the gradient's rounding (docs/training.md).
+struct MicroBatchWeights {
+  double ce_token_weight = 0;   // 1, or 0 when the step has no supervised token
+  double aux_weight = 0;        // aux_coef / micro-batches, times the divisor
+  double gradient_divisor = 1;  // S, or 1 when S is 0 (only the aux loss trains)
+};
+MicroBatchWeights micro_batch_weights(int64_t num_supervised_tokens, int64_t num_micro_batches, double aux_coef);
+
+// grad[i] = grad[i] / divisor, the quotient formed in fp64 and rounded to fp32 (divisor 1: unchanged).
+void divide_gradient(float* grad, size_t numel, double divisor);
 
 }  // namespace deltamoe

@@ -158,7 +158,9 @@ MicroBatchLoss CpuEngine::forward_backward(const MicroBatch& batch, double ce_to
   Pass pass;
   const MicroBatchLoss loss = run_forward(batch, &pass, nullptr);
   // The model's CE is a mean over this micro-batch's supervised tokens; the gradient of
-  // ce_token_weight * ce_sum is that of (ce_token_weight * num_supervised) * mean.
+  // ce_token_weight * ce_sum is that of (ce_token_weight * num_supervised) * mean. The model divides
+  // that seed by num_supervised in fp32: with the trainer's ce_token_weight 1 each token's weight is
+  // n / n = 1 exactly in any micro-batch, where 1 / S would give fl(fl(n / S) / n), 1 ulp off for some n.
   const double ce_weight = ce_token_weight * static_cast<double>(loss.num_supervised);
   // A frozen language model still carries the gradient back to the vision tower, without its
   // weight products; a frozen tower is not run backward at all.

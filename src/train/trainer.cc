@@ -251,15 +251,21 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
       log_warn("train: step ", state.global_step + 1, " has no supervised tokens; only the aux loss trains");
     }
     GlobalBatchLoss loss(counts, aux_coef);
+    // The engines add the gradient of the CE sum and the step divides it by S once, so that no
+    // per-token weight depends on how the step is split into micro-batches (batch_plan.h).
+    const MicroBatchWeights weights =
+        micro_batch_weights(counts.num_supervised_tokens, counts.num_micro_batches, aux_coef);
     int64_t num_tokens = 0, num_correct = 0;
     double step_flops = 0;
     for (const MicroBatch& batch : batches) {
       step_flops += engine->training_flops(batch);
-      const MicroBatchLoss part = engine->forward_backward(batch, loss.ce_token_weight(), loss.aux_weight(), grad.data());
+      const MicroBatchLoss part =
+          engine->forward_backward(batch, weights.ce_token_weight, weights.aux_weight, grad.data());
       loss.add_micro_batch(part.ce_sum, part.num_supervised, part.aux_loss);
       num_tokens += part.num_tokens;
       num_correct = num_correct < 0 || part.num_correct < 0 ? -1 : num_correct + part.num_correct;
     }
+    divide_gradient(grad.data(), grad.size(), weights.gradient_divisor);
     const StepReport report =
         clip_and_step(optimizer, schedule, options.max_grad_norm, &progress, master.data(), grad.data());
     std::fill(grad.begin(), grad.end(), 0.0f);
