@@ -56,20 +56,6 @@ struct TextInputs {
   std::vector<int64_t> positions;                 // [3, T]; empty: text positions per sequence
 };
 
-// mm_token_type_ids is transformers' per-token modality (0 text, 1 image, 2 video); the positions
-// come from input_ids, so it must agree with them token by token.
-void check_mm_token_types(const ParityInputs& inputs, int64_t image_token_id, int64_t video_token_id) {
-  const HostTensor& types = *inputs.mm_token_type_ids;
-  CHECK(types.shape() == inputs.input_ids.shape(), "parity: mm_token_type_ids ", types.shape().str(),
-        " must have the shape of input_ids ", inputs.input_ids.shape().str());
-  const int64_t seq_len = inputs.input_ids.shape()[1];
-  for (int64_t i = 0; i < types.numel(); ++i) {
-    const int64_t id = inputs.input_ids.as<int64_t>()[i], type = types.as<int64_t>()[i];
-    const int64_t expected = id == image_token_id ? 1 : id == video_token_id ? 2 : 0;
-    CHECK(type == expected, "parity: mm_token_type_ids[", i / seq_len, ", ", i % seq_len, "] is ", type,
-          " but input_ids there is ", id, " (expected type ", expected, ": 0 text, 1 image, 2 video)");
-  }
-}
 
 // VLM hook: with pixel_values, run the vision tower, scatter its features into the <|image_pad|>
 // rows of the embeddings and build the (t, h, w) positions from image_grid_thw (spec §5.5); the
@@ -109,6 +95,19 @@ VisionParams vision_params_f32(const ModelCheckpoint& checkpoint) {
 }
 
 }  // namespace
+
+void check_mm_token_types(const ParityInputs& inputs, int64_t image_token_id, int64_t video_token_id) {
+  const HostTensor& types = *inputs.mm_token_type_ids;
+  CHECK(types.shape() == inputs.input_ids.shape(), "parity: mm_token_type_ids ", types.shape().str(),
+        " must have the shape of input_ids ", inputs.input_ids.shape().str());
+  const int64_t seq_len = inputs.input_ids.shape()[1];
+  for (int64_t i = 0; i < types.numel(); ++i) {
+    const int64_t id = inputs.input_ids.as<int64_t>()[i], type = types.as<int64_t>()[i];
+    const int64_t expected = id == image_token_id ? 1 : id == video_token_id ? 2 : 0;
+    CHECK(type == expected, "parity: mm_token_type_ids[", i / seq_len, ", ", i % seq_len, "] is ", type,
+          " but input_ids there is ", id, " (expected type ", expected, ": 0 text, 1 image, 2 video)");
+  }
+}
 
 ParityInputs load_parity_inputs(const std::string& path) {
   const auto file = SafetensorsFile::open(path);

@@ -41,6 +41,10 @@ struct ParityResult {
 // Reads and validates the inputs file (dtypes, shapes, cu_seqlens rules); errors name the file and tensor.
 ParityInputs load_parity_inputs(const std::string& path);
 
+// Throws naming the first [row, column] where mm_token_type_ids (transformers' per-token modality:
+// 0 text, 1 image, 2 video) disagrees with input_ids; the positions are built from input_ids.
+void check_mm_token_types(const ParityInputs& inputs, int64_t image_token_id, int64_t video_token_id);
+
 // Runs forward and two backwards (one per loss) of the CPU reference on the checkpoint's weights.
 // With pixel_values the vision tower runs too and the model.visual.* gradients are returned.
 // Frozen parts (trainable) get no gradient entries and their weight gradients are not computed;

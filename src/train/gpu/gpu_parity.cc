@@ -42,19 +42,6 @@ std::vector<std::pair<std::string, Shape>> text_names(const TextConfig& config, 
   return names;
 }
 
-// transformers' per-token modality must agree with input_ids (as run_parity_cpu checks).
-void check_mm_token_types(const ParityInputs& inputs, int64_t image_token_id, int64_t video_token_id) {
-  const HostTensor& types = *inputs.mm_token_type_ids;
-  CHECK(types.shape() == inputs.input_ids.shape(), "parity: mm_token_type_ids ", types.shape().str(),
-        " must have the shape of input_ids ", inputs.input_ids.shape().str());
-  const int64_t seq_len = inputs.input_ids.shape()[1];
-  for (int64_t i = 0; i < types.numel(); ++i) {
-    const int64_t id = inputs.input_ids.as<int64_t>()[i], type = types.as<int64_t>()[i];
-    const int64_t expected = id == image_token_id ? 1 : id == video_token_id ? 2 : 0;
-    CHECK(type == expected, "parity: mm_token_type_ids[", i / seq_len, ", ", i % seq_len, "] is ", type,
-          " but input_ids there is ", id, " (expected type ", expected, ": 0 text, 1 image, 2 video)");
-  }
-}
 
 // The image side of a batch, validated: grids, patch count, the <|image_pad|> rows, 3-D positions.
 struct ImageInputs {
