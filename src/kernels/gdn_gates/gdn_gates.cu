@@ -20,22 +20,22 @@ __device__ inline float softplus_derivative_f(float x) {
   return x > kSoftplusThreshold ? 1.0f : sigmoid_f(x);
 }
 
-__global__ void gates_forward_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b,
+__global__ void gates_forward_kernel(const float* a, const float* b,
                                      const float* A_log, const float* dt_bias, int64_t count,
                                      int num_heads, float* g, float* beta) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int h = static_cast<int>(i % num_heads);
-    g[i] = -expf(A_log[h]) * softplus_f(__bfloat162float(a[i]) + dt_bias[h]);
-    beta[i] = sigmoid_f(__bfloat162float(b[i]));
+    g[i] = -expf(A_log[h]) * softplus_f(a[i] + dt_bias[h]);
+    beta[i] = sigmoid_f(b[i]);
   }
 }
 
 // Dynamic shared memory: 2 * num_heads floats (dA_log and ddt_bias partial sums).
-__global__ void gates_backward_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b,
+__global__ void gates_backward_kernel(const float* a, const float* b,
                                       const float* A_log, const float* dt_bias, const float* dg,
                                       const float* dbeta, int64_t count, int num_heads,
-                                      __nv_bfloat16* da, __nv_bfloat16* db, float* dA_log,
+                                      float* da, float* db, float* dA_log,
                                       float* ddt_bias) {
   extern __shared__ float partial[];
   float* s_dA_log = partial;
@@ -46,13 +46,13 @@ __global__ void gates_backward_kernel(const __nv_bfloat16* a, const __nv_bfloat1
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int h = static_cast<int>(i % num_heads);
     const float decay_rate = expf(A_log[h]);
-    const float pre = __bfloat162float(a[i]) + dt_bias[h];
+    const float pre = a[i] + dt_bias[h];
     const float d_pre = -dg[i] * decay_rate * softplus_derivative_f(pre);
-    da[i] = __float2bfloat16(d_pre);
+    da[i] = d_pre;
     atomicAdd(&s_ddt_bias[h], d_pre);
     atomicAdd(&s_dA_log[h], dg[i] * (-decay_rate * softplus_f(pre)));
-    const float s = sigmoid_f(__bfloat162float(b[i]));
-    db[i] = __float2bfloat16(dbeta[i] * s * (1.0f - s));
+    const float s = sigmoid_f(b[i]);
+    db[i] = dbeta[i] * s * (1.0f - s);
   }
   __syncthreads();
   for (int h = threadIdx.x; h < num_heads; h += kThreads) {
@@ -73,7 +73,7 @@ unsigned gate_blocks(int64_t count) {
 
 }  // namespace
 
-void gdn_gates_forward_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, const float* A_log,
+void gdn_gates_forward_cuda(const float* a, const float* b, const float* A_log,
                             const float* dt_bias, int64_t num_tokens, int num_heads, float* g,
                             float* beta, cudaStream_t stream) {
   check_gates_launch(num_tokens, num_heads);
@@ -84,10 +84,10 @@ void gdn_gates_forward_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, cons
   CUDA_CHECK_LAUNCH();
 }
 
-void gdn_gates_backward_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, const float* A_log,
+void gdn_gates_backward_cuda(const float* a, const float* b, const float* A_log,
                              const float* dt_bias, const float* dg, const float* dbeta,
-                             int64_t num_tokens, int num_heads, __nv_bfloat16* da,
-                             __nv_bfloat16* db, float* dA_log, float* ddt_bias,
+                             int64_t num_tokens, int num_heads, float* da,
+                             float* db, float* dA_log, float* ddt_bias,
                              cudaStream_t stream) {
   check_gates_launch(num_tokens, num_heads);
   const int64_t count = num_tokens * num_heads;

@@ -14,7 +14,10 @@ using DeviceBf16 = __nv_bfloat16;
 
 // Gated DeltaNet mixer: projections, conv outputs split into q/k/v, normalised q/k, gates, core.
 struct GdnSaved {
-  DeviceBf16 *mixed = nullptr, *z = nullptr, *a = nullptr, *b = nullptr;  // [T, conv], [T, vd], [T, Hv] x2
+  DeviceBf16 *mixed = nullptr, *z = nullptr;  // [T, conv], [T, vd]
+  // Gate pre-activations in_proj_a(x), in_proj_b(x) [T, Hv], fp32 like their gradients: the gate
+  // weights' gradients are sums over tokens that cancel, where bf16 rounding per token showed.
+  float *a = nullptr, *b = nullptr;
   DeviceBf16 *q = nullptr, *k = nullptr, *v = nullptr;                    // after conv + SiLU
   DeviceBf16 *q_normed = nullptr, *k_normed = nullptr;                    // l2-normalised
   float *g = nullptr, *beta = nullptr;                                    // [T, Hv]
@@ -61,14 +64,18 @@ struct GpuScratch {
   DeviceBf16 *conv = nullptr, *d_normed_v = nullptr, *d_core = nullptr, *dz = nullptr;
   DeviceBf16 *dq_normed = nullptr, *dk_normed = nullptr, *dv = nullptr;
   float *dg = nullptr, *dbeta = nullptr;
-  DeviceBf16 *da = nullptr, *db = nullptr, *d_conv = nullptr, *d_mixed = nullptr;
+  float *da = nullptr, *db = nullptr;  // [T, Hv] fp32 (see GdnSaved::a)
+  DeviceBf16 *d_conv = nullptr, *d_mixed = nullptr;
   // attention
   DeviceBf16 *d_gated = nullptr, *d_q_and_gate = nullptr, *dq = nullptr, *dk = nullptr, *dv_attn = nullptr;
   DeviceBf16* dk_raw = nullptr;
   // MoE
-  float *d_topk_weight = nullptr, *d_logits = nullptr;
-  DeviceBf16* d_logits_bf16 = nullptr;
-  // A mixer's input gradient summed over its projections in fp32, rounded to bf16 once [T, C].
+  float *d_topk_weight = nullptr, *d_logits = nullptr;  // router gradients, fp32 throughout
+  // hi/lo bf16 halves of one fp32 gate gradient (da, db or d_logits) [T, max(Hv, E)] for the two-GEMM
+  // products with the bf16 weights and inputs (kernels/gemm/f32_operand_cuda.h).
+  DeviceBf16 *gate_grad_hi = nullptr, *gate_grad_lo = nullptr;
+  // A mixer's input gradient summed over its projections in fp32, rounded to bf16 once [T, C]; free
+  // during the MoE backward, which uses it for the router's fp32 input gradient.
   float* d_mixer_input_f32 = nullptr;
 };
 

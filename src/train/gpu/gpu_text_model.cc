@@ -57,8 +57,8 @@ void carve_layers(Carver& c, const TextConfig& cfg, int64_t T, bool share_mixer_
       GdnSaved& g = b.gdn;
       g.mixed = c.take<DeviceBf16>(T * conv);
       g.z = c.take<DeviceBf16>(T * vd);
-      g.a = c.take<DeviceBf16>(T * Hv);
-      g.b = c.take<DeviceBf16>(T * Hv);
+      g.a = c.take<float>(T * Hv);
+      g.b = c.take<float>(T * Hv);
       g.q = c.take<DeviceBf16>(T * kd);
       g.k = c.take<DeviceBf16>(T * kd);
       g.v = c.take<DeviceBf16>(T * vd);
@@ -104,8 +104,8 @@ void carve_layers(Carver& c, const TextConfig& cfg, int64_t T, bool share_mixer_
     s.dv = c.take<DeviceBf16>(T * vd);
     s.dg = c.take<float>(T * Hv);
     s.dbeta = c.take<float>(T * Hv);
-    s.da = c.take<DeviceBf16>(T * Hv);
-    s.db = c.take<DeviceBf16>(T * Hv);
+    s.da = c.take<float>(T * Hv);
+    s.db = c.take<float>(T * Hv);
     s.d_conv = c.take<DeviceBf16>(T * conv);
     s.d_mixed = c.take<DeviceBf16>(T * conv);
   }
@@ -119,7 +119,9 @@ void carve_layers(Carver& c, const TextConfig& cfg, int64_t T, bool share_mixer_
   }
   s.d_topk_weight = c.take<float>(T * K);
   s.d_logits = c.take<float>(T * E);
-  s.d_logits_bf16 = c.take<DeviceBf16>(T * E);
+  const int64_t gate_width = any_gdn ? std::max(Hv, E) : E;
+  s.gate_grad_hi = c.take<DeviceBf16>(T * gate_width);
+  s.gate_grad_lo = c.take<DeviceBf16>(T * gate_width);
   s.d_mixer_input_f32 = c.take<float>(T * cfg.hidden_size);
 }
 

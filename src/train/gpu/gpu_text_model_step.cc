@@ -14,6 +14,7 @@
 #include "kernels/gated_delta_rule/gated_delta_rule_cuda.h"
 #include "kernels/gated_rmsnorm/gated_rmsnorm_cuda.h"
 #include "kernels/gdn_gates/gdn_gates_cuda.h"
+#include "kernels/gemm/f32_operand_cuda.h"
 #include "kernels/gemm/gemm_cuda.h"
 #include "kernels/l2norm/l2norm_cuda.h"
 #include "kernels/moe_aux_loss/moe_aux_loss_cuda.h"
@@ -191,8 +192,9 @@ void GpuTextModel::gdn_forward(int64_t layer) {
   linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "in_proj_qkv.weight"), s.mixed, DType::bf16, T, C, conv,
                       stream_);
   linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "in_proj_z.weight"), s.z, DType::bf16, T, C, vd, stream_);
-  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "in_proj_b.weight"), s.b, DType::bf16, T, C, Hv, stream_);
-  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "in_proj_a.weight"), s.a, DType::bf16, T, C, Hv, stream_);
+  // The gate pre-activations stay fp32 (GdnSaved::a): cuBLASLt writes its fp32 accumulator as is.
+  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "in_proj_b.weight"), s.b, DType::f32, T, C, Hv, stream_);
+  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "in_proj_a.weight"), s.a, DType::f32, T, C, Hv, stream_);
   causal_conv1d_forward_cuda(s.mixed, weight(layer, p + "conv1d.weight"), cu_seqlens_, static_cast<int>(num_seqs_), T,
                              static_cast<int>(conv), static_cast<int>(c.linear_conv_kernel_dim), scratch_->conv,
                              stream_);
@@ -266,10 +268,17 @@ void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, DeviceBf16*
   linear_backward_weight_cuda(*gemm_, w.d_mixed, x, grad(layer, p + "in_proj_qkv.weight"), T, C, conv, stream_);
   linear_backward_input_f32(w.dz, weight(layer, p + "in_proj_z.weight"), dx_sum, T, C, vd, true);
   linear_backward_weight_cuda(*gemm_, w.dz, x, grad(layer, p + "in_proj_z.weight"), T, C, vd, stream_);
-  linear_backward_input_f32(w.db, weight(layer, p + "in_proj_b.weight"), dx_sum, T, C, Hv, true);
-  linear_backward_weight_cuda(*gemm_, w.db, x, grad(layer, p + "in_proj_b.weight"), T, C, Hv, stream_);
-  linear_backward_input_f32(w.da, weight(layer, p + "in_proj_a.weight"), dx_sum, T, C, Hv, true);
-  linear_backward_weight_cuda(*gemm_, w.da, x, grad(layer, p + "in_proj_a.weight"), T, C, Hv, stream_);
+  // da, db are fp32: each product with a bf16 operand runs as two bf16 GEMMs on its hi/lo halves.
+  split_f32_to_bf16_hi_lo_cuda(w.db, w.gate_grad_hi, w.gate_grad_lo, T * Hv, stream_);
+  linear_backward_input_split_cuda(*gemm_, w.gate_grad_hi, w.gate_grad_lo, weight(layer, p + "in_proj_b.weight"),
+                                   dx_sum, true, T, C, Hv, stream_);
+  linear_backward_weight_split_cuda(*gemm_, w.gate_grad_hi, w.gate_grad_lo, x, grad(layer, p + "in_proj_b.weight"), T,
+                                    C, Hv, stream_);
+  split_f32_to_bf16_hi_lo_cuda(w.da, w.gate_grad_hi, w.gate_grad_lo, T * Hv, stream_);
+  linear_backward_input_split_cuda(*gemm_, w.gate_grad_hi, w.gate_grad_lo, weight(layer, p + "in_proj_a.weight"),
+                                   dx_sum, true, T, C, Hv, stream_);
+  linear_backward_weight_split_cuda(*gemm_, w.gate_grad_hi, w.gate_grad_lo, x, grad(layer, p + "in_proj_a.weight"), T,
+                                    C, Hv, stream_);
   convert_f32_to_bf16_cuda(dx_sum, dx, T * C, stream_);
 }
 
@@ -380,10 +389,18 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, DeviceBf16*
   if (with_aux)
     moe_aux_loss_backward_cuda(s.probs, MoeAuxDeviceStats{aux_counts_, aux_probs_}, T * c.num_hidden_layers,
                                options_.aux_loss_weight, w.d_logits, false, T, E, stream_);
-  moe_router_backward_cuda(s.probs, s.topk_idx, s.topk_weight, w.d_topk_weight, w.d_logits, w.d_logits_bf16, with_aux,
-                           T, E, K, stream_);
-  moe_router_logits_backward_cuda(cublas_, b.normed_post, weight(layer, p + "gate.weight"), w.d_logits_bf16, dx, true,
-                                  grad(layer, p + "gate.weight"), T, C, E, stream_);
+  moe_router_backward_cuda(s.probs, s.topk_idx, s.topk_weight, w.d_topk_weight, w.d_logits, nullptr, with_aux, T, E,
+                           K, stream_);
+  // The router's logit gradient stays fp32 (it was rounded to bf16 here): its weight gradient is a
+  // sum over tokens that cancels. Products on its hi/lo halves; the input gradient is formed in fp32
+  // (d_mixer_input_f32 is free during the MoE backward) and added to dx with one bf16 rounding.
+  const DeviceBf16* router_w = weight(layer, p + "gate.weight");
+  split_f32_to_bf16_hi_lo_cuda(w.d_logits, w.gate_grad_hi, w.gate_grad_lo, T * E, stream_);
+  linear_backward_weight_split_cuda(*gemm_, w.gate_grad_hi, w.gate_grad_lo, b.normed_post,
+                                    grad(layer, p + "gate.weight"), T, C, E, stream_);
+  linear_backward_input_split_cuda(*gemm_, w.gate_grad_hi, w.gate_grad_lo, router_w, w.d_mixer_input_f32, false, T, C,
+                                   E, stream_);
+  add_f32_to_bf16_cuda(w.d_mixer_input_f32, dx, T * C, stream_);
   shared_expert_backward_cuda(cublas_, b.normed_post, weight(layer, p + "shared_expert.gate_proj.weight"),
                               weight(layer, p + "shared_expert.up_proj.weight"),
                               weight(layer, p + "shared_expert.down_proj.weight"),
