@@ -162,6 +162,11 @@ class GpuTextModel {
   // projections' input gradients in fp32 and rounds once (not once per projection in bf16).
   void linear_backward_input_f32(const __nv_bfloat16* dy, const __nv_bfloat16* w, float* dx, int64_t rows,
                                  int64_t in_features, int64_t out_features, bool add);
+  // Backward of a projection whose output gradient dy [T, N] is fp32 (the per-token gates: GDN a/b,
+  // the router logits): dW [N, K] += dy^T x and dx [T, K] (fp32) (+)= dy W, each as two bf16 GEMMs
+  // on dy's hi/lo bf16 halves (scratch gate_grad_hi/lo), so dy is not rounded to bf16.
+  void linear_backward_f32_dy(const float* dy, const __nv_bfloat16* w, const __nv_bfloat16* x, float* dw, float* dx,
+                              bool add, int64_t rows, int64_t in_features, int64_t out_features);
 
   TextConfig config_;
   std::string prefix_;

@@ -51,6 +51,16 @@ void GpuTextModel::linear_backward_input_f32(const DeviceBf16* dy, const DeviceB
                  add ? 1.0f : 0.0f, dx, DType::f32, in_features, stream_);
 }
 
+void GpuTextModel::linear_backward_f32_dy(const float* dy, const DeviceBf16* w, const DeviceBf16* x, float* dw,
+                                          float* dx, bool add, int64_t rows, int64_t in_features,
+                                          int64_t out_features) {
+  DeviceBf16* hi = scratch_->gate_grad_hi;
+  DeviceBf16* lo = scratch_->gate_grad_lo;
+  split_f32_to_bf16_hi_lo_cuda(dy, hi, lo, rows * out_features, stream_);
+  linear_backward_input_split_cuda(*gemm_, hi, lo, w, dx, add, rows, in_features, out_features, stream_);
+  linear_backward_weight_split_cuda(*gemm_, hi, lo, x, dw, rows, in_features, out_features, stream_);
+}
+
 std::vector<float> GpuTextModel::compute_logits() const {
   const int64_t T = num_tokens_, V = config_.vocab_size;
   CHECK(T > 0, "gpu model: compute_logits called before a forward");
@@ -269,16 +279,10 @@ void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, DeviceBf16*
   linear_backward_input_f32(w.dz, weight(layer, p + "in_proj_z.weight"), dx_sum, T, C, vd, true);
   linear_backward_weight_cuda(*gemm_, w.dz, x, grad(layer, p + "in_proj_z.weight"), T, C, vd, stream_);
   // da, db are fp32: each product with a bf16 operand runs as two bf16 GEMMs on its hi/lo halves.
-  split_f32_to_bf16_hi_lo_cuda(w.db, w.gate_grad_hi, w.gate_grad_lo, T * Hv, stream_);
-  linear_backward_input_split_cuda(*gemm_, w.gate_grad_hi, w.gate_grad_lo, weight(layer, p + "in_proj_b.weight"),
-                                   dx_sum, true, T, C, Hv, stream_);
-  linear_backward_weight_split_cuda(*gemm_, w.gate_grad_hi, w.gate_grad_lo, x, grad(layer, p + "in_proj_b.weight"), T,
-                                    C, Hv, stream_);
-  split_f32_to_bf16_hi_lo_cuda(w.da, w.gate_grad_hi, w.gate_grad_lo, T * Hv, stream_);
-  linear_backward_input_split_cuda(*gemm_, w.gate_grad_hi, w.gate_grad_lo, weight(layer, p + "in_proj_a.weight"),
-                                   dx_sum, true, T, C, Hv, stream_);
-  linear_backward_weight_split_cuda(*gemm_, w.gate_grad_hi, w.gate_grad_lo, x, grad(layer, p + "in_proj_a.weight"), T,
-                                    C, Hv, stream_);
+  linear_backward_f32_dy(w.db, weight(layer, p + "in_proj_b.weight"), x, grad(layer, p + "in_proj_b.weight"), dx_sum,
+                         true, T, C, Hv);
+  linear_backward_f32_dy(w.da, weight(layer, p + "in_proj_a.weight"), x, grad(layer, p + "in_proj_a.weight"), dx_sum,
+                         true, T, C, Hv);
   convert_f32_to_bf16_cuda(dx_sum, dx, T * C, stream_);
 }
 
@@ -394,12 +398,8 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, DeviceBf16*
   // The router's logit gradient stays fp32 (it was rounded to bf16 here): its weight gradient is a
   // sum over tokens that cancels. Products on its hi/lo halves; the input gradient is formed in fp32
   // (d_mixer_input_f32 is free during the MoE backward) and added to dx with one bf16 rounding.
-  const DeviceBf16* router_w = weight(layer, p + "gate.weight");
-  split_f32_to_bf16_hi_lo_cuda(w.d_logits, w.gate_grad_hi, w.gate_grad_lo, T * E, stream_);
-  linear_backward_weight_split_cuda(*gemm_, w.gate_grad_hi, w.gate_grad_lo, b.normed_post,
-                                    grad(layer, p + "gate.weight"), T, C, E, stream_);
-  linear_backward_input_split_cuda(*gemm_, w.gate_grad_hi, w.gate_grad_lo, router_w, w.d_mixer_input_f32, false, T, C,
-                                   E, stream_);
+  linear_backward_f32_dy(w.d_logits, weight(layer, p + "gate.weight"), b.normed_post, grad(layer, p + "gate.weight"),
+                         w.d_mixer_input_f32, false, T, C, E);
   add_f32_to_bf16_cuda(w.d_mixer_input_f32, dx, T * C, stream_);
   shared_expert_backward_cuda(cublas_, b.normed_post, weight(layer, p + "shared_expert.gate_proj.weight"),
                               weight(layer, p + "shared_expert.up_proj.weight"),
