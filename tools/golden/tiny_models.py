@@ -65,7 +65,7 @@ def check_no_fast_kernels():
         )
 
 
-def text_config_dict(num_layers, moe_intermediate, shared_intermediate, layer_types=None):
+def text_config_dict(num_layers, moe_intermediate, shared_intermediate, layer_types=None, hidden_size=40):
     """Keyword arguments of Qwen3_5MoeTextConfig for a tiny text tower."""
     if layer_types is None:
         layer_types = [
@@ -73,7 +73,7 @@ def text_config_dict(num_layers, moe_intermediate, shared_intermediate, layer_ty
         ]
     return dict(
         vocab_size=512,
-        hidden_size=40,
+        hidden_size=hidden_size,
         num_hidden_layers=num_layers,
         layer_types=list(layer_types),
         num_attention_heads=4,

@@ -20,7 +20,7 @@ status=0
 parity_check() {
   local dir case_name out_dir="$OUT/parity" rc=0
   mkdir -p "$out_dir"
-  for dir in tests/golden/*/; do
+  for dir in "${GOLDEN_ROOT:-tests/golden}"/*/; do
     case_name=$(basename "$dir")
     [ -f "$dir/expected.safetensors" ] && [ -f "$dir/inputs.safetensors" ] || continue
     for variant in all merger_only; do
