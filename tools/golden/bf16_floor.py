@@ -10,6 +10,8 @@
 #   weights+linear+residual   also each decoder layer's output (the residual stream) and its gradient
 #   autocast        torch.autocast(bfloat16) with fp32 weights: common mixed-precision training
 #   bf16            the whole model in bfloat16 (weights, activations, gradients)
+# With --deltamoe DIR, DIR/<case>.all.safetensors (written by `deltamoe parity --out`) is scored the
+# same way and printed as one more row, so the engine and transformers' bf16 sit side by side.
 # Usage (on the GPU machine, which has torch and transformers):
 #   python3 tools/golden/bf16_floor.py [--device cuda] [--bound 0.02] CASE_DIR [CASE_DIR ...]
 import argparse
@@ -31,6 +33,7 @@ def parse_args(argv):
     parser.add_argument("--bound", type=float, default=2e-2, help="the ||diff||/||ref|| bar to count against")
     parser.add_argument("--show", default="", help="comma-separated substrings of gradient names to always print")
     parser.add_argument("--json", default="", help="also write every number to this file")
+    parser.add_argument("--deltamoe", default="", help="folder of deltamoe parity outputs <case>.all.safetensors")
     return parser.parse_args(argv)
 
 
@@ -139,8 +142,18 @@ def main(argv):
         model, inputs, expected = load_case(torch, case_dir, device)
         print(f"== {case} on {device}: transformers' gradients in each precision vs the fp32 golden file")
         report[case] = {}
-        for mode in kModes:
-            ce, aux, grads = run_mode(torch, model_cases, model, inputs, mode, device)
+        modes = kModes
+        if args.deltamoe and os.path.exists(os.path.join(args.deltamoe, f"{case}.all.safetensors")):
+            modes = kModes + ("deltamoe",)
+        for mode in modes:
+            if mode == "deltamoe":
+                from safetensors.torch import load_file
+
+                produced = load_file(os.path.join(args.deltamoe, f"{case}.all.safetensors"))
+                ce, aux = produced["ce_loss"].item(), produced["aux_loss"].item()
+                grads = {k: v.float() for k, v in produced.items() if k.startswith("grad")}
+            else:
+                ce, aux, grads = run_mode(torch, model_cases, model, inputs, mode, device)
             ce_rel = abs(ce - expected["ce_loss"].item()) / abs(expected["ce_loss"].item())
             aux_rel = abs(aux - expected["aux_loss"].item()) / abs(expected["aux_loss"].item())
             errors = {name: rel_l2(torch, grads[name], expected[name]) for name in grads
@@ -155,6 +168,15 @@ def main(argv):
                 if any(s in name for s in show):
                     print(f"      {error:.3e}  {name}")
             report[case][mode] = {"ce_rel": ce_rel, "aux_rel": aux_rel, "gradients": errors}
+        if "deltamoe" in report[case]:
+            engine = report[case]["deltamoe"]["gradients"]
+            for mode in ("autocast", "bf16"):
+                floor = report[case][mode]["gradients"]
+                ratios = sorted(((engine[n] / max(floor[n], 1e-12), n) for n in engine if n in floor), reverse=True)
+                beyond = [n for n in engine if engine[n] > args.bound and floor.get(n, 0) <= args.bound]
+                print(f"  deltamoe / transformers {mode}: median ratio {ratios[len(ratios) // 2][0]:.2f}, "
+                      f"largest {ratios[0][0]:.2f} ({ratios[0][1]}); over {args.bound} where {mode} is not: "
+                      f"{len(beyond)} {sorted(beyond)[:6]}")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=1)
