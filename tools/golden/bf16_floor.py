@@ -10,6 +10,9 @@
 #   weights+linear+residual   also each decoder layer's output (the residual stream) and its gradient
 #   autocast        torch.autocast(bfloat16) with fp32 weights: common mixed-precision training
 #   bf16            the whole model in bfloat16 (weights, activations, gradients)
+# With --write-floor, each case directory gets bf16_floor.json: per mode the loss errors, the worst
+# gradient and every gradient's error. A case whose `autocast` run meets --bound on every gradient
+# is fit to hold a bf16 engine to that bound (the parity checks read this file).
 # With --deltamoe DIR, DIR/<case>.all.safetensors (written by `deltamoe parity --out`) is scored the
 # same way and printed as one more row, so the engine and transformers' bf16 sit side by side.
 # Usage (on the GPU machine, which has torch and transformers):
@@ -33,6 +36,7 @@ def parse_args(argv):
     parser.add_argument("--bound", type=float, default=2e-2, help="the ||diff||/||ref|| bar to count against")
     parser.add_argument("--show", default="", help="comma-separated substrings of gradient names to always print")
     parser.add_argument("--json", default="", help="also write every number to this file")
+    parser.add_argument("--write-floor", action="store_true", help="write <case>/bf16_floor.json")
     parser.add_argument("--deltamoe", default="", help="folder of deltamoe parity outputs <case>.all.safetensors")
     return parser.parse_args(argv)
 
@@ -125,6 +129,27 @@ def rel_l2(torch, value, reference):
     return difference / denominator if denominator > 0 else (0.0 if difference == 0 else float("inf"))
 
 
+def write_floor(torch, case_dir, device, bound, modes):
+    """<case_dir>/bf16_floor.json: what each precision costs transformers on this case."""
+    import transformers
+
+    summary = {"note": "transformers' own gradients in each precision vs expected.safetensors "
+                       "(tools/golden/bf16_floor.py); fit_for_bound: the autocast run meets it",
+               "transformers": transformers.__version__, "torch": torch.__version__, "device": device,
+               "bound": bound, "modes": {}}
+    for mode, numbers in modes.items():
+        if mode == "deltamoe":
+            continue
+        gradients = {name: float(f"{error:.4g}") for name, error in sorted(numbers["gradients"].items())}
+        worst = max(gradients.items(), key=lambda item: item[1])
+        summary["modes"][mode] = {"ce_rel": numbers["ce_rel"], "aux_rel": numbers["aux_rel"],
+                                  "worst": worst[1], "worst_name": worst[0], "gradients": gradients}
+    summary["fit_for_bound"] = summary["modes"]["autocast"]["worst"] <= bound
+    with open(os.path.join(case_dir, "bf16_floor.json"), "w") as handle:
+        json.dump(summary, handle, indent=1)
+    print(f"  wrote {os.path.join(case_dir, 'bf16_floor.json')}: fit for {bound}: {summary['fit_for_bound']}")
+
+
 def main(argv):
     args = parse_args(argv)
     tm.block_fast_kernels()  # the golden files come from the torch fallbacks
@@ -177,6 +202,8 @@ def main(argv):
                 print(f"  deltamoe / transformers {mode}: median ratio {ratios[len(ratios) // 2][0]:.2f}, "
                       f"largest {ratios[0][0]:.2f} ({ratios[0][1]}); over {args.bound} where {mode} is not: "
                       f"{len(beyond)} {sorted(beyond)[:6]}")
+        if args.write_floor:
+            write_floor(torch, case_dir, device, args.bound, report[case])
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=1)

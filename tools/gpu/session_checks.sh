@@ -15,19 +15,22 @@ steps=${*:-tests hf adamw}
 status=0
 
 # `deltamoe parity --device cuda` on every golden case (and merger-only on the image cases), each
-# output compared with expected.safetensors: losses within 1e-2 relative, every gradient
-# ||diff||/||ref|| <= 2e-2, the same gradient names (frozen parts absent). Plain python3.
+# output compared with expected.safetensors: losses within 1e-2 relative, the same gradient names
+# (frozen parts absent), every gradient ||diff||/||ref|| <= 2e-2 on the cases fit for that bar
+# (bf16_floor.json), of which there must be a text and an image one. Plain python3.
 parity_check() {
   local dir case_name out_dir="$OUT/parity" rc=0
-  mkdir -p "$out_dir"
+  mkdir -p "$out_dir" && rm -f "$out_dir/fit_cases.txt"
   for dir in "${GOLDEN_ROOT:-tests/golden}"/*/; do
     case_name=$(basename "$dir")
     [ -f "$dir/expected.safetensors" ] && [ -f "$dir/inputs.safetensors" ] || continue
+    local kind=text
+    python3 -c "import json,struct,sys; f=open(sys.argv[1],'rb'); n=struct.unpack('<Q',f.read(8))[0]; \
+sys.exit(0 if 'pixel_values' in json.loads(f.read(n)) else 1)" "$dir/inputs.safetensors" && kind=vlm
     for variant in all merger_only; do
       local flags=""
       if [ "$variant" = merger_only ]; then
-        python3 -c "import json,struct,sys; f=open(sys.argv[1],'rb'); n=struct.unpack('<Q',f.read(8))[0]; \
-sys.exit(0 if 'pixel_values' in json.loads(f.read(n)) else 1)" "$dir/inputs.safetensors" || continue
+        [ "$kind" = vlm ] || continue
         flags="--freeze_vit --freeze_llm"
       fi
       local out="$out_dir/$case_name.$variant.safetensors"
@@ -35,7 +38,7 @@ sys.exit(0 if 'pixel_values' in json.loads(f.read(n)) else 1)" "$dir/inputs.safe
       # shellcheck disable=SC2086
       gpu_bundle/bin/deltamoe parity --device cuda --model "$dir/model" --inputs "$dir/inputs.safetensors" \
         --out "$out" $flags || { rc=1; continue; }
-      python3 - "$out" "$dir/expected.safetensors" "$variant" "$case_name" <<'PY' || rc=1
+      python3 - "$out" "$dir/expected.safetensors" "$variant" "$case_name" "$kind" <<'PY' || rc=1
 import array, json, math, struct, sys
 
 def load(path):  # f32 safetensors (parity outputs and golden files are all f32): name -> flat floats
@@ -55,10 +58,17 @@ def load(path):  # f32 safetensors (parity outputs and golden files are all f32)
     return out
 
 got, ref, variant = load(sys.argv[1]), load(sys.argv[2]), sys.argv[3]
-# Gradients are asserted on the *_router_margin cases only: the older golden models are so
-# sensitive (router near-ties, gain-1 matrices) that the fp32 CPU reference itself moves up to 0.25
-# under bf16-rounded weights (docs/vision.md, "bf16 parity and conditioning"); there they are printed.
-assert_gradients = sys.argv[4].endswith("_router_margin")
+# Gradients are asserted on the cases fit for 2e-2: where transformers itself in bf16 mixed
+# precision (autocast) keeps every gradient within 2e-2 of the golden (bf16_floor.json, written by
+# tools/golden/bf16_floor.py). Elsewhere bf16 alone moves them further (docs/vision.md, "bf16 parity
+# and conditioning"), and they are printed.
+import os
+floor_file = os.path.join(os.path.dirname(sys.argv[2]), "bf16_floor.json")
+floor = json.load(open(floor_file))["modes"] if os.path.exists(floor_file) else None
+assert_gradients = floor is not None and floor["autocast"]["worst"] <= 2e-2
+if floor is not None:
+    print(f"  transformers' own worst gradient error in bf16: autocast {floor['autocast']['worst']:.3e}, "
+          f"pure bf16 {floor['bf16']['worst']:.3e}" + ("" if assert_gradients else " (not fit for 2e-2)"))
 ok = True
 for loss in ("ce_loss", "aux_loss"):
     rel = abs(got[loss][0] - ref[loss][0]) / abs(ref[loss][0])
@@ -85,12 +95,21 @@ for name in sorted(expected & produced):
         print(f"  OVER {name}: {ratio:.3e}")
         ok = False
 print(f"  {len(expected & produced)} gradients, worst ||diff||/||ref|| {worst[0]:.3e} ({worst[1]})"
-      + ("" if assert_gradients else " (printed only: an ill-conditioned case)"))
+      + ("" if assert_gradients else " (printed only: not fit for 2e-2)"))
+if assert_gradients and variant == "all":
+    open(os.path.join(os.path.dirname(sys.argv[1]), "fit_cases.txt"), "a").write(
+        f"{sys.argv[4]} {sys.argv[5]}\n")
 print("  PASS" if ok else "  FAIL")
 sys.exit(0 if ok else 1)
 PY
     done
   done
+  # The issue's bar needs at least one text and one image case fit for it.
+  for kind in text vlm; do
+    grep -q " $kind\$" "$out_dir/fit_cases.txt" 2>/dev/null ||
+      { echo "FAIL: no $kind golden case is fit for 2e-2 (bf16_floor.json autocast worst <= 2e-2)"; rc=1; }
+  done
+  echo "fit for 2e-2: $(tr '\n' ' ' < "$out_dir/fit_cases.txt" 2>/dev/null)"
   return $rc
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader

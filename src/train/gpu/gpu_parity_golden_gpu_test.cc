@@ -3,19 +3,24 @@
 // (1) the fp32 CPU reference with its routing PINNED to the GPU's top-k choices: losses within
 // 1e-2, every gradient within max(2e-2, kWholeModelFactor x the CPU's own move under one bf16-sized
 // change of the weights, pinned too); (2) transformers' expected.safetensors and the unpinned CPU
-// run: losses within 1e-2, gradients printed, and asserted to 2e-2 only on the *_router_margin
-// cases, built to be well-conditioned for bf16. Why: the older golden models use transformers'
-// init (std 0.02); their routers are near-uniform, so top-k near-ties flip under any bf16 rounding,
-// and even with routing pinned one bf16 rounding of the weights moves most of their gradients
-// past 2e-2 (measured on the CPU: parity_bf16_sensitivity_golden_test, docs/testing.md).
+// run: losses within 1e-2, gradients printed, and asserted to 2e-2 on the cases fit for that bar:
+// those where transformers itself, trained in bf16 mixed precision (torch.autocast), keeps every
+// gradient within 2e-2 of its fp32 golden (<case>/bf16_floor.json, tools/golden/bf16_floor.py). At
+// least one text and one VLM case must be fit. Why: on tiny models one bf16 rounding per activation
+// moves gate and norm gradients (sums over few tokens that cancel) by several percent; the older
+// golden models (gain-1 matrices, router near-ties) move past 2e-2 even from bf16 weights alone
+// (parity_bf16_sensitivity_golden_test, docs/vision.md "bf16 parity and conditioning").
 // Cases with images are also run with the ViT and the language model frozen (merger only).
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <tuple>
 #include <string>
@@ -47,10 +52,28 @@ constexpr double kWholeModelFactor = 8.0;
 constexpr double kWeightPerturbation = 1.0 / 512.0;
 constexpr uint64_t kPerturbationSeed = 20261202;
 
-bool well_conditioned(const std::string& case_name) {
-  const std::string suffix = "_router_margin";
-  return case_name.size() > suffix.size() &&
-         case_name.compare(case_name.size() - suffix.size(), suffix.size(), suffix) == 0;
+// What bf16 costs transformers on one case, from <case>/bf16_floor.json (absent: not measured).
+struct Conditioning {
+  bool measured = false;
+  double autocast_worst = 0, bf16_worst = 0;  // worst gradient ||diff||/||ref|| of each mode
+  std::string autocast_worst_name;
+  bool fit() const { return measured && autocast_worst <= kGradRatio; }
+};
+
+Conditioning read_conditioning(const fs::path& dir) {
+  Conditioning conditioning;
+  const fs::path file = dir / "bf16_floor.json";
+  if (!fs::exists(file)) return conditioning;
+  std::ifstream stream(file);
+  const nlohmann::json json = nlohmann::json::parse(stream, nullptr, /*allow_exceptions=*/false);
+  CHECK(json.is_object() && json.contains("modes") && json["modes"].contains("autocast") &&
+            json["modes"].contains("bf16"),
+        file.string(), ": not a bf16_floor.py summary (no modes.autocast / modes.bf16)");
+  conditioning.measured = true;
+  conditioning.autocast_worst = json["modes"]["autocast"].at("worst").get<double>();
+  conditioning.autocast_worst_name = json["modes"]["autocast"].at("worst_name").get<std::string>();
+  conditioning.bf16_worst = json["modes"]["bf16"].at("worst").get<double>();
+  return conditioning;
 }
 
 std::string golden_dir() {
@@ -216,17 +239,22 @@ void compare_with(const std::string& case_name, const ParityResult& gpu, const R
 TEST(GpuParityGolden, EveryCaseMatchesTransformersAndTheCpuReference) {
   const std::vector<fs::path> cases = golden_cases();
   ASSERT_FALSE(cases.empty()) << "no golden cases under " << golden_dir();
-  int with_images = 0, conditioned = 0;
+  int with_images = 0, fit_text = 0, fit_images = 0;
   for (const fs::path& dir : cases) {
     const std::string name = dir.filename().string();
     SCOPED_TRACE(name);
     const ModelCheckpoint checkpoint = load_model_dir((dir / "model").string());
     const ParityInputs inputs = load_parity_inputs((dir / "inputs.safetensors").string());
-    const bool strict = well_conditioned(name);
-    conditioned += strict;
+    const Conditioning conditioning = read_conditioning(dir);
+    const bool strict = conditioning.fit();
+    (inputs.pixel_values ? fit_images : fit_text) += strict;
     std::printf("%s: %s%s\n", name.c_str(),
                 inputs.pixel_values ? str_cat(inputs.image_grid_thw->shape()[0], " images").c_str() : "text only",
-                strict ? ", well-conditioned (golden and CPU gradients asserted to 2e-2)" : "");
+                strict ? ", fit for 2e-2 (golden and CPU gradients asserted to it)" : "");
+    if (conditioning.measured)
+      std::printf("  %s: transformers' own worst gradient error in bf16: autocast %.3e (%s), pure bf16 %.3e\n",
+                  name.c_str(), conditioning.autocast_worst, conditioning.autocast_worst_name.c_str(),
+                  conditioning.bf16_worst);
     const ParityResult gpu = run_parity_gpu(checkpoint, inputs);
     const ParityResult cpu = run_parity_cpu(checkpoint, inputs);
     std::printf("  %s: the GPU's top-k expert set differs from the CPU's on %lld of %lld (layer, token) pairs\n",
@@ -263,9 +291,11 @@ TEST(GpuParityGolden, EveryCaseMatchesTransformersAndTheCpuReference) {
                  reference_from_result("cpu", run_parity_cpu(checkpoint, inputs, merger_only)), unpinned);
     EXPECT_EQ(gpu_frozen.grads.size(), 6u) << "the merger has 6 tensors";
   }
-  std::printf("%zu cases, %d with images, %d well-conditioned (*_router_margin)\n", cases.size(), with_images,
-              conditioned);
+  std::printf("%zu cases, %d with images; fit for 2e-2: %d text, %d with images\n", cases.size(), with_images,
+              fit_text, fit_images);
   EXPECT_GT(with_images, 0) << "no golden case with images";
+  EXPECT_GT(fit_text, 0) << "no text-only golden case fit for 2e-2 (bf16_floor.json autocast worst <= 2e-2)";
+  EXPECT_GT(fit_images, 0) << "no golden case with images fit for 2e-2 (bf16_floor.json autocast worst <= 2e-2)";
 }
 
 // Inputs the CPU run refuses, the GPU run refuses too (before any device work), with a message.
