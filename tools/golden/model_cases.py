@@ -156,21 +156,26 @@ def all_cases():
                   vlm_inputs([[("text", 5), ("vs",), ("image", (1, 4, 6)), ("ve",), ("text", 4),
                                ("vs",), ("image", (1, 6, 2)), ("ve",), ("text", 7)]]),
                   1007, kWellConditionedMatrixGain, kBf16RouterLogitGap),
-        # Candidates with more tokens per gradient sum and a wider hidden size (bf16 conditioning).
-        ModelCase("text_long_router_margin", "text_long's shapes and inputs (B=1, S=200, first 20 labels "
-                  f"-100); matrices at gain {kWellConditionedMatrixGain}, router logit gaps >= "
-                  f"{kBf16RouterLogitGap}", "text", narrow4, text_inputs(1, 200, [20]),
-                  1008, kWellConditionedMatrixGain, kBf16RouterLogitGap),
-        ModelCase("text_wide_router_margin", "hidden 128, 4 layers [lin,lin,lin,full], B=2, S=96, prompt "
-                  f"labels -100 (8 and 16 tokens); matrices at gain {kWellConditionedMatrixGain}, router "
-                  f"logit gaps >= {kBf16RouterLogitGap}", "text", dict(base, hidden_size=128),
-                  text_inputs(2, 96, [8, 16]), 1009, kWellConditionedMatrixGain, kBf16RouterLogitGap),
-        ModelCase("vlm_long_router_margin", "vlm_two_images' images with 3x the text around them; "
-                  f"matrices at gain {kWellConditionedMatrixGain}, router logit gaps >= {kBf16RouterLogitGap}",
-                  "vlm", vlm,
-                  vlm_inputs([[("text", 15), ("vs",), ("image", (1, 4, 6)), ("ve",), ("text", 12),
-                               ("vs",), ("image", (1, 6, 2)), ("ve",), ("text", 21)]]),
-                  1010, kWellConditionedMatrixGain, kBf16RouterLogitGap),
+        # Smaller matrix gains (bf16 conditioning candidates; bf16_floor.py decides fitness).
+        ModelCase("text_gain015_router_margin", "text_two_rows' shapes and inputs; matrices at gain 0.15, "
+                  f"router logit gaps >= {kBf16RouterLogitGap}", "text", base, text_inputs(2, 37, [5, 11]),
+                  1011, 0.15, kBf16RouterLogitGap),
+        ModelCase("text_gain010_router_margin", "text_two_rows' shapes and inputs; matrices at gain 0.1, "
+                  f"router logit gaps >= {kBf16RouterLogitGap}", "text", base, text_inputs(2, 37, [5, 11]),
+                  1012, 0.1, kBf16RouterLogitGap),
+        ModelCase("text_wide_gain015_router_margin", "hidden 64, B=2, S=48, prompt labels -100 (6 and 12 "
+                  f"tokens); matrices at gain 0.15, router logit gaps >= {kBf16RouterLogitGap}", "text",
+                  dict(base, hidden_size=64), text_inputs(2, 48, [6, 12]), 1013, 0.15, kBf16RouterLogitGap),
+        ModelCase("vlm_gain015_router_margin", "vlm_two_images' shapes and inputs; matrices at gain 0.15, "
+                  f"router logit gaps >= {kBf16RouterLogitGap}", "vlm", vlm,
+                  vlm_inputs([[("text", 5), ("vs",), ("image", (1, 4, 6)), ("ve",), ("text", 4),
+                               ("vs",), ("image", (1, 6, 2)), ("ve",), ("text", 7)]]),
+                  1014, 0.15, kBf16RouterLogitGap),
+        ModelCase("vlm_gain010_router_margin", "vlm_two_images' shapes and inputs; matrices at gain 0.1, "
+                  f"router logit gaps >= {kBf16RouterLogitGap}", "vlm", vlm,
+                  vlm_inputs([[("text", 5), ("vs",), ("image", (1, 4, 6)), ("ve",), ("text", 4),
+                               ("vs",), ("image", (1, 6, 2)), ("ve",), ("text", 7)]]),
+                  1015, 0.1, kBf16RouterLogitGap),
     ]
 
 

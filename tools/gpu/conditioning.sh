@@ -35,8 +35,14 @@ grep -E "^---|own worst|OVER|worst|PASS|FAIL|fit for" "$logs/parity.log"
 python3 tools/golden/bf16_floor.py --deltamoe "$logs/parity" $(echo "$cases" | grep router_margin) 2>&1 |
   grep -v -i "warn\|falling back" > "$logs/side_by_side.log"
 grep -E "^==|deltamoe" "$logs/side_by_side.log"
-new_files=$(cd tests && ls golden/*/bf16_floor.json; for name in ${CANDIDATES//,/ }; do [ -d "golden/$name" ] && echo "golden/$name"; done)
-# shellcheck disable=SC2086
-tar czf "$OUT/conditioning.tgz" -C /tmp/conditioning logs -C "$PWD/tests" $new_files
+# At most 8 files of 16 MiB come back: the logs with every bf16_floor.json, then one archive per
+# candidate case that is fit for 2e-2 (the others are described by the logs).
+(cd tests && ls golden/*/bf16_floor.json) > /tmp/conditioning/floor_files.txt
+tar czf "$OUT/conditioning.tgz" --exclude="*.safetensors" -C /tmp/conditioning logs -C "$PWD/tests" $(cat /tmp/conditioning/floor_files.txt)
+for name in ${CANDIDATES//,/ }; do
+  grep -q '"fit_for_bound": true' "tests/golden/$name/bf16_floor.json" 2>/dev/null &&
+    tar czf "$OUT/case_$name.tgz" -C "$PWD/tests" "golden/$name"
+done
+ls -la "$OUT"
 echo "conditioning: exit $status"
 exit $status
