@@ -156,16 +156,12 @@ def all_cases():
                   vlm_inputs([[("text", 5), ("vs",), ("image", (1, 4, 6)), ("ve",), ("text", 4),
                                ("vs",), ("image", (1, 6, 2)), ("ve",), ("text", 7)]]),
                   1007, kWellConditionedMatrixGain, kBf16RouterLogitGap),
-        # Smaller matrix gains (bf16 conditioning candidates; bf16_floor.py decides fitness).
+        # Matrices at smaller gains: measured fit for the 2e-2 bar by bf16_floor.py (transformers'
+        # autocast run within it; docs/vision.md). Tried and not kept: text at gain 0.1 and hidden 64
+        # at 0.15 (autocast 3.9e-2 / 5.2e-2), longer or wider cases at 0.3.
         ModelCase("text_gain015_router_margin", "text_two_rows' shapes and inputs; matrices at gain 0.15, "
                   f"router logit gaps >= {kBf16RouterLogitGap}", "text", base, text_inputs(2, 37, [5, 11]),
                   1011, 0.15, kBf16RouterLogitGap),
-        ModelCase("text_gain010_router_margin", "text_two_rows' shapes and inputs; matrices at gain 0.1, "
-                  f"router logit gaps >= {kBf16RouterLogitGap}", "text", base, text_inputs(2, 37, [5, 11]),
-                  1012, 0.1, kBf16RouterLogitGap),
-        ModelCase("text_wide_gain015_router_margin", "hidden 64, B=2, S=48, prompt labels -100 (6 and 12 "
-                  f"tokens); matrices at gain 0.15, router logit gaps >= {kBf16RouterLogitGap}", "text",
-                  dict(base, hidden_size=64), text_inputs(2, 48, [6, 12]), 1013, 0.15, kBf16RouterLogitGap),
         ModelCase("vlm_gain015_router_margin", "vlm_two_images' shapes and inputs; matrices at gain 0.15, "
                   f"router logit gaps >= {kBf16RouterLogitGap}", "vlm", vlm,
                   vlm_inputs([[("text", 5), ("vs",), ("image", (1, 4, 6)), ("ve",), ("text", 4),
