@@ -27,6 +27,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tiny_models as tm  # noqa: E402
 
 kModes = ("fp32", "weights", "weights+linear", "weights+linear+residual", "autocast", "bf16")
+# Autocast plus one more bf16 rounding each (--modes), to tell which of what autocast keeps in fp32
+# a bf16 engine pays for: norm parameters, the embedding table, the residual streams (decoder
+# layers' and vision blocks' outputs and their gradients).
+kAutocastVariants = ("autocast+norms", "autocast+embeddings", "autocast+residual",
+                     "autocast+norms+embeddings+residual")
 
 
 def parse_args(argv):
@@ -36,6 +41,8 @@ def parse_args(argv):
     parser.add_argument("--bound", type=float, default=2e-2, help="the ||diff||/||ref|| bar to count against")
     parser.add_argument("--show", default="", help="comma-separated substrings of gradient names to always print")
     parser.add_argument("--json", default="", help="also write every number to this file")
+    parser.add_argument("--modes", default=",".join(kModes),
+                        help=f"comma-separated modes (also: {', '.join(kAutocastVariants)})")
     parser.add_argument("--write-floor", action="store_true", help="write <case>/bf16_floor.json")
     parser.add_argument("--deltamoe", default="", help="folder of deltamoe parity outputs <case>.all.safetensors")
     return parser.parse_args(argv)
@@ -72,7 +79,7 @@ def install_rounding(torch, model, linear, residual):
         if linear and isinstance(module, torch.nn.Linear):
             handles.append(module.register_forward_pre_hook(lambda _m, args: round_tree(args)))
             handles.append(module.register_forward_hook(lambda _m, _args, out: round_tree(out)))
-        if residual and type(module).__name__.endswith("DecoderLayer"):
+        if residual and type(module).__name__.endswith(("DecoderLayer", "VisionBlock")):
             handles.append(module.register_forward_hook(lambda _m, _args, out: round_tree(out)))
     return handles
 
@@ -105,7 +112,15 @@ def run_mode(torch, model_cases, model, inputs, mode, device):
             for parameter in work.parameters():
                 parameter.copy_(parameter.to(torch.bfloat16).float())
         handles = install_rounding(torch, work, "linear" in mode, "residual" in mode)
-    context = (torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16) if mode == "autocast"
+    if mode.startswith("autocast+"):
+        with torch.no_grad():
+            for module in work.modules():
+                rounded = ("norms" in mode and "Norm" in type(module).__name__) or (
+                    "embeddings" in mode and module is work.get_input_embeddings())
+                for parameter in (module.parameters(recurse=False) if rounded else ()):
+                    parameter.copy_(parameter.to(torch.bfloat16).float())
+        handles = install_rounding(torch, work, False, "residual" in mode)
+    context = (torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16) if mode.startswith("autocast")
                else torch.autocast(device_type="cpu", enabled=False))
     with context:
         outputs = model_cases._forward(work, inputs)
@@ -167,9 +182,14 @@ def main(argv):
         model, inputs, expected = load_case(torch, case_dir, device)
         print(f"== {case} on {device}: transformers' gradients in each precision vs the fp32 golden file")
         report[case] = {}
-        modes = kModes
+        modes = tuple(m for m in args.modes.split(",") if m)
+        unknown = [m for m in modes if m not in kModes + kAutocastVariants]
+        if unknown:
+            raise SystemExit(f"bf16_floor.py: unknown --modes {unknown}")
+        if args.write_floor and not {"autocast", "bf16"} <= set(modes):
+            raise SystemExit("bf16_floor.py: --write-floor needs the autocast and bf16 modes")
         if args.deltamoe and os.path.exists(os.path.join(args.deltamoe, f"{case}.all.safetensors")):
-            modes = kModes + ("deltamoe",)
+            modes = modes + ("deltamoe",)
         for mode in modes:
             if mode == "deltamoe":
                 from safetensors.torch import load_file
@@ -196,6 +216,8 @@ def main(argv):
         if "deltamoe" in report[case]:
             engine = report[case]["deltamoe"]["gradients"]
             for mode in ("autocast", "bf16"):
+                if mode not in report[case]:
+                    continue
                 floor = report[case][mode]["gradients"]
                 ratios = sorted(((engine[n] / max(floor[n], 1e-12), n) for n in engine if n in floor), reverse=True)
                 beyond = [n for n in engine if engine[n] > args.bound and floor.get(n, 0) <= args.bound]
