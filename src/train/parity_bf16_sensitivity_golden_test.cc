@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "checkpoint/model_checkpoint.h"
+#include "train/golden_cases_test_util.h"
 #include "train/parity.h"
 #include "train/parity_sensitivity.h"
 
@@ -30,17 +31,7 @@ constexpr double kGradRatio = 2e-2;  // the GPU acceptance bound on every gradie
 // cases are built): worst 1.7e-2 / 2.3e-2; at gain 1 the same cases move 0.25 / 0.28. 5e-2 keeps 2x.
 constexpr double kConditionedMove = 5e-2;
 
-std::vector<fs::path> golden_cases() {
-  const char* source = std::getenv("DELTAMOE_SOURCE_DIR");
-  const fs::path root = fs::path(source != nullptr ? source : ".") / "tests" / "golden";
-  std::vector<fs::path> cases;
-  if (!fs::is_directory(root)) return cases;
-  for (const auto& entry : fs::directory_iterator(root))
-    if (fs::exists(entry.path() / "inputs.safetensors") && fs::is_directory(entry.path() / "model"))
-      cases.push_back(entry.path());
-  std::sort(cases.begin(), cases.end());
-  return cases;
-}
+using golden_test::golden_cases;
 
 struct MoveSummary {
   double worst = 0;

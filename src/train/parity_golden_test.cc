@@ -13,6 +13,7 @@
 #include "checkpoint/model_checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "train/golden_cases_test_util.h"
 #include "train/parity.h"
 
 namespace deltamoe {
@@ -22,22 +23,8 @@ namespace fs = std::filesystem;
 
 constexpr double kLossTolerance = 1e-5, kLogitsTolerance = 1e-4, kGradTolerance = 1e-4;
 
-std::string golden_dir() {
-  const char* source = std::getenv("DELTAMOE_SOURCE_DIR");
-  return (fs::path(source != nullptr ? source : ".") / "tests" / "golden").string();
-}
-
-// Cases: directories with model/, inputs.safetensors and expected.safetensors.
-std::vector<fs::path> golden_cases() {
-  std::vector<fs::path> cases;
-  if (!fs::is_directory(golden_dir())) return cases;
-  for (const auto& entry : fs::directory_iterator(golden_dir())) {
-    const fs::path dir = entry.path();
-    if (fs::exists(dir / "expected.safetensors") && fs::exists(dir / "inputs.safetensors")) cases.push_back(dir);
-  }
-  std::sort(cases.begin(), cases.end());
-  return cases;
-}
+using golden_test::golden_cases;
+using golden_test::golden_dir;
 
 std::vector<float> f32_values(const StoredTensor& tensor) {
   const HostTensor host = tensor.to_host().to_f32();

@@ -75,7 +75,7 @@ def install_rounding(torch, model, linear, residual):
             return tuple(round_tree(v) for v in value)
         return value
 
-    for name, module in model.named_modules():
+    for module in model.modules():
         if linear and isinstance(module, torch.nn.Linear):
             handles.append(module.register_forward_pre_hook(lambda _m, args: round_tree(args)))
             handles.append(module.register_forward_hook(lambda _m, _args, out: round_tree(out)))

@@ -29,6 +29,7 @@
 #include "checkpoint/model_checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "train/golden_cases_test_util.h"
 #include "train/gpu/gpu_parity.h"
 #include "train/parity.h"
 #include "train/parity_sensitivity.h"
@@ -76,23 +77,8 @@ Conditioning read_conditioning(const fs::path& dir) {
   return conditioning;
 }
 
-std::string golden_dir() {
-  const char* source = std::getenv("DELTAMOE_SOURCE_DIR");
-  return (fs::path(source != nullptr ? source : ".") / "tests" / "golden").string();
-}
-
-std::vector<fs::path> golden_cases() {
-  std::vector<fs::path> cases;
-  if (!fs::is_directory(golden_dir())) return cases;
-  for (const auto& entry : fs::directory_iterator(golden_dir())) {
-    const fs::path dir = entry.path();
-    if (fs::exists(dir / "expected.safetensors") && fs::exists(dir / "inputs.safetensors") &&
-        fs::is_directory(dir / "model"))
-      cases.push_back(dir);
-  }
-  std::sort(cases.begin(), cases.end());
-  return cases;
-}
+using golden_test::golden_cases;
+using golden_test::golden_dir;
 
 // A reference in the result's terms: losses and gradients by name ("grad." / "grad_aux." maps).
 struct Reference {
