@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the CUDA code (sm_90a by default; BUNDLE_ARCH to change) here and gathers what a GPU machine needs into gpu_bundle/:
-# the deltamoe program, every gpu-labelled test program, and a runner. Carry gpu_bundle/ to the
+# the deltamoe program and every gpu-labelled test program (packed: programs.tar.xz), and a runner. Carry gpu_bundle/ to the
 # GPU machine (same CUDA major version) and run `bash gpu_bundle/run_gpu_tests.sh` there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,15 +17,23 @@ cp "$build/deltamoe" gpu_bundle/bin/
 for test_name in $gpu_tests; do
   if [ -x "$build/$test_name" ]; then cp "$build/$test_name" gpu_bundle/bin/; else echo "gpu_bundle: MISSING $test_name"; fi
 done
-strip gpu_bundle/bin/*  # the device carries at most 64 MiB with the tree
+strip gpu_bundle/bin/*
 # Shared libraries a bare GPU machine may lack (image codecs); CUDA's own come from the machine.
 mkdir -p gpu_bundle/lib
 for program in gpu_bundle/bin/*; do
   ldd "$program" | awk '/=> \// {print $3}' | grep -E 'lib(jpeg|png16|webp|webpdemux|exif|z)\.so' || true
 done | sort -u | while read -r library; do cp -L "$library" gpu_bundle/lib/; done
+# The device carries at most 64 MiB with the tree: the programs travel xz-packed (~6x smaller) and
+# env.sh unpacks them on first use (python3's tarfile, present wherever torch is).
+tar cJf gpu_bundle/programs.tar.xz -C gpu_bundle bin && rm -rf gpu_bundle/bin
 cat > gpu_bundle/env.sh <<'ENV'
-# Sourced on the GPU machine: finds the carried codec libraries and CUDA's libraries there.
+# Sourced on the GPU machine: unpacks the programs once, finds the carried codec libraries and
+# CUDA's libraries there.
 bundle_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [ ! -d "$bundle_dir/bin" ] && [ -f "$bundle_dir/programs.tar.xz" ]; then
+  python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+    "$bundle_dir/programs.tar.xz" "$bundle_dir"
+fi
 cuda_libs=$(dirname "$(find /usr/local/cuda/ /usr/local/cuda/lib64/ /opt /usr/lib -name 'libcublasLt.so.13*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="$bundle_dir/lib:${cuda_libs}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 ENV

@@ -16,10 +16,10 @@ BENCH_ARGS="${BENCH_ARGS:---tokens 8192 --seqs 2 --steps 10 --warmup 3}"
 layer_list=("$@")
 [ ${#layer_list[@]} -eq 0 ] && layer_list=(4 8)
 
+[ -f gpu_bundle/env.sh ] && source gpu_bundle/env.sh  # (unpacks the bundle's programs)
 if [ -z "${DELTAMOE:-}" ]; then
   if [ -x gpu_bundle/bin/deltamoe ]; then DELTAMOE=gpu_bundle/bin/deltamoe; else DELTAMOE=build/default/deltamoe; fi
 fi
-[ -f gpu_bundle/env.sh ] && source gpu_bundle/env.sh
 if [ ! -x "$DELTAMOE" ]; then
   echo "ERROR: no deltamoe program at '$DELTAMOE' (build with scripts/gpu_bundle.sh or set DELTAMOE=...)" >&2
   exit 1

@@ -1,5 +1,5 @@
-// CUDA kernels of the embedding lookup and its scatter-add backward: one block per token,
-// threads across the hidden width (16-byte accesses when the width allows).
+// CUDA kernels of the embedding lookup (fp32 rows of the master table) and its scatter-add
+// backward: one block per token, threads across the hidden width (16-byte accesses when aligned).
 #include "core/cuda_check.h"
 #include "kernels/embedding/embedding_cuda.h"
 #include "kernels/gemm/bf16_vector.cuh"
@@ -11,7 +11,7 @@ namespace {
 constexpr int kThreads = 256;
 
 template <int kVec>
-__global__ void embedding_forward_kernel(const int64_t* ids, const __nv_bfloat16* table, __nv_bfloat16* out,
+__global__ void embedding_forward_kernel(const int64_t* ids, const float* table, float* out,
                                          int64_t vocab, int64_t hidden, int32_t* bad_id_position) {
   const int64_t t = blockIdx.x;
   const int64_t id = ids[t];
@@ -20,24 +20,24 @@ __global__ void embedding_forward_kernel(const int64_t* ids, const __nv_bfloat16
   for (int64_t c = threadIdx.x * kVec; c < hidden; c += kThreads * kVec) {
     float values[kVec];
     if (valid) {
-      load_bf16_as_f32<kVec>(table + id * hidden + c, values);
+      load_as_f32<kVec>(table + id * hidden + c, values);
     } else {
 #pragma unroll
       for (int i = 0; i < kVec; ++i) values[i] = 0.0f;
     }
-    store_f32_as_bf16<kVec>(out + t * hidden + c, values);
+    store_from_f32<kVec>(out + t * hidden + c, values);
   }
 }
 
 template <int kVec>
-__global__ void embedding_backward_kernel(const int64_t* ids, const __nv_bfloat16* d_out, float* d_table,
+__global__ void embedding_backward_kernel(const int64_t* ids, const float* d_out, float* d_table,
                                           int64_t vocab, int64_t hidden) {
   const int64_t t = blockIdx.x;
   const int64_t id = ids[t];
   if (id < 0 || id >= vocab) return;
   for (int64_t c = threadIdx.x * kVec; c < hidden; c += kThreads * kVec) {
     float values[kVec];
-    load_bf16_as_f32<kVec>(d_out + t * hidden + c, values);
+    load_as_f32<kVec>(d_out + t * hidden + c, values);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) atomicAdd(d_table + id * hidden + c + i, values[i]);
   }
@@ -45,7 +45,7 @@ __global__ void embedding_backward_kernel(const int64_t* ids, const __nv_bfloat1
 
 }  // namespace
 
-void embedding_forward_cuda(const int64_t* ids, const __nv_bfloat16* table, __nv_bfloat16* out, int64_t num_tokens,
+void embedding_forward_cuda(const int64_t* ids, const float* table, float* out, int64_t num_tokens,
                             int64_t vocab, int64_t hidden, int32_t* bad_id_position, cudaStream_t stream) {
   CHECK(num_tokens >= 0 && vocab > 0 && hidden > 0, "embedding_forward_cuda: bad sizes T ", num_tokens, ", V ", vocab,
         ", C ", hidden);
@@ -60,7 +60,7 @@ void embedding_forward_cuda(const int64_t* ids, const __nv_bfloat16* table, __nv
   CUDA_CHECK_LAUNCH();
 }
 
-void embedding_backward_cuda(const int64_t* ids, const __nv_bfloat16* d_out, float* d_table, int64_t num_tokens,
+void embedding_backward_cuda(const int64_t* ids, const float* d_out, float* d_table, int64_t num_tokens,
                              int64_t vocab, int64_t hidden, cudaStream_t stream) {
   CHECK(num_tokens >= 0 && vocab > 0 && hidden > 0, "embedding_backward_cuda: bad sizes T ", num_tokens, ", V ",
         vocab, ", C ", hidden);

@@ -1,5 +1,6 @@
-// CUDA token embedding lookup (bf16 rows copied out) and its backward (fp32 scatter-add into the
-// embedding gradient). Legend: T tokens, V vocabulary rows, C hidden.
+// CUDA token embedding lookup and its backward (fp32 scatter-add into the embedding gradient). The
+// rows are copied from the fp32 master table into the fp32 residual stream, as bf16 autocast does
+// (an fp32 parameter keeps the embedding output fp32). Legend: T tokens, V vocabulary rows, C hidden.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,15 +10,15 @@
 
 namespace deltamoe {
 
-// ids int64 [T]; table [V, C] bf16; out [T, C] bf16 written. An id outside [0, V) gives a zero
+// ids int64 [T]; table [V, C] f32; out [T, C] f32 written. An id outside [0, V) gives a zero
 // row and, when bad_id_position is non-null (int32 device scalar, zeroed by the caller), stores
 // 1 + the position of one such token there, for the caller to report after its next sync.
-void embedding_forward_cuda(const int64_t* ids, const __nv_bfloat16* table, __nv_bfloat16* out, int64_t num_tokens,
+void embedding_forward_cuda(const int64_t* ids, const float* table, float* out, int64_t num_tokens,
                             int64_t vocab, int64_t hidden, int32_t* bad_id_position, cudaStream_t stream);
 
-// d_out [T, C] bf16; d_table [V, C] f32 added to. Repeated ids accumulate through fp32 atomics,
+// d_out [T, C] f32; d_table [V, C] f32 added to. Repeated ids accumulate through fp32 atomics,
 // so their summation order (last bits) may differ from run to run. Out-of-range ids are skipped.
-void embedding_backward_cuda(const int64_t* ids, const __nv_bfloat16* d_out, float* d_table, int64_t num_tokens,
+void embedding_backward_cuda(const int64_t* ids, const float* d_out, float* d_table, int64_t num_tokens,
                              int64_t vocab, int64_t hidden, cudaStream_t stream);
 
 }  // namespace deltamoe

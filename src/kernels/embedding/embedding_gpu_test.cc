@@ -1,4 +1,4 @@
-// GPU test of the embedding lookup and its fp32 scatter-add backward against the reference
+// GPU test of the fp32 embedding lookup and its fp32 scatter-add backward against the reference
 // (repeated ids, odd widths, T = 1, the 35B width), the bad-id report, and timing at 8192 tokens.
 #include <gtest/gtest.h>
 
@@ -23,25 +23,25 @@ void check_embedding(int64_t tokens, int64_t vocab, int64_t hidden, uint64_t see
   std::printf("embedding T=%lld V=%lld C=%lld\n", static_cast<long long>(tokens), static_cast<long long>(vocab),
               static_cast<long long>(hidden));
   HostTensor ids = random_ids(tokens, vocab, seed);
-  HostTensor table = random_bf16_exact({vocab, hidden}, seed + 1);
-  HostTensor d_out = random_bf16_exact({tokens, hidden}, seed + 2);
+  HostTensor table = random_normal_tensor({vocab, hidden}, seed + 1);
+  HostTensor d_out = random_normal_tensor({tokens, hidden}, seed + 2);
   HostTensor out_ref(DType::f32, {tokens, hidden});
   HostTensor d_table_ref = random_normal_tensor({vocab, hidden}, seed + 3);
   embedding_forward_ref(ids.as<int64_t>(), table.as<float>(), out_ref.as<float>(), tokens, vocab, hidden);
   DeviceTensor d_table = to_device(d_table_ref, DType::f32);  // the initial gradient, before the add
   embedding_backward_ref(ids.as<int64_t>(), d_out.as<float>(), d_table_ref.as<float>(), tokens, vocab, hidden);
 
-  DeviceTensor ids_d = to_device(ids), table_d = to_device(table, DType::bf16), d_out_d = to_device(d_out, DType::bf16);
-  DeviceTensor out_d = poisoned_device_tensor(DType::bf16, {tokens, hidden});
+  DeviceTensor ids_d = to_device(ids), table_d = to_device(table, DType::f32), d_out_d = to_device(d_out, DType::f32);
+  DeviceTensor out_d = poisoned_device_tensor(DType::f32, {tokens, hidden});
   HostTensor zero_flag(DType::i32, {1});
   DeviceTensor flag_d = to_device(zero_flag);
-  embedding_forward_cuda(ids_d.view.as<int64_t>(), bf16_ptr(table_d), bf16_ptr(out_d), tokens, vocab, hidden,
+  embedding_forward_cuda(ids_d.view.as<int64_t>(), f32_ptr(table_d), f32_ptr(out_d), tokens, vocab, hidden,
                          flag_d.view.as<int32_t>(), nullptr);
-  embedding_backward_cuda(ids_d.view.as<int64_t>(), bf16_ptr(d_out_d), f32_ptr(d_table), tokens, vocab, hidden,
+  embedding_backward_cuda(ids_d.view.as<int64_t>(), f32_ptr(d_out_d), f32_ptr(d_table), tokens, vocab, hidden,
                           nullptr);
   device_synchronize();
   // A lookup is a copy: bit-exact.
-  CompareResult out = compare_tensors("out (bf16 rows, exact)", to_host(out_d.view), out_ref);
+  CompareResult out = compare_tensors("out (f32 rows, exact)", to_host(out_d.view), out_ref);
   EXPECT_TRUE(out.all_finite);
   EXPECT_EQ(out.max_abs_diff, 0.0);
   expect_close("d_table (f32, added to)", d_table, d_table_ref, 1e-6);  // fp32 adds in another order only
@@ -60,11 +60,11 @@ TEST(EmbeddingGpu, OutOfRangeIdIsReportedAndGivesZeroRow) {
   HostTensor ids(DType::i64, {4});
   int64_t values[] = {1, 4, 5, -1};
   for (int i = 0; i < 4; ++i) ids.as<int64_t>()[i] = values[i];
-  DeviceTensor ids_d = to_device(ids), table_d = to_device(random_bf16_exact({vocab, hidden}, 9), DType::bf16);
-  DeviceTensor out_d = poisoned_device_tensor(DType::bf16, {4, hidden});
+  DeviceTensor ids_d = to_device(ids), table_d = to_device(random_normal_tensor({vocab, hidden}, 9), DType::f32);
+  DeviceTensor out_d = poisoned_device_tensor(DType::f32, {4, hidden});
   HostTensor zero_flag(DType::i32, {1});
   DeviceTensor flag_d = to_device(zero_flag);
-  embedding_forward_cuda(ids_d.view.as<int64_t>(), bf16_ptr(table_d), bf16_ptr(out_d), 4, vocab, hidden,
+  embedding_forward_cuda(ids_d.view.as<int64_t>(), f32_ptr(table_d), f32_ptr(out_d), 4, vocab, hidden,
                          flag_d.view.as<int32_t>(), nullptr);
   const int32_t position = to_host(flag_d.view).as<int32_t>()[0];
   EXPECT_TRUE(position == 3 || position == 4) << "1 + position of a bad id, got " << position;
@@ -78,20 +78,21 @@ TEST(EmbeddingGpu, OutOfRangeIdIsReportedAndGivesZeroRow) {
 TEST(EmbeddingGpu, TimingAt35BShapes) {
   const int64_t tokens = 8192, vocab = 248320, hidden = 2048;
   DeviceTensor ids = to_device(random_ids(tokens, vocab, 5));
-  DeviceTensor table = tiled_random_device_tensor({vocab, hidden}, 9, 1.0f);
-  DeviceTensor out = device_tensor(DType::bf16, {tokens, hidden});
-  DeviceTensor d_out = to_device(random_normal_tensor({tokens, hidden}, 6), DType::bf16);
+  DeviceTensor table = device_tensor(DType::f32, {vocab, hidden});  // values do not matter for timing
+  device_fill_bytes(table.view, 0);
+  DeviceTensor out = device_tensor(DType::f32, {tokens, hidden});
+  DeviceTensor d_out = to_device(random_normal_tensor({tokens, hidden}, 6), DType::f32);
   DeviceTensor d_table = device_tensor(DType::f32, {vocab, hidden});
   device_fill_bytes(d_table.view, 0);
   const double row_bytes = static_cast<double>(tokens) * hidden;
   double fwd = median_ms([&](cudaStream_t s) {
-    embedding_forward_cuda(ids.view.as<int64_t>(), bf16_ptr(table), bf16_ptr(out), tokens, vocab, hidden, nullptr, s);
+    embedding_forward_cuda(ids.view.as<int64_t>(), f32_ptr(table), f32_ptr(out), tokens, vocab, hidden, nullptr, s);
   }, nullptr);
-  print_bandwidth_timing("embedding fwd 8192x2048", fwd, row_bytes * 4);
+  print_bandwidth_timing("embedding fwd 8192x2048 (f32)", fwd, row_bytes * 8);
   double bwd = median_ms([&](cudaStream_t s) {
-    embedding_backward_cuda(ids.view.as<int64_t>(), bf16_ptr(d_out), f32_ptr(d_table), tokens, vocab, hidden, s);
+    embedding_backward_cuda(ids.view.as<int64_t>(), f32_ptr(d_out), f32_ptr(d_table), tokens, vocab, hidden, s);
   }, nullptr);
-  print_bandwidth_timing("embedding bwd (f32 atomics) 8192x2048", bwd, row_bytes * (2 + 8));
+  print_bandwidth_timing("embedding bwd (f32 atomics) 8192x2048", bwd, row_bytes * (4 + 8));
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ __device__ inline float row_inverse_rms(const __nv_bfloat16* row, int dim, float
 }
 
 __global__ void gated_rmsnorm_forward_kernel(const __nv_bfloat16* o, const __nv_bfloat16* z,
-                                             const __nv_bfloat16* weight, int64_t num_rows,
+                                             const float* weight, int64_t num_rows,
                                              int dim, float eps, __nv_bfloat16* y) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= num_rows) return;
@@ -36,7 +36,7 @@ __global__ void gated_rmsnorm_forward_kernel(const __nv_bfloat16* o, const __nv_
   const float rstd = row_inverse_rms(o_row, dim, eps, lane);
   for (int d = lane; d < dim; d += 32) {
     const float zv = __bfloat162float(z[row * dim + d]);
-    const float value = __bfloat162float(o_row[d]) * rstd * __bfloat162float(weight[d]) *
+    const float value = __bfloat162float(o_row[d]) * rstd * weight[d] *
                         (zv * sigmoid_f(zv));
     y[row * dim + d] = __float2bfloat16(value);
   }
@@ -45,7 +45,7 @@ __global__ void gated_rmsnorm_forward_kernel(const __nv_bfloat16* o, const __nv_
 // Rows are visited by a grid-stride loop over warps so that the per-block dweight partial sums
 // (dynamic shared memory, dim floats) cover many rows before the one global add.
 __global__ void gated_rmsnorm_backward_kernel(const __nv_bfloat16* o, const __nv_bfloat16* z,
-                                              const __nv_bfloat16* weight,
+                                              const float* weight,
                                               const __nv_bfloat16* dy, int64_t num_rows, int dim,
                                               float eps, __nv_bfloat16* d_o, __nv_bfloat16* dz,
                                               float* dweight) {
@@ -66,7 +66,7 @@ __global__ void gated_rmsnorm_backward_kernel(const __nv_bfloat16* o, const __nv
       const float s = sigmoid_f(zv);
       const float gate = zv * s;
       const float dyv = __bfloat162float(dy[base + d]);
-      const float w = __bfloat162float(weight[d]);
+      const float w = weight[d];
       u_dot_n += dyv * gate * w * n;
       atomicAdd(&s_dweight[d], dyv * gate * n);
       dz[base + d] = __float2bfloat16(dyv * n * w * s * (1.0f + zv * (1.0f - s)));
@@ -76,7 +76,7 @@ __global__ void gated_rmsnorm_backward_kernel(const __nv_bfloat16* o, const __nv
       const float n = __bfloat162float(o[base + d]) * rstd;
       const float zv = __bfloat162float(z[base + d]);
       const float u = __bfloat162float(dy[base + d]) * zv * sigmoid_f(zv) *
-                      __bfloat162float(weight[d]);
+                      weight[d];
       d_o[base + d] = __float2bfloat16(rstd * (u - mean_u_dot_n * n));
     }
   }
@@ -95,7 +95,7 @@ void check_gated_rmsnorm_launch(int64_t num_rows, int dim, float eps) {
 }  // namespace
 
 void gated_rmsnorm_forward_cuda(const __nv_bfloat16* o, const __nv_bfloat16* z,
-                                const __nv_bfloat16* weight, int64_t num_rows, int dim, float eps,
+                                const float* weight, int64_t num_rows, int dim, float eps,
                                 __nv_bfloat16* y, cudaStream_t stream) {
   check_gated_rmsnorm_launch(num_rows, dim, eps);
   if (num_rows == 0) return;
@@ -106,7 +106,7 @@ void gated_rmsnorm_forward_cuda(const __nv_bfloat16* o, const __nv_bfloat16* z,
 }
 
 void gated_rmsnorm_backward_cuda(const __nv_bfloat16* o, const __nv_bfloat16* z,
-                                 const __nv_bfloat16* weight, const __nv_bfloat16* dy,
+                                 const float* weight, const __nv_bfloat16* dy,
                                  int64_t num_rows, int dim, float eps, __nv_bfloat16* d_o,
                                  __nv_bfloat16* dz, float* dweight, cudaStream_t stream) {
   check_gated_rmsnorm_launch(num_rows, dim, eps);

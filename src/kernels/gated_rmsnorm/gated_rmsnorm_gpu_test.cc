@@ -22,7 +22,7 @@ void run_case(int64_t rows, int dim, bool time_it) {
   std::printf("case: R=%lld D=%d\n", static_cast<long long>(rows), dim);
   const HostTensor o = bf16_rounded(random_normal_tensor(Shape{rows, dim}, 41));
   const HostTensor z = bf16_rounded(random_normal_tensor(Shape{rows, dim}, 42, 2.0f));
-  const HostTensor w = bf16_rounded(random_normal_tensor(Shape{dim}, 43));
+  const HostTensor w = random_normal_tensor(Shape{dim}, 43);  // fp32: read from the master copy
   const HostTensor dy = bf16_rounded(random_normal_tensor(Shape{rows, dim}, 44));
   HostTensor y_ref(DType::f32, Shape{rows, dim});
   HostTensor do_ref(DType::f32, Shape{rows, dim}), dz_ref(DType::f32, Shape{rows, dim});
@@ -34,14 +34,14 @@ void run_case(int64_t rows, int dim, bool time_it) {
                              dw_ref.as<float>());
 
   DeviceTensor d_o = to_device(o, DType::bf16), d_z = to_device(z, DType::bf16);
-  DeviceTensor d_w = to_device(w, DType::bf16), d_dy = to_device(dy, DType::bf16);
+  DeviceTensor d_w = to_device(w, DType::f32), d_dy = to_device(dy, DType::bf16);
   DeviceTensor d_y = poisoned(DType::bf16, Shape{rows, dim});
   DeviceTensor d_do = poisoned(DType::bf16, Shape{rows, dim});
   DeviceTensor d_dz = poisoned(DType::bf16, Shape{rows, dim});
   DeviceTensor d_dw = to_device(random_normal_tensor(Shape{dim}, 45));
-  gated_rmsnorm_forward_cuda(bf16_ptr(d_o), bf16_ptr(d_z), bf16_ptr(d_w), rows, dim, kEps,
+  gated_rmsnorm_forward_cuda(bf16_ptr(d_o), bf16_ptr(d_z), f32_ptr(d_w), rows, dim, kEps,
                              bf16_ptr(d_y), nullptr);
-  gated_rmsnorm_backward_cuda(bf16_ptr(d_o), bf16_ptr(d_z), bf16_ptr(d_w), bf16_ptr(d_dy), rows,
+  gated_rmsnorm_backward_cuda(bf16_ptr(d_o), bf16_ptr(d_z), f32_ptr(d_w), bf16_ptr(d_dy), rows,
                               dim, kEps, bf16_ptr(d_do), bf16_ptr(d_dz), f32_ptr(d_dw), nullptr);
   device_synchronize();
   expect_close("y", download_f32(d_y), y_ref, kBf16Tolerance);
@@ -51,11 +51,11 @@ void run_case(int64_t rows, int dim, bool time_it) {
 
   if (time_it) {
     const double fwd_ms = median_ms([&] {
-      gated_rmsnorm_forward_cuda(bf16_ptr(d_o), bf16_ptr(d_z), bf16_ptr(d_w), rows, dim, kEps,
+      gated_rmsnorm_forward_cuda(bf16_ptr(d_o), bf16_ptr(d_z), f32_ptr(d_w), rows, dim, kEps,
                                  bf16_ptr(d_y), nullptr);
     });
     const double bwd_ms = median_ms([&] {
-      gated_rmsnorm_backward_cuda(bf16_ptr(d_o), bf16_ptr(d_z), bf16_ptr(d_w), bf16_ptr(d_dy),
+      gated_rmsnorm_backward_cuda(bf16_ptr(d_o), bf16_ptr(d_z), f32_ptr(d_w), bf16_ptr(d_dy),
                                   rows, dim, kEps, bf16_ptr(d_do), bf16_ptr(d_dz), f32_ptr(d_dw),
                                   nullptr);
     });

@@ -1,5 +1,5 @@
-// Device helpers shared by the dense kernels: load/store N consecutive bf16 values as fp32
-// (N = 8 is one 16-byte access, N = 1 the scalar fallback for odd widths), and warp/block sums.
+// Device helpers shared by the dense kernels: load/store N consecutive bf16 (or fp32) values as
+// fp32 (N = 8 is one 16-byte bf16 access, N = 1 the scalar fallback for odd widths), and warp sums.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -38,6 +38,51 @@ __device__ __forceinline__ void store_f32_as_bf16(__nv_bfloat16* dst, const floa
     for (int i = 0; i < N; ++i) dst[i] = __float2bfloat16_rn(in[i]);
   }
 }
+
+// Type-generic forms for kernels whose operands may be bf16 or fp32 (the fp32 residual stream):
+// N consecutive values as fp32, N = 8 as 16-byte accesses (two for fp32) when the caller checked
+// alignment with can_use_vec8, N = 1 scalar.
+template <int N>
+__device__ __forceinline__ void load_as_f32(const __nv_bfloat16* src, float (&out)[N]) {
+  load_bf16_as_f32<N>(src, out);
+}
+
+template <int N>
+__device__ __forceinline__ void load_as_f32(const float* src, float (&out)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const float4 v = reinterpret_cast<const float4*>(src)[i];
+      out[4 * i] = v.x;
+      out[4 * i + 1] = v.y;
+      out[4 * i + 2] = v.z;
+      out[4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = src[i];
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void store_from_f32(__nv_bfloat16* dst, const float (&in)[N]) {
+  store_f32_as_bf16<N>(dst, in);
+}
+
+template <int N>
+__device__ __forceinline__ void store_from_f32(float* dst, const float (&in)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i)
+      reinterpret_cast<float4*>(dst)[i] = make_float4(in[4 * i], in[4 * i + 1], in[4 * i + 2], in[4 * i + 3]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = in[i];
+  }
+}
+
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(float v) { return v; }
 
 __device__ __forceinline__ float warp_sum(float value) {
 #pragma unroll

@@ -1,4 +1,4 @@
-// CUDA LayerNorm: one warp per row for the forward (mean, then squared deviations, then output:
+// CUDA LayerNorm over the fp32 stream: one warp per row for the forward (mean, then squared deviations, then output:
 // the row stays in L1) and for dx; a column-walking pass for d_weight / d_bias partials per row
 // chunk, reduced in a fixed order (no atomics, same bits every run).
 #include <algorithm>
@@ -14,23 +14,24 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 constexpr int kColumnsPerBlock = 256;
 
-// kVec values of s = x (+ residual, rounded to bf16 as the stored sum is).
+using Bf16 = __nv_bfloat16;
+
+// kVec values of s = residual (+ delta, added in fp32: the stream is not rounded).
 template <int kVec>
-__device__ __forceinline__ void load_input(const __nv_bfloat16* x, const __nv_bfloat16* residual, int64_t offset,
+__device__ __forceinline__ void load_input(const Bf16* delta, const float* residual, int64_t offset,
                                            float (&s)[kVec]) {
-  load_bf16_as_f32<kVec>(x + offset, s);
-  if (residual != nullptr) {
-    float r[kVec];
-    load_bf16_as_f32<kVec>(residual + offset, r);
+  load_as_f32<kVec>(residual + offset, s);
+  if (delta != nullptr) {
+    float d[kVec];
+    load_as_f32<kVec>(delta + offset, d);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) s[i] = __bfloat162float(__float2bfloat16_rn(s[i] + r[i]));
+    for (int i = 0; i < kVec; ++i) s[i] += d[i];
   }
 }
 
 template <int kVec>
-__global__ void layer_norm_forward_kernel(const __nv_bfloat16* x, const __nv_bfloat16* residual,
-                                          __nv_bfloat16* sum_out, const __nv_bfloat16* weight,
-                                          const __nv_bfloat16* bias, __nv_bfloat16* y, float* mean, float* rstd,
+__global__ void layer_norm_forward_kernel(const Bf16* delta, const float* residual, float* sum_out,
+                                          const float* weight, const float* bias, Bf16* y, float* mean, float* rstd,
                                           int64_t rows, int64_t hidden, float eps) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
@@ -39,7 +40,7 @@ __global__ void layer_norm_forward_kernel(const __nv_bfloat16* x, const __nv_bfl
   float sum = 0;
   for (int64_t c = lane * kVec; c < hidden; c += 32 * kVec) {
     float s[kVec];
-    load_input<kVec>(x, residual, base + c, s);
+    load_input<kVec>(delta, residual, base + c, s);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) sum += s[i];
   }
@@ -48,7 +49,7 @@ __global__ void layer_norm_forward_kernel(const __nv_bfloat16* x, const __nv_bfl
   float squares = 0;
   for (int64_t c = lane * kVec; c < hidden; c += 32 * kVec) {
     float s[kVec];
-    load_input<kVec>(x, residual, base + c, s);
+    load_input<kVec>(delta, residual, base + c, s);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) squares += (s[i] - mu) * (s[i] - mu);
   }
@@ -59,22 +60,22 @@ __global__ void layer_norm_forward_kernel(const __nv_bfloat16* x, const __nv_bfl
   }
   for (int64_t c = lane * kVec; c < hidden; c += 32 * kVec) {
     float s[kVec], w[kVec], b[kVec], out[kVec];
-    load_input<kVec>(x, residual, base + c, s);
-    load_bf16_as_f32<kVec>(weight + c, w);
-    load_bf16_as_f32<kVec>(bias + c, b);
+    load_input<kVec>(delta, residual, base + c, s);
+    load_as_f32<kVec>(weight + c, w);
+    load_as_f32<kVec>(bias + c, b);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) out[i] = (s[i] - mu) * inv_std * w[i] + b[i];
-    // sum_out may alias x or residual: each element is read and written by the same lane, and
-    // this is the last pass that reads it.
-    if (sum_out != nullptr) store_f32_as_bf16<kVec>(sum_out + base + c, s);
-    store_f32_as_bf16<kVec>(y + base + c, out);
+    // sum_out may alias residual: each element is read and written by the same lane, and this is
+    // the last pass that reads it.
+    if (sum_out != nullptr) store_from_f32<kVec>(sum_out + base + c, s);
+    store_from_f32<kVec>(y + base + c, out);
   }
 }
 
 template <int kVec>
-__global__ void layer_norm_backward_dx_kernel(const __nv_bfloat16* x, const __nv_bfloat16* weight, const float* mean,
-                                              const float* rstd, const __nv_bfloat16* dy, const __nv_bfloat16* d_skip,
-                                              __nv_bfloat16* dx, int64_t rows, int64_t hidden) {
+__global__ void layer_norm_backward_dx_kernel(const float* x, const float* weight, const float* mean,
+                                              const float* rstd, const Bf16* dy, const float* d_skip, float* dx,
+                                              Bf16* dx_bf16, int64_t rows, int64_t hidden) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -84,9 +85,9 @@ __global__ void layer_norm_backward_dx_kernel(const __nv_bfloat16* x, const __nv
   float sum_g = 0, sum_g_xhat = 0;
   for (int64_t c = lane * kVec; c < hidden; c += 32 * kVec) {
     float xv[kVec], w[kVec], g[kVec];
-    load_bf16_as_f32<kVec>(x + base + c, xv);
-    load_bf16_as_f32<kVec>(weight + c, w);
-    load_bf16_as_f32<kVec>(dy + base + c, g);
+    load_as_f32<kVec>(x + base + c, xv);
+    load_as_f32<kVec>(weight + c, w);
+    load_as_f32<kVec>(dy + base + c, g);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
       const float gw = g[i] * w[i];
@@ -98,24 +99,24 @@ __global__ void layer_norm_backward_dx_kernel(const __nv_bfloat16* x, const __nv
   const float mean_g_xhat = warp_sum(sum_g_xhat) / static_cast<float>(hidden);
   for (int64_t c = lane * kVec; c < hidden; c += 32 * kVec) {
     float xv[kVec], w[kVec], g[kVec], out[kVec];
-    load_bf16_as_f32<kVec>(x + base + c, xv);
-    load_bf16_as_f32<kVec>(weight + c, w);
-    load_bf16_as_f32<kVec>(dy + base + c, g);
+    load_as_f32<kVec>(x + base + c, xv);
+    load_as_f32<kVec>(weight + c, w);
+    load_as_f32<kVec>(dy + base + c, g);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) out[i] = inv_std * (g[i] * w[i] - mean_g - (xv[i] - mu) * inv_std * mean_g_xhat);
     if (d_skip != nullptr) {
       float skip[kVec];
-      load_bf16_as_f32<kVec>(d_skip + base + c, skip);
+      load_as_f32<kVec>(d_skip + base + c, skip);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) out[i] += skip[i];
     }
-    store_f32_as_bf16<kVec>(dx + base + c, out);
+    store_from_f32<kVec>(dx + base + c, out);
+    if (dx_bf16 != nullptr) store_from_f32<kVec>(dx_bf16 + base + c, out);
   }
 }
 
 // partial_w[chunk, c] = sum over the chunk's rows of dy * xhat; partial_b[chunk, c] = sum of dy.
-__global__ void layer_norm_param_partial_kernel(const __nv_bfloat16* x, const float* mean, const float* rstd,
-                                                const __nv_bfloat16* dy, float* partial_w, float* partial_b,
+__global__ void layer_norm_param_partial_kernel(const float* x, const float* mean, const float* rstd, const Bf16* dy, float* partial_w, float* partial_b,
                                                 int64_t rows, int64_t hidden, int64_t rows_per_chunk) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
   if (c >= hidden) return;
@@ -124,7 +125,7 @@ __global__ void layer_norm_param_partial_kernel(const __nv_bfloat16* x, const fl
   float acc_w = 0, acc_b = 0;
   for (int64_t r = chunk * rows_per_chunk; r < row_end; ++r) {
     const float g = __bfloat162float(dy[r * hidden + c]);
-    acc_w += g * ((__bfloat162float(x[r * hidden + c]) - mean[r]) * rstd[r]);
+    acc_w += g * ((x[r * hidden + c] - mean[r]) * rstd[r]);
     acc_b += g;
   }
   partial_w[chunk * hidden + c] = acc_w;
@@ -133,22 +134,24 @@ __global__ void layer_norm_param_partial_kernel(const __nv_bfloat16* x, const fl
 
 }  // namespace
 
-void layer_norm_forward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* sum_out,
-                             const __nv_bfloat16* weight, const __nv_bfloat16* bias, __nv_bfloat16* y, float* mean,
-                             float* rstd, int64_t rows, int64_t hidden, double eps, cudaStream_t stream) {
-  CHECK((residual == nullptr) == (sum_out == nullptr),
-        "layer_norm_forward_cuda: residual and sum_out must be given together");
+void layer_norm_forward_cuda(const Bf16* delta, const float* residual, float* sum_out, const float* weight,
+                             const float* bias, Bf16* y, float* mean, float* rstd, int64_t rows, int64_t hidden,
+                             double eps, cudaStream_t stream) {
+  CHECK((delta == nullptr) == (sum_out == nullptr),
+        "layer_norm_forward_cuda: delta and sum_out must be given together (the stream is only rewritten when a "
+        "block output is added to it)");
   CHECK(rows >= 0 && hidden > 0, "layer_norm_forward_cuda: bad size rows ", rows, ", hidden ", hidden);
   CHECK(eps >= 0, "layer_norm_forward_cuda: eps must be >= 0, got ", eps);
-  CHECK(weight != nullptr && bias != nullptr, "layer_norm_forward_cuda: weight and bias are required");
+  CHECK(residual != nullptr && weight != nullptr && bias != nullptr,
+        "layer_norm_forward_cuda: the stream, weight and bias are required");
   if (rows == 0) return;
   const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  if (can_use_vec8(hidden, x, residual, sum_out, y) && can_use_vec8(hidden, weight, bias)) {
+  if (can_use_vec8(hidden, delta, residual, sum_out, y) && can_use_vec8(hidden, weight, bias)) {
     layer_norm_forward_kernel<8><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
-        x, residual, sum_out, weight, bias, y, mean, rstd, rows, hidden, static_cast<float>(eps));
+        delta, residual, sum_out, weight, bias, y, mean, rstd, rows, hidden, static_cast<float>(eps));
   } else {
     layer_norm_forward_kernel<1><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
-        x, residual, sum_out, weight, bias, y, mean, rstd, rows, hidden, static_cast<float>(eps));
+        delta, residual, sum_out, weight, bias, y, mean, rstd, rows, hidden, static_cast<float>(eps));
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -157,10 +160,10 @@ size_t layer_norm_backward_workspace_bytes(int64_t rows, int64_t hidden) {
   return 2 * bias_add_backward_workspace_bytes(rows, hidden);
 }
 
-void layer_norm_backward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* weight, const float* mean,
-                              const float* rstd, const __nv_bfloat16* dy, const __nv_bfloat16* d_skip,
-                              __nv_bfloat16* dx, float* d_weight, float* d_bias, int64_t rows, int64_t hidden,
-                              void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+void layer_norm_backward_cuda(const float* x, const float* weight, const float* mean, const float* rstd,
+                              const Bf16* dy, const float* d_skip, float* dx, Bf16* dx_bf16, float* d_weight,
+                              float* d_bias, int64_t rows, int64_t hidden, void* workspace, size_t workspace_bytes,
+                              cudaStream_t stream) {
   CHECK(rows >= 0 && hidden > 0, "layer_norm_backward_cuda: bad size rows ", rows, ", hidden ", hidden);
   const bool params = d_weight != nullptr || d_bias != nullptr;
   const size_t needed = params ? layer_norm_backward_workspace_bytes(rows, hidden) : 0;
@@ -168,12 +171,12 @@ void layer_norm_backward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* weigh
         needed);
   if (rows == 0) return;
   const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  if (can_use_vec8(hidden, x, dy, d_skip, dx) && can_use_vec8(hidden, weight)) {
+  if (can_use_vec8(hidden, x, dy, d_skip, dx) && can_use_vec8(hidden, weight, dx_bf16)) {
     layer_norm_backward_dx_kernel<8><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, weight, mean, rstd, dy, d_skip,
-                                                                                 dx, rows, hidden);
+                                                                                 dx, dx_bf16, rows, hidden);
   } else {
     layer_norm_backward_dx_kernel<1><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, weight, mean, rstd, dy, d_skip,
-                                                                                 dx, rows, hidden);
+                                                                                 dx, dx_bf16, rows, hidden);
   }
   CUDA_CHECK_LAUNCH();
   if (!params) return;

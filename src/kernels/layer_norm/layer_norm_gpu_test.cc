@@ -1,6 +1,6 @@
-// GPU test of the vision LayerNorm (plain and residual-fused, forward and backward with d_weight /
-// d_bias) against the fp32 reference on the same bf16 inputs; timing at the tower's width for
-// 8 images of 448x448 (6,272 patches).
+// GPU test of the vision LayerNorm over the fp32 stream (plain and with the fused add of a bf16
+// block output; backward with the fp32 stream gradient, its bf16 copy, d_weight / d_bias) against
+// the fp32 reference; timing at the tower's width for 8 images of 448x448 (6,272 patches).
 #include <gtest/gtest.h>
 
 #include "kernels/gemm/gpu_test_util.h"
@@ -13,23 +13,23 @@ namespace {
 
 constexpr double kEps = 1e-6;  // the vision tower's LayerNorm eps
 
-void check_layer_norm(int64_t rows, int64_t hidden, bool fused_residual, bool with_skip, uint64_t seed) {
-  std::printf("layer_norm rows=%lld hidden=%lld residual=%d d_skip=%d\n", static_cast<long long>(rows),
-              static_cast<long long>(hidden), fused_residual, with_skip);
-  HostTensor x = random_bf16_exact({rows, hidden}, seed, 2.0f);
-  // A common offset per row so that the mean matters (bf16-exact: 1.5 plus a bf16 value rounds).
-  for (int64_t i = 0; i < rows * hidden; ++i) x.as<float>()[i] = round_to_bf16(x.as<float>()[i] + 1.5f);
-  HostTensor residual = random_bf16_exact({rows, hidden}, seed + 1);
-  HostTensor weight = random_bf16_exact({hidden}, seed + 2, 0.5f);
-  HostTensor bias = random_bf16_exact({hidden}, seed + 3, 0.2f);
+void check_layer_norm(int64_t rows, int64_t hidden, bool fused_add, bool with_skip, uint64_t seed) {
+  std::printf("layer_norm rows=%lld hidden=%lld add=%d d_skip=%d\n", static_cast<long long>(rows),
+              static_cast<long long>(hidden), fused_add, with_skip);
+  HostTensor residual = random_normal_tensor({rows, hidden}, seed, 2.0f);
+  // A common offset per row so that the mean matters.
+  for (int64_t i = 0; i < rows * hidden; ++i) residual.as<float>()[i] += 1.5f;
+  HostTensor delta = random_bf16_exact({rows, hidden}, seed + 1);
+  HostTensor weight = random_normal_tensor({hidden}, seed + 2, 0.5f);
+  HostTensor bias = random_normal_tensor({hidden}, seed + 3, 0.2f);
   HostTensor dy = random_bf16_exact({rows, hidden}, seed + 4);
-  HostTensor d_skip = random_bf16_exact({rows, hidden}, seed + 5);
+  HostTensor d_skip = random_normal_tensor({rows, hidden}, seed + 5);
   HostTensor dw_init = random_normal_tensor({hidden}, seed + 6);
   HostTensor db_init = random_normal_tensor({hidden}, seed + 7);
 
   HostTensor s(DType::f32, {rows, hidden});
   for (int64_t i = 0; i < rows * hidden; ++i)
-    s.as<float>()[i] = fused_residual ? round_to_bf16(x.as<float>()[i] + residual.as<float>()[i]) : x.as<float>()[i];
+    s.as<float>()[i] = residual.as<float>()[i] + (fused_add ? delta.as<float>()[i] : 0.0f);
   HostTensor y_ref(DType::f32, {rows, hidden}), mean_ref(DType::f32, {rows}), rstd_ref(DType::f32, {rows});
   HostTensor dx_ref(DType::f32, {rows, hidden});
   HostTensor dw_ref = random_normal_tensor({hidden}, seed + 6), db_ref = random_normal_tensor({hidden}, seed + 7);
@@ -40,36 +40,38 @@ void check_layer_norm(int64_t rows, int64_t hidden, bool fused_residual, bool wi
   if (with_skip)
     for (int64_t i = 0; i < rows * hidden; ++i) dx_ref.as<float>()[i] += d_skip.as<float>()[i];
 
-  DeviceTensor x_d = to_device(x, DType::bf16), residual_d = to_device(residual, DType::bf16);
-  DeviceTensor weight_d = to_device(weight, DType::bf16), bias_d = to_device(bias, DType::bf16);
-  DeviceTensor dy_d = to_device(dy, DType::bf16), skip_d = to_device(d_skip, DType::bf16);
+  DeviceTensor residual_d = to_device(residual, DType::f32), delta_d = to_device(delta, DType::bf16);
+  DeviceTensor weight_d = to_device(weight, DType::f32), bias_d = to_device(bias, DType::f32);
+  DeviceTensor dy_d = to_device(dy, DType::bf16), skip_d = to_device(d_skip, DType::f32);
   DeviceTensor dw_d = to_device(dw_init, DType::f32), db_d = to_device(db_init, DType::f32);
-  DeviceTensor sum_d = poisoned_device_tensor(DType::bf16, {rows, hidden});
+  DeviceTensor sum_d = poisoned_device_tensor(DType::f32, {rows, hidden});
   DeviceTensor y_d = poisoned_device_tensor(DType::bf16, {rows, hidden});
   DeviceTensor mean_d = poisoned_device_tensor(DType::f32, {rows});
   DeviceTensor rstd_d = poisoned_device_tensor(DType::f32, {rows});
-  DeviceTensor dx_d = poisoned_device_tensor(DType::bf16, {rows, hidden});
+  DeviceTensor dx_d = poisoned_device_tensor(DType::f32, {rows, hidden});
+  DeviceTensor dx_bf16_d = poisoned_device_tensor(DType::bf16, {rows, hidden});
   DeviceBuffer workspace(layer_norm_backward_workspace_bytes(rows, hidden));
 
-  layer_norm_forward_cuda(bf16_ptr(x_d), fused_residual ? bf16_ptr(residual_d) : nullptr,
-                          fused_residual ? bf16_ptr(sum_d) : nullptr, bf16_ptr(weight_d), bf16_ptr(bias_d),
-                          bf16_ptr(y_d), f32_ptr(mean_d), f32_ptr(rstd_d), rows, hidden, kEps, nullptr);
-  const __nv_bfloat16* normalised = fused_residual ? bf16_ptr(sum_d) : bf16_ptr(x_d);
-  layer_norm_backward_cuda(normalised, bf16_ptr(weight_d), f32_ptr(mean_d), f32_ptr(rstd_d), bf16_ptr(dy_d),
-                           with_skip ? bf16_ptr(skip_d) : nullptr, bf16_ptr(dx_d), f32_ptr(dw_d), f32_ptr(db_d), rows,
-                           hidden, workspace.data(), workspace.bytes(), nullptr);
+  layer_norm_forward_cuda(fused_add ? bf16_ptr(delta_d) : nullptr, f32_ptr(residual_d),
+                          fused_add ? f32_ptr(sum_d) : nullptr, f32_ptr(weight_d), f32_ptr(bias_d), bf16_ptr(y_d),
+                          f32_ptr(mean_d), f32_ptr(rstd_d), rows, hidden, kEps, nullptr);
+  const float* normalised = fused_add ? f32_ptr(sum_d) : f32_ptr(residual_d);
+  layer_norm_backward_cuda(normalised, f32_ptr(weight_d), f32_ptr(mean_d), f32_ptr(rstd_d), bf16_ptr(dy_d),
+                           with_skip ? f32_ptr(skip_d) : nullptr, f32_ptr(dx_d), bf16_ptr(dx_bf16_d), f32_ptr(dw_d),
+                           f32_ptr(db_d), rows, hidden, workspace.data(), workspace.bytes(), nullptr);
   device_synchronize();
 
-  if (fused_residual) {
-    // bf16(x + r) is one correctly rounded add on both sides: bit-exact.
-    CompareResult sum = compare_tensors("sum_out = bf16(x + residual)", to_host(sum_d.view), s);
+  if (fused_add) {
+    // residual + delta is one correctly rounded fp32 add on both sides: bit-exact.
+    CompareResult sum = compare_tensors("sum_out = residual + delta (f32)", to_host(sum_d.view), s);
     EXPECT_EQ(sum.max_abs_diff, 0.0);
     EXPECT_TRUE(sum.all_finite);
   }
   expect_close("y (bf16)", y_d, y_ref, 1e-2);
   expect_close("mean (f32)", mean_d, mean_ref, 1e-5);  // fp32 sums in another order only
   expect_close("rstd (f32)", rstd_d, rstd_ref, 1e-5);
-  expect_close("dx (bf16)", dx_d, dx_ref, 1e-2);
+  expect_close("dx (f32)", dx_d, dx_ref, 1e-5);
+  expect_close("dx bf16 copy", dx_bf16_d, dx_ref, 1e-2);
   expect_close("d_weight (f32, added to)", dw_d, dw_ref, 1e-4);
   expect_close("d_bias (f32, added to)", db_d, db_ref, 1e-4);
 }
@@ -77,7 +79,7 @@ void check_layer_norm(int64_t rows, int64_t hidden, bool fused_residual, bool wi
 TEST(LayerNormGpu, MatchesReferenceOverShapes) {
   check_layer_norm(1, 1152, false, false, 10);       // one patch at the tower width
   check_layer_norm(37, 129, false, false, 20);       // odd width: scalar path
-  check_layer_norm(300, 64, true, true, 30);         // fused residual + skip gradient
+  check_layer_norm(300, 64, true, true, 30);         // fused add + skip gradient
   check_layer_norm(1024, 1152, true, false, 40);     // one 32x32-patch image, norm2 after the residual add
   check_layer_norm(3072 + 1024, 1152, false, true, 50);  // 64x48 + 32x32 images packed
   check_layer_norm(256, 4608, false, false, 60);     // a wider row (4 * 1152): several vectors per lane
@@ -87,71 +89,66 @@ TEST(LayerNormGpu, MatchesReferenceOverShapes) {
 
 TEST(LayerNormGpu, ParameterGradientsAreOptional) {
   const int64_t rows = 50, hidden = 96;
-  HostTensor x = random_bf16_exact({rows, hidden}, 90), w = random_bf16_exact({hidden}, 91);
-  HostTensor b = random_bf16_exact({hidden}, 92), dy = random_bf16_exact({rows, hidden}, 93);
+  HostTensor x = random_normal_tensor({rows, hidden}, 90), w = random_normal_tensor({hidden}, 91);
+  HostTensor b = random_normal_tensor({hidden}, 92), dy = random_bf16_exact({rows, hidden}, 93);
   HostTensor y_ref(DType::f32, {rows, hidden}), mean_ref(DType::f32, {rows}), rstd_ref(DType::f32, {rows});
   HostTensor dx_ref(DType::f32, {rows, hidden});
   layer_norm_forward_ref(x.as<float>(), w.as<float>(), b.as<float>(), y_ref.as<float>(), mean_ref.as<float>(),
                          rstd_ref.as<float>(), rows, hidden, kEps);
   layer_norm_backward_ref<float>(x.as<float>(), w.as<float>(), mean_ref.as<float>(), rstd_ref.as<float>(),
                                  dy.as<float>(), dx_ref.as<float>(), nullptr, nullptr, rows, hidden);
-  DeviceTensor x_d = to_device(x, DType::bf16), w_d = to_device(w, DType::bf16), dy_d = to_device(dy, DType::bf16);
+  DeviceTensor x_d = to_device(x, DType::f32), w_d = to_device(w, DType::f32), dy_d = to_device(dy, DType::bf16);
   DeviceTensor mean_d = to_device(mean_ref), rstd_d = to_device(rstd_ref);
-  DeviceTensor dx_d = poisoned_device_tensor(DType::bf16, {rows, hidden});
-  // No workspace is needed without parameter gradients.
-  layer_norm_backward_cuda(bf16_ptr(x_d), bf16_ptr(w_d), f32_ptr(mean_d), f32_ptr(rstd_d), bf16_ptr(dy_d), nullptr,
-                           bf16_ptr(dx_d), nullptr, nullptr, rows, hidden, nullptr, 0, nullptr);
+  DeviceTensor dx_d = poisoned_device_tensor(DType::f32, {rows, hidden});
+  // No workspace is needed without parameter gradients; no bf16 copy asked for.
+  layer_norm_backward_cuda(f32_ptr(x_d), f32_ptr(w_d), f32_ptr(mean_d), f32_ptr(rstd_d), bf16_ptr(dy_d), nullptr,
+                           f32_ptr(dx_d), nullptr, nullptr, nullptr, rows, hidden, nullptr, 0, nullptr);
   device_synchronize();
-  expect_close("dx without parameter gradients (bf16)", dx_d, dx_ref, 1e-2);
+  expect_close("dx without parameter gradients (f32)", dx_d, dx_ref, 1e-5);
 }
 
 TEST(LayerNormGpu, BadArgumentsAreRejected) {
   DeviceTensor t = device_tensor(DType::bf16, {4, 8});
+  DeviceTensor f = device_tensor(DType::f32, {4, 8});
   DeviceTensor r = device_tensor(DType::f32, {8});
-  // residual without sum_out
-  EXPECT_THROW(layer_norm_forward_cuda(bf16_ptr(t), bf16_ptr(t), nullptr, bf16_ptr(t), bf16_ptr(t), bf16_ptr(t),
+  // a block output without a place for the new stream
+  EXPECT_THROW(layer_norm_forward_cuda(bf16_ptr(t), f32_ptr(f), nullptr, f32_ptr(r), f32_ptr(r), bf16_ptr(t),
                                        f32_ptr(r), f32_ptr(r), 4, 8, kEps, nullptr),
                Error);
   // missing bias
-  EXPECT_THROW(layer_norm_forward_cuda(bf16_ptr(t), nullptr, nullptr, bf16_ptr(t), nullptr, bf16_ptr(t), f32_ptr(r),
+  EXPECT_THROW(layer_norm_forward_cuda(nullptr, f32_ptr(f), nullptr, f32_ptr(r), nullptr, bf16_ptr(t), f32_ptr(r),
                                        f32_ptr(r), 4, 8, kEps, nullptr),
                Error);
   // parameter gradients without workspace
-  EXPECT_THROW(layer_norm_backward_cuda(bf16_ptr(t), bf16_ptr(t), f32_ptr(r), f32_ptr(r), bf16_ptr(t), nullptr,
-                                        bf16_ptr(t), f32_ptr(r), f32_ptr(r), 4, 8, nullptr, 0, nullptr),
+  EXPECT_THROW(layer_norm_backward_cuda(f32_ptr(f), f32_ptr(r), f32_ptr(r), f32_ptr(r), bf16_ptr(t), nullptr,
+                                        f32_ptr(f), nullptr, f32_ptr(r), f32_ptr(r), 4, 8, nullptr, 0, nullptr),
                Error);
 }
 
 TEST(LayerNormGpu, TimingAtVisionShapes) {
   const int64_t rows = 8 * 28 * 28, hidden = 1152;  // 8 images of 448x448 at patch 16
-  DeviceTensor x = tiled_random_device_tensor({rows, hidden}, 1, 1.0f);
-  DeviceTensor res = tiled_random_device_tensor({rows, hidden}, 2, 1.0f);
-  DeviceTensor w = to_device(random_normal_tensor({hidden}, 3, 0.1f), DType::bf16);
-  DeviceTensor b = to_device(random_normal_tensor({hidden}, 4, 0.1f), DType::bf16);
+  DeviceTensor delta = tiled_random_device_tensor({rows, hidden}, 1, 1.0f);
+  DeviceTensor res = to_device(random_normal_tensor({rows, hidden}, 2), DType::f32);
+  DeviceTensor w = to_device(random_normal_tensor({hidden}, 3, 0.1f), DType::f32);
+  DeviceTensor b = to_device(random_normal_tensor({hidden}, 4, 0.1f), DType::f32);
   DeviceTensor dy = tiled_random_device_tensor({rows, hidden}, 5, 1.0f);
-  DeviceTensor y = device_tensor(DType::bf16, {rows, hidden}), sum = device_tensor(DType::bf16, {rows, hidden});
-  DeviceTensor dx = device_tensor(DType::bf16, {rows, hidden});
+  DeviceTensor y = device_tensor(DType::bf16, {rows, hidden}), sum = device_tensor(DType::f32, {rows, hidden});
+  DeviceTensor dx = device_tensor(DType::f32, {rows, hidden}), dx_bf16 = device_tensor(DType::bf16, {rows, hidden});
   DeviceTensor mean = device_tensor(DType::f32, {rows}), rstd = device_tensor(DType::f32, {rows});
   DeviceTensor dw = device_tensor(DType::f32, {hidden}), db = device_tensor(DType::f32, {hidden});
   DeviceBuffer workspace(layer_norm_backward_workspace_bytes(rows, hidden));
-  const double tensor_bytes = static_cast<double>(rows) * hidden * 2;
-  double fwd = median_ms([&](cudaStream_t s) {
-    layer_norm_forward_cuda(bf16_ptr(x), nullptr, nullptr, bf16_ptr(w), bf16_ptr(b), bf16_ptr(y), f32_ptr(mean),
-                            f32_ptr(rstd), rows, hidden, kEps, s);
-  }, nullptr);
-  print_bandwidth_timing("layer_norm 6272x1152 fwd", fwd, 2 * tensor_bytes);
+  const double elements = static_cast<double>(rows) * hidden;
   double fused = median_ms([&](cudaStream_t s) {
-    layer_norm_forward_cuda(bf16_ptr(x), bf16_ptr(res), bf16_ptr(sum), bf16_ptr(w), bf16_ptr(b), bf16_ptr(y),
+    layer_norm_forward_cuda(bf16_ptr(delta), f32_ptr(res), f32_ptr(sum), f32_ptr(w), f32_ptr(b), bf16_ptr(y),
                             f32_ptr(mean), f32_ptr(rstd), rows, hidden, kEps, s);
   }, nullptr);
-  print_bandwidth_timing("layer_norm 6272x1152 fwd + residual", fused, 4 * tensor_bytes);
+  print_bandwidth_timing("layer_norm 6272x1152 fwd + residual (f32 stream)", fused, elements * (2 + 4 + 4 + 2));
   double bwd = median_ms([&](cudaStream_t s) {
-    layer_norm_backward_cuda(bf16_ptr(x), bf16_ptr(w), f32_ptr(mean), f32_ptr(rstd), bf16_ptr(dy), nullptr,
-                             bf16_ptr(dx), f32_ptr(dw), f32_ptr(db), rows, hidden, workspace.data(), workspace.bytes(),
-                             s);
+    layer_norm_backward_cuda(f32_ptr(sum), f32_ptr(w), f32_ptr(mean), f32_ptr(rstd), bf16_ptr(dy), f32_ptr(res),
+                             f32_ptr(dx), bf16_ptr(dx_bf16), f32_ptr(dw), f32_ptr(db), rows, hidden, workspace.data(),
+                             workspace.bytes(), s);
   }, nullptr);
-  // dx pass reads x, dy and writes dx; the parameter pass reads x and dy again (L2 may hold them).
-  print_bandwidth_timing("layer_norm 6272x1152 bwd (dx + d_w + d_b)", bwd, 3 * tensor_bytes);
+  print_bandwidth_timing("layer_norm 6272x1152 bwd (dx f32 + bf16, d_w, d_b)", bwd, elements * (4 + 2 + 4 + 4 + 2));
 }
 
 }  // namespace

@@ -1,5 +1,9 @@
-// CUDA zero-centred RMSNorm (y = x * rstd * (1 + w), fp32 math, bf16 storage), optionally fused
-// with the residual add before it, and its backward (dx written, d_weight fp32 added to).
+// CUDA zero-centred RMSNorm (y = x * rstd * (1 + w), fp32 math, fp32 weight read from the master
+// copy) in two forms, and their backwards (dx written, d_weight fp32 added to):
+// - the residual-stream form: the stream is fp32, as in transformers' bf16 autocast (fp32
+//   parameters, so the embedding and every residual add stay fp32); the add of a bf16 block output
+//   to the stream is fused into the norm that follows it; the output y is bf16 (a GEMM operand);
+// - the head form (q_norm / k_norm): bf16 rows in and out, optionally strided.
 // Legend: T rows (tokens, or tokens x heads for q_norm/k_norm), C normalised width.
 #pragma once
 
@@ -11,36 +15,40 @@
 
 namespace deltamoe {
 
-// x [T, C] bf16; weight [C] bf16; y [T, C] bf16 written; rstd [T] f32 written.
-// With residual [T, C] non-null the normalised input is s = bf16(x + residual), written to
-// sum_out [T, C] (the residual stream for the next layer; may alias x or residual); otherwise
-// sum_out must be null and s = x.
-void rms_norm_forward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* sum_out,
-                           const __nv_bfloat16* weight, __nv_bfloat16* y, float* rstd, int64_t rows, int64_t width,
-                           double eps, cudaStream_t stream);
+// residual [T, C] f32: the stream; delta [T, C] bf16 or null: a block output added to it first.
+// s = residual (+ delta) in fp32 is normalised; sum_out [T, C] f32 receives s when delta is given
+// (the next stream; may alias residual) and must be null otherwise. weight [C] f32; y [T, C]
+// bf16 and rstd [T] f32 written.
+void rms_norm_forward_cuda(const __nv_bfloat16* delta, const float* residual, float* sum_out, const float* weight,
+                           __nv_bfloat16* y, float* rstd, int64_t rows, int64_t width, double eps,
+                           cudaStream_t stream);
 
 // Bytes of scratch the backward needs (per-chunk partial sums of d_weight).
 size_t rms_norm_backward_workspace_bytes(int64_t rows, int64_t width);
 
-// x: the normalised input s of the forward; rstd from the forward; dy [T, C] bf16.
-// dx [T, C] bf16 written = norm backward (+ d_skip [T, C] when non-null: the gradient reaching s
-// through the residual stream). d_weight [C] f32 added to (deterministic: no atomics).
-void rms_norm_backward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* weight, const float* rstd,
-                            const __nv_bfloat16* dy, const __nv_bfloat16* d_skip, __nv_bfloat16* dx, float* d_weight,
-                            int64_t rows, int64_t width, void* workspace, size_t workspace_bytes,
-                            cudaStream_t stream);
+// x: the normalised stream s of the forward [T, C] f32; rstd from the forward; dy [T, C] bf16 or
+// f32 (the gradient of y). dx [T, C] f32 written = norm backward (+ d_skip [T, C] f32 when
+// non-null: the gradient reaching s along the stream; dx may alias d_skip); dx_bf16 [T, C], when
+// non-null, receives bf16(dx) for the GEMMs of the block before. d_weight [C] f32 added to
+// (deterministic: no atomics).
+void rms_norm_backward_cuda(const float* x, const float* weight, const float* rstd, const __nv_bfloat16* dy,
+                            const float* d_skip, float* dx, __nv_bfloat16* dx_bf16, float* d_weight, int64_t rows,
+                            int64_t width, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+void rms_norm_backward_cuda(const float* x, const float* weight, const float* rstd, const float* dy,
+                            const float* d_skip, float* dx, __nv_bfloat16* dx_bf16, float* d_weight, int64_t rows,
+                            int64_t width, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
-// Per-head q_norm / k_norm straight from the projection output: row r of x at x + r * x_row_stride
-// (the query half of q_proj's [T, H, 2D] output: x = q_out, stride 2D); y, rstd as above.
-void rms_norm_forward_strided_cuda(const __nv_bfloat16* x, int64_t x_row_stride, const __nv_bfloat16* weight,
+// Head form: row r of x at x + r * x_row_stride (x_row_stride = C for contiguous rows; 2D for the
+// query half of q_proj's [T, H, 2D] output). weight [C] f32; y [T, C] bf16, rstd [T] f32 written.
+void rms_norm_forward_strided_cuda(const __nv_bfloat16* x, int64_t x_row_stride, const float* weight,
                                    __nv_bfloat16* y, float* rstd, int64_t rows, int64_t width, double eps,
                                    cudaStream_t stream);
 
-// Backward of the strided form: dx row r written at dx + r * dx_row_stride (the query half of
-// the q_proj output gradient); dy, d_skip contiguous [T, C]; d_weight added to.
-void rms_norm_backward_strided_cuda(const __nv_bfloat16* x, int64_t x_row_stride, const __nv_bfloat16* weight,
-                                    const float* rstd, const __nv_bfloat16* dy, const __nv_bfloat16* d_skip,
-                                    __nv_bfloat16* dx, int64_t dx_row_stride, float* d_weight, int64_t rows,
-                                    int64_t width, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// Backward of the head form: dy [T, C] bf16 contiguous; dx row r written at dx + r * dx_row_stride
+// (the query half of the q_proj output gradient); d_weight added to.
+void rms_norm_backward_strided_cuda(const __nv_bfloat16* x, int64_t x_row_stride, const float* weight,
+                                    const float* rstd, const __nv_bfloat16* dy, __nv_bfloat16* dx,
+                                    int64_t dx_row_stride, float* d_weight, int64_t rows, int64_t width,
+                                    void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace deltamoe

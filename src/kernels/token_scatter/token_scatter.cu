@@ -1,5 +1,5 @@
-// CUDA image-feature scatter: one block per feature row copying 16-byte vectors where the rows
-// are aligned (8 bf16), single values otherwise.
+// CUDA image-feature scatter into the fp32 embedding stream: one block per feature row, 8 values
+// per access where the rows are aligned, single values otherwise.
 #include <algorithm>
 #include <limits>
 
@@ -12,36 +12,34 @@ namespace {
 
 constexpr int kThreads = 128;
 
-// Row i of features -> row pad_rows[i] of embeds; kVec bf16 per access (8 = one uint4).
+// Row i of features (bf16) -> row pad_rows[i] of the fp32 embeds (a widening copy, exact).
 template <int kVec>
-__global__ void token_scatter_forward_kernel(const int32_t* pad_rows, const __nv_bfloat16* features,
-                                             __nv_bfloat16* embeds, int64_t hidden) {
+__global__ void token_scatter_forward_kernel(const int32_t* pad_rows, const __nv_bfloat16* features, float* embeds,
+                                             int64_t hidden) {
   const int64_t i = blockIdx.x;
   const __nv_bfloat16* src = features + i * hidden;
-  __nv_bfloat16* dst = embeds + static_cast<int64_t>(pad_rows[i]) * hidden;
+  float* dst = embeds + static_cast<int64_t>(pad_rows[i]) * hidden;
   for (int64_t c = static_cast<int64_t>(threadIdx.x) * kVec; c < hidden; c += static_cast<int64_t>(blockDim.x) * kVec) {
-    if constexpr (kVec == 8) {
-      *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
-    } else {
-      dst[c] = src[c];
-    }
+    float v[kVec];
+    load_as_f32<kVec>(src + c, v);
+    store_from_f32<kVec>(dst + c, v);
   }
 }
 
+// Row pad_rows[i] of the fp32 d_embeds -> row i of d_features, rounded to bf16 (the features'
+// dtype, as autocast's cast back does), then zeroed.
 template <int kVec>
-__global__ void token_scatter_backward_kernel(const int32_t* pad_rows, __nv_bfloat16* d_embeds,
-                                              __nv_bfloat16* d_features, int64_t hidden) {
+__global__ void token_scatter_backward_kernel(const int32_t* pad_rows, float* d_embeds, __nv_bfloat16* d_features,
+                                              int64_t hidden) {
   const int64_t i = blockIdx.x;
-  __nv_bfloat16* src = d_embeds + static_cast<int64_t>(pad_rows[i]) * hidden;
+  float* src = d_embeds + static_cast<int64_t>(pad_rows[i]) * hidden;
   __nv_bfloat16* dst = d_features + i * hidden;
   for (int64_t c = static_cast<int64_t>(threadIdx.x) * kVec; c < hidden; c += static_cast<int64_t>(blockDim.x) * kVec) {
-    if constexpr (kVec == 8) {
-      *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
-      *reinterpret_cast<uint4*>(src + c) = make_uint4(0, 0, 0, 0);
-    } else {
-      dst[c] = src[c];
-      src[c] = __float2bfloat16_rn(0.0f);
-    }
+    float v[kVec];
+    load_as_f32<kVec>(src + c, v);
+    store_from_f32<kVec>(dst + c, v);
+    float zeros[kVec] = {};
+    store_from_f32<kVec>(src + c, zeros);
   }
 }
 
@@ -68,7 +66,7 @@ void token_scatter_pad_rows(const int64_t* ids, int64_t num_tokens, int64_t toke
 }
 
 void token_scatter_forward_cuda(const int32_t* pad_rows, const __nv_bfloat16* features, int64_t num_features,
-                                __nv_bfloat16* embeds, int64_t num_tokens, int64_t hidden, cudaStream_t stream) {
+                                float* embeds, int64_t num_tokens, int64_t hidden, cudaStream_t stream) {
   check_sizes("token_scatter_forward_cuda", num_features, num_tokens, hidden);
   if (num_features == 0) return;
   if (can_use_vec8(hidden, features, embeds)) {
@@ -81,7 +79,7 @@ void token_scatter_forward_cuda(const int32_t* pad_rows, const __nv_bfloat16* fe
   CUDA_CHECK_LAUNCH();
 }
 
-void token_scatter_backward_cuda(const int32_t* pad_rows, __nv_bfloat16* d_embeds, __nv_bfloat16* d_features,
+void token_scatter_backward_cuda(const int32_t* pad_rows, float* d_embeds, __nv_bfloat16* d_features,
                                  int64_t num_features, int64_t num_tokens, int64_t hidden, cudaStream_t stream) {
   check_sizes("token_scatter_backward_cuda", num_features, num_tokens, hidden);
   if (num_features == 0) return;

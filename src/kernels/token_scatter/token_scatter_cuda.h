@@ -16,14 +16,14 @@ namespace deltamoe {
 void token_scatter_pad_rows(const int64_t* ids, int64_t num_tokens, int64_t token_id, int64_t num_features,
                             int32_t* pad_rows);
 
-// pad_rows int32 [N] (device copy of the above); features [N, C] bf16; embeds [T, C] bf16
-// updated in place: row pad_rows[i] = features[i].
+// pad_rows int32 [N] (device copy of the above); features [N, C] bf16 (the vision tower's
+// output); embeds [T, C] f32 (the embedding stream) updated in place: row pad_rows[i] = features[i].
 void token_scatter_forward_cuda(const int32_t* pad_rows, const __nv_bfloat16* features, int64_t num_features,
-                                __nv_bfloat16* embeds, int64_t num_tokens, int64_t hidden, cudaStream_t stream);
+                                float* embeds, int64_t num_tokens, int64_t hidden, cudaStream_t stream);
 
-// d_embeds [T, C] in and out: d_features [N, C] written with row pad_rows[i] of d_embeds, and
-// those rows of d_embeds then zeroed (the lookup's values there were replaced).
-void token_scatter_backward_cuda(const int32_t* pad_rows, __nv_bfloat16* d_embeds, __nv_bfloat16* d_features,
+// d_embeds [T, C] f32 in and out: d_features [N, C] bf16 written with row pad_rows[i] of d_embeds
+// (rounded), and those rows of d_embeds then zeroed (the lookup's values there were replaced).
+void token_scatter_backward_cuda(const int32_t* pad_rows, float* d_embeds, __nv_bfloat16* d_features,
                                  int64_t num_features, int64_t num_tokens, int64_t hidden, cudaStream_t stream);
 
 }  // namespace deltamoe

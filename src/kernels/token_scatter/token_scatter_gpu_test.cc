@@ -39,8 +39,9 @@ void check_token_scatter(const std::vector<int64_t>& ids, int64_t hidden, uint64
   const int64_t tokens = static_cast<int64_t>(ids.size()), features = count_pads(ids);
   std::printf("token_scatter T=%lld N=%lld C=%lld\n", static_cast<long long>(tokens), static_cast<long long>(features),
               static_cast<long long>(hidden));
-  HostTensor embeds = random_bf16_exact({tokens, hidden}, seed);
+  HostTensor embeds = random_normal_tensor({tokens, hidden}, seed);  // the fp32 stream
   HostTensor feats = random_bf16_exact({features, hidden}, seed + 1);
+  // bf16-exact gradients, so that the gathered rows (rounded to bf16) compare exactly.
   HostTensor d_embeds = random_bf16_exact({tokens, hidden}, seed + 2);
   HostTensor embeds_ref = embeds.to_f32(), d_embeds_ref = d_embeds.to_f32();
   HostTensor d_feats_ref(DType::f32, {features, hidden});
@@ -51,18 +52,18 @@ void check_token_scatter(const std::vector<int64_t>& ids, int64_t hidden, uint64
   HostTensor pad_rows(DType::i32, {features});
   token_scatter_pad_rows(ids.data(), tokens, kImagePad, features, pad_rows.as<int32_t>());
   DeviceTensor pad_rows_d = to_device(pad_rows);
-  DeviceTensor embeds_d = to_device(embeds, DType::bf16), feats_d = to_device(feats, DType::bf16);
-  DeviceTensor d_embeds_d = to_device(d_embeds, DType::bf16);
+  DeviceTensor embeds_d = to_device(embeds, DType::f32), feats_d = to_device(feats, DType::bf16);
+  DeviceTensor d_embeds_d = to_device(d_embeds, DType::f32);
   DeviceTensor d_feats_d = poisoned_device_tensor(DType::bf16, {features, hidden});
-  token_scatter_forward_cuda(pad_rows_d.view.as<int32_t>(), bf16_ptr(feats_d), features, bf16_ptr(embeds_d), tokens,
+  token_scatter_forward_cuda(pad_rows_d.view.as<int32_t>(), bf16_ptr(feats_d), features, f32_ptr(embeds_d), tokens,
                              hidden, nullptr);
-  token_scatter_backward_cuda(pad_rows_d.view.as<int32_t>(), bf16_ptr(d_embeds_d), bf16_ptr(d_feats_d), features,
+  token_scatter_backward_cuda(pad_rows_d.view.as<int32_t>(), f32_ptr(d_embeds_d), bf16_ptr(d_feats_d), features,
                               tokens, hidden, nullptr);
   device_synchronize();
   // Pure copies and zeros: bit-exact.
   const CompareResult results[] = {
-      compare_tensors("embeds with features placed (bf16)", to_host(embeds_d.view), embeds_ref),
-      compare_tensors("d_embeds with pad rows zeroed (bf16)", to_host(d_embeds_d.view), d_embeds_ref),
+      compare_tensors("embeds with features placed (f32)", to_host(embeds_d.view), embeds_ref),
+      compare_tensors("d_embeds with pad rows zeroed (f32)", to_host(d_embeds_d.view), d_embeds_ref),
       compare_tensors("d_features gathered (bf16)", to_host(d_feats_d.view), d_feats_ref)};
   for (const CompareResult& r : results) {
     EXPECT_TRUE(r.all_finite);
@@ -84,8 +85,9 @@ TEST(TokenScatterGpu, MismatchedCountsAreRejected) {
   EXPECT_THROW(token_scatter_pad_rows(ids.data(), 4, kImagePad, 3, pad_rows), Error);
   EXPECT_THROW(token_scatter_pad_rows(ids.data(), 4, kImagePad, 1, pad_rows), Error);
   DeviceTensor t = device_tensor(DType::bf16, {4, 8});
-  EXPECT_THROW(token_scatter_forward_cuda(nullptr, bf16_ptr(t), 5, bf16_ptr(t), 4, 8, nullptr), Error);
-  EXPECT_THROW(token_scatter_backward_cuda(nullptr, bf16_ptr(t), bf16_ptr(t), 2, 4, 0, nullptr), Error);
+  DeviceTensor f = device_tensor(DType::f32, {4, 8});
+  EXPECT_THROW(token_scatter_forward_cuda(nullptr, bf16_ptr(t), 5, f32_ptr(f), 4, 8, nullptr), Error);
+  EXPECT_THROW(token_scatter_backward_cuda(nullptr, f32_ptr(f), bf16_ptr(t), 2, 4, 0, nullptr), Error);
 }
 
 TEST(TokenScatterGpu, TimingAt35BShapes) {
@@ -95,19 +97,19 @@ TEST(TokenScatterGpu, TimingAt35BShapes) {
   HostTensor pad_rows(DType::i32, {features});
   token_scatter_pad_rows(ids.data(), tokens, kImagePad, features, pad_rows.as<int32_t>());
   DeviceTensor pad_rows_d = to_device(pad_rows);
-  DeviceTensor embeds = tiled_random_device_tensor({tokens, hidden}, 1, 1.0f);
+  DeviceTensor embeds = to_device(random_normal_tensor({tokens, hidden}, 1), DType::f32);
   DeviceTensor feats = tiled_random_device_tensor({features, hidden}, 2, 1.0f);
   const double feature_bytes = static_cast<double>(features) * hidden * 2;
   double fwd = median_ms([&](cudaStream_t s) {
-    token_scatter_forward_cuda(pad_rows_d.view.as<int32_t>(), bf16_ptr(feats), features, bf16_ptr(embeds), tokens,
+    token_scatter_forward_cuda(pad_rows_d.view.as<int32_t>(), bf16_ptr(feats), features, f32_ptr(embeds), tokens,
                                hidden, s);
   }, nullptr);
-  print_bandwidth_timing("token_scatter 1568 of 8192x2048 fwd", fwd, 2 * feature_bytes);
+  print_bandwidth_timing("token_scatter 1568 of 8192x2048 fwd", fwd, 3 * feature_bytes);
   double bwd = median_ms([&](cudaStream_t s) {
-    token_scatter_backward_cuda(pad_rows_d.view.as<int32_t>(), bf16_ptr(embeds), bf16_ptr(feats), features, tokens,
+    token_scatter_backward_cuda(pad_rows_d.view.as<int32_t>(), f32_ptr(embeds), bf16_ptr(feats), features, tokens,
                                 hidden, s);
   }, nullptr);
-  print_bandwidth_timing("token_scatter 1568 of 8192x2048 bwd", bwd, 3 * feature_bytes);
+  print_bandwidth_timing("token_scatter 1568 of 8192x2048 bwd", bwd, 5 * feature_bytes);
 }
 
 }  // namespace

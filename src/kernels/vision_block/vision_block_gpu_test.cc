@@ -71,14 +71,15 @@ TEST(VisionBlockGpu, TimingAtEightImagesOf448) {
   vision_rope_tables_cuda(positions_d.view.as<int64_t>(), n, kHeadDim, 10000.0, f32_ptr(cos_d), f32_ptr(sin_d),
                           nullptr);
 
-  BlockWeights w{to_device(random_normal_tensor({kWidth}, 1, 0.1f), DType::bf16),
-                 to_device(random_normal_tensor({kWidth}, 2, 0.1f), DType::bf16),
+  // Norm weights and biases are fp32 (read from the master copy); the linear ones bf16.
+  BlockWeights w{to_device(random_normal_tensor({kWidth}, 1, 0.1f), DType::f32),
+                 to_device(random_normal_tensor({kWidth}, 2, 0.1f), DType::f32),
                  tiled_random_device_tensor({3 * kWidth, kWidth}, 3, 0.03f),
                  to_device(random_normal_tensor({3 * kWidth}, 4, 0.1f), DType::bf16),
                  tiled_random_device_tensor({kWidth, kWidth}, 5, 0.03f),
                  to_device(random_normal_tensor({kWidth}, 6, 0.1f), DType::bf16),
-                 to_device(random_normal_tensor({kWidth}, 7, 0.1f), DType::bf16),
-                 to_device(random_normal_tensor({kWidth}, 8, 0.1f), DType::bf16),
+                 to_device(random_normal_tensor({kWidth}, 7, 0.1f), DType::f32),
+                 to_device(random_normal_tensor({kWidth}, 8, 0.1f), DType::f32),
                  tiled_random_device_tensor({kMlp, kWidth}, 9, 0.03f),
                  to_device(random_normal_tensor({kMlp}, 10, 0.1f), DType::bf16),
                  tiled_random_device_tensor({kWidth, kMlp}, 11, 0.015f),
@@ -88,25 +89,28 @@ TEST(VisionBlockGpu, TimingAtEightImagesOf448) {
                f32_zeros({kMlp, kWidth}), f32_zeros({kMlp}), f32_zeros({kWidth, kMlp}), f32_zeros({kWidth})};
 
   // Activations kept for the backward.
-  DeviceTensor x = tiled_random_device_tensor({n, kWidth}, 20, 1.0f);
+  DeviceTensor x = to_device(random_normal_tensor({n, kWidth}, 20), DType::f32);  // the fp32 residual stream
   DeviceTensor ln1 = device_tensor(DType::bf16, {n, kWidth});
   DeviceTensor mean1 = device_tensor(DType::f32, {n}), rstd1 = device_tensor(DType::f32, {n});
   DeviceTensor qkv = device_tensor(DType::bf16, {n, 3 * hd});
   DeviceTensor q = device_tensor(DType::bf16, {n, hd}), k = device_tensor(DType::bf16, {n, hd});
   DeviceTensor v = device_tensor(DType::bf16, {n, hd}), attn = device_tensor(DType::bf16, {n, hd});
   DeviceTensor lse = device_tensor(DType::f32, {n, kHeads});
-  DeviceTensor proj = device_tensor(DType::bf16, {n, kWidth}), h1 = device_tensor(DType::bf16, {n, kWidth});
+  DeviceTensor proj = device_tensor(DType::bf16, {n, kWidth}), h1 = device_tensor(DType::f32, {n, kWidth});
   DeviceTensor ln2 = device_tensor(DType::bf16, {n, kWidth});
   DeviceTensor mean2 = device_tensor(DType::f32, {n}), rstd2 = device_tensor(DType::f32, {n});
   DeviceTensor fc1 = device_tensor(DType::bf16, {n, kMlp}), act = device_tensor(DType::bf16, {n, kMlp});
   DeviceTensor out = device_tensor(DType::bf16, {n, kWidth});
   // Gradients.
-  DeviceTensor d_out = tiled_random_device_tensor({n, kWidth}, 30, 1e-2f);
+  DeviceTensor d_out = to_device(random_normal_tensor({n, kWidth}, 30, 1e-2f), DType::f32);
+  DeviceTensor d_out_bf16 = to_device(random_normal_tensor({n, kWidth}, 30, 1e-2f), DType::bf16);
   DeviceTensor d_act = device_tensor(DType::bf16, {n, kMlp}), d_ln2 = device_tensor(DType::bf16, {n, kWidth});
-  DeviceTensor d_h1 = device_tensor(DType::bf16, {n, kWidth}), d_attn = device_tensor(DType::bf16, {n, hd});
+  DeviceTensor d_h1 = device_tensor(DType::f32, {n, kWidth}), d_h1_bf16 = device_tensor(DType::bf16, {n, kWidth});
+  DeviceTensor d_attn = device_tensor(DType::bf16, {n, hd});
   DeviceTensor dq = device_tensor(DType::bf16, {n, hd}), dk = device_tensor(DType::bf16, {n, hd});
   DeviceTensor dv = device_tensor(DType::bf16, {n, hd}), dqkv = device_tensor(DType::bf16, {n, 3 * hd});
-  DeviceTensor d_ln1 = device_tensor(DType::bf16, {n, kWidth}), dx = device_tensor(DType::bf16, {n, kWidth});
+  DeviceTensor d_ln1 = device_tensor(DType::bf16, {n, kWidth}), dx = device_tensor(DType::f32, {n, kWidth});
+  DeviceTensor dx_bf16 = device_tensor(DType::bf16, {n, kWidth});
 
   size_t scratch_bytes = std::max({layer_norm_backward_workspace_bytes(n, kMlp),
                                    gelu_backward_workspace_bytes(n, kMlp, true),
@@ -118,22 +122,22 @@ TEST(VisionBlockGpu, TimingAtEightImagesOf448) {
 
   // The vision ops alone (everything but the products and attention), to see their share.
   auto vision_ops_forward = [&](cudaStream_t s) {
-    layer_norm_forward_cuda(bf(x), nullptr, nullptr, bf(w.norm1_w), bf(w.norm1_b), bf(ln1), f32_ptr(mean1),
-                            f32_ptr(rstd1), n, kWidth, kEps, s);
+    layer_norm_forward_cuda(nullptr, f32_ptr(x), nullptr, f32_ptr(w.norm1_w), f32_ptr(w.norm1_b), bf(ln1),
+                            f32_ptr(mean1), f32_ptr(rstd1), n, kWidth, kEps, s);
     bias_add_forward_cuda(bf(w.qkv_b), bf(qkv), n, 3 * hd, s);
     vision_rope_forward_cuda(bf(qkv), 3 * hd, bf(q), hd, f32_ptr(cos_d), f32_ptr(sin_d), n, kHeads, kHeadDim, s);
     vision_rope_forward_cuda(bf(qkv) + hd, 3 * hd, bf(k), hd, f32_ptr(cos_d), f32_ptr(sin_d), n, kHeads, kHeadDim, s);
     CUDA_CHECK(cudaMemcpy2DAsync(bf(v), hd * 2, bf(qkv) + 2 * hd, 3 * hd * 2, hd * 2, n, cudaMemcpyDeviceToDevice, s));
     bias_add_forward_cuda(bf(w.proj_b), bf(proj), n, kWidth, s);
-    layer_norm_forward_cuda(bf(proj), bf(x), bf(h1), bf(w.norm2_w), bf(w.norm2_b), bf(ln2), f32_ptr(mean2),
-                            f32_ptr(rstd2), n, kWidth, kEps, s);
+    layer_norm_forward_cuda(bf(proj), f32_ptr(x), f32_ptr(h1), f32_ptr(w.norm2_w), f32_ptr(w.norm2_b), bf(ln2),
+                            f32_ptr(mean2), f32_ptr(rstd2), n, kWidth, kEps, s);
     gelu_forward_cuda(GeluKind::tanh, bf(fc1), bf(w.fc1_b), bf(fc1), bf(act), n, kMlp, s);
     bias_add_forward_cuda(bf(w.fc2_b), bf(out), n, kWidth, s);
   };
 
   auto block_forward = [&](cudaStream_t s) {
-    layer_norm_forward_cuda(bf(x), nullptr, nullptr, bf(w.norm1_w), bf(w.norm1_b), bf(ln1), f32_ptr(mean1),
-                            f32_ptr(rstd1), n, kWidth, kEps, s);
+    layer_norm_forward_cuda(nullptr, f32_ptr(x), nullptr, f32_ptr(w.norm1_w), f32_ptr(w.norm1_b), bf(ln1),
+                            f32_ptr(mean1), f32_ptr(rstd1), n, kWidth, kEps, s);
     linear_forward_cuda(gemm, bf(ln1), bf(w.qkv_w), bf(qkv), DType::bf16, n, kWidth, 3 * hd, s);
     bias_add_forward_cuda(bf(w.qkv_b), bf(qkv), n, 3 * hd, s);
     // q and k rotated out of the fused qkv output into the contiguous layout attention reads.
@@ -145,8 +149,8 @@ TEST(VisionBlockGpu, TimingAtEightImagesOf448) {
     linear_forward_cuda(gemm, bf(attn), bf(w.proj_w), bf(proj), DType::bf16, n, hd, kWidth, s);
     bias_add_forward_cuda(bf(w.proj_b), bf(proj), n, kWidth, s);
     // h1 = x + proj, normalised in the same pass.
-    layer_norm_forward_cuda(bf(proj), bf(x), bf(h1), bf(w.norm2_w), bf(w.norm2_b), bf(ln2), f32_ptr(mean2),
-                            f32_ptr(rstd2), n, kWidth, kEps, s);
+    layer_norm_forward_cuda(bf(proj), f32_ptr(x), f32_ptr(h1), f32_ptr(w.norm2_w), f32_ptr(w.norm2_b), bf(ln2),
+                            f32_ptr(mean2), f32_ptr(rstd2), n, kWidth, kEps, s);
     linear_forward_cuda(gemm, bf(ln2), bf(w.fc1_w), bf(fc1), DType::bf16, n, kWidth, kMlp, s);
     gelu_forward_cuda(GeluKind::tanh, bf(fc1), bf(w.fc1_b), bf(fc1), bf(act), n, kMlp, s);
     linear_forward_cuda(gemm, bf(act), bf(w.fc2_w), bf(out), DType::bf16, n, kMlp, kWidth, s);
@@ -158,17 +162,19 @@ TEST(VisionBlockGpu, TimingAtEightImagesOf448) {
     void* ws = scratch.data();
     const size_t ws_bytes = scratch.bytes();
     // fc2 (its output joins the residual stream: d_out reaches both fc2 and h1).
-    bias_add_backward_cuda(bf(d_out), f32_ptr(g.fc2_b), n, kWidth, ws, ws_bytes, s);
-    linear_backward_input_cuda(gemm, bf(d_out), bf(w.fc2_w), bf(d_act), n, kMlp, kWidth, s);
-    linear_backward_weight_cuda(gemm, bf(d_out), bf(act), f32_ptr(g.fc2_w), n, kMlp, kWidth, s);
+    // The branch products read the bf16 copy of the stream gradient.
+    bias_add_backward_cuda(bf(d_out_bf16), f32_ptr(g.fc2_b), n, kWidth, ws, ws_bytes, s);
+    linear_backward_input_cuda(gemm, bf(d_out_bf16), bf(w.fc2_w), bf(d_act), n, kMlp, kWidth, s);
+    linear_backward_weight_cuda(gemm, bf(d_out_bf16), bf(act), f32_ptr(g.fc2_w), n, kMlp, kWidth, s);
     gelu_backward_cuda(GeluKind::tanh, bf(fc1), bf(d_act), bf(d_act), f32_ptr(g.fc1_b), n, kMlp, ws, ws_bytes, s);
     linear_backward_input_cuda(gemm, bf(d_act), bf(w.fc1_w), bf(d_ln2), n, kWidth, kMlp, s);
     linear_backward_weight_cuda(gemm, bf(d_act), bf(ln2), f32_ptr(g.fc1_w), n, kWidth, kMlp, s);
-    layer_norm_backward_cuda(bf(h1), bf(w.norm2_w), f32_ptr(mean2), f32_ptr(rstd2), bf(d_ln2), bf(d_out), bf(d_h1),
-                             f32_ptr(g.norm2_w), f32_ptr(g.norm2_b), n, kWidth, ws, ws_bytes, s);
-    bias_add_backward_cuda(bf(d_h1), f32_ptr(g.proj_b), n, kWidth, ws, ws_bytes, s);
-    linear_backward_input_cuda(gemm, bf(d_h1), bf(w.proj_w), bf(d_attn), n, hd, kWidth, s);
-    linear_backward_weight_cuda(gemm, bf(d_h1), bf(attn), f32_ptr(g.proj_w), n, hd, kWidth, s);
+    layer_norm_backward_cuda(f32_ptr(h1), f32_ptr(w.norm2_w), f32_ptr(mean2), f32_ptr(rstd2), bf(d_ln2),
+                             f32_ptr(d_out), f32_ptr(d_h1), bf(d_h1_bf16), f32_ptr(g.norm2_w), f32_ptr(g.norm2_b), n,
+                             kWidth, ws, ws_bytes, s);
+    bias_add_backward_cuda(bf(d_h1_bf16), f32_ptr(g.proj_b), n, kWidth, ws, ws_bytes, s);
+    linear_backward_input_cuda(gemm, bf(d_h1_bf16), bf(w.proj_w), bf(d_attn), n, hd, kWidth, s);
+    linear_backward_weight_cuda(gemm, bf(d_h1_bf16), bf(attn), f32_ptr(g.proj_w), n, hd, kWidth, s);
     bidirectional_attention_backward_cuda(bf(q), bf(k), bf(v), bf(attn), f32_ptr(lse), bf(d_attn),
                                           cu_d.view.as<int32_t>(), kImages, bf(dq), bf(dk), bf(dv), n, kHeads,
                                           kHeadDim, scale, ws, ws_bytes, s);
@@ -180,8 +186,9 @@ TEST(VisionBlockGpu, TimingAtEightImagesOf448) {
     bias_add_backward_cuda(bf(dqkv), f32_ptr(g.qkv_b), n, 3 * hd, ws, ws_bytes, s);
     linear_backward_input_cuda(gemm, bf(dqkv), bf(w.qkv_w), bf(d_ln1), n, kWidth, 3 * hd, s);
     linear_backward_weight_cuda(gemm, bf(dqkv), bf(ln1), f32_ptr(g.qkv_w), n, kWidth, 3 * hd, s);
-    layer_norm_backward_cuda(bf(x), bf(w.norm1_w), f32_ptr(mean1), f32_ptr(rstd1), bf(d_ln1), bf(d_h1), bf(dx),
-                             f32_ptr(g.norm1_w), f32_ptr(g.norm1_b), n, kWidth, ws, ws_bytes, s);
+    layer_norm_backward_cuda(f32_ptr(x), f32_ptr(w.norm1_w), f32_ptr(mean1), f32_ptr(rstd1), bf(d_ln1), f32_ptr(d_h1),
+                             f32_ptr(dx), bf(dx_bf16), f32_ptr(g.norm1_w), f32_ptr(g.norm1_b), n, kWidth, ws, ws_bytes,
+                             s);
   };
 
   block_forward(nullptr);

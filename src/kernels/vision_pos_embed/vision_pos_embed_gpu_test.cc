@@ -48,9 +48,9 @@ void check_pos_embed(const std::vector<int64_t>& grid_thw, int64_t grid_side, in
   HostTensor index, weight;
   DeviceTaps taps = upload_taps(grid_thw, grid_side, &index, &weight);
   const int64_t patches = taps.num_patches, table_rows = grid_side * grid_side;
-  HostTensor table = random_bf16_exact({table_rows, hidden}, seed);
-  HostTensor out_init = random_bf16_exact({patches, hidden}, seed + 1);
-  HostTensor d_out = random_bf16_exact({patches, hidden}, seed + 2);
+  HostTensor table = random_normal_tensor({table_rows, hidden}, seed);  // the fp32 master table
+  HostTensor out_init = random_bf16_exact({patches, hidden}, seed + 1);  // the bf16 patch embeddings
+  HostTensor d_out = random_normal_tensor({patches, hidden}, seed + 2);  // the fp32 stream gradient
   HostTensor d_table_init = random_normal_tensor({table_rows, hidden}, seed + 3);
   HostTensor out_ref = out_init.to_f32(), d_table_ref = random_normal_tensor({table_rows, hidden}, seed + 3);
   vision_pos_embed_forward_ref(table.as<float>(), index.as<int64_t>(), weight.as<float>(), out_ref.as<float>(),
@@ -58,15 +58,16 @@ void check_pos_embed(const std::vector<int64_t>& grid_thw, int64_t grid_side, in
   vision_pos_embed_backward_ref(d_out.as<float>(), index.as<int64_t>(), weight.as<float>(), d_table_ref.as<float>(),
                                 patches, hidden);
 
-  DeviceTensor table_d = to_device(table, DType::bf16), out_d = to_device(out_init, DType::bf16);
-  DeviceTensor d_out_d = to_device(d_out, DType::bf16), d_table_d = to_device(d_table_init, DType::f32);
-  vision_pos_embed_forward_cuda(bf16_ptr(table_d), taps.index.view.as<int64_t>(), f32_ptr(taps.weight), bf16_ptr(out_d),
-                                patches, hidden, nullptr);
-  vision_pos_embed_backward_cuda(bf16_ptr(d_out_d), f32_ptr(taps.weight), taps.row_offsets.view.as<int32_t>(),
+  DeviceTensor table_d = to_device(table, DType::f32), in_d = to_device(out_init, DType::bf16);
+  DeviceTensor out_d = poisoned_device_tensor(DType::f32, {patches, hidden});
+  DeviceTensor d_out_d = to_device(d_out, DType::f32), d_table_d = to_device(d_table_init, DType::f32);
+  vision_pos_embed_forward_cuda(f32_ptr(table_d), taps.index.view.as<int64_t>(), f32_ptr(taps.weight), bf16_ptr(in_d),
+                                f32_ptr(out_d), patches, hidden, nullptr);
+  vision_pos_embed_backward_cuda(f32_ptr(d_out_d), f32_ptr(taps.weight), taps.row_offsets.view.as<int32_t>(),
                                  taps.entries.view.as<int32_t>(), f32_ptr(d_table_d), patches, table_rows, hidden,
                                  nullptr);
   device_synchronize();
-  expect_close("out + pos_embed (bf16, added to)", out_d, out_ref, 1e-2);
+  expect_close("in + pos_embed (f32)", out_d, out_ref, 1e-6);  // fp32 sums in another order only
   expect_close("d_table (f32, added to)", d_table_d, d_table_ref, 1e-4);
 }
 
@@ -84,12 +85,12 @@ TEST(VisionPosEmbedGpu, BackwardIsDeterministic) {
   const int64_t grid_side = 48, hidden = 1152, table_rows = grid_side * grid_side;
   HostTensor index, weight;
   DeviceTaps taps = upload_taps(grid_thw, grid_side, &index, &weight);
-  DeviceTensor d_out = tiled_random_device_tensor({taps.num_patches, hidden}, 70, 1.0f);
+  DeviceTensor d_out = to_device(random_normal_tensor({taps.num_patches, hidden}, 70), DType::f32);
   HostTensor runs[2];
   for (HostTensor& run : runs) {
     DeviceTensor d_table = device_tensor(DType::f32, {table_rows, hidden});
     device_fill_bytes(d_table.view, 0);
-    vision_pos_embed_backward_cuda(bf16_ptr(d_out), f32_ptr(taps.weight), taps.row_offsets.view.as<int32_t>(),
+    vision_pos_embed_backward_cuda(f32_ptr(d_out), f32_ptr(taps.weight), taps.row_offsets.view.as<int32_t>(),
                                    taps.entries.view.as<int32_t>(), f32_ptr(d_table), taps.num_patches, table_rows,
                                    hidden, nullptr);
     run = to_host(d_table.view);
@@ -104,7 +105,9 @@ TEST(VisionPosEmbedGpu, BadTapsAreRejected) {
   int32_t offsets[10], entries[4];
   EXPECT_THROW(vision_pos_embed_invert_taps(index, 1, 9, offsets, entries), Error);
   DeviceTensor t = device_tensor(DType::bf16, {4, 8});
-  EXPECT_THROW(vision_pos_embed_forward_cuda(bf16_ptr(t), nullptr, nullptr, bf16_ptr(t), 4, 0, nullptr), Error);
+  DeviceTensor f = device_tensor(DType::f32, {4, 8});
+  EXPECT_THROW(vision_pos_embed_forward_cuda(f32_ptr(f), nullptr, nullptr, bf16_ptr(t), f32_ptr(f), 4, 0, nullptr),
+               Error);
 }
 
 TEST(VisionPosEmbedGpu, TimingAtVisionShapes) {
@@ -113,24 +116,25 @@ TEST(VisionPosEmbedGpu, TimingAtVisionShapes) {
   const int64_t grid_side = 48, hidden = 1152, table_rows = grid_side * grid_side;
   HostTensor index, weight;
   DeviceTaps taps = upload_taps(grid_thw, grid_side, &index, &weight);
-  DeviceTensor table = tiled_random_device_tensor({table_rows, hidden}, 1, 1.0f);
-  DeviceTensor out = tiled_random_device_tensor({taps.num_patches, hidden}, 2, 1.0f);
+  DeviceTensor table = to_device(random_normal_tensor({table_rows, hidden}, 1), DType::f32);
+  DeviceTensor in = tiled_random_device_tensor({taps.num_patches, hidden}, 2, 1.0f);
+  DeviceTensor out = device_tensor(DType::f32, {taps.num_patches, hidden});
   DeviceTensor d_table = device_tensor(DType::f32, {table_rows, hidden});
   device_fill_bytes(d_table.view, 0);
   const double patch_bytes = static_cast<double>(taps.num_patches) * hidden * 2;
   const double table_f32_bytes = static_cast<double>(table_rows) * hidden * 4;
   double fwd = median_ms([&](cudaStream_t s) {
-    vision_pos_embed_forward_cuda(bf16_ptr(table), taps.index.view.as<int64_t>(), f32_ptr(taps.weight), bf16_ptr(out),
-                                  taps.num_patches, hidden, s);
+    vision_pos_embed_forward_cuda(f32_ptr(table), taps.index.view.as<int64_t>(), f32_ptr(taps.weight), bf16_ptr(in),
+                                  f32_ptr(out), taps.num_patches, hidden, s);
   }, nullptr);
-  // out read + written; the 5 MiB table stays in L2.
-  print_bandwidth_timing("pos_embed 6272x1152 fwd (added to)", fwd, 2 * patch_bytes);
+  // bf16 in read, fp32 out written; the 10 MiB table stays in L2.
+  print_bandwidth_timing("pos_embed 6272x1152 fwd (bf16 in, f32 out)", fwd, 3 * patch_bytes);
   double bwd = median_ms([&](cudaStream_t s) {
-    vision_pos_embed_backward_cuda(bf16_ptr(out), f32_ptr(taps.weight), taps.row_offsets.view.as<int32_t>(),
+    vision_pos_embed_backward_cuda(f32_ptr(out), f32_ptr(taps.weight), taps.row_offsets.view.as<int32_t>(),
                                    taps.entries.view.as<int32_t>(), f32_ptr(d_table), taps.num_patches, table_rows,
                                    hidden, s);
   }, nullptr);
-  print_bandwidth_timing("pos_embed 6272x1152 bwd (2304-row table)", bwd, patch_bytes + 2 * table_f32_bytes);
+  print_bandwidth_timing("pos_embed 6272x1152 bwd (2304-row table)", bwd, 2 * patch_bytes + 2 * table_f32_bytes);
 }
 
 }  // namespace

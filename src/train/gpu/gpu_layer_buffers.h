@@ -45,11 +45,13 @@ struct MoeSaved {
 
 struct GpuLayerBuffers {
   bool is_gdn = true;
-  DeviceBf16* x_in = nullptr;       // residual stream entering the layer
+  // The residual stream is fp32 (as under bf16 autocast with fp32 parameters); block outputs are
+  // bf16 and are added to it inside the next norm.
+  float* x_in = nullptr;            // residual stream entering the layer (layer 0: the embedding)
   DeviceBf16* normed_in = nullptr;  // input_layernorm output (mixer input)
   float* rstd_in = nullptr;
   DeviceBf16* mixer_out = nullptr;
-  DeviceBf16* h = nullptr;            // x_in + mixer_out
+  float* h = nullptr;                 // x_in + mixer_out
   DeviceBf16* normed_post = nullptr;  // post_attention_layernorm output (MoE input)
   float* rstd_post = nullptr;
   DeviceBf16* moe_out = nullptr;  // the layer's output is h + moe_out (added by the next norm)
@@ -74,8 +76,8 @@ struct GpuScratch {
   // hi/lo bf16 halves of one fp32 gate gradient (da, db or d_logits) [T, max(Hv, E)] for the two-GEMM
   // products with the bf16 weights and inputs (kernels/gemm/f32_operand_cuda.h).
   DeviceBf16 *gate_grad_hi = nullptr, *gate_grad_lo = nullptr;
-  // A mixer's input gradient summed over its projections in fp32, rounded to bf16 once [T, C]; free
-  // during the MoE backward, which uses it for the router's fp32 input gradient.
+  // A mixer's input gradient summed over its projections in fp32 [T, C], read by input_layernorm's
+  // backward as is; free during the MoE backward, which uses it for the router's input gradient.
   float* d_mixer_input_f32 = nullptr;
 };
 

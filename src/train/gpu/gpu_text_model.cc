@@ -41,11 +41,11 @@ void carve_layers(Carver& c, const TextConfig& cfg, int64_t T, bool share_mixer_
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     GpuLayerBuffers& b = (*layers)[static_cast<size_t>(i)];
     b.is_gdn = cfg.layer_types[static_cast<size_t>(i)] == LayerType::linear_attention;
-    b.x_in = c.take<DeviceBf16>(T * C);
+    b.x_in = i == 0 ? nullptr : c.take<float>(T * C);  // layer 0 reads the embedding (set by the caller)
     b.normed_in = c.take<DeviceBf16>(T * C);
     b.rstd_in = c.take<float>(T);
     b.mixer_out = c.take<DeviceBf16>(T * C);
-    b.h = c.take<DeviceBf16>(T * C);
+    b.h = c.take<float>(T * C);
     b.normed_post = c.take<DeviceBf16>(T * C);
     b.rstd_post = c.take<float>(T);
     b.moe_out = c.take<DeviceBf16>(T * C);
@@ -214,20 +214,22 @@ void GpuTextModel::plan_activations() {
   // One function lays everything out; run once counting bytes, once over the sized arena.
   auto carve_all = [&](Carver& carver, std::vector<GpuLayerBuffers>* layers, GpuScratch* scratch) {
     carve_layers(carver, config_, T, options_.recompute_mixers, layers, scratch);
-    embedded_ = carver.take<DeviceBf16>(T * C);
-    final_hidden_ = carver.take<DeviceBf16>(T * C);
+    embedded_ = carver.take<float>(T * C);
+    if (!layers->empty()) layers->front().x_in = embedded_;
+    final_hidden_ = carver.take<float>(T * C);
     final_normed_ = carver.take<DeviceBf16>(T * C);
     final_rstd_ = carver.take<float>(T);
-    grad_a_ = carver.take<DeviceBf16>(T * C);
-    grad_b_ = carver.take<DeviceBf16>(T * C);
-    grad_mixer_ = carver.take<DeviceBf16>(T * C);
+    grad_stream_ = carver.take<float>(T * C);
+    grad_stream_bf16_ = carver.take<DeviceBf16>(T * C);
+    grad_mixer_ = carver.take<float>(T * C);
+    grad_mixer_bf16_ = carver.take<DeviceBf16>(T * C);
     grad_normed_ = carver.take<DeviceBf16>(T * C);
     image_rows_ = carver.take<int32_t>(max_image_rows_);
     image_embeds_ = carver.take<DeviceBf16>(max_image_rows_ * C);
     image_grads_ = carver.take<DeviceBf16>(max_image_rows_ * C);
     captured_grads_.clear();
     if (options_.capture_layer_grads)
-      for (int64_t k = 0; k < 3 * config_.num_hidden_layers; ++k) captured_grads_.push_back(carver.take<DeviceBf16>(T * C));
+      for (int64_t k = 0; k < 3 * config_.num_hidden_layers; ++k) captured_grads_.push_back(carver.take<float>(T * C));
   };
   Carver counter(nullptr);
   GpuScratch unused_scratch;
@@ -452,10 +454,9 @@ std::vector<float> GpuTextModel::read_layer_activation(int64_t layer, LayerActiv
   const GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
   const int64_t T = num_tokens_, C = config_.hidden_size;
   if (which == LayerActivation::router_probs) return download(b.moe.probs, T * config_.num_experts, stream_);
-  const DeviceBf16* source = which == LayerActivation::input         ? b.x_in
-                             : which == LayerActivation::mixer_input ? b.normed_in
-                             : which == LayerActivation::after_mixer ? b.h
-                                                                     : b.normed_post;
+  if (which == LayerActivation::input) return download(b.x_in, T * C, stream_);
+  if (which == LayerActivation::after_mixer) return download(b.h, T * C, stream_);
+  const DeviceBf16* source = which == LayerActivation::mixer_input ? b.normed_in : b.normed_post;
   std::vector<uint16_t> bits(static_cast<size_t>(T * C));
   CUDA_CHECK(cudaMemcpyAsync(bits.data(), source, bits.size() * 2, cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -464,23 +465,18 @@ std::vector<float> GpuTextModel::read_layer_activation(int64_t layer, LayerActiv
   return values;
 }
 
-void GpuTextModel::capture_gradient(int64_t layer, LayerGradient which, const DeviceBf16* source) {
+void GpuTextModel::capture_gradient(int64_t layer, LayerGradient which, const float* source) {
   if (captured_grads_.empty()) return;
-  DeviceBf16* slot = captured_grads_[static_cast<size_t>(layer * 3 + static_cast<int64_t>(which))];
-  CUDA_CHECK(cudaMemcpyAsync(slot, source, static_cast<size_t>(num_tokens_ * config_.hidden_size) * sizeof(DeviceBf16),
+  float* slot = captured_grads_[static_cast<size_t>(layer * 3 + static_cast<int64_t>(which))];
+  CUDA_CHECK(cudaMemcpyAsync(slot, source, static_cast<size_t>(num_tokens_ * config_.hidden_size) * sizeof(float),
                              cudaMemcpyDeviceToDevice, stream_));
 }
 
 std::vector<float> GpuTextModel::read_layer_gradient(int64_t layer, LayerGradient which) const {
   CHECK(layer >= 0 && layer < config_.num_hidden_layers, "gpu model: no decoder layer ", layer);
   CHECK(!captured_grads_.empty(), "gpu model: layer gradients were not captured (set options.capture_layer_grads)");
-  const DeviceBf16* source = captured_grads_[static_cast<size_t>(layer * 3 + static_cast<int64_t>(which))];
-  std::vector<uint16_t> bits(static_cast<size_t>(num_tokens_ * config_.hidden_size));
-  CUDA_CHECK(cudaMemcpyAsync(bits.data(), source, bits.size() * 2, cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  std::vector<float> values(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) values[i] = bf16_bits_to_float(bits[i]);
-  return values;
+  const float* source = captured_grads_[static_cast<size_t>(layer * 3 + static_cast<int64_t>(which))];
+  return download(source, num_tokens_ * config_.hidden_size, stream_);
 }
 
 GpuMemoryBreakdown GpuTextModel::memory() const {

@@ -31,9 +31,9 @@ struct GpuScratch;
 
 // Saved activations a test can download to localise a mismatch (per decoder layer).
 enum class LayerActivation {
-  input,        // [T, C] residual stream entering the layer
+  input,        // [T, C] residual stream entering the layer (fp32)
   mixer_input,  // [T, C] input_layernorm output
-  after_mixer,  // [T, C] input + mixer output (h)
+  after_mixer,  // [T, C] input + mixer output (h, fp32)
   moe_input,    // [T, C] post_attention_layernorm output
   router_probs, // [T, E] router softmax (fp32)
 };
@@ -57,7 +57,7 @@ struct GpuModelOptions {
   // Keep only one set of mixer internals per layer type and rerun each mixer's forward just before
   // its backward: saves the GDN/attention intermediates of all but one layer for ~1/3 more mixer time.
   bool recompute_mixers = false;
-  // Tests: keep bf16 copies of every layer's residual-stream gradients (3 x [T, C] per layer).
+  // Tests: keep copies of every layer's residual-stream gradients (3 x [T, C] fp32 per layer).
   bool capture_layer_grads = false;
   // Most image-token rows of one step (the VLM input: vision features scattered over them);
   // -1: max_tokens; 0: text only (no image slots are allocated).
@@ -146,13 +146,15 @@ class GpuTextModel {
   void forward();
   void backward();
   void gdn_forward(int64_t layer);
-  void gdn_backward(int64_t layer, const __nv_bfloat16* dy, __nv_bfloat16* dx);
+  // Mixer backwards: dy [T, C] bf16 (the bf16 copy of the stream gradient); dx [T, C] f32 written
+  // with the input gradient summed over the mixer's projections in fp32.
+  void gdn_backward(int64_t layer, const __nv_bfloat16* dy, float* dx);
   void attention_forward(int64_t layer);
-  void attention_backward(int64_t layer, const __nv_bfloat16* dy, __nv_bfloat16* dx);
+  void attention_backward(int64_t layer, const __nv_bfloat16* dy, float* dx);
   void moe_forward(int64_t layer);
   void moe_backward(int64_t layer, const __nv_bfloat16* dy, __nv_bfloat16* dx);
   // Copies a [T, C] gradient into its capture slot when capture_layer_grads is on (else nothing).
-  void capture_gradient(int64_t layer, LayerGradient which, const __nv_bfloat16* source);
+  void capture_gradient(int64_t layer, LayerGradient which, const float* source);
   // Pointers into the flat buffers of parameter `name` (of layer `layer` when layer >= 0).
   const __nv_bfloat16* weight(int64_t layer, const std::string& name) const;
   float* master(int64_t layer, const std::string& name) const;
@@ -210,18 +212,20 @@ class GpuTextModel {
   __nv_bfloat16* image_embeds_ = nullptr;   // [max_image_rows, C]
   __nv_bfloat16* image_grads_ = nullptr;    // [max_image_rows, C]
 
-  // Activations (inside arena_): per layer, plus the shared ones below.
+  // Activations (inside arena_): per layer, plus the shared ones below. The residual stream and its
+  // gradient are fp32; each stream gradient has a bf16 copy for the GEMMs of the block before it.
   std::vector<GpuLayerBuffers> layers_;
-  __nv_bfloat16* embedded_ = nullptr;      // [T, C] layer 0 input
-  __nv_bfloat16* final_hidden_ = nullptr;  // [T, C] residual stream after the last layer
-  __nv_bfloat16* final_normed_ = nullptr;  // [T, C]
-  float* final_rstd_ = nullptr;            // [T]
-  __nv_bfloat16* grad_a_ = nullptr;        // [T, C] backward ping-pong
-  __nv_bfloat16* grad_b_ = nullptr;        // [T, C]
-  __nv_bfloat16* grad_mixer_ = nullptr;    // [T, C] gradient reaching the mixer output (dh)
-  __nv_bfloat16* grad_normed_ = nullptr;   // [T, C] gradient of a norm output
-  // [layer * 3 + LayerGradient] -> [T, C] bf16 copies (empty unless capture_layer_grads).
-  std::vector<__nv_bfloat16*> captured_grads_;
+  float* embedded_ = nullptr;                  // [T, C] layer 0 input (the fp32 embedding rows)
+  float* final_hidden_ = nullptr;              // [T, C] residual stream after the last layer
+  __nv_bfloat16* final_normed_ = nullptr;      // [T, C]
+  float* final_rstd_ = nullptr;                // [T]
+  float* grad_stream_ = nullptr;               // [T, C] gradient reaching a layer's output, then its input
+  __nv_bfloat16* grad_stream_bf16_ = nullptr;  // [T, C] its bf16 copy (the MoE backward's dy)
+  float* grad_mixer_ = nullptr;                // [T, C] gradient reaching the mixer output (dh)
+  __nv_bfloat16* grad_mixer_bf16_ = nullptr;   // [T, C] its bf16 copy (the mixer backward's dy)
+  __nv_bfloat16* grad_normed_ = nullptr;       // [T, C] gradient of a norm output (MoE input, final norm)
+  // [layer * 3 + LayerGradient] -> [T, C] fp32 copies (empty unless capture_layer_grads).
+  std::vector<float*> captured_grads_;
   // Backward scratch sized for the widest layer (reused by every layer, one at a time).
   std::unique_ptr<GpuScratch> scratch_;
   MropeSpec rope_;

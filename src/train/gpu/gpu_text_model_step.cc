@@ -1,6 +1,8 @@
 // GpuTextModel's forward and backward schedules, following the CPU reference model
 // (src/model/text: decoder.cc, gdn_layer.cc, attention_layer.cc, moe_block.cc, text_model.cc)
-// operation for operation; residual adds are fused into the following RMSNorm. One stream, no
+// operation for operation; residual adds are fused into the following RMSNorm. Precision follows
+// transformers' bf16 autocast with fp32 parameters: bf16 GEMM operands, an fp32 residual stream
+// and stream gradient, norm weights and the embedding read from the fp32 master. One stream, no
 // allocation, no host synchronisation.
 #include <cmath>
 
@@ -88,7 +90,8 @@ void GpuTextModel::forward() {
   const int64_t T = num_tokens_, C = c.hidden_size;
   const double eps = c.rms_norm_eps;
   timer_.mark(StepComponent::other, stream_);
-  embedding_forward_cuda(ids_, weight(-1, prefix_ + ".embed_tokens.weight"), embedded_, T, c.vocab_size, C, nullptr,
+  // The stream starts as fp32 rows of the fp32 master table (layer 0's x_in is embedded_).
+  embedding_forward_cuda(ids_, master(-1, prefix_ + ".embed_tokens.weight"), embedded_, T, c.vocab_size, C, nullptr,
                          stream_);
   // VLM input: the vision features replace the <|image_pad|> rows' embeddings.
   if (num_image_rows_ > 0)
@@ -98,14 +101,12 @@ void GpuTextModel::forward() {
     GpuLayerBuffers& b = layers_[static_cast<size_t>(i)];
     timer_.mark(StepComponent::other, stream_);
     if (i == 0) {
-      CUDA_CHECK(cudaMemcpyAsync(b.x_in, embedded_, static_cast<size_t>(T * C) * sizeof(DeviceBf16),
-                                 cudaMemcpyDeviceToDevice, stream_));
-      rms_norm_forward_cuda(b.x_in, nullptr, nullptr, weight(i, "input_layernorm.weight"), b.normed_in, b.rstd_in, T,
+      rms_norm_forward_cuda(nullptr, b.x_in, nullptr, master(i, "input_layernorm.weight"), b.normed_in, b.rstd_in, T,
                             C, eps, stream_);
     } else {
       // x_in = previous h + previous MoE output (the previous layer's residual add).
       const GpuLayerBuffers& prev = layers_[static_cast<size_t>(i - 1)];
-      rms_norm_forward_cuda(prev.moe_out, prev.h, b.x_in, weight(i, "input_layernorm.weight"), b.normed_in,
+      rms_norm_forward_cuda(prev.moe_out, prev.h, b.x_in, master(i, "input_layernorm.weight"), b.normed_in,
                             b.rstd_in, T, C, eps, stream_);
     }
     if (b.is_gdn) {
@@ -116,14 +117,14 @@ void GpuTextModel::forward() {
       attention_forward(i);
     }
     timer_.mark(StepComponent::other, stream_);
-    rms_norm_forward_cuda(b.mixer_out, b.x_in, b.h, weight(i, "post_attention_layernorm.weight"), b.normed_post,
+    rms_norm_forward_cuda(b.mixer_out, b.x_in, b.h, master(i, "post_attention_layernorm.weight"), b.normed_post,
                           b.rstd_post, T, C, eps, stream_);
     timer_.mark(StepComponent::moe, stream_);
     moe_forward(i);
   }
   timer_.mark(StepComponent::other, stream_);
   const GpuLayerBuffers& last = layers_.back();
-  rms_norm_forward_cuda(last.moe_out, last.h, final_hidden_, weight(-1, prefix_ + ".norm.weight"), final_normed_,
+  rms_norm_forward_cuda(last.moe_out, last.h, final_hidden_, master(-1, prefix_ + ".norm.weight"), final_normed_,
                         final_rstd_, T, C, eps, stream_);
   moe_aux_loss_value_cuda(MoeAuxDeviceStats{aux_counts_, aux_probs_}, c.num_experts, T * c.num_hidden_layers,
                           aux_loss_, stream_);
@@ -151,42 +152,46 @@ void GpuTextModel::backward() {
   lm_head_cross_entropy_cuda(*gemm_, loss, workspace_.data(), workspace_bytes_, stream_);
 
   timer_.mark(StepComponent::other, stream_);
-  // d_out: gradient of the current layer's output (h + moe_out).
-  DeviceBf16* d_out = grad_a_;
-  DeviceBf16* d_in = grad_b_;
-  rms_norm_backward_cuda(final_hidden_, weight(-1, prefix_ + ".norm.weight"), final_rstd_, grad_normed_, nullptr,
-                         d_out, grad(-1, prefix_ + ".norm.weight"), T, C, workspace_.data(), workspace_bytes_, stream_);
+  // grad_stream_ (fp32) holds the gradient reaching the current layer's output (h + moe_out), and
+  // after the layer's input norm the gradient reaching its input; grad_stream_bf16_ is its copy.
+  float* d_stream = grad_stream_;
+  float* d_mixer_input = scratch_->d_mixer_input_f32;
+  rms_norm_backward_cuda(final_hidden_, master(-1, prefix_ + ".norm.weight"), final_rstd_, grad_normed_, nullptr,
+                         d_stream, grad_stream_bf16_, grad(-1, prefix_ + ".norm.weight"), T, C, workspace_.data(),
+                         workspace_bytes_, stream_);
   for (int64_t i = c.num_hidden_layers - 1; i >= 0; --i) {
     const GpuLayerBuffers& b = layers_[static_cast<size_t>(i)];
-    capture_gradient(i, LayerGradient::output, d_out);
+    capture_gradient(i, LayerGradient::output, d_stream);
     timer_.mark(StepComponent::moe, stream_);
-    moe_backward(i, d_out, grad_normed_);
+    moe_backward(i, grad_stream_bf16_, grad_normed_);
     timer_.mark(StepComponent::other, stream_);
-    // dh = norm backward + d_out (the residual path around the MoE block).
-    rms_norm_backward_cuda(b.h, weight(i, "post_attention_layernorm.weight"), b.rstd_post, grad_normed_, d_out,
-                           grad_mixer_, grad(i, "post_attention_layernorm.weight"), T, C, workspace_.data(),
-                           workspace_bytes_, stream_);
+    // dh = norm backward + d_stream (the residual path around the MoE block).
+    rms_norm_backward_cuda(b.h, master(i, "post_attention_layernorm.weight"), b.rstd_post, grad_normed_, d_stream,
+                           grad_mixer_, grad_mixer_bf16_, grad(i, "post_attention_layernorm.weight"), T, C,
+                           workspace_.data(), workspace_bytes_, stream_);
     capture_gradient(i, LayerGradient::after_mixer, grad_mixer_);
     if (b.is_gdn) {
       timer_.mark(StepComponent::gdn, stream_);
       if (options_.recompute_mixers) gdn_forward(i);  // refills the shared intermediates (and mixer_out, unused now)
-      gdn_backward(i, grad_mixer_, grad_normed_);
+      gdn_backward(i, grad_mixer_bf16_, d_mixer_input);
     } else {
       timer_.mark(StepComponent::attention, stream_);
       if (options_.recompute_mixers) attention_forward(i);
-      attention_backward(i, grad_mixer_, grad_normed_);
+      attention_backward(i, grad_mixer_bf16_, d_mixer_input);
     }
     timer_.mark(StepComponent::other, stream_);
-    rms_norm_backward_cuda(b.x_in, weight(i, "input_layernorm.weight"), b.rstd_in, grad_normed_, grad_mixer_, d_in,
-                           grad(i, "input_layernorm.weight"), T, C, workspace_.data(), workspace_bytes_, stream_);
-    capture_gradient(i, LayerGradient::input, d_in);
-    std::swap(d_out, d_in);
+    // The mixer's fp32 input gradient goes into the norm as is; d_stream is free again after the
+    // post-norm backward and now receives the gradient reaching the layer's input.
+    rms_norm_backward_cuda(b.x_in, master(i, "input_layernorm.weight"), b.rstd_in, d_mixer_input, grad_mixer_,
+                           d_stream, grad_stream_bf16_, grad(i, "input_layernorm.weight"), T, C, workspace_.data(),
+                           workspace_bytes_, stream_);
+    capture_gradient(i, LayerGradient::input, d_stream);
   }
   // The image rows' gradient belongs to the vision features, not to the <|image_pad|> table row:
   // gather it, then zero those rows before the table's backward (multimodal_embed_backward).
   if (num_image_rows_ > 0)
-    token_scatter_backward_cuda(image_rows_, d_out, image_grads_, num_image_rows_, T, C, stream_);
-  embedding_backward_cuda(ids_, d_out, grad(-1, prefix_ + ".embed_tokens.weight"), T, c.vocab_size, C, stream_);
+    token_scatter_backward_cuda(image_rows_, d_stream, image_grads_, num_image_rows_, T, C, stream_);
+  embedding_backward_cuda(ids_, d_stream, grad(-1, prefix_ + ".embed_tokens.weight"), T, c.vocab_size, C, stream_);
 }
 
 // ---- Gated DeltaNet (gdn_layer.cc) ----
@@ -227,13 +232,13 @@ void GpuTextModel::gdn_forward(int64_t layer) {
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk)));
   gated_delta_rule_forward_cuda(shape, scale, s.q_normed, s.k_normed, s.v, s.g, s.beta, nullptr, s.core, nullptr,
                                 workspace_.data(), workspace_bytes_, stream_);
-  gated_rmsnorm_forward_cuda(s.core, s.z, weight(layer, p + "norm.weight"), T * Hv, Dv,
+  gated_rmsnorm_forward_cuda(s.core, s.z, master(layer, p + "norm.weight"), T * Hv, Dv,
                              static_cast<float>(c.rms_norm_eps), s.normed, stream_);
   linear_forward_cuda(*gemm_, s.normed, weight(layer, p + "out_proj.weight"), b.mixer_out, DType::bf16, T, vd, C,
                       stream_);
 }
 
-void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, DeviceBf16* dx) {
+void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, float* dx) {
   const TextConfig& c = config_;
   const GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
   const GdnSaved& s = b.gdn;
@@ -244,7 +249,7 @@ void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, DeviceBf16*
   const std::string p = "linear_attn.";
   linear_backward_input_cuda(*gemm_, dy, weight(layer, p + "out_proj.weight"), w.d_normed_v, T, vd, C, stream_);
   linear_backward_weight_cuda(*gemm_, dy, s.normed, grad(layer, p + "out_proj.weight"), T, vd, C, stream_);
-  gated_rmsnorm_backward_cuda(s.core, s.z, weight(layer, p + "norm.weight"), w.d_normed_v, T * Hv, Dv,
+  gated_rmsnorm_backward_cuda(s.core, s.z, master(layer, p + "norm.weight"), w.d_normed_v, T * Hv, Dv,
                               static_cast<float>(c.rms_norm_eps), w.d_core, w.dz, grad(layer, p + "norm.weight"),
                               stream_);
   GatedDeltaRuleShape shape;
@@ -273,7 +278,7 @@ void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, DeviceBf16*
                               static_cast<int>(c.linear_conv_kernel_dim), w.d_mixed, grad(layer, p + "conv1d.weight"),
                               stream_);
   const DeviceBf16* x = b.normed_in;
-  float* dx_sum = w.d_mixer_input_f32;
+  float* dx_sum = dx;
   linear_backward_input_f32(w.d_mixed, weight(layer, p + "in_proj_qkv.weight"), dx_sum, T, C, conv, false);
   linear_backward_weight_cuda(*gemm_, w.d_mixed, x, grad(layer, p + "in_proj_qkv.weight"), T, C, conv, stream_);
   linear_backward_input_f32(w.dz, weight(layer, p + "in_proj_z.weight"), dx_sum, T, C, vd, true);
@@ -283,7 +288,6 @@ void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, DeviceBf16*
                          true, T, C, Hv);
   linear_backward_f32_dy(w.da, weight(layer, p + "in_proj_a.weight"), x, grad(layer, p + "in_proj_a.weight"), dx_sum,
                          true, T, C, Hv);
-  convert_f32_to_bf16_cuda(dx_sum, dx, T * C, stream_);
 }
 
 // ---- gated attention (attention_layer.cc) ----
@@ -302,10 +306,10 @@ void GpuTextModel::attention_forward(int64_t layer) {
                       stream_);
   linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "v_proj.weight"), s.v, DType::bf16, T, C, Hkv * D,
                       stream_);
-  rms_norm_forward_strided_cuda(s.q_and_gate, 2 * D, weight(layer, p + "q_norm.weight"), s.q, s.q_rstd, T * Hq, D,
+  rms_norm_forward_strided_cuda(s.q_and_gate, 2 * D, master(layer, p + "q_norm.weight"), s.q, s.q_rstd, T * Hq, D,
                                 c.rms_norm_eps, stream_);
-  rms_norm_forward_cuda(s.k_raw, nullptr, nullptr, weight(layer, p + "k_norm.weight"), s.k, s.k_rstd, T * Hkv, D,
-                        c.rms_norm_eps, stream_);
+  rms_norm_forward_strided_cuda(s.k_raw, D, master(layer, p + "k_norm.weight"), s.k, s.k_rstd, T * Hkv, D,
+                                c.rms_norm_eps, stream_);
   mrope_forward_cuda(rope_, s.q, rope_cos_, rope_sin_, s.q, T, Hq, D, stream_);
   mrope_forward_cuda(rope_, s.k, rope_cos_, rope_sin_, s.k, T, Hkv, D, stream_);
   const AttentionDims dims{T, Hq, Hkv, D};
@@ -316,7 +320,7 @@ void GpuTextModel::attention_forward(int64_t layer) {
                       stream_);
 }
 
-void GpuTextModel::attention_backward(int64_t layer, const DeviceBf16* dy, DeviceBf16* dx) {
+void GpuTextModel::attention_backward(int64_t layer, const DeviceBf16* dy, float* dx) {
   const TextConfig& c = config_;
   const GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
   const AttentionSaved& s = b.attn;
@@ -335,20 +339,20 @@ void GpuTextModel::attention_backward(int64_t layer, const DeviceBf16* dy, Devic
                           w.dv_attn, workspace_.data(), workspace_bytes_, stream_);
   mrope_backward_cuda(rope_, w.dq, rope_cos_, rope_sin_, w.dq, T, Hq, D, stream_);
   mrope_backward_cuda(rope_, w.dk, rope_cos_, rope_sin_, w.dk, T, Hkv, D, stream_);
-  rms_norm_backward_strided_cuda(s.q_and_gate, 2 * D, weight(layer, p + "q_norm.weight"), s.q_rstd, w.dq, nullptr,
+  rms_norm_backward_strided_cuda(s.q_and_gate, 2 * D, master(layer, p + "q_norm.weight"), s.q_rstd, w.dq,
                                  w.d_q_and_gate, 2 * D, grad(layer, p + "q_norm.weight"), T * Hq, D, workspace_.data(),
                                  workspace_bytes_, stream_);
-  rms_norm_backward_cuda(s.k_raw, weight(layer, p + "k_norm.weight"), s.k_rstd, w.dk, nullptr, w.dk_raw,
-                         grad(layer, p + "k_norm.weight"), T * Hkv, D, workspace_.data(), workspace_bytes_, stream_);
+  rms_norm_backward_strided_cuda(s.k_raw, D, master(layer, p + "k_norm.weight"), s.k_rstd, w.dk, w.dk_raw, D,
+                                 grad(layer, p + "k_norm.weight"), T * Hkv, D, workspace_.data(), workspace_bytes_,
+                                 stream_);
   const DeviceBf16* x = b.normed_in;
-  float* dx_sum = w.d_mixer_input_f32;
+  float* dx_sum = dx;
   linear_backward_input_f32(w.d_q_and_gate, weight(layer, p + "q_proj.weight"), dx_sum, T, C, Hq * 2 * D, false);
   linear_backward_weight_cuda(*gemm_, w.d_q_and_gate, x, grad(layer, p + "q_proj.weight"), T, C, Hq * 2 * D, stream_);
   linear_backward_input_f32(w.dk_raw, weight(layer, p + "k_proj.weight"), dx_sum, T, C, Hkv * D, true);
   linear_backward_weight_cuda(*gemm_, w.dk_raw, x, grad(layer, p + "k_proj.weight"), T, C, Hkv * D, stream_);
   linear_backward_input_f32(w.dv_attn, weight(layer, p + "v_proj.weight"), dx_sum, T, C, Hkv * D, true);
   linear_backward_weight_cuda(*gemm_, w.dv_attn, x, grad(layer, p + "v_proj.weight"), T, C, Hkv * D, stream_);
-  convert_f32_to_bf16_cuda(dx_sum, dx, T * C, stream_);
 }
 
 // ---- sparse MoE block (moe_block.cc) ----

@@ -1,6 +1,7 @@
 // GpuVisionModel: planning, parameter and image upload, and the forward / backward schedules of the
 // vision tower, op for op as model/vision/vision_tower.cc and vision_block.cc; each block's
-// residual add is fused into the LayerNorm that follows it (the next block's norm1, or the merger's).
+// residual add is fused into the LayerNorm that follows it (the next block's norm1, or the merger's)
+// and kept in fp32, as is the stream gradient (with a bf16 copy for the branch products).
 #include "train/gpu/gpu_vision_model.h"
 
 #include <algorithm>
@@ -98,12 +99,12 @@ void GpuVisionModel::plan() {
   const int64_t table_rows = config_.num_position_embeddings, O = config_.out_hidden_size;
 
   auto carve_activations = [&](ArenaCarver& c) {
-    embedded_ = c.take<Bf16>(N * C);
+    embedded_ = c.take<float>(N * C);
     blocks_.assign(static_cast<size_t>(config_.depth), GpuVisionBlockBuffers{});
     for (int64_t j = 0; j < config_.depth; ++j) {
       GpuVisionBlockBuffers& b = blocks_[static_cast<size_t>(j)];
       // Block 0 normalises the embedding itself; later blocks keep the fused residual sum.
-      b.x_in = j == 0 ? embedded_ : c.take<Bf16>(N * C);
+      b.x_in = j == 0 ? embedded_ : c.take<float>(N * C);
       b.ln1 = c.take<Bf16>(N * C);
       b.mean1 = c.take<float>(N);
       b.rstd1 = c.take<float>(N);
@@ -112,7 +113,7 @@ void GpuVisionModel::plan() {
       b.v = c.take<Bf16>(N * C);
       b.attn = c.take<Bf16>(N * C);
       b.lse = c.take<float>(N * H);
-      b.h1 = c.take<Bf16>(N * C);
+      b.h1 = c.take<float>(N * C);
       b.ln2 = c.take<Bf16>(N * C);
       b.mean2 = c.take<float>(N);
       b.rstd2 = c.take<float>(N);
@@ -121,15 +122,16 @@ void GpuVisionModel::plan() {
     }
     qkv_ = c.take<Bf16>(N * 3 * C);
     branch_out_ = c.take<Bf16>(N * C);
-    merger_in_ = c.take<Bf16>(N * C);
+    merger_in_ = c.take<float>(N * C);
     merger_norm_ = c.take<Bf16>(N * C);
     merger_mean_ = c.take<float>(N);
     merger_rstd_ = c.take<float>(N);
     merger_fc1_ = c.take<Bf16>(M * wide);
     merger_act_ = c.take<Bf16>(M * wide);
-    grad_a_ = c.take<Bf16>(N * C);
-    grad_b_ = c.take<Bf16>(N * C);
-    grad_h1_ = c.take<Bf16>(N * C);
+    grad_stream_ = c.take<float>(N * C);
+    grad_stream_bf16_ = c.take<Bf16>(N * C);
+    grad_h1_ = c.take<float>(N * C);
+    grad_h1_bf16_ = c.take<Bf16>(N * C);
     grad_norm_ = c.take<Bf16>(N * C);
     grad_wide_ = c.take<Bf16>(std::max({N * I, N * 3 * C, M * wide}));
     grad_attn_ = c.take<Bf16>(N * C);
@@ -182,6 +184,10 @@ int64_t GpuVisionModel::offset_of(const std::string& name) const {
 
 const Bf16* GpuVisionModel::weight(const std::string& name) const {
   return weights_bf16_.as<Bf16>() + offset_of(name);
+}
+
+const float* GpuVisionModel::master_weight(const std::string& name) const {
+  return master_.as<float>() + offset_of(name);
 }
 
 float* GpuVisionModel::grad(const std::string& name) const { return grads_.as<float>() + offset_of(name); }
@@ -271,21 +277,25 @@ void GpuVisionModel::forward(Bf16* merged_out) {
   const int64_t N = num_patches_, C = config_.hidden_size, K = config_.patch_dim();
   const int64_t M = num_merged(), wide = config_.merged_dim(), O = config_.out_hidden_size;
   // Patch embedding: the Conv3d with kernel = stride is a product with the flattened weight [C, K].
-  linear_forward_cuda(*gemm_, pixels_, weight(".patch_embed.proj.weight"), embedded_, DType::bf16, N, K, C, stream_);
-  bias_add_forward_cuda(weight(".patch_embed.proj.bias"), embedded_, N, C, stream_);
-  vision_pos_embed_forward_cuda(weight(".pos_embed.weight"), tap_index_, tap_weight_, embedded_, N, C, stream_);
+  // The bf16 projection (with its bias) plus the fp32 position table starts the fp32 stream.
+  linear_forward_cuda(*gemm_, pixels_, weight(".patch_embed.proj.weight"), branch_out_, DType::bf16, N, K, C,
+                      stream_);
+  bias_add_forward_cuda(weight(".patch_embed.proj.bias"), branch_out_, N, C, stream_);
+  vision_pos_embed_forward_cuda(master_weight(".pos_embed.weight"), tap_index_, tap_weight_, branch_out_, embedded_, N,
+                                C, stream_);
   for (int64_t j = 0; j < config_.depth; ++j)
     block_forward(j, j == 0 ? nullptr : branch_out_, j == 0 ? nullptr : blocks_[static_cast<size_t>(j - 1)].h1);
 
   // Merger: LayerNorm per patch (fused with the last block's residual add), then each run of m^2
   // patches is one row of [M, 4C]: fc1 + bias, exact GELU, fc2 + bias.
   if (config_.depth > 0) {
-    layer_norm_forward_cuda(branch_out_, blocks_.back().h1, merger_in_, weight(".merger.norm.weight"),
-                            weight(".merger.norm.bias"), merger_norm_, merger_mean_, merger_rstd_, N, C,
+    layer_norm_forward_cuda(branch_out_, blocks_.back().h1, merger_in_, master_weight(".merger.norm.weight"),
+                            master_weight(".merger.norm.bias"), merger_norm_, merger_mean_, merger_rstd_, N, C,
                             kLayerNormEps, stream_);
   } else {
-    layer_norm_forward_cuda(embedded_, nullptr, nullptr, weight(".merger.norm.weight"), weight(".merger.norm.bias"),
-                            merger_norm_, merger_mean_, merger_rstd_, N, C, kLayerNormEps, stream_);
+    layer_norm_forward_cuda(nullptr, embedded_, nullptr, master_weight(".merger.norm.weight"),
+                            master_weight(".merger.norm.bias"), merger_norm_, merger_mean_, merger_rstd_, N, C,
+                            kLayerNormEps, stream_);
   }
   linear_forward_cuda(*gemm_, merger_norm_, weight(".merger.linear_fc1.weight"), merger_fc1_, DType::bf16, M, wide,
                       wide, stream_);
@@ -296,18 +306,19 @@ void GpuVisionModel::forward(Bf16* merged_out) {
   bias_add_forward_cuda(weight(".merger.linear_fc2.bias"), merged_out, M, O, stream_);
 }
 
-void GpuVisionModel::block_forward(int64_t block, const Bf16* prev_mlp_out, const Bf16* prev_h1) {
+void GpuVisionModel::block_forward(int64_t block, const Bf16* prev_mlp_out, const float* prev_h1) {
   GpuVisionBlockBuffers& b = blocks_[static_cast<size_t>(block)];
   const int64_t N = num_patches_, C = config_.hidden_size, I = config_.intermediate_size;
   const int64_t H = config_.num_heads, D = config_.head_dim();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   auto w = [&](const char* leaf) { return weight(block_name(block, leaf)); };
+  auto norm = [&](const char* leaf) { return master_weight(block_name(block, leaf)); };
   if (prev_mlp_out == nullptr) {
-    layer_norm_forward_cuda(b.x_in, nullptr, nullptr, w("norm1.weight"), w("norm1.bias"), b.ln1, b.mean1, b.rstd1, N,
-                            C, kLayerNormEps, stream_);
+    layer_norm_forward_cuda(nullptr, b.x_in, nullptr, norm("norm1.weight"), norm("norm1.bias"), b.ln1, b.mean1,
+                            b.rstd1, N, C, kLayerNormEps, stream_);
   } else {
     // x_in = previous h1 + previous MLP output (the previous block's residual add).
-    layer_norm_forward_cuda(prev_mlp_out, prev_h1, b.x_in, w("norm1.weight"), w("norm1.bias"), b.ln1, b.mean1,
+    layer_norm_forward_cuda(prev_mlp_out, prev_h1, b.x_in, norm("norm1.weight"), norm("norm1.bias"), b.ln1, b.mean1,
                             b.rstd1, N, C, kLayerNormEps, stream_);
   }
   linear_forward_cuda(*gemm_, b.ln1, w("attn.qkv.weight"), qkv_, DType::bf16, N, C, 3 * C, stream_);
@@ -321,8 +332,8 @@ void GpuVisionModel::block_forward(int64_t block, const Bf16* prev_mlp_out, cons
   linear_forward_cuda(*gemm_, b.attn, w("attn.proj.weight"), branch_out_, DType::bf16, N, C, C, stream_);
   bias_add_forward_cuda(w("attn.proj.bias"), branch_out_, N, C, stream_);
   // h1 = x_in + proj, normalised in the same pass.
-  layer_norm_forward_cuda(branch_out_, b.x_in, b.h1, w("norm2.weight"), w("norm2.bias"), b.ln2, b.mean2, b.rstd2, N,
-                          C, kLayerNormEps, stream_);
+  layer_norm_forward_cuda(branch_out_, b.x_in, b.h1, norm("norm2.weight"), norm("norm2.bias"), b.ln2, b.mean2,
+                          b.rstd2, N, C, kLayerNormEps, stream_);
   linear_forward_cuda(*gemm_, b.ln2, w("mlp.linear_fc1.weight"), b.fc1, DType::bf16, N, C, I, stream_);
   gelu_forward_cuda(block_gelu_kind(config_), b.fc1, w("mlp.linear_fc1.bias"), b.fc1, b.act, N, I, stream_);
   linear_forward_cuda(*gemm_, b.act, w("mlp.linear_fc2.weight"), branch_out_, DType::bf16, N, I, C, stream_);
@@ -356,26 +367,22 @@ void GpuVisionModel::backward(const Bf16* d_merged, const TrainableParts& traina
     linear_backward_weight_cuda(*gemm_, d_wide, merger_norm_, grad(".merger.linear_fc1.weight"), M, wide, wide,
                                 stream_);
   linear_backward_input_cuda(*gemm_, d_wide, weight(".merger.linear_fc1.weight"), grad_norm_, M, wide, wide, stream_);
-  const Bf16* merger_x = config_.depth > 0 ? merger_in_ : embedded_;
-  Bf16* d_out = grad_a_;
-  Bf16* d_in = grad_b_;
-  layer_norm_backward_cuda(merger_x, weight(".merger.norm.weight"), merger_mean_, merger_rstd_, grad_norm_, nullptr,
-                           d_out, merger_grad(".merger.norm.weight"), merger_grad(".merger.norm.bias"), N, C, ws,
-                           ws_bytes, stream_);
+  const float* merger_x = config_.depth > 0 ? merger_in_ : embedded_;
+  layer_norm_backward_cuda(merger_x, master_weight(".merger.norm.weight"), merger_mean_, merger_rstd_, grad_norm_,
+                           nullptr, grad_stream_, grad_stream_bf16_, merger_grad(".merger.norm.weight"),
+                           merger_grad(".merger.norm.bias"), N, C, ws, ws_bytes, stream_);
   if (!trainable.vit) return;  // nothing below the merger is trained
 
-  for (int64_t j = config_.depth - 1; j >= 0; --j) {
-    block_backward(j, d_out, d_in);
-    std::swap(d_out, d_in);
-  }
-  // d_out: the gradient of the embedding (patch projection + bias + position embedding).
-  vision_pos_embed_backward_cuda(d_out, tap_weight_, tap_row_offsets_, tap_entries_, grad(".pos_embed.weight"), N,
-                                 config_.num_position_embeddings, C, stream_);
-  bias_add_backward_cuda(d_out, grad(".patch_embed.proj.bias"), N, C, ws, ws_bytes, stream_);
-  linear_backward_weight_cuda(*gemm_, d_out, pixels_, grad(".patch_embed.proj.weight"), N, K, C, stream_);
+  for (int64_t j = config_.depth - 1; j >= 0; --j) block_backward(j);
+  // grad_stream_: the gradient of the embedding (patch projection + bias + position embedding);
+  // the fp32 table takes it in fp32, the bf16 projection its bf16 copy.
+  vision_pos_embed_backward_cuda(grad_stream_, tap_weight_, tap_row_offsets_, tap_entries_, grad(".pos_embed.weight"),
+                                 N, config_.num_position_embeddings, C, stream_);
+  bias_add_backward_cuda(grad_stream_bf16_, grad(".patch_embed.proj.bias"), N, C, ws, ws_bytes, stream_);
+  linear_backward_weight_cuda(*gemm_, grad_stream_bf16_, pixels_, grad(".patch_embed.proj.weight"), N, K, C, stream_);
 }
 
-void GpuVisionModel::block_backward(int64_t block, const Bf16* d_out, Bf16* d_in) {
+void GpuVisionModel::block_backward(int64_t block) {
   const GpuVisionBlockBuffers& b = blocks_[static_cast<size_t>(block)];
   const int64_t N = num_patches_, C = config_.hidden_size, I = config_.intermediate_size;
   const int64_t H = config_.num_heads, D = config_.head_dim();
@@ -383,7 +390,9 @@ void GpuVisionModel::block_backward(int64_t block, const Bf16* d_out, Bf16* d_in
   void* ws = workspace_.data();
   const size_t ws_bytes = workspace_bytes_;
   auto w = [&](const char* leaf) { return weight(block_name(block, leaf)); };
+  auto norm = [&](const char* leaf) { return master_weight(block_name(block, leaf)); };
   auto g = [&](const char* leaf) { return grad(block_name(block, leaf)); };
+  const Bf16* d_out = grad_stream_bf16_;
   // MLP branch: d_out reaches both fc2 and, through the residual, h1.
   bias_add_backward_cuda(d_out, g("mlp.linear_fc2.bias"), N, C, ws, ws_bytes, stream_);
   linear_backward_input_cuda(*gemm_, d_out, w("mlp.linear_fc2.weight"), grad_wide_, N, I, C, stream_);
@@ -392,12 +401,12 @@ void GpuVisionModel::block_backward(int64_t block, const Bf16* d_out, Bf16* d_in
                      ws_bytes, stream_);
   linear_backward_input_cuda(*gemm_, grad_wide_, w("mlp.linear_fc1.weight"), grad_norm_, N, C, I, stream_);
   linear_backward_weight_cuda(*gemm_, grad_wide_, b.ln2, g("mlp.linear_fc1.weight"), N, C, I, stream_);
-  layer_norm_backward_cuda(b.h1, w("norm2.weight"), b.mean2, b.rstd2, grad_norm_, d_out, grad_h1_, g("norm2.weight"),
-                           g("norm2.bias"), N, C, ws, ws_bytes, stream_);
-  // Attention branch: grad_h1_ reaches both proj and, through the residual, x_in.
-  bias_add_backward_cuda(grad_h1_, g("attn.proj.bias"), N, C, ws, ws_bytes, stream_);
-  linear_backward_input_cuda(*gemm_, grad_h1_, w("attn.proj.weight"), grad_attn_, N, C, C, stream_);
-  linear_backward_weight_cuda(*gemm_, grad_h1_, b.attn, g("attn.proj.weight"), N, C, C, stream_);
+  layer_norm_backward_cuda(b.h1, norm("norm2.weight"), b.mean2, b.rstd2, grad_norm_, grad_stream_, grad_h1_,
+                           grad_h1_bf16_, g("norm2.weight"), g("norm2.bias"), N, C, ws, ws_bytes, stream_);
+  // Attention branch: the gradient reaching h1 reaches both proj and, through the residual, x_in.
+  bias_add_backward_cuda(grad_h1_bf16_, g("attn.proj.bias"), N, C, ws, ws_bytes, stream_);
+  linear_backward_input_cuda(*gemm_, grad_h1_bf16_, w("attn.proj.weight"), grad_attn_, N, C, C, stream_);
+  linear_backward_weight_cuda(*gemm_, grad_h1_bf16_, b.attn, g("attn.proj.weight"), N, C, C, stream_);
   bidirectional_attention_backward_cuda(b.q, b.k, b.v, b.attn, b.lse, grad_attn_, cu_seqlens_, num_segments_, grad_q_,
                                         grad_k_, grad_v_, N, H, D, scale, ws, ws_bytes, stream_);
   // d_qkv [N, 3C] = [rope^-1(dq) | rope^-1(dk) | dv].
@@ -408,8 +417,9 @@ void GpuVisionModel::block_backward(int64_t block, const Bf16* d_out, Bf16* d_in
   bias_add_backward_cuda(d_qkv, g("attn.qkv.bias"), N, 3 * C, ws, ws_bytes, stream_);
   linear_backward_input_cuda(*gemm_, d_qkv, w("attn.qkv.weight"), grad_norm_, N, C, 3 * C, stream_);
   linear_backward_weight_cuda(*gemm_, d_qkv, b.ln1, g("attn.qkv.weight"), N, C, 3 * C, stream_);
-  layer_norm_backward_cuda(b.x_in, w("norm1.weight"), b.mean1, b.rstd1, grad_norm_, grad_h1_, d_in, g("norm1.weight"),
-                           g("norm1.bias"), N, C, ws, ws_bytes, stream_);
+  // The stream gradient is free again (norm2's backward consumed it): it now receives the input's.
+  layer_norm_backward_cuda(b.x_in, norm("norm1.weight"), b.mean1, b.rstd1, grad_norm_, grad_h1_, grad_stream_,
+                           grad_stream_bf16_, g("norm1.weight"), g("norm1.bias"), N, C, ws, ws_bytes, stream_);
 }
 
 std::vector<float> GpuVisionModel::read_gradient(const std::string& name) const {

@@ -1,7 +1,9 @@
 // GpuVisionModel: the Qwen3.5 vision tower (patch embedding, position embedding, `depth` blocks,
 // 2x2 merger) trained on one GPU, composed from the vision kernels and following the CPU reference
-// (model/vision/vision_tower.cc, vision_block.cc) op for op. bf16 activations, fp32 accumulation
-// and reductions; fp32 master and gradients in flat buffers (ParamLayout); activations planned
+// (model/vision/vision_tower.cc, vision_block.cc) op for op. Precision as in transformers' bf16
+// autocast with fp32 parameters: bf16 GEMM operands and branch activations, an fp32 residual stream
+// and stream gradient, norm parameters and the position table read from the fp32 master; fp32
+// accumulation and reductions; fp32 master and gradients in flat buffers (ParamLayout); planned
 // once for (max_patches, max_images), so forward and backward neither allocate nor synchronise.
 #pragma once
 
@@ -28,7 +30,7 @@ class GemmContext;
 // Saved activations of one vision block (inside the model's arena). Legend: N patches, C hidden,
 // H heads, I MLP width.
 struct GpuVisionBlockBuffers {
-  __nv_bfloat16* x_in = nullptr;    // [N, C] block input (the residual stream)
+  float* x_in = nullptr;            // [N, C] block input (the fp32 residual stream)
   __nv_bfloat16* ln1 = nullptr;     // [N, C] norm1 output
   float* mean1 = nullptr;           // [N]
   float* rstd1 = nullptr;           // [N]
@@ -37,7 +39,7 @@ struct GpuVisionBlockBuffers {
   __nv_bfloat16* v = nullptr;       // [N, C]
   __nv_bfloat16* attn = nullptr;    // [N, C] attention output
   float* lse = nullptr;             // [N, H]
-  __nv_bfloat16* h1 = nullptr;      // [N, C] x_in + proj (after the attention residual)
+  float* h1 = nullptr;              // [N, C] x_in + proj (after the attention residual, fp32)
   __nv_bfloat16* ln2 = nullptr;     // [N, C] norm2 output
   float* mean2 = nullptr;           // [N]
   float* rstd2 = nullptr;           // [N]
@@ -94,11 +96,13 @@ class GpuVisionModel {
   void plan();
   int64_t offset_of(const std::string& name) const;  // name without the prefix, e.g. ".merger.norm.weight"
   const __nv_bfloat16* weight(const std::string& name) const;
+  const float* master_weight(const std::string& name) const;  // fp32 master (norms, position table)
   float* grad(const std::string& name) const;
   std::string block_name(int64_t block, const char* leaf) const;
-  void block_forward(int64_t block, const __nv_bfloat16* prev_mlp_out, const __nv_bfloat16* prev_h1);
-  // d_out: gradient reaching the block's output (x_out = h1 + mlp); d_in written.
-  void block_backward(int64_t block, const __nv_bfloat16* d_out, __nv_bfloat16* d_in);
+  void block_forward(int64_t block, const __nv_bfloat16* prev_mlp_out, const float* prev_h1);
+  // On entry grad_stream_ (and its bf16 copy) holds the gradient reaching the block's output
+  // (x_out = h1 + mlp); on return, the gradient reaching its input.
+  void block_backward(int64_t block);
 
   VisionConfig config_;
   std::string prefix_;
@@ -132,19 +136,20 @@ class GpuVisionModel {
 
   // Activations (inside arena_).
   std::vector<GpuVisionBlockBuffers> blocks_;
-  __nv_bfloat16* embedded_ = nullptr;     // [N, C] patch + position embedding (block 0's x_in)
+  float* embedded_ = nullptr;             // [N, C] patch + position embedding (block 0's x_in), fp32
   __nv_bfloat16* qkv_ = nullptr;          // [N, 3C] scratch
-  __nv_bfloat16* branch_out_ = nullptr;   // [N, C] scratch: attention proj / MLP output of a block
-  __nv_bfloat16* merger_in_ = nullptr;    // [N, C] the residual stream after the last block
+  __nv_bfloat16* branch_out_ = nullptr;   // [N, C] scratch: patch projection / attention proj / MLP output
+  float* merger_in_ = nullptr;            // [N, C] the residual stream after the last block
   __nv_bfloat16* merger_norm_ = nullptr;  // [N, C] = [M, 4C]
   float* merger_mean_ = nullptr;          // [N]
   float* merger_rstd_ = nullptr;          // [N]
   __nv_bfloat16* merger_fc1_ = nullptr;   // [M, 4C] fc1 output with bias
   __nv_bfloat16* merger_act_ = nullptr;   // [M, 4C]
   // Backward scratch.
-  __nv_bfloat16* grad_a_ = nullptr;       // [N, C] residual-stream gradient ping-pong
-  __nv_bfloat16* grad_b_ = nullptr;       // [N, C]
-  __nv_bfloat16* grad_h1_ = nullptr;      // [N, C]
+  float* grad_stream_ = nullptr;               // [N, C] residual-stream gradient (fp32)
+  __nv_bfloat16* grad_stream_bf16_ = nullptr;  // [N, C] its bf16 copy for the branch products
+  float* grad_h1_ = nullptr;                   // [N, C] gradient reaching h1 (fp32)
+  __nv_bfloat16* grad_h1_bf16_ = nullptr;      // [N, C] its bf16 copy
   __nv_bfloat16* grad_norm_ = nullptr;    // [N, C] gradient of a LayerNorm output
   __nv_bfloat16* grad_wide_ = nullptr;    // [N, max(I, 3C)]: d_act / d_qkv, and [M, 4C] in the merger
   __nv_bfloat16* grad_attn_ = nullptr;    // [N, C]
