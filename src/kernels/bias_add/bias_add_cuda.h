@@ -11,9 +11,19 @@
 
 namespace deltamoe {
 
+class GemmContext;
+
 // y [T, N] bf16 updated: y = bf16(y + bias), fp32 add.
 void bias_add_forward_cuda(const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t rows, int64_t features,
                            cudaStream_t stream);
+
+// A linear layer with bias, y [T, N] bf16 = x [T, K] W^T + bias with one rounding: y is filled
+// with the bias, then the bf16 product is accumulated onto it in fp32 (beta = 1), as cuBLAS's bias
+// epilogue (and so transformers under autocast) does. A product rounded to bf16 and then the bias
+// added rounds twice. x, weight [N, K], bias [N] bf16.
+void linear_forward_bias_cuda(GemmContext& ctx, const __nv_bfloat16* x, const __nv_bfloat16* weight,
+                              const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t rows, int64_t in_features,
+                              int64_t out_features, cudaStream_t stream);
 
 // Row chunks of a column reduction over `rows` rows (each chunk writes one fp32 partial row).
 int64_t column_sum_num_chunks(int64_t rows);
@@ -22,8 +32,11 @@ int64_t column_sum_rows_per_chunk(int64_t rows);
 // Bytes of scratch the backward needs: column_sum_num_chunks(rows) * features fp32 partials.
 size_t bias_add_backward_workspace_bytes(int64_t rows, int64_t features);
 
-// dy [T, N] bf16 -> d_bias [N] f32 added to (column sums, fp32, same result every run).
+// dy [T, N] bf16 or f32 (an fp32 residual-stream gradient) -> d_bias [N] f32 added to (column
+// sums, fp32, same result every run).
 void bias_add_backward_cuda(const __nv_bfloat16* dy, float* d_bias, int64_t rows, int64_t features, void* workspace,
+                            size_t workspace_bytes, cudaStream_t stream);
+void bias_add_backward_cuda(const float* dy, float* d_bias, int64_t rows, int64_t features, void* workspace,
                             size_t workspace_bytes, cudaStream_t stream);
 
 // d_bias[c] += sum over chunks of partial[chunk, c], chunks in order (the second step above).

@@ -22,10 +22,10 @@ __global__ void split_hi_lo_kernel(const float* x, __nv_bfloat16* hi, __nv_bfloa
   }
 }
 
-__global__ void add_f32_to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t count) {
+__global__ void add_bf16_to_f32_kernel(const __nv_bfloat16* src, float* dst, int64_t count) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kSplitThreads + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * kSplitThreads)
-    dst[i] = __float2bfloat16(__bfloat162float(dst[i]) + src[i]);
+    dst[i] += __bfloat162float(src[i]);
 }
 
 unsigned elementwise_blocks(int64_t count) {
@@ -42,10 +42,10 @@ void split_f32_to_bf16_hi_lo_cuda(const float* x, __nv_bfloat16* hi, __nv_bfloat
   CUDA_CHECK_LAUNCH();
 }
 
-void add_f32_to_bf16_cuda(const float* src, __nv_bfloat16* dst, int64_t count, cudaStream_t stream) {
-  CHECK(count >= 0, "add_f32_to_bf16_cuda: count must not be negative, got ", count);
+void add_bf16_to_f32_cuda(const __nv_bfloat16* src, float* dst, int64_t count, cudaStream_t stream) {
+  CHECK(count >= 0, "add_bf16_to_f32_cuda: count must not be negative, got ", count);
   if (count == 0) return;
-  add_f32_to_bf16_kernel<<<elementwise_blocks(count), kSplitThreads, 0, stream>>>(src, dst, count);
+  add_bf16_to_f32_kernel<<<elementwise_blocks(count), kSplitThreads, 0, stream>>>(src, dst, count);
   CUDA_CHECK_LAUNCH();
 }
 

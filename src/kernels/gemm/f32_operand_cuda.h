@@ -28,8 +28,8 @@ void linear_backward_weight_split_cuda(GemmContext& ctx, const __nv_bfloat16* dy
                                        const __nv_bfloat16* x, float* d_weight, int64_t rows, int64_t in_features,
                                        int64_t out_features, cudaStream_t stream);
 
-// dst[i] = bf16(dst[i] + src[i]) for i < count: one rounding of a bf16 gradient that an fp32
-// product (the split ones above) adds to.
-void add_f32_to_bf16_cuda(const float* src, __nv_bfloat16* dst, int64_t count, cudaStream_t stream);
+// dst[i] += src[i] (fp32) for i < count: bf16 gradients (e.g. of the experts and the shared expert)
+// summed into an fp32 one (the router's input gradient from the split products above).
+void add_bf16_to_f32_cuda(const __nv_bfloat16* src, float* dst, int64_t count, cudaStream_t stream);
 
 }  // namespace deltamoe

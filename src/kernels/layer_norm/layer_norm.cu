@@ -72,9 +72,9 @@ __global__ void layer_norm_forward_kernel(const Bf16* delta, const float* residu
   }
 }
 
-template <int kVec>
+template <int kVec, typename TDy>
 __global__ void layer_norm_backward_dx_kernel(const float* x, const float* weight, const float* mean,
-                                              const float* rstd, const Bf16* dy, const float* d_skip, float* dx,
+                                              const float* rstd, const TDy* dy, const float* d_skip, float* dx,
                                               Bf16* dx_bf16, int64_t rows, int64_t hidden) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
@@ -116,7 +116,8 @@ __global__ void layer_norm_backward_dx_kernel(const float* x, const float* weigh
 }
 
 // partial_w[chunk, c] = sum over the chunk's rows of dy * xhat; partial_b[chunk, c] = sum of dy.
-__global__ void layer_norm_param_partial_kernel(const float* x, const float* mean, const float* rstd, const Bf16* dy, float* partial_w, float* partial_b,
+template <typename TDy>
+__global__ void layer_norm_param_partial_kernel(const float* x, const float* mean, const float* rstd, const TDy* dy, float* partial_w, float* partial_b,
                                                 int64_t rows, int64_t hidden, int64_t rows_per_chunk) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
   if (c >= hidden) return;
@@ -124,7 +125,7 @@ __global__ void layer_norm_param_partial_kernel(const float* x, const float* mea
   const int64_t row_end = std::min(rows, (chunk + 1) * rows_per_chunk);
   float acc_w = 0, acc_b = 0;
   for (int64_t r = chunk * rows_per_chunk; r < row_end; ++r) {
-    const float g = __bfloat162float(dy[r * hidden + c]);
+    const float g = to_f32(dy[r * hidden + c]);
     acc_w += g * ((x[r * hidden + c] - mean[r]) * rstd[r]);
     acc_b += g;
   }
@@ -160,10 +161,12 @@ size_t layer_norm_backward_workspace_bytes(int64_t rows, int64_t hidden) {
   return 2 * bias_add_backward_workspace_bytes(rows, hidden);
 }
 
-void layer_norm_backward_cuda(const float* x, const float* weight, const float* mean, const float* rstd,
-                              const Bf16* dy, const float* d_skip, float* dx, Bf16* dx_bf16, float* d_weight,
-                              float* d_bias, int64_t rows, int64_t hidden, void* workspace, size_t workspace_bytes,
-                              cudaStream_t stream) {
+namespace {
+
+template <typename TDy>
+void launch_backward(const float* x, const float* weight, const float* mean, const float* rstd, const TDy* dy,
+                     const float* d_skip, float* dx, Bf16* dx_bf16, float* d_weight, float* d_bias, int64_t rows,
+                     int64_t hidden, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   CHECK(rows >= 0 && hidden > 0, "layer_norm_backward_cuda: bad size rows ", rows, ", hidden ", hidden);
   const bool params = d_weight != nullptr || d_bias != nullptr;
   const size_t needed = params ? layer_norm_backward_workspace_bytes(rows, hidden) : 0;
@@ -172,11 +175,11 @@ void layer_norm_backward_cuda(const float* x, const float* weight, const float* 
   if (rows == 0) return;
   const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
   if (can_use_vec8(hidden, x, dy, d_skip, dx) && can_use_vec8(hidden, weight, dx_bf16)) {
-    layer_norm_backward_dx_kernel<8><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, weight, mean, rstd, dy, d_skip,
-                                                                                 dx, dx_bf16, rows, hidden);
+    layer_norm_backward_dx_kernel<8, TDy><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+        x, weight, mean, rstd, dy, d_skip, dx, dx_bf16, rows, hidden);
   } else {
-    layer_norm_backward_dx_kernel<1><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, weight, mean, rstd, dy, d_skip,
-                                                                                 dx, dx_bf16, rows, hidden);
+    layer_norm_backward_dx_kernel<1, TDy><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+        x, weight, mean, rstd, dy, d_skip, dx, dx_bf16, rows, hidden);
   }
   CUDA_CHECK_LAUNCH();
   if (!params) return;
@@ -184,12 +187,30 @@ void layer_norm_backward_cuda(const float* x, const float* weight, const float* 
   float* partial_w = static_cast<float*>(workspace);
   float* partial_b = partial_w + chunks * hidden;
   const unsigned column_blocks = static_cast<unsigned>((hidden + kColumnsPerBlock - 1) / kColumnsPerBlock);
-  layer_norm_param_partial_kernel<<<dim3(column_blocks, static_cast<unsigned>(chunks)), kColumnsPerBlock, 0,
-                                    stream>>>(x, mean, rstd, dy, partial_w, partial_b, rows, hidden,
-                                              column_sum_rows_per_chunk(rows));
+  layer_norm_param_partial_kernel<TDy><<<dim3(column_blocks, static_cast<unsigned>(chunks)), kColumnsPerBlock, 0,
+                                         stream>>>(x, mean, rstd, dy, partial_w, partial_b, rows, hidden,
+                                                   column_sum_rows_per_chunk(rows));
   CUDA_CHECK_LAUNCH();
   if (d_weight != nullptr) column_partials_reduce_cuda(partial_w, chunks, hidden, d_weight, stream);
   if (d_bias != nullptr) column_partials_reduce_cuda(partial_b, chunks, hidden, d_bias, stream);
+}
+
+}  // namespace
+
+void layer_norm_backward_cuda(const float* x, const float* weight, const float* mean, const float* rstd,
+                              const Bf16* dy, const float* d_skip, float* dx, Bf16* dx_bf16, float* d_weight,
+                              float* d_bias, int64_t rows, int64_t hidden, void* workspace, size_t workspace_bytes,
+                              cudaStream_t stream) {
+  launch_backward(x, weight, mean, rstd, dy, d_skip, dx, dx_bf16, d_weight, d_bias, rows, hidden, workspace,
+                  workspace_bytes, stream);
+}
+
+void layer_norm_backward_cuda(const float* x, const float* weight, const float* mean, const float* rstd,
+                              const float* dy, const float* d_skip, float* dx, Bf16* dx_bf16, float* d_weight,
+                              float* d_bias, int64_t rows, int64_t hidden, void* workspace, size_t workspace_bytes,
+                              cudaStream_t stream) {
+  launch_backward(x, weight, mean, rstd, dy, d_skip, dx, dx_bf16, d_weight, d_bias, rows, hidden, workspace,
+                  workspace_bytes, stream);
 }
 
 }  // namespace deltamoe

@@ -25,11 +25,15 @@ void layer_norm_forward_cuda(const __nv_bfloat16* delta, const float* residual, 
 size_t layer_norm_backward_workspace_bytes(int64_t rows, int64_t hidden);
 
 // x: the normalised stream s of the forward [T, C] f32; mean, rstd from the forward; dy [T, C]
-// bf16. dx [T, C] f32 written = norm backward (+ d_skip [T, C] f32 when non-null: the gradient
+// bf16 or f32 (a product's fp32 output). dx [T, C] f32 written = norm backward (+ d_skip [T, C] f32 when non-null: the gradient
 // reaching s along the stream; dx may alias d_skip); dx_bf16 [T, C], when non-null, receives
 // bf16(dx). d_weight, d_bias [C] f32 added to (either may be null to skip it).
 void layer_norm_backward_cuda(const float* x, const float* weight, const float* mean, const float* rstd,
                               const __nv_bfloat16* dy, const float* d_skip, float* dx, __nv_bfloat16* dx_bf16,
+                              float* d_weight, float* d_bias, int64_t rows, int64_t hidden, void* workspace,
+                              size_t workspace_bytes, cudaStream_t stream);
+void layer_norm_backward_cuda(const float* x, const float* weight, const float* mean, const float* rstd,
+                              const float* dy, const float* d_skip, float* dx, __nv_bfloat16* dx_bf16,
                               float* d_weight, float* d_bias, int64_t rows, int64_t hidden, void* workspace,
                               size_t workspace_bytes, cudaStream_t stream);
 

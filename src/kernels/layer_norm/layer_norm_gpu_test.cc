@@ -13,16 +13,18 @@ namespace {
 
 constexpr double kEps = 1e-6;  // the vision tower's LayerNorm eps
 
-void check_layer_norm(int64_t rows, int64_t hidden, bool fused_add, bool with_skip, uint64_t seed) {
-  std::printf("layer_norm rows=%lld hidden=%lld add=%d d_skip=%d\n", static_cast<long long>(rows),
-              static_cast<long long>(hidden), fused_add, with_skip);
+// dy_f32: the gradient of y arrives in fp32 (a product's fp32 output).
+void check_layer_norm(int64_t rows, int64_t hidden, bool fused_add, bool with_skip, uint64_t seed,
+                      bool dy_f32 = false) {
+  std::printf("layer_norm rows=%lld hidden=%lld add=%d d_skip=%d dy_f32=%d\n", static_cast<long long>(rows),
+              static_cast<long long>(hidden), fused_add, with_skip, dy_f32);
   HostTensor residual = random_normal_tensor({rows, hidden}, seed, 2.0f);
   // A common offset per row so that the mean matters.
   for (int64_t i = 0; i < rows * hidden; ++i) residual.as<float>()[i] += 1.5f;
   HostTensor delta = random_bf16_exact({rows, hidden}, seed + 1);
   HostTensor weight = random_normal_tensor({hidden}, seed + 2, 0.5f);
   HostTensor bias = random_normal_tensor({hidden}, seed + 3, 0.2f);
-  HostTensor dy = random_bf16_exact({rows, hidden}, seed + 4);
+  HostTensor dy = dy_f32 ? random_normal_tensor({rows, hidden}, seed + 4) : random_bf16_exact({rows, hidden}, seed + 4);
   HostTensor d_skip = random_normal_tensor({rows, hidden}, seed + 5);
   HostTensor dw_init = random_normal_tensor({hidden}, seed + 6);
   HostTensor db_init = random_normal_tensor({hidden}, seed + 7);
@@ -42,7 +44,7 @@ void check_layer_norm(int64_t rows, int64_t hidden, bool fused_add, bool with_sk
 
   DeviceTensor residual_d = to_device(residual, DType::f32), delta_d = to_device(delta, DType::bf16);
   DeviceTensor weight_d = to_device(weight, DType::f32), bias_d = to_device(bias, DType::f32);
-  DeviceTensor dy_d = to_device(dy, DType::bf16), skip_d = to_device(d_skip, DType::f32);
+  DeviceTensor dy_d = to_device(dy, dy_f32 ? DType::f32 : DType::bf16), skip_d = to_device(d_skip, DType::f32);
   DeviceTensor dw_d = to_device(dw_init, DType::f32), db_d = to_device(db_init, DType::f32);
   DeviceTensor sum_d = poisoned_device_tensor(DType::f32, {rows, hidden});
   DeviceTensor y_d = poisoned_device_tensor(DType::bf16, {rows, hidden});
@@ -56,9 +58,16 @@ void check_layer_norm(int64_t rows, int64_t hidden, bool fused_add, bool with_sk
                           fused_add ? f32_ptr(sum_d) : nullptr, f32_ptr(weight_d), f32_ptr(bias_d), bf16_ptr(y_d),
                           f32_ptr(mean_d), f32_ptr(rstd_d), rows, hidden, kEps, nullptr);
   const float* normalised = fused_add ? f32_ptr(sum_d) : f32_ptr(residual_d);
-  layer_norm_backward_cuda(normalised, f32_ptr(weight_d), f32_ptr(mean_d), f32_ptr(rstd_d), bf16_ptr(dy_d),
-                           with_skip ? f32_ptr(skip_d) : nullptr, f32_ptr(dx_d), bf16_ptr(dx_bf16_d), f32_ptr(dw_d),
-                           f32_ptr(db_d), rows, hidden, workspace.data(), workspace.bytes(), nullptr);
+  const float* skip = with_skip ? f32_ptr(skip_d) : nullptr;
+  if (dy_f32) {
+    layer_norm_backward_cuda(normalised, f32_ptr(weight_d), f32_ptr(mean_d), f32_ptr(rstd_d), f32_ptr(dy_d), skip,
+                             f32_ptr(dx_d), bf16_ptr(dx_bf16_d), f32_ptr(dw_d), f32_ptr(db_d), rows, hidden,
+                             workspace.data(), workspace.bytes(), nullptr);
+  } else {
+    layer_norm_backward_cuda(normalised, f32_ptr(weight_d), f32_ptr(mean_d), f32_ptr(rstd_d), bf16_ptr(dy_d), skip,
+                             f32_ptr(dx_d), bf16_ptr(dx_bf16_d), f32_ptr(dw_d), f32_ptr(db_d), rows, hidden,
+                             workspace.data(), workspace.bytes(), nullptr);
+  }
   device_synchronize();
 
   if (fused_add) {
@@ -80,6 +89,8 @@ TEST(LayerNormGpu, MatchesReferenceOverShapes) {
   check_layer_norm(1, 1152, false, false, 10);       // one patch at the tower width
   check_layer_norm(37, 129, false, false, 20);       // odd width: scalar path
   check_layer_norm(300, 64, true, true, 30);         // fused add + skip gradient
+  check_layer_norm(300, 1152, true, true, 35, true); // fp32 dy (the vision blocks' norm backwards)
+  check_layer_norm(41, 71, false, false, 36, true);  // fp32 dy, scalar path
   check_layer_norm(1024, 1152, true, false, 40);     // one 32x32-patch image, norm2 after the residual add
   check_layer_norm(3072 + 1024, 1152, false, true, 50);  // 64x48 + 32x32 images packed
   check_layer_norm(256, 4608, false, false, 60);     // a wider row (4 * 1152): several vectors per lane

@@ -76,8 +76,9 @@ struct GpuScratch {
   // hi/lo bf16 halves of one fp32 gate gradient (da, db or d_logits) [T, max(Hv, E)] for the two-GEMM
   // products with the bf16 weights and inputs (kernels/gemm/f32_operand_cuda.h).
   DeviceBf16 *gate_grad_hi = nullptr, *gate_grad_lo = nullptr;
-  // A mixer's input gradient summed over its projections in fp32 [T, C], read by input_layernorm's
-  // backward as is; free during the MoE backward, which uses it for the router's input gradient.
+  // A block's input gradient summed in fp32 [T, C]: the MoE block's (routed experts + router +
+  // shared expert), read by post_attention_layernorm's backward, then the mixer's (summed over its
+  // projections), read by input_layernorm's backward.
   float* d_mixer_input_f32 = nullptr;
 };
 

@@ -152,7 +152,8 @@ class GpuTextModel {
   void attention_forward(int64_t layer);
   void attention_backward(int64_t layer, const __nv_bfloat16* dy, float* dx);
   void moe_forward(int64_t layer);
-  void moe_backward(int64_t layer, const __nv_bfloat16* dy, __nv_bfloat16* dx);
+  // dx [T, C] f32 written: the routed experts', router's and shared expert's input gradients summed.
+  void moe_backward(int64_t layer, const __nv_bfloat16* dy, float* dx);
   // Copies a [T, C] gradient into its capture slot when capture_layer_grads is on (else nothing).
   void capture_gradient(int64_t layer, LayerGradient which, const float* source);
   // Pointers into the flat buffers of parameter `name` (of layer `layer` when layer >= 0).
@@ -223,7 +224,7 @@ class GpuTextModel {
   __nv_bfloat16* grad_stream_bf16_ = nullptr;  // [T, C] its bf16 copy (the MoE backward's dy)
   float* grad_mixer_ = nullptr;                // [T, C] gradient reaching the mixer output (dh)
   __nv_bfloat16* grad_mixer_bf16_ = nullptr;   // [T, C] its bf16 copy (the mixer backward's dy)
-  __nv_bfloat16* grad_normed_ = nullptr;       // [T, C] gradient of a norm output (MoE input, final norm)
+  __nv_bfloat16* grad_normed_ = nullptr;       // [T, C] the final norm's output gradient; MoE scratch
   // [layer * 3 + LayerGradient] -> [T, C] fp32 copies (empty unless capture_layer_grads).
   std::vector<float*> captured_grads_;
   // Backward scratch sized for the widest layer (reused by every layer, one at a time).

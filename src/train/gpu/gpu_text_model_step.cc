@@ -155,6 +155,8 @@ void GpuTextModel::backward() {
   // grad_stream_ (fp32) holds the gradient reaching the current layer's output (h + moe_out), and
   // after the layer's input norm the gradient reaching its input; grad_stream_bf16_ is its copy.
   float* d_stream = grad_stream_;
+  // The fp32 input gradient of a block (the MoE block's, then the mixer's): each norm backward
+  // reads it unrounded.
   float* d_mixer_input = scratch_->d_mixer_input_f32;
   rms_norm_backward_cuda(final_hidden_, master(-1, prefix_ + ".norm.weight"), final_rstd_, grad_normed_, nullptr,
                          d_stream, grad_stream_bf16_, grad(-1, prefix_ + ".norm.weight"), T, C, workspace_.data(),
@@ -163,10 +165,10 @@ void GpuTextModel::backward() {
     const GpuLayerBuffers& b = layers_[static_cast<size_t>(i)];
     capture_gradient(i, LayerGradient::output, d_stream);
     timer_.mark(StepComponent::moe, stream_);
-    moe_backward(i, grad_stream_bf16_, grad_normed_);
+    moe_backward(i, grad_stream_bf16_, d_mixer_input);  // the MoE block's input gradient, fp32
     timer_.mark(StepComponent::other, stream_);
     // dh = norm backward + d_stream (the residual path around the MoE block).
-    rms_norm_backward_cuda(b.h, master(i, "post_attention_layernorm.weight"), b.rstd_post, grad_normed_, d_stream,
+    rms_norm_backward_cuda(b.h, master(i, "post_attention_layernorm.weight"), b.rstd_post, d_mixer_input, d_stream,
                            grad_mixer_, grad_mixer_bf16_, grad(i, "post_attention_layernorm.weight"), T, C,
                            workspace_.data(), workspace_bytes_, stream_);
     capture_gradient(i, LayerGradient::after_mixer, grad_mixer_);
@@ -380,7 +382,7 @@ void GpuTextModel::moe_forward(int64_t layer) {
                              workspace_.data(), workspace_bytes_, stream_);
 }
 
-void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, DeviceBf16* dx) {
+void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) {
   const TextConfig& c = config_;
   const GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
   const MoeSaved& s = b.moe;
@@ -389,8 +391,13 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, DeviceBf16*
   const int64_t Is = c.shared_expert_intermediate_size;
   const std::string p = "mlp.";
   const MoeExpertsDims dims{T, C, E, K, c.moe_intermediate_size};
+  // The three input gradients (routed experts, router, shared expert) are summed in fp32 into dx;
+  // the experts' and the shared expert's arrive as bf16 (grad_normed_, grad_mixer_bf16_: both
+  // free until the post-attention norm's backward).
+  DeviceBf16* experts_dx = grad_normed_;
+  DeviceBf16* shared_dx = grad_mixer_bf16_;
   moe_experts_backward_cuda(dims, s.plan, b.normed_post, s.topk_weight, weight(layer, p + "experts.gate_up_proj"),
-                            weight(layer, p + "experts.down_proj"), dy, dx, w.d_topk_weight,
+                            weight(layer, p + "experts.down_proj"), dy, experts_dx, w.d_topk_weight,
                             grad(layer, p + "experts.gate_up_proj"), grad(layer, p + "experts.down_proj"),
                             workspace_.data(), workspace_bytes_, stream_);
   const bool with_aux = options_.aux_loss_weight != 0.0f;
@@ -400,20 +407,21 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, DeviceBf16*
   moe_router_backward_cuda(s.probs, s.topk_idx, s.topk_weight, w.d_topk_weight, w.d_logits, nullptr, with_aux, T, E,
                            K, stream_);
   // The router's logit gradient stays fp32 (it was rounded to bf16 here): its weight gradient is a
-  // sum over tokens that cancels. Products on its hi/lo halves; the input gradient is formed in fp32
-  // (d_mixer_input_f32 is free during the MoE backward) and added to dx with one bf16 rounding.
+  // sum over tokens that cancels. Products on its hi/lo halves; its input gradient is written to dx
+  // in fp32.
   linear_backward_f32_dy(w.d_logits, weight(layer, p + "gate.weight"), b.normed_post, grad(layer, p + "gate.weight"),
-                         w.d_mixer_input_f32, false, T, C, E);
-  add_f32_to_bf16_cuda(w.d_mixer_input_f32, dx, T * C, stream_);
+                         dx, false, T, C, E);
+  add_bf16_to_f32_cuda(experts_dx, dx, T * C, stream_);
   shared_expert_backward_cuda(cublas_, b.normed_post, weight(layer, p + "shared_expert.gate_proj.weight"),
                               weight(layer, p + "shared_expert.up_proj.weight"),
                               weight(layer, p + "shared_expert.down_proj.weight"),
-                              weight(layer, p + "shared_expert_gate.weight"), dy, dx, true,
+                              weight(layer, p + "shared_expert_gate.weight"), dy, shared_dx, false,
                               grad(layer, p + "shared_expert.gate_proj.weight"),
                               grad(layer, p + "shared_expert.up_proj.weight"),
                               grad(layer, p + "shared_expert.down_proj.weight"),
                               grad(layer, p + "shared_expert_gate.weight"), T, C, Is, workspace_.data(),
                               workspace_bytes_, stream_);
+  add_bf16_to_f32_cuda(shared_dx, dx, T * C, stream_);
 }
 
 }  // namespace deltamoe

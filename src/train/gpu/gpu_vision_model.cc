@@ -132,7 +132,7 @@ void GpuVisionModel::plan() {
     grad_stream_bf16_ = c.take<Bf16>(N * C);
     grad_h1_ = c.take<float>(N * C);
     grad_h1_bf16_ = c.take<Bf16>(N * C);
-    grad_norm_ = c.take<Bf16>(N * C);
+    grad_norm_ = c.take<float>(N * C);
     grad_wide_ = c.take<Bf16>(std::max({N * I, N * 3 * C, M * wide}));
     grad_attn_ = c.take<Bf16>(N * C);
     grad_q_ = c.take<Bf16>(N * C);
@@ -191,6 +191,13 @@ const float* GpuVisionModel::master_weight(const std::string& name) const {
 }
 
 float* GpuVisionModel::grad(const std::string& name) const { return grads_.as<float>() + offset_of(name); }
+
+void GpuVisionModel::linear_backward_input_f32(const Bf16* dy, const Bf16* w, float* dx, int64_t rows,
+                                               int64_t in_features, int64_t out_features) {
+  // dx [T, in] = dy [T, out] @ W [out, in], the fp32 accumulator written as is.
+  gemm_bf16_cuda(*gemm_, false, false, rows, in_features, out_features, 1.0f, dy, out_features, w, in_features, 0.0f,
+                 dx, DType::f32, in_features, stream_);
+}
 
 std::string GpuVisionModel::block_name(int64_t block, const char* leaf) const {
   return str_cat(".blocks.", block, ".", leaf);
@@ -278,9 +285,8 @@ void GpuVisionModel::forward(Bf16* merged_out) {
   const int64_t M = num_merged(), wide = config_.merged_dim(), O = config_.out_hidden_size;
   // Patch embedding: the Conv3d with kernel = stride is a product with the flattened weight [C, K].
   // The bf16 projection (with its bias) plus the fp32 position table starts the fp32 stream.
-  linear_forward_cuda(*gemm_, pixels_, weight(".patch_embed.proj.weight"), branch_out_, DType::bf16, N, K, C,
-                      stream_);
-  bias_add_forward_cuda(weight(".patch_embed.proj.bias"), branch_out_, N, C, stream_);
+  linear_forward_bias_cuda(*gemm_, pixels_, weight(".patch_embed.proj.weight"), weight(".patch_embed.proj.bias"),
+                           branch_out_, N, K, C, stream_);
   vision_pos_embed_forward_cuda(master_weight(".pos_embed.weight"), tap_index_, tap_weight_, branch_out_, embedded_, N,
                                 C, stream_);
   for (int64_t j = 0; j < config_.depth; ++j)
@@ -297,13 +303,12 @@ void GpuVisionModel::forward(Bf16* merged_out) {
                             master_weight(".merger.norm.bias"), merger_norm_, merger_mean_, merger_rstd_, N, C,
                             kLayerNormEps, stream_);
   }
-  linear_forward_cuda(*gemm_, merger_norm_, weight(".merger.linear_fc1.weight"), merger_fc1_, DType::bf16, M, wide,
-                      wide, stream_);
-  gelu_forward_cuda(GeluKind::exact, merger_fc1_, weight(".merger.linear_fc1.bias"), merger_fc1_, merger_act_, M, wide,
-                    stream_);
-  linear_forward_cuda(*gemm_, merger_act_, weight(".merger.linear_fc2.weight"), merged_out, DType::bf16, M, wide, O,
-                      stream_);
-  bias_add_forward_cuda(weight(".merger.linear_fc2.bias"), merged_out, M, O, stream_);
+  // Every linear with a bias rounds x W^T + b once (linear_forward_bias_cuda), as autocast does.
+  linear_forward_bias_cuda(*gemm_, merger_norm_, weight(".merger.linear_fc1.weight"), weight(".merger.linear_fc1.bias"),
+                           merger_fc1_, M, wide, wide, stream_);
+  gelu_forward_cuda(GeluKind::exact, merger_fc1_, nullptr, nullptr, merger_act_, M, wide, stream_);
+  linear_forward_bias_cuda(*gemm_, merger_act_, weight(".merger.linear_fc2.weight"), weight(".merger.linear_fc2.bias"),
+                           merged_out, M, wide, O, stream_);
 }
 
 void GpuVisionModel::block_forward(int64_t block, const Bf16* prev_mlp_out, const float* prev_h1) {
@@ -321,23 +326,22 @@ void GpuVisionModel::block_forward(int64_t block, const Bf16* prev_mlp_out, cons
     layer_norm_forward_cuda(prev_mlp_out, prev_h1, b.x_in, norm("norm1.weight"), norm("norm1.bias"), b.ln1, b.mean1,
                             b.rstd1, N, C, kLayerNormEps, stream_);
   }
-  linear_forward_cuda(*gemm_, b.ln1, w("attn.qkv.weight"), qkv_, DType::bf16, N, C, 3 * C, stream_);
-  bias_add_forward_cuda(w("attn.qkv.bias"), qkv_, N, 3 * C, stream_);
+  linear_forward_bias_cuda(*gemm_, b.ln1, w("attn.qkv.weight"), w("attn.qkv.bias"), qkv_, N, C, 3 * C, stream_);
   // qkv rows are [q | k | v]; q and k are rotated out into the contiguous layout attention reads.
   vision_rope_forward_cuda(qkv_, 3 * C, b.q, C, rope_cos_, rope_sin_, N, H, D, stream_);
   vision_rope_forward_cuda(qkv_ + C, 3 * C, b.k, C, rope_cos_, rope_sin_, N, H, D, stream_);
   copy_columns(qkv_ + 2 * C, 3 * C, b.v, C, C, N, stream_);
   bidirectional_attention_forward_cuda(b.q, b.k, b.v, cu_seqlens_, num_segments_, b.attn, b.lse, N, H, D, scale,
                                        stream_);
-  linear_forward_cuda(*gemm_, b.attn, w("attn.proj.weight"), branch_out_, DType::bf16, N, C, C, stream_);
-  bias_add_forward_cuda(w("attn.proj.bias"), branch_out_, N, C, stream_);
+  linear_forward_bias_cuda(*gemm_, b.attn, w("attn.proj.weight"), w("attn.proj.bias"), branch_out_, N, C, C, stream_);
   // h1 = x_in + proj, normalised in the same pass.
   layer_norm_forward_cuda(branch_out_, b.x_in, b.h1, norm("norm2.weight"), norm("norm2.bias"), b.ln2, b.mean2,
                           b.rstd2, N, C, kLayerNormEps, stream_);
-  linear_forward_cuda(*gemm_, b.ln2, w("mlp.linear_fc1.weight"), b.fc1, DType::bf16, N, C, I, stream_);
-  gelu_forward_cuda(block_gelu_kind(config_), b.fc1, w("mlp.linear_fc1.bias"), b.fc1, b.act, N, I, stream_);
-  linear_forward_cuda(*gemm_, b.act, w("mlp.linear_fc2.weight"), branch_out_, DType::bf16, N, I, C, stream_);
-  bias_add_forward_cuda(w("mlp.linear_fc2.bias"), branch_out_, N, C, stream_);
+  linear_forward_bias_cuda(*gemm_, b.ln2, w("mlp.linear_fc1.weight"), w("mlp.linear_fc1.bias"), b.fc1, N, C, I,
+                           stream_);
+  gelu_forward_cuda(block_gelu_kind(config_), b.fc1, nullptr, nullptr, b.act, N, I, stream_);
+  linear_forward_bias_cuda(*gemm_, b.act, w("mlp.linear_fc2.weight"), w("mlp.linear_fc2.bias"), branch_out_, N, I, C,
+                           stream_);
   // (branch_out_ + h1 is the next block's norm1 input, or the merger's.)
 }
 
@@ -366,7 +370,7 @@ void GpuVisionModel::backward(const Bf16* d_merged, const TrainableParts& traina
   if (aligner)
     linear_backward_weight_cuda(*gemm_, d_wide, merger_norm_, grad(".merger.linear_fc1.weight"), M, wide, wide,
                                 stream_);
-  linear_backward_input_cuda(*gemm_, d_wide, weight(".merger.linear_fc1.weight"), grad_norm_, M, wide, wide, stream_);
+  linear_backward_input_f32(d_wide, weight(".merger.linear_fc1.weight"), grad_norm_, M, wide, wide);
   const float* merger_x = config_.depth > 0 ? merger_in_ : embedded_;
   layer_norm_backward_cuda(merger_x, master_weight(".merger.norm.weight"), merger_mean_, merger_rstd_, grad_norm_,
                            nullptr, grad_stream_, grad_stream_bf16_, merger_grad(".merger.norm.weight"),
@@ -375,10 +379,10 @@ void GpuVisionModel::backward(const Bf16* d_merged, const TrainableParts& traina
 
   for (int64_t j = config_.depth - 1; j >= 0; --j) block_backward(j);
   // grad_stream_: the gradient of the embedding (patch projection + bias + position embedding);
-  // the fp32 table takes it in fp32, the bf16 projection its bf16 copy.
+  // the fp32 table and the bias take it in fp32, the bf16 projection's weight its bf16 copy.
   vision_pos_embed_backward_cuda(grad_stream_, tap_weight_, tap_row_offsets_, tap_entries_, grad(".pos_embed.weight"),
                                  N, config_.num_position_embeddings, C, stream_);
-  bias_add_backward_cuda(grad_stream_bf16_, grad(".patch_embed.proj.bias"), N, C, ws, ws_bytes, stream_);
+  bias_add_backward_cuda(grad_stream_, grad(".patch_embed.proj.bias"), N, C, ws, ws_bytes, stream_);
   linear_backward_weight_cuda(*gemm_, grad_stream_bf16_, pixels_, grad(".patch_embed.proj.weight"), N, K, C, stream_);
 }
 
@@ -394,17 +398,18 @@ void GpuVisionModel::block_backward(int64_t block) {
   auto g = [&](const char* leaf) { return grad(block_name(block, leaf)); };
   const Bf16* d_out = grad_stream_bf16_;
   // MLP branch: d_out reaches both fc2 and, through the residual, h1.
-  bias_add_backward_cuda(d_out, g("mlp.linear_fc2.bias"), N, C, ws, ws_bytes, stream_);
+  // Biases whose output joins the stream take their gradient from the fp32 stream gradient.
+  bias_add_backward_cuda(grad_stream_, g("mlp.linear_fc2.bias"), N, C, ws, ws_bytes, stream_);
   linear_backward_input_cuda(*gemm_, d_out, w("mlp.linear_fc2.weight"), grad_wide_, N, I, C, stream_);
   linear_backward_weight_cuda(*gemm_, d_out, b.act, g("mlp.linear_fc2.weight"), N, I, C, stream_);
   gelu_backward_cuda(block_gelu_kind(config_), b.fc1, grad_wide_, grad_wide_, g("mlp.linear_fc1.bias"), N, I, ws,
                      ws_bytes, stream_);
-  linear_backward_input_cuda(*gemm_, grad_wide_, w("mlp.linear_fc1.weight"), grad_norm_, N, C, I, stream_);
+  linear_backward_input_f32(grad_wide_, w("mlp.linear_fc1.weight"), grad_norm_, N, C, I);
   linear_backward_weight_cuda(*gemm_, grad_wide_, b.ln2, g("mlp.linear_fc1.weight"), N, C, I, stream_);
   layer_norm_backward_cuda(b.h1, norm("norm2.weight"), b.mean2, b.rstd2, grad_norm_, grad_stream_, grad_h1_,
                            grad_h1_bf16_, g("norm2.weight"), g("norm2.bias"), N, C, ws, ws_bytes, stream_);
   // Attention branch: the gradient reaching h1 reaches both proj and, through the residual, x_in.
-  bias_add_backward_cuda(grad_h1_bf16_, g("attn.proj.bias"), N, C, ws, ws_bytes, stream_);
+  bias_add_backward_cuda(grad_h1_, g("attn.proj.bias"), N, C, ws, ws_bytes, stream_);
   linear_backward_input_cuda(*gemm_, grad_h1_bf16_, w("attn.proj.weight"), grad_attn_, N, C, C, stream_);
   linear_backward_weight_cuda(*gemm_, grad_h1_bf16_, b.attn, g("attn.proj.weight"), N, C, C, stream_);
   bidirectional_attention_backward_cuda(b.q, b.k, b.v, b.attn, b.lse, grad_attn_, cu_seqlens_, num_segments_, grad_q_,
@@ -415,7 +420,7 @@ void GpuVisionModel::block_backward(int64_t block) {
   vision_rope_backward_cuda(grad_k_, C, d_qkv + C, 3 * C, rope_cos_, rope_sin_, N, H, D, stream_);
   copy_columns(grad_v_, C, d_qkv + 2 * C, 3 * C, C, N, stream_);
   bias_add_backward_cuda(d_qkv, g("attn.qkv.bias"), N, 3 * C, ws, ws_bytes, stream_);
-  linear_backward_input_cuda(*gemm_, d_qkv, w("attn.qkv.weight"), grad_norm_, N, C, 3 * C, stream_);
+  linear_backward_input_f32(d_qkv, w("attn.qkv.weight"), grad_norm_, N, C, 3 * C);
   linear_backward_weight_cuda(*gemm_, d_qkv, b.ln1, g("attn.qkv.weight"), N, C, 3 * C, stream_);
   // The stream gradient is free again (norm2's backward consumed it): it now receives the input's.
   layer_norm_backward_cuda(b.x_in, norm("norm1.weight"), b.mean1, b.rstd1, grad_norm_, grad_h1_, grad_stream_,
