@@ -1,11 +1,9 @@
-// CUDA bias add: a grid-stride element-wise forward (or fill, for the biased linear) and a two-step
-// deterministic column sum for the backward (thread per column within a row chunk, then chunks
-// reduced in order).
+// CUDA bias add: a grid-stride element-wise forward and a two-step deterministic column sum for
+// the backward (thread per column within a row chunk, then chunks reduced in order).
 #include <algorithm>
 
 #include "core/cuda_check.h"
 #include "kernels/bias_add/bias_add_cuda.h"
-#include "kernels/gemm/gemm_cuda.h"
 #include "kernels/gemm/bf16_vector.cuh"
 
 namespace deltamoe {
@@ -15,8 +13,7 @@ constexpr int kThreads = 256;
 constexpr int64_t kMinRowsPerChunk = 64;
 constexpr int64_t kMaxChunks = 256;
 
-// kAccumulate: y = bf16(y + bias); else every row of y is set to bias.
-template <int kVec, bool kAccumulate>
+template <int kVec>
 __global__ void bias_add_forward_kernel(const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t rows,
                                         int64_t features) {
   const int64_t vectors_per_row = features / kVec;
@@ -25,8 +22,8 @@ __global__ void bias_add_forward_kernel(const __nv_bfloat16* bias, __nv_bfloat16
        v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t c = (v % vectors_per_row) * kVec;
     const int64_t offset = (v / vectors_per_row) * features + c;
-    float out[kVec] = {}, b[kVec];
-    if constexpr (kAccumulate) load_bf16_as_f32<kVec>(y + offset, out);
+    float out[kVec], b[kVec];
+    load_bf16_as_f32<kVec>(y + offset, out);
     load_bf16_as_f32<kVec>(bias + c, b);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) out[i] += b[i];
@@ -62,22 +59,6 @@ unsigned grid_stride_blocks(int64_t work) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((work + kThreads - 1) / kThreads, 132 * 16)));
 }
 
-template <bool kAccumulate>
-void launch_bias_forward(const char* where, const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t rows,
-                         int64_t features, cudaStream_t stream) {
-  CHECK(rows >= 0 && features > 0, where, ": bad size rows ", rows, ", features ", features);
-  CHECK(bias != nullptr && (y != nullptr || rows == 0), where, ": null bias or output");
-  if (rows == 0) return;
-  if (can_use_vec8(features, bias, y)) {
-    bias_add_forward_kernel<8, kAccumulate><<<grid_stride_blocks(rows * features / 8), kThreads, 0, stream>>>(
-        bias, y, rows, features);
-  } else {
-    bias_add_forward_kernel<1, kAccumulate><<<grid_stride_blocks(rows * features), kThreads, 0, stream>>>(
-        bias, y, rows, features);
-  }
-  CUDA_CHECK_LAUNCH();
-}
-
 template <typename TDy>
 void launch_bias_backward(const TDy* dy, float* d_bias, int64_t rows, int64_t features, void* workspace,
                           size_t workspace_bytes, cudaStream_t stream) {
@@ -99,18 +80,16 @@ void launch_bias_backward(const TDy* dy, float* d_bias, int64_t rows, int64_t fe
 
 void bias_add_forward_cuda(const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t rows, int64_t features,
                            cudaStream_t stream) {
-  launch_bias_forward<true>("bias_add_forward_cuda", bias, y, rows, features, stream);
-}
-
-void linear_forward_bias_cuda(GemmContext& ctx, const __nv_bfloat16* x, const __nv_bfloat16* weight,
-                              const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t rows, int64_t in_features,
-                              int64_t out_features, cudaStream_t stream) {
-  // y starts as the bias in every row; the product adds to it in its fp32 accumulator (beta = 1),
-  // as cuBLAS's bias epilogue would: one rounding of x W^T + b instead of two.
-  launch_bias_forward<false>("linear_forward_bias_cuda", bias, y, rows, out_features, stream);
+  CHECK(rows >= 0 && features > 0, "bias_add_forward_cuda: bad size rows ", rows, ", features ", features);
+  CHECK(bias != nullptr && (y != nullptr || rows == 0), "bias_add_forward_cuda: null bias or output");
   if (rows == 0) return;
-  gemm_bf16_cuda(ctx, false, true, rows, out_features, in_features, 1.0f, x, in_features, weight, in_features, 1.0f, y,
-                 DType::bf16, out_features, stream);
+  if (can_use_vec8(features, bias, y)) {
+    bias_add_forward_kernel<8><<<grid_stride_blocks(rows * features / 8), kThreads, 0, stream>>>(bias, y, rows,
+                                                                                                 features);
+  } else {
+    bias_add_forward_kernel<1><<<grid_stride_blocks(rows * features), kThreads, 0, stream>>>(bias, y, rows, features);
+  }
+  CUDA_CHECK_LAUNCH();
 }
 
 int64_t column_sum_num_chunks(int64_t rows) {

@@ -11,19 +11,9 @@
 
 namespace deltamoe {
 
-class GemmContext;
-
 // y [T, N] bf16 updated: y = bf16(y + bias), fp32 add.
 void bias_add_forward_cuda(const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t rows, int64_t features,
                            cudaStream_t stream);
-
-// A linear layer with bias, y [T, N] bf16 = x [T, K] W^T + bias with one rounding: y is filled
-// with the bias, then the bf16 product is accumulated onto it in fp32 (beta = 1), as cuBLAS's bias
-// epilogue (and so transformers under autocast) does. A product rounded to bf16 and then the bias
-// added rounds twice. x, weight [N, K], bias [N] bf16.
-void linear_forward_bias_cuda(GemmContext& ctx, const __nv_bfloat16* x, const __nv_bfloat16* weight,
-                              const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t rows, int64_t in_features,
-                              int64_t out_features, cudaStream_t stream);
 
 // Row chunks of a column reduction over `rows` rows (each chunk writes one fp32 partial row).
 int64_t column_sum_num_chunks(int64_t rows);

@@ -74,6 +74,13 @@ const cublasLtMatmulAlgo_t& GemmContext::algorithm_for(const Key& key, cublasLtM
   if (status == CUBLAS_STATUS_SUCCESS)
     status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
                                                   sizeof(align_c));
+  // Split-K partial sums only in fp32: the OUTPUT_TYPE and INPLACE schemes add the parts in the
+  // output type, i.e. round a bf16 product more than once (measured: up to a whole bf16 step on
+  // small products, where the heuristic splits K).
+  uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                  &reduction_schemes, sizeof(reduction_schemes));
   if (status == CUBLAS_STATUS_SUCCESS)
     status = cublasLtMatmulAlgoGetHeuristic(handle_, op, a, b, c, c, preference, 1, &result, &num_results);
   cublasLtMatmulPreferenceDestroy(preference);
@@ -88,9 +95,13 @@ const cublasLtMatmulAlgo_t& GemmContext::algorithm_for(const Key& key, cublasLtM
   return algorithms_.emplace(key, result.algo).first->second;
 }
 
-void gemm_bf16_cuda(GemmContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                    const __nv_bfloat16* a, int64_t lda, const __nv_bfloat16* b, int64_t ldb, float beta, void* c,
-                    DType c_dtype, int64_t ldc, cudaStream_t stream) {
+namespace {
+
+// The product of gemm_bf16_cuda, with bias [n] bf16 (non-null) added per output column in the
+// epilogue, to the fp32 accumulator before the one rounding to C's type.
+void gemm_with_epilogue(GemmContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                        const __nv_bfloat16* a, int64_t lda, const __nv_bfloat16* b, int64_t ldb, float beta, void* c,
+                        DType c_dtype, int64_t ldc, const __nv_bfloat16* bias, cudaStream_t stream) {
   CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: negative size ", m, "x", n, "x", k);
   if (m == 0 || n == 0) return;
   if (k == 0) {
@@ -113,6 +124,15 @@ void gemm_bf16_cuda(GemmContext& ctx, bool trans_a, bool trans_b, int64_t m, int
   const cublasOperation_t op_lt_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a, sizeof(op_lt_a)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b, sizeof(op_lt_b)));
+  if (bias != nullptr) {
+    // cuBLASLt's D is our C^T: its rows are our columns, so a per-row bias is our per-column one.
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bias_type = CUDA_R_16BF;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+  }
 
   // Column-major shapes (rows, cols, ld) of the stored matrices.
   MatrixLayout layout_a, layout_b, layout_c;
@@ -120,13 +140,31 @@ void gemm_bf16_cuda(GemmContext& ctx, bool trans_a, bool trans_b, int64_t m, int
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_b.layout, CUDA_R_16BF, trans_a ? m : k, trans_a ? k : m, lda));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_c.layout, c_type, n, m, ldc));
 
-  GemmContext::Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, c_dtype,
-                       alignment_bytes(a, lda, sizeof(__nv_bfloat16)), alignment_bytes(b, ldb, sizeof(__nv_bfloat16)),
-                       alignment_bytes(c, ldc, dtype_size(c_dtype))};
+  GemmContext::Key key{trans_a,
+                       trans_b,
+                       m,
+                       n,
+                       k,
+                       lda,
+                       ldb,
+                       ldc,
+                       c_dtype,
+                       alignment_bytes(a, lda, sizeof(__nv_bfloat16)),
+                       alignment_bytes(b, ldb, sizeof(__nv_bfloat16)),
+                       alignment_bytes(c, ldc, dtype_size(c_dtype)),
+                       bias != nullptr ? alignment_bytes(bias, 0, sizeof(__nv_bfloat16)) : 0};
   const cublasLtMatmulAlgo_t& algo = ctx.algorithm_for(key, op.desc, layout_a.layout, layout_b.layout, layout_c.layout);
   CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), op.desc, &alpha, b, layout_a.layout, a, layout_b.layout, &beta, c,
                               layout_c.layout, c, layout_c.layout, &algo, ctx.workspace(), ctx.workspace_bytes(),
                               stream));
+}
+
+}  // namespace
+
+void gemm_bf16_cuda(GemmContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const __nv_bfloat16* a, int64_t lda, const __nv_bfloat16* b, int64_t ldb, float beta, void* c,
+                    DType c_dtype, int64_t ldc, cudaStream_t stream) {
+  gemm_with_epilogue(ctx, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, c_dtype, ldc, nullptr, stream);
 }
 
 void linear_forward_cuda(GemmContext& ctx, const __nv_bfloat16* x, const __nv_bfloat16* weight, void* y,
@@ -134,6 +172,15 @@ void linear_forward_cuda(GemmContext& ctx, const __nv_bfloat16* x, const __nv_bf
   // y [T, N] = x [T, K] . (W [N, K])^T
   gemm_bf16_cuda(ctx, false, true, rows, out_features, in_features, 1.0f, x, in_features, weight, in_features, 0.0f, y,
                  y_dtype, out_features, stream);
+}
+
+void linear_forward_bias_cuda(GemmContext& ctx, const __nv_bfloat16* x, const __nv_bfloat16* weight,
+                              const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t rows, int64_t in_features,
+                              int64_t out_features, cudaStream_t stream) {
+  CHECK(bias != nullptr, "linear_forward_bias_cuda: null bias");
+  CHECK(in_features > 0, "linear_forward_bias_cuda: in_features must be positive");
+  gemm_with_epilogue(ctx, false, true, rows, out_features, in_features, 1.0f, x, in_features, weight, in_features,
+                     0.0f, y, DType::bf16, out_features, bias, stream);
 }
 
 void linear_backward_input_cuda(GemmContext& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* weight,

@@ -1,6 +1,6 @@
 // cuBLASLt wrapper for the dense products of training: bf16 x bf16 with fp32 accumulation into a
-// bf16 or fp32 output, in row-major terms, plus the three products of a bias-free linear layer
-// (y = x W^T, dX = dY W, dW += dY^T X). One GemmContext (handle, workspace, chosen algorithms).
+// bf16 or fp32 output, in row-major terms, plus the three products of a linear layer
+// (y = x W^T (+ bias), dX = dY W, dW += dY^T X). One GemmContext (handle, workspace, chosen algorithms).
 #pragma once
 
 #include <cublasLt.h>
@@ -42,8 +42,10 @@ class GemmContext {
     int64_t m, n, k, lda, ldb, ldc;
     DType out_dtype;
     int alignment_a, alignment_b, alignment_c;
+    int bias_alignment;  // 0: no bias epilogue
     auto tie() const {
-      return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, out_dtype, alignment_a, alignment_b, alignment_c);
+      return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, out_dtype, alignment_a, alignment_b, alignment_c,
+                      bias_alignment);
     }
     bool operator<(const Key& other) const { return tie() < other.tie(); }
   };
@@ -69,6 +71,12 @@ void gemm_bf16_cuda(GemmContext& ctx, bool trans_a, bool trans_b, int64_t m, int
 // x [T, K] bf16, weight [N, K] bf16 -> y [T, N] written, bf16 or f32 (y_dtype).
 void linear_forward_cuda(GemmContext& ctx, const __nv_bfloat16* x, const __nv_bfloat16* weight, void* y,
                          DType y_dtype, int64_t rows, int64_t in_features, int64_t out_features, cudaStream_t stream);
+// The same with a bias [N] bf16 added in the epilogue: y = bf16(x W^T + bias), one rounding of the
+// fp32 accumulator, as cuBLAS's bias epilogue does for transformers' linear layers under autocast.
+// (A bf16 product and then a bf16 bias add would round twice.)
+void linear_forward_bias_cuda(GemmContext& ctx, const __nv_bfloat16* x, const __nv_bfloat16* weight,
+                              const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t rows, int64_t in_features,
+                              int64_t out_features, cudaStream_t stream);
 // dy [T, N] bf16, weight [N, K] -> dx [T, K] bf16 written.
 void linear_backward_input_cuda(GemmContext& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* weight,
                                 __nv_bfloat16* dx, int64_t rows, int64_t in_features, int64_t out_features,

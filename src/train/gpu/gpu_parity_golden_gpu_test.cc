@@ -3,7 +3,9 @@
 // (1) the fp32 CPU reference with its routing PINNED to the GPU's top-k choices: losses within
 // 1e-2, every gradient within max(2e-2, kWholeModelFactor x the CPU's own move under one bf16-sized
 // change of the weights, pinned too); (2) transformers' expected.safetensors and the unpinned CPU
-// run: losses within 1e-2, gradients printed, and asserted to 2e-2 on the cases fit for that bar:
+// run: losses within 1e-2 wherever the GPU routed every token as the CPU did (printed where bf16
+// flipped a near-tie: one flip moves a 29-token aux loss by ~1.7%), gradients printed, and both
+// asserted (1e-2, 2e-2) on the cases fit for that bar:
 // those where transformers itself, trained in bf16 mixed precision (torch.autocast), keeps every
 // gradient within 2e-2 of its fp32 golden (<case>/bf16_floor.json, tools/golden/bf16_floor.py). At
 // least one text and one VLM case must be fit. Why: on tiny models one bf16 rounding per activation
@@ -91,6 +93,7 @@ struct Reference {
 // "grad_aux." + name, from the measured sensitivity) override kGradRatio where given.
 struct Judgement {
   bool assert_grads = true;
+  bool assert_losses = true;
   std::map<std::string, double> bounds;
   std::map<std::string, double> sensitivity;  // printed next to the bound
 };
@@ -168,8 +171,13 @@ void compare_with(const std::string& case_name, const ParityResult& gpu, const R
   const double aux_err = std::abs(gpu.aux_loss - ref.aux_loss) / std::max(std::abs(ref.aux_loss), 1e-12);
   std::printf("  %s vs %s: ce_loss %.6f vs %.6f (rel %.2e), aux_loss %.6f vs %.6f (rel %.2e)\n", case_name.c_str(),
               ref.label.c_str(), gpu.ce_loss, ref.ce_loss, ce_err, gpu.aux_loss, ref.aux_loss, aux_err);
-  EXPECT_LE(ce_err, kLossRel) << case_name << " vs " << ref.label << ": ce_loss";
-  EXPECT_LE(aux_err, kLossRel) << case_name << " vs " << ref.label << ": aux_loss";
+  if (judgement.assert_losses) {
+    EXPECT_LE(ce_err, kLossRel) << case_name << " vs " << ref.label << ": ce_loss";
+    EXPECT_LE(aux_err, kLossRel) << case_name << " vs " << ref.label << ": aux_loss";
+  } else {
+    std::printf("  %s vs %s: losses printed, not asserted (the GPU flipped near-tie routing decisions)\n",
+                case_name.c_str(), ref.label.c_str());
+  }
   for (const auto& [kind, ours, theirs] :
        {std::tuple{"grad.", &gpu.grads, &ref.grads}, std::tuple{"grad_aux.", &gpu.grads_aux, &ref.grads_aux}}) {
     double worst = 0, worst_vision = -1, worst_margin = INFINITY;
@@ -243,10 +251,9 @@ TEST(GpuParityGolden, EveryCaseMatchesTransformersAndTheCpuReference) {
                   conditioning.bf16_worst);
     const ParityResult gpu = run_parity_gpu(checkpoint, inputs);
     const ParityResult cpu = run_parity_cpu(checkpoint, inputs);
+    const int64_t flips = routing_differences(gpu.routing, cpu.routing, checkpoint.config.text.num_experts_per_tok);
     std::printf("  %s: the GPU's top-k expert set differs from the CPU's on %lld of %lld (layer, token) pairs\n",
-                name.c_str(),
-                static_cast<long long>(
-                    routing_differences(gpu.routing, cpu.routing, checkpoint.config.text.num_experts_per_tok)),
+                name.c_str(), static_cast<long long>(flips),
                 static_cast<long long>(checkpoint.config.text.num_hidden_layers * inputs.input_ids.numel()));
     // (1) The comparison that holds in bf16 on any case: the CPU follows the GPU's routing.
     ParityInputs pinned = inputs;
@@ -255,9 +262,14 @@ TEST(GpuParityGolden, EveryCaseMatchesTransformersAndTheCpuReference) {
     compare_with(name, gpu, reference_from_result("cpu pinned to the GPU's routing", cpu_pinned),
                  measured_bounds(checkpoint, pinned, cpu_pinned, {}));
     // (2) Unpinned: on near-tie routers a flipped token moves every gradient upstream, so these
-    // gradients are printed only, except on the well-conditioned cases. Losses hold everywhere.
+    // gradients are printed only, except on the well-conditioned cases. The losses are asserted
+    // where the GPU routed every token as the CPU did (always on the fit cases): one flipped top-k
+    // decision among T tokens moves the aux loss by ~1/(T K) of an expert's share, 1.7% on the
+    // 29-token image cases, so there the bar is below the resolution of one routing decision (and
+    // (1) asserts both losses with the routing pinned).
     Judgement unpinned;
     unpinned.assert_grads = strict;
+    unpinned.assert_losses = strict || flips == 0;
     compare_with(name, gpu, reference_from_golden(dir / "expected.safetensors"), unpinned);
     compare_with(name, gpu, reference_from_result("cpu", cpu), unpinned);
     if (!inputs.pixel_values) continue;

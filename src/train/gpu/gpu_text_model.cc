@@ -185,6 +185,10 @@ GpuTextModel::GpuTextModel(const TextConfig& config, std::string prefix, const G
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&cublas_));
   CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  // bf16 products through this handle (router logits, shared expert) add split-K parts in fp32 only,
+  // as the cuBLASLt ones do (GemmContext).
+  CUBLAS_CHECK(cublasSetMathMode(
+      cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   gemm_ = std::make_unique<GemmContext>();
   master_ = DeviceBuffer(static_cast<size_t>(n) * sizeof(float));
   grads_ = DeviceBuffer(static_cast<size_t>(n) * sizeof(float));
