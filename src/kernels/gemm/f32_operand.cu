@@ -53,10 +53,8 @@ void linear_backward_input_split_cuda(GemmContext& ctx, const __nv_bfloat16* dy_
                                       const __nv_bfloat16* weight, float* dx, bool accumulate, int64_t rows,
                                       int64_t in_features, int64_t out_features, cudaStream_t stream) {
   // dx [T, K] (+)= dy_hi [T, N] @ W [N, K], then += dy_lo @ W: both accumulate in fp32 into dx.
-  gemm_bf16_cuda(ctx, false, false, rows, in_features, out_features, 1.0f, dy_hi, out_features, weight, in_features,
-                 accumulate ? 1.0f : 0.0f, dx, DType::f32, in_features, stream);
-  gemm_bf16_cuda(ctx, false, false, rows, in_features, out_features, 1.0f, dy_lo, out_features, weight, in_features,
-                 1.0f, dx, DType::f32, in_features, stream);
+  linear_backward_input_f32_cuda(ctx, dy_hi, weight, dx, accumulate, rows, in_features, out_features, stream);
+  linear_backward_input_f32_cuda(ctx, dy_lo, weight, dx, true, rows, in_features, out_features, stream);
 }
 
 void linear_backward_weight_split_cuda(GemmContext& ctx, const __nv_bfloat16* dy_hi, const __nv_bfloat16* dy_lo,

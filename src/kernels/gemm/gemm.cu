@@ -191,6 +191,14 @@ void linear_backward_input_cuda(GemmContext& ctx, const __nv_bfloat16* dy, const
                  dx, DType::bf16, in_features, stream);
 }
 
+void linear_backward_input_f32_cuda(GemmContext& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* weight,
+                                    float* dx, bool accumulate, int64_t rows, int64_t in_features,
+                                    int64_t out_features, cudaStream_t stream) {
+  // dx [T, K] (+)= dy [T, N] . W [N, K]
+  gemm_bf16_cuda(ctx, false, false, rows, in_features, out_features, 1.0f, dy, out_features, weight, in_features,
+                 accumulate ? 1.0f : 0.0f, dx, DType::f32, in_features, stream);
+}
+
 void linear_backward_weight_cuda(GemmContext& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* x, float* d_weight,
                                  int64_t rows, int64_t in_features, int64_t out_features, cudaStream_t stream) {
   // dW [N, K] += (dy [T, N])^T . x [T, K]

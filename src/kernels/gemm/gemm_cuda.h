@@ -81,6 +81,11 @@ void linear_forward_bias_cuda(GemmContext& ctx, const __nv_bfloat16* x, const __
 void linear_backward_input_cuda(GemmContext& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* weight,
                                 __nv_bfloat16* dx, int64_t rows, int64_t in_features, int64_t out_features,
                                 cudaStream_t stream);
+// dy [T, N] bf16, weight [N, K] -> dx [T, K] f32, the fp32 accumulator unrounded: written, or added
+// to when `accumulate` (a block summing its projections' input gradients in fp32).
+void linear_backward_input_f32_cuda(GemmContext& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* weight,
+                                    float* dx, bool accumulate, int64_t rows, int64_t in_features,
+                                    int64_t out_features, cudaStream_t stream);
 // dy [T, N] bf16, x [T, K] bf16 -> d_weight [N, K] f32 added to (beta = 1).
 void linear_backward_weight_cuda(GemmContext& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* x, float* d_weight,
                                  int64_t rows, int64_t in_features, int64_t out_features, cudaStream_t stream);

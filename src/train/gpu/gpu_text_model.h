@@ -161,10 +161,6 @@ class GpuTextModel {
   float* master(int64_t layer, const std::string& name) const;
   float* grad(int64_t layer, const std::string& name) const;
   int64_t offset_of(int64_t layer, const std::string& name) const;
-  // dx [T, K] (fp32) = dy [T, N] W [N, K] when `add` is false, += when true: a mixer sums its
-  // projections' input gradients in fp32 and rounds once (not once per projection in bf16).
-  void linear_backward_input_f32(const __nv_bfloat16* dy, const __nv_bfloat16* w, float* dx, int64_t rows,
-                                 int64_t in_features, int64_t out_features, bool add);
   // Backward of a projection whose output gradient dy [T, N] is fp32 (the per-token gates: GDN a/b,
   // the router logits): dW [N, K] += dy^T x and dx [T, K] (fp32) (+)= dy W, each as two bf16 GEMMs
   // on dy's hi/lo bf16 halves (scratch gate_grad_hi/lo), so dy is not rounded to bf16.

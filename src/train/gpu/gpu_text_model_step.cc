@@ -28,7 +28,6 @@
 #include "kernels/token_scatter/token_scatter_cuda.h"
 #include "train/gpu/gpu_layer_buffers.h"
 #include "train/gpu/gpu_text_model.h"
-#include "train/gpu/param_init.h"
 
 namespace deltamoe {
 
@@ -45,13 +44,6 @@ void copy_columns(const DeviceBf16* src, int64_t ld_src, DeviceBf16* dst, int64_
 }
 
 }  // namespace
-
-void GpuTextModel::linear_backward_input_f32(const DeviceBf16* dy, const DeviceBf16* w, float* dx, int64_t rows,
-                                             int64_t in_features, int64_t out_features, bool add) {
-  // dx [T, in] (+)= dy [T, out] @ W [out, in], fp32 output
-  gemm_bf16_cuda(*gemm_, false, false, rows, in_features, out_features, 1.0f, dy, out_features, w, in_features,
-                 add ? 1.0f : 0.0f, dx, DType::f32, in_features, stream_);
-}
 
 void GpuTextModel::linear_backward_f32_dy(const float* dy, const DeviceBf16* w, const DeviceBf16* x, float* dw,
                                           float* dx, bool add, int64_t rows, int64_t in_features,
@@ -280,15 +272,15 @@ void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
                               static_cast<int>(c.linear_conv_kernel_dim), w.d_mixed, grad(layer, p + "conv1d.weight"),
                               stream_);
   const DeviceBf16* x = b.normed_in;
-  float* dx_sum = dx;
-  linear_backward_input_f32(w.d_mixed, weight(layer, p + "in_proj_qkv.weight"), dx_sum, T, C, conv, false);
+  linear_backward_input_f32_cuda(*gemm_, w.d_mixed, weight(layer, p + "in_proj_qkv.weight"), dx, false, T, C, conv,
+                                 stream_);
   linear_backward_weight_cuda(*gemm_, w.d_mixed, x, grad(layer, p + "in_proj_qkv.weight"), T, C, conv, stream_);
-  linear_backward_input_f32(w.dz, weight(layer, p + "in_proj_z.weight"), dx_sum, T, C, vd, true);
+  linear_backward_input_f32_cuda(*gemm_, w.dz, weight(layer, p + "in_proj_z.weight"), dx, true, T, C, vd, stream_);
   linear_backward_weight_cuda(*gemm_, w.dz, x, grad(layer, p + "in_proj_z.weight"), T, C, vd, stream_);
   // da, db are fp32: each product with a bf16 operand runs as two bf16 GEMMs on its hi/lo halves.
-  linear_backward_f32_dy(w.db, weight(layer, p + "in_proj_b.weight"), x, grad(layer, p + "in_proj_b.weight"), dx_sum,
+  linear_backward_f32_dy(w.db, weight(layer, p + "in_proj_b.weight"), x, grad(layer, p + "in_proj_b.weight"), dx,
                          true, T, C, Hv);
-  linear_backward_f32_dy(w.da, weight(layer, p + "in_proj_a.weight"), x, grad(layer, p + "in_proj_a.weight"), dx_sum,
+  linear_backward_f32_dy(w.da, weight(layer, p + "in_proj_a.weight"), x, grad(layer, p + "in_proj_a.weight"), dx,
                          true, T, C, Hv);
 }
 
@@ -348,12 +340,14 @@ void GpuTextModel::attention_backward(int64_t layer, const DeviceBf16* dy, float
                                  grad(layer, p + "k_norm.weight"), T * Hkv, D, workspace_.data(), workspace_bytes_,
                                  stream_);
   const DeviceBf16* x = b.normed_in;
-  float* dx_sum = dx;
-  linear_backward_input_f32(w.d_q_and_gate, weight(layer, p + "q_proj.weight"), dx_sum, T, C, Hq * 2 * D, false);
+  linear_backward_input_f32_cuda(*gemm_, w.d_q_and_gate, weight(layer, p + "q_proj.weight"), dx, false, T, C,
+                                 Hq * 2 * D, stream_);
   linear_backward_weight_cuda(*gemm_, w.d_q_and_gate, x, grad(layer, p + "q_proj.weight"), T, C, Hq * 2 * D, stream_);
-  linear_backward_input_f32(w.dk_raw, weight(layer, p + "k_proj.weight"), dx_sum, T, C, Hkv * D, true);
+  linear_backward_input_f32_cuda(*gemm_, w.dk_raw, weight(layer, p + "k_proj.weight"), dx, true, T, C, Hkv * D,
+                                 stream_);
   linear_backward_weight_cuda(*gemm_, w.dk_raw, x, grad(layer, p + "k_proj.weight"), T, C, Hkv * D, stream_);
-  linear_backward_input_f32(w.dv_attn, weight(layer, p + "v_proj.weight"), dx_sum, T, C, Hkv * D, true);
+  linear_backward_input_f32_cuda(*gemm_, w.dv_attn, weight(layer, p + "v_proj.weight"), dx, true, T, C, Hkv * D,
+                                 stream_);
   linear_backward_weight_cuda(*gemm_, w.dv_attn, x, grad(layer, p + "v_proj.weight"), T, C, Hkv * D, stream_);
 }
 

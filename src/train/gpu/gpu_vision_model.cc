@@ -192,13 +192,6 @@ const float* GpuVisionModel::master_weight(const std::string& name) const {
 
 float* GpuVisionModel::grad(const std::string& name) const { return grads_.as<float>() + offset_of(name); }
 
-void GpuVisionModel::linear_backward_input_f32(const Bf16* dy, const Bf16* w, float* dx, int64_t rows,
-                                               int64_t in_features, int64_t out_features) {
-  // dx [T, in] = dy [T, out] @ W [out, in], the fp32 accumulator written as is.
-  gemm_bf16_cuda(*gemm_, false, false, rows, in_features, out_features, 1.0f, dy, out_features, w, in_features, 0.0f,
-                 dx, DType::f32, in_features, stream_);
-}
-
 std::string GpuVisionModel::block_name(int64_t block, const char* leaf) const {
   return str_cat(".blocks.", block, ".", leaf);
 }
@@ -370,7 +363,9 @@ void GpuVisionModel::backward(const Bf16* d_merged, const TrainableParts& traina
   if (aligner)
     linear_backward_weight_cuda(*gemm_, d_wide, merger_norm_, grad(".merger.linear_fc1.weight"), M, wide, wide,
                                 stream_);
-  linear_backward_input_f32(d_wide, weight(".merger.linear_fc1.weight"), grad_norm_, M, wide, wide);
+  // The LayerNorm backward reads this product's fp32 accumulator unrounded.
+  linear_backward_input_f32_cuda(*gemm_, d_wide, weight(".merger.linear_fc1.weight"), grad_norm_, false, M, wide, wide,
+                                 stream_);
   const float* merger_x = config_.depth > 0 ? merger_in_ : embedded_;
   layer_norm_backward_cuda(merger_x, master_weight(".merger.norm.weight"), merger_mean_, merger_rstd_, grad_norm_,
                            nullptr, grad_stream_, grad_stream_bf16_, merger_grad(".merger.norm.weight"),
@@ -404,7 +399,8 @@ void GpuVisionModel::block_backward(int64_t block) {
   linear_backward_weight_cuda(*gemm_, d_out, b.act, g("mlp.linear_fc2.weight"), N, I, C, stream_);
   gelu_backward_cuda(block_gelu_kind(config_), b.fc1, grad_wide_, grad_wide_, g("mlp.linear_fc1.bias"), N, I, ws,
                      ws_bytes, stream_);
-  linear_backward_input_f32(grad_wide_, w("mlp.linear_fc1.weight"), grad_norm_, N, C, I);
+  // The LayerNorm backward reads this product's fp32 accumulator unrounded.
+  linear_backward_input_f32_cuda(*gemm_, grad_wide_, w("mlp.linear_fc1.weight"), grad_norm_, false, N, C, I, stream_);
   linear_backward_weight_cuda(*gemm_, grad_wide_, b.ln2, g("mlp.linear_fc1.weight"), N, C, I, stream_);
   layer_norm_backward_cuda(b.h1, norm("norm2.weight"), b.mean2, b.rstd2, grad_norm_, grad_stream_, grad_h1_,
                            grad_h1_bf16_, g("norm2.weight"), g("norm2.bias"), N, C, ws, ws_bytes, stream_);
@@ -420,7 +416,8 @@ void GpuVisionModel::block_backward(int64_t block) {
   vision_rope_backward_cuda(grad_k_, C, d_qkv + C, 3 * C, rope_cos_, rope_sin_, N, H, D, stream_);
   copy_columns(grad_v_, C, d_qkv + 2 * C, 3 * C, C, N, stream_);
   bias_add_backward_cuda(d_qkv, g("attn.qkv.bias"), N, 3 * C, ws, ws_bytes, stream_);
-  linear_backward_input_f32(d_qkv, w("attn.qkv.weight"), grad_norm_, N, C, 3 * C);
+  // The LayerNorm backward reads this product's fp32 accumulator unrounded.
+  linear_backward_input_f32_cuda(*gemm_, d_qkv, w("attn.qkv.weight"), grad_norm_, false, N, C, 3 * C, stream_);
   linear_backward_weight_cuda(*gemm_, d_qkv, b.ln1, g("attn.qkv.weight"), N, C, 3 * C, stream_);
   // The stream gradient is free again (norm2's backward consumed it): it now receives the input's.
   layer_norm_backward_cuda(b.x_in, norm("norm1.weight"), b.mean1, b.rstd1, grad_norm_, grad_h1_, grad_stream_,

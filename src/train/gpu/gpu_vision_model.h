@@ -99,9 +99,6 @@ class GpuVisionModel {
   const float* master_weight(const std::string& name) const;  // fp32 master (norms, position table)
   float* grad(const std::string& name) const;
   std::string block_name(int64_t block, const char* leaf) const;
-  // dx [T, K] f32 = dy [T, N] W [N, K]: a LayerNorm output's gradient, read by its backward unrounded.
-  void linear_backward_input_f32(const __nv_bfloat16* dy, const __nv_bfloat16* w, float* dx, int64_t rows,
-                                 int64_t in_features, int64_t out_features);
   void block_forward(int64_t block, const __nv_bfloat16* prev_mlp_out, const float* prev_h1);
   // On entry grad_stream_ (and its bf16 copy) holds the gradient reaching the block's output
   // (x_out = h1 + mlp); on return, the gradient reaching its input.
