@@ -123,18 +123,43 @@ unsigned token_blocks(int64_t num_tokens) {
 
 }  // namespace
 
-void moe_router_logits_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* w, float* logits,
-                            int64_t num_tokens, int64_t hidden, int64_t num_experts, cudaStream_t stream) {
-  CHECK(num_tokens >= 0 && hidden >= 1 && num_experts >= 1, "moe_router_logits_cuda: bad sizes T=", num_tokens,
-        " C=", hidden, " E=", num_experts);
-  if (num_tokens == 0) return;
-  const float alpha = 1.0f, beta = 0.0f;
-  CUBLAS_CHECK(cublasSetStream(handle, stream));
+namespace {
+
+// logits (beta 0: =, beta 1: +=) x [T, C] bf16 @ w [E, C]^T, fp32 accumulate and output.
+void router_product(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* w, float* logits, float beta,
+                    int64_t num_tokens, int64_t hidden, int64_t num_experts) {
+  const float alpha = 1.0f;
   // Column-major view: logits^T [E, T] = W [E, C] (stored as C x E, transposed) * x^T [C, T].
   CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(num_experts),
                             static_cast<int>(num_tokens), static_cast<int>(hidden), &alpha, w, CUDA_R_16BF,
                             static_cast<int>(hidden), x, CUDA_R_16BF, static_cast<int>(hidden), &beta, logits,
                             CUDA_R_32F, static_cast<int>(num_experts), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace
+
+void moe_router_logits_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* w, float* logits,
+                            int64_t num_tokens, int64_t hidden, int64_t num_experts, cudaStream_t stream) {
+  CHECK(num_tokens >= 0 && hidden >= 1 && num_experts >= 1, "moe_router_logits_cuda: bad sizes T=", num_tokens,
+        " C=", hidden, " E=", num_experts);
+  if (num_tokens == 0) return;
+  CUBLAS_CHECK(cublasSetStream(handle, stream));
+  router_product(handle, x, w, logits, 0.0f, num_tokens, hidden, num_experts);
+}
+
+void moe_router_logits_split_cuda(cublasHandle_t handle, const __nv_bfloat16* x_hi, const __nv_bfloat16* x_lo,
+                                  const __nv_bfloat16* w_hi, const __nv_bfloat16* w_lo, float* logits,
+                                  int64_t num_tokens, int64_t hidden, int64_t num_experts, cudaStream_t stream) {
+  CHECK(num_tokens >= 0 && hidden >= 1 && num_experts >= 1, "moe_router_logits_split_cuda: bad sizes T=", num_tokens,
+        " C=", hidden, " E=", num_experts);
+  CHECK(x_hi != nullptr && x_lo != nullptr && w_hi != nullptr && w_lo != nullptr && logits != nullptr,
+        "moe_router_logits_split_cuda: every operand is required");
+  if (num_tokens == 0) return;
+  CUBLAS_CHECK(cublasSetStream(handle, stream));
+  // The small terms first, then the large one: lo x lo (~2^-18 relative) is left out.
+  router_product(handle, x_lo, w_hi, logits, 0.0f, num_tokens, hidden, num_experts);
+  router_product(handle, x_hi, w_lo, logits, 1.0f, num_tokens, hidden, num_experts);
+  router_product(handle, x_hi, w_hi, logits, 1.0f, num_tokens, hidden, num_experts);
 }
 
 void moe_router_forward_cuda(const float* logits, float* probs, int32_t* topk_idx, float* topk_weight,

@@ -1,6 +1,7 @@
 // GPU test of the router against the CPU reference: projection (cuBLAS), softmax / top-k /
 // renormalisation (choice checked for validity, values with the choice pinned), backward and
-// projection backward; E up to 512, odd E, T=1; timing at 8192 tokens x 256 experts.
+// projection backward, the hi/lo split projection against an fp32 product; E up to 512, odd E,
+// T=1; timing at 8192 tokens x 256 experts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "core/cuda_check.h"
 #include "core/device_buffer.h"
+#include "core/dtype.h"
 #include "kernels/common/tensor_compare.h"
 #include "kernels/gemm/gpu_timing.h"
 #include "kernels/linear/linear.h"
@@ -181,6 +183,45 @@ TEST(MoeRouterGpu, ProjectionMatchesLinearReference) {
     EXPECT_LE(l.rel_l2, 1e-4);   // fp32 output, summation order only
     EXPECT_LE(dx.rel_l2, 1e-2);  // one bf16 rounding
     EXPECT_LE(dw.rel_l2, 1e-4);
+  }
+}
+
+// hi = bf16(v), lo = bf16(v - hi), on the host.
+void split_hi_lo(const HostTensor& v, HostTensor* hi, HostTensor* lo) {
+  *hi = HostTensor(DType::f32, v.shape());
+  *lo = HostTensor(DType::f32, v.shape());
+  for (int64_t i = 0; i < v.numel(); ++i) {
+    hi->as<float>()[i] = round_to_bf16(v.as<float>()[i]);
+    lo->as<float>()[i] = round_to_bf16(v.as<float>()[i] - hi->as<float>()[i]);
+  }
+}
+
+TEST(MoeRouterGpu, SplitProjectionMatchesFp32Product) {
+  CublasHandle handle;
+  const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{1, 64, 8}, {45, 131, 37}, {300, 2048, 256}};
+  for (const auto& [T, C, E] : shapes) {
+    // fp32 operands that bf16 cannot hold: the plain bf16 product is off by ~2e-3, the split one
+    // only by fp32 summation order.
+    const HostTensor x = random_normal_tensor({T, C}, 11), w = random_normal_tensor({E, C}, 12, 0.05f);
+    HostTensor x_hi, x_lo, w_hi, w_lo;
+    split_hi_lo(x, &x_hi, &x_lo);
+    split_hi_lo(w, &w_hi, &w_lo);
+    HostTensor logits_ref(DType::f32, {T, E});
+    linear_forward_ref(x.as<float>(), w.as<float>(), logits_ref.as<float>(), T, C, E);
+    DeviceTensor x_hi_d = to_device(x_hi, DType::bf16), x_lo_d = to_device(x_lo, DType::bf16);
+    DeviceTensor w_hi_d = to_device(w_hi, DType::bf16), w_lo_d = to_device(w_lo, DType::bf16);
+    DeviceTensor split_d = device_tensor(DType::f32, {T, E}), plain_d = device_tensor(DType::f32, {T, E});
+    device_fill_bytes(split_d.view, 0xFF);
+    moe_router_logits_split_cuda(handle.get(), bf16_ptr(x_hi_d), bf16_ptr(x_lo_d), bf16_ptr(w_hi_d), bf16_ptr(w_lo_d),
+                                 f32_ptr(split_d), T, C, E, nullptr);
+    moe_router_logits_cuda(handle.get(), bf16_ptr(x_hi_d), bf16_ptr(w_hi_d), f32_ptr(plain_d), T, C, E, nullptr);
+    std::printf("router split projection T=%lld C=%lld E=%lld\n", static_cast<long long>(T),
+                static_cast<long long>(C), static_cast<long long>(E));
+    CompareResult split = compare_tensors("logits, hi/lo operands", to_host(split_d.view), logits_ref);
+    CompareResult plain = compare_tensors("logits, bf16 operands (for scale)", to_host(plain_d.view), logits_ref);
+    EXPECT_TRUE(split.all_finite);
+    EXPECT_LE(split.rel_l2, 2e-5);
+    EXPECT_GE(plain.rel_l2, 10 * split.rel_l2);  // the split is what buys the precision
   }
 }
 

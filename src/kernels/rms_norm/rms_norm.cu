@@ -67,6 +67,26 @@ __global__ void rms_norm_forward_kernel(const TX* x, int64_t x_stride, const Bf1
   }
 }
 
+// lo = bf16(s * rstd * (1 + w) - y): the same fp32 expression as the forward's output, so y + lo
+// is that output to ~2^-17 relative.
+template <int kVec>
+__global__ void rms_norm_low_part_kernel(const float* s, const float* weight, const float* rstd, const Bf16* y,
+                                         Bf16* lo, int64_t rows, int64_t width) {
+  const int64_t start = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kVec;
+  for (int64_t i = start; i < rows * width; i += stride) {
+    const int64_t row = i / width, c = i % width;  // kVec divides width: a vector never spans rows
+    float x[kVec], w[kVec], hi[kVec], out[kVec];
+    load_as_f32<kVec>(s + i, x);
+    load_as_f32<kVec>(weight + c, w);
+    load_as_f32<kVec>(y + i, hi);
+    const float inv_rms = rstd[row];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) out[k] = x[k] * inv_rms * (1.0f + w[k]) - hi[k];
+    store_from_f32<kVec>(lo + i, out);
+  }
+}
+
 template <int kVec, typename TX, typename TDy, typename TDx>
 __global__ void rms_norm_backward_dx_kernel(const TX* x, int64_t x_stride, const float* weight, const float* rstd,
                                             const TDy* dy, const TDx* d_skip, TDx* dx, int64_t dx_stride,
@@ -193,6 +213,26 @@ void rms_norm_forward_cuda(const Bf16* delta, const float* residual, float* sum_
 void rms_norm_forward_strided_cuda(const Bf16* x, int64_t x_row_stride, const float* weight, Bf16* y, float* rstd,
                                    int64_t rows, int64_t width, double eps, cudaStream_t stream) {
   launch_forward<Bf16>(x, x_row_stride, nullptr, nullptr, weight, y, rstd, rows, width, eps, stream);
+}
+
+void rms_norm_output_low_part_cuda(const float* s, const float* weight, const float* rstd, const Bf16* y, Bf16* lo,
+                                   int64_t rows, int64_t width, cudaStream_t stream) {
+  CHECK(rows >= 0 && width > 0, "rms_norm_output_low_part_cuda: bad size rows ", rows, ", width ", width);
+  CHECK(s != nullptr && weight != nullptr && rstd != nullptr && y != nullptr && lo != nullptr,
+        "rms_norm_output_low_part_cuda: every pointer is required");
+  if (rows == 0) return;
+  const int64_t count = rows * width;
+  constexpr int kThreads = 256;
+  if (can_use_vec8(width, s, y, lo) && can_use_vec8(width, weight)) {
+    const int64_t blocks = std::min<int64_t>((count / 8 + kThreads - 1) / kThreads, 65535);
+    rms_norm_low_part_kernel<8><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(s, weight, rstd, y, lo, rows,
+                                                                                       width);
+  } else {
+    const int64_t blocks = std::min<int64_t>((count + kThreads - 1) / kThreads, 65535);
+    rms_norm_low_part_kernel<1><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(s, weight, rstd, y, lo, rows,
+                                                                                       width);
+  }
+  CUDA_CHECK_LAUNCH();
 }
 
 size_t rms_norm_backward_workspace_bytes(int64_t rows, int64_t width) {

@@ -1,5 +1,6 @@
 // GPU test of the zero-centred RMSNorm against the fp32 reference: the residual-stream form (fp32
-// stream, optional fused add of a bf16 block output, fp32 dx with its bf16 copy, bf16 or fp32 dy)
+// stream, optional fused add of a bf16 block output, the output's low part, fp32 dx with its bf16
+// copy, bf16 or fp32 dy)
 // and the bf16 head form (contiguous and strided), forward and backward; timing at the 35B widths.
 #include <gtest/gtest.h>
 
@@ -45,12 +46,15 @@ void check_stream_norm(int64_t rows, int64_t width, bool fused_add, bool with_sk
   DeviceTensor rstd_d = poisoned_device_tensor(DType::f32, {rows});
   DeviceTensor dx_d = poisoned_device_tensor(DType::f32, {rows, width});
   DeviceTensor dx_bf16_d = poisoned_device_tensor(DType::bf16, {rows, width});
+  DeviceTensor lo_d = poisoned_device_tensor(DType::bf16, {rows, width});
   DeviceBuffer workspace(rms_norm_backward_workspace_bytes(rows, width));
 
   rms_norm_forward_cuda(fused_add ? bf16_ptr(delta_d) : nullptr, f32_ptr(residual_d),
                         fused_add ? f32_ptr(sum_d) : nullptr, f32_ptr(weight_d), bf16_ptr(y_d), f32_ptr(rstd_d), rows,
                         width, kEps, nullptr);
   const float* normalised = fused_add ? f32_ptr(sum_d) : f32_ptr(residual_d);
+  rms_norm_output_low_part_cuda(normalised, f32_ptr(weight_d), f32_ptr(rstd_d), bf16_ptr(y_d), bf16_ptr(lo_d), rows,
+                                width, nullptr);
   const float* skip = with_skip ? f32_ptr(skip_d) : nullptr;
   if (dy_f32) {
     rms_norm_backward_cuda(normalised, f32_ptr(weight_d), f32_ptr(rstd_d), f32_ptr(dy_d), skip, f32_ptr(dx_d),
@@ -70,6 +74,13 @@ void check_stream_norm(int64_t rows, int64_t width, bool fused_add, bool with_sk
     EXPECT_TRUE(sum.all_finite);
   }
   expect_close("y (bf16)", y_d, y_ref, 1e-2);
+  // y + its low part is the fp32 output: only the order of rstd's fp32 sum differs (bf16 alone: ~2e-3).
+  HostTensor y_hi_lo = to_host(y_d.view).to_f32();
+  const HostTensor lo_host = to_host(lo_d.view).to_f32();
+  for (int64_t i = 0; i < rows * width; ++i) y_hi_lo.as<float>()[i] += lo_host.as<float>()[i];
+  CompareResult hi_lo = compare_tensors("y + low part (f32)", y_hi_lo, y_ref);
+  EXPECT_TRUE(hi_lo.all_finite);
+  EXPECT_LE(hi_lo.rel_l2, 1e-5);
   expect_close("rstd (f32)", rstd_d, rstd_ref, 1e-5);  // fp32 sums in another order only
   expect_close("dx (f32)", dx_d, dx_ref, 1e-5);          // fp32 storage: summation order only
   expect_close("dx bf16 copy", dx_bf16_d, dx_ref, 1e-2);

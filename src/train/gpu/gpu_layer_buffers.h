@@ -76,6 +76,10 @@ struct GpuScratch {
   // hi/lo bf16 halves of one fp32 gate gradient (da, db or d_logits) [T, max(Hv, E)] for the two-GEMM
   // products with the bf16 weights and inputs (kernels/gemm/f32_operand_cuda.h).
   DeviceBf16 *gate_grad_hi = nullptr, *gate_grad_lo = nullptr;
+  // The router's operands as hi/lo bf16 pairs (moe_router_logits_split_cuda): the low part of the
+  // MoE input [T, C] (its high part is normed_post) and the fp32 master router weight split
+  // [E, C]; remade in the forward and again in the backward, as every layer shares them.
+  DeviceBf16 *router_x_lo = nullptr, *router_w_hi = nullptr, *router_w_lo = nullptr;
   // A block's input gradient summed in fp32 [T, C]: the MoE block's (routed experts + router +
   // shared expert), read by post_attention_layernorm's backward, then the mixer's (summed over its
   // projections), read by input_layernorm's backward.

@@ -122,6 +122,9 @@ void carve_layers(Carver& c, const TextConfig& cfg, int64_t T, bool share_mixer_
   const int64_t gate_width = any_gdn ? std::max(Hv, E) : E;
   s.gate_grad_hi = c.take<DeviceBf16>(T * gate_width);
   s.gate_grad_lo = c.take<DeviceBf16>(T * gate_width);
+  s.router_x_lo = c.take<DeviceBf16>(T * cfg.hidden_size);
+  s.router_w_hi = c.take<DeviceBf16>(E * cfg.hidden_size);
+  s.router_w_lo = c.take<DeviceBf16>(E * cfg.hidden_size);
   s.d_mixer_input_f32 = c.take<float>(T * cfg.hidden_size);
 }
 

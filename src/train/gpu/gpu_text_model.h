@@ -154,6 +154,10 @@ class GpuTextModel {
   void moe_forward(int64_t layer);
   // dx [T, C] f32 written: the routed experts', router's and shared expert's input gradients summed.
   void moe_backward(int64_t layer, const __nv_bfloat16* dy, float* dx);
+  // The router's hi/lo operands into scratch: the MoE input's low part (from the fp32 stream h,
+  // rstd_post and normed_post) and the fp32 master router weight's halves. Called by the forward
+  // and again by the backward (other layers reuse the scratch in between).
+  void split_router_operands(int64_t layer);
   // Copies a [T, C] gradient into its capture slot when capture_layer_grads is on (else nothing).
   void capture_gradient(int64_t layer, LayerGradient which, const float* source);
   // Pointers into the flat buffers of parameter `name` (of layer `layer` when layer >= 0).

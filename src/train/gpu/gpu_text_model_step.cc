@@ -353,6 +353,15 @@ void GpuTextModel::attention_backward(int64_t layer, const DeviceBf16* dy, float
 
 // ---- sparse MoE block (moe_block.cc) ----
 
+void GpuTextModel::split_router_operands(int64_t layer) {
+  const GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
+  GpuScratch& w = *scratch_;
+  const int64_t T = num_tokens_, C = config_.hidden_size, E = config_.num_experts;
+  rms_norm_output_low_part_cuda(b.h, master(layer, "post_attention_layernorm.weight"), b.rstd_post, b.normed_post,
+                                w.router_x_lo, T, C, stream_);
+  split_f32_to_bf16_hi_lo_cuda(master(layer, "mlp.gate.weight"), w.router_w_hi, w.router_w_lo, E * C, stream_);
+}
+
 void GpuTextModel::moe_forward(int64_t layer) {
   const TextConfig& c = config_;
   GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
@@ -360,7 +369,9 @@ void GpuTextModel::moe_forward(int64_t layer) {
   const int64_t T = num_tokens_, C = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
   const int64_t Is = c.shared_expert_intermediate_size;
   const std::string p = "mlp.";
-  moe_router_logits_cuda(cublas_, b.normed_post, weight(layer, p + "gate.weight"), s.logits, T, C, E, stream_);
+  split_router_operands(layer);
+  moe_router_logits_split_cuda(cublas_, b.normed_post, scratch_->router_x_lo, scratch_->router_w_hi,
+                               scratch_->router_w_lo, s.logits, T, C, E, stream_);
   moe_router_forward_cuda(s.logits, s.probs, s.topk_idx, s.topk_weight, T, E, K, stream_);
   moe_aux_loss_accumulate_cuda(s.probs, s.topk_idx, T, E, K, MoeAuxDeviceStats{aux_counts_, aux_probs_},
                                workspace_.data(), workspace_bytes_, stream_);
@@ -401,10 +412,17 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   moe_router_backward_cuda(s.probs, s.topk_idx, s.topk_weight, w.d_topk_weight, w.d_logits, nullptr, with_aux, T, E,
                            K, stream_);
   // The router's logit gradient stays fp32 (it was rounded to bf16 here): its weight gradient is a
-  // sum over tokens that cancels. Products on its hi/lo halves; its input gradient is written to dx
-  // in fp32.
-  linear_backward_f32_dy(w.d_logits, weight(layer, p + "gate.weight"), b.normed_post, grad(layer, p + "gate.weight"),
-                         dx, false, T, C, E);
+  // sum over tokens that cancels. Every operand is a hi/lo pair (the forward's, remade), with the
+  // lo x lo terms left out; its input gradient is written to dx in fp32.
+  split_router_operands(layer);
+  DeviceBf16* dl_hi = w.gate_grad_hi;
+  DeviceBf16* dl_lo = w.gate_grad_lo;
+  split_f32_to_bf16_hi_lo_cuda(w.d_logits, dl_hi, dl_lo, T * E, stream_);
+  linear_backward_input_split_cuda(*gemm_, dl_hi, dl_lo, w.router_w_hi, dx, false, T, C, E, stream_);
+  linear_backward_input_f32_cuda(*gemm_, dl_hi, w.router_w_lo, dx, true, T, C, E, stream_);
+  float* d_router = grad(layer, p + "gate.weight");
+  linear_backward_weight_split_cuda(*gemm_, dl_hi, dl_lo, b.normed_post, d_router, T, C, E, stream_);
+  linear_backward_weight_cuda(*gemm_, dl_hi, w.router_x_lo, d_router, T, C, E, stream_);
   add_bf16_to_f32_cuda(experts_dx, dx, T * C, stream_);
   shared_expert_backward_cuda(cublas_, b.normed_post, weight(layer, p + "shared_expert.gate_proj.weight"),
                               weight(layer, p + "shared_expert.up_proj.weight"),
