@@ -1,5 +1,5 @@
 // bf16 rounding of a checkpoint's weights and the per-tensor gradient distance used to measure how
-// far one bf16 rounding moves a parity case's gradients (see docs/testing.md, "bf16 parity").
+// far one bf16 rounding moves a parity case's gradients (see docs/vision.md, "bf16 parity and conditioning").
 #include "train/parity_sensitivity.h"
 
 #include <algorithm>
