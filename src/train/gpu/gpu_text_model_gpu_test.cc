@@ -62,8 +62,9 @@ constexpr double kLayerFloor = 3e-2;
 // (DELTAMOE_TEST_WEIGHT_SEED, H200, 2026-12-03): at scale 1 the single-token case failed on 6 of
 // them with the session-4 engine (e8939e3) and on 9 with the fp32-exact router, always on a gate
 // or GDN-layer weight gradient (worst error / bound, whole model / layer alone: 1.52 / 1.35 for
-// e8939e3, 1.89 / 1.31 now); the packed cases stayed at or under 0.95 on every draw. At scale 2 the worst single-token ratio over
-// the 16 draws is 0.76 (e8939e3) and 0.94 (now). A composition bug still moves a tensor by O(1).
+// e8939e3, 1.89 / 1.31 now); the packed cases stayed at or under 0.95 on every draw. At scale 2
+// the worst single-token ratio over the 16 draws is 0.76 (e8939e3) and 0.94 (now). A composition
+// bug still moves a tensor by O(1).
 constexpr double kSingleTokenBoundScale = 2.0;
 
 double bound_from(double sensitivity, double floor, double factor) { return std::max(floor, factor * sensitivity); }
