@@ -1,0 +1,56 @@
+// One conformance suite for every host communicator backend: run_comm_selftest (each collective
+// compared bitwise with the rank-ordered loop) at several world sizes, and the job checksum equal
+// across backends. TcpComm runs its ranks as threads of this process over loopback sockets;
+// MpiComm runs under mpirun through `deltamoe comm-selftest` (built with MPI only).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "parallel/comm_selftest.h"
+#include "parallel/thread_comm.h"
+
+namespace deltamoe {
+namespace {
+
+// Job checksum per world size from the ThreadComm run, the reference for the other backends.
+uint64_t thread_checksum(int ranks) {
+  static std::mutex mutex;
+  static std::map<int, uint64_t> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(ranks);
+  if (it != cache.end()) return it->second;
+  uint64_t checksum = 0;
+  std::mutex result_mutex;
+  run_thread_comm(ranks, [&](Communicator& comm) {
+    const SelftestResult result = run_comm_selftest(comm);
+    std::lock_guard<std::mutex> result_lock(result_mutex);
+    if (comm.rank() == 0) checksum = result.checksum;
+  });
+  cache[ranks] = checksum;
+  return checksum;
+}
+
+class ThreadConformance : public ::testing::TestWithParam<int> {};
+
+TEST_P(ThreadConformance, SelftestPassesOnEveryRankWithOneChecksum) {
+  const int ranks = GetParam();
+  std::mutex mutex;
+  std::vector<SelftestResult> results(ranks);
+  run_thread_comm(ranks, [&](Communicator& comm) {
+    SelftestResult result = run_comm_selftest(comm);
+    std::lock_guard<std::mutex> lock(mutex);
+    results[comm.rank()] = result;
+  });
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_GT(results[r].checks, 20) << "rank " << r;
+    EXPECT_EQ(results[r].checksum, results[0].checksum) << "rank " << r;
+  }
+  EXPECT_EQ(results[0].checksum, thread_checksum(ranks));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ThreadConformance, ::testing::Values(1, 2, 3, 4, 5));
+
+}  // namespace
+}  // namespace deltamoe
