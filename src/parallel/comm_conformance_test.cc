@@ -9,6 +9,7 @@
 #include <string>
 
 #include "parallel/comm_selftest.h"
+#include "parallel/tcp_test_util.h"
 #include "parallel/thread_comm.h"
 
 namespace deltamoe {
@@ -51,6 +52,26 @@ TEST_P(ThreadConformance, SelftestPassesOnEveryRankWithOneChecksum) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ThreadConformance, ::testing::Values(1, 2, 3, 4, 5));
+
+class TcpConformance : public ::testing::TestWithParam<int> {};
+
+TEST_P(TcpConformance, SelftestPassesWithTheThreadCommChecksum) {
+  const int ranks = GetParam();
+  std::mutex mutex;
+  std::vector<SelftestResult> results(ranks);
+  const std::vector<std::string> errors = run_tcp_threads(ranks, [&](Communicator& comm) {
+    EXPECT_EQ(comm.backend(), "tcp");
+    SelftestResult result = run_comm_selftest(comm);
+    std::lock_guard<std::mutex> lock(mutex);
+    results[comm.rank()] = result;
+  });
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(results[r].checksum, thread_checksum(ranks)) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TcpConformance, ::testing::Values(1, 2, 3, 4));
 
 }  // namespace
 }  // namespace deltamoe

@@ -1,0 +1,102 @@
+// TcpComm's control plane over the rendezvous connections (a star around rank 0), run by one
+// thread per process: heartbeats carrying each rank's activity, abort broadcast, host barriers and
+// all-gathers, a dead or silent rank turned into a job-wide abort naming it, and the goodbye that
+// makes a normal exit no fault. Protocol: docs/parallel.md "Control plane".
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "parallel/activity.h"
+#include "parallel/comm_options.h"
+#include "parallel/control_plane.h"
+#include "parallel/rendezvous.h"
+
+namespace deltamoe {
+
+class TcpControlPlane final : public ControlPlane {
+ public:
+  // Takes the connections of a finished rendezvous and starts the control thread.
+  TcpControlPlane(RendezvousResult rendezvous, int rank, std::shared_ptr<RankActivity> activity,
+                  const CommOptions& options);
+  // Says goodbye (rank 0: waits for every other rank's goodbye, at most the deadline) unless the job
+  // was aborted, then stops the thread.
+  ~TcpControlPlane() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void barrier(std::string_view label) override;
+  std::vector<std::string> all_gather(std::string_view mine, std::string_view label) override;
+  // Sets the job's abort message here and sends it to every rank (through rank 0).
+  void abort(std::string_view message) override;
+
+  bool aborted() const;
+  std::string abort_message() const;
+  // Readable once the job is aborted: the data plane polls it beside its sockets.
+  int abort_fd() const { return abort_fd_; }
+
+  // The data plane made no progress for the deadline while waiting on `blamed` ranks (or lost its
+  // connection to them): rank 0 completes `message` with what those ranks last reported and
+  // aborts the job with it.
+  void report_problem(std::string_view message, const std::vector<int>& blamed);
+
+  const std::vector<RankInfo>& table() const { return table_; }
+  const CommOptions& options() const { return options_; }
+
+ private:
+  struct Gather {
+    std::string label;
+    std::vector<std::string> parts;
+    std::vector<bool> arrived;
+    int num_arrived = 0;
+    SteadyClock::time_point first_arrival;
+    bool done = false;
+  };
+
+  void run();
+  void send(int peer, uint32_t type, std::string_view payload);
+  void handle_frame(int peer, const Frame& frame);
+  void connection_lost(int peer, const std::string& reason);
+  void check_timeouts();
+  void set_abort(std::string message);  // local only
+  void abort_everywhere(std::string message);
+  std::string blame(const std::vector<int>& ranks);  // rank 0: "rank 1 is <activity> (reported 0.3 s ago)"
+  std::string who(int rank) const;
+  void gather_arrive(uint64_t seq, int rank, std::string label, std::string data);  // rank 0, locked
+  void heartbeat_payload(WireWriter& w);
+
+  const int rank_;
+  const int size_;
+  const std::shared_ptr<RankActivity> activity_;
+  const CommOptions options_;
+  std::vector<RankInfo> table_;
+  std::vector<Socket> sockets_;  // rank 0: to each rank; others: [0]
+  std::vector<std::unique_ptr<std::mutex>> send_mutex_;
+  int abort_fd_ = -1;
+  int wake_fd_ = -1;  // wakes the control thread for shutdown
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::string abort_message_;
+  SteadyClock::time_point abort_time_;
+  bool stopping_ = false;
+  // Per rank (rank 0) or for rank 0 (others): last frame time, last activity report, goodbye.
+  std::vector<SteadyClock::time_point> last_heard_;
+  std::vector<std::string> reported_activity_;
+  std::vector<SteadyClock::time_point> reported_at_;
+  std::vector<bool> said_bye_;
+  std::vector<bool> connection_open_;
+  bool finishing_ = false;
+  SteadyClock::time_point finish_started_;
+  uint64_t gather_seq_ = 0;
+  std::map<uint64_t, Gather> gathers_;                        // rank 0
+  std::map<uint64_t, std::vector<std::string>> gather_results_;  // other ranks
+  std::thread thread_;
+};
+
+}  // namespace deltamoe
