@@ -52,6 +52,11 @@ uint64_t RankActivity::op_count() const {
   return op_count_;
 }
 
+bool RankActivity::in_op() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return in_op_;
+}
+
 std::string RankActivity::describe() const {
   std::lock_guard<std::mutex> lock(mutex_);
   char seconds[32];

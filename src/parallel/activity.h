@@ -29,6 +29,8 @@ class RankActivity {
   uint64_t begin_op(std::string description);
   void end_op();
   uint64_t op_count() const;
+  // Whether the rank is inside a communication operation (then it is waiting on others, not busy).
+  bool in_op() const;
 
   // "in all_reduce #12 on 'world' (1024 x f32, sum) for 2.1 s, label 'step 3'" or
   // "outside communication for 0.4 s since all_reduce #12 on 'world' ..., label 'step 3'".

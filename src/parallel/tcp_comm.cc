@@ -96,18 +96,18 @@ void TcpTransport::exchange(std::span<const SendItem> sends, std::span<const Rec
     control_->abort(message);
     throw CommAborted(control_->abort_message());
   };
-  auto report_once = [&](const std::string& message, const std::vector<int>& blamed) {
+  auto report_once = [&](const std::string& message, const std::vector<int>& blamed, bool stall) {
     if (reported) return;
     reported = true;
     reported_at = SteadyClock::now();
     report = message;
-    control_->report_problem(message, blamed);
+    control_->report_problem(message, blamed, stall);
   };
   auto peer_lost = [&](int peer, const std::string& reason) {
     lost[peer] = true;
     report_once(str_cat("rank ", rank(), " lost its data connection to rank ", peer, " (", reason, ") while ",
                         activity()->describe()),
-                {peer});
+                {peer}, false);
   };
 
   while (pending > 0) {
@@ -188,7 +188,7 @@ void TcpTransport::exchange(std::span<const SendItem> sends, std::span<const Rec
       }
       report_once(str_cat("rank ", rank(), " waited ", seconds_text(idle), " for rank(s) ", list_ranks(waiting_for),
                           " with no data moving, while ", activity()->describe()),
-                  waiting_for);
+                  waiting_for, true);
     }
     // Rank 0 normally answers a report with the job's abort at once; if it does not (it is gone
     // too), give up alone.

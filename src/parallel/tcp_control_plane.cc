@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 
@@ -55,6 +56,7 @@ TcpControlPlane::TcpControlPlane(RendezvousResult rendezvous, int rank, std::sha
   const auto now = SteadyClock::now();
   last_heard_.assign(size_, now);
   reported_activity_.assign(size_, "");
+  reported_in_op_.assign(size_, true);
   reported_at_.assign(size_, now);
   said_bye_.assign(size_, false);
   connection_open_.assign(size_, false);
@@ -111,7 +113,9 @@ std::string TcpControlPlane::who(int rank) const {
   return str_cat("rank ", rank, " (pid ", info.pid, " on ", info.host, ")");
 }
 
-void TcpControlPlane::heartbeat_payload(WireWriter& w) { w.str(activity_->describe()); }
+void TcpControlPlane::heartbeat_payload(WireWriter& w) {
+  w.u32(activity_->in_op() ? 1 : 0).str(activity_->describe());
+}
 
 void TcpControlPlane::send(int peer, uint32_t type, std::string_view payload) {
   {
@@ -157,38 +161,56 @@ void TcpControlPlane::abort_everywhere(std::string message) {
     w.str(message);
     for (int r = 1; r < size_; ++r) send(r, kFrameAbort, w.bytes());
   } else {
-    w.str(message).i32(0);
+    w.str(message).u32(0).i32(0);
     send(0, kFrameAbortRequest, w.bytes());
   }
 }
 
 void TcpControlPlane::abort(std::string_view message) { abort_everywhere(std::string(message)); }
 
-std::string TcpControlPlane::blame(const std::vector<int>& ranks) {
+std::string TcpControlPlane::blame(const std::vector<int>& ranks, std::string_view verb) {
   std::string text;
   std::lock_guard<std::mutex> lock(mutex_);
   for (int r : ranks) {
     if (!text.empty()) text += "; ";
     if (r == rank_) {
-      text += str_cat(who(r), " is ", activity_->describe());
+      text += str_cat(who(r), verb, activity_->describe());
     } else if (reported_activity_[r].empty()) {
-      text += str_cat(who(r), " has reported no activity yet");
+      text += str_cat(who(r), ", which has reported no activity yet");
     } else {
-      text += str_cat(who(r), " was ", reported_activity_[r], " (reported ", seconds_text(since(reported_at_[r])),
+      text += str_cat(who(r), verb, reported_activity_[r], " (reported ", seconds_text(since(reported_at_[r])),
                       " ago)");
     }
   }
   return text;
 }
 
-void TcpControlPlane::report_problem(std::string_view message, const std::vector<int>& blamed) {
+std::string TcpControlPlane::blame_stall(const std::vector<int>& waited_on) {
+  std::vector<int> outside;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int r = 0; r < size_; ++r) {
+      const bool in_op = r == rank_ ? activity_->in_op() : reported_in_op_[r];
+      if (!in_op && (r == rank_ || connection_open_[r])) outside.push_back(r);
+    }
+  }
+  if (!outside.empty()) return str_cat("held up by ", blame(outside, ", which was "));
+  return str_cat(blame(waited_on), "; every rank is waiting in communication: they called different operations");
+}
+
+void TcpControlPlane::report_problem(std::string_view message, const std::vector<int>& blamed, bool stall) {
   if (aborted()) return;
   if (rank_ == 0) {
-    abort_everywhere(str_cat(message, blamed.empty() ? "" : "; ", blame(blamed)));
+    if (stall) {
+      abort_everywhere(str_cat(message, "; ", blame_stall(blamed)));
+    } else {
+      std::lock_guard<std::mutex> lock(mutex_);
+      deferred_.push_back({SteadyClock::now(), std::string(message), blamed});
+    }
     return;
   }
   WireWriter w;
-  w.str(message).i32(static_cast<int32_t>(blamed.size()));
+  w.str(message).u32(stall ? 1 : 0).i32(static_cast<int32_t>(blamed.size()));
   for (int r : blamed) w.i32(r);
   send(0, kFrameAbortRequest, w.bytes());
 }
@@ -238,8 +260,10 @@ void TcpControlPlane::handle_frame(int peer, const Frame& frame) {
   switch (frame.type) {
     case kFrameHeartbeat:
       if (rank_ == 0) {
+        const bool in_op = r.u32() != 0;
         std::string activity = r.str();
         std::lock_guard<std::mutex> lock(mutex_);
+        reported_in_op_[peer] = in_op;
         reported_activity_[peer] = std::move(activity);
         reported_at_[peer] = SteadyClock::now();
       }
@@ -250,12 +274,19 @@ void TcpControlPlane::handle_frame(int peer, const Frame& frame) {
     case kFrameAbortRequest: {
       CHECK(rank_ == 0, what, " is meant for rank 0");
       std::string message = r.str();
+      const bool stall = r.u32() != 0;
       std::vector<int> blamed(r.i32());
       for (int& b : blamed) {
         b = r.i32();
         CHECK(b >= 0 && b < size_, what, ": blames rank ", b);
       }
-      abort_everywhere(blamed.empty() ? message : str_cat(message, "; ", blame(blamed)));
+      if (!stall && !blamed.empty()) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        deferred_.push_back({SteadyClock::now(), std::move(message), std::move(blamed)});
+        return;
+      }
+      if (!blamed.empty()) message += str_cat("; ", blame_stall(blamed));
+      abort_everywhere(message);
       return;
     }
     case kFrameGather: {
@@ -318,6 +349,11 @@ void TcpControlPlane::check_timeouts() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!abort_message_.empty()) return;
+    const double settle = std::min(1.0, std::max(0.1, limit / 4));
+    if (!deferred_.empty() && since(deferred_.front().at) > settle) {
+      problem = deferred_.front().message;
+      blamed = deferred_.front().blamed;
+    }
     for (int r = 0; r < size_ && problem.empty(); ++r) {
       if (r == rank_ || !connection_open_[r] || said_bye_[r]) continue;
       const double silent = since(last_heard_[r]);

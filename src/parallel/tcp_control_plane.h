@@ -40,10 +40,11 @@ class TcpControlPlane final : public ControlPlane {
   // Readable once the job is aborted: the data plane polls it beside its sockets.
   int abort_fd() const { return abort_fd_; }
 
-  // The data plane made no progress for the deadline while waiting on `blamed` ranks (or lost its
-  // connection to them): rank 0 completes `message` with what those ranks last reported and
-  // aborts the job with it.
-  void report_problem(std::string_view message, const std::vector<int>& blamed);
+  // The data plane lost its connection to `blamed` ranks (stall = false), or made no progress for the
+  // deadline while waiting on them (stall = true). Rank 0 completes `message` with what the ranks at
+  // fault last reported and aborts the job with it. For a stall those are the ranks outside
+  // communication (busy or stuck while others wait), else the ones waited on.
+  void report_problem(std::string_view message, const std::vector<int>& blamed, bool stall);
 
   const std::vector<RankInfo>& table() const { return table_; }
   const CommOptions& options() const { return options_; }
@@ -65,7 +66,9 @@ class TcpControlPlane final : public ControlPlane {
   void check_timeouts();
   void set_abort(std::string message);  // local only
   void abort_everywhere(std::string message);
-  std::string blame(const std::vector<int>& ranks);  // rank 0: "rank 1 is <activity> (reported 0.3 s ago)"
+  // Rank 0: "rank 1 (pid 7 on h)<verb><activity> (reported 0.3 s ago)"; verb " was " or ", which was ".
+  std::string blame(const std::vector<int>& ranks, std::string_view verb = " was ");
+  std::string blame_stall(const std::vector<int>& waited_on);  // rank 0
   std::string who(int rank) const;
   void gather_arrive(uint64_t seq, int rank, std::string label, std::string data);  // rank 0, locked
   void heartbeat_payload(WireWriter& w);
@@ -88,11 +91,20 @@ class TcpControlPlane final : public ControlPlane {
   // Per rank (rank 0) or for rank 0 (others): last frame time, last activity report, goodbye.
   std::vector<SteadyClock::time_point> last_heard_;
   std::vector<std::string> reported_activity_;
+  std::vector<bool> reported_in_op_;
   std::vector<SteadyClock::time_point> reported_at_;
   std::vector<bool> said_bye_;
   std::vector<bool> connection_open_;
   bool finishing_ = false;
   SteadyClock::time_point finish_started_;
+  // Rank 0: reports of lost data connections, held briefly so that the peer's own reason (its abort
+  // request, or its control connection closing) names the fault if it comes right behind.
+  struct Deferred {
+    SteadyClock::time_point at;
+    std::string message;
+    std::vector<int> blamed;
+  };
+  std::vector<Deferred> deferred_;
   uint64_t gather_seq_ = 0;
   std::map<uint64_t, Gather> gathers_;                        // rank 0
   std::map<uint64_t, std::vector<std::string>> gather_results_;  // other ranks

@@ -62,8 +62,7 @@ class ThreadWorld {
         char seconds[32];
         std::snprintf(seconds, sizeof(seconds), "%.1f s", timeout_seconds_);
         abort(str_cat("rank ", to, " waited ", seconds, " for rank ", from, " (", activities_[to]->describe(),
-                      "); rank ", from, " is ", activities_[from]->describe(),
-                      " — it never sent the message (stuck, or it called other operations)"));
+                      "); ", holdup(from)));
         lock.lock();
       }
     }
@@ -81,6 +80,19 @@ class ThreadWorld {
   std::string abort_message() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return abort_message_;
+  }
+
+  // Who holds up a rank waiting for `peer`: the ranks outside communication (busy or stuck while
+  // others wait), else `peer` itself (every rank waits: they called different operations).
+  std::string holdup(int peer) const {
+    std::string text;
+    for (int r = 0; r < num_ranks_; ++r) {
+      if (activities_[r]->in_op()) continue;
+      text += str_cat(text.empty() ? "held up by " : "; ", "rank ", r, ", which was ", activities_[r]->describe());
+    }
+    if (!text.empty()) return text;
+    return str_cat("rank ", peer, " is ", activities_[peer]->describe(),
+                   "; every rank is waiting in communication: they called different operations");
   }
 
  private:
