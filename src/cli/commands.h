@@ -20,5 +20,12 @@ int cmd_parity(int argc, char** argv);
 int cmd_train(int argc, char** argv);
 int cmd_data(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_launch(int argc, char** argv);
+int cmd_comm_selftest(int argc, char** argv);
+
+// NPROC_PER_NODE=N deltamoe <command>: whether this invocation should re-run itself through the
+// launcher (set, not already a launched rank, and the command runs distributed), and doing so.
+bool wants_launch_from_env(int argc, char** argv);
+int launch_from_env(int argc, char** argv);
 
 }  // namespace deltamoe

@@ -21,11 +21,13 @@ const Command kCommands[] = {
     {"train", "fine-tune a model on chat JSONL data (checkpoints, metrics, --resume)", cmd_train},
     {"data", "read SFT datasets as training would: samples, tokens, labels, skips, packing", cmd_data},
     {"bench", "time full training steps (forward, backward, AdamW) on the GPU at full widths", cmd_bench},
+    {"launch", "start N ranks of a command on this node with torchrun's variables (-- <command>)", cmd_launch},
+    {"comm-selftest", "check the communicator across the ranks of a job: every collective, bitwise", cmd_comm_selftest},
 };
 
 void print_help() {
   std::printf("deltamoe: fine-tunes Qwen3.5-MoE vision-language models\n\nusage: deltamoe <command> [flags]\n\n");
-  for (const Command& command : kCommands) std::printf("  %-10s %s\n", command.name, command.summary);
+  for (const Command& command : kCommands) std::printf("  %-13s %s\n", command.name, command.summary);
   std::printf("\n'deltamoe <command> --help' lists a command's flags.\n");
 }
 
@@ -42,6 +44,7 @@ int main(int argc, char** argv) {
   for (const Command& command : kCommands) {
     if (std::strcmp(argv[1], command.name) != 0) continue;
     try {
+      if (wants_launch_from_env(argc, argv)) return launch_from_env(argc, argv);
       return command.run(argc, argv);
     } catch (const Error& error) {
       log_error(error.what());

@@ -36,6 +36,9 @@ class CommAborted : public Error {
 // Exit status of a process that ends because its job was aborted (another rank's failure, or a
 // deadline), as opposed to 1 for its own error.
 inline constexpr int kExitCommAborted = 75;
+// Exit status of a rank that the job's abort names as the one at fault (stuck outside communication,
+// silent) when its control plane has to end it because its main thread does not return.
+inline constexpr int kExitCommAtFault = 76;
 
 // Passed as `color` to split() by ranks that join no new communicator (NCCL_SPLIT_NOCOLOR).
 inline constexpr int kSplitNoColor = -1;

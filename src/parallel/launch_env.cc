@@ -248,7 +248,7 @@ std::string choose_run_id(const EnvMap& env) {
 std::string_view launcher_name(Launcher launcher) {
   switch (launcher) {
     case Launcher::none: return "none";
-    case Launcher::torchrun: return "torchrun";
+    case Launcher::torchrun: return "torchrun/deltamoe launch";
     case Launcher::open_mpi: return "Open MPI";
     case Launcher::mpich: return "MPICH/Hydra";
     case Launcher::slurm: return "srun";

@@ -133,7 +133,7 @@ const BadCase kBad[] = {
     {"torchrun and Open MPI disagree on the same processes",
      {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}, {"OMPI_COMM_WORLD_RANK", "0"},
       {"OMPI_COMM_WORLD_SIZE", "2"}},
-     "RANK=1 (torchrun) and OMPI_COMM_WORLD_RANK=0 (Open MPI) disagree", "unset the variables"},
+     "RANK=1 (torchrun/deltamoe launch) and OMPI_COMM_WORLD_RANK=0 (Open MPI) disagree", "unset the variables"},
     {"Open MPI and srun disagree on the local rank",
      {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"OMPI_COMM_WORLD_RANK", "1"},
       {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}},

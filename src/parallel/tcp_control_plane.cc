@@ -140,12 +140,13 @@ std::string TcpControlPlane::abort_message() const {
   return abort_message_;
 }
 
-void TcpControlPlane::set_abort(std::string message) {
+void TcpControlPlane::set_abort(std::string message, const std::vector<int>& at_fault) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!abort_message_.empty()) return;
     abort_message_ = message;
     abort_time_ = SteadyClock::now();
+    at_fault_ = std::find(at_fault.begin(), at_fault.end(), rank_) != at_fault.end();
   }
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(abort_fd_, &one, sizeof(one));
@@ -153,12 +154,13 @@ void TcpControlPlane::set_abort(std::string message) {
   log_error("rank ", rank_, ": job aborted: ", message);
 }
 
-void TcpControlPlane::abort_everywhere(std::string message) {
+void TcpControlPlane::abort_everywhere(std::string message, const std::vector<int>& at_fault) {
   if (aborted()) return;
-  set_abort(message);
+  set_abort(message, at_fault);
   WireWriter w;
   if (rank_ == 0) {
-    w.str(message);
+    w.str(message).i32(static_cast<int32_t>(at_fault.size()));
+    for (int r : at_fault) w.i32(r);
     for (int r = 1; r < size_; ++r) send(r, kFrameAbort, w.bytes());
   } else {
     w.str(message).u32(0).i32(0);
@@ -168,24 +170,25 @@ void TcpControlPlane::abort_everywhere(std::string message) {
 
 void TcpControlPlane::abort(std::string_view message) { abort_everywhere(std::string(message)); }
 
+std::string TcpControlPlane::last_report(int rank) {
+  if (rank == rank_) return activity_->describe();
+  if (reported_activity_[rank].empty()) return "(no report yet)";
+  std::string text = str_cat(reported_activity_[rank], " (reported ", seconds_text(since(reported_at_[rank])), " ago");
+  const double silent = since(last_heard_[rank]);
+  if (silent > 2 * options_.heartbeat_interval()) {
+    text += str_cat("; nothing heard from it for ", seconds_text(silent), ": stopped or unreachable");
+  }
+  return text + ")";
+}
+
 std::string TcpControlPlane::blame(const std::vector<int>& ranks, std::string_view verb) {
   std::string text;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (int r : ranks) {
-    if (!text.empty()) text += "; ";
-    if (r == rank_) {
-      text += str_cat(who(r), verb, activity_->describe());
-    } else if (reported_activity_[r].empty()) {
-      text += str_cat(who(r), ", which has reported no activity yet");
-    } else {
-      text += str_cat(who(r), verb, reported_activity_[r], " (reported ", seconds_text(since(reported_at_[r])),
-                      " ago)");
-    }
-  }
+  for (int r : ranks) text += str_cat(text.empty() ? "" : "; ", who(r), verb, last_report(r));
   return text;
 }
 
-std::string TcpControlPlane::blame_stall(const std::vector<int>& waited_on) {
+std::string TcpControlPlane::blame_stall(const std::vector<int>& waited_on, std::vector<int>* at_fault) {
   std::vector<int> outside;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -194,7 +197,11 @@ std::string TcpControlPlane::blame_stall(const std::vector<int>& waited_on) {
       if (!in_op && (r == rank_ || connection_open_[r])) outside.push_back(r);
     }
   }
-  if (!outside.empty()) return str_cat("held up by ", blame(outside, ", which was "));
+  if (!outside.empty()) {
+    *at_fault = outside;
+    return str_cat("held up by ", blame(outside, ", which was "));
+  }
+  *at_fault = waited_on;
   return str_cat(blame(waited_on), "; every rank is waiting in communication: they called different operations");
 }
 
@@ -202,7 +209,9 @@ void TcpControlPlane::report_problem(std::string_view message, const std::vector
   if (aborted()) return;
   if (rank_ == 0) {
     if (stall) {
-      abort_everywhere(str_cat(message, "; ", blame_stall(blamed)));
+      std::vector<int> at_fault;
+      const std::string culprits = blame_stall(blamed, &at_fault);
+      abort_everywhere(str_cat(message, "; ", culprits), at_fault);
     } else {
       std::lock_guard<std::mutex> lock(mutex_);
       deferred_.push_back({SteadyClock::now(), std::string(message), blamed});
@@ -228,11 +237,18 @@ void TcpControlPlane::connection_lost(int peer, const std::string& reason) {
   }
   if (rank_ == 0) {
     if (said_bye) return;  // finished normally
+    std::string report;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      report = last_report(peer);
+    }
     abort_everywhere(str_cat(who(peer), " closed its control connection without saying goodbye (", reason,
-                             "): the process exited or was killed. Its last report: ", blame({peer})));
+                             "): the process exited or was killed. It last reported: ", report),
+                     {peer});
   } else {
     set_abort(str_cat(who(0), " closed the control connection (", reason, ", last heard ", seconds_text(heard),
-                      " ago): rank 0 exited or was killed"));
+                      " ago): rank 0 exited or was killed"),
+              {0});
   }
 }
 
@@ -268,9 +284,13 @@ void TcpControlPlane::handle_frame(int peer, const Frame& frame) {
         reported_at_[peer] = SteadyClock::now();
       }
       return;
-    case kFrameAbort:
-      set_abort(r.str());
+    case kFrameAbort: {
+      std::string message = r.str();
+      std::vector<int> at_fault(r.i32());
+      for (int& b : at_fault) b = r.i32();
+      set_abort(std::move(message), at_fault);
       return;
+    }
     case kFrameAbortRequest: {
       CHECK(rank_ == 0, what, " is meant for rank 0");
       std::string message = r.str();
@@ -285,8 +305,9 @@ void TcpControlPlane::handle_frame(int peer, const Frame& frame) {
         deferred_.push_back({SteadyClock::now(), std::move(message), std::move(blamed)});
         return;
       }
-      if (!blamed.empty()) message += str_cat("; ", blame_stall(blamed));
-      abort_everywhere(message);
+      std::vector<int> at_fault;
+      if (!blamed.empty()) message += str_cat("; ", blame_stall(blamed, &at_fault));
+      abort_everywhere(message, at_fault);
       return;
     }
     case kFrameGather: {
@@ -361,7 +382,7 @@ void TcpControlPlane::check_timeouts() {
         problem = str_cat(who(r), " sent nothing for ", seconds_text(silent), " (heartbeats every ",
                           seconds_text(options_.heartbeat_interval()), ", deadline ", seconds_text(limit),
                           "): the process is stopped or its host is unreachable");
-        if (rank_ == 0) blamed.push_back(r);
+        blamed.push_back(r);
       }
     }
     if (rank_ == 0 && problem.empty()) {
@@ -389,9 +410,9 @@ void TcpControlPlane::check_timeouts() {
   }
   if (problem.empty()) return;
   if (rank_ == 0) {
-    abort_everywhere(str_cat(problem, blamed.empty() ? "" : ". ", blame(blamed)));
+    abort_everywhere(str_cat(problem, blamed.empty() ? "" : ". ", blame(blamed)), blamed);
   } else {
-    set_abort(problem);  // rank 0 is the silent one: nobody to tell
+    set_abort(problem, blamed);  // rank 0 is the silent one: nobody to tell
   }
 }
 
@@ -444,15 +465,17 @@ void TcpControlPlane::run() {
     }
     check_timeouts();
     bool exit_now = false;
+    bool at_fault = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       exit_now = !abort_message_.empty() && options_.exit_on_abort && since(abort_time_) > options_.abort_grace();
+      at_fault = at_fault_;
     }
     if (exit_now) {
       log_error("rank ", rank_, ": ending the process ", seconds_text(options_.abort_grace()),
                 " after the abort (its main thread did not return in time; ", activity_->describe(), ")");
       std::fflush(stdout);
-      _exit(kExitCommAborted);
+      _exit(at_fault ? kExitCommAtFault : kExitCommAborted);
     }
   }
 }

@@ -64,11 +64,13 @@ class TcpControlPlane final : public ControlPlane {
   void handle_frame(int peer, const Frame& frame);
   void connection_lost(int peer, const std::string& reason);
   void check_timeouts();
-  void set_abort(std::string message);  // local only
-  void abort_everywhere(std::string message);
+  // `at_fault`: the ranks the message blames (a blamed rank ends with kExitCommAtFault).
+  void set_abort(std::string message, const std::vector<int>& at_fault = {});  // local only
+  void abort_everywhere(std::string message, const std::vector<int>& at_fault = {});
   // Rank 0: "rank 1 (pid 7 on h)<verb><activity> (reported 0.3 s ago)"; verb " was " or ", which was ".
   std::string blame(const std::vector<int>& ranks, std::string_view verb = " was ");
-  std::string blame_stall(const std::vector<int>& waited_on);  // rank 0
+  std::string blame_stall(const std::vector<int>& waited_on, std::vector<int>* at_fault);  // rank 0
+  std::string last_report(int rank);  // rank 0, locked: "<activity> (reported 0.3 s ago)"
   std::string who(int rank) const;
   void gather_arrive(uint64_t seq, int rank, std::string label, std::string data);  // rank 0, locked
   void heartbeat_payload(WireWriter& w);
@@ -86,6 +88,7 @@ class TcpControlPlane final : public ControlPlane {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::string abort_message_;
+  bool at_fault_ = false;  // this rank is among the ones the abort blames
   SteadyClock::time_point abort_time_;
   bool stopping_ = false;
   // Per rank (rank 0) or for rank 0 (others): last frame time, last activity report, goodbye.
