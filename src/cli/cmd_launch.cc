@@ -59,9 +59,11 @@ int cmd_launch(int argc, char** argv) {
   args.add_option("master_port", "rendezvous port on node 0 (default: a free port on one node, 29500 for several)",
                   "0");
   args.add_option("grace_period", "seconds the other ranks get to stop by themselves after one fails", "5");
-  if (!args.parse(separator, argv)) return 0;
-  CHECK(separator + 1 < argc, "'deltamoe launch' needs the command after '--', e.g. deltamoe launch "
+  bool help = false;
+  for (int i = 2; i < separator; ++i) help |= std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0;
+  CHECK(help || separator + 1 < argc, "'deltamoe launch' needs the command after '--', e.g. deltamoe launch "
         "--nproc_per_node 2 -- comm-selftest\n", args.usage());
+  if (!args.parse(separator, argv)) return 0;
   const std::string command = argv[separator + 1];
   CHECK(runs_distributed(command), "'deltamoe ", command, "' does not run on several ranks yet (launch would start ",
         args.get("nproc_per_node"), " independent copies); commands that do: ", distributed_list());
