@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config libgtest-dev nlohmann-json3-dev
           libjpeg-dev libpng-dev libwebp-dev libexif-dev zlib1g-dev
+          libopenmpi-dev openmpi-bin
           python3 python3-jinja2 python3-numpy)
 missing=()
 for package in "${packages[@]}"; do

@@ -1,5 +1,6 @@
 // `deltamoe launch --nproc_per_node N [--nnodes --node_rank --master_addr --master_port] -- <command>`
-// starts N ranks of this program with torchrun's variables (src/parallel/launcher.h), and
+// starts N ranks of this program with torchrun's variables (src/parallel/launcher.h); under srun or
+// mpirun (one launcher per node) the node count and index come from them. And
 // `NPROC_PER_NODE=N deltamoe <command>` does the same (ms-swift's habit; also NNODES, NODE_RANK,
 // MASTER_ADDR, MASTER_PORT).
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "parallel/launch_env.h"
 #include "parallel/launcher.h"
 
 namespace deltamoe {
@@ -58,7 +60,8 @@ int cmd_launch(int argc, char** argv) {
   args.add_option("master_addr", "host of node 0 (default 127.0.0.1 on one node; required for several)", "");
   args.add_option("master_port", "rendezvous port on node 0 (default: a free port on one node, 29500 for several)",
                   "0");
-  args.add_option("grace_period", "seconds the other ranks get to stop by themselves after one fails", "5");
+  args.add_option("grace_period", "seconds the other ranks get to stop by themselves after one fails, before "
+                  "SIGTERM (keep it above the ranks' abort grace, min(5, DELTAMOE_COMM_TIMEOUT / 2))", "10");
   bool help = false;
   for (int i = 2; i < separator; ++i) help |= std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0;
   CHECK(help || separator + 1 < argc, "'deltamoe launch' needs the command after '--', e.g. deltamoe launch "
@@ -74,6 +77,23 @@ int cmd_launch(int argc, char** argv) {
   options.master_addr = args.get("master_addr");
   options.master_port = static_cast<int>(args.get_int("master_port"));
   options.grace_seconds = args.get_double("grace_period");
+  // One launcher per node started by srun / mpirun (e.g. srun --ntasks-per-node=1): each of their
+  // tasks is a node, unless --nnodes / --node_rank say otherwise.
+  if (!args.has("nnodes") && !args.has("node_rank")) {
+    const LaunchEnv outer = read_launch_env();
+    if (outer.launcher != Launcher::none && outer.launcher != Launcher::torchrun && outer.world_size > 1) {
+      options.nnodes = outer.world_size;
+      options.node_rank = outer.rank;
+      if (options.master_addr.empty()) options.master_addr = outer.master_addr;
+      if (options.master_port == 0) options.master_port = outer.rendezvous_port;
+      log_info("launch: started by ", launcher_name(outer.launcher), " (", outer.origin, "): this is node ",
+               outer.rank, " of ", outer.world_size);
+      if (outer.local_world_size > 1) {
+        log_warn("launch: ", outer.local_world_size, " launchers run on this host; start one per node (srun "
+                 "--ntasks-per-node=1, mpirun --map-by ppr:1:node)");
+      }
+    }
+  }
   options.command.push_back(self_executable());
   for (int i = separator + 1; i < argc; ++i) options.command.push_back(argv[i]);
   return run_launch(options);

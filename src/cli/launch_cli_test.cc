@@ -97,6 +97,21 @@ TEST(Launch, UnderMpirunWithTheTcpBackend) {
   EXPECT_TRUE(contains(run.output, "on 2 ranks (tcp)")) << run.output;
 }
 
+// Two "nodes" on this host: mpirun starts one launcher per task, each launches 2 ranks (world 4).
+TEST(Launch, OneLauncherPerMpirunTaskMakesNodes) {
+  if (!mpi_built()) GTEST_SKIP() << "built without MPI (CMake option DELTAMOE_MPI=OFF or no MPI found): no mpirun here";
+  std::string error;
+  Socket probe = listen_tcp(0, &error);
+  const int port = local_port(probe.fd());
+  probe.reset();
+  const CommandResult run = run_command(str_cat(mpirun_prefix(2), " ", deltamoe_binary(), " launch --nproc_per_node 2 ",
+                                                "--master_addr 127.0.0.1 --master_port ", port,
+                                                " -- comm-selftest --rounds 1"));
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_TRUE(contains(run.output, "this is node 1 of 2")) << run.output;
+  EXPECT_TRUE(contains(run.output, "on 4 ranks (tcp)")) << run.output;
+}
+
 TEST(Launch, ForwardsSigtermToTheRanks) {
   // The ranks keep running rounds; SIGTERM to the launcher alone must reach them (they are in
   // their own process groups, so only forwarding can).

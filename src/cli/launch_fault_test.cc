@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "parallel/world.h"
 #include "testing/run_command.h"
 
 namespace deltamoe {
@@ -17,7 +18,7 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 
 CommandResult run_with_fault(const std::string& fault) {
   return run_command(str_cat("DELTAMOE_COMM_TIMEOUT=", kDeadline, " DELTAMOE_FAULT='", fault, "' ", deltamoe_binary(),
-                             " launch --nproc_per_node 4 --grace_period 1 -- comm-selftest --rounds 6"));
+                             " launch --nproc_per_node 4 --grace_period 3 -- comm-selftest --rounds 6"));
 }
 
 // Each rank in `ranks` logged that the job was aborted with a message containing `part`.
@@ -67,7 +68,7 @@ TEST(LaunchFault, KilledRankZeroEndsTheJob) {
 TEST(LaunchFault, StoppedRankIsFoundByItsSilence) {
   const CommandResult run = run_with_fault("rank:2,at:round 2,kind:stop");
   EXPECT_NE(run.exit_code, 0) << run.output;
-  EXPECT_LT(run.seconds, kDeadline + 6) << run.output;  // + grace, then the launcher's SIGTERM after SIGCONT
+  EXPECT_LT(run.seconds, kDeadline + 7) << run.output;  // + the launcher's grace, then SIGTERM after SIGCONT
   expect_aborted_with(run, {0, 1, 3}, "rank 2 (pid ");
   expect_aborted_with(run, {0, 1, 3}, "label 'round 2'");
   EXPECT_TRUE(contains(run.output, "the job failed because of rank 2")) << run.output;
@@ -80,6 +81,20 @@ TEST(LaunchFault, ExitingRankIsNamedWithItsExitCode) {
   expect_aborted_with(run, {0, 1, 2}, "rank 3 (pid ");
   expect_aborted_with(run, {0, 1, 2}, "label 'round 4'");
   EXPECT_TRUE(contains(run.output, "the job failed because of rank 3, which exited with code 3")) << run.output;
+}
+
+// MpiComm under mpirun: a hanging rank makes the others abort at the deadline (MPI_Abort ends them
+// all); MPI gives no view of the stuck rank's activity, so the message names whom they waited for.
+TEST(LaunchFault, MpiHangingRankIsAbortedAtTheDeadline) {
+  if (!mpi_built()) GTEST_SKIP() << "built without MPI (CMake option DELTAMOE_MPI=OFF or no MPI found): MpiComm is not in this build";
+  const CommandResult run = run_command(str_cat("DELTAMOE_COMM_TIMEOUT=", kDeadline, " DELTAMOE_FAULT='rank:1,at:round 2,kind:hang' ",
+                                                mpirun_prefix(2), " -x DELTAMOE_COMM_TIMEOUT -x DELTAMOE_FAULT ",
+                                                deltamoe_binary(), " comm-selftest --backend mpi"));
+  EXPECT_EQ(run.exit_code, 75) << run.output;
+  EXPECT_LT(run.seconds, kDeadline + 4) << run.output;
+  expect_aborted_with(run, {0}, "rank 0 waited ");
+  expect_aborted_with(run, {0}, " for rank(s) 1 with no data moving");
+  expect_aborted_with(run, {0}, "label 'round 2'");
 }
 
 TEST(LaunchFault, MalformedFaultVariableIsRefused) {

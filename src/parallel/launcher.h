@@ -15,10 +15,11 @@ struct LaunchOptions {
   int node_rank = 0;
   std::string master_addr;  // "" = 127.0.0.1 on one node; required for several
   int master_port = 0;      // 0 = a free port on one node, 29500 for several
-  // After the first rank fails, how long the others get to exit by themselves (their control plane
-  // aborts them at once for a death, after the deadline for a hang) before SIGTERM, and SIGKILL
-  // another grace period later.
-  double grace_seconds = 5;
+  // After the first rank fails, how long the others get to exit by themselves before SIGTERM (and
+  // SIGKILL another grace period later). Their control plane aborts them at once for a death and
+  // at the deadline for a hang; a rank whose main thread is stuck is ended by its control plane
+  // CommOptions::abort_grace() (at most 5 s) after the abort, so keep this above that.
+  double grace_seconds = 10;
   // The command each rank runs; command[0] is the program.
   std::vector<std::string> command;
 };
