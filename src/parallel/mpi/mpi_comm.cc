@@ -6,6 +6,8 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -52,13 +54,20 @@ class MpiTransport final : public HostTransport {
   ControlPlane& control() override { return control_; }
   bool aborted() const override { return aborted_; }
   void check_not_aborted() const override {
-    if (aborted_) throw CommAborted(abort_message_);
+    if (!aborted_) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    throw CommAborted(abort_message_);
   }
 
+  // With exit_on_abort (the default) this ends every rank through MPI_Abort, from whichever thread
+  // calls it; otherwise later operations on this rank throw CommAborted.
   void abort(std::string_view message) override {
-    if (aborted_) return;
-    aborted_ = true;
-    abort_message_ = std::string(message);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (aborted_) return;
+      abort_message_ = std::string(message);
+      aborted_ = true;
+    }
     log_error("rank ", rank(), ": job aborted: ", message);
     if (options_.exit_on_abort) {
       std::fflush(stdout);
@@ -72,7 +81,8 @@ class MpiTransport final : public HostTransport {
   MPI_Comm comm_;
   CommOptions options_;
   bool finalize_;
-  bool aborted_ = false;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mutex_;
   std::string abort_message_;
   TransportControlPlane control_;
 };
