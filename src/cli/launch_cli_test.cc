@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "parallel/socket_util.h"
+#include "parallel/tcp_test_util.h"
 #include "parallel/world.h"
 #include "testing/run_command.h"
 
@@ -21,6 +22,8 @@ TEST(Launch, StartsTheRanksWithTorchrunVariables) {
   EXPECT_TRUE(contains(run.output, "comm-selftest: ok")) << run.output;
   EXPECT_TRUE(contains(run.output, "on 2 ranks (tcp)")) << run.output;
   EXPECT_TRUE(contains(run.output, "launched by torchrun/deltamoe launch")) << run.output;
+  // Rank 0 took over the listener the launcher opened (no window in which the port could be lost).
+  EXPECT_FALSE(contains(run.output, "DELTAMOE_RDZV_FD")) << run.output;
 }
 
 TEST(Launch, NprocPerNodeReexecutesThroughTheLauncher) {
@@ -65,10 +68,7 @@ TEST(Launch, UnderTorchrunTheRendezvousMovesOffTheAgentStorePort) {
 
 // Two ranks with the variables srun gives them (MASTER_ADDR/PORT as a batch script would export).
 TEST(Launch, UnderSrunRanksComeFromSlurmVariables) {
-  std::string error;
-  Socket probe = listen_tcp(0, &error);
-  const int port = local_port(probe.fd());
-  probe.reset();
+  const int port = free_tcp_port();
   std::string script;
   for (int rank = 0; rank < 2; ++rank) {
     script += str_cat("SLURM_PROCID=", rank, " SLURM_NTASKS=2 SLURM_STEP_NUM_TASKS=2 SLURM_LOCALID=", rank,
@@ -86,10 +86,7 @@ TEST(Launch, UnderSrunRanksComeFromSlurmVariables) {
 // mpirun's OMPI_COMM_WORLD_* variables with the tcp backend (the address passed with -x).
 TEST(Launch, UnderMpirunWithTheTcpBackend) {
   if (!mpi_built()) GTEST_SKIP() << "built without MPI (CMake option DELTAMOE_MPI=OFF or no MPI found): no mpirun here";
-  std::string error;
-  Socket probe = listen_tcp(0, &error);
-  const int port = local_port(probe.fd());
-  probe.reset();
+  const int port = free_tcp_port();
   const CommandResult run = run_command(str_cat(mpirun_prefix(2), " -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=", port,
                                                 " ", deltamoe_binary(), " comm-selftest --backend tcp --rounds 1"));
   EXPECT_EQ(run.exit_code, 0) << run.output;
@@ -100,10 +97,7 @@ TEST(Launch, UnderMpirunWithTheTcpBackend) {
 // Two "nodes" on this host: mpirun starts one launcher per task, each launches 2 ranks (world 4).
 TEST(Launch, OneLauncherPerMpirunTaskMakesNodes) {
   if (!mpi_built()) GTEST_SKIP() << "built without MPI (CMake option DELTAMOE_MPI=OFF or no MPI found): no mpirun here";
-  std::string error;
-  Socket probe = listen_tcp(0, &error);
-  const int port = local_port(probe.fd());
-  probe.reset();
+  const int port = free_tcp_port();
   const CommandResult run = run_command(str_cat(mpirun_prefix(2), " ", deltamoe_binary(), " launch --nproc_per_node 2 ",
                                                 "--master_addr 127.0.0.1 --master_port ", port,
                                                 " -- comm-selftest --rounds 1"));

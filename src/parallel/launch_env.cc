@@ -308,6 +308,9 @@ LaunchEnv read_launch_env(const EnvMap& env) {
     RAISE(chosen.local_rank_var, "=", out.local_rank, " is not below the local world size ", out.local_world_size);
   }
   choose_rendezvous(env, chosen, out);
+  if (const auto fd = lookup(env, "DELTAMOE_RDZV_FD"); fd && out.rank == 0) {
+    out.rendezvous_fd = parse_int("DELTAMOE_RDZV_FD", *fd, 0, "a file descriptor (an integer >= 0)");
+  }
   return out;
 }
 

@@ -29,6 +29,9 @@ struct LaunchEnv {
   int node_rank = -1;        // -1 when the launcher does not say
   std::string master_addr;   // rendezvous host; "" when the environment names none
   int rendezvous_port = 0;   // 0 when the environment names none
+  // A socket already listening on rendezvous_port, inherited from `deltamoe launch` by rank 0 of
+  // node 0 (DELTAMOE_RDZV_FD), so no other process can take the port in between; -1 when none.
+  int rendezvous_fd = -1;
   std::string run_id;        // ranks of one job must agree; "" when unknown
   // The variables this was read from, e.g. "RANK=1 WORLD_SIZE=4 LOCAL_RANK=1 LOCAL_WORLD_SIZE=4".
   std::string origin;

@@ -1,6 +1,7 @@
 // fork/exec of the ranks, signal forwarding and the wait loop of run_launch.
 #include "parallel/launcher.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -93,9 +94,10 @@ LaunchOptions resolve_launch_options(LaunchOptions o) {
   if (o.master_port == 0) {
     if (o.nnodes == 1) {
       std::string error;
-      Socket probe = listen_tcp(0, &error);
-      CHECK(probe.valid(), "cannot find a free port for the rendezvous: ", error);
-      o.master_port = local_port(probe.fd());
+      Socket listener = listen_tcp(0, &error);
+      CHECK(listener.valid(), "cannot open a rendezvous port: ", error);
+      o.master_port = local_port(listener.fd());
+      o.listener_fd = listener.release();
     } else {
       o.master_port = 29500;
     }
@@ -126,6 +128,7 @@ std::map<std::string, std::string> child_environment(const std::map<std::string,
 
 int run_launch(const LaunchOptions& given) {
   const LaunchOptions o = resolve_launch_options(given);
+  Socket listener(o.listener_fd);  // closed once the ranks are started (rank 0 holds its own copy)
   const std::map<std::string, std::string> base = process_env();
   const std::string run_id = base.count("DELTAMOE_RUN_ID") ? base.at("DELTAMOE_RUN_ID") : default_run_id(o);
   const int n = o.nproc_per_node;
@@ -134,7 +137,10 @@ int run_launch(const LaunchOptions& given) {
   std::vector<std::vector<std::string>> env_strings(n);
   std::vector<std::vector<char*>> envps(n);
   for (int i = 0; i < n; ++i) {
-    for (const auto& [key, value] : child_environment(base, o, i, run_id)) env_strings[i].push_back(key + "=" + value);
+    std::map<std::string, std::string> env = child_environment(base, o, i, run_id);
+    env.erase("DELTAMOE_RDZV_FD");
+    if (listener.valid() && i == 0 && o.node_rank == 0) env["DELTAMOE_RDZV_FD"] = std::to_string(listener.fd());
+    for (const auto& [key, value] : env) env_strings[i].push_back(key + "=" + value);
     for (std::string& s : env_strings[i]) envps[i].push_back(s.data());
     envps[i].push_back(nullptr);
   }
@@ -172,6 +178,8 @@ int run_launch(const LaunchOptions& given) {
       default_action.sa_handler = SIG_DFL;
       for (int s : forwarded) ::sigaction(s, &default_action, nullptr);
       ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+      // Rank 0 keeps the rendezvous listener across exec; the others do not see it (CLOEXEC).
+      if (i == 0 && listener.valid()) ::fcntl(listener.fd(), F_SETFD, 0);
       ::execve(argv[0], argv.data(), envps[i].data());
       const char* message = "launch: exec failed\n";
       [[maybe_unused]] ssize_t w = ::write(2, message, std::strlen(message));
@@ -190,6 +198,7 @@ int run_launch(const LaunchOptions& given) {
     g_num_children = i + 1;
   }
   ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+  listener.reset();
 
   std::vector<int> statuses(n, 0);
   std::vector<bool> done(n, false);

@@ -22,6 +22,9 @@ struct LaunchOptions {
   double grace_seconds = 10;
   // The command each rank runs; command[0] is the program.
   std::vector<std::string> command;
+  // Set by resolve_launch_options when it chose the port on one node: a socket listening on it,
+  // handed to rank 0 (DELTAMOE_RDZV_FD) so that the port cannot be taken before rank 0 starts.
+  int listener_fd = -1;
 };
 
 // Environment of local rank `local_rank` (what torchrun sets, plus DELTAMOE_RUN_ID): `base` without
@@ -31,7 +34,8 @@ std::map<std::string, std::string> child_environment(const std::map<std::string,
                                                      const LaunchOptions& options, int local_rank,
                                                      const std::string& run_id);
 
-// Fills in master_addr / master_port defaults and checks the options (throws on bad ones).
+// Fills in master_addr / master_port defaults and checks the options (throws on bad ones). On one
+// node without a port it opens the rendezvous listener itself (listener_fd; the caller owns it).
 LaunchOptions resolve_launch_options(LaunchOptions options);
 
 // Runs the ranks of this node; returns the launcher's exit status: 0 when every rank exited 0, else

@@ -2,7 +2,9 @@
 // said hello, so a slow or foreign client cannot hold up the others.
 #include "parallel/rendezvous.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <map>
@@ -68,7 +70,24 @@ std::string list_ranks(const std::vector<int>& ranks) {
 // Rank 0's side.
 RendezvousResult serve(const RendezvousConfig& config) {
   std::string error;
-  Socket listener = listen_tcp(config.port, &error);
+  Socket listener;
+  if (config.listener_fd >= 0) {
+    listener = Socket(config.listener_fd);
+    int listening = 0;
+    socklen_t length = sizeof(listening);
+    const bool usable = ::getsockopt(listener.fd(), SOL_SOCKET, SO_ACCEPTCONN, &listening, &length) == 0 &&
+                        listening && local_port(listener.fd()) == config.port;
+    if (!usable) {
+      log_warn("rendezvous: the inherited socket (DELTAMOE_RDZV_FD=", config.listener_fd, ") is not listening on port ",
+               config.port, "; binding the port instead");
+      listener.release();  // not ours to close
+      listener = Socket();
+    } else {
+      ::fcntl(listener.fd(), F_SETFD, FD_CLOEXEC);  // not passed on to programs this rank starts
+      set_nonblocking(listener.fd());
+    }
+  }
+  if (!listener.valid()) listener = listen_tcp(config.port, &error);
   CHECK(listener.valid(), "rank 0 cannot listen on port ", config.port, " for the rendezvous (", config.origin,
         "): ", error, ". Another job, or torchrun's agent store, may hold it: choose another MASTER_PORT or set "
         "DELTAMOE_RDZV_PORT");

@@ -42,6 +42,10 @@ struct RendezvousConfig {
   std::string master_addr;
   int port = 0;
   std::string run_id;
+  // Rank 0: a socket already listening on `port` to use instead of binding it (LaunchEnv's
+  // rendezvous_fd); -1 to bind. Taken over (and closed) when it is a socket listening on `port`;
+  // anything else is left alone with a warning, and the port is bound.
+  int listener_fd = -1;
   double timeout_seconds = 300;
   int data_port = 0;
   // Where the address came from, for messages ("MASTER_ADDR=..., port MASTER_PORT+1 (...)").

@@ -257,6 +257,7 @@ std::unique_ptr<Communicator> connect_tcp_comm(const LaunchEnv& env, const CommO
   config.master_addr = env.master_addr;
   config.port = env.rendezvous_port;
   config.run_id = env.run_id;
+  config.listener_fd = env.rank == 0 ? env.rendezvous_fd : -1;
   config.timeout_seconds = options.rendezvous_timeout_seconds;
   config.data_port = local_port(listener.fd());
   config.origin = env.rendezvous_origin.empty() ? str_cat(launcher_name(env.launcher), " variables")

@@ -3,6 +3,7 @@
 // deadline, ranks calling different operations, abort, and control-plane votes.
 #include "parallel/tcp_comm.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -102,6 +103,26 @@ TEST(TcpRendezvous, ForeignClientIsIgnored) {
   rank0.join();
   EXPECT_EQ(rank0_error, "");
   EXPECT_EQ(errors[0], "");
+}
+
+TEST(TcpRendezvous, InheritedListenerIsUsedAndAWrongOneIgnored) {
+  std::string error;
+  Socket listener = listen_tcp(0, &error);
+  const int port = local_port(listener.fd());
+  LaunchEnv rank0 = loopback_env(0, 2, port);
+  rank0.rendezvous_fd = listener.release();
+  auto errors = start_ranks({rank0, loopback_env(1, 2, port)}, quick(), [](Communicator& comm) { comm.barrier(); });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  // Not a listening socket: rank 0 binds the port itself.
+  const int other_port = free_tcp_port();
+  const int not_a_socket = ::open("/dev/null", O_RDONLY);
+  rank0 = loopback_env(0, 2, other_port);
+  rank0.rendezvous_fd = not_a_socket;
+  errors = start_ranks({rank0, loopback_env(1, 2, other_port)}, quick(), [](Communicator& comm) { comm.barrier(); });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(::close(not_a_socket), 0);  // still open: left alone
 }
 
 TEST(TcpRendezvous, PortInUseIsNamed) {

@@ -5,6 +5,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,11 +15,18 @@
 
 namespace deltamoe {
 
-// A port that was free a moment ago (the rendezvous binds it again).
+// A port that was free a moment ago (the rendezvous binds it again), drawn below Linux's ephemeral
+// range (32768+) so that outgoing connections of other tests cannot take it in between.
 inline int free_tcp_port() {
-  std::string error;
-  Socket socket = listen_tcp(0, &error);
-  return socket.valid() ? local_port(socket.fd()) : 0;
+  static std::mt19937 random(std::random_device{}());
+  std::uniform_int_distribution<int> pick(20000, 32000);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = pick(random);
+    std::string error;
+    Socket socket = listen_tcp(port, &error);
+    if (socket.valid()) return port;
+  }
+  return 0;
 }
 
 inline LaunchEnv loopback_env(int rank, int world, int port) {
@@ -38,13 +46,19 @@ inline LaunchEnv loopback_env(int rank, int world, int port) {
 inline std::vector<std::string> run_tcp_threads(int world, const std::function<void(Communicator&)>& fn,
                                                 CommOptions options = {}) {
   options.exit_on_abort = false;
-  const int port = free_tcp_port();
+  // Rank 0 gets the listener ready-made, as `deltamoe launch` hands it over.
+  std::string listen_error;
+  Socket listener = listen_tcp(0, &listen_error);
+  const int port = local_port(listener.fd());
+  const int listener_fd = listener.release();
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        std::unique_ptr<Communicator> comm = connect_tcp_comm(loopback_env(r, world, port), options);
+        LaunchEnv env = loopback_env(r, world, port);
+        if (r == 0) env.rendezvous_fd = listener_fd;
+        std::unique_ptr<Communicator> comm = connect_tcp_comm(env, options);
         try {
           fn(*comm);
         } catch (const CommAborted&) {
