@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "core/json_depth.h"
 #include "data/base64.h"
 #include "data/sample_skip.h"
 
@@ -127,6 +128,11 @@ std::string resolve_image_ref(const std::string& ref, const std::string& dataset
 }
 
 SftRecord parse_sft_record(std::string_view line, const std::string& dataset_dir, const std::string& where) {
+  // Checked before parsing: printing a value nested deeper than this would overflow the stack.
+  if (const int64_t depth = json_nesting_depth(line); depth > kMaxJsonDepth) {
+    throw SampleSkip(SkipReason::kMalformedJson, str_cat(where, ": JSON nested more than ", kMaxJsonDepth,
+                                                         " levels deep (at least ", depth, ")"));
+  }
   Json root;
   try {
     root = Json::parse(line);
@@ -170,6 +176,10 @@ SftRecord parse_sft_record(std::string_view line, const std::string& dataset_dir
     const Json& tools = root["tools"];
     if (tools.is_string()) {
       record.tools_json = tools.get<std::string>();  // some datasets store the list as a JSON string
+      if (json_nesting_depth(record.tools_json) > kMaxJsonDepth) {
+        throw SampleSkip(SkipReason::kMalformedJson,
+                         str_cat(where, ": 'tools' holds JSON nested more than ", kMaxJsonDepth, " levels deep"));
+      }
     } else if (tools.is_array()) {
       record.tools_json = tools.dump();
     } else {
