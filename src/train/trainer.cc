@@ -359,6 +359,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     }
     if (options.stop_after_steps > 0 && summary.steps_this_run >= options.stop_after_steps && !last) {
       if (!saved_at_step) save();
+      saved_at_step = true;  // (the save after the loop would write the same checkpoint again)
       log_info("train: stopping after ", summary.steps_this_run, " steps (--stop_after_steps); continue with ",
                "--resume auto");
       break;
