@@ -135,21 +135,40 @@ std::string checkpoint_problem(const std::string& dir) {
   return "";
 }
 
+void recover_interrupted_saves(const std::string& output_dir) {
+  if (!fs::is_directory(output_dir)) return;
+  std::vector<fs::path> olds, temps;
+  for (const auto& entry : fs::directory_iterator(output_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(".checkpoint-")) continue;
+    if (name.ends_with(".old")) olds.push_back(entry.path());
+    if (name.ends_with(".tmp") || name.ends_with(".removing")) temps.push_back(entry.path());
+  }
+  // A kill between moving a same-step checkpoint aside and renaming its replacement into place
+  // leaves the complete old copy as .checkpoint-N.old: it goes back under its name.
+  for (const fs::path& old : olds) {
+    const std::string name = old.filename().string();
+    const fs::path restored = fs::path(output_dir) / name.substr(1, name.size() - 5);
+    if (checkpoint_step(restored.filename().string()) < 0) continue;
+    if (fs::exists(restored)) {
+      fs::remove_all(old);  // the rename into place happened; only the deletion was cut short
+    } else {
+      log_warn("train: restoring ", restored.string(), " from ", old.string(), " (a save was interrupted)");
+      fs::rename(old, restored);
+    }
+  }
+  // Never renamed into place, so never a checkpoint: half-written saves and half-done removals.
+  for (const fs::path& temp : temps) {
+    log_info("train: removing ", temp.string(), " (left by an interrupted save)");
+    fs::remove_all(temp);
+  }
+}
+
 std::string resolve_resume_dir(const std::string& resume, const std::string& output_dir) {
+  recover_interrupted_saves(output_dir);
   if (resume != "auto") return resume;
   std::vector<std::pair<int64_t, fs::path>> candidates;
   if (fs::is_directory(output_dir)) {
-    // A kill between moving a same-step checkpoint aside and renaming its replacement into place
-    // leaves the complete old copy as .checkpoint-N.old: put it back first.
-    for (const auto& entry : fs::directory_iterator(output_dir)) {
-      const std::string name = entry.path().filename().string();
-      if (!name.starts_with(".checkpoint-") || !name.ends_with(".old")) continue;
-      const fs::path restored = fs::path(output_dir) / name.substr(1, name.size() - 5);
-      if (checkpoint_step(restored.filename().string()) >= 0 && !fs::exists(restored)) {
-        log_warn("train: restoring ", restored.string(), " from ", entry.path().string(), " (an interrupted save)");
-        fs::rename(entry.path(), restored);
-      }
-    }
     for (const auto& entry : fs::directory_iterator(output_dir)) {
       const int64_t step = checkpoint_step(entry.path().filename().string());
       if (step >= 0 && fs::is_regular_file(entry.path() / kStateFile)) candidates.emplace_back(step, entry.path());

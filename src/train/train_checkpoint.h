@@ -46,9 +46,14 @@ struct CheckpointPayload {
 std::string save_training_checkpoint(const std::string& output_dir, const CheckpointPayload& payload);
 
 // "auto": the checkpoint-N with the largest N in output_dir that passes checkpoint_problem; a
-// newer damaged one is skipped with a warning that says why (throws when none is usable). A
-// .checkpoint-N.old left by a save killed mid-rename is restored first. Otherwise dir itself.
+// newer damaged one is skipped with a warning that says why (throws when none is usable).
+// Otherwise dir itself. Either way recover_interrupted_saves(output_dir) runs first.
 std::string resolve_resume_dir(const std::string& resume, const std::string& output_dir);
+
+// Undoes what a save or --save_total_limit removal killed half-way leaves in output_dir: a
+// .checkpoint-N.old whose checkpoint-N is missing is renamed back (else deleted), and
+// .checkpoint-N.tmp / .removing folders are deleted. Call only while holding the RunLock.
+void recover_interrupted_saves(const std::string& output_dir);
 
 // Why dir cannot be resumed from, or "" when it looks complete: trainer_state.json parses,
 // config.json is there, and every safetensors file (model shards, optimizer state) has a header
