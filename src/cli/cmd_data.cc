@@ -32,10 +32,8 @@ void configure_images(const std::string& model_dir, const Tokenizer& tokenizer, 
                       SampleOptions& options) {
   const fs::path config_path = fs::path(model_dir) / "config.json";
   if (!fs::exists(config_path)) {
-    log_warn(model_dir, " has no config.json; using Qwen3.5 image settings (patch 16, merge 2)");
-    if (overrides.min_pixels > 0) options.image_config.min_pixels = overrides.min_pixels;
-    if (overrides.max_pixels > 0) options.image_config.max_pixels = overrides.max_pixels;
-    validate_image_config(options.image_config, "--min_pixels / --max_pixels");
+    log_warn(model_dir, " has no config.json; using Qwen3.5 image geometry (patch 16, merge 2)");
+    options.image_config = load_image_processor_config(model_dir, VisionGeometry{}, tokenizer, overrides);
     return;
   }
   const ModelConfig config = load_model_config_file(config_path.string());

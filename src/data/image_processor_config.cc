@@ -74,7 +74,7 @@ ImagePreprocessConfig load_image_processor_config(const std::string& model_dir, 
   config.temporal_patch_size = vision.temporal_patch_size;
   config.merge_size = vision.merge_size;
   const int32_t pad = tokenizer.require_token_id("<|image_pad|>");
-  CHECK(pad == vision.image_token_id, (fs::path(model_dir) / "config.json").string(), ": image_token_id ", vision.image_token_id,
+  CHECK(vision.image_token_id < 0 || pad == vision.image_token_id, (fs::path(model_dir) / "config.json").string(), ": image_token_id ", vision.image_token_id,
         " differs from the tokenizer's <|image_pad|> id ", pad, "; the tokenizer does not belong to this model");
 
   std::string where = "the default image settings";

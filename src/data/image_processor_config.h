@@ -16,7 +16,7 @@ struct VisionGeometry {
   int64_t patch_size = 16;
   int64_t temporal_patch_size = 2;
   int64_t merge_size = 2;
-  int64_t image_token_id = -1;  // config.json's image_token_id
+  int64_t image_token_id = -1;  // config.json's image_token_id (-1: no config.json, nothing to check)
 };
 
 // Command-line overrides (0: keep the file's value).
