@@ -107,7 +107,7 @@ std::vector<SafetensorsEntry> parse_safetensors_header(const std::string& header
   json header;
   try {
     header = json::parse(header_json);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // parse_error, and out_of_range for a number that overflows
     RAISE(where, ": the safetensors header is not valid JSON (", error.what(), ")");
   }
   CHECK(header.is_object(), where, ": the safetensors header must be a JSON object, got ", header.dump().substr(0, 80));

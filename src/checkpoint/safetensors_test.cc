@@ -111,6 +111,16 @@ TEST(Safetensors, DeeplyNestedHeaderIsReportedNotACrash) {
   }
 }
 
+// Found by fuzz_safetensors: a number too large for a double made nlohmann throw out_of_range,
+// which escaped as a foreign exception instead of a message naming the file.
+TEST(Safetensors, NumberOverflowInTheHeaderIsReported) {
+  expect_mentions(error_of([&] {
+                    parse_safetensors_header(R"({"x": {"dtype": "F32", "shape": [1e99999], "data_offsets": [0, 4]}})",
+                                             4, "big.safetensors", nullptr);
+                  }),
+                  {"big.safetensors", "not valid JSON", "number overflow"});
+}
+
 TEST(Safetensors, OffsetsPastTheEndAreReported) {
   ScratchDir dir("st_offsets");
   const std::string path = dir.path("past.safetensors");

@@ -119,7 +119,9 @@ int cmd_data(int argc, char** argv) {
   options.sample.chat_format = chat_format_from_name(args.get("chat_format"));
   options.sample.supervise_all = args.flag("supervise_all");
   options.sample.max_length = args.get_int("max_length");
-  CHECK(options.sample.max_length > 0, "--max_length must be positive, got ", options.sample.max_length);
+  constexpr int64_t kMaxTokens = int64_t{1} << 24;  // as `train` allows
+  CHECK(options.sample.max_length > 0 && options.sample.max_length <= kMaxTokens, "--max_length must be in [1, ",
+        kMaxTokens, "], got ", options.sample.max_length);
   const std::string truncation = args.get("truncation_strategy");
   CHECK(truncation == "delete" || truncation == "right", "--truncation_strategy must be delete or right, got '", truncation, "'");
   options.sample.truncate = truncation == "right";
@@ -132,13 +134,17 @@ int cmd_data(int argc, char** argv) {
   CHECK(max_decoded_pixels > 0, "--max_decoded_pixels must be positive, got ", max_decoded_pixels);
   options.sample.image_limits.max_decoded_pixels = max_decoded_pixels;
   const int64_t packing_length = args.get_int("packing_length");
+  CHECK(packing_length >= 0 && packing_length <= kMaxTokens, "--packing_length must be in [0, ", kMaxTokens, "], got ",
+        packing_length);
   options.token_budget = packing_length > 0 ? packing_length : options.sample.max_length;
   const int64_t num_workers = args.get_int("num_workers");
   CHECK(num_workers >= 0 && num_workers <= 256, "--num_workers must be in 0..256, got ", num_workers);
   options.num_workers = static_cast<int>(num_workers);
-  options.seed = static_cast<uint64_t>(args.get_int("seed"));
+  const int64_t seed = args.get_int("seed");
+  CHECK(seed >= 0, "--seed must be non-negative, got ", seed);
+  options.seed = static_cast<uint64_t>(seed);
   const int64_t window = args.get_int("pack_window");
-  CHECK(window >= 1, "--pack_window must be at least 1, got ", window);
+  CHECK(window >= 1 && window <= 65536, "--pack_window must be in [1, 65536], got ", window);
   options.pack_window = static_cast<size_t>(window);
 
   DataPipeline pipeline(options, tokenizer);

@@ -58,6 +58,13 @@ TEST(DataCli, BadFlagsAndFilesAreClearErrors) {
   result = run_deltamoe("data --dataset " + (folder / "one.jsonl").string() + " --model " + model.string() + " --preview 5");
   EXPECT_NE(result.exit_code, 0);
   EXPECT_NE(result.output.find("--preview 5 is out of range"), std::string::npos) << result.output;
+  result = run_deltamoe("data --dataset " + (folder / "one.jsonl").string() + " --model " + model.string() +
+                        " --max_length 1000000000000");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.output.find("--max_length must be in [1, 16777216]"), std::string::npos) << result.output;
+  result = run_deltamoe("data --dataset " + folder.string() + " --model " + model.string());
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.output.find("is a directory; give JSONL files"), std::string::npos) << result.output;
 }
 
 // `data` reads preprocessor_config.json through the loader `train` uses, so both refuse the same
