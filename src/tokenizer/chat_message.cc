@@ -205,10 +205,14 @@ ChatConversation parse_chat(std::string_view messages_json, std::string_view too
     RAISE(where, ": invalid JSON in a conversation: ", error.what());
   }
   CHECK(messages.is_array(), where, ": 'messages' must be a list");
-  for (const Json& entry : messages) conversation.messages.push_back(parse_message(entry, where));
-  if (!tools.is_null()) {
-    CHECK(tools.is_array(), where, ": 'tools' must be a list");
-    for (const Json& tool : tools) conversation.tools_json.push_back(python_json(tool, where));
+  try {
+    for (const Json& entry : messages) conversation.messages.push_back(parse_message(entry, where));
+    if (!tools.is_null()) {
+      CHECK(tools.is_array(), where, ": 'tools' must be a list");
+      for (const Json& tool : tools) conversation.tools_json.push_back(python_json(tool, where));
+    }
+  } catch (const Json::exception& error) {  // a value of an unexpected type that a check missed
+    RAISE(where, ": unexpected JSON layout in a conversation (", error.what(), ")");
   }
   return conversation;
 }
