@@ -4,10 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# clang + libclang-rt-14-dev: libFuzzer and the sanitizers for scripts/fuzz.sh (Debian 12's clang
+# is 14; the runtime is only a recommendation of clang, which --no-install-recommends skips).
 packages=(build-essential cmake ninja-build pkg-config libgtest-dev nlohmann-json3-dev
           libjpeg-dev libpng-dev libwebp-dev libexif-dev zlib1g-dev
           libopenmpi-dev openmpi-bin
-          python3 python3-jinja2 python3-numpy)
+          python3 python3-jinja2 python3-numpy clang libclang-rt-14-dev)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

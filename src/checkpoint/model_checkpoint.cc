@@ -3,14 +3,17 @@
 #include "checkpoint/model_checkpoint.h"
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
 
+#include "checkpoint/finite_check.h"
 #include "checkpoint/sharded.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace deltamoe {
 namespace {
@@ -106,6 +109,35 @@ void append_limited(std::string* out, const std::string& title, const std::vecto
 
 }  // namespace
 
+void check_weights_finite(const ModelCheckpoint& checkpoint, const std::string& dir) {
+  std::vector<std::pair<std::string, const StoredTensor*>> tensors;
+  uint64_t total_bytes = 0;
+  for (const auto* group : {&checkpoint.params, &checkpoint.passthrough}) {
+    for (const auto& [name, tensor] : *group) {
+      tensors.emplace_back(name, &tensor);
+      total_bytes += tensor.nbytes();
+    }
+  }
+  // Large models take a while at disk speed: say so every few seconds.
+  constexpr uint64_t kQuietBytes = uint64_t{4} << 30;
+  const auto start = std::chrono::steady_clock::now();
+  auto last_report = start;
+  uint64_t done_bytes = 0;
+  for (const auto& [name, tensor] : tensors) {
+    const int64_t bad = first_non_finite_element(*tensor);
+    CHECK(bad < 0, dir, ": tensor '", disk_name(checkpoint, name), "' ", tensor->shape().str(), " holds NaN or Inf (first at ",
+          "element ", bad, "); the checkpoint is damaged or was saved from a diverged run, and training from it ",
+          "would skip every step");
+    done_bytes += tensor->nbytes();
+    const auto now = std::chrono::steady_clock::now();
+    if (total_bytes > kQuietBytes && now - last_report > std::chrono::seconds(5)) {
+      last_report = now;
+      log_info("checking weights for NaN/Inf: ", done_bytes >> 20, " of ", total_bytes >> 20, " MiB (",
+               std::chrono::duration<double>(now - start).count(), " s)");
+    }
+  }
+}
+
 const char* expert_layout_name(ExpertLayout layout) { return layout == ExpertLayout::fused ? "fused" : "per_expert"; }
 
 ExpertLayout parse_expert_layout(const std::string& text, const std::string& where) {
@@ -130,6 +162,7 @@ ModelCheckpoint load_model_dir(const std::string& dir) {
   CheckpointReport report;
   ModelCheckpoint checkpoint = load_model_dir(dir, &report);
   CHECK(report.ok(), report.describe(dir));
+  check_weights_finite(checkpoint, dir);
   return checkpoint;
 }
 

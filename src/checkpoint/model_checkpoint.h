@@ -55,11 +55,16 @@ struct CheckpointReport {
 bool is_passthrough_tensor(const std::string& name);
 
 // Loads dir/config.json and the weights; throws a deltamoe::Error listing missing, unexpected and
-// wrong-shape keys by name when the checkpoint does not match its config.
+// wrong-shape keys by name when the checkpoint does not match its config, and naming the first
+// tensor that holds NaN or Inf (check_weights_finite).
 ModelCheckpoint load_model_dir(const std::string& dir);
 // The same, but key problems are returned in `report` instead of thrown (for deltamoe inspect);
 // tensors with problems are left out of the checkpoint.
 ModelCheckpoint load_model_dir(const std::string& dir, CheckpointReport* report);
+
+// Reads every floating tensor (parameters and passthrough) once, streaming, and throws naming the
+// first that holds NaN or Inf; logs progress every few seconds for checkpoints over 4 GiB.
+void check_weights_finite(const ModelCheckpoint& checkpoint, const std::string& dir);
 
 struct SaveOptions {
   std::optional<ExpertLayout> expert_layout;  // default: the checkpoint's own layout

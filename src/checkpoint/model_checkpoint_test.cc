@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <filesystem>
 
 #include "checkpoint/checkpoint_test_util.h"
@@ -244,6 +245,57 @@ TEST_F(CheckpointFixture, ReportCollectsEveryProblem) {
   ASSERT_EQ(report.wrong_dtype.size(), 1u);
   EXPECT_NE(report.wrong_dtype[0].find("model.language_model.norm.weight"), std::string::npos);
   EXPECT_EQ(partial.params.count("lm_head.weight"), 0u);
+}
+
+// A NaN or Inf anywhere in the weights (each floating dtype, parameters and passthrough tensors)
+// is refused at load, naming the tensor. (Before: it loaded, and training skipped every step.)
+TEST_F(CheckpointFixture, NonFiniteWeightsAreRefusedAtLoadNamingTheTensor) {
+  struct Case {
+    DType dtype;
+    float value;
+    bool passthrough;
+  };
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<Case> cases = {{DType::bf16, nan, false}, {DType::bf16, -inf, false}, {DType::f32, inf, false},
+                                   {DType::f16, nan, false},  {DType::f64, -inf, false},  {DType::bf16, nan, true}};
+  for (const Case& c : cases) {
+    ModelCheckpoint broken = original_;
+    auto& group = c.passthrough ? broken.passthrough : broken.params;
+    const std::string name = c.passthrough ? "mtp.fc.weight" : std::next(group.begin(), 3)->first;
+    HostTensor values = group.at(name).to_host().to_f32();
+    values.as<float>()[values.numel() - 2] = c.value;
+    group[name] = StoredTensor::from_host(values.to_dtype(c.dtype));
+    fs::remove_all(path("broken"));
+    save_model_dir(broken, path("broken"));
+    const std::string message = error_of([&] { load_model_dir(path("broken")); });
+    std::printf("  %s\n", message.c_str());
+    EXPECT_NE(message.find(str_cat("tensor '", name, "'")), std::string::npos) << message;
+    EXPECT_NE(message.find(str_cat("holds NaN or Inf (first at element ", values.numel() - 2, ")")), std::string::npos)
+        << message;
+  }
+  // The largest finite values pass.
+  ModelCheckpoint extreme = original_;
+  const std::string name = extreme.params.begin()->first;
+  HostTensor values = extreme.params.at(name).to_host().to_f32();
+  for (int64_t i = 0; i < values.numel(); ++i) values.as<float>()[i] = i % 2 ? 3.38e38f : -3.38e38f;
+  extreme.params[name] = StoredTensor::from_host(values.to_dtype(DType::bf16));
+  save_model_dir(extreme, path("extreme"));
+  EXPECT_NO_THROW(load_model_dir(path("extreme")));
+}
+
+// The input model's file shrinking under a running job used to make the next save fail with
+// "Bad address (disk full?)"; the message now says what happened and names the tensor.
+TEST_F(CheckpointFixture, ASourceFileTruncatedAfterLoadingIsNamedWhenSaving) {
+  fs::copy(path("a"), path("copy"), fs::copy_options::recursive);
+  const ModelCheckpoint loaded = load_model_dir(path("copy"));
+  const std::string file = path("copy") + "/model.safetensors";
+  fs::resize_file(file, fs::file_size(file) / 2);
+  const std::string message = error_of([&] { save_model_dir(loaded, path("saved")); });
+  std::printf("  %s\n", message.c_str());
+  EXPECT_NE(message.find("can no longer be read: the file they are mapped from (the --model weights?) was truncated"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("the bytes of tensor '"), std::string::npos) << message;
 }
 
 TEST_F(CheckpointFixture, SavingAnIncompleteCheckpointIsRefused) {

@@ -16,6 +16,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 
 namespace deltamoe {
 namespace {
@@ -80,10 +81,15 @@ SafetensorsEntry parse_entry(const std::string& name, const json& value, uint64_
   return entry;
 }
 
-void write_all(int fd, const uint8_t* data, size_t size, const std::string& path) {
+// `tensor`: the tensor whose bytes these are (for the message when they cannot be read).
+void write_all(int fd, const uint8_t* data, size_t size, const std::string& path, const std::string& tensor = "") {
   while (size > 0) {
     ssize_t written = ::write(fd, data, size);
     if (written < 0 && errno == EINTR) continue;
+    // EFAULT: the source bytes are a view of a file that has since shrunk (its pages are gone).
+    CHECK(written > 0 || errno != EFAULT, "writing ", path, ": the bytes of tensor '", tensor,
+          "' can no longer be read: the file they are mapped from (the --model weights?) was truncated or replaced ",
+          "after it was loaded. Keep the input model unchanged while a run uses it");
     CHECK(written > 0, "writing ", path, " failed: ", std::strerror(errno), " (disk full?)");
     data += written;
     size -= static_cast<size_t>(written);
@@ -95,10 +101,13 @@ void write_all(int fd, const uint8_t* data, size_t size, const std::string& path
 std::vector<SafetensorsEntry> parse_safetensors_header(const std::string& header_json, uint64_t data_size,
                                                        const std::string& where,
                                                        std::map<std::string, std::string>* metadata) {
+  // Bounded before parsing: printing a deeply nested value (in the messages below) recurses per level.
+  CHECK(json_nesting_depth(header_json) <= kMaxJsonDepth, where, ": the safetensors header is nested more than ",
+        kMaxJsonDepth, " levels deep; this is not a safetensors file or it is corrupt");
   json header;
   try {
     header = json::parse(header_json);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // parse_error, and out_of_range for a number that overflows
     RAISE(where, ": the safetensors header is not valid JSON (", error.what(), ")");
   }
   CHECK(header.is_object(), where, ": the safetensors header must be a JSON object, got ", header.dump().substr(0, 80));
@@ -220,7 +229,8 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     write_all(fd, length, 8, tmp_path);
     write_all(fd, reinterpret_cast<const uint8_t*>(header_text.data()), header_text.size(), tmp_path);
     for (const NamedTensor* tensor : order) {
-      tensor->tensor.for_each_piece([&](const uint8_t* data, size_t n) { write_all(fd, data, n, tmp_path); });
+      tensor->tensor.for_each_piece(
+          [&](const uint8_t* data, size_t n) { write_all(fd, data, n, tmp_path, tensor->name); });
     }
     CHECK(::fsync(fd) == 0, "fsync of ", tmp_path, " failed: ", std::strerror(errno));
   } catch (...) {

@@ -101,6 +101,26 @@ TEST(Safetensors, BadHeaderJsonIsReported) {
   expect_mentions(open_error(not_object), {not_object, "must be a JSON object"});
 }
 
+// A header nested 100,000 deep is refused before it is parsed. (Before: the error message printed
+// the parsed value recursively and overflowed the stack.)
+TEST(Safetensors, DeeplyNestedHeaderIsReportedNotACrash) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  for (const std::string& header : {deep, R"({"t": {"dtype": "F32", "shape": )" + deep + "}}"}) {
+    expect_mentions(error_of([&] { parse_safetensors_header(header, 0, "deep.safetensors", nullptr); }),
+                    {"deep.safetensors", "nested more than 64 levels"});
+  }
+}
+
+// Found by fuzz_safetensors: a number too large for a double made nlohmann throw out_of_range,
+// which escaped as a foreign exception instead of a message naming the file.
+TEST(Safetensors, NumberOverflowInTheHeaderIsReported) {
+  expect_mentions(error_of([&] {
+                    parse_safetensors_header(R"({"x": {"dtype": "F32", "shape": [1e99999], "data_offsets": [0, 4]}})",
+                                             4, "big.safetensors", nullptr);
+                  }),
+                  {"big.safetensors", "not valid JSON", "number overflow"});
+}
+
 TEST(Safetensors, OffsetsPastTheEndAreReported) {
   ScratchDir dir("st_offsets");
   const std::string path = dir.path("past.safetensors");

@@ -45,7 +45,7 @@ std::map<std::string, std::string> read_index(const fs::path& index_path) {
   json index;
   try {
     index = json::parse(read_text_file(index_path));
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // parse_error, and out_of_range for a number that overflows
     RAISE(where, ": not valid JSON (", error.what(), ")");
   }
   CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), where,

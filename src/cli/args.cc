@@ -2,6 +2,7 @@
 #include "cli/args.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -99,6 +100,9 @@ bool ArgParser::parse(int argc, char** argv, int first) {
         values_[name] = *inline_value;
       } else {
         CHECK(i + 1 < argc, "flag --", name, " needs a value\n", usage());
+        // "--lr --max_steps 2": the value is missing, not the 2 unexpected.
+        CHECK(std::string(argv[i + 1]).rfind("--", 0) != 0, "flag --", name, " needs a value, but the next argument is ",
+              "the flag ", argv[i + 1], " (write --", name, "=VALUE for a value that starts with --)");
         values_[name] = argv[++i];
       }
       continue;
@@ -150,10 +154,10 @@ double ArgParser::get_double(const std::string& name) const {
   try {
     size_t used = 0;
     double value = std::stod(text, &used);
-    if (used == text.size()) return value;
+    if (used == text.size() && std::isfinite(value)) return value;
   } catch (const std::exception&) {
   }
-  RAISE("--", name, " must be a number, got '", text, "'");
+  RAISE("--", name, " must be a finite number, got '", text, "'");
 }
 
 bool ArgParser::flag(const std::string& name) const { return get(name) == "true"; }

@@ -1,6 +1,8 @@
 // Tests of the flag parser: values, defaults, required flags, unknown flags with suggestions.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "cli/args.h"
@@ -48,6 +50,39 @@ TEST(ArgParser, RejectsMissingRequiredAndBadNumbers) {
   parser2.add_option("seed", "seed", "0");
   ASSERT_TRUE(parse(parser2, {"--seed", "1x"}));
   EXPECT_THROW(parser2.get_int("seed"), Error);
+}
+
+std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+// "--lr --max_steps 2" used to report "unexpected argument '2'", far from the real mistake.
+TEST(ArgParser, AFlagWhereAValueShouldBeSaysWhichValueIsMissing) {
+  ArgParser parser("cmd", "test");
+  parser.add_option("lr", "learning rate", "1");
+  parser.add_option("max_steps", "steps", "1");
+  const std::string message = error_of([&] { parse(parser, {"--lr", "--max_steps", "2"}); });
+  EXPECT_NE(message.find("flag --lr needs a value, but the next argument is the flag --max_steps"), std::string::npos)
+      << message;
+  ArgParser inline_value("cmd", "test");
+  inline_value.add_option("lr", "learning rate", "1");
+  ASSERT_TRUE(parse(inline_value, {"--lr=--x"}));  // the escape hatch for a value starting with --
+  EXPECT_EQ(inline_value.get("lr"), "--x");
+}
+
+TEST(ArgParser, NonFiniteNumbersAreRefused) {
+  for (const char* text : {"nan", "NaN", "inf", "-inf", "1e999"}) {
+    ArgParser parser("cmd", "test");
+    parser.add_option("max_grad_norm", "clip", "1");
+    ASSERT_TRUE(parse(parser, {"--max_grad_norm", text}));
+    const std::string message = error_of([&] { parser.get_double("max_grad_norm"); });
+    EXPECT_NE(message.find("--max_grad_norm must be a finite number"), std::string::npos) << text << ": " << message;
+  }
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
@@ -16,6 +15,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/data_pipeline.h"
+#include "data/image_processor_config.h"
 #include "data/sample_skip.h"
 #include "data/sft_record.h"
 #include "model/config.h"
@@ -26,41 +26,22 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Image settings from the model directory: the vision config (patch and merge sizes) and, when
-// present, preprocessor_config.json (pixel limits, mean/std); Qwen3.5 defaults otherwise.
-void configure_images(const std::string& model_dir, const Tokenizer& tokenizer, SampleOptions& options) {
+// Image settings from the model directory: the vision config (patch and merge sizes) and
+// preprocessor_config.json through the loader `train` uses too; Qwen3.5 defaults without config.json.
+void configure_images(const std::string& model_dir, const Tokenizer& tokenizer, const PixelOverrides& overrides,
+                      SampleOptions& options) {
   const fs::path config_path = fs::path(model_dir) / "config.json";
-  if (fs::exists(config_path)) {
-    const ModelConfig config = load_model_config_file(config_path.string());
-    options.allow_images = config.has_vision;
-    if (config.has_vision) {
-      options.image_config.patch_size = config.vision.patch_size;
-      options.image_config.temporal_patch_size = config.vision.temporal_patch_size;
-      options.image_config.merge_size = config.vision.spatial_merge_size;
-      const int32_t pad = tokenizer.require_token_id("<|image_pad|>");
-      CHECK(pad == config.image_token_id, config_path.string(), ": image_token_id ", config.image_token_id,
-            " differs from the tokenizer's <|image_pad|> id ", pad, "; the tokenizer does not belong to this model");
-    }
-  } else {
-    log_warn(model_dir, " has no config.json; using Qwen3.5 image settings (patch 16, merge 2)");
+  if (!fs::exists(config_path)) {
+    log_warn(model_dir, " has no config.json; using Qwen3.5 image geometry (patch 16, merge 2)");
+    options.image_config = load_image_processor_config(model_dir, VisionGeometry{}, tokenizer, overrides);
+    return;
   }
-  const fs::path preprocessor_path = fs::path(model_dir) / "preprocessor_config.json";
-  if (!fs::exists(preprocessor_path)) return;
-  std::ifstream in(preprocessor_path);
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(in);
-    ImagePreprocessConfig& image = options.image_config;
-    if (json.contains("size") && json["size"].is_object()) {
-      image.min_pixels = json["size"].value("shortest_edge", image.min_pixels);
-      image.max_pixels = json["size"].value("longest_edge", image.max_pixels);
-    }
-    image.min_pixels = json.value("min_pixels", image.min_pixels);
-    image.max_pixels = json.value("max_pixels", image.max_pixels);
-    if (json.contains("image_mean")) image.image_mean = json["image_mean"].get<std::array<float, 3>>();
-    if (json.contains("image_std")) image.image_std = json["image_std"].get<std::array<float, 3>>();
-  } catch (const nlohmann::json::exception& error) {
-    RAISE(preprocessor_path.string(), ": cannot read the image settings: ", error.what());
+  const ModelConfig config = load_model_config_file(config_path.string());
+  options.allow_images = config.has_vision;
+  if (config.has_vision) {
+    const VisionGeometry vision{config.vision.patch_size, config.vision.temporal_patch_size,
+                                config.vision.spatial_merge_size, config.image_token_id};
+    options.image_config = load_image_processor_config(model_dir, vision, tokenizer, overrides);
   }
 }
 
@@ -126,6 +107,8 @@ int cmd_data(int argc, char** argv) {
   args.add_option("pack_window", "samples that may wait for a later micro-batch", "16");
   args.add_option("min_pixels", "override the image pixel lower bound");
   args.add_option("max_pixels", "override the image pixel upper bound");
+  args.add_option("max_decoded_pixels", "largest image (width x height as stored) that is decoded; larger ones are "
+                  "skipped as decompression bombs (PIL's MAX_IMAGE_PIXELS)", std::to_string(kDefaultMaxDecodedPixels));
   if (!args.parse(argc, argv)) return 0;
 
   const std::string model_dir = args.get("model");
@@ -136,21 +119,32 @@ int cmd_data(int argc, char** argv) {
   options.sample.chat_format = chat_format_from_name(args.get("chat_format"));
   options.sample.supervise_all = args.flag("supervise_all");
   options.sample.max_length = args.get_int("max_length");
-  CHECK(options.sample.max_length > 0, "--max_length must be positive, got ", options.sample.max_length);
+  constexpr int64_t kMaxTokens = int64_t{1} << 24;  // as `train` allows
+  CHECK(options.sample.max_length > 0 && options.sample.max_length <= kMaxTokens, "--max_length must be in [1, ",
+        kMaxTokens, "], got ", options.sample.max_length);
   const std::string truncation = args.get("truncation_strategy");
   CHECK(truncation == "delete" || truncation == "right", "--truncation_strategy must be delete or right, got '", truncation, "'");
   options.sample.truncate = truncation == "right";
-  configure_images(model_dir, tokenizer, options.sample);
-  if (args.has("min_pixels")) options.sample.image_config.min_pixels = args.get_int("min_pixels");
-  if (args.has("max_pixels")) options.sample.image_config.max_pixels = args.get_int("max_pixels");
+  PixelOverrides overrides;
+  if (args.has("min_pixels")) overrides.min_pixels = args.get_int("min_pixels");
+  if (args.has("max_pixels")) overrides.max_pixels = args.get_int("max_pixels");
+  CHECK(overrides.min_pixels >= 0 && overrides.max_pixels >= 0, "--min_pixels / --max_pixels must be positive");
+  configure_images(model_dir, tokenizer, overrides, options.sample);
+  const int64_t max_decoded_pixels = args.get_int("max_decoded_pixels");
+  CHECK(max_decoded_pixels > 0, "--max_decoded_pixels must be positive, got ", max_decoded_pixels);
+  options.sample.image_limits.max_decoded_pixels = max_decoded_pixels;
   const int64_t packing_length = args.get_int("packing_length");
+  CHECK(packing_length >= 0 && packing_length <= kMaxTokens, "--packing_length must be in [0, ", kMaxTokens, "], got ",
+        packing_length);
   options.token_budget = packing_length > 0 ? packing_length : options.sample.max_length;
   const int64_t num_workers = args.get_int("num_workers");
   CHECK(num_workers >= 0 && num_workers <= 256, "--num_workers must be in 0..256, got ", num_workers);
   options.num_workers = static_cast<int>(num_workers);
-  options.seed = static_cast<uint64_t>(args.get_int("seed"));
+  const int64_t seed = args.get_int("seed");
+  CHECK(seed >= 0, "--seed must be non-negative, got ", seed);
+  options.seed = static_cast<uint64_t>(seed);
   const int64_t window = args.get_int("pack_window");
-  CHECK(window >= 1, "--pack_window must be at least 1, got ", window);
+  CHECK(window >= 1 && window <= 65536, "--pack_window must be in [1, 65536], got ", window);
   options.pack_window = static_cast<size_t>(window);
 
   DataPipeline pipeline(options, tokenizer);

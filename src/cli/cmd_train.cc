@@ -71,6 +71,12 @@ void declare_flags(ArgParser& args) {
   args.add_option("dataloader_num_workers", "threads that load and tokenize samples", "2");
   args.add_option("min_pixels", "smallest image area after resizing (default: the processor's 65536)", "0");
   args.add_option("max_pixels", "largest image area after resizing (default: the processor's)", "0");
+  args.add_option("max_decoded_pixels", "largest image (width x height as stored) that is decoded; larger ones are "
+                  "skipped as decompression bombs (PIL's MAX_IMAGE_PIXELS)", "178956970");
+  args.add_option("max_nonfinite_steps", "stop the run with an error after this many steps in a row with a NaN/Inf "
+                  "loss or gradient norm, saving nothing (0: never stop; such steps are skipped)", "5");
+  args.add_option("overwrite_output_dir", "true/false: a fresh run into an --output_dir that holds checkpoints or "
+                  "metrics of an earlier run deletes them (default: refuse)", "false");
   args.add_option("max_shard_size", "largest safetensors shard of a saved checkpoint, in bytes", "5000000000");
   args.add_option("device", "auto, cpu or cuda", "auto");
   args.add_option("peak_tflops", "the GPU's peak dense bf16 TFLOP/s for the MFU of the progress line (0: by GPU "
@@ -179,7 +185,12 @@ TrainOptions options_from_args(const ArgParser& args) {
   if (!args.get("router_aux_loss_coef").empty()) options.router_aux_loss_coef = args.get_double("router_aux_loss_coef");
   options.resume = first_of(args, "resume", "resume_from_checkpoint");
   options.stop_after_steps = args.get_int("stop_after_steps");
-  options.num_workers = static_cast<int>(args.get_int("dataloader_num_workers"));
+  const int64_t num_workers = args.get_int("dataloader_num_workers");
+  CHECK(num_workers >= 0 && num_workers <= 256, "--dataloader_num_workers must be in [0, 256], got ", num_workers);
+  options.num_workers = static_cast<int>(num_workers);
+  options.max_decoded_pixels = args.get_int("max_decoded_pixels");
+  options.max_nonfinite_steps = args.get_int("max_nonfinite_steps");
+  options.overwrite_output_dir = parse_bool(args, "overwrite_output_dir");
   options.min_pixels = args.get_int("min_pixels");
   options.max_pixels = args.get_int("max_pixels");
   const int64_t shard = args.get_int("max_shard_size");

@@ -58,6 +58,27 @@ TEST(DataCli, BadFlagsAndFilesAreClearErrors) {
   result = run_deltamoe("data --dataset " + (folder / "one.jsonl").string() + " --model " + model.string() + " --preview 5");
   EXPECT_NE(result.exit_code, 0);
   EXPECT_NE(result.output.find("--preview 5 is out of range"), std::string::npos) << result.output;
+  result = run_deltamoe("data --dataset " + (folder / "one.jsonl").string() + " --model " + model.string() +
+                        " --max_length 1000000000000");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.output.find("--max_length must be in [1, 16777216]"), std::string::npos) << result.output;
+  result = run_deltamoe("data --dataset " + folder.string() + " --model " + model.string());
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.output.find("is a directory; give JSONL files"), std::string::npos) << result.output;
+}
+
+// `data` reads preprocessor_config.json through the loader `train` uses, so both refuse the same
+// settings before any sample is read. (Before: a std of 0 was accepted and divided by.)
+TEST(DataCli, ImageSettingsAreCheckedAsTrainChecksThem) {
+  const fs::path folder = data_test::temp_folder();
+  const fs::path model = tokenizer_only_model(folder);
+  data_test::write_text(model / "preprocessor_config.json", R"({"image_std": [0.5, 0.0, 0.5]})");
+  data_test::write_text(folder / "one.jsonl", data_test::chat_line("q", "a"));
+  const RunResult result = run_deltamoe("data --dataset " + (folder / "one.jsonl").string() + " --model " + model.string());
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("image_std[1] is 0; it must be a positive finite number"), std::string::npos)
+      << result.output;
+  EXPECT_EQ(result.output.find("samples:"), std::string::npos) << "the data was read";
 }
 
 }  // namespace

@@ -2,8 +2,10 @@
 #include "data/data_pipeline.h"
 
 #include <limits>
+#include <system_error>
 
 #include "data/epoch_order.h"
+#include "data/sample_skip.h"
 #include "data/sft_record.h"
 
 namespace deltamoe {
@@ -56,7 +58,26 @@ DataPipeline::DataPipeline(const PipelineOptions& options, Tokenizer tokenizer, 
   epoch_ = start_.epoch;
   next_slot_ = start_.next_slot;
   epoch_end_job_ = std::min(first_epoch_jobs_, total_jobs_);
-  for (int w = 0; w < options.num_workers; ++w) workers_.emplace_back([this] { worker_loop(); });
+  epoch_is_whole_ = start_.next_slot == 0 && start_.pending_slots.empty();
+  start_workers();
+}
+
+void DataPipeline::start_workers() {
+  try {
+    for (int w = 0; w < options_.num_workers; ++w) workers_.emplace_back([this] { worker_loop(); });
+  } catch (const std::system_error& error) {
+    // The destructor does not run for a constructor that throws: stop and join what started, or
+    // the joinable threads would end the process.
+    const size_t started = workers_.size();
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    for (std::thread& worker : workers_) worker.join();
+    RAISE("cannot start ", options_.num_workers, " data loader threads (", started, " started): ", error.what(),
+          "; use fewer (--dataloader_num_workers)");
+  }
 }
 
 DataPipeline::~DataPipeline() {
@@ -98,6 +119,10 @@ DataPipeline::Result DataPipeline::produce(int64_t job) const {
     const int64_t sample_index = (*order_of(epoch))[static_cast<size_t>(result.slot)];
     const DatasetFiles::Location location = files_.locate(sample_index);
     where = files_.where(sample_index);
+    if (const int64_t length = location.source->length(location.index); length > options_.max_line_bytes) {
+      throw SampleSkip(SkipReason::kTooLong, str_cat(where, ": the line is ", length, " bytes, over the ",
+                                                     options_.max_line_bytes, "-byte limit for one sample"));
+    }
     const std::string line = location.source->read(location.index);
     const SftRecord record = parse_sft_record(line, location.source->directory(), where);
     result.sample = builder_.build(record, sample_index, where);
@@ -154,6 +179,10 @@ DataPosition DataPipeline::position_now() const {
 
 std::optional<Packer::Slotted> DataPipeline::next_sample() {
   while (next_job_to_take_ < epoch_end_job_) {
+    if (options_.stop_requested && options_.stop_requested()) {
+      stopped_ = true;
+      return std::nullopt;
+    }
     Result result = take(next_job_to_take_++);
     CHECK(result.fatal.empty(), result.fatal);
     if (!result.resumed) next_slot_ = result.slot + 1;
@@ -162,6 +191,7 @@ std::optional<Packer::Slotted> DataPipeline::next_sample() {
       continue;
     }
     if (result.sample->truncated) skips_.add_truncated();
+    ++samples_this_epoch_;
     return Packer::Slotted{result.slot, std::move(*result.sample)};
   }
   return std::nullopt;
@@ -175,11 +205,19 @@ std::optional<MicroBatch> DataPipeline::next_batch() {
   }
   const Packer::Feed feed = [this] { return next_sample(); };
   for (;;) {
-    if (std::optional<MicroBatch> batch = packer_.pack(feed)) {
+    if (stopped_) return std::nullopt;
+    std::optional<MicroBatch> batch = packer_.pack(feed);
+    if (stopped_) return std::nullopt;  // a batch flushed by the stop is not a real one
+    if (batch) {
       batch->position_after = position_now();
       return batch;
     }
     if (epoch_end_job_ >= total_jobs_) return std::nullopt;
+    CHECK(samples_this_epoch_ > 0 || !epoch_is_whole_, "every sample of ", options_.dataset_paths.size() == 1 ? "the dataset" : "the datasets",
+          " (", files_.size(), " lines) was skipped in epoch ", epoch_, ": ", skips_.summary(),
+          "; nothing to train on (see the skip messages above)");
+    samples_this_epoch_ = 0;
+    epoch_is_whole_ = true;
     ++epoch_;
     next_slot_ = 0;
     epoch_end_job_ = total_jobs_ - epoch_end_job_ > files_.size() ? epoch_end_job_ + files_.size() : total_jobs_;

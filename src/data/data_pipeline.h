@@ -5,6 +5,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -34,6 +35,10 @@ struct PipelineOptions {
   uint64_t seed = 42;
   int64_t num_epochs = 1;       // 0: repeat forever
   size_t num_skip_messages = 8; // skip messages kept and logged
+  int64_t max_line_bytes = int64_t{128} << 20;  // longer lines are skipped (too_long) without being read
+  // Asked between samples; when it returns true, next_batch returns nullopt at once (the trainer's
+  // SIGTERM check, so that a long pass over skipped samples does not delay a stop).
+  std::function<bool()> stop_requested;
 };
 
 class DataPipeline {
@@ -45,8 +50,10 @@ class DataPipeline {
   DataPipeline(const DataPipeline&) = delete;
   DataPipeline& operator=(const DataPipeline&) = delete;
 
-  // The next micro-batch, or nullopt after the last epoch. Batches never span two epochs.
-  // Throws deltamoe::Error on failures that are not a sample's fault (a dataset file unreadable).
+  // The next micro-batch, or nullopt after the last epoch (or once stop_requested() said so; the
+  // pipeline is then finished). Batches never span two epochs. Throws deltamoe::Error on failures
+  // that are not a sample's fault (a dataset file unreadable), and when a whole epoch yields no
+  // sample while more epochs are to come (every line skipped: repeating would spin forever).
   std::optional<MicroBatch> next_batch();
 
   int64_t num_samples() const { return files_.size(); }
@@ -67,6 +74,7 @@ class DataPipeline {
   Result take(int64_t job);
   // The next good sample of the current epoch (skips counted on the way), or nullopt at its end.
   std::optional<Packer::Slotted> next_sample();
+  void start_workers();
   void worker_loop();
   std::shared_ptr<const std::vector<int64_t>> order_of(int64_t epoch) const;
   DataPosition position_now() const;
@@ -82,6 +90,9 @@ class DataPipeline {
   Packer packer_;
   SkipStats skips_;
   int64_t epoch_ = 0, next_slot_ = 0, next_job_to_take_ = 0, epoch_end_job_ = 0;
+  int64_t samples_this_epoch_ = 0;
+  bool epoch_is_whole_ = true;  // false for a resumed run's first epoch (it starts part-way)
+  bool stopped_ = false;
 
   // Shared with the workers.
   mutable std::mutex mutex_;

@@ -80,13 +80,19 @@ RgbImage apply_exif_orientation(const RgbImage& image, int orientation) {
   return out;
 }
 
-RgbImage decode_image(const uint8_t* data, size_t size, const std::string& name) {
+void check_decoded_size(int64_t height, int64_t width, int64_t max_pixels, const std::string& name) {
+  CHECK(height <= max_pixels && width <= max_pixels && height * width <= max_pixels, "image '", name, "' is ", width,
+        "x", height, " = ", height * width, " pixels, over the limit of ", max_pixels,
+        " (a decompression bomb? --max_decoded_pixels raises the limit)");
+}
+
+RgbImage decode_image(const uint8_t* data, size_t size, const std::string& name, int64_t max_pixels) {
   CHECK(size > 0, "image '", name, "' is empty (0 bytes)");
   DecodedImage decoded;
   switch (sniff_image_format(data, size)) {
-    case ImageFormat::jpeg: decoded = decode_jpeg(data, size, name); break;
-    case ImageFormat::png: decoded = decode_png(data, size, name); break;
-    case ImageFormat::webp: decoded = decode_webp(data, size, name); break;
+    case ImageFormat::jpeg: decoded = decode_jpeg(data, size, name, max_pixels); break;
+    case ImageFormat::png: decoded = decode_png(data, size, name, max_pixels); break;
+    case ImageFormat::webp: decoded = decode_webp(data, size, name, max_pixels); break;
     case ImageFormat::unknown: {
       const char* known = unsupported_format_name(data, size);
       RAISE("image '", name, "': ", known != nullptr ? str_cat(known, " images are") : std::string("this format is"),

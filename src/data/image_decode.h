@@ -19,12 +19,19 @@ struct RgbImage {
 
 enum class ImageFormat { unknown, jpeg, png, webp };
 
+// Largest width x height decoded by default: PIL's Image.MAX_IMAGE_PIXELS. The header's size is
+// checked before any pixel memory is allocated, so a small file claiming a huge image (a
+// decompression bomb) costs nothing.
+constexpr int64_t kDefaultMaxDecodedPixels = 178'956'970;
+
 // Recognises the format from the first bytes (never from the file name).
 ImageFormat sniff_image_format(const uint8_t* data, size_t size);
 
 // Decodes an in-memory file and applies its EXIF orientation. `name` only appears in errors.
-// Throws deltamoe::Error naming `name` for empty, truncated, corrupt or unsupported data.
-RgbImage decode_image(const uint8_t* data, size_t size, const std::string& name);
+// Throws deltamoe::Error naming `name` for empty, truncated, corrupt or unsupported data, and for
+// images over max_pixels (width x height).
+RgbImage decode_image(const uint8_t* data, size_t size, const std::string& name,
+                      int64_t max_pixels = kDefaultMaxDecodedPixels);
 
 // Reads and decodes a file (see decode_image).
 RgbImage load_image_file(const std::string& path);

@@ -18,6 +18,8 @@ struct JpegErrorManager {
   std::jmp_buf jump;
   char message[JMSG_LENGTH_MAX] = {};
   bool truncated = false;
+  int64_t max_pixels = 0;
+  bool too_large = false;  // the header's size is over max_pixels (stopped before decoding)
 };
 
 [[noreturn]] void on_jpeg_error(j_common_ptr cinfo) {
@@ -26,11 +28,16 @@ struct JpegErrorManager {
   std::longjmp(manager->jump, 1);
 }
 
-// Warnings are ignored (as PIL does), except running out of data: libjpeg would pad the rest of
-// the image with grey, which must not silently become training data.
+// Warnings are ignored (as PIL does), except missing data: at the end of the file (JPEG_EOF) or
+// of a scan (HIT_MARKER) libjpeg would pad the rest of the image with grey, which must not silently
+// become training data. Decoding stops right there (a 700-byte file may claim a huge image).
 void on_jpeg_message(j_common_ptr cinfo, int level) {
   auto* manager = reinterpret_cast<JpegErrorManager*>(cinfo->err);
-  if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) manager->truncated = true;
+  if (level < 0 && (cinfo->err->msg_code == JWRN_JPEG_EOF || cinfo->err->msg_code == JWRN_HIT_MARKER)) {
+    manager->truncated = true;
+    cinfo->err->format_message(cinfo, manager->message);
+    std::longjmp(manager->jump, 1);
+  }
 }
 
 // PIL's cmyk2rgb: channel = (255 - k) - (c * (255 - k)) / 255, with PIL's rounded division.
@@ -53,6 +60,11 @@ bool run_jpeg_decoder(const uint8_t* data, size_t size, JpegErrorManager& manage
   jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
   jpeg_save_markers(&cinfo, JPEG_APP0 + 1, 0xFFFF);
   jpeg_read_header(&cinfo, TRUE);
+  if (static_cast<int64_t>(cinfo.image_width) * cinfo.image_height > manager.max_pixels) {
+    manager.too_large = true;
+    jpeg_destroy_decompress(&cinfo);
+    return false;
+  }
   for (jpeg_saved_marker_ptr marker = cinfo.marker_list; marker != nullptr; marker = marker->next) {
     if (marker->marker == JPEG_APP0 + 1 && marker->data_length >= 6 && std::equal(marker->data, marker->data + 6, "Exif\0\0")) {
       exif.assign(marker->data, marker->data + marker->data_length);
@@ -77,8 +89,9 @@ bool run_jpeg_decoder(const uint8_t* data, size_t size, JpegErrorManager& manage
 
 }  // namespace
 
-DecodedImage decode_jpeg(const uint8_t* data, size_t size, const std::string& name) {
+DecodedImage decode_jpeg(const uint8_t* data, size_t size, const std::string& name, int64_t max_pixels) {
   JpegErrorManager manager;
+  manager.max_pixels = max_pixels;
   jpeg_decompress_struct cinfo{};
   cinfo.err = jpeg_std_error(&manager.base);
   manager.base.error_exit = on_jpeg_error;
@@ -88,9 +101,12 @@ DecodedImage decode_jpeg(const uint8_t* data, size_t size, const std::string& na
   int components = 0;
   bool inverted_cmyk = false;
   if (!run_jpeg_decoder(data, size, manager, cinfo, pixels, decoded.exif, components, inverted_cmyk)) {
+    if (manager.too_large) check_decoded_size(cinfo.image_height, cinfo.image_width, max_pixels, name);
+    if (manager.truncated) {
+      RAISE("image '", name, "': truncated JPEG (the image data ends early: ", manager.message, ")");
+    }
     RAISE("image '", name, "': corrupt or truncated JPEG (", manager.message, ")");
   }
-  CHECK(!manager.truncated, "image '", name, "': truncated JPEG (the file ends before the image data does)");
   RgbImage& image = decoded.image;
   image.height = cinfo.output_height;
   image.width = cinfo.output_width;

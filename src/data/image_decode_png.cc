@@ -19,6 +19,8 @@ struct PngReader {
   size_t size = 0;
   size_t offset = 0;
   char message[256] = {};
+  int64_t max_pixels = 0;
+  bool too_large = false;  // the header's size is over max_pixels (stopped before any allocation)
 };
 
 void on_png_error(png_structp png, png_const_charp message) {
@@ -48,6 +50,13 @@ bool run_png_decoder(png_structp png, png_infop info, std::vector<uint8_t>& pixe
   if (setjmp(png_jmpbuf(png))) return false;
   png_set_read_fn(png, png_get_error_ptr(png), read_png_bytes);
   png_read_info(png, info);
+  auto* reader = static_cast<PngReader*>(png_get_io_ptr(png));
+  layout.height = png_get_image_height(png, info);
+  layout.width = png_get_image_width(png, info);
+  if (layout.height * layout.width > reader->max_pixels) {
+    reader->too_large = true;
+    return false;
+  }
   const int color_type = png_get_color_type(png, info);
   const int bit_depth = png_get_bit_depth(png, info);
   if (color_type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
@@ -75,8 +84,8 @@ bool run_png_decoder(png_structp png, png_infop info, std::vector<uint8_t>& pixe
 
 }  // namespace
 
-DecodedImage decode_png(const uint8_t* data, size_t size, const std::string& name) {
-  PngReader reader{data, size, 0, {}};
+DecodedImage decode_png(const uint8_t* data, size_t size, const std::string& name, int64_t max_pixels) {
+  PngReader reader{data, size, 0, {}, max_pixels, false};
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &reader, on_png_error, on_png_warning);
   CHECK(png != nullptr, "image '", name, "': libpng could not start");
   png_infop info = png_create_info_struct(png);
@@ -86,6 +95,7 @@ DecodedImage decode_png(const uint8_t* data, size_t size, const std::string& nam
   PngLayout layout;
   const bool ok = info != nullptr && run_png_decoder(png, info, pixels, rows, decoded.exif, layout);
   png_destroy_read_struct(&png, info != nullptr ? &info : nullptr, nullptr);
+  if (reader.too_large) check_decoded_size(layout.height, layout.width, max_pixels, name);
   CHECK(ok, "image '", name, "': corrupt or truncated PNG (", reader.message, ")");
 
   RgbImage& image = decoded.image;

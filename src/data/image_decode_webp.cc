@@ -38,11 +38,12 @@ std::vector<uint8_t> read_webp_exif(const uint8_t* data, size_t size) {
 
 }  // namespace
 
-DecodedImage decode_webp(const uint8_t* data, size_t size, const std::string& name) {
+DecodedImage decode_webp(const uint8_t* data, size_t size, const std::string& name, int64_t max_pixels) {
   WebPBitstreamFeatures features;
   const VP8StatusCode status = WebPGetFeatures(data, size, &features);
   CHECK(status == VP8_STATUS_OK, "image '", name, "': corrupt or truncated WebP (", webp_status_text(status), ")");
   CHECK(!features.has_animation, "image '", name, "': animated WebP is not supported; save one frame as a still image");
+  check_decoded_size(features.height, features.width, max_pixels, name);
   DecodedImage decoded;
   RgbImage& image = decoded.image;
   image.height = features.height;

@@ -66,7 +66,7 @@ SftSample SampleBuilder::build(const SftRecord& record, int64_t sample_index, co
                                                            record.images.size(), " image source(s)"));
   }
   sample.images.reserve(record.images.size());
-  for (const std::string& ref : record.images) sample.images.push_back(load_sample_image(ref, options_.image_config, where));
+  for (const std::string& ref : record.images) sample.images.push_back(load_sample_image(ref, options_.image_config, options_.image_limits, where));
 
   std::vector<int32_t> ids, span_of_token;
   try {

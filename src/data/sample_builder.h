@@ -7,6 +7,7 @@
 #include <string>
 
 #include "data/image_preprocess.h"
+#include "data/sample_image.h"
 #include "data/sft_record.h"
 #include "data/sft_sample.h"
 #include "tokenizer/chat_template.h"
@@ -22,6 +23,7 @@ struct SampleOptions {
   int64_t max_length = 0;  // 0: no limit
   bool truncate = false;   // over max_length: cut (true) or drop the sample (false)
   ImagePreprocessConfig image_config;
+  ImageReadLimits image_limits;  // file size and decoded pixel caps (bigger images are skipped)
   bool allow_images = true;  // false for text-only models: samples with images are skipped (unsupported)
 };
 

@@ -176,6 +176,28 @@ TEST(SampleBuilder, BadSamplesAreSkippedWithTheirReason) {
   EXPECT_EQ(skip_reason(R"({"messages": [{"role": "robot", "content": "q"}]})", options, dir), SkipReason::kBadConversation);
 }
 
+// A line nested 100,000 deep used to overflow the stack while its JSON was printed (in the record
+// parser, the tool list and the tool-call arguments): it is a malformed_json skip now.
+TEST(SampleBuilder, DeeplyNestedJsonIsSkippedNotACrash) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string& escaped_deep = deep;  // brackets need no escaping inside a JSON string
+  const std::string user = R"({"role": "user", "content": "Hi"})";
+  const std::string answer = R"({"role": "assistant", "content": "Hello"})";
+  EXPECT_EQ(skip_reason(R"({"messages": [{"role": "user", "content": [)" + deep + R"(]}, )" + answer + "]}"),
+            SkipReason::kMalformedJson);
+  EXPECT_EQ(skip_reason(R"({"messages": [)" + user + ", " + answer + R"(], "tools": )" + deep + "}"),
+            SkipReason::kMalformedJson);
+  EXPECT_EQ(skip_reason(R"({"messages": [)" + user + ", " + answer + R"(], "tools": ")" + escaped_deep + "\"}"),
+            SkipReason::kMalformedJson);
+  EXPECT_EQ(skip_reason(R"({"messages": [)" + user +
+                        R"(, {"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": {"a": )" +
+                        deep + "}}]}]}"),
+            SkipReason::kMalformedJson);
+  // Ordinary nesting (a tool schema a few levels deep) is untouched.
+  EXPECT_NO_THROW(build(R"({"messages": [)" + user + ", " + answer +
+                        R"(], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string"}}}}}}]})"));
+}
+
 TEST(SampleBuilder, Qwen3FormatTextOnly) {
   SampleOptions options;
   options.chat_format = ChatFormat::kQwen3;

@@ -2,13 +2,24 @@
 // turning every failure into a SampleSkip with the reason (missing file vs undecodable image).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
+#include "data/image_decode.h"
 #include "data/image_preprocess.h"
 
 namespace deltamoe {
 
-// ref: a resolved path or a data: URL (see resolve_image_ref). Throws SampleSkip naming `where`.
-ImagePatches load_sample_image(const std::string& ref, const ImagePreprocessConfig& config, const std::string& where);
+// What one image may cost before it is refused (a skip, never an allocation that ends the run).
+struct ImageReadLimits {
+  int64_t max_file_bytes = int64_t{256} << 20;          // the file (or data URL payload)
+  int64_t max_decoded_pixels = kDefaultMaxDecodedPixels;  // width x height as the header states it
+};
+
+// ref: a resolved path or a data: URL (see resolve_image_ref). Only regular files are read
+// (directories, FIFOs and devices are skipped without blocking). Throws SampleSkip naming `where`
+// and the image.
+ImagePatches load_sample_image(const std::string& ref, const ImagePreprocessConfig& config,
+                               const ImageReadLimits& limits, const std::string& where);
 
 }  // namespace deltamoe

@@ -2,6 +2,7 @@
 #include "data/sample_source.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,8 +24,17 @@ bool is_blank(const char* begin, const char* end) {
 
 SampleSource::SampleSource(const std::string& path) : path_(path) {
   directory_ = std::filesystem::absolute(std::filesystem::path(path)).parent_path().string();
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // O_NONBLOCK: a FIFO must not block here
   CHECK(fd_ >= 0, "cannot open dataset '", path, "': ", std::strerror(errno));
+  struct stat info {};
+  const bool regular = ::fstat(fd_, &info) == 0 && S_ISREG(info.st_mode);
+  if (!regular) {
+    const bool directory = S_ISDIR(info.st_mode);
+    ::close(fd_);
+    fd_ = -1;
+    RAISE("dataset '", path, "' is ", directory ? "a directory" : "not a regular file (a device or FIFO?)",
+          "; give JSONL files");
+  }
   // One pass in large chunks; a line may span chunks, so only its start offset is carried over.
   std::vector<char> chunk(1 << 20);
   uint64_t chunk_offset = 0, line_start = 0;

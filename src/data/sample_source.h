@@ -13,7 +13,8 @@ namespace deltamoe {
 // One JSONL file. Reading lines is thread safe (pread on one descriptor).
 class SampleSource {
  public:
-  // Throws deltamoe::Error naming the path when it cannot be opened or read.
+  // Throws deltamoe::Error naming the path when it cannot be opened or read, or is not a regular
+  // file (a directory, a device such as /dev/null, a FIFO).
   explicit SampleSource(const std::string& path);
   ~SampleSource();
   SampleSource(const SampleSource&) = delete;
@@ -26,6 +27,8 @@ class SampleSource {
   // Text of sample i (without the line break) and its 1-based line number in the file.
   std::string read(int64_t i) const;
   int64_t line_number(int64_t i) const { return line_numbers_[static_cast<size_t>(i)]; }
+  // Bytes of sample i's line (known from the index, without reading it).
+  int64_t length(int64_t i) const { return lengths_[static_cast<size_t>(i)]; }
 
  private:
   std::string path_, directory_;

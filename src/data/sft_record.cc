@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "core/json_depth.h"
 #include "data/base64.h"
 #include "data/sample_skip.h"
 
@@ -89,7 +90,8 @@ void place_listed_images(Json& messages, const Json& images, const std::string& 
   }
   if (num_tags == 0 && !listed.empty()) {
     for (Json& message : messages) {
-      if (!message.is_object() || message.value("role", "") != "user") continue;
+      // NOTE: not message.value("role", ""), which throws when "role" holds a non-string.
+      if (!message.is_object() || !message.contains("role") || message["role"] != "user") continue;
       if (message.contains("content") && message["content"].is_string()) {
         std::string tags;
         for (size_t i = 0; i < listed.size(); ++i) tags += kImageTag;
@@ -126,7 +128,14 @@ std::string resolve_image_ref(const std::string& ref, const std::string& dataset
   return fs_path.is_absolute() ? path : (std::filesystem::path(dataset_dir) / fs_path).string();
 }
 
-SftRecord parse_sft_record(std::string_view line, const std::string& dataset_dir, const std::string& where) {
+namespace {
+
+SftRecord parse_record(std::string_view line, const std::string& dataset_dir, const std::string& where) {
+  // Checked before parsing: printing a value nested deeper than this would overflow the stack.
+  if (const int64_t depth = json_nesting_depth(line); depth > kMaxJsonDepth) {
+    throw SampleSkip(SkipReason::kMalformedJson, str_cat(where, ": JSON nested more than ", kMaxJsonDepth,
+                                                         " levels deep (at least ", depth, ")"));
+  }
   Json root;
   try {
     root = Json::parse(line);
@@ -170,6 +179,10 @@ SftRecord parse_sft_record(std::string_view line, const std::string& dataset_dir
     const Json& tools = root["tools"];
     if (tools.is_string()) {
       record.tools_json = tools.get<std::string>();  // some datasets store the list as a JSON string
+      if (json_nesting_depth(record.tools_json) > kMaxJsonDepth) {
+        throw SampleSkip(SkipReason::kMalformedJson,
+                         str_cat(where, ": 'tools' holds JSON nested more than ", kMaxJsonDepth, " levels deep"));
+      }
     } else if (tools.is_array()) {
       record.tools_json = tools.dump();
     } else {
@@ -177,6 +190,16 @@ SftRecord parse_sft_record(std::string_view line, const std::string& dataset_dir
     }
   }
   return record;
+}
+
+}  // namespace
+
+SftRecord parse_sft_record(std::string_view line, const std::string& dataset_dir, const std::string& where) {
+  try {
+    return parse_record(line, dataset_dir, where);
+  } catch (const Json::exception& error) {  // a value of an unexpected type that a check above missed
+    throw SampleSkip(SkipReason::kBadConversation, where + ": unexpected JSON layout (" + error.what() + ")");
+  }
 }
 
 }  // namespace deltamoe

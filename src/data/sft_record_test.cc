@@ -98,6 +98,16 @@ TEST(SftRecord, BadLinesGiveTheirReason) {
   EXPECT_EQ(reason_of(R"({"messages": [{"role": "user", "content": "x"}], "tools": 3})"), SkipReason::kBadConversation);
 }
 
+// Found by fuzz_sft_record: a non-string "role" in the ms-swift layout threw nlohmann's
+// type_error, which stopped the whole run instead of skipping the line.
+TEST(SftRecord, ValuesOfUnexpectedTypesAreSkipsNotExceptions) {
+  // The record itself is fine here (the chat parser refuses the role later): no exception at all.
+  EXPECT_NO_THROW(parse_sft_record(
+      R"({"messages": [{"role": ["user"], "content": "<image>x"}, {"role": "assistant", "content": "y"}], "images": ["a.jpg"]})",
+      "/data", "set.jsonl:7"));
+  EXPECT_EQ(reason_of(R"({"messages": [{"role": 7, "content": "x"}], "images": ["a.jpg"]})"), SkipReason::kBadConversation);
+}
+
 TEST(Base64, DecodesPaddedUnpaddedAndRejectsGarbage) {
   // RFC 4648 section 10 test vectors.
   const std::pair<const char*, const char*> vectors[] = {{"", ""},         {"Zg==", "f"},         {"Zm8=", "fo"},

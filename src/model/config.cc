@@ -297,7 +297,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   json root;
   try {
     root = json::parse(json_text);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // parse_error, and out_of_range for a number that overflows
     RAISE(where, ": not valid JSON: ", error.what());
   }
   CHECK(root.is_object(), where, ": the top level must be a JSON object");

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 #include "tokenizer/unicode.h"
 
 namespace deltamoe {
@@ -194,6 +195,9 @@ ChatMessage parse_message(const Json& entry, const std::string& where) {
 ChatConversation parse_chat(std::string_view messages_json, std::string_view tools_json, const std::string& where) {
   ChatConversation conversation;
   Json messages, tools;
+  // The printers below recurse once per level: bound the depth before parsing.
+  CHECK(json_nesting_depth(messages_json) <= kMaxJsonDepth && json_nesting_depth(tools_json) <= kMaxJsonDepth, where,
+        ": JSON in a conversation is nested more than ", kMaxJsonDepth, " levels deep");
   try {
     messages = Json::parse(messages_json);
     if (!tools_json.empty()) tools = Json::parse(tools_json);
@@ -201,10 +205,14 @@ ChatConversation parse_chat(std::string_view messages_json, std::string_view too
     RAISE(where, ": invalid JSON in a conversation: ", error.what());
   }
   CHECK(messages.is_array(), where, ": 'messages' must be a list");
-  for (const Json& entry : messages) conversation.messages.push_back(parse_message(entry, where));
-  if (!tools.is_null()) {
-    CHECK(tools.is_array(), where, ": 'tools' must be a list");
-    for (const Json& tool : tools) conversation.tools_json.push_back(python_json(tool, where));
+  try {
+    for (const Json& entry : messages) conversation.messages.push_back(parse_message(entry, where));
+    if (!tools.is_null()) {
+      CHECK(tools.is_array(), where, ": 'tools' must be a list");
+      for (const Json& tool : tools) conversation.tools_json.push_back(python_json(tool, where));
+    }
+  } catch (const Json::exception& error) {  // a value of an unexpected type that a check missed
+    RAISE(where, ": unexpected JSON layout in a conversation (", error.what(), ")");
   }
   return conversation;
 }

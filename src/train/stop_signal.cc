@@ -1,4 +1,4 @@
-// SIGTERM / SIGINT handlers that only record the request (async-signal-safe).
+// SIGTERM / SIGINT / SIGHUP handlers that only record the request (async-signal-safe).
 #include "train/stop_signal.h"
 
 namespace deltamoe {
@@ -22,11 +22,13 @@ StopSignalGuard::StopSignalGuard() {
   sigemptyset(&action.sa_mask);
   sigaction(SIGTERM, &action, &previous_term_);
   sigaction(SIGINT, &action, &previous_int_);
+  sigaction(SIGHUP, &action, &previous_hup_);
 }
 
 StopSignalGuard::~StopSignalGuard() {
   sigaction(SIGTERM, &previous_term_, nullptr);
   sigaction(SIGINT, &previous_int_, nullptr);
+  sigaction(SIGHUP, &previous_hup_, nullptr);
 }
 
 int StopSignalGuard::stop_signal() { return g_stop_signal; }

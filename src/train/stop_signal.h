@@ -1,5 +1,6 @@
-// Graceful stop on SIGTERM / SIGINT (cluster preemption, Ctrl-C): the trainer finishes the step in
-// flight, saves a checkpoint and returns; a second SIGINT ends the process at once.
+// Graceful stop on SIGTERM / SIGINT / SIGHUP (cluster preemption, Ctrl-C, a closed terminal or ssh
+// session): the trainer finishes the step in flight, saves a checkpoint and returns; a second
+// SIGINT ends the process at once.
 #pragma once
 
 #include <csignal>
@@ -14,12 +15,13 @@ class StopSignalGuard {
   StopSignalGuard(const StopSignalGuard&) = delete;
   StopSignalGuard& operator=(const StopSignalGuard&) = delete;
 
-  // The signal received (SIGTERM or SIGINT), or 0.
+  // The signal received (SIGTERM, SIGINT or SIGHUP), or 0.
   static int stop_signal();
 
  private:
   struct sigaction previous_term_ {};
   struct sigaction previous_int_ {};
+  struct sigaction previous_hup_ {};
 };
 
 }  // namespace deltamoe

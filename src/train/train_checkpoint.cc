@@ -11,7 +11,11 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/safetensors.h"
+#include "checkpoint/sharded.h"
 #include "core/error.h"
+#include "core/fs_sync.h"
+#include "core/kill_point.h"
 #include "core/log.h"
 
 namespace deltamoe {
@@ -99,45 +103,106 @@ std::string save_training_checkpoint(const std::string& output_dir, const Checkp
   }
 
   save_optimizer_state((temp_dir / kOptimizerFile).string(), *payload.optimizer, payload.progress, payload.master);
+  kill_point("save_optimizer", step);
   write_text_file(temp_dir / kStateFile, trainer_state_to_json(payload.state));
+  fsync_tree(temp_dir.string());  // every byte on disk before the rename makes the checkpoint visible
+  kill_point("save_state", step);
 
   // Rename into place. A checkpoint of the same step (a re-run) is moved aside first, so at every
   // moment one complete copy exists under a name --resume auto recognises or can be recovered.
   const fs::path old_dir = fs::path(output_dir) / str_cat(".checkpoint-", step, ".old");
   fs::remove_all(old_dir);
-  if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
+  if (fs::exists(final_dir)) {
+    fs::rename(final_dir, old_dir);
+    kill_point("save_aside", step);
+  }
   fs::rename(temp_dir, final_dir);
+  fsync_path(output_dir);  // the rename itself
+  kill_point("save_renamed", step);
   fs::remove_all(old_dir);
   return final_dir.string();
 }
 
+std::string checkpoint_problem(const std::string& dir) {
+  try {
+    load_trainer_state(dir);
+    CHECK(fs::is_regular_file(fs::path(dir) / "config.json"), dir, ": config.json is missing");
+    open_weights_dir(dir);  // every shard's header, its offsets against the file's size, the index
+    SafetensorsFile::open((fs::path(dir) / kOptimizerFile).string());
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  return "";
+}
+
+void recover_interrupted_saves(const std::string& output_dir) {
+  if (!fs::is_directory(output_dir)) return;
+  std::vector<fs::path> olds, temps;
+  for (const auto& entry : fs::directory_iterator(output_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(".checkpoint-")) continue;
+    if (name.ends_with(".old")) olds.push_back(entry.path());
+    if (name.ends_with(".tmp") || name.ends_with(".removing")) temps.push_back(entry.path());
+  }
+  // A kill between moving a same-step checkpoint aside and renaming its replacement into place
+  // leaves the complete old copy as .checkpoint-N.old: it goes back under its name.
+  for (const fs::path& old : olds) {
+    const std::string name = old.filename().string();
+    const fs::path restored = fs::path(output_dir) / name.substr(1, name.size() - 5);
+    if (checkpoint_step(restored.filename().string()) < 0) continue;
+    if (fs::exists(restored)) {
+      fs::remove_all(old);  // the rename into place happened; only the deletion was cut short
+    } else {
+      log_warn("train: restoring ", restored.string(), " from ", old.string(), " (a save was interrupted)");
+      fs::rename(old, restored);
+    }
+  }
+  // Never renamed into place, so never a checkpoint: half-written saves and half-done removals.
+  for (const fs::path& temp : temps) {
+    log_info("train: removing ", temp.string(), " (left by an interrupted save)");
+    fs::remove_all(temp);
+  }
+}
+
 std::string resolve_resume_dir(const std::string& resume, const std::string& output_dir) {
+  recover_interrupted_saves(output_dir);
   if (resume != "auto") return resume;
-  int64_t best_step = -1;
-  fs::path best;
+  std::vector<std::pair<int64_t, fs::path>> candidates;
   if (fs::is_directory(output_dir)) {
     for (const auto& entry : fs::directory_iterator(output_dir)) {
       const int64_t step = checkpoint_step(entry.path().filename().string());
-      if (step > best_step && fs::is_regular_file(entry.path() / kStateFile)) {
-        best_step = step;
-        best = entry.path();
-      }
+      if (step >= 0 && fs::is_regular_file(entry.path() / kStateFile)) candidates.emplace_back(step, entry.path());
     }
   }
-  CHECK(best_step >= 0, "--resume auto: no complete checkpoint-N directory in ", output_dir);
-  return best.string();
+  CHECK(!candidates.empty(), "--resume auto: no complete checkpoint-N directory in ", output_dir);
+  std::sort(candidates.rbegin(), candidates.rend());
+  for (const auto& [step, dir] : candidates) {
+    const std::string problem = checkpoint_problem(dir.string());
+    if (problem.empty()) return dir.string();
+    log_warn("train: --resume auto: skipping ", dir.string(), ", it is damaged: ", problem);
+  }
+  RAISE("--resume auto: every checkpoint in ", output_dir, " is damaged (see the messages above); the newest is ",
+        candidates.front().second.string());
 }
 
 void remove_old_checkpoints(const std::string& output_dir, int64_t keep) {
   std::vector<std::pair<int64_t, fs::path>> complete;
+  std::vector<fs::path> leftovers;  // of a removal killed half-way
   for (const auto& entry : fs::directory_iterator(output_dir)) {
-    const int64_t step = checkpoint_step(entry.path().filename().string());
+    const std::string name = entry.path().filename().string();
+    const int64_t step = checkpoint_step(name);
     if (step >= 0 && fs::is_regular_file(entry.path() / kStateFile)) complete.emplace_back(step, entry.path());
+    if (name.starts_with(".checkpoint-") && name.ends_with(".removing")) leftovers.push_back(entry.path());
   }
+  for (const fs::path& leftover : leftovers) fs::remove_all(leftover);
   std::sort(complete.begin(), complete.end());
   for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) {
     log_info("train: removing ", complete[i].second.string(), " (--save_total_limit ", keep, ")");
-    fs::remove_all(complete[i].second);
+    // Renamed first, so that a kill during the deletion never leaves a half checkpoint-N behind.
+    const fs::path doomed = fs::path(output_dir) / str_cat(".", complete[i].second.filename().string(), ".removing");
+    fs::rename(complete[i].second, doomed);
+    kill_point("save_total_limit", complete[i].first);
+    fs::remove_all(doomed);
   }
 }
 

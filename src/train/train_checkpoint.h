@@ -39,13 +39,27 @@ struct CheckpointPayload {
 };
 
 // Writes output_dir/checkpoint-<state.global_step> through output_dir/.checkpoint-<step>.tmp and a
-// rename; returns the final path. Test hook: DELTAMOE_FAIL_SAVE_AT_STEP=<step> ends the process
-// abruptly after the model files of that step's save are written (a kill in the middle of a save).
+// rename; returns the final path. Files and directories are fsync'ed around the renames. Test
+// hooks: DELTAMOE_FAIL_SAVE_AT_STEP=<step> ends the process abruptly after the model files of that
+// step's save are written (a kill in the middle of a save); DELTAMOE_KILL_AT=<phase>@<step>
+// (core/kill_point.h) kills it at save_optimizer, save_state, save_aside or save_renamed.
 std::string save_training_checkpoint(const std::string& output_dir, const CheckpointPayload& payload);
 
-// "auto": the complete checkpoint-N with the largest N in output_dir (throws when there is none);
-// otherwise dir itself.
+// "auto": the checkpoint-N with the largest N in output_dir that passes checkpoint_problem; a
+// newer damaged one is skipped with a warning that says why (throws when none is usable).
+// Otherwise dir itself. Either way recover_interrupted_saves(output_dir) runs first.
 std::string resolve_resume_dir(const std::string& resume, const std::string& output_dir);
+
+// Undoes what a save or --save_total_limit removal killed half-way leaves in output_dir: a
+// .checkpoint-N.old whose checkpoint-N is missing is renamed back (else deleted), and
+// .checkpoint-N.tmp / .removing folders are deleted. Call only while holding the RunLock.
+void recover_interrupted_saves(const std::string& output_dir);
+
+// Why dir cannot be resumed from, or "" when it looks complete: trainer_state.json parses,
+// config.json is there, and every safetensors file (model shards, optimizer state) has a header
+// that fits its file (a truncated or half-copied file fails). The bytes themselves are checked on
+// load (the optimizer state's checksums, the weights' NaN/Inf scan).
+std::string checkpoint_problem(const std::string& dir);
 
 // Deletes all but the newest `keep` complete checkpoint-N directories of output_dir (--save_total_limit).
 void remove_old_checkpoints(const std::string& output_dir, int64_t keep);

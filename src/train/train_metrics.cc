@@ -1,12 +1,20 @@
 // Progress line formatting and the metrics JSONL writer.
 #include "train/train_metrics.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/fs_sync.h"
+#include "core/kill_point.h"
 
 namespace deltamoe {
 
@@ -80,20 +88,48 @@ std::string lines_up_to_step(const std::string& path, int64_t max_step) {
   return kept;
 }
 
+void write_all(int fd, const std::string& text, const std::string& path) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t written = ::write(fd, text.data() + done, text.size() - done);
+    if (written < 0 && errno == EINTR) continue;
+    CHECK(written > 0, "writing ", path, " failed: ", std::strerror(errno), " (disk full?)");
+    done += static_cast<size_t>(written);
+  }
+}
+
+// path.tmp with `text`, synced, renamed over path, and the rename synced.
+void replace_file(const std::string& path, const std::string& text) {
+  const std::string temp = path + ".tmp";
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  CHECK(fd >= 0, "cannot create ", temp, ": ", std::strerror(errno));
+  try {
+    write_all(fd, text, temp);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  fsync_path(temp);
+  kill_point("metrics_rewrite");
+  std::filesystem::rename(temp, path);
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  fsync_path(parent.empty() ? "." : parent.string());
+}
+
 }  // namespace
 
 MetricsLog::MetricsLog(const std::string& path, int64_t keep_up_to_step) : path_(path) {
-  const std::string kept = keep_up_to_step >= 0 ? lines_up_to_step(path, keep_up_to_step) : std::string();
-  out_.open(path, std::ios::trunc);
-  CHECK(out_.good(), "cannot open the metrics file ", path, " for writing");
-  out_ << kept;
+  replace_file(path, keep_up_to_step >= 0 ? lines_up_to_step(path, keep_up_to_step) : std::string());
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  CHECK(fd_ >= 0, "cannot open the metrics file ", path, " for appending: ", std::strerror(errno));
 }
 
-void MetricsLog::write_line(const std::string& line) {
-  out_ << line << '\n';
-  out_.flush();
-  CHECK(out_.good(), "writing ", path_, " failed");
+MetricsLog::~MetricsLog() {
+  if (fd_ >= 0) ::close(fd_);
 }
+
+void MetricsLog::write_line(const std::string& line) { write_all(fd_, line + "\n", path_); }
 
 void MetricsLog::write_step(const StepMetrics& m) {
   nlohmann::ordered_json json;

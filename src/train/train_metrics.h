@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <string>
 
 namespace deltamoe {
@@ -42,13 +41,19 @@ std::string format_duration(double seconds);
 // B200 2250; 0 when unknown (then MFU is left out unless --peak_tflops names it).
 double default_peak_tflops(const std::string& gpu_name);
 
-// Appends JSON lines to a file (kept open; flushed after every line so a crash loses nothing).
+// Appends JSON lines to a file opened with O_APPEND, one write() per line, so a crash loses at
+// most the line being written and never tears another's.
 class MetricsLog {
  public:
   // keep_up_to_step < 0: start a new file. Otherwise (a resumed run) keep the earlier lines of
   // steps <= keep_up_to_step and drop later ones, which a run killed after its last checkpoint
-  // wrote and the resumed run is about to write again.
+  // wrote and the resumed run is about to write again. Either way the file is replaced through
+  // path.tmp + fsync + rename, so a kill at any moment leaves the old or the new file, never a
+  // truncated one.
   MetricsLog(const std::string& path, int64_t keep_up_to_step);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
   void write_step(const StepMetrics& metrics);
   // token_acc < 0 is written as null.
   void write_eval(int64_t step, double val_loss, double token_acc, int64_t num_supervised);
@@ -57,7 +62,7 @@ class MetricsLog {
  private:
   void write_line(const std::string& line);
   std::string path_;
-  std::ofstream out_;
+  int fd_ = -1;
 };
 
 }  // namespace deltamoe

@@ -8,6 +8,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
+
+#include <signal.h>
 #include <unistd.h>
 
 namespace deltamoe {
@@ -70,6 +73,76 @@ TEST(MetricsLog, WritesGpuFieldsOnlyWhenReported) {
   EXPECT_DOUBLE_EQ(gpu.at("tflops").get<double>(), 12.5);
   EXPECT_DOUBLE_EQ(gpu.at("mfu").get<double>(), 0.0126);
   EXPECT_DOUBLE_EQ(gpu.at("peak_mem_gib").get<double>(), 3.5);
+  std::filesystem::remove(path);
+}
+
+std::string temp_metrics_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("deltamoe_" + name + "_" + std::to_string(::getpid()) + ".jsonl"))
+      .string();
+}
+
+StepMetrics step_number(int64_t step, double loss = 3.2104) {
+  StepMetrics m = cpu_step();
+  m.step = step;
+  m.loss = loss;
+  return m;
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// Two logs on one file (what two runs in one folder did; the run lock now refuses the second run)
+// never tear a line: the second one's rewrite replaces the file by a rename, so the first one's
+// later lines go to the replaced file and every line in the file is whole. (Before: both opened it
+// with O_TRUNC and wrote at their own offsets, leaving holes of NUL bytes and cut lines.)
+TEST(MetricsLog, TwoWritersNeverTearALine) {
+  const std::string path = temp_metrics_path("metrics_two");
+  {
+    MetricsLog first(path, -1);
+    for (int64_t step = 1; step <= 3; ++step) first.write_step(step_number(step));
+    MetricsLog second(path, 3);  // a resume that keeps steps <= 3
+    for (int64_t step = 4; step <= 6; ++step) {  // lines of different lengths from the two
+      first.write_step(step_number(step, 1.0 / 3.0));
+      second.write_step(step_number(step));
+    }
+  }
+  const std::vector<std::string> lines = lines_of(path);
+  EXPECT_EQ(lines.size(), 3u + 3u);  // the kept steps 1..3 and the second log's 4..6
+  for (const std::string& line : lines) EXPECT_TRUE(nlohmann::json::accept(line)) << "torn line: " << line;
+  std::filesystem::remove(path);
+}
+
+// The resume-time rewrite goes through a temporary file and a rename: a kill -9 in the middle
+// leaves the previous file whole. (Before: the file was truncated first, so a kill left 0 bytes.)
+TEST(MetricsLog, AKillDuringTheRewriteLeavesTheOldFile) {
+  const std::string path = temp_metrics_path("metrics_kill");
+  {
+    MetricsLog log(path, -1);
+    for (int64_t step = 1; step <= 4; ++step) log.write_step(step_number(step));
+  }
+  const std::vector<std::string> before = lines_of(path);
+  ASSERT_EQ(before.size(), 4u);
+  EXPECT_EXIT(
+      {
+        setenv("DELTAMOE_KILL_AT", "metrics_rewrite", 1);
+        MetricsLog resumed(path, 2);
+        _exit(0);
+      },
+      ::testing::KilledBySignal(SIGKILL), "");
+  EXPECT_EQ(lines_of(path), before);
+  {
+    MetricsLog resumed(path, 2);
+    resumed.write_step(step_number(3));
+  }
+  const std::vector<std::string> after = lines_of(path);
+  ASSERT_EQ(after.size(), 3u);
+  EXPECT_EQ(after[0], before[0]);
+  EXPECT_EQ(after[1], before[1]);
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
   std::filesystem::remove(path);
 }
 

@@ -2,6 +2,7 @@
 #include "train/train_options.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "core/error.h"
@@ -10,6 +11,44 @@
 namespace deltamoe {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// Upper bounds that keep sizes far from overflow and memory from running away; each is orders of
+// magnitude past any real run (Qwen3.5 context: 262,144 tokens).
+constexpr int64_t kMaxTokens = int64_t{1} << 24;       // --max_length, --micro_batch_tokens
+constexpr int64_t kMaxAccumulation = int64_t{1} << 16;  // micro-batches held for one step
+constexpr int64_t kMaxBatchSamples = int64_t{1} << 24;  // --global_batch_size, --micro_batch_size
+constexpr int64_t kMaxEpochs = 1'000'000;
+constexpr int64_t kMaxWorkers = 256;
+constexpr int64_t kMaxImagePixels = int64_t{1} << 30;  // --min/max_pixels, --max_decoded_pixels
+
+void check_range(const char* flag, int64_t value, int64_t low, int64_t high) {
+  CHECK(value >= low && value <= high, flag, " must be in [", low, ", ", high, "], got ", value);
+}
+
+// lr 1 is already far past what AdamW fine-tuning uses (1e-6 .. 1e-3); larger values only explode.
+void check_numbers(const TrainOptions& o) {
+  CHECK(std::isfinite(o.schedule.lr) && o.schedule.lr > 0 && o.schedule.lr <= 1.0,
+        "--lr must be in (0, 1] (fine-tuning uses 1e-6 .. 1e-3), got ", o.schedule.lr);
+  CHECK(std::isfinite(o.max_grad_norm), "--max_grad_norm must be a number (<= 0: no clipping), got ", o.max_grad_norm);
+  CHECK(std::isfinite(o.peak_tflops) && o.peak_tflops >= 0, "--peak_tflops must be >= 0, got ", o.peak_tflops);
+  CHECK(!o.router_aux_loss_coef || (std::isfinite(*o.router_aux_loss_coef) && *o.router_aux_loss_coef >= 0),
+        "--router_aux_loss_coef must be >= 0, got ", o.router_aux_loss_coef.value_or(0));
+  check_range("--max_length", o.max_length, 1, kMaxTokens);
+  check_range("--micro_batch_tokens", o.micro_batch_tokens, 0, kMaxTokens);
+  check_range("--gradient_accumulation_steps", o.gradient_accumulation_steps, 0, kMaxAccumulation);
+  check_range("--global_batch_size", o.global_batch_size, 0, kMaxBatchSamples);
+  check_range("--micro_batch_size", o.micro_batch_size, 0, kMaxBatchSamples);
+  if (o.max_steps <= 0) check_range("--num_train_epochs", o.num_train_epochs, 1, kMaxEpochs);
+  check_range("--dataloader_num_workers", o.num_workers, 0, kMaxWorkers);
+  check_range("--min_pixels", o.min_pixels, 0, kMaxImagePixels);
+  check_range("--max_pixels", o.max_pixels, 0, kMaxImagePixels);
+  check_range("--max_decoded_pixels", o.max_decoded_pixels, 1, kMaxImagePixels);
+  CHECK(o.max_nonfinite_steps >= 0, "--max_nonfinite_steps must be >= 0 (0: never stop), got ", o.max_nonfinite_steps);
+}
+
+}  // namespace
 
 void validate_train_options(const TrainOptions& options) {
   CHECK(!options.model_dir.empty(), "--model is required");
@@ -21,7 +60,9 @@ void validate_train_options(const TrainOptions& options) {
   for (const auto* list : {&options.dataset_paths, &options.val_dataset_paths}) {
     const char* flag = list == &options.dataset_paths ? "--dataset" : "--val_dataset";
     for (const std::string& path : *list) {
-      CHECK(fs::is_regular_file(path), flag, ": no such file '", path, "'");
+      CHECK(fs::exists(path), flag, ": no such file '", path, "'");
+      CHECK(!fs::is_directory(path), flag, ": '", path, "' is a directory; give JSONL files (comma separated)");
+      CHECK(fs::is_regular_file(path), flag, ": '", path, "' is not a regular file (a device or FIFO?); give JSONL files");
     }
   }
   CHECK(options.split_dataset_ratio >= 0 && options.split_dataset_ratio < 1,
@@ -34,6 +75,7 @@ void validate_train_options(const TrainOptions& options) {
   CHECK(fs::weakly_canonical(options.output_dir) != fs::weakly_canonical(options.model_dir),
         "--output_dir must differ from --model (checkpoints would overwrite the input model)");
   CHECK(options.schedule.lr > 0, "--lr must be positive, got ", options.schedule.lr);
+  check_numbers(options);
   // The schedule's own checks; an epoch-based run's step count is known only after a pass over the
   // data, so until then any count will do for the flags that do not depend on it.
   LrScheduleConfig schedule = options.schedule;

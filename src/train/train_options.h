@@ -44,13 +44,19 @@ struct TrainOptions {
   std::string resume;          // "": fresh run; a checkpoint directory; "auto": newest in output_dir
   int64_t stop_after_steps = 0;  // > 0: end this process after that many steps (as if preempted)
   int num_workers = 2;
-  int64_t min_pixels = 0, max_pixels = 0;  // 0: the processor defaults
+  int64_t min_pixels = 0, max_pixels = 0;  // 0: preprocessor_config.json's (or the Qwen3.5 defaults)
+  int64_t max_decoded_pixels = 178'956'970;  // larger images are skipped unread (PIL's MAX_IMAGE_PIXELS)
+  // Consecutive steps with a non-finite loss or gradient norm after which the run stops with an
+  // error, saving nothing (0: never stop; such steps are skipped either way).
+  int64_t max_nonfinite_steps = 5;
+  bool overwrite_output_dir = false;  // a fresh run may replace the checkpoints and metrics found there
   uint64_t max_shard_bytes = 5'000'000'000;
   double peak_tflops = 0;  // --peak_tflops: the device's peak for MFU (0: by GPU name, see train_metrics.h)
 };
 
 // Checks values and paths (model dir with config.json, dataset files, output dir writable) and
-// throws an error that names the flag. Runs before the model is loaded.
+// throws an error that names the flag and, for numbers, the allowed range. Runs before the model is
+// loaded.
 void validate_train_options(const TrainOptions& options);
 
 }  // namespace deltamoe

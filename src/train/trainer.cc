@@ -14,12 +14,15 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "data/data_pipeline.h"
+#include "data/image_processor_config.h"
 #include "optim/loss_scaling.h"
 #include "optim/optimizer_step.h"
 #include "tokenizer/tokenizer.h"
 #include "train/batch_plan.h"
 #include "train/dataset_split.h"
 #include "train/engine_factory.h"
+#include "train/nonfinite_streak.h"
+#include "train/run_lock.h"
 #include "train/stop_signal.h"
 #include "train/train_checkpoint.h"
 #include "train/train_metrics.h"
@@ -37,18 +40,30 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-PipelineOptions pipeline_options(const TrainOptions& options, const ModelConfig& config,
+// The image settings `deltamoe data` uses too (preprocessor_config.json + flags), validated before
+// any sample is read.
+SampleOptions sample_options(const TrainOptions& options, const ModelConfig& config, const Tokenizer& tokenizer) {
+  SampleOptions sample;
+  sample.max_length = options.max_length;
+  sample.truncate = options.truncate;
+  sample.allow_images = config.has_vision;
+  sample.image_limits.max_decoded_pixels = options.max_decoded_pixels;
+  if (config.has_vision) {
+    const VisionGeometry vision{config.vision.patch_size, config.vision.temporal_patch_size,
+                                config.vision.spatial_merge_size, config.image_token_id};
+    sample.image_config =
+        load_image_processor_config(options.model_dir, vision, tokenizer, {options.min_pixels, options.max_pixels});
+  }
+  return sample;
+}
+
+PipelineOptions pipeline_options(const TrainOptions& options, const SampleOptions& sample,
                                  const std::vector<std::string>& paths, bool training) {
   PipelineOptions pipeline;
   pipeline.dataset_paths = paths;
-  pipeline.sample.max_length = options.max_length;
-  pipeline.sample.truncate = options.truncate;
-  ImagePreprocessConfig& image = pipeline.sample.image_config;
-  image.patch_size = config.vision.patch_size;
-  image.temporal_patch_size = config.vision.temporal_patch_size;
-  image.merge_size = config.vision.spatial_merge_size;
-  if (options.min_pixels > 0) image.min_pixels = options.min_pixels;
-  if (options.max_pixels > 0) image.max_pixels = options.max_pixels;
+  pipeline.sample = sample;
+  // A stop request must not wait for a long pass over skipped samples.
+  pipeline.stop_requested = [] { return StopSignalGuard::stop_signal() != 0; };
   const BatchPlan plan = plan_batches(options);
   pipeline.token_budget = plan.token_budget;
   pipeline.max_samples_per_batch = plan.micro_batch_samples;
@@ -100,7 +115,13 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   validate_train_options(options);
   const Clock::time_point run_start = Clock::now();
   fs::create_directories(options.output_dir);
+  const RunLock run_lock(options.output_dir);  // one run per folder, held to the end
+  if (options.resume.empty()) prepare_fresh_output_dir(options.output_dir, options.overwrite_output_dir);
 
+  // Tokenizer and image settings are checked before the weights are read (a full scan of a large model).
+  const Tokenizer tokenizer = Tokenizer::load(options.model_dir);
+  const SampleOptions samples = sample_options(
+      options, load_model_config_file((fs::path(options.model_dir) / "config.json").string()), tokenizer);
   const ModelCheckpoint base = load_model_dir(options.model_dir);
   const ModelConfig& config = base.config;
   const double aux_coef = options.router_aux_loss_coef.value_or(config.text.router_aux_loss_coef);
@@ -110,7 +131,6 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   log_info("train: ", layout.num_tensors(), " trainable tensors, ", layout.num_parameters(), " parameters (of ",
            base.params.size(), " tensors)");
 
-  const Tokenizer tokenizer = Tokenizer::load(options.model_dir);
   std::vector<std::string> train_paths = options.dataset_paths, val_paths = options.val_dataset_paths;
   if (options.split_dataset_ratio > 0) {
     const DatasetSplit split = split_dataset(options.dataset_paths, options.split_dataset_ratio, options.seed,
@@ -120,7 +140,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     train_paths = {split.train_path};
     val_paths = {split.val_path};
   }
-  const PipelineOptions train_data = pipeline_options(options, config, train_paths, true);
+  const PipelineOptions train_data = pipeline_options(options, samples, train_paths, true);
 
   const BatchPlan batch_plan = plan_batches(options);
   const int64_t accumulation = batch_plan.accumulation;
@@ -181,7 +201,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
 
   std::vector<MicroBatch> val_batches;
   if (!val_paths.empty()) {
-    DataPipeline val_pipeline(pipeline_options(options, config, val_paths, false), tokenizer);
+    DataPipeline val_pipeline(pipeline_options(options, samples, val_paths, false), tokenizer);
     while (auto batch = val_pipeline.next_batch()) val_batches.push_back(std::move(*batch));
     CHECK(!val_batches.empty(), "--val_dataset: no usable samples");
   }
@@ -208,7 +228,9 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   // A resumed run evaluated this step before it was saved (its line is kept in the metrics).
   if (!val_batches.empty() && !resuming) run_eval(state.global_step);
 
+  NonFiniteStreak nonfinite(options.max_nonfinite_steps);
   auto save = [&]() {
+    CHECK(!nonfinite.in_streak(), nonfinite.refused_save_message());  // keep the last good checkpoint
     CheckpointPayload payload;
     const ModelCheckpoint weights = checkpoint_with_master(base, layout, master.data());
     payload.model = &weights;
@@ -225,20 +247,31 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     std::fflush(stdout);
   };
 
-  const StopSignalGuard stop_guard;  // SIGTERM / SIGINT: finish the step, save, return
+  const StopSignalGuard stop_guard;  // SIGTERM / SIGINT / SIGHUP: finish the step, save, return
   DataPipeline pipeline(train_data, tokenizer, state.data_position);
   std::vector<float> grad(static_cast<size_t>(layout.total_numel()), 0.0f);
   const double elapsed_before = state.elapsed_s;
   const Clock::time_point loop_start = Clock::now();
   bool saved_at_step = false;
   double run_flops = 0, run_step_s = 0;  // for the summary's MFU
+  auto stop_for_signal = [&]() {
+    if (!saved_at_step && summary.steps_this_run > 0) save();
+    saved_at_step = true;
+    log_warn("train: stopped by signal ", StopSignalGuard::stop_signal(), " after step ", state.global_step,
+             "; continue with --resume auto");
+    summary.stopped_by_signal = StopSignalGuard::stop_signal();
+  };
   while (state.global_step < total_steps) {
     const Clock::time_point step_start = Clock::now();
     std::vector<MicroBatch> batches;
-    while (static_cast<int64_t>(batches.size()) < accumulation) {
+    while (static_cast<int64_t>(batches.size()) < accumulation && StopSignalGuard::stop_signal() == 0) {
       std::optional<MicroBatch> batch = pipeline.next_batch();
       if (!batch) break;
       batches.push_back(std::move(*batch));
+    }
+    if (StopSignalGuard::stop_signal() != 0) {  // while the step's data was read: that step is dropped
+      stop_for_signal();
+      break;
     }
     if (batches.empty()) {
       log_warn("train: the data ended at step ", state.global_step, " of ", total_steps);
@@ -308,6 +341,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     const double mean_step_s = seconds_since(loop_start) / static_cast<double>(summary.steps_this_run);
     step.eta_s = mean_step_s * static_cast<double>(total_steps - state.global_step);
     metrics.write_step(step);
+    if (nonfinite.record(state.global_step, step.loss, report.grad_norm)) RAISE(nonfinite.stop_message());
     if (summary.steps_this_run == 1) summary.first_loss = step.loss;
     summary.last_loss = step.loss;
     if (report.skipped) log_warn("train: step ", step.step, ": gradient norm is not finite; update skipped");
@@ -319,21 +353,19 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     if (!val_batches.empty() && ((options.eval_steps > 0 && state.global_step % options.eval_steps == 0) || last)) {
       run_eval(state.global_step);
     }
-    if ((options.save_steps > 0 && state.global_step % options.save_steps == 0) || last) {
+    if ((options.save_steps > 0 && state.global_step % options.save_steps == 0 && !nonfinite.in_streak()) || last) {
       save();
       saved_at_step = true;
     }
     if (options.stop_after_steps > 0 && summary.steps_this_run >= options.stop_after_steps && !last) {
       if (!saved_at_step) save();
+      saved_at_step = true;  // (the save after the loop would write the same checkpoint again)
       log_info("train: stopping after ", summary.steps_this_run, " steps (--stop_after_steps); continue with ",
                "--resume auto");
       break;
     }
     if (StopSignalGuard::stop_signal() != 0 && !last) {
-      if (!saved_at_step) save();
-      log_warn("train: stopped by signal ", StopSignalGuard::stop_signal(), " after step ", state.global_step,
-               "; continue with --resume auto");
-      summary.stopped_by_signal = StopSignalGuard::stop_signal();
+      stop_for_signal();
       break;
     }
   }

@@ -3,11 +3,14 @@
 // leaves the previous checkpoint loadable and resumable.
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/fs_sync.h"
 #include "optim/optimizer_state.h"
 #include "train/train_checkpoint.h"
 #include "train/train_test_util.h"
@@ -134,6 +137,181 @@ TEST_F(TrainerResumeTest, KilledSaveLeavesPreviousCheckpointLoadable) {
   EXPECT_TRUE(fs::exists(out / "checkpoint-6" / "optimizer.safetensors"));
   EXPECT_FALSE(fs::exists(out / ".checkpoint-4.tmp")) << "the leftover temporary save was not cleaned up";
   expect_metrics_steps(out / "metrics.jsonl", 6);
+}
+
+// Options of the binary runs below as a TrainOptions (the in-process resume must match them).
+TrainOptions binary_run_options(const fs::path& root, const fs::path& out) {
+  TrainOptions options = small_run_options(root);
+  options.gradient_accumulation_steps = 1;
+  options.schedule = {};
+  options.schedule.lr = 1e-3;
+  options.max_steps = 6;
+  options.save_steps = 2;
+  options.freeze = FreezeOptions{};
+  options.output_dir = out.string();
+  return options;
+}
+
+// `env deltamoe train` with the flags of binary_run_options; returns the wait status.
+int run_binary(const fs::path& root, const fs::path& out, const std::string& env, const std::string& extra,
+               const fs::path& log) {
+  const std::string binary = std::getenv("DELTAMOE_BINARY") != nullptr ? std::getenv("DELTAMOE_BINARY") : "";
+  EXPECT_FALSE(binary.empty()) << "DELTAMOE_BINARY is not set (run through ctest)";
+  return std::system(str_cat(env, " ", binary, " train --model ", (root / "tiny-vl").string(), " --dataset ",
+                             (root / "data" / "train.jsonl").string(), " --output_dir ", out.string(),
+                             " --max_steps 6 --save_steps 2 --lr 1e-3 --max_length 128 --micro_batch_tokens 256",
+                             " --min_pixels 4096 --max_pixels 4096 --dataloader_num_workers 1 --seed 7 ", extra, " > ",
+                             log.string(), " 2>&1")
+                         .c_str());
+}
+
+bool killed_by_sigkill(int status) {
+  return (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) || (WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGKILL);
+}
+
+// Names in out that an interrupted save or removal left behind.
+std::vector<std::string> leftovers(const fs::path& out) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(out)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(".checkpoint-") || name.ends_with(".tmp")) names.push_back(name);
+  }
+  return names;
+}
+
+// kill -9 at every phase of a save (after the model files: the hook above; after the optimizer
+// state; after trainer_state.json, before the rename; after the rename, before the old copy of the
+// same step is deleted; in the middle of --save_total_limit's removal) and during the resume-time
+// metrics rewrite: --resume auto then finishes the run bit for bit like an uninterrupted one, with
+// every metrics step once and no checkpoint or file lost.
+TEST_F(TrainerResumeTest, KillMinusNineAtEveryPhaseThenResumeIsBitExact) {
+  const fs::path reference = *root_ / "kill_reference";
+  ASSERT_EQ(run_training(binary_run_options(*root_, reference), "cpu").steps_done, 6);
+  struct Phase {
+    std::string name;
+    std::string env;    // of the run that is killed
+    std::string extra;  // its extra flags
+  };
+  const std::vector<Phase> phases = {
+      {"save_optimizer", "DELTAMOE_KILL_AT=save_optimizer@4", ""},
+      {"save_state", "DELTAMOE_KILL_AT=save_state@4", ""},
+      {"save_renamed", "DELTAMOE_KILL_AT=save_renamed@4", ""},
+      {"save_total_limit", "DELTAMOE_KILL_AT=save_total_limit@2", "--save_total_limit 1"},
+  };
+  for (const Phase& phase : phases) {
+    SCOPED_TRACE(phase.name);
+    const fs::path out = *root_ / ("kill_" + phase.name);
+    const fs::path log = *root_ / ("kill_" + phase.name + ".log");
+    ASSERT_TRUE(killed_by_sigkill(run_binary(*root_, out, phase.env, phase.extra, log))) << read_bytes(log);
+    TrainOptions resume = binary_run_options(*root_, out);
+    resume.resume = "auto";
+    if (phase.name == "save_total_limit") resume.save_total_limit = 1;
+    EXPECT_EQ(run_training(resume, "cpu").steps_done, 6);
+    expect_same_checkpoint(reference / "checkpoint-6", out / "checkpoint-6");
+    expect_metrics_steps(out / "metrics.jsonl", 6);
+    EXPECT_EQ(leftovers(out), std::vector<std::string>{}) << "a leftover of the interrupted save";
+    if (phase.name != "save_total_limit") {
+      for (const char* kept : {"checkpoint-2", "checkpoint-4"}) EXPECT_TRUE(fs::exists(out / kept)) << kept;
+    }
+  }
+
+  // Killed between moving a same-step checkpoint aside and renaming its replacement into place
+  // (a run resumed from an older checkpoint saves step 4 again): the old copy is restored.
+  {
+    const fs::path out = *root_ / "kill_save_aside";
+    const fs::path log = *root_ / "kill_save_aside.log";
+    ASSERT_EQ(run_binary(*root_, out, "", "--stop_after_steps 4", log), 0) << read_bytes(log);
+    ASSERT_TRUE(killed_by_sigkill(run_binary(*root_, out, "DELTAMOE_KILL_AT=save_aside@4",
+                                             str_cat("--resume ", (out / "checkpoint-2").string()), log)))
+        << read_bytes(log);
+    ASSERT_FALSE(fs::exists(out / "checkpoint-4"));
+    ASSERT_TRUE(fs::exists(out / ".checkpoint-4.old"));
+    TrainOptions resume = binary_run_options(*root_, out);
+    resume.resume = "auto";
+    const TrainSummary summary = run_training(resume, "cpu");
+    EXPECT_EQ(summary.steps_this_run, 2) << "resumed from the restored checkpoint-4";
+    expect_same_checkpoint(reference / "checkpoint-6", out / "checkpoint-6");
+    expect_metrics_steps(out / "metrics.jsonl", 6);
+    EXPECT_EQ(leftovers(out), std::vector<std::string>{});
+  }
+
+  // Killed while a resumed run rewrites metrics.jsonl: the file keeps its lines (before: 0 bytes).
+  {
+    const fs::path out = *root_ / "kill_metrics_rewrite";
+    const fs::path log = *root_ / "kill_metrics_rewrite.log";
+    const int killed_in_save = run_binary(*root_, out, "DELTAMOE_FAIL_SAVE_AT_STEP=4", "", log);
+    ASSERT_TRUE(WIFEXITED(killed_in_save) && WEXITSTATUS(killed_in_save) == 86) << read_bytes(log);
+    const std::string metrics_before = read_bytes(out / "metrics.jsonl");
+    ASSERT_TRUE(killed_by_sigkill(run_binary(*root_, out, "DELTAMOE_KILL_AT=metrics_rewrite", "--resume auto", log)))
+        << read_bytes(log);
+    EXPECT_EQ(read_bytes(out / "metrics.jsonl"), metrics_before) << "the kill damaged metrics.jsonl";
+    TrainOptions resume = binary_run_options(*root_, out);
+    resume.resume = "auto";
+    EXPECT_EQ(run_training(resume, "cpu").steps_done, 6);
+    expect_same_checkpoint(reference / "checkpoint-6", out / "checkpoint-6");
+    expect_metrics_steps(out / "metrics.jsonl", 6);
+    EXPECT_EQ(leftovers(out), std::vector<std::string>{});
+  }
+}
+
+// A damaged newest checkpoint (here a truncated optimizer state, as a full disk or a half copy
+// leaves it) is skipped with a warning that says why, and the run resumes from the newest good one
+// and ends bit for bit like an uninterrupted run. (Before: --resume auto picked it and failed.)
+TEST_F(TrainerResumeTest, ResumeAutoFallsBackPastADamagedNewestCheckpoint) {
+  const fs::path reference = *root_ / "fallback_reference";
+  ASSERT_EQ(run_training(binary_run_options(*root_, reference), "cpu").steps_done, 6);
+  const fs::path out = *root_ / "fallback";
+  TrainOptions first = binary_run_options(*root_, out);
+  first.stop_after_steps = 4;
+  ASSERT_EQ(run_training(first, "cpu").steps_done, 4);
+  const fs::path optimizer = out / "checkpoint-4" / "optimizer.safetensors";
+  fs::resize_file(optimizer, fs::file_size(optimizer) / 2);
+  EXPECT_NE(checkpoint_problem((out / "checkpoint-4").string()).find("truncated"), std::string::npos)
+      << checkpoint_problem((out / "checkpoint-4").string());
+  EXPECT_EQ(checkpoint_problem((out / "checkpoint-2").string()), "");
+
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(resolve_resume_dir("auto", out.string()), (out / "checkpoint-2").string());
+  const std::string warning = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warning.find("skipping " + (out / "checkpoint-4").string() + ", it is damaged"), std::string::npos)
+      << warning;
+
+  TrainOptions resume = binary_run_options(*root_, out);
+  resume.resume = "auto";
+  const TrainSummary summary = run_training(resume, "cpu");
+  EXPECT_EQ(summary.steps_this_run, 4);
+  expect_same_checkpoint(reference / "checkpoint-6", out / "checkpoint-6");
+  expect_same_checkpoint(reference / "checkpoint-4", out / "checkpoint-4");  // the damaged one was replaced
+  expect_metrics_steps(out / "metrics.jsonl", 6);
+
+  // Nothing usable at all: an error that says so.
+  const fs::path broken = *root_ / "all_broken";
+  fs::create_directories(broken / "checkpoint-3");
+  std::ofstream(broken / "checkpoint-3" / "trainer_state.json") << "{";
+  EXPECT_THROW(resolve_resume_dir("auto", broken.string()), Error);
+}
+
+// Every file of a checkpoint, the checkpoint folder and the output folder (the rename) are synced
+// to disk by a save, so a power loss after the rename cannot leave an empty or partial checkpoint.
+TEST_F(TrainerResumeTest, ASaveSyncsItsFilesAndTheRename) {
+  std::vector<std::string> synced;
+  set_fsync_observer([&](const std::string& path) { synced.push_back(path); });
+  const fs::path out = *root_ / "synced";
+  TrainOptions options = binary_run_options(*root_, out);
+  options.max_steps = 1;
+  run_training(options, "cpu");
+  set_fsync_observer(nullptr);
+  auto was_synced = [&](const fs::path& path) {
+    return std::find(synced.begin(), synced.end(), path.string()) != synced.end();
+  };
+  const fs::path temp = out / ".checkpoint-1.tmp";
+  for (const char* name : {"trainer_state.json", "optimizer.safetensors", "model.safetensors", "config.json",
+                           "tokenizer.json"}) {
+    EXPECT_TRUE(was_synced(temp / name)) << name;
+  }
+  EXPECT_TRUE(was_synced(temp)) << "the checkpoint folder";
+  EXPECT_TRUE(was_synced(out)) << "the output folder after the rename";
+  EXPECT_TRUE(was_synced(out / "metrics.jsonl.tmp")) << "the metrics file before its rename";
 }
 
 }  // namespace
