@@ -2,6 +2,7 @@
 # Sources are *.cc (and *.cu with CUDA); files ending in _test.cc become test programs:
 #   *_gpu_test.cc    -> label gpu    (built only with CUDA; run on the GPU machine)
 #   *_golden_test.cc -> label golden (compares with transformers' outputs; CI)
+#   *_speed_test.cc  -> label bench  (measures and prints throughput, asserts no speed; not in CI)
 #   other *_test.cc  -> label cpu    (CI)
 # Test programs run from the source root with DELTAMOE_SOURCE_DIR and DELTAMOE_BINARY set.
 
@@ -25,6 +26,8 @@ function(deltamoe_add_tests NAME)
       endif()
     elseif(test_name MATCHES "_golden_test$")
       set(label golden)
+    elseif(test_name MATCHES "_speed_test$")
+      set(label bench)
     endif()
     add_executable(${test_name} ${test_file})
     target_include_directories(${test_name} PRIVATE ${PROJECT_SOURCE_DIR}/src)

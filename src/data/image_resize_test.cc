@@ -1,11 +1,16 @@
-// smart_resize against hand-worked cases of every branch, and the bicubic resize against a plain
-// floating-point convolution written independently here (PIL rounds to uint8 between passes, so
-// the two may differ by one step).
+// smart_resize against hand-worked cases of every branch, and the bicubic resize against PIL's
+// bicubic written independently here in double precision (Keys' kernel with a = -0.5, rounding to
+// uint8 after each pass), on noise, a checkerboard and a gradient, within one step.
 #include "data/image_resize.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "data/image_test_util.h"
@@ -62,24 +67,31 @@ TEST(SmartResize, RejectsInconsistentLimits) {
   EXPECT_THROW(smart_resize(100, 100, 1, 100), Error);  // below one 32x32 block
 }
 
-// Bicubic (a = -0.5) with the support scaled when shrinking, computed in double without any
-// intermediate rounding.
-double reference_weight(double x) {
+// The independent reference: Keys' cubic convolution kernel written from its textbook form,
+//   W(x) = (a + 2)|x|^3 - (a + 3)|x|^2 + 1        for |x| < 1
+//   W(x) = a|x|^3 - 5a|x|^2 + 8a|x| - 4a          for 1 <= |x| < 2, else 0,
+// with a = -0.5 as PIL's BICUBIC (a = -0.75 is the other common choice, e.g. OpenCV's).
+constexpr double kPilBicubicA = -0.5;
+constexpr double kOtherBicubicA = -0.75;
+
+double keys_cubic(double x, double a) {
   x = std::abs(x);
-  if (x < 1) return (1.5 * x - 2.5) * x * x + 1;
-  if (x < 2) return ((-0.5 * x + 2.5) * x - 4) * x + 2;
+  if (x < 1) return (a + 2) * x * x * x - (a + 3) * x * x + 1;
+  if (x < 2) return a * x * x * x - 5 * a * x * x + 8 * a * x - 4 * a;
   return 0;
 }
 
-std::vector<std::vector<double>> reference_matrix(int64_t in_size, int64_t out_size) {
+// [out_size][in_size] resampling weights: output pixel o is centred at input coordinate
+// (o + 0.5) * scale; when shrinking the kernel is stretched by the scale (so it averages every input
+// pixel it covers); taps outside the image are dropped and the rest renormalised to sum to 1.
+std::vector<std::vector<double>> reference_matrix(int64_t in_size, int64_t out_size, double a) {
   const double scale = static_cast<double>(in_size) / out_size, stretch = std::max(scale, 1.0);
   std::vector<std::vector<double>> matrix(out_size, std::vector<double>(in_size, 0.0));
   for (int64_t o = 0; o < out_size; ++o) {
     const double center = (o + 0.5) * scale;
     double total = 0;
     for (int64_t i = 0; i < in_size; ++i) {
-      if (std::abs(i + 0.5 - center) >= 2 * stretch) continue;  // outside the support
-      matrix[o][i] = reference_weight((i + 0.5 - center) / stretch);
+      matrix[o][i] = keys_cubic((i + 0.5 - center) / stretch, a);
       total += matrix[o][i];
     }
     for (double& weight : matrix[o]) weight /= total;
@@ -87,31 +99,113 @@ std::vector<std::vector<double>> reference_matrix(int64_t in_size, int64_t out_s
   return matrix;
 }
 
-TEST(ResizeBicubic, MatchesAFloatingPointConvolutionWithinOneStep) {
-  const RgbImage image = image_test::gradient_image(37, 53);
-  for (const ImageSize& target : {ImageSize{64, 96}, ImageSize{32, 32}, ImageSize{37, 20}, ImageSize{90, 53}}) {
-    const RgbImage resized = resize_bicubic(image, target.height, target.width);
-    ASSERT_EQ(resized.height, target.height);
-    ASSERT_EQ(resized.width, target.width);
-    const auto rows = reference_matrix(image.height, target.height);
-    const auto cols = reference_matrix(image.width, target.width);
-    double max_diff = 0;
-    for (int64_t r = 0; r < target.height; ++r) {
-      for (int64_t c = 0; c < target.width; ++c) {
-        for (int ch = 0; ch < 3; ++ch) {
-          double value = 0;
-          for (int64_t i = 0; i < image.height; ++i) {
-            if (rows[r][i] == 0) continue;
-            for (int64_t j = 0; j < image.width; ++j) value += rows[r][i] * cols[c][j] * image.at(i, j, ch);
-          }
-          value = std::clamp(value, 0.0, 255.0);
-          max_diff = std::max(max_diff, std::abs(value - resized.at(r, c, ch)));
-        }
+uint8_t round_to_u8(double value) { return static_cast<uint8_t>(std::clamp(std::round(value), 0.0, 255.0)); }
+
+// PIL's order of work in double precision: the horizontal pass, rounded to uint8, then the vertical
+// pass, rounded to uint8 (PIL does the same with 22-bit fixed-point weights, so the two may differ by
+// one step where a value lies within ~1e-4 of a rounding boundary).
+RgbImage reference_resize(const RgbImage& image, int64_t height, int64_t width, double a) {
+  const auto cols = reference_matrix(image.width, width, a);
+  RgbImage wide{image.height, width, std::vector<uint8_t>(static_cast<size_t>(image.height * width) * 3)};
+  for (int64_t r = 0; r < image.height; ++r)
+    for (int64_t c = 0; c < width; ++c)
+      for (int ch = 0; ch < 3; ++ch) {
+        double value = 0;
+        for (int64_t j = 0; j < image.width; ++j) value += cols[c][j] * image.at(r, j, ch);
+        wide.pixels[(r * width + c) * 3 + ch] = round_to_u8(value);
       }
+  const auto rows = reference_matrix(image.height, height, a);
+  RgbImage out{height, width, std::vector<uint8_t>(static_cast<size_t>(height * width) * 3)};
+  for (int64_t r = 0; r < height; ++r)
+    for (int64_t c = 0; c < width; ++c)
+      for (int ch = 0; ch < 3; ++ch) {
+        double value = 0;
+        for (int64_t i = 0; i < image.height; ++i) value += rows[r][i] * wide.at(i, c, ch);
+        out.pixels[(r * width + c) * 3 + ch] = round_to_u8(value);
+      }
+  return out;
+}
+
+// Uniform noise and a one-pixel checkerboard: unlike a linear gradient (which every symmetric cubic
+// kernel reproduces exactly), their resized values depend on the kernel's shape.
+RgbImage noise_image(int64_t height, int64_t width) {
+  std::mt19937 rng(20261215);
+  RgbImage image{height, width, std::vector<uint8_t>(static_cast<size_t>(height * width) * 3)};
+  for (uint8_t& value : image.pixels) value = static_cast<uint8_t>(rng() & 0xFF);
+  return image;
+}
+
+RgbImage checkerboard_image(int64_t height, int64_t width) {
+  RgbImage image{height, width, std::vector<uint8_t>(static_cast<size_t>(height * width) * 3)};
+  for (int64_t r = 0; r < height; ++r)
+    for (int64_t c = 0; c < width; ++c)
+      for (int ch = 0; ch < 3; ++ch) image.pixels[(r * width + c) * 3 + ch] = ((r + c + ch) % 2) ? 230 : 20;
+  return image;
+}
+
+struct PixelDiff {
+  int max = 0;
+  int64_t num_differing = 0;
+};
+
+PixelDiff pixel_diff(const RgbImage& a, const RgbImage& b) {
+  PixelDiff diff;
+  for (size_t i = 0; i < a.pixels.size(); ++i) {
+    const int d = std::abs(int(a.pixels[i]) - int(b.pixels[i]));
+    diff.max = std::max(diff.max, d);
+    diff.num_differing += d != 0;
+  }
+  return diff;
+}
+
+struct NamedImage {
+  const char* name;
+  RgbImage image;
+};
+
+std::vector<NamedImage> filter_test_images() {
+  return {{"noise", noise_image(37, 53)}, {"checkerboard", checkerboard_image(37, 53)},
+          {"gradient", image_test::gradient_image(37, 53)}};
+}
+
+// Up, down, one axis at a time, and non-integer ratios.
+const ImageSize kTargets[] = {{64, 96}, {32, 32}, {37, 20}, {90, 53}, {25, 71}};
+
+// PIL rounds to uint8 after each pass like the reference, so they may differ by one step, rarely.
+constexpr int kMaxStepDiff = 1;
+constexpr double kMaxDifferingFraction = 0.01;
+
+TEST(ResizeBicubic, MatchesAnIndependentPilBicubicOnNoiseCheckerboardAndGradient) {
+  for (const NamedImage& input : filter_test_images()) {
+    for (const ImageSize& target : kTargets) {
+      const RgbImage resized = resize_bicubic(input.image, target.height, target.width);
+      ASSERT_EQ(resized.height, target.height);
+      ASSERT_EQ(resized.width, target.width);
+      const PixelDiff diff = pixel_diff(resized, reference_resize(input.image, target.height, target.width, kPilBicubicA));
+      const double fraction = static_cast<double>(diff.num_differing) / static_cast<double>(resized.pixels.size());
+      std::printf("  %-12s %ldx%ld -> %ldx%ld: max|diff| vs reference (a = -0.5) %d, values differing %.4f\n",
+                  input.name, input.image.height, input.image.width, target.height, target.width, diff.max, fraction);
+      EXPECT_LE(diff.max, kMaxStepDiff) << input.name << " -> " << target.height << "x" << target.width;
+      EXPECT_LE(fraction, kMaxDifferingFraction) << input.name << " -> " << target.height << "x" << target.width;
     }
-    std::printf("  %ldx%ld -> %ldx%ld max|diff| vs float convolution = %.3f\n", image.height, image.width,
-                target.height, target.width, max_diff);
-    EXPECT_LE(max_diff, 1.5);
+  }
+}
+
+// The check above can tell kernels apart: on noise and the checkerboard, a = -0.75 moves some
+// resized values by far more than the one step allowed (on the gradient it would not).
+TEST(ResizeBicubic, NoiseAndCheckerboardTellKeysParameterMinus075FromPils) {
+  for (const NamedImage& input : filter_test_images()) {
+    if (std::string(input.name) == "gradient") continue;
+    int largest_max = 0;
+    for (const ImageSize& target : kTargets) {
+      const PixelDiff diff =
+          pixel_diff(reference_resize(input.image, target.height, target.width, kOtherBicubicA),
+                     reference_resize(input.image, target.height, target.width, kPilBicubicA));
+      std::printf("  %-12s -> %ldx%ld: a = -0.75 vs a = -0.5 max|diff| %d steps\n", input.name, target.height,
+                  target.width, diff.max);
+      largest_max = std::max(largest_max, diff.max);
+    }
+    EXPECT_GE(largest_max, 10 * kMaxStepDiff) << input.name;
   }
 }
 

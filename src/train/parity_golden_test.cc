@@ -1,7 +1,8 @@
 // Golden parity of the CPU reference against transformers: for every case under tests/golden (text
 // and VLM with images), runs run_parity_cpu and compares with expected.safetensors: ce_loss,
-// aux_loss within 1e-5 relative; logits max|diff| / max|ref| <= 1e-4; every gradient (vision ones
-// included) ||diff|| / ||ref|| <= 1e-4. Prints each case's worst tensor.
+// aux_loss within 1e-5 relative; logits max|diff| / max|ref| <= 2e-5 (1e-6 on the well-conditioned
+// *_router_margin cases); every gradient (vision ones included) ||diff|| / ||ref|| <= 1e-4. Prints
+// each case's worst tensor.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <set>
+#include <string>
 
 #include "checkpoint/model_checkpoint.h"
 #include "checkpoint/safetensors.h"
@@ -21,7 +23,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr double kLossTolerance = 1e-5, kLogitsTolerance = 1e-4, kGradTolerance = 1e-4;
+constexpr double kLossTolerance = 1e-5, kGradTolerance = 1e-4;
+// Logits max|diff| / max|ref| observed (fp32 here against fp32 transformers): 2.3e-7 to
+// 3.7e-7 on the *_router_margin cases, 2.2e-6 to 8.2e-6 on the gain-1 ones (text_8layer worst).
+// rope_theta off by 1e-3 gives 1.5e-6 to 6.4e-6 on the first and 2.0e-5 to 5.8e-5 on three of the
+// second, so each bound sits ~2.5x above what is observed.
+constexpr double kLogitsTolerance = 2e-5, kConditionedLogitsTolerance = 1e-6;
+
+bool well_conditioned(const std::string& case_name) { return case_name.ends_with("_router_margin"); }
 
 using golden_test::golden_cases;
 using golden_test::golden_dir;
@@ -77,7 +86,7 @@ void check_case(const fs::path& dir) {
   }
   std::printf("  %s: logits max|diff| %.3e / max|ref| %.3e = %.3e\n", name.c_str(), max_diff, max_ref,
               max_diff / max_ref);
-  EXPECT_LE(max_diff / max_ref, kLogitsTolerance) << name;
+  EXPECT_LE(max_diff / max_ref, well_conditioned(name) ? kConditionedLogitsTolerance : kLogitsTolerance) << name;
 
   // Every expected gradient must be ours and match; ours without a reference must be all zero.
   for (const auto& [kind, ours] : {std::pair{"grad.", &result.grads}, std::pair{"grad_aux.", &result.grads_aux}}) {

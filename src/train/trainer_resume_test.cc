@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <fstream>
+#include <string>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "core/fs_sync.h"
@@ -35,23 +37,43 @@ class TrainerResumeTest : public ::testing::Test {
 };
 fs::path* TrainerResumeTest::root_ = nullptr;
 
-// Every file of the two checkpoint directories is byte-identical (model shards, index, config,
-// tokenizer, optimizer state with its checksums, trainer state with the data position).
+// Names of the regular files directly in `dir`, sorted.
+std::vector<std::string> file_names(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// trainer_state.json without its wall-clock field, the one thing two equal runs may differ in.
+nlohmann::json trainer_state_without_time(const fs::path& dir) {
+  nlohmann::json json = nlohmann::json::parse(read_bytes(dir / "trainer_state.json"));
+  EXPECT_TRUE(json.contains("elapsed_s")) << dir;
+  json.erase("elapsed_s");
+  return json;
+}
+
+// The two checkpoint directories hold the same files (neither has one the other lacks), each
+// byte-identical (model shards, index, config, tokenizer, optimizer state with its checksums)
+// except trainer_state.json, which must be equal but for elapsed_s (global step, tokens seen, data
+// and rng positions).
 void expect_same_checkpoint(const fs::path& a, const fs::path& b) {
+  const std::vector<std::string> names = file_names(a);
+  ASSERT_EQ(names, file_names(b)) << a << " and " << b << " hold different files";
   size_t num_files = 0;
-  for (const auto& entry : fs::directory_iterator(a)) {
-    const fs::path other = b / entry.path().filename();
-    ASSERT_TRUE(fs::exists(other)) << other << " is missing";
-    if (entry.path().filename() == "trainer_state.json") continue;  // holds elapsed time; compared below
-    EXPECT_TRUE(read_bytes(entry.path()) == read_bytes(other)) << entry.path().filename() << " differs";
+  for (const std::string& name : names) {
+    if (name == "trainer_state.json") continue;  // holds elapsed time; compared below
+    EXPECT_TRUE(read_bytes(a / name) == read_bytes(b / name)) << name << " differs";
     ++num_files;
   }
+  EXPECT_EQ(trainer_state_without_time(a), trainer_state_without_time(b)) << "trainer_state.json differs";
   const TrainerState state_a = load_trainer_state(a.string()), state_b = load_trainer_state(b.string());
   EXPECT_EQ(state_a.global_step, state_b.global_step);
   EXPECT_EQ(state_a.tokens_seen, state_b.tokens_seen);
   EXPECT_EQ(state_a.data_position, state_b.data_position);
   EXPECT_EQ(state_a.rng_position, state_b.rng_position);
-  std::printf("  compared %zu files bit for bit\n", num_files);
+  std::printf("  %zu files in both, %zu compared bit for bit, trainer_state.json but for elapsed_s\n",
+              names.size(), num_files);
   EXPECT_GE(num_files, 4u);
 }
 

@@ -212,7 +212,7 @@ def reinitialise(model, seed, matrix_gain=1.0):
     nonlinearity (SiLU, gates, decays, norms) works away from its linear regime. matrix_gain
     scales the weight matrices (not embeddings, lm_head or routers): at 1 the tiny model is close
     to chaotic (one bf16 rounding of the weights moves most gradients by 2-25%, measured by
-    parity_bf16_sensitivity_golden_test), at 0.3 by ~0.5% (median)."""
+    parity_bf16_sensitivity_test), at 0.3 by ~0.5% (median)."""
     generator = torch.Generator().manual_seed(seed * 7919 + 17)
 
     def normal(shape, std, mean=0.0):

@@ -28,7 +28,8 @@ kBetas = (0.9, 0.95)
 kEps = 1e-8
 kWeightDecay = 0.1
 kMaxGradNorm = 1.0
-# warmup_ratio cases checked against TrainingArguments.get_warmup_steps (ceil in fp64).
+# warmup_ratio cases checked against TrainingArguments.get_warmup_steps (ceil in fp64); every one
+# must get an integer from transformers (adamw_golden_test fails on a null).
 kWarmupRatioCases = [(100, 0.03), (100, 0.07), (7, 0.05), (1000, 0.1), (333, 0.01)]
 
 
@@ -39,15 +40,23 @@ def bits(tensor):
 
 
 def hf_warmup_steps(total_steps, ratio):
+    """Warmup steps for `ratio` of `total_steps` as transformers' Trainer resolves them.
+
+    transformers < 5.2 takes the ratio as TrainingArguments(warmup_ratio=...); 5.2 removed that
+    field and reads a float warmup_steps below 1 as the same ratio. Either way get_warmup_steps
+    answers. Any failure propagates: a golden without transformers' answer must not be written.
+    """
     from transformers import TrainingArguments
 
+    assert 0 < ratio < 1, f"warmup ratio {ratio}: only ratios in (0, 1) mean the same in both APIs"
+    fields = TrainingArguments.__dataclass_fields__
+    ratio_argument = {"warmup_ratio": ratio} if "warmup_ratio" in fields else {"warmup_steps": ratio}
     with tempfile.TemporaryDirectory() as out_dir:
-        try:
-            args = TrainingArguments(output_dir=out_dir, warmup_ratio=ratio, report_to=[])
-            return args.get_warmup_steps(total_steps)
-        except Exception as error:  # the API moved in some versions: record why, do not guess
-            print(f"warmup_ratio {ratio}: TrainingArguments.get_warmup_steps unavailable: {error}")
-            return None
+        args = TrainingArguments(output_dir=out_dir, report_to=[], **ratio_argument)
+        steps = args.get_warmup_steps(total_steps)
+    if not isinstance(steps, int) or isinstance(steps, bool):
+        raise TypeError(f"get_warmup_steps({total_steps}) with {ratio_argument} returned {steps!r}, not an int")
+    return steps
 
 
 def main():
@@ -103,13 +112,15 @@ def main():
     record["warmup_ratio_cases"] = [
         {"total_steps": total, "warmup_ratio": ratio, "warmup_steps": hf_warmup_steps(total, ratio)}
         for total, ratio in kWarmupRatioCases]
-    with open(args.out, "w") as out:
-        json.dump(record, out)
-    print(f"wrote {args.out}: {kTotalSteps} steps; torch {torch.__version__}, transformers {transformers.__version__}")
+    print(f"{kTotalSteps} steps; torch {torch.__version__}, transformers {transformers.__version__}")
     print("lrs:", [s["lr"] for s in record["steps"]], "final", record["lr_after_last_step"])
     print("norms:", [round(s["grad_norm"], 4) for s in record["steps"]])
     print("warmup ratio cases:", record["warmup_ratio_cases"])
     assert all(math.isfinite(s["grad_norm"]) for s in record["steps"])
+    assert all(isinstance(c["warmup_steps"], int) for c in record["warmup_ratio_cases"])
+    with open(args.out, "w") as out:
+        json.dump(record, out)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -2,16 +2,22 @@
 // and VLM with images) the GPU run (run_parity_gpu, bf16 with fp32 accumulation) is compared with
 // (1) the fp32 CPU reference with its routing PINNED to the GPU's top-k choices: losses within
 // 1e-2, every gradient within max(2e-2, kWholeModelFactor x the CPU's own move under one bf16-sized
-// change of the weights, pinned too); (2) transformers' expected.safetensors and the unpinned CPU
-// run: losses within 1e-2 wherever the GPU routed every token as the CPU did (printed where bf16
-// flipped a near-tie: one flip moves a 29-token aux loss by ~1.7%), gradients printed, and both
-// asserted (1e-2, 2e-2) on the cases fit for that bar:
+// change of the weights, pinned too), a bound never above kMaxGradBound (0.3): a gradient whose
+// bound would exceed it is chaotic (one bf16 rounding of the weights moves the fp32 reference by
+// more than 0.3 / 8) and is printed, not asserted; (2) transformers' expected.safetensors and the
+// unpinned CPU run: losses within 1e-2 wherever the GPU routed every token as the CPU did (printed
+// where bf16 flipped a near-tie: one flip moves a 29-token aux loss by ~1.7%), gradients printed,
+// and both asserted (1e-2, 2e-2) on the cases fit for that bar:
 // those where transformers itself, trained in bf16 mixed precision (torch.autocast), keeps every
 // gradient within 2e-2 of its fp32 golden (<case>/bf16_floor.json, tools/golden/bf16_floor.py). At
-// least one text and one VLM case must be fit. Why: on tiny models one bf16 rounding per activation
-// moves gate and norm gradients (sums over few tokens that cancel) by several percent; the older
-// golden models (gain-1 matrices, router near-ties) move past 2e-2 even from bf16 weights alone
-// (parity_bf16_sensitivity_golden_test, docs/vision.md "bf16 parity and conditioning").
+// least one text and one VLM case must be fit, and a fit case may have no chaotic gradient, so every
+// tensor is asserted within 0.3 (pinned) and 2e-2 (transformers) there. Why: on tiny models one bf16
+// rounding per activation moves gate and norm gradients (sums over few tokens that cancel) by several
+// percent; the older golden models (gain-1 matrices, router near-ties) move past 2e-2 even from bf16
+// weights alone (parity_bf16_sensitivity_test, docs/vision.md "bf16 parity and conditioning"); on
+// text_8layer every ce gradient is chaotic (pinned bf16 move 0.05 to 5.0, measured on the CPU), so
+// there the losses and the zero aux gradients are what is asserted. A zero reference gradient must
+// be zero on the GPU (norm_ratio).
 // Cases with images are also run with the ViT and the language model frozen (merger only).
 #include <gtest/gtest.h>
 
@@ -24,6 +30,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <tuple>
 #include <string>
 #include <vector>
@@ -52,6 +59,10 @@ constexpr double kGradRatio = 2e-2;
 // gpu_text_model_gpu_test's whole-model checks use 8 for the same reason. A wrong term, buffer or
 // scale moves a gradient by O(1), far beyond that.
 constexpr double kWholeModelFactor = 8.0;
+// No gradient bound above this: an all-zero gradient is 1.0 away and a sign-flipped one 2.0, so a
+// bound must stay well under 1 to mean anything. Where 8 x the sensitivity exceeds it, the fp32
+// reference itself is not determined to this precision by bf16 weights: the gradient is chaotic.
+constexpr double kMaxGradBound = 0.3;
 constexpr double kWeightPerturbation = 1.0 / 512.0;
 constexpr uint64_t kPerturbationSeed = 20261202;
 
@@ -90,12 +101,14 @@ struct Reference {
 };
 
 // How a comparison is judged: gradients asserted or only printed; per-tensor bounds (by "grad." /
-// "grad_aux." + name, from the measured sensitivity) override kGradRatio where given.
+// "grad_aux." + name, from the measured sensitivity, each <= kMaxGradBound) override kGradRatio
+// where given; chaotic tensors (their bound would exceed kMaxGradBound) are printed, not asserted.
 struct Judgement {
   bool assert_grads = true;
   bool assert_losses = true;
   std::map<std::string, double> bounds;
   std::map<std::string, double> sensitivity;  // printed next to the bound
+  std::set<std::string> chaotic;
 };
 
 std::vector<float> values_of(const HostTensor& tensor) {
@@ -144,7 +157,8 @@ double bound_or_default(const Judgement& judgement, const std::string& key) {
 }
 
 // The pinned comparison's bounds: the CPU reference (routing forced as in `pinned`) rerun with
-// bf16-rounded and with perturbed weights; each gradient's sensitivity is the larger move.
+// bf16-rounded and with perturbed weights; each gradient's sensitivity is the larger move, its
+// bound max(kGradRatio, kWholeModelFactor x sensitivity), or chaotic where that exceeds kMaxGradBound.
 Judgement measured_bounds(const ModelCheckpoint& checkpoint, const ParityInputs& pinned, const ParityResult& cpu,
                           const TrainableParts& trainable) {
   const ParityResult rounded = run_parity_cpu(with_bf16_rounded_weights(checkpoint), pinned, trainable);
@@ -158,8 +172,13 @@ Judgement measured_bounds(const ModelCheckpoint& checkpoint, const ParityInputs&
     const std::map<std::string, double> b = gradient_distances(*moved_b, *ref);
     for (const auto& [name, distance] : a) {
       const double sensitivity = std::max(distance, b.at(name));
+      const double bound = std::max(kGradRatio, kWholeModelFactor * sensitivity);
       judgement.sensitivity[kind + name] = sensitivity;
-      judgement.bounds[kind + name] = std::max(kGradRatio, kWholeModelFactor * sensitivity);
+      if (bound <= kMaxGradBound) {
+        judgement.bounds[kind + name] = bound;
+      } else {
+        judgement.chaotic.insert(kind + name);
+      }
     }
   }
   return judgement;
@@ -182,7 +201,7 @@ void compare_with(const std::string& case_name, const ParityResult& gpu, const R
        {std::tuple{"grad.", &gpu.grads, &ref.grads}, std::tuple{"grad_aux.", &gpu.grads_aux, &ref.grads_aux}}) {
     double worst = 0, worst_vision = -1, worst_margin = INFINITY;
     std::string worst_name = "(none)", worst_vision_name, worst_margin_name;
-    int over = 0;
+    int over = 0, num_chaotic = 0;
     for (const auto& [name, ref_values] : *theirs) {
       const auto found = ours->find(name);
       if (found == ours->end()) {
@@ -197,6 +216,12 @@ void compare_with(const std::string& case_name, const ParityResult& gpu, const R
       const auto bound_found = judgement.bounds.find(kind + name);
       const double bound = bound_found != judgement.bounds.end() ? bound_found->second : kGradRatio;
       EXPECT_TRUE(finite) << case_name << ": " << kind << name << " not finite";
+      if (score > worst || worst_name == "(none)") worst = score, worst_name = name;
+      if (name.rfind("model.visual.", 0) == 0 && score > worst_vision) worst_vision = score, worst_vision_name = name;
+      if (judgement.chaotic.count(kind + name)) {
+        ++num_chaotic;
+        continue;  // no bound (see kMaxGradBound): not asserted, not in `over` or the margins
+      }
       if (judgement.assert_grads) {
         const auto sens = judgement.sensitivity.find(kind + name);
         EXPECT_LE(score, bound) << case_name << " vs " << ref.label << ": " << kind << name << " (bound " << bound
@@ -206,8 +231,6 @@ void compare_with(const std::string& case_name, const ParityResult& gpu, const R
       over += score > bound;
       if (bound / std::max(score, 1e-30) < worst_margin)
         worst_margin = bound / std::max(score, 1e-30), worst_margin_name = name;
-      if (score > worst || worst_name == "(none)") worst = score, worst_name = name;
-      if (name.rfind("model.visual.", 0) == 0 && score > worst_vision) worst_vision = score, worst_vision_name = name;
     }
     for (const auto& [name, tensor] : *ours)
       EXPECT_TRUE(theirs->count(name)) << case_name << ": the GPU run has " << kind << name << ", " << ref.label
@@ -216,6 +239,9 @@ void compare_with(const std::string& case_name, const ParityResult& gpu, const R
                 ref.label.c_str(), theirs->size(), kind, worst, worst_name.c_str(), over,
                 judgement.bounds.empty() ? str_cat(kGradRatio).c_str() : "their bounds",
                 judgement.assert_grads ? "" : " (printed, not asserted)");
+    if (num_chaotic > 0)
+      std::printf("  %s vs %s: %d %s tensors chaotic (%g x their bf16 sensitivity > %g), printed, not asserted\n",
+                  case_name.c_str(), ref.label.c_str(), num_chaotic, kind, kWholeModelFactor, kMaxGradBound);
     if (!judgement.bounds.empty() && !worst_margin_name.empty()) {
       const std::string key = kind + worst_margin_name;
       const auto sens = judgement.sensitivity.find(key);
@@ -230,7 +256,7 @@ void compare_with(const std::string& case_name, const ParityResult& gpu, const R
   }
 }
 
-TEST(GpuParityGolden, EveryCaseMatchesTransformersAndTheCpuReference) {
+TEST(GpuParityGolden, PinnedCpuWithinCappedBoundsEveryCaseTransformersWithin2e2OnFitCases) {
   const std::vector<fs::path> cases = golden_cases();
   ASSERT_FALSE(cases.empty()) << "no golden cases under " << golden_dir();
   int with_images = 0, fit_text = 0, fit_images = 0;
@@ -259,8 +285,13 @@ TEST(GpuParityGolden, EveryCaseMatchesTransformersAndTheCpuReference) {
     ParityInputs pinned = inputs;
     pinned.forced_routing = gpu.routing;
     const ParityResult cpu_pinned = run_parity_cpu(checkpoint, pinned);
-    compare_with(name, gpu, reference_from_result("cpu pinned to the GPU's routing", cpu_pinned),
-                 measured_bounds(checkpoint, pinned, cpu_pinned, {}));
+    const Judgement pinned_bounds = measured_bounds(checkpoint, pinned, cpu_pinned, {});
+    compare_with(name, gpu, reference_from_result("cpu pinned to the GPU's routing", cpu_pinned), pinned_bounds);
+    // A case fit for 2e-2 must have a bound on every gradient, so that there every tensor is checked.
+    if (strict)
+      EXPECT_TRUE(pinned_bounds.chaotic.empty())
+          << name << ": fit for 2e-2 but " << pinned_bounds.chaotic.size() << " gradients are chaotic, first "
+          << *pinned_bounds.chaotic.begin();
     // (2) Unpinned: on near-tie routers a flipped token moves every gradient upstream, so these
     // gradients are printed only, except on the well-conditioned cases. The losses are asserted
     // where the GPU routed every token as the CPU did (always on the fit cases): one flipped top-k

@@ -3,7 +3,8 @@
 // with routing forced to the unrounded run's choices. Prints, per case and loss, the tokens whose
 // expert set flipped and the worst gradient move in both runs. Asserts that forcing a run's own
 // routing changes nothing, and that the *_router_margin cases (built to be well-conditioned) flip no
-// token and move no gradient past kConditionedMove.
+// token and move no gradient past kConditionedMove. Label cpu, not golden: it reads the golden
+// cases' models and inputs but compares with no transformers output.
 #include <gtest/gtest.h>
 
 #include <algorithm>

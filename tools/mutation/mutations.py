@@ -1,0 +1,119 @@
+"""The planted bugs that run_mutations.py checks the test suite against.
+
+Each mutation is one small edit a careless change could make, and the tests that must catch it:
+  name     short id (also the name of its patch file in --gpu mode)
+  why      what the edit breaks, in words
+  file     path from the repository root
+  find     exact text that must occur exactly once, replaced by `replace`; or
+  regex    a Python regular expression, every match replaced by `replace` (\\1 etc. allowed);
+           at least one match is required, else the mutation is reported as not applicable
+  tests    test programs (ctest names) that should fail with the edit; caught = at least one does
+  device   "cpu" (run here) or "gpu" (patch written; the lead runs it on the GPU machine)
+"""
+
+MUTATIONS = [
+    dict(
+        name="bicubic_a_minus_0.75",
+        why="bicubic kernel parameter -0.75 (OpenCV's) instead of PIL's -0.5",
+        file="src/data/image_resize.cc",
+        find="constexpr double kBicubicA = -0.5;",
+        replace="constexpr double kBicubicA = -0.75;",
+        tests=["image_resize_test", "image_preprocess_golden_test"],
+        device="cpu",
+    ),
+    dict(
+        name="warmup_ratio_cases_all_null",
+        why="every warmup_ratio case of the torch golden without transformers' answer (null)",
+        file="src/optim/testdata/torch_adamw.json",
+        regex=r'("warmup_ratio": [0-9.eE+-]+, "warmup_steps": )-?[0-9]+',
+        replace=r"\1null",
+        tests=["adamw_golden_test"],
+        device="cpu",
+    ),
+    dict(
+        name="rope_theta_1e-3",
+        why="rope_theta off by 0.1%",
+        file="src/model/text/text_batch.cc",
+        find="batch.rope.theta = config.rope_theta;",
+        replace="batch.rope.theta = config.rope_theta * 1.001;",
+        tests=["parity_golden_test"],
+        device="cpu",
+    ),
+    dict(
+        name="resume_position_dropped",
+        why="a resumed run starts the data from the beginning instead of its saved position",
+        file="src/train/trainer.cc",
+        find="DataPipeline pipeline(train_data, tokenizer, state.data_position);",
+        replace="DataPipeline pipeline(train_data, tokenizer, DataPosition{});",
+        tests=["trainer_resume_test"],
+        device="cpu",
+    ),
+    dict(
+        name="bpe_queue_tie_break_rightmost",
+        why="among equal-rank pairs the priority queue merges the rightmost first",
+        file="src/tokenizer/bpe.cc",
+        find="return rank != other.rank ? rank > other.rank : position > other.position;",
+        replace="return rank != other.rank ? rank > other.rank : position < other.position;",
+        tests=["tokenizer_test", "tokenizer_parity_test"],
+        device="cpu",
+    ),
+    dict(
+        name="bpe_scan_tie_break_rightmost",
+        why="among equal-rank pairs the direct scan (short pieces) merges the rightmost first",
+        file="src/tokenizer/bpe.cc",
+        find="(best == pairs.size() || pairs[i].rank < pairs[best].rank)",
+        replace="(best == pairs.size() || pairs[i].rank <= pairs[best].rank)",
+        tests=["tokenizer_test", "tokenizer_parity_test"],
+        device="cpu",
+    ),
+    dict(
+        name="weight_decay_1e-3",
+        why="AdamW weight decay off by 0.1%",
+        file="src/optim/adamw.cc",
+        find="scalars.decay_factor = static_cast<float>(1.0 - lr * config.weight_decay);",
+        replace="scalars.decay_factor = static_cast<float>(1.0 - lr * config.weight_decay * 1.001);",
+        tests=["adamw_golden_test", "adamw_test"],
+        device="cpu",
+    ),
+    dict(
+        name="empty_think_block_supervised",
+        why="the empty <think>\\n\\n</think>\\n\\n block of an assistant turn gets labels",
+        file="src/tokenizer/chat_template.cc",
+        find="return role == SpanRole::kThink || role == SpanRole::kAssistant",
+        replace="return role == SpanRole::kThink || role == SpanRole::kEmptyThink || role == SpanRole::kAssistant",
+        tests=["sample_builder_test", "chat_template_test"],
+        device="cpu",
+    ),
+    dict(
+        name="gpu_gradient_sign_flipped",
+        why="the GPU parity run returns layer 1's linear-attention out_proj gradient with its sign flipped",
+        file="src/train/gpu/gpu_parity.cc",
+        find="        grads[entry.name] = host_tensor(model.read_gradient(entry.name), entry.shape);",
+        replace=(
+            "        {\n"
+            "          std::vector<float> mutated = model.read_gradient(entry.name);\n"
+            "          if (entry.name.find(\"layers.1.linear_attn.out_proj\") != std::string::npos)\n"
+            "            for (float& value : mutated) value = -value;\n"
+            "          grads[entry.name] = host_tensor(mutated, entry.shape);\n"
+            "        }"
+        ),
+        tests=["gpu_parity_golden_gpu_test"],
+        device="gpu",
+    ),
+    dict(
+        name="gpu_expert_gradient_zero",
+        why="the GPU parity run returns all-zero routed-expert gradients (mlp.experts.*)",
+        file="src/train/gpu/gpu_parity.cc",
+        find="        grads[entry.name] = host_tensor(model.read_gradient(entry.name), entry.shape);",
+        replace=(
+            "        {\n"
+            "          std::vector<float> mutated = model.read_gradient(entry.name);\n"
+            "          if (entry.name.find(\"mlp.experts.\") != std::string::npos)\n"
+            "            std::fill(mutated.begin(), mutated.end(), 0.0f);\n"
+            "          grads[entry.name] = host_tensor(mutated, entry.shape);\n"
+            "        }"
+        ),
+        tests=["gpu_parity_golden_gpu_test"],
+        device="gpu",
+    ),
+]
