@@ -1,5 +1,7 @@
-// Optimizer-state file: safetensors layout (u64 header length, JSON header, raw tensor bytes)
-// with our metadata (counters, hyper-parameters, parameter layout, checksums) in __metadata__.
+// Optimizer-state file: safetensors layout (u64 header length, JSON header, raw tensor bytes) with
+// our metadata (counters, hyper-parameters, the pieces, checksums) in __metadata__. Records are
+// streamed through one bounded host buffer; the header is written first with placeholder checksums
+// of fixed width and rewritten in place once the data is out.
 #include "optim/optimizer_state.h"
 
 #include <fcntl.h>
@@ -12,10 +14,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 #include "core/log.h"
 #include "optim/checksum.h"
 
@@ -25,16 +29,12 @@ namespace {
 using nlohmann::json;
 
 constexpr const char* kFormatName = "deltamoe.optimizer_state";
-constexpr const char* kFormatVersion = "1";
+constexpr const char* kFormatVersion = "2";
 // safetensors rejects headers above 100 MB; so do we, which also stops a garbage length early.
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
-
-struct TensorBytes {
-  std::string name;
-  DType dtype;
-  int64_t numel;
-  const void* data;  // for writing
-};
+// Host staging per copy: large enough for full-speed transfers, small next to any model.
+constexpr int64_t kStagingBytes = int64_t{64} << 20;
+constexpr const char* kPlaceholderChecksum = "0000000000000000";
 
 std::string format_double(double value) {
   char text[40];
@@ -42,19 +42,98 @@ std::string format_double(double value) {
   return text;
 }
 
-// The layout as JSON text, so that a mismatch on load can name the tensor that differs.
-std::string layout_json(const ParamLayout& layout) {
+std::string record_key(StateKind kind, const std::string& name, int64_t begin, int64_t end) {
+  return str_cat(state_kind_name(kind), "/", name, "/", begin, ":", end);
+}
+
+// The pieces as JSON, so that a mismatch on load can name the tensor that differs.
+json pieces_json(const ParamLayout& layout) {
   json entries = json::array();
-  for (const ParamEntry& entry : layout.entries()) {
-    entries.push_back({{"name", entry.name}, {"shape", entry.shape}, {"offset", entry.offset}, {"decay", entry.decay}});
+  for (const ParamEntry& e : layout.entries()) {
+    entries.push_back({{"name", e.name},
+                       {"shape", e.shape},
+                       {"begin", e.tensor_begin},
+                       {"end", e.tensor_begin + e.numel},
+                       {"decay", e.decay}});
   }
-  return entries.dump();
+  return entries;
 }
 
 uint64_t metadata_checksum(json metadata) {
   metadata.erase("metadata_checksum");
   const std::string text = metadata.dump();  // keys are sorted, so the text is canonical
   return checksum64(text.data(), text.size());
+}
+
+struct Record {
+  std::string key;
+  StateKind kind;
+  int index;  // piece of the layout
+  DType dtype;
+  uint64_t nbytes;
+};
+
+std::vector<Record> records_of(const TrainStateStore& state) {
+  std::vector<Record> records;
+  const ParamLayout& layout = state.layout();
+  for (StateKind kind : kStateKinds) {
+    const DType dtype = state_dtype(kind, state.adamw_config());
+    for (int i = 0; i < layout.num_tensors(); ++i) {
+      const ParamEntry& e = layout.entry(i);
+      records.push_back({record_key(kind, e.name, e.tensor_begin, e.tensor_begin + e.numel), kind, i, dtype,
+                         static_cast<uint64_t>(e.numel) * dtype_size(dtype)});
+    }
+  }
+  return records;
+}
+
+// The header text for these records and checksums (placeholders while writing), padded so that
+// the data starts 8-byte aligned.
+std::string header_text(const TrainStateStore& state, const OptimizerProgress& progress,
+                        const std::vector<Record>& records, const std::vector<std::string>& checksums) {
+  const AdamWConfig& config = state.adamw_config();
+  json metadata = {
+      {"format", kFormatName},
+      {"format_version", kFormatVersion},
+      {"adam_step", std::to_string(state.adam_step())},
+      {"schedule_step", std::to_string(progress.schedule_step)},
+      {"skipped_steps", std::to_string(progress.skipped_steps)},
+      {"moment_dtype", std::string(dtype_name(config.moment_dtype))},
+      {"adam_beta1", format_double(config.beta1)},
+      {"adam_beta2", format_double(config.beta2)},
+      {"adam_epsilon", format_double(config.eps)},
+      {"weight_decay", format_double(config.weight_decay)},
+      {"pieces", pieces_json(state.layout()).dump()},
+  };
+  json header = json::object();
+  uint64_t offset = 0;
+  for (size_t r = 0; r < records.size(); ++r) {
+    const Record& record = records[r];
+    header[record.key] = {{"dtype", std::string(dtype_safetensors_name(record.dtype))},
+                          {"shape", {record.nbytes / dtype_size(record.dtype)}},
+                          {"data_offsets", {offset, offset + record.nbytes}}};
+    metadata["checksum_" + record.key] = checksums[r];
+    offset += record.nbytes;
+  }
+  metadata["metadata_checksum"] =
+      checksums.empty() || checksums[0] != kPlaceholderChecksum ? checksum_hex(metadata_checksum(metadata))
+                                                                : std::string(kPlaceholderChecksum);
+  header["__metadata__"] = metadata;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+void write_all(int fd, const void* data, size_t nbytes, const std::string& path) {
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  while (nbytes > 0) {
+    const ssize_t written = ::write(fd, bytes, nbytes);
+    if (written < 0 && errno == EINTR) continue;
+    CHECK(written > 0, "writing optimizer state file ", path, " failed: ", std::strerror(errno),
+          errno == ENOSPC ? " (the disk is full)" : "");
+    bytes += written;
+    nbytes -= static_cast<size_t>(written);
+  }
 }
 
 // ---- reading helpers: every failure names the file ----
@@ -94,102 +173,72 @@ class StateFileReader {
   std::string path_;
 };
 
-void check_layout_matches(const StateFileReader& reader, const std::string& path, const std::string& saved_layout_text,
-                          const ParamLayout& layout) {
-  json saved;
-  try {
-    saved = json::parse(saved_layout_text);
-  } catch (const json::exception& error) {
-    reader.fail(str_cat("metadata 'param_layout' is not valid JSON: ", error.what()));
-  }
-  if (!saved.is_array()) reader.fail("metadata 'param_layout' is not a JSON array");
-  const json expected = json::parse(layout_json(layout));
-  for (size_t i = 0; i < std::min(saved.size(), expected.size()); ++i) {
-    if (saved[i] != expected[i]) {
-      RAISE("optimizer state ", path, " was saved for a different model: parameter ", i, " is ", saved[i].dump(),
-            " in the file but ", expected[i].dump(), " in this run (resume with the same model and tuner settings)");
-    }
-  }
-  if (saved.size() != expected.size()) {
-    RAISE("optimizer state ", path, " was saved for ", saved.size(), " parameter tensors, this run has ", expected.size(),
-          " (resume with the same model and tuner settings)");
-  }
-}
-
 void warn_if_changed(const char* flag, double saved, double now) {
   if (saved != now) log_warn("resume: ", flag, " was ", saved, " in the saved run and is ", now, " now");
 }
 
 }  // namespace
 
-void save_optimizer_state(const std::string& path, const AdamW& optimizer, const OptimizerProgress& progress,
-                          const float* master) {
-  const AdamWConfig& config = optimizer.config();
-  const int64_t numel = optimizer.range().size();
-  std::vector<TensorBytes> tensors = {
-      {"exp_avg", config.moment_dtype, numel, optimizer.exp_avg().data},
-      {"exp_avg_sq", config.moment_dtype, numel, optimizer.exp_avg_sq().data},
-  };
-  if (master != nullptr) tensors.push_back({"master_weights", DType::f32, numel, master});
+uint64_t optimizer_state_file_bytes(const TrainStateStore& state) {
+  const std::vector<Record> records = records_of(state);
+  const std::vector<std::string> checksums(records.size(), kPlaceholderChecksum);
+  uint64_t bytes = 8 + header_text(state, OptimizerProgress{}, records, checksums).size();
+  for (const Record& record : records) bytes += record.nbytes;
+  return bytes + 64;  // the counters' digits may grow a little
+}
 
-  json metadata = {
-      {"format", kFormatName},
-      {"format_version", kFormatVersion},
-      {"adam_step", std::to_string(optimizer.adam_step())},
-      {"schedule_step", std::to_string(progress.schedule_step)},
-      {"skipped_steps", std::to_string(progress.skipped_steps)},
-      {"moment_dtype", std::string(dtype_name(config.moment_dtype))},
-      {"range_begin", std::to_string(optimizer.range().begin)},
-      {"range_end", std::to_string(optimizer.range().end)},
-      {"total_numel", std::to_string(optimizer.layout().total_numel())},
-      {"adam_beta1", format_double(config.beta1)},
-      {"adam_beta2", format_double(config.beta2)},
-      {"adam_epsilon", format_double(config.eps)},
-      {"weight_decay", format_double(config.weight_decay)},
-      {"param_layout", layout_json(optimizer.layout())},
-  };
-  json header = json::object();
-  uint64_t offset = 0;
-  for (const TensorBytes& tensor : tensors) {
-    const uint64_t nbytes = static_cast<uint64_t>(tensor.numel) * dtype_size(tensor.dtype);
-    header[tensor.name] = {{"dtype", std::string(dtype_safetensors_name(tensor.dtype))},
-                           {"shape", {tensor.numel}},
-                           {"data_offsets", {offset, offset + nbytes}}};
-    metadata["checksum_" + tensor.name] = checksum_hex(checksum64(tensor.data, nbytes));
-    offset += nbytes;
-  }
-  metadata["metadata_checksum"] = checksum_hex(metadata_checksum(metadata));
-  header["__metadata__"] = metadata;
-  std::string header_text = header.dump();
-  header_text.append((8 - header_text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
+void save_optimizer_state(const std::string& path, const TrainStateStore& state, const OptimizerProgress& progress) {
+  const std::vector<Record> records = records_of(state);
+  std::vector<std::string> checksums(records.size(), kPlaceholderChecksum);
+  const std::string placeholder_header = header_text(state, progress, records, checksums);
 
   const std::string temp_path = path + ".tmp";
-  {
-    std::ofstream out(temp_path, std::ios::binary | std::ios::trunc);
-    CHECK(out.good(), "cannot create optimizer state file ", temp_path, ": ", std::strerror(errno));
-    const uint64_t header_size = header_text.size();
+  const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  CHECK(fd >= 0, "cannot create optimizer state file ", temp_path, ": ", std::strerror(errno));
+  try {
     uint8_t size_bytes[8];
+    const uint64_t header_size = placeholder_header.size();
     for (int i = 0; i < 8; ++i) size_bytes[i] = static_cast<uint8_t>(header_size >> (8 * i));  // little-endian
-    out.write(reinterpret_cast<const char*>(size_bytes), 8);
-    out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
-    for (const TensorBytes& tensor : tensors) {
-      out.write(static_cast<const char*>(tensor.data),
-                static_cast<std::streamsize>(static_cast<uint64_t>(tensor.numel) * dtype_size(tensor.dtype)));
+    write_all(fd, size_bytes, 8, temp_path);
+    write_all(fd, placeholder_header.data(), placeholder_header.size(), temp_path);
+    uint64_t largest = 0;
+    for (const Record& record : records) largest = std::max(largest, record.nbytes);
+    std::vector<uint8_t> staging(static_cast<size_t>(std::min<uint64_t>(kStagingBytes, largest)));
+    for (size_t r = 0; r < records.size(); ++r) {
+      const Record& record = records[r];
+      const size_t element = dtype_size(record.dtype);
+      const int64_t numel = static_cast<int64_t>(record.nbytes / element);
+      const int64_t per_copy = kStagingBytes / static_cast<int64_t>(element);
+      Checksum64 checksum;
+      for (int64_t first = 0; first < numel; first += per_copy) {
+        const int64_t count = std::min(per_copy, numel - first);
+        state.read_state(record.kind, record.index, first, count, staging.data());
+        checksum.update(staging.data(), static_cast<size_t>(count) * element);
+        write_all(fd, staging.data(), static_cast<size_t>(count) * element, temp_path);
+      }
+      checksums[r] = checksum_hex(checksum.finish());
     }
-    out.close();
-    CHECK(!out.fail(), "writing optimizer state file ", temp_path, " failed (disk full?)");
+    const std::string header = header_text(state, progress, records, checksums);
+    CHECK(header.size() == placeholder_header.size(), "optimizer state: the header changed size while writing");
+    CHECK(::pwrite(fd, header.data(), header.size(), 8) == static_cast<ssize_t>(header.size()),
+          "writing optimizer state file ", temp_path, " failed: ", std::strerror(errno));
+    // Flush to disk before the rename, so that after a crash the real name holds a complete file.
+    CHECK(::fsync(fd) == 0, "cannot flush optimizer state file ", temp_path, ": ", std::strerror(errno));
+    CHECK(::close(fd) == 0, "cannot close optimizer state file ", temp_path, ": ", std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    std::error_code ignored;
+    std::filesystem::remove(temp_path, ignored);
+    throw;
   }
-  // Flush to disk before the rename, so that after a crash the real name holds a complete file.
-  const int fd = ::open(temp_path.c_str(), O_RDONLY);
-  CHECK(fd >= 0 && ::fsync(fd) == 0, "cannot flush optimizer state file ", temp_path, ": ", std::strerror(errno));
-  ::close(fd);
   std::error_code error;
   std::filesystem::rename(temp_path, path, error);
+  if (error) std::filesystem::remove(temp_path, error);
   CHECK(!error, "cannot rename ", temp_path, " to ", path, ": ", error.message());
 }
 
-OptimizerProgress load_optimizer_state(const std::string& path, AdamW* optimizer, float* master) {
-  CHECK(optimizer != nullptr, "load_optimizer_state: optimizer is null");
+OptimizerProgress load_optimizer_state(const std::string& path, TrainStateStore* state) {
+  CHECK(state != nullptr, "load_optimizer_state: state is null");
   StateFileReader reader(path);
   std::error_code error;
   const uint64_t file_size = std::filesystem::file_size(path, error);
@@ -208,6 +257,7 @@ OptimizerProgress load_optimizer_state(const std::string& path, AdamW* optimizer
   std::string header_text(header_size, '\0');
   in.read(header_text.data(), static_cast<std::streamsize>(header_size));
   if (!in) reader.fail("could not read the header");
+  if (json_nesting_depth(header_text) > kMaxJsonDepth) reader.fail("header nests deeper than any optimizer state");
   json header;
   try {
     header = json::parse(header_text);
@@ -229,16 +279,62 @@ OptimizerProgress load_optimizer_state(const std::string& path, AdamW* optimizer
     reader.fail("metadata checksum does not match");
   }
 
-  // The file must describe this optimizer: same layout, same slice of it, same moment dtype.
-  const AdamWConfig& config = optimizer->config();
-  check_layout_matches(reader, path, reader.meta_string(metadata, "param_layout"), optimizer->layout());
-  const FlatRange saved_range{reader.meta_int(metadata, "range_begin"), reader.meta_int(metadata, "range_end")};
-  CHECK(saved_range == optimizer->range(), "optimizer state ", path, " holds flat elements [", saved_range.begin, ", ",
-        saved_range.end, ") but this rank owns [", optimizer->range().begin, ", ", optimizer->range().end,
-        "): resume with the same number of data-parallel ranks");
+  const AdamWConfig& config = state->adamw_config();
   const std::string& saved_dtype = reader.meta_string(metadata, "moment_dtype");
   CHECK(saved_dtype == dtype_name(config.moment_dtype), "optimizer state ", path, " stores ", saved_dtype,
         " moments but this run uses ", dtype_name(config.moment_dtype), ": resume with the same optimizer-state dtype");
+
+  // The saved pieces: the same tensors (shape, decay) as this run's, each covered exactly once.
+  json saved_pieces;
+  try {
+    saved_pieces = json::parse(reader.meta_string(metadata, "pieces"));
+  } catch (const json::exception& parse_error) {
+    reader.fail(str_cat("metadata 'pieces' is not valid JSON: ", parse_error.what()));
+  }
+  if (!saved_pieces.is_array()) reader.fail("metadata 'pieces' is not a JSON array");
+  struct SavedPiece {
+    int64_t begin, end;
+  };
+  std::map<std::string, std::vector<SavedPiece>> saved_by_name;
+  std::map<std::string, json> saved_tensor;
+  for (const json& piece : saved_pieces) {
+    if (!piece.is_object() || !piece.contains("name") || !piece["name"].is_string() || !piece.contains("begin") ||
+        !piece["begin"].is_number_integer() || !piece.contains("end") || !piece["end"].is_number_integer()) {
+      reader.fail(str_cat("metadata 'pieces' has a malformed entry ", piece.dump()));
+    }
+    const std::string name = piece["name"];
+    saved_by_name[name].push_back({piece["begin"].get<int64_t>(), piece["end"].get<int64_t>()});
+    saved_tensor[name] = {{"shape", piece.value("shape", json())}, {"decay", piece.value("decay", json())}};
+  }
+  const ParamLayout& layout = state->layout();
+  std::map<std::string, bool> ours;
+  for (const ParamEntry& e : layout.entries()) {
+    ours[e.name] = true;
+    auto it = saved_tensor.find(e.name);
+    if (it == saved_tensor.end()) {
+      RAISE("optimizer state ", path, " was saved for a different model or tuner settings: it has no state for '",
+            e.name, "' (resume with the same model, freeze and tuner settings)");
+    }
+    const json expected = {{"shape", e.shape}, {"decay", e.decay}};
+    if (it->second != expected) {
+      RAISE("optimizer state ", path, " was saved for a different model: '", e.name, "' is ", it->second.dump(),
+            " in the file but ", expected.dump(), " in this run (resume with the same model and tuner settings)");
+    }
+  }
+  for (const auto& [name, unused] : saved_tensor) {
+    if (!ours.count(name)) {
+      RAISE("optimizer state ", path, " holds state for '", name, "', which this run does not train (resume with ",
+            "the same freeze and tuner settings)");
+    }
+  }
+  for (const ParamEntry& e : layout.entries()) {
+    int64_t covered = 0;
+    for (const SavedPiece& saved : saved_by_name[e.name]) {
+      covered += std::max<int64_t>(0, std::min(saved.end, e.tensor_begin + e.numel) - std::max(saved.begin, e.tensor_begin));
+    }
+    CHECK(covered == e.numel, "optimizer state ", path, " covers ", covered, " of the ", e.numel, " elements of '",
+          e.name, "' [", e.tensor_begin, ", ", e.tensor_begin + e.numel, ") this run needs");
+  }
 
   const int64_t adam_step = reader.meta_int(metadata, "adam_step");
   OptimizerProgress progress;
@@ -249,59 +345,71 @@ OptimizerProgress load_optimizer_state(const std::string& path, AdamW* optimizer
                         " != schedule_step ", progress.schedule_step));
   }
 
-  // Tensors: each must have the expected dtype and length, lie inside the file and match its checksum.
+  // Stream every record that overlaps one of our pieces, checking its checksum, and copy the
+  // overlap into the state.
   const uint64_t data_start = 8 + header_size;
   const uint64_t data_size = file_size - data_start;
-  const int64_t numel = optimizer->range().size();
-  struct Destination {
-    const char* name;
-    DType dtype;
-    void* data;
-  };
-  std::vector<Destination> destinations = {
-      {"exp_avg", config.moment_dtype, optimizer->exp_avg().data},
-      {"exp_avg_sq", config.moment_dtype, optimizer->exp_avg_sq().data},
-  };
-  if (master != nullptr) {
-    if (!header.contains("master_weights")) {
-      RAISE("optimizer state ", path, " has no master weights (it was saved without them); cannot restore fp32 master weights");
+  std::vector<uint8_t> staging(static_cast<size_t>(std::min<uint64_t>(kStagingBytes, data_size)));
+  for (StateKind kind : kStateKinds) {
+    const DType dtype = state_dtype(kind, config);
+    const size_t element = dtype_size(dtype);
+    for (const auto& [name, pieces] : saved_by_name) {
+      for (const SavedPiece& saved : pieces) {
+        std::vector<int> targets;
+        for (int i = 0; i < layout.num_tensors(); ++i) {
+          const ParamEntry& e = layout.entry(i);
+          if (e.name == name && saved.begin < e.tensor_begin + e.numel && saved.end > e.tensor_begin) targets.push_back(i);
+        }
+        if (targets.empty()) continue;
+        const std::string key = record_key(kind, name, saved.begin, saved.end);
+        if (!header.contains(key) || !header[key].is_object()) reader.fail(str_cat("tensor '", key, "' is missing"));
+        const json& entry = header[key];
+        const int64_t numel = saved.end - saved.begin;
+        const uint64_t nbytes = static_cast<uint64_t>(numel) * element;
+        const json expected_shape = {numel};
+        if (!entry.contains("dtype") || entry["dtype"] != std::string(dtype_safetensors_name(dtype)) ||
+            !entry.contains("shape") || entry["shape"] != expected_shape) {
+          reader.fail(str_cat("tensor '", key, "' is ", entry.dump(), ", expected dtype ", dtype_safetensors_name(dtype),
+                              " and shape [", numel, "]"));
+        }
+        const json& offsets = entry.value("data_offsets", json());
+        if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+            !offsets[1].is_number_unsigned()) {
+          reader.fail(str_cat("tensor '", key, "' has no valid data_offsets"));
+        }
+        const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+        if (end < begin || end - begin != nbytes) {
+          reader.fail(str_cat("tensor '", key, "' has data_offsets [", begin, ", ", end, "] for ", nbytes, " bytes"));
+        }
+        if (end > data_size) {
+          reader.fail(str_cat("file is truncated: tensor '", key, "' ends at data byte ", end, " but the file has ",
+                              data_size, " data bytes"));
+        }
+        in.seekg(static_cast<std::streamoff>(data_start + begin));
+        Checksum64 checksum;
+        const int64_t per_copy = kStagingBytes / static_cast<int64_t>(element);
+        for (int64_t first = 0; first < numel; first += per_copy) {
+          const int64_t count = std::min(per_copy, numel - first);
+          in.read(reinterpret_cast<char*>(staging.data()), static_cast<std::streamsize>(count * element));
+          if (!in) reader.fail(str_cat("could not read tensor '", key, "'"));
+          checksum.update(staging.data(), static_cast<size_t>(count) * element);
+          // Tensor elements [saved.begin + first, + count) are in the staging buffer.
+          const int64_t lo = saved.begin + first, hi = lo + count;
+          for (int index : targets) {
+            const ParamEntry& e = layout.entry(index);
+            const int64_t a = std::max(lo, e.tensor_begin), b = std::min(hi, e.tensor_begin + e.numel);
+            if (a >= b) continue;
+            state->write_state(kind, index, a - e.tensor_begin, b - a, staging.data() + (a - lo) * element);
+          }
+        }
+        if (reader.meta_string(metadata, "checksum_" + key) != checksum_hex(checksum.finish())) {
+          reader.fail(str_cat("tensor '", key, "' does not match its checksum"));
+        }
+      }
     }
-    destinations.push_back({"master_weights", DType::f32, master});
   }
-  for (const Destination& destination : destinations) {
-    if (!header.contains(destination.name) || !header[destination.name].is_object()) {
-      reader.fail(str_cat("tensor '", destination.name, "' is missing"));
-    }
-    const json& entry = header[destination.name];
-    const uint64_t nbytes = static_cast<uint64_t>(numel) * dtype_size(destination.dtype);
-    const json expected_shape = {numel};
-    if (!entry.contains("dtype") || entry["dtype"] != std::string(dtype_safetensors_name(destination.dtype)) ||
-        !entry.contains("shape") || entry["shape"] != expected_shape) {
-      reader.fail(str_cat("tensor '", destination.name, "' is ", entry.dump(), ", expected dtype ",
-                          dtype_safetensors_name(destination.dtype), " and shape [", numel, "]"));
-    }
-    const json& offsets = entry.value("data_offsets", json());
-    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned()) {
-      reader.fail(str_cat("tensor '", destination.name, "' has no valid data_offsets"));
-    }
-    const uint64_t begin = offsets[0].get<uint64_t>();
-    const uint64_t end = offsets[1].get<uint64_t>();
-    if (end < begin || end - begin != nbytes) {
-      reader.fail(str_cat("tensor '", destination.name, "' has data_offsets [", begin, ", ", end, "] for ", nbytes, " bytes"));
-    }
-    if (end > data_size) {
-      reader.fail(str_cat("file is truncated: tensor '", destination.name, "' ends at data byte ", end, " but the file has ",
-                          data_size, " data bytes"));
-    }
-    in.seekg(static_cast<std::streamoff>(data_start + begin));
-    in.read(static_cast<char*>(destination.data), static_cast<std::streamsize>(nbytes));
-    if (!in) reader.fail(str_cat("could not read tensor '", destination.name, "'"));
-    const std::string checksum_key = str_cat("checksum_", destination.name);
-    if (reader.meta_string(metadata, checksum_key) != checksum_hex(checksum64(destination.data, nbytes))) {
-      reader.fail(str_cat("tensor '", destination.name, "' does not match its checksum"));
-    }
-  }
-  optimizer->set_adam_step(adam_step);
+  state->set_adam_step(adam_step);
+  state->state_restored();
 
   warn_if_changed("--adam_beta1", reader.meta_double(metadata, "adam_beta1"), config.beta1);
   warn_if_changed("--adam_beta2", reader.meta_double(metadata, "adam_beta2"), config.beta2);

@@ -1,12 +1,13 @@
-// Saving and restoring the optimizer state bitwise for --resume: Adam moments, the Adam step,
-// the schedule position and (optionally) the fp32 master weights, in one safetensors-compatible
-// file with per-tensor checksums. Format: docs/optimizer.md.
+// Saving and restoring a training state bitwise for --resume: the fp32 master weights and Adam
+// moments of every trained piece (tensor, element range), the Adam step and the schedule position,
+// in one safetensors-compatible file with a checksum per record. Streamed: at most one bounded
+// piece of host memory at a time, whatever the model size. Format: docs/optimizer.md.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "optim/adamw.h"
+#include "optim/train_state.h"
 
 namespace deltamoe {
 
@@ -16,18 +17,21 @@ struct OptimizerProgress {
   int64_t skipped_steps = 0;  // steps skipped because the gradient norm was not finite
 };
 
-// Writes path atomically (a temporary file renamed into place). master, when not null, holds
-// optimizer.range().size() fp32 master weights and is stored as "master_weights".
-// Throws deltamoe::Error when the file cannot be written.
-void save_optimizer_state(const std::string& path, const AdamW& optimizer, const OptimizerProgress& progress,
-                          const float* master);
+// Bytes save_optimizer_state writes for this state (header included), for the free-space check.
+uint64_t optimizer_state_file_bytes(const TrainStateStore& state);
 
-// Reads a file written by save_optimizer_state into optimizer (moments and Adam step) and, when
-// master is not null, the master weights (range().size() values). The file must have been
-// written for the same parameter layout, range and moment dtype. Truncated, corrupt or
-// mismatched files give a deltamoe::Error that names the file and what is wrong; in that case
-// optimizer and master may be partly overwritten and must not be used. Differences in the
-// AdamW hyper-parameters are allowed (a resumed run may change them) and are logged.
-OptimizerProgress load_optimizer_state(const std::string& path, AdamW* optimizer, float* master);
+// Writes path atomically (a temporary file, fsynced, renamed into place). Each record is one
+// (state kind, piece): "<kind>/<tensor>/<begin>:<end>". Throws deltamoe::Error when the file cannot
+// be written; the temporary file is removed then.
+void save_optimizer_state(const std::string& path, const TrainStateStore& state, const OptimizerProgress& progress);
+
+// Reads a file written by save_optimizer_state into state. Every piece of state.layout() is filled
+// from the file's records of the same tensor (any split of the tensors into pieces restores, as
+// long as the records cover the piece), and the file must hold the same tensors with the same
+// shapes and decay flags and the same moment dtype. Truncated, corrupt or mismatched files give a
+// deltamoe::Error that names the file and what is wrong; the state may then be partly overwritten
+// and must not be used. Changed AdamW hyper-parameters are allowed (a resumed run may change them)
+// and logged.
+OptimizerProgress load_optimizer_state(const std::string& path, TrainStateStore* state);
 
 }  // namespace deltamoe

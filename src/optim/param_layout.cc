@@ -12,23 +12,52 @@ int ParamLayout::add(const std::string& name, const std::vector<int64_t>& shape)
   return add(name, shape, default_decay(shape));
 }
 
+int64_t ParamEntry::tensor_numel() const {
+  int64_t count = 1;
+  for (int64_t dim : shape) count *= dim;
+  return count;
+}
+
 int ParamLayout::add(const std::string& name, const std::vector<int64_t>& shape, bool decay) {
   CHECK(!name.empty(), "ParamLayout::add: a parameter needs a name");
   CHECK(find(name) < 0, "ParamLayout::add: parameter '", name, "' was added twice");
-  int64_t numel = 1;
-  for (int64_t dim : shape) {
-    CHECK(dim >= 0, "ParamLayout::add: parameter '", name, "' has a negative dimension ", dim);
-    numel *= dim;
-  }
+  for (int64_t dim : shape) CHECK(dim >= 0, "ParamLayout::add: parameter '", name, "' has a negative dimension ", dim);
   ParamEntry entry;
   entry.name = name;
   entry.shape = shape;
-  entry.offset = (total_numel_ + kFlatAlignmentElements - 1) / kFlatAlignmentElements * kFlatAlignmentElements;
-  entry.numel = numel;
+  entry.numel = entry.tensor_numel();
   entry.decay = decay;
-  total_numel_ = entry.offset + numel;
+  return append(std::move(entry));
+}
+
+int ParamLayout::add_piece(const std::string& name, const std::vector<int64_t>& shape, int64_t begin, int64_t end) {
+  CHECK(!name.empty(), "ParamLayout::add_piece: a parameter needs a name");
+  for (int64_t dim : shape) CHECK(dim >= 0, "ParamLayout::add_piece: parameter '", name, "' has a negative dimension ", dim);
+  ParamEntry entry;
+  entry.name = name;
+  entry.shape = shape;
+  const int64_t numel = entry.tensor_numel();
+  CHECK(begin >= 0 && begin < end && end <= numel, "ParamLayout::add_piece: elements [", begin, ", ", end, ") of '",
+        name, "' are not a non-empty range inside its ", numel, " elements");
+  for (const ParamEntry& other : entries_) {
+    if (other.name != name) continue;
+    CHECK(other.shape == shape, "ParamLayout::add_piece: pieces of '", name, "' disagree on its shape");
+    CHECK(end <= other.tensor_begin || begin >= other.tensor_begin + other.numel, "ParamLayout::add_piece: elements [",
+          begin, ", ", end, ") of '", name, "' overlap a piece added before");
+  }
+  entry.tensor_begin = begin;
+  entry.numel = end - begin;
+  entry.decay = default_decay(shape);
+  return append(std::move(entry));
+}
+
+int ParamLayout::append(ParamEntry entry) {
+  entry.offset = (total_numel_ + kFlatAlignmentElements - 1) / kFlatAlignmentElements * kFlatAlignmentElements;
+  total_numel_ = entry.offset + entry.numel;
+  const int index = static_cast<int>(entries_.size());
+  first_piece_.emplace(entry.name, index);
   entries_.push_back(std::move(entry));
-  return static_cast<int>(entries_.size()) - 1;
+  return index;
 }
 
 void ParamLayout::set_lr_scale(int index, double lr_scale) {
@@ -44,10 +73,8 @@ const ParamEntry& ParamLayout::entry(int index) const {
 }
 
 int ParamLayout::find(const std::string& name) const {
-  for (size_t i = 0; i < entries_.size(); ++i) {
-    if (entries_[i].name == name) return static_cast<int>(i);
-  }
-  return -1;
+  const auto it = first_piece_.find(name);
+  return it == first_piece_.end() ? -1 : it->second;
 }
 
 int64_t ParamLayout::num_parameters() const {

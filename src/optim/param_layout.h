@@ -1,20 +1,26 @@
-// ParamLayout: where each parameter tensor lives inside one flat fp32 buffer (master weights,
-// gradients and Adam moments all share it), with a weight-decay flag per tensor; and FlatRange,
-// the slice of that buffer one optimizer instance owns (all of it, or one rank's ZeRO shard).
+// ParamLayout: where each trained piece of a parameter tensor lives inside one flat buffer (master
+// weights, gradients and Adam moments all share it), with a weight-decay flag per piece. A piece is
+// a whole tensor, or an element range of one (a rank's expert slice or ZeRO shard), so the training
+// state is a list of (tensor, element range). FlatRange is a range of the flat buffer.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace deltamoe {
 
-// One parameter tensor inside the flat buffer: elements [offset, offset + numel).
+// Elements [tensor_begin, tensor_begin + numel) of parameter tensor `name` (global shape `shape`, in
+// row-major order) live at flat elements [offset, offset + numel).
 struct ParamEntry {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // the whole tensor's shape
   int64_t offset = 0;
-  int64_t numel = 0;
+  int64_t numel = 0;           // elements of this piece
+  int64_t tensor_begin = 0;    // first element of the tensor this piece holds
+  int64_t tensor_numel() const;
+  bool is_whole_tensor() const { return tensor_begin == 0 && numel == tensor_numel(); }
   bool decay = true;  // whether AdamW's decoupled weight decay applies to this tensor
   // Multiplies the scheduled learning rate for this tensor (ms-swift's --vit_lr / --aligner_lr
   // are lr_scale = vit_lr / lr on the vision tensors). Not part of the saved state: a resumed
@@ -43,6 +49,9 @@ class ParamLayout {
   int add(const std::string& name, const std::vector<int64_t>& shape);
   // Appends a tensor with an explicit decay flag.
   int add(const std::string& name, const std::vector<int64_t>& shape, bool decay);
+  // Appends elements [begin, end) of tensor `name` (0 <= begin < end <= numel(shape)); pieces of one
+  // tensor must not overlap. Decay follows the tensor's shape, as for a whole tensor.
+  int add_piece(const std::string& name, const std::vector<int64_t>& shape, int64_t begin, int64_t end);
 
   // Sets the learning-rate multiplier of tensor index (>= 0).
   void set_lr_scale(int index, double lr_scale);
@@ -50,19 +59,22 @@ class ParamLayout {
   const std::vector<ParamEntry>& entries() const { return entries_; }
   int num_tensors() const { return static_cast<int>(entries_.size()); }
   const ParamEntry& entry(int index) const;
-  // Index of the tensor called name, or -1.
+  // Index of the (first) piece of the tensor called name, or -1.
   int find(const std::string& name) const;
   // Elements of the flat buffer including alignment padding (the buffer size to allocate).
   int64_t total_numel() const { return total_numel_; }
   FlatRange whole() const { return {0, total_numel_}; }
-  // Elements that belong to tensors (without padding).
+  // Elements that belong to pieces (without padding).
   int64_t num_parameters() const;
 
   // The rule used by add(name, shape): rank >= 2 decays.
   static bool default_decay(const std::vector<int64_t>& shape) { return shape.size() >= 2; }
 
  private:
+  int append(ParamEntry entry);
+
   std::vector<ParamEntry> entries_;
+  std::unordered_map<std::string, int> first_piece_;  // name -> index of its first piece
   int64_t total_numel_ = 0;
 };
 
