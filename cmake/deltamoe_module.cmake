@@ -1,5 +1,6 @@
 # deltamoe_module(NAME DIR dir [RECURSE] [DEPS mod...]): one static library per folder of src/.
-# Sources are *.cc (and *.cu with CUDA); files ending in _test.cc become test programs:
+# Sources are *.cc (and *.cu with CUDA); a subfolder named gpu/ holds code that needs CUDA (host
+# code included) and is built only with CUDA. Files ending in _test.cc become test programs:
 #   *_gpu_test.cc    -> label gpu    (built only with CUDA; run on the GPU machine)
 #   *_golden_test.cc -> label golden (compares with transformers' outputs; CI)
 #   *_speed_test.cc  -> label bench  (measures and prints throughput, asserts no speed; not in CI)
@@ -15,6 +16,9 @@ function(deltamoe_add_tests NAME)
     file(GLOB_RECURSE tests CONFIGURE_DEPENDS ${ARG_DIR}/*_test.cc)
   else()
     file(GLOB tests CONFIGURE_DEPENDS ${ARG_DIR}/*_test.cc)
+  endif()
+  if(NOT DELTAMOE_CUDA)
+    list(FILTER tests EXCLUDE REGEX "/gpu/")
   endif()
   foreach(test_file ${tests})
     get_filename_component(test_name ${test_file} NAME_WE)
@@ -50,6 +54,9 @@ function(deltamoe_module NAME)
     file(GLOB sources CONFIGURE_DEPENDS ${patterns})
   endif()
   list(FILTER sources EXCLUDE REGEX "(_test\\.cc|/main\\.cc)$")
+  if(NOT DELTAMOE_CUDA)
+    list(FILTER sources EXCLUDE REGEX "/gpu/")
+  endif()
   set(dep_targets)
   foreach(dep ${ARG_DEPS})
     list(APPEND dep_targets deltamoe_${dep})

@@ -13,9 +13,6 @@
 #include "core/log.h"
 #include "data/sample_source.h"
 #include "train/trainer.h"
-#if DELTAMOE_WITH_CUDA
-#include "train/gpu/gpu_engine.h"
-#endif
 
 namespace deltamoe {
 
@@ -57,6 +54,8 @@ void declare_flags(ArgParser& args) {
   args.add_option("truncation_strategy", "delete (drop longer samples) or right (cut them)", "delete");
   args.add_option("save_steps", "save a checkpoint every N steps (0: only at the end)", "0");
   args.add_option("save_total_limit", "keep only the newest N checkpoints (0: keep all)", "0");
+  args.add_option("save_only_model", "true/false: checkpoints hold the model directory only (no optimizer state, "
+                  "so they cannot be resumed from)", "false");
   args.add_option("eval_steps", "evaluate on --val_dataset every N steps (0: start and end only)", "0");
   args.add_option("logging_steps", "print the progress line every N steps", "1");
   args.add_option("seed", "seed of the data order (and any randomness of the run)", "42");
@@ -180,6 +179,7 @@ TrainOptions options_from_args(const ArgParser& args) {
   CHECK(seed >= 0, "--seed must be non-negative, got ", seed);
   options.seed = static_cast<uint64_t>(seed);
   options.freeze.freeze_vit = parse_bool(args, "freeze_vit");
+  options.save_only_model = parse_bool(args, "save_only_model");
   options.freeze.freeze_aligner = parse_bool(args, "freeze_aligner");
   options.freeze.freeze_llm = parse_bool(args, "freeze_llm");
   if (!args.get("router_aux_loss_coef").empty()) options.router_aux_loss_coef = args.get_double("router_aux_loss_coef");
@@ -212,7 +212,6 @@ int cmd_train(int argc, char** argv) {
   if (!args.parse(static_cast<int>(expanded_argv.size()), expanded_argv.data())) return 0;
   const TrainOptions options = options_from_args(args);
 #if DELTAMOE_WITH_CUDA
-  if (args.get("device") != "cpu") register_gpu_engine();  // where a GPU answers: --device auto / cuda use it
 #endif
   const TrainSummary summary = run_training(options, args.get("device"));
 

@@ -3,6 +3,8 @@
 // reference state.
 #pragma once
 
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "optim/adamw.h"
@@ -21,7 +23,11 @@ class HostTrainState : public TrainStateStore {
   void set_adam_step(int64_t adam_step) override { optimizer_.set_adam_step(adam_step); }
   void read_state(StateKind kind, int index, int64_t first, int64_t count, void* host) const override;
   void write_state(StateKind kind, int index, int64_t first, int64_t count, const void* host) override;
-  void state_restored() override {}
+  void state_restored() override {
+    if (on_restored_) on_restored_();
+  }
+  // Called by state_restored(), e.g. so that an engine's model picks up the restored master.
+  void set_restore_hook(std::function<void()> hook) { on_restored_ = std::move(hook); }
 
   // layout().total_numel() fp32 values (padding zero).
   std::vector<float>& master() { return master_; }
@@ -35,6 +41,7 @@ class HostTrainState : public TrainStateStore {
 
   AdamW optimizer_;
   std::vector<float> master_;
+  std::function<void()> on_restored_;
 };
 
 }  // namespace deltamoe

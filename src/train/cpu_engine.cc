@@ -1,4 +1,5 @@
-// CPU reference engine: multimodal embedding -> text model forward/backward -> flat gradients.
+// CPU reference engine: multimodal embedding -> text model forward/backward -> flat gradients ->
+// clipping and the CPU AdamW on the host master weights.
 #include "train/cpu_engine.h"
 
 #include <algorithm>
@@ -6,6 +7,8 @@
 #include <optional>
 
 #include "core/error.h"
+#include "optim/grad_clip.h"
+#include "train/batch_plan.h"
 #include "model/text/text_batch.h"
 #include "model/text/text_model.h"
 #include "train/trainable_params.h"
@@ -56,8 +59,13 @@ struct CpuEngine::Pass {
   std::optional<TextModel> model;
 };
 
-CpuEngine::CpuEngine(const ModelCheckpoint& checkpoint, const ParamLayout& layout)
-    : config_(checkpoint.config), text_prefix_(checkpoint.config.text_prefix()), layout_(layout) {
+CpuEngine::CpuEngine(const ModelCheckpoint& checkpoint, const EngineOptions& options)
+    : config_(checkpoint.config),
+      text_prefix_(checkpoint.config.text_prefix()),
+      aux_coef_(options.aux_coef),
+      state_(trainable_layout(checkpoint, options.freeze), options.adamw) {
+  const ParamLayout& layout = state_.layout();
+  grad_.assign(static_cast<size_t>(layout.total_numel()), 0.0f);
   CHECK(!config_.tie_word_embeddings && !config_.text.tie_word_embeddings,
         "train: tie_word_embeddings is not supported (Qwen3.5-MoE unties lm_head)");
   for (const NamedShape& spec : text_param_shapes(config_.text, text_prefix_)) {
@@ -76,7 +84,7 @@ CpuEngine::CpuEngine(const ModelCheckpoint& checkpoint, const ParamLayout& layou
     }
   }
   trainable_ = TrainableParts{false, false, false};
-  for (const ParamEntry& entry : layout_.entries()) {
+  for (const ParamEntry& entry : layout.entries()) {
     const bool known = text_params_.count(entry.name) != 0 || vision_params_.count(entry.name) != 0;
     CHECK(known, "train: trainable tensor '", entry.name, "' is not a parameter of the CPU model");
     switch (param_group(entry.name)) {
@@ -84,11 +92,18 @@ CpuEngine::CpuEngine(const ModelCheckpoint& checkpoint, const ParamLayout& layou
       case ParamGroup::vit: trainable_.vit = true; break;
       case ParamGroup::aligner: trainable_.aligner = true; break;
     }
+    // The master starts as the checkpoint's values (fp32 copies made above).
+    const auto text = text_params_.find(entry.name);
+    const float* values = text != text_params_.end() ? text->second.values.data()
+                                                     : vision_params_.at(entry.name).as<float>();
+    std::memcpy(state_.master().data() + entry.offset, values, static_cast<size_t>(entry.numel) * sizeof(float));
   }
+  state_.set_restore_hook([this] { use_master_weights(); });
 }
 
-void CpuEngine::set_trainable_weights(const float* master) {
-  for (const ParamEntry& entry : layout_.entries()) {
+void CpuEngine::use_master_weights() {
+  const float* master = state_.master().data();
+  for (const ParamEntry& entry : state_.layout().entries()) {
     const float* source = master + entry.offset;
     const size_t bytes = static_cast<size_t>(entry.numel) * sizeof(float);
     auto text = text_params_.find(entry.name);
@@ -148,9 +163,39 @@ MicroBatchLoss CpuEngine::run_forward(const MicroBatch& batch, Pass* pass, std::
   return loss;
 }
 
-MicroBatchLoss CpuEngine::forward(const MicroBatch& batch, std::vector<float>* logits) {
+MicroBatchLoss CpuEngine::evaluate(const MicroBatch& batch, std::vector<float>* logits) {
   Pass pass;
   return run_forward(batch, &pass, logits);
+}
+
+StepResult CpuEngine::train_step(const std::vector<MicroBatch>& batches, double lr, double max_grad_norm) {
+  StepResult result;
+  result.num_micro_batches = static_cast<int64_t>(batches.size());
+  for (const MicroBatch& batch : batches) result.num_supervised += batch.num_supervised;
+  // The engine adds the gradient of the CE sum and the step divides it by S once, so that no
+  // per-token weight depends on how the step is split into micro-batches (batch_plan.h).
+  const MicroBatchWeights weights = micro_batch_weights(result.num_supervised, result.num_micro_batches, aux_coef_);
+  std::fill(grad_.begin(), grad_.end(), 0.0f);
+  result.num_correct = 0;
+  for (const MicroBatch& batch : batches) {
+    const MicroBatchLoss part = forward_backward(batch, weights.ce_token_weight, weights.aux_weight, grad_.data());
+    result.ce_sum += part.ce_sum;
+    result.aux_loss_sum += part.aux_loss;
+    result.num_tokens += part.num_tokens;
+    result.num_correct = result.num_correct < 0 || part.num_correct < 0 ? -1 : result.num_correct + part.num_correct;
+  }
+  divide_gradient(grad_.data(), grad_.size(), weights.gradient_divisor);
+  const GradClipResult clip =
+      grad_clip_from_sum_of_squares(sum_of_squares_f64(grad_.data(), static_cast<int64_t>(grad_.size())), max_grad_norm);
+  result.grad_norm = clip.grad_norm;
+  result.clip_coef = clip.clip_coef;
+  result.skipped = !clip.finite;
+  if (clip.finite) {
+    if (clip.clipped()) scale_in_place(grad_.data(), static_cast<int64_t>(grad_.size()), clip.clip_coef);
+    state_.optimizer().step(lr, state_.master().data(), grad_.data());
+    use_master_weights();
+  }
+  return result;
 }
 
 MicroBatchLoss CpuEngine::forward_backward(const MicroBatch& batch, double ce_token_weight, double aux_weight,
@@ -171,7 +216,7 @@ MicroBatchLoss CpuEngine::forward_backward(const MicroBatch& batch, double ce_to
   ParamMap text_grads;
   VisionParams vision_grads;
   if (trainable_.llm) text_grads = zeros_like(text_params_);
-  for (const ParamEntry& entry : layout_.entries()) {
+  for (const ParamEntry& entry : state_.layout().entries()) {
     const float* source = grad + entry.offset;
     if (auto text = text_grads.find(entry.name); text != text_grads.end()) {
       std::copy(source, source + entry.numel, text->second.values.data());
@@ -191,7 +236,7 @@ MicroBatchLoss CpuEngine::forward_backward(const MicroBatch& batch, double ce_to
     multimodal_embed_backward(config_, vision_params_, pass.embedding, pass.input_ids.data(), batch.num_tokens(),
                               d_embeds, table_grad, &vision_grads, trainable_);
   }
-  for (const ParamEntry& entry : layout_.entries()) {
+  for (const ParamEntry& entry : state_.layout().entries()) {
     const float* total = nullptr;
     if (auto text = text_grads.find(entry.name); text != text_grads.end()) {
       total = text->second.values.data();

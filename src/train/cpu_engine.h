@@ -1,6 +1,6 @@
-// The CPU reference engine: runs the fp32 reference model (vision tower, multimodal embedding, text
-// model) on one packed micro-batch and adds the gradients of the trainable tensors to the flat
-// buffer. Slow but exact; it is the spec the GPU engine is compared with.
+// The CPU reference engine: the fp32 reference model (vision tower, multimodal embedding, text
+// model) with its training state in host memory (HostTrainState: fp32 master and the CPU AdamW).
+// Slow but exact; it is the spec the GPU engine is compared with.
 #pragma once
 
 #include <string>
@@ -11,22 +11,26 @@
 #include "model/text/text_params.h"
 #include "model/vision/trainable_parts.h"
 #include "model/vision/vision_tower.h"
-#include "optim/param_layout.h"
+#include "optim/host_train_state.h"
 #include "train/train_engine.h"
 
 namespace deltamoe {
 
 class CpuEngine : public TrainEngine {
  public:
-  // Copies every model parameter of checkpoint to fp32 (frozen ones keep these values for the whole
-  // run); layout names the trainable ones (each must exist in the checkpoint, checked).
-  CpuEngine(const ModelCheckpoint& checkpoint, const ParamLayout& layout);
+  // Copies every model parameter of checkpoint to fp32; the tensors options.freeze leaves trainable
+  // get their master weights in state() (frozen ones keep these values for the whole run).
+  CpuEngine(const ModelCheckpoint& checkpoint, const EngineOptions& options);
 
   std::string device_name() const override { return "cpu"; }
-  void set_trainable_weights(const float* master) override;
-  MicroBatchLoss forward_backward(const MicroBatch& batch, double ce_token_weight, double aux_weight,
-                                  float* grad) override;
-  MicroBatchLoss forward(const MicroBatch& batch, std::vector<float>* logits = nullptr) override;
+  StepResult train_step(const std::vector<MicroBatch>& batches, double lr, double max_grad_norm) override;
+  MicroBatchLoss evaluate(const MicroBatch& batch, std::vector<float>* logits = nullptr) override;
+  HostTrainState& state() override { return state_; }
+
+  // The building block of train_step, public for the accumulation tests: forward and backward of
+  // one micro-batch; the gradient of ce_token_weight * CE_sum + aux_weight * aux is ADDED to grad
+  // (state().layout().total_numel() values).
+  MicroBatchLoss forward_backward(const MicroBatch& batch, double ce_token_weight, double aux_weight, float* grad);
   // Test hook: the experts per decoder layer (L entries of [T, K]) that the next passes use instead
   // of the routers' top-k, e.g. another engine's choices; empty: the routers decide.
   void set_forced_routing(std::vector<std::vector<int32_t>> routing) { forced_routing_ = std::move(routing); }
@@ -34,10 +38,14 @@ class CpuEngine : public TrainEngine {
  private:
   struct Pass;  // one forward's state, kept for its backward
   MicroBatchLoss run_forward(const MicroBatch& batch, Pass* pass, std::vector<float>* logits);
+  // The model computes with the master weights of state_ (after a step or a restore).
+  void use_master_weights();
 
   ModelConfig config_;
   std::string text_prefix_;
-  ParamLayout layout_;
+  double aux_coef_ = 0;
+  HostTrainState state_;
+  std::vector<float> grad_;     // the step's gradient over state_'s layout
   ParamMap text_params_;        // fp32, fused layout
   VisionParams vision_params_;  // fp32; empty for a text-only model
   TrainableParts trainable_;    // which parts have tensors in the layout: frozen parts skip their weight products

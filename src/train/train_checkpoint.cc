@@ -35,6 +35,12 @@ void write_text_file(const fs::path& path, const std::string& text) {
   CHECK(out.good(), "writing ", path.string(), " failed (disk full or not writable?)");
 }
 
+std::string gib_text(uint64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  return text;
+}
+
 // The step of a "checkpoint-N" directory name, or -1.
 int64_t checkpoint_step(const std::string& name) {
   const std::string prefix = "checkpoint-";
@@ -58,6 +64,7 @@ std::string trainer_state_to_json(const TrainerState& state) {
   json["elapsed_s"] = state.elapsed_s;
   json["data_position"] = nlohmann::json::parse(data_position_to_json(state.data_position));
   json["rng"] = {{"seed", state.rng_seed}, {"position", state.rng_position}};
+  if (state.model_only) json["model_only"] = true;
   return json.dump(2) + "\n";
 }
 
@@ -74,6 +81,7 @@ TrainerState trainer_state_from_json(const std::string& text, const std::string&
     state.data_position = data_position_from_json(json.at("data_position").dump(), where);
     state.rng_seed = json.at("rng").at("seed").get<uint64_t>();
     state.rng_position = json.at("rng").at("position").get<uint64_t>();
+    state.model_only = json.value("model_only", false);
   } catch (const nlohmann::json::exception& error) {
     RAISE(where, ": malformed trainer state: ", error.what());
   }
@@ -82,31 +90,65 @@ TrainerState trainer_state_from_json(const std::string& text, const std::string&
   return state;
 }
 
+uint64_t checkpoint_bytes(const CheckpointPayload& payload) {
+  uint64_t bytes = 1 << 20;  // config, index, trainer state
+  for (const auto& [name, tensor] : payload.model->params) bytes += tensor.nbytes() + 256;
+  std::error_code error;
+  if (!payload.side_files_dir.empty() && fs::is_directory(payload.side_files_dir, error)) {
+    for (const auto& entry : fs::directory_iterator(payload.side_files_dir, error)) {
+      if (entry.is_regular_file(error) && entry.path().extension() != ".safetensors") bytes += entry.file_size(error);
+    }
+  }
+  if (payload.train_state != nullptr) bytes += optimizer_state_file_bytes(*payload.train_state);
+  return bytes;
+}
+
 std::string save_training_checkpoint(const std::string& output_dir, const CheckpointPayload& payload) {
-  CHECK(payload.model != nullptr && payload.optimizer != nullptr && payload.master != nullptr,
-        "save_training_checkpoint: incomplete payload");
+  CHECK(payload.model != nullptr, "save_training_checkpoint: incomplete payload");
   const int64_t step = payload.state.global_step;
   const fs::path final_dir = fs::path(output_dir) / str_cat("checkpoint-", step);
   const fs::path temp_dir = fs::path(output_dir) / str_cat(".checkpoint-", step, ".tmp");
   fs::remove_all(temp_dir);  // a leftover of an earlier crash
-  fs::create_directories(temp_dir);
 
-  SaveOptions save_options;
-  save_options.max_shard_bytes = payload.max_shard_bytes;
-  save_model_dir(*payload.model, temp_dir.string(), save_options);
-  if (!payload.side_files_dir.empty()) copy_side_files(payload.side_files_dir, temp_dir.string());
-
-  if (const char* fail_at = std::getenv("DELTAMOE_FAIL_SAVE_AT_STEP"); fail_at != nullptr && std::atoll(fail_at) == step) {
-    std::fprintf(stderr, "DELTAMOE_FAIL_SAVE_AT_STEP=%s: ending the process in the middle of a save\n", fail_at);
-    std::fflush(nullptr);
-    std::_Exit(86);
+  const uint64_t needed = checkpoint_bytes(payload);
+  std::error_code space_error;
+  fs::space_info space = fs::space(output_dir, space_error);
+  // Test hook: pretend the file system has this many bytes free.
+  if (const char* free_bytes = std::getenv("DELTAMOE_TEST_FREE_BYTES"); free_bytes != nullptr) {
+    space.available = std::strtoull(free_bytes, nullptr, 10);
+    space_error.clear();
   }
+  CHECK(space_error || space.available >= needed, "save: checkpoint-", step, " needs ", gib_text(needed),
+        " but only ", gib_text(space.available), " are free in ", output_dir, "; free some space, keep fewer ",
+        "checkpoints (--save_total_limit)", payload.train_state != nullptr ? ", or save the model only (--save_only_model true)" : "");
 
-  save_optimizer_state((temp_dir / kOptimizerFile).string(), *payload.optimizer, payload.progress, payload.master);
-  kill_point("save_optimizer", step);
-  write_text_file(temp_dir / kStateFile, trainer_state_to_json(payload.state));
-  fsync_tree(temp_dir.string());  // every byte on disk before the rename makes the checkpoint visible
-  kill_point("save_state", step);
+  TrainerState state = payload.state;
+  state.model_only = payload.train_state == nullptr;
+  try {
+    fs::create_directories(temp_dir);
+    SaveOptions save_options;
+    save_options.max_shard_bytes = payload.max_shard_bytes;
+    save_model_dir(*payload.model, temp_dir.string(), save_options);
+    if (!payload.side_files_dir.empty()) copy_side_files(payload.side_files_dir, temp_dir.string());
+
+    if (const char* fail_at = std::getenv("DELTAMOE_FAIL_SAVE_AT_STEP"); fail_at != nullptr && std::atoll(fail_at) == step) {
+      std::fprintf(stderr, "DELTAMOE_FAIL_SAVE_AT_STEP=%s: ending the process in the middle of a save\n", fail_at);
+      std::fflush(nullptr);
+      std::_Exit(86);
+    }
+
+    if (payload.train_state != nullptr) {
+      save_optimizer_state((temp_dir / kOptimizerFile).string(), *payload.train_state, payload.progress);
+    }
+    kill_point("save_optimizer", step);
+    write_text_file(temp_dir / kStateFile, trainer_state_to_json(state));
+    fsync_tree(temp_dir.string());  // every byte on disk before the rename makes the checkpoint visible
+    kill_point("save_state", step);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(temp_dir, ignored);  // the previous checkpoints stay as they were
+    throw;
+  }
 
   // Rename into place. A checkpoint of the same step (a re-run) is moved aside first, so at every
   // moment one complete copy exists under a name --resume auto recognises or can be recovered.
@@ -125,7 +167,9 @@ std::string save_training_checkpoint(const std::string& output_dir, const Checkp
 
 std::string checkpoint_problem(const std::string& dir) {
   try {
-    load_trainer_state(dir);
+    const TrainerState state = load_trainer_state(dir);
+    CHECK(!state.model_only, dir, " was saved with --save_only_model: it holds the model weights but no optimizer ",
+          "state to resume from");
     CHECK(fs::is_regular_file(fs::path(dir) / "config.json"), dir, ": config.json is missing");
     open_weights_dir(dir);  // every shard's header, its offsets against the file's size, the index
     SafetensorsFile::open((fs::path(dir) / kOptimizerFile).string());
@@ -176,12 +220,14 @@ std::string resolve_resume_dir(const std::string& resume, const std::string& out
   }
   CHECK(!candidates.empty(), "--resume auto: no complete checkpoint-N directory in ", output_dir);
   std::sort(candidates.rbegin(), candidates.rend());
+  std::string newest_problem;
   for (const auto& [step, dir] : candidates) {
     const std::string problem = checkpoint_problem(dir.string());
     if (problem.empty()) return dir.string();
-    log_warn("train: --resume auto: skipping ", dir.string(), ", it is damaged: ", problem);
+    if (newest_problem.empty()) newest_problem = problem;
+    log_warn("train: --resume auto: skipping ", dir.string(), ": ", problem);
   }
-  RAISE("--resume auto: every checkpoint in ", output_dir, " is damaged (see the messages above); the newest is ",
+  RAISE("--resume auto: no checkpoint in ", output_dir, " can be resumed from (", newest_problem, "); the newest is ",
         candidates.front().second.string());
 }
 

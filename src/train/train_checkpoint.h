@@ -10,6 +10,7 @@
 #include "checkpoint/model_checkpoint.h"
 #include "data/data_position.h"
 #include "optim/optimizer_state.h"
+#include "optim/train_state.h"
 
 namespace deltamoe {
 
@@ -22,6 +23,7 @@ struct TrainerState {
   DataPosition data_position;
   uint64_t rng_seed = 0;      // the trainer's Philox stream (reserved for dropout-like randomness)
   uint64_t rng_position = 0;
+  bool model_only = false;    // saved with --save_only_model: no optimizer state, cannot be resumed
 };
 
 std::string trainer_state_to_json(const TrainerState& state);
@@ -29,17 +31,25 @@ std::string trainer_state_to_json(const TrainerState& state);
 TrainerState trainer_state_from_json(const std::string& text, const std::string& where);
 
 struct CheckpointPayload {
-  const ModelCheckpoint* model = nullptr;  // weights to save (trainable tensors already from master)
+  const ModelCheckpoint* model = nullptr;  // weights to save (trained tensors read from the state)
   std::string side_files_dir;              // tokenizer / processor files are copied from here
   uint64_t max_shard_bytes = 5'000'000'000;
-  const AdamW* optimizer = nullptr;
+  // The training state for --resume; null writes the model directory only (--save_only_model),
+  // marked in trainer_state.json so that --resume refuses it with a message.
+  const TrainStateStore* train_state = nullptr;
   OptimizerProgress progress;
-  const float* master = nullptr;
   TrainerState state;
 };
 
+// Bytes a save of payload writes (model shards, side files, optimizer state), for the free-space
+// check before it starts.
+uint64_t checkpoint_bytes(const CheckpointPayload& payload);
+
 // Writes output_dir/checkpoint-<state.global_step> through output_dir/.checkpoint-<step>.tmp and a
-// rename; returns the final path. Files and directories are fsync'ed around the renames. Test
+// rename; returns the final path. Files and directories are fsync'ed around the renames. Before any
+// byte is written the free space of output_dir is checked against checkpoint_bytes (a shortfall is
+// an error naming both numbers); a save that fails removes its temporary directory and leaves the
+// previous checkpoints as they were. Test
 // hooks: DELTAMOE_FAIL_SAVE_AT_STEP=<step> ends the process abruptly after the model files of that
 // step's save are written (a kill in the middle of a save); DELTAMOE_KILL_AT=<phase>@<step>
 // (core/kill_point.h) kills it at save_optimizer, save_state, save_aside or save_renamed.

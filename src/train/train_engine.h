@@ -1,6 +1,9 @@
-// The device-agnostic face of a training engine: forward + backward of one packed micro-batch into
-// a flat fp32 gradient buffer. The trainer's loop only talks to this, so the CPU reference engine
-// (cpu_engine.h) and the GPU engine plug into the same loop.
+// The device-agnostic face of a training engine. An engine owns the training state of the tensors it
+// trains (bf16 working weights, fp32 master, fp32 gradients, AdamW moments) on its device; the
+// trainer hands it the micro-batches of one optimizer step and the learning rate, and reaches the
+// state only through TrainStateStore to save or resume. The CPU reference engine (cpu_engine.h) and
+// the GPU engine (gpu/gpu_engine.h) implement the same contract, so `train`, `parity` and `bench`
+// run one step.
 #pragma once
 
 #include <cstddef>
@@ -9,10 +12,13 @@
 #include <vector>
 
 #include "data/packer.h"
+#include "optim/adamw.h"
+#include "optim/train_state.h"
+#include "train/trainable_params.h"
 
 namespace deltamoe {
 
-// What one micro-batch contributed; the trainer sums these over the global batch.
+// What one micro-batch's forward pass gave.
 struct MicroBatchLoss {
   double ce_sum = 0;           // cross-entropy summed over the supervised tokens (after the shift)
   int64_t num_supervised = 0;  // tokens whose shifted label is not -100
@@ -23,10 +29,40 @@ struct MicroBatchLoss {
   int64_t num_correct = -1;
 };
 
-// What an engine that plans its memory once (the GPU engine) must know about the batches to come.
-struct EngineSizing {
-  int64_t max_tokens = 0;   // token budget of one micro-batch (0: unknown)
-  int64_t max_samples = 0;  // most samples in one micro-batch (0: limited by tokens only)
+// What one optimizer step did.
+struct StepResult {
+  double ce_sum = 0;            // over all micro-batches
+  int64_t num_supervised = 0;   // S: the divisor of the CE sum
+  double aux_loss_sum = 0;      // sum over micro-batches of each one's aux loss
+  int64_t num_micro_batches = 0;
+  int64_t num_tokens = 0;
+  int64_t num_correct = -1;     // -1: not computed
+  double grad_norm = 0;         // global norm before clipping
+  float clip_coef = 1.0f;
+  bool skipped = false;         // non-finite norm: weights and moments untouched
+  double flops = 0;             // model FLOPs of forward + backward (0: not reported)
+  // Bytes copied host -> device and device -> host during the step (batches in, losses and the
+  // norm out); the CPU engine reports 0.
+  uint64_t host_to_device_bytes = 0, device_to_host_bytes = 0;
+};
+
+// What an engine must know beyond the checkpoint, fixed for the whole run.
+struct EngineOptions {
+  FreezeOptions freeze;
+  AdamWConfig adamw;
+  double aux_coef = 0;       // router load-balancing loss coefficient
+  // Per-tensor learning-rate multipliers by group (ms-swift's --vit_lr / --aligner_lr over --lr).
+  double vit_lr_scale = 1.0, aligner_lr_scale = 1.0;
+  // Planning limits of one micro-batch, so that an engine that plans its memory once (the GPU
+  // engine) never allocates inside a step.
+  int64_t max_tokens = 0;         // token budget (0: unknown)
+  int64_t max_samples = 0;        // most samples (0: limited by tokens only)
+  int64_t max_image_tokens = -1;  // most <|image_pad|> tokens (-1: the token budget)
+  int64_t max_image_pixels = 0;   // largest image area after resizing (--max_pixels; 0: unknown)
+  // The device bytes the memory plan may use (0: what the device has free at start). Tests and
+  // `deltamoe plan` set it to model a smaller device.
+  size_t device_memory_bytes = 0;
+  bool print_memory_plan = true;
 };
 
 class TrainEngine {
@@ -38,25 +74,22 @@ class TrainEngine {
   // The accelerator's model name (e.g. "NVIDIA H200"), which picks the default peak FLOP/s for
   // MFU; empty for the CPU.
   virtual std::string accelerator_name() const { return ""; }
-  // Model FLOPs of forward + backward of this micro-batch, counted as ../shared/baselines.md does
-  // (src/train/gpu/bench_flops.h); 0 when the engine does not report MFU (the CPU reference).
-  virtual double training_flops(const MicroBatch& batch) const { return 0.0; }
   // Most device memory in use so far (bytes, CUDA context included); 0 when not measured.
   virtual size_t peak_memory_bytes() const { return 0; }
 
-  // Makes the engine compute with these weights: the flat fp32 master buffer of the trainer's
-  // ParamLayout (trainable tensors only; frozen ones stay as loaded). Called once at the start and
-  // after every optimizer step.
-  virtual void set_trainable_weights(const float* master) = 0;
-
-  // Forward and backward of one micro-batch. The backward is seeded so that the gradient of
-  //   ce_token_weight * ce_sum + aux_weight * aux_loss
-  // is ADDED to grad (flat layout, every trainable tensor at its offset).
-  virtual MicroBatchLoss forward_backward(const MicroBatch& batch, double ce_token_weight, double aux_weight,
-                                          float* grad) = 0;
+  // One optimizer step over these micro-batches (one global batch of this rank): forward and
+  // backward of each, gradients accumulated on the engine's device; the loss is the token mean of
+  // the CE over all their supervised tokens plus aux_coef times the mean aux loss (docs/training.md,
+  // "One step"); then the global gradient norm, clipping to max_grad_norm (<= 0: none) and AdamW
+  // with learning rate lr (times each tensor's multiplier). A non-finite norm skips the update.
+  virtual StepResult train_step(const std::vector<MicroBatch>& batches, double lr, double max_grad_norm) = 0;
 
   // Forward only (evaluation). When logits is not null it receives [T, V] fp32.
-  virtual MicroBatchLoss forward(const MicroBatch& batch, std::vector<float>* logits = nullptr) = 0;
+  virtual MicroBatchLoss evaluate(const MicroBatch& batch, std::vector<float>* logits = nullptr) = 0;
+
+  // The training state, for saving and resuming (the only way the trainer touches it).
+  virtual TrainStateStore& state() = 0;
+  const TrainStateStore& state() const { return const_cast<TrainEngine*>(this)->state(); }
 };
 
 // Labels of a packed micro-batch shifted inside each sample: shifted[i] = labels[i + 1] when token

@@ -53,7 +53,7 @@ std::string format_progress_line(const StepMetrics& m) {
   }
   char acc[32] = "";
   if (m.token_acc >= 0) std::snprintf(acc, sizeof(acc), " | acc %.3f", m.token_acc);
-  char device[96] = "";
+  char device[160] = "";
   if (m.tflops >= 0 && m.mfu >= 0) {
     std::snprintf(device, sizeof(device), " | MFU %.1f%% (%.3g TFLOP/s)", 100.0 * m.mfu, m.tflops);
   } else if (m.tflops >= 0) {
@@ -63,7 +63,12 @@ std::string format_progress_line(const StepMetrics& m) {
     const size_t used = std::strlen(device);
     std::snprintf(device + used, sizeof(device) - used, " | mem %.1f GiB", m.peak_mem_gib);
   }
-  char line[420];
+  if (m.h2d_bytes >= 0 && m.d2h_bytes >= 0) {
+    const size_t used = std::strlen(device);
+    std::snprintf(device + used, sizeof(device) - used, " | h2d %.3g MB d2h %lld B",
+                  static_cast<double>(m.h2d_bytes) / 1e6, static_cast<long long>(m.d2h_bytes));
+  }
+  char line[512];
   std::snprintf(line, sizeof(line),
                 "step %lld/%lld | loss %.4f%s | lr %.3g | grad_norm %.3f | %s tok/s%s | %.2f s/step | ETA %s%s",
                 static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, acc, m.lr, m.grad_norm,
@@ -152,6 +157,8 @@ void MetricsLog::write_step(const StepMetrics& m) {
   if (m.tflops >= 0) json["tflops"] = m.tflops;
   if (m.mfu >= 0) json["mfu"] = m.mfu;
   if (m.peak_mem_gib >= 0) json["peak_mem_gib"] = m.peak_mem_gib;
+  if (m.h2d_bytes >= 0) json["h2d_bytes"] = m.h2d_bytes;
+  if (m.d2h_bytes >= 0) json["d2h_bytes"] = m.d2h_bytes;
   write_line(json.dump());
 }
 

@@ -28,11 +28,14 @@ struct StepMetrics {
   double tflops = -1;        // model TFLOP/s of the step (FLOPs as ../shared/baselines.md counts them / step_s)
   double mfu = -1;           // tflops / the device's peak (needs a known peak: --peak_tflops or the GPU name)
   double peak_mem_gib = -1;  // most device memory in use so far (GiB, CUDA context included)
+  // Bytes the step copied host -> device and device -> host (batches in; losses and the norm out).
+  int64_t h2d_bytes = -1, d2h_bytes = -1;
 };
 
 // "step 12/100 | loss 3.2104 | acc 0.412 | lr 9.51e-05 | grad_norm 1.234 | 2.1k tok/s | 0.41 s/step | ETA 36s"
 // (acc: token accuracy of the step's supervised tokens, when the engine reports it). The GPU
-// engine adds "| MFU 41.2% (407 TFLOP/s) | mem 61.3 GiB" after tok/s ("| 407 TFLOP/s" without a peak).
+// engine adds "| MFU 41.2% (407 TFLOP/s) | mem 61.3 GiB | h2d 1.2 MB d2h 96 B" after tok/s
+// ("| 407 TFLOP/s" without a peak).
 std::string format_progress_line(const StepMetrics& metrics);
 // "1h02m", "3m05s", "12s".
 std::string format_duration(double seconds);

@@ -51,6 +51,7 @@ struct TrainOptions {
   int64_t max_nonfinite_steps = 5;
   bool overwrite_output_dir = false;  // a fresh run may replace the checkpoints and metrics found there
   uint64_t max_shard_bytes = 5'000'000'000;
+  bool save_only_model = false;  // --save_only_model: checkpoints hold the model directory only (no resume)
   double peak_tflops = 0;  // --peak_tflops: the device's peak for MFU (0: by GPU name, see train_metrics.h)
 };
 

@@ -1,10 +1,11 @@
-// Trainable-parameter selection and the copies between a checkpoint and the flat master buffer.
+// Trainable-parameter selection and the checkpoint view of a training state's master weights.
 #include "train/trainable_params.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
-#include "core/log.h"
 
 namespace deltamoe {
 
@@ -13,8 +14,6 @@ ParamGroup param_group(const std::string& name) {
   if (name.starts_with("model.visual.")) return ParamGroup::vit;
   return ParamGroup::llm;
 }
-
-namespace {
 
 bool is_frozen(const std::string& name, const FreezeOptions& freeze) {
   switch (param_group(name)) {
@@ -25,32 +24,41 @@ bool is_frozen(const std::string& name, const FreezeOptions& freeze) {
   return true;
 }
 
-}  // namespace
-
-TrainableParams build_trainable_params(const ModelCheckpoint& checkpoint, const FreezeOptions& freeze) {
-  TrainableParams result;
+ParamLayout trainable_layout(const ModelCheckpoint& checkpoint, const FreezeOptions& freeze) {
+  ParamLayout layout;
   for (const auto& [name, tensor] : checkpoint.params) {
-    if (!is_frozen(name, freeze)) result.layout.add(name, tensor.shape().to_vector());
+    if (!is_frozen(name, freeze)) layout.add(name, tensor.shape().to_vector());
   }
-  CHECK(result.layout.num_tensors() > 0, "train: every parameter is frozen (--freeze_llm, --freeze_vit, ",
+  CHECK(layout.num_tensors() > 0, "train: every parameter is frozen (--freeze_llm, --freeze_vit, ",
         "--freeze_aligner); nothing would be trained");
-  result.master.assign(static_cast<size_t>(result.layout.total_numel()), 0.0f);
-  for (const ParamEntry& entry : result.layout.entries()) {
-    const HostTensor values = checkpoint.params.at(entry.name).to_host().to_f32();
-    std::memcpy(result.master.data() + entry.offset, values.as<float>(), static_cast<size_t>(entry.numel) * 4);
-  }
-  return result;
+  return layout;
 }
 
-ModelCheckpoint checkpoint_with_master(const ModelCheckpoint& base, const ParamLayout& layout, const float* master) {
+ModelCheckpoint checkpoint_with_state(const ModelCheckpoint& base, const TrainStateStore& state) {
   ModelCheckpoint out = base;
-  for (const ParamEntry& entry : layout.entries()) {
+  const ParamLayout& layout = state.layout();
+  for (int index = 0; index < layout.num_tensors(); ++index) {
+    const ParamEntry& entry = layout.entry(index);
+    CHECK(entry.is_whole_tensor(), "save: '", entry.name, "' is held as elements [", entry.tensor_begin, ", ",
+          entry.tensor_begin + entry.numel, ") by this engine; a model save needs every trained tensor whole");
     auto it = out.params.find(entry.name);
     CHECK(it != out.params.end(), "train: the checkpoint has no tensor '", entry.name, "' to save into");
-    HostTensor values(DType::f32, Shape(entry.shape));
-    std::memcpy(values.data(), master + entry.offset, static_cast<size_t>(entry.numel) * 4);
     const DType disk_dtype = it->second.dtype();
-    it->second = StoredTensor::from_host(disk_dtype == DType::f32 ? values : values.to_dtype(disk_dtype));
+    CHECK(disk_dtype == DType::f32 || disk_dtype == DType::bf16 || disk_dtype == DType::f16, "save: '", entry.name,
+          "' is stored as ", dtype_name(disk_dtype), ", which a trained tensor cannot be written as");
+    const size_t element = dtype_size(disk_dtype);
+    it->second = StoredTensor::from_range_producer(
+        disk_dtype, Shape(entry.shape), [&state, index, disk_dtype, element](void* dst, size_t offset, size_t nbytes) {
+          const int64_t first = static_cast<int64_t>(offset / element);
+          const int64_t count = static_cast<int64_t>(nbytes / element);
+          if (disk_dtype == DType::f32) {
+            state.read_state(StateKind::master, index, first, count, dst);
+            return;
+          }
+          std::vector<float> master(static_cast<size_t>(count));
+          state.read_state(StateKind::master, index, first, count, master.data());
+          convert_floats(master.data(), DType::f32, dst, disk_dtype, count);
+        });
   }
   return out;
 }

@@ -1,13 +1,13 @@
-// Which parameters a run trains (--freeze_vit / --freeze_aligner / --freeze_llm) and the flat fp32
-// master buffer that holds them; and the way back: a checkpoint whose trainable tensors are the
-// master weights rounded to each tensor's on-disk dtype (what a save writes).
+// Which parameters a run trains (--freeze_vit / --freeze_aligner / --freeze_llm) as the layout of
+// the training state, and the way back for a save: a checkpoint whose trained tensors are the
+// state's master weights rounded to each tensor's on-disk dtype, produced while the writer streams.
 #pragma once
 
 #include <string>
-#include <vector>
 
 #include "checkpoint/model_checkpoint.h"
 #include "optim/param_layout.h"
+#include "optim/train_state.h"
 
 namespace deltamoe {
 
@@ -21,17 +21,16 @@ struct FreezeOptions {
 enum class ParamGroup { llm, vit, aligner };
 // model.visual.merger.* is the aligner, other model.visual.* the ViT, everything else the LLM.
 ParamGroup param_group(const std::string& name);
+bool is_frozen(const std::string& name, const FreezeOptions& freeze);
 
-struct TrainableParams {
-  ParamLayout layout;          // trainable tensors, in name order; rank >= 2 decays (docs/optimizer.md)
-  std::vector<float> master;   // layout.total_numel() fp32 values (padding zero)
-};
+// The trained tensors of checkpoint, whole, in name order; rank >= 2 decays (docs/optimizer.md).
+// Throws when nothing is left to train.
+ParamLayout trainable_layout(const ModelCheckpoint& checkpoint, const FreezeOptions& freeze);
 
-// Throws when nothing is left to train (every group frozen, or a text model with only the LLM frozen).
-TrainableParams build_trainable_params(const ModelCheckpoint& checkpoint, const FreezeOptions& freeze);
-
-// A copy of base whose trainable tensors are the master values, converted to the dtype each tensor
-// had on disk (bf16 checkpoints stay bf16); frozen and passthrough tensors are base's own.
-ModelCheckpoint checkpoint_with_master(const ModelCheckpoint& base, const ParamLayout& layout, const float* master);
+// A copy of base whose trained tensors read the state's master weights when written, converted to
+// the dtype each tensor had on disk (bf16 checkpoints stay bf16); frozen and passthrough tensors are
+// base's own. Every trained tensor must be held whole by the state. The copy refers to state: keep
+// it alive and unchanged until the save is done.
+ModelCheckpoint checkpoint_with_state(const ModelCheckpoint& base, const TrainStateStore& state);
 
 }  // namespace deltamoe

@@ -97,7 +97,7 @@ EvalResult evaluate(TrainEngine& engine, const std::vector<MicroBatch>& batches)
   bool has_correct = true;
   EvalResult result;
   for (const MicroBatch& batch : batches) {
-    const MicroBatchLoss loss = engine.forward(batch);
+    const MicroBatchLoss loss = engine.evaluate(batch);
     ce_sum += loss.ce_sum;
     result.num_supervised += loss.num_supervised;
     has_correct = has_correct && loss.num_correct >= 0;
@@ -111,7 +111,7 @@ EvalResult evaluate(TrainEngine& engine, const std::vector<MicroBatch>& batches)
 
 }  // namespace
 
-TrainSummary run_training(const TrainOptions& options, const std::string& device) {
+TrainSummary run_training(const TrainOptions& options, const std::string& device, const EngineMaker& make_engine) {
   validate_train_options(options);
   const Clock::time_point run_start = Clock::now();
   fs::create_directories(options.output_dir);
@@ -125,11 +125,6 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   const ModelCheckpoint base = load_model_dir(options.model_dir);
   const ModelConfig& config = base.config;
   const double aux_coef = options.router_aux_loss_coef.value_or(config.text.router_aux_loss_coef);
-  TrainableParams trainable = build_trainable_params(base, options.freeze);
-  const ParamLayout& layout = trainable.layout;
-  std::vector<float>& master = trainable.master;
-  log_info("train: ", layout.num_tensors(), " trainable tensors, ", layout.num_parameters(), " parameters (of ",
-           base.params.size(), " tensors)");
 
   std::vector<std::string> train_paths = options.dataset_paths, val_paths = options.val_dataset_paths;
   if (options.split_dataset_ratio > 0) {
@@ -165,7 +160,20 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   schedule_config.total_steps = total_steps;
   validate_lr_schedule(schedule_config);
   const LrSchedule schedule(schedule_config);
-  AdamW optimizer(layout, options.adamw);
+
+  // The engine owns the training state on its device (weights, master, gradients, moments).
+  EngineOptions engine_options;
+  engine_options.freeze = options.freeze;
+  engine_options.adamw = options.adamw;
+  engine_options.aux_coef = aux_coef;
+  engine_options.max_tokens = batch_plan.token_budget;
+  engine_options.max_samples = batch_plan.micro_batch_samples;
+  engine_options.max_image_pixels = samples.image_config.max_pixels;
+  std::unique_ptr<TrainEngine> engine =
+      make_engine ? make_engine(base, engine_options) : make_train_engine(device, base, engine_options);
+  const ParamLayout& layout = engine->state().layout();
+  log_info("train: ", layout.num_tensors(), " trainable tensors, ", layout.num_parameters(), " parameters (of ",
+           base.params.size(), " tensors)");
 
   TrainerState state;
   state.total_steps = total_steps;
@@ -175,10 +183,12 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   if (resuming) {
     const std::string dir = resolve_resume_dir(options.resume, options.output_dir);
     state = load_trainer_state(dir);
+    CHECK(!state.model_only, "--resume ", dir, ": it was saved with --save_only_model (model weights only, no ",
+          "optimizer state), so the run cannot continue exactly from it; start a new run with --model ", dir);
     CHECK(state.total_steps == total_steps, "--resume ", dir, ": that run had ", state.total_steps,
           " total steps, this one has ", total_steps, "; keep --max_steps / --num_train_epochs / ",
           "--global_batch_size / --micro_batch_size / --gradient_accumulation_steps as they were");
-    progress = load_optimizer_state((fs::path(dir) / "optimizer.safetensors").string(), &optimizer, master.data());
+    progress = load_optimizer_state((fs::path(dir) / "optimizer.safetensors").string(), &engine->state());
     CHECK(progress.schedule_step == state.global_step, dir, ": optimizer state is at step ", progress.schedule_step,
           " but trainer_state.json at ", state.global_step);
     log_info("train: resuming from ", dir, " at step ", state.global_step, "/", total_steps);
@@ -186,11 +196,6 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   Rng rng(state.rng_seed);
   rng.seek(state.rng_position);
 
-  EngineSizing sizing;
-  sizing.max_tokens = batch_plan.token_budget;
-  sizing.max_samples = batch_plan.micro_batch_samples;
-  std::unique_ptr<TrainEngine> engine = make_train_engine(device, base, layout, sizing);
-  engine->set_trainable_weights(master.data());
   // MFU needs the device's peak: --peak_tflops, else the GPU's spec-sheet value by name.
   const double peak_tflops =
       options.peak_tflops > 0 ? options.peak_tflops : default_peak_tflops(engine->accelerator_name());
@@ -232,13 +237,12 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   auto save = [&]() {
     CHECK(!nonfinite.in_streak(), nonfinite.refused_save_message());  // keep the last good checkpoint
     CheckpointPayload payload;
-    const ModelCheckpoint weights = checkpoint_with_master(base, layout, master.data());
+    const ModelCheckpoint weights = checkpoint_with_state(base, engine->state());
     payload.model = &weights;
     payload.side_files_dir = options.model_dir;
     payload.max_shard_bytes = options.max_shard_bytes;
-    payload.optimizer = &optimizer;
+    payload.train_state = options.save_only_model ? nullptr : &engine->state();
     payload.progress = progress;
-    payload.master = master.data();
     state.rng_position = rng.position();
     payload.state = state;
     summary.last_checkpoint = save_training_checkpoint(options.output_dir, payload);
@@ -249,7 +253,6 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
 
   const StopSignalGuard stop_guard;  // SIGTERM / SIGINT / SIGHUP: finish the step, save, return
   DataPipeline pipeline(train_data, tokenizer, state.data_position);
-  std::vector<float> grad(static_cast<size_t>(layout.total_numel()), 0.0f);
   const double elapsed_before = state.elapsed_s;
   const Clock::time_point loop_start = Clock::now();
   bool saved_at_step = false;
@@ -277,32 +280,23 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
       log_warn("train: the data ended at step ", state.global_step, " of ", total_steps);
       break;
     }
-    GlobalBatchCounts counts;
-    counts.num_micro_batches = static_cast<int64_t>(batches.size());
-    for (const MicroBatch& batch : batches) counts.num_supervised_tokens += batch.num_supervised;
-    if (counts.num_supervised_tokens == 0) {
+    int64_t step_supervised = 0;
+    for (const MicroBatch& batch : batches) step_supervised += batch.num_supervised;
+    if (step_supervised == 0) {
       log_warn("train: step ", state.global_step + 1, " has no supervised tokens; only the aux loss trains");
     }
-    GlobalBatchLoss loss(counts, aux_coef);
-    // The engines add the gradient of the CE sum and the step divides it by S once, so that no
-    // per-token weight depends on how the step is split into micro-batches (batch_plan.h).
-    const MicroBatchWeights weights =
-        micro_batch_weights(counts.num_supervised_tokens, counts.num_micro_batches, aux_coef);
-    int64_t num_tokens = 0, num_correct = 0;
-    double step_flops = 0;
-    for (const MicroBatch& batch : batches) {
-      step_flops += engine->training_flops(batch);
-      const MicroBatchLoss part =
-          engine->forward_backward(batch, weights.ce_token_weight, weights.aux_weight, grad.data());
-      loss.add_micro_batch(part.ce_sum, part.num_supervised, part.aux_loss);
-      num_tokens += part.num_tokens;
-      num_correct = num_correct < 0 || part.num_correct < 0 ? -1 : num_correct + part.num_correct;
-    }
-    divide_gradient(grad.data(), grad.size(), weights.gradient_divisor);
-    const StepReport report =
-        clip_and_step(optimizer, schedule, options.max_grad_norm, &progress, master.data(), grad.data());
-    std::fill(grad.begin(), grad.end(), 0.0f);
-    engine->set_trainable_weights(master.data());
+    const double lr = schedule.lr_at(progress.schedule_step);
+    const StepResult result = engine->train_step(batches, lr, options.max_grad_norm);
+    if (result.skipped) ++progress.skipped_steps;
+    ++progress.schedule_step;
+    GlobalBatchLoss loss(GlobalBatchCounts{result.num_supervised, result.num_micro_batches}, aux_coef);
+    loss.add_partial(result.ce_sum, result.num_supervised, result.aux_loss_sum);
+    const int64_t num_tokens = result.num_tokens, num_correct = result.num_correct;
+    const double step_flops = result.flops;
+    StepReport report;
+    report.lr = lr;
+    report.grad_norm = result.grad_norm;
+    report.skipped = result.skipped;
 
     ++state.global_step;
     ++summary.steps_this_run;
@@ -322,10 +316,10 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     step.grad_norm = report.grad_norm;
     step.skipped = report.skipped;
     step.num_tokens = num_tokens;
-    step.num_supervised = counts.num_supervised_tokens;
+    step.num_supervised = result.num_supervised;
     step.token_acc = num_correct < 0 ? -1.0
                                      : static_cast<double>(num_correct) /
-                                           static_cast<double>(std::max<int64_t>(1, counts.num_supervised_tokens));
+                                           static_cast<double>(std::max<int64_t>(1, result.num_supervised));
     step.step_s = seconds_since(step_start);
     step.tokens_per_s = step.step_s > 0 ? static_cast<double>(num_tokens) / step.step_s : 0.0;
     step.elapsed_s = state.elapsed_s;
@@ -335,6 +329,10 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
       run_flops += step_flops;
       run_step_s += step.step_s;
       if (peak_tflops > 0) summary.mfu = run_flops / run_step_s / 1e12 / peak_tflops;
+    }
+    if (result.host_to_device_bytes + result.device_to_host_bytes > 0) {
+      step.h2d_bytes = static_cast<int64_t>(result.host_to_device_bytes);
+      step.d2h_bytes = static_cast<int64_t>(result.device_to_host_bytes);
     }
     const size_t peak_memory = engine->peak_memory_bytes();
     if (peak_memory > 0) summary.peak_mem_gib = step.peak_mem_gib = static_cast<double>(peak_memory) / (1 << 30);

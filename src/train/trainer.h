@@ -4,8 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
+#include "checkpoint/model_checkpoint.h"
+#include "train/train_engine.h"
 #include "train/train_options.h"
 
 namespace deltamoe {
@@ -30,8 +34,12 @@ struct TrainSummary {
   double peak_mem_gib = -1;
 };
 
+// Makes the engine of a run; tests pass one to run the loop on a stand-in engine.
+using EngineMaker = std::function<std::unique_ptr<TrainEngine>(const ModelCheckpoint&, const EngineOptions&)>;
+
 // device: see make_train_engine. Throws deltamoe::Error for bad options (before any work) and for
 // failures during the run.
-TrainSummary run_training(const TrainOptions& options, const std::string& device = "auto");
+TrainSummary run_training(const TrainOptions& options, const std::string& device = "auto",
+                          const EngineMaker& make_engine = nullptr);
 
 }  // namespace deltamoe

@@ -1,7 +1,7 @@
-// The trainer's side of the GPU engine's reports, without a GPU: a registered stand-in engine (the
-// CPU reference that says it is an H200 and reports FLOPs and memory) must reach the progress line
-// and metrics.jsonl as MFU against the GPU's default peak or --peak_tflops, and the sizing the
-// trainer hands a GPU engine must be the batch plan's.
+// The trainer's side of the GPU engine's reports, without a GPU: a stand-in engine (the CPU
+// reference that says it is an H200 and reports FLOPs, memory and copied bytes) must reach the
+// progress line and metrics.jsonl as MFU against the GPU's default peak or --peak_tflops, and the
+// limits the trainer hands an engine must be the batch plan's.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "train/cpu_engine.h"
-#include "train/engine_factory.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
 
@@ -29,8 +28,12 @@ class StandInGpuEngine : public CpuEngine {
   using CpuEngine::CpuEngine;
   std::string device_name() const override { return "cuda:0"; }
   std::string accelerator_name() const override { return "NVIDIA H200"; }
-  double training_flops(const MicroBatch& batch) const override {
-    return kFlopsPerToken * static_cast<double>(batch.num_tokens());
+  StepResult train_step(const std::vector<MicroBatch>& batches, double lr, double max_grad_norm) override {
+    StepResult result = CpuEngine::train_step(batches, lr, max_grad_norm);
+    result.flops = kFlopsPerToken * static_cast<double>(result.num_tokens);
+    result.host_to_device_bytes = 1000 * static_cast<uint64_t>(result.num_tokens);
+    result.device_to_host_bytes = 24;
+    return result;
   }
   size_t peak_memory_bytes() const override { return kMemoryBytes; }
 };
@@ -42,7 +45,6 @@ class TrainerDeviceMetricsTest : public ::testing::Test {
     make_tiny_vl_fixture(*root_, 8, 4);
   }
   static void TearDownTestSuite() {
-    register_gpu_train_engine(nullptr);
     fs::remove_all(*root_);
     delete root_;
   }
@@ -62,18 +64,18 @@ std::vector<nlohmann::json> train_lines(const fs::path& metrics) {
 }
 
 TEST_F(TrainerDeviceMetricsTest, GpuEngineReportsBecomeMfuAndMemory) {
-  std::vector<EngineSizing> sizings;
-  register_gpu_train_engine([&](const ModelCheckpoint& checkpoint, const ParamLayout& layout,
-                                const EngineSizing& sizing) -> std::unique_ptr<TrainEngine> {
-    sizings.push_back(sizing);
-    return std::make_unique<StandInGpuEngine>(checkpoint, layout);
-  });
+  std::vector<EngineOptions> sizings;
+  const EngineMaker stand_in = [&](const ModelCheckpoint& checkpoint,
+                                   const EngineOptions& engine_options) -> std::unique_ptr<TrainEngine> {
+    sizings.push_back(engine_options);
+    return std::make_unique<StandInGpuEngine>(checkpoint, engine_options);
+  };
   for (const double peak : {0.0, 100.0}) {  // 0: the H200's 989 by name
     TrainOptions options = small_run_options(*root_);
     options.output_dir = (*root_ / str_cat("run_peak_", peak)).string();
     options.max_steps = 2;
     options.peak_tflops = peak;
-    const TrainSummary summary = run_training(options, "auto");
+    const TrainSummary summary = run_training(options, "auto", stand_in);
     EXPECT_EQ(summary.device, "cuda:0");
     const std::vector<nlohmann::json> lines = train_lines(fs::path(options.output_dir) / "metrics.jsonl");
     ASSERT_EQ(lines.size(), 2u);
@@ -97,6 +99,8 @@ TEST_F(TrainerDeviceMetricsTest, GpuEngineReportsBecomeMfuAndMemory) {
       EXPECT_NEAR(line["tflops"].get<double>(), tflops, 1e-9 * tflops);
       EXPECT_NEAR(line["mfu"].get<double>(), tflops / expected_peak, 1e-9 * tflops / expected_peak);
       EXPECT_DOUBLE_EQ(line["peak_mem_gib"].get<double>(), 3.0);
+      EXPECT_EQ(line["h2d_bytes"].get<int64_t>(), 1000 * line["tokens"].get<int64_t>());
+      EXPECT_EQ(line["d2h_bytes"].get<int64_t>(), 24);
     }
   }
   // The sizing a GPU engine plans for: the token budget and sample cap of the batch plan.
@@ -106,7 +110,6 @@ TEST_F(TrainerDeviceMetricsTest, GpuEngineReportsBecomeMfuAndMemory) {
 }
 
 TEST_F(TrainerDeviceMetricsTest, CpuEngineLeavesMfuOut) {
-  register_gpu_train_engine(nullptr);
   TrainOptions options = small_run_options(*root_);
   options.output_dir = (*root_ / "run_cpu").string();
   options.max_steps = 1;
@@ -116,7 +119,8 @@ TEST_F(TrainerDeviceMetricsTest, CpuEngineLeavesMfuOut) {
   EXPECT_LT(summary.peak_mem_gib, 0);
   const std::vector<nlohmann::json> lines = train_lines(fs::path(options.output_dir) / "metrics.jsonl");
   ASSERT_EQ(lines.size(), 1u);
-  EXPECT_FALSE(lines[0].contains("mfu") || lines[0].contains("tflops") || lines[0].contains("peak_mem_gib"))
+  EXPECT_FALSE(lines[0].contains("mfu") || lines[0].contains("tflops") || lines[0].contains("peak_mem_gib") ||
+               lines[0].contains("h2d_bytes"))
       << lines[0].dump();
 }
 

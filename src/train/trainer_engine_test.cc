@@ -85,17 +85,22 @@ float cpu_per_token_weight(double ce_token_weight, int64_t n) {
 
 // The accumulated gradient of one global batch (CE only: the aux loss is a statistic of one
 // forward pass, so it legitimately depends on the split; docs/optimizer.md).
-std::vector<float> accumulated_gradient(const ModelCheckpoint& checkpoint, const TrainableParams& trainable,
-                                        const std::vector<MicroBatch>& micro_batches, Seeding seeding) {
-  CpuEngine engine(checkpoint, trainable.layout);
-  engine.set_trainable_weights(trainable.master.data());
+EngineOptions all_trained() {
+  EngineOptions options;
+  options.freeze = FreezeOptions{false, false, false};
+  return options;
+}
+
+std::vector<float> accumulated_gradient(const ModelCheckpoint& checkpoint, const std::vector<MicroBatch>& micro_batches,
+                                        Seeding seeding) {
+  CpuEngine engine(checkpoint, all_trained());
   GlobalBatchCounts counts;
   counts.num_micro_batches = static_cast<int64_t>(micro_batches.size());
   for (const MicroBatch& batch : micro_batches) counts.num_supervised_tokens += batch.num_supervised;
   GlobalBatchLoss loss(counts, 0.0);
   MicroBatchWeights weights = micro_batch_weights(counts.num_supervised_tokens, counts.num_micro_batches, 0.0);
   if (seeding == Seeding::kMeanPerMicroBatch) weights = {loss.ce_token_weight(), loss.aux_weight(), 1.0};
-  std::vector<float> grad(trainable.master.size(), 0.0f);
+  std::vector<float> grad(engine.state().master().size(), 0.0f);
   for (const MicroBatch& batch : micro_batches) {
     const MicroBatchLoss part =
         engine.forward_backward(batch, weights.ce_token_weight, weights.aux_weight, grad.data());
@@ -106,11 +111,11 @@ std::vector<float> accumulated_gradient(const ModelCheckpoint& checkpoint, const
 }
 
 // The update (weights after minus before) of one AdamW step with this gradient; lr 1e-3, eps 1e-8.
-std::vector<float> adamw_update(const TrainableParams& trainable, std::vector<float> grad) {
-  std::vector<float> master = trainable.master;
+std::vector<float> adamw_update(const HostTrainState& initial, std::vector<float> grad) {
+  std::vector<float> master = initial.master();
   AdamWConfig adamw;
   adamw.weight_decay = 0;
-  AdamW optimizer(trainable.layout, adamw);
+  AdamW optimizer(initial.layout(), adamw);
   LrScheduleConfig schedule_config;
   schedule_config.lr = 1e-3;
   schedule_config.min_lr = 1e-3;
@@ -118,7 +123,7 @@ std::vector<float> adamw_update(const TrainableParams& trainable, std::vector<fl
   const LrSchedule schedule(schedule_config);
   OptimizerProgress progress;
   clip_and_step(optimizer, schedule, 0.0, &progress, master.data(), grad.data());
-  for (size_t i = 0; i < master.size(); ++i) master[i] -= trainable.master[i];
+  for (size_t i = 0; i < master.size(); ++i) master[i] -= initial.master()[i];
   return master;
 }
 
@@ -191,15 +196,13 @@ TEST_F(TrainerEngineTest, EightMicroBatchesOfOneEqualOneOfEight) {
   ASSERT_FALSE(one_batch[0].image_grid_thw.empty()) << "the global batch should contain images";
   ASSERT_EQ(one_batch[0].num_supervised, total_supervised);
 
-  const TrainableParams trainable = build_trainable_params(checkpoint, FreezeOptions{false, false, false});
-  const std::vector<float> grad_one = accumulated_gradient(checkpoint, trainable, one_batch, Seeding::kTrainer);
-  const std::vector<float> grad_singles = accumulated_gradient(checkpoint, trainable, singles, Seeding::kTrainer);
-  const std::vector<float> grad_reversed =
-      accumulated_gradient(checkpoint, trainable, one_batch_reversed, Seeding::kTrainer);
-  const std::vector<float> grad_one_mean =
-      accumulated_gradient(checkpoint, trainable, one_batch, Seeding::kMeanPerMicroBatch);
-  const std::vector<float> grad_singles_mean =
-      accumulated_gradient(checkpoint, trainable, singles, Seeding::kMeanPerMicroBatch);
+  CpuEngine initial(checkpoint, all_trained());
+  const HostTrainState& trainable = initial.state();
+  const std::vector<float> grad_one = accumulated_gradient(checkpoint, one_batch, Seeding::kTrainer);
+  const std::vector<float> grad_singles = accumulated_gradient(checkpoint, singles, Seeding::kTrainer);
+  const std::vector<float> grad_reversed = accumulated_gradient(checkpoint, one_batch_reversed, Seeding::kTrainer);
+  const std::vector<float> grad_one_mean = accumulated_gradient(checkpoint, one_batch, Seeding::kMeanPerMicroBatch);
+  const std::vector<float> grad_singles_mean = accumulated_gradient(checkpoint, singles, Seeding::kMeanPerMicroBatch);
   max_relative_difference("gradient (8 x 1 vs 1 x 8)", grad_one.data(), grad_singles.data(), grad_one.size());
   max_relative_difference("gradient (1 x 8 reversed vs 1 x 8)", grad_one.data(), grad_reversed.data(), grad_one.size());
   max_relative_difference("gradient (1/S per micro-batch: 8 x 1 vs 1 x 8)", grad_one_mean.data(),
@@ -241,7 +244,7 @@ TEST_F(TrainerEngineTest, GlobalBatchSizeInSamplesGivesTheSameStepForAnyMicroBat
   for (const bool freeze_vision : {false, true}) {
     std::map<int64_t, std::vector<float>> master_after;
     std::map<int64_t, std::string> step_line;
-    TrainableParams initial;
+    std::vector<float> initial;
     for (const int64_t micro : {int64_t{8}, int64_t{4}, int64_t{2}, int64_t{1}}) {
       TrainOptions options = small_run_options(*root_);
       options.micro_batch_tokens = 0;
@@ -261,11 +264,13 @@ TEST_F(TrainerEngineTest, GlobalBatchSizeInSamplesGivesTheSameStepForAnyMicroBat
       const TrainSummary summary = run_training(options, "cpu");
       ASSERT_EQ(summary.steps_done, 1);
       const ModelCheckpoint base = load_model_dir(options.model_dir);
-      initial = build_trainable_params(base, options.freeze);
-      TrainableParams trained = build_trainable_params(base, options.freeze);
-      AdamW optimizer(trained.layout, options.adamw);
-      load_optimizer_state(summary.last_checkpoint + "/optimizer.safetensors", &optimizer, trained.master.data());
-      master_after[micro] = trained.master;
+      EngineOptions engine_options;
+      engine_options.freeze = options.freeze;
+      engine_options.adamw = options.adamw;
+      CpuEngine trained(base, engine_options);
+      initial = trained.state().master();
+      load_optimizer_state(summary.last_checkpoint + "/optimizer.safetensors", &trained.state());
+      master_after[micro] = trained.state().master();
       // The step's token counts (not its timings) must match: the same 8 samples in every run.
       const std::string metrics = read_bytes(fs::path(options.output_dir) / "metrics.jsonl");
       const size_t tokens = metrics.find("\"tokens\":");
@@ -275,11 +280,11 @@ TEST_F(TrainerEngineTest, GlobalBatchSizeInSamplesGivesTheSameStepForAnyMicroBat
       step_line[micro] = metrics.substr(tokens, metrics.find_first_of(",}", tokens) - tokens) + " " +
                          metrics.substr(supervised, metrics.find_first_of(",}", supervised) - supervised);
     }
-    std::vector<float> update_micro8(initial.master.size());
-    for (size_t i = 0; i < initial.master.size(); ++i) update_micro8[i] = master_after[8][i] - initial.master[i];
+    std::vector<float> update_micro8(initial.size());
+    for (size_t i = 0; i < initial.size(); ++i) update_micro8[i] = master_after[8][i] - initial[i];
     for (const int64_t micro : {int64_t{4}, int64_t{2}, int64_t{1}}) {
-      std::vector<float> update(initial.master.size());
-      for (size_t i = 0; i < initial.master.size(); ++i) update[i] = master_after[micro][i] - initial.master[i];
+      std::vector<float> update(initial.size());
+      for (size_t i = 0; i < initial.size(); ++i) update[i] = master_after[micro][i] - initial[i];
       const int64_t unequal = count_bitwise_different(update_micro8, update);
       std::printf("  %s: micro %lld (%lld micro-batches; %s) vs micro 8 (%s): AdamW update |diff|_2 / |update|_2\n"
                   "    %.3e over %zu elements, %lld not bitwise equal\n",
@@ -300,13 +305,13 @@ TEST_F(TrainerEngineTest, FrozenPartsLeaveTheOtherGradientsUnchanged) {
   const MicroBatch batch = pack(build_samples(*root_ / "data" / "train.jsonl", tokenizer, 4), 0, 4);
   ASSERT_FALSE(batch.image_grid_thw.empty());
   auto gradients = [&](const FreezeOptions& freeze) {
-    TrainableParams params = build_trainable_params(checkpoint, freeze);
-    CpuEngine engine(checkpoint, params.layout);
-    engine.set_trainable_weights(params.master.data());
-    std::vector<float> grad(params.master.size(), 0.0f);
+    EngineOptions options;
+    options.freeze = freeze;
+    CpuEngine engine(checkpoint, options);
+    std::vector<float> grad(engine.state().master().size(), 0.0f);
     engine.forward_backward(batch, 1.0 / batch.num_supervised, 0.01, grad.data());
     std::map<std::string, std::vector<float>> by_name;
-    for (const ParamEntry& entry : params.layout.entries()) {
+    for (const ParamEntry& entry : engine.state().layout().entries()) {
       by_name[entry.name].assign(grad.begin() + entry.offset, grad.begin() + entry.offset + entry.numel);
     }
     return by_name;
@@ -341,11 +346,13 @@ TEST_F(TrainerEngineTest, SavedCheckpointReloadsIntoTheSameLogits) {
 
   // The in-memory model after the run: the optimizer state's fp32 master weights.
   const ModelCheckpoint base = load_model_dir(options.model_dir);
-  TrainableParams trained = build_trainable_params(base, options.freeze);
-  AdamW optimizer(trained.layout, options.adamw);
-  load_optimizer_state(summary.last_checkpoint + "/optimizer.safetensors", &optimizer, trained.master.data());
+  EngineOptions trained_options;
+  trained_options.freeze = options.freeze;
+  trained_options.adamw = options.adamw;
+  CpuEngine trained(base, trained_options);
+  load_optimizer_state(summary.last_checkpoint + "/optimizer.safetensors", &trained.state());
   // What a save writes: master rounded to the on-disk dtype (bf16 here).
-  const ModelCheckpoint as_saved = checkpoint_with_master(base, trained.layout, trained.master.data());
+  const ModelCheckpoint as_saved = checkpoint_with_state(base, trained.state());
   const ModelCheckpoint reloaded = load_model_dir(summary.last_checkpoint);
 
   const Tokenizer tokenizer = Tokenizer::load(summary.last_checkpoint);
@@ -355,10 +362,10 @@ TEST_F(TrainerEngineTest, SavedCheckpointReloadsIntoTheSameLogits) {
   const FreezeOptions none{false, false, false};
   MicroBatchLoss reloaded_loss;
   for (auto [checkpoint, logits] : {std::pair{&as_saved, &logits_saved}, std::pair{&reloaded, &logits_reloaded}}) {
-    TrainableParams params = build_trainable_params(*checkpoint, none);
-    CpuEngine engine(*checkpoint, params.layout);
-    engine.set_trainable_weights(params.master.data());
-    reloaded_loss = engine.forward(batch, logits);
+    EngineOptions engine_options;
+    engine_options.freeze = none;
+    CpuEngine engine(*checkpoint, engine_options);
+    reloaded_loss = engine.evaluate(batch, logits);
   }
   // The engine's token accuracy and CE agree with the logits it returned (argmax and log-softmax
   // of each supervised row, labels shifted inside each sample).
@@ -381,11 +388,7 @@ TEST_F(TrainerEngineTest, SavedCheckpointReloadsIntoTheSameLogits) {
   EXPECT_EQ(reloaded_loss.num_supervised, supervised);
   EXPECT_EQ(reloaded_loss.num_correct, correct);
   EXPECT_NEAR(reloaded_loss.ce_sum, ce_sum, 1e-5 * ce_sum);
-  {
-    CpuEngine engine(base, trained.layout);
-    engine.set_trainable_weights(trained.master.data());
-    engine.forward(batch, &logits_master);
-  }
+  trained.evaluate(batch, &logits_master);
   ASSERT_EQ(logits_saved.size(), logits_reloaded.size());
   const double reload_error =
       max_relative_difference("logits: reloaded vs saved weights", logits_saved.data(), logits_reloaded.data(),

@@ -295,7 +295,7 @@ TEST_F(TrainerResumeTest, ResumeAutoFallsBackPastADamagedNewestCheckpoint) {
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(resolve_resume_dir("auto", out.string()), (out / "checkpoint-2").string());
   const std::string warning = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(warning.find("skipping " + (out / "checkpoint-4").string() + ", it is damaged"), std::string::npos)
+  EXPECT_NE(warning.find("skipping " + (out / "checkpoint-4").string() + ": "), std::string::npos)
       << warning;
 
   TrainOptions resume = binary_run_options(*root_, out);
