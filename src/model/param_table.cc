@@ -62,12 +62,11 @@ void add_attention(TableBuilder& b, const TextConfig& t, const std::string& p, i
   b.add(p + "k_norm.weight", {D}, Component::attention, InitKind::zeros, i);
 }
 
-void add_moe(TableBuilder& b, const ModelConfig& config, const std::string& p, int i) {
-  const TextConfig& t = config.text;
+void add_moe(TableBuilder& b, const TextConfig& t, const std::string& p, int i) {
   const int64_t H = t.hidden_size, E = t.num_experts, I = t.moe_intermediate_size;
   b.linear(p + "gate", E, H, false, Component::router_shared, i);
-  b.add(fused_gate_up_name(config, i), {E, 2 * I, H}, Component::routed_experts, InitKind::normal, i);
-  b.add(fused_down_name(config, i), {E, H, I}, Component::routed_experts, InitKind::normal, i);
+  b.add(p + "experts.gate_up_proj", {E, 2 * I, H}, Component::routed_experts, InitKind::normal, i);
+  b.add(p + "experts.down_proj", {E, H, I}, Component::routed_experts, InitKind::normal, i);
   const int64_t Is = t.shared_expert_intermediate_size;
   b.linear(p + "shared_expert.gate_proj", Is, H, false, Component::router_shared, i);
   b.linear(p + "shared_expert.up_proj", Is, H, false, Component::router_shared, i);
@@ -75,8 +74,8 @@ void add_moe(TableBuilder& b, const ModelConfig& config, const std::string& p, i
   b.linear(p + "shared_expert_gate", 1, H, false, Component::router_shared, i);
 }
 
-void add_vision(TableBuilder& b, const VisionConfig& v) {
-  const std::string q = "model.visual.";
+void add_vision(TableBuilder& b, const VisionConfig& v, const std::string& prefix) {
+  const std::string q = prefix + ".";
   const int64_t C = v.hidden_size;
   b.add(q + "patch_embed.proj.weight", {C, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size},
         Component::vision, InitKind::normal);
@@ -125,31 +124,50 @@ std::string per_expert_name(const ModelConfig& config, int layer_idx, int64_t ex
   return layer_prefix(config, layer_idx) + "mlp.experts." + std::to_string(expert_idx) + "." + part + ".weight";
 }
 
-std::vector<ParamSpec> build_param_table(const ModelConfig& config, DType dtype) {
+void check_model_dtype(DType dtype) {
   CHECK(dtype == DType::bf16 || dtype == DType::f32 || dtype == DType::f16,
         "model dtype must be bf16, f16 or f32, got ", dtype_name(dtype));
+}
+
+std::vector<ParamSpec> text_param_table(const TextConfig& t, const std::string& prefix, bool with_lm_head,
+                                        DType dtype) {
+  check_model_dtype(dtype);
+  CHECK(static_cast<int64_t>(t.layer_types.size()) == t.num_hidden_layers, "text config: layer_types has ",
+        t.layer_types.size(), " entries for num_hidden_layers = ", t.num_hidden_layers);
   std::vector<ParamSpec> table;
   TableBuilder b(&table, dtype);
-  const TextConfig& t = config.text;
-  const std::string prefix = config.text_prefix() + ".";
-  b.add(prefix + "embed_tokens.weight", {t.vocab_size, t.hidden_size}, Component::embedding, InitKind::normal);
+  b.add(prefix + ".embed_tokens.weight", {t.vocab_size, t.hidden_size}, Component::embedding, InitKind::normal);
   for (int i = 0; i < static_cast<int>(t.num_hidden_layers); ++i) {
-    const std::string p = layer_prefix(config, i);
+    const std::string p = str_cat(prefix, ".layers.", i, ".");
     // Zero-centred RMSNorms scale by (1 + w), so zeros are the identity.
     b.add(p + "input_layernorm.weight", {t.hidden_size}, Component::norm, InitKind::zeros, i);
+    b.add(p + "post_attention_layernorm.weight", {t.hidden_size}, Component::norm, InitKind::zeros, i);
     if (t.layer_types[i] == LayerType::linear_attention) {
       add_gdn(b, t, p + "linear_attn.", i);
     } else {
       add_attention(b, t, p + "self_attn.", i);
     }
-    b.add(p + "post_attention_layernorm.weight", {t.hidden_size}, Component::norm, InitKind::zeros, i);
-    add_moe(b, config, p + "mlp.", i);
+    add_moe(b, t, p + "mlp.", i);
   }
-  b.add(prefix + "norm.weight", {t.hidden_size}, Component::norm, InitKind::zeros);
-  if (!config.tie_word_embeddings) {
-    b.add("lm_head.weight", {t.vocab_size, t.hidden_size}, Component::embedding, InitKind::normal);
+  b.add(prefix + ".norm.weight", {t.hidden_size}, Component::norm, InitKind::zeros);
+  if (with_lm_head) b.add("lm_head.weight", {t.vocab_size, t.hidden_size}, Component::embedding, InitKind::normal);
+  return table;
+}
+
+std::vector<ParamSpec> vision_param_table(const VisionConfig& vision, const std::string& prefix, DType dtype) {
+  check_model_dtype(dtype);
+  std::vector<ParamSpec> table;
+  TableBuilder b(&table, dtype);
+  add_vision(b, vision, prefix);
+  return table;
+}
+
+std::vector<ParamSpec> build_param_table(const ModelConfig& config, DType dtype) {
+  std::vector<ParamSpec> table =
+      text_param_table(config.text, config.text_prefix(), !config.tie_word_embeddings, dtype);
+  if (config.has_vision) {
+    for (ParamSpec& spec : vision_param_table(config.vision, "model.visual", dtype)) table.push_back(std::move(spec));
   }
-  if (config.has_vision) add_vision(b, config.vision);
   return table;
 }
 

@@ -47,6 +47,14 @@ struct ParamSpec {
 // All parameters of `config` in a fixed order (embeddings, layers in order, final norm, lm_head,
 // vision tower). `dtype` is the model dtype (bf16 or f32); A_log is always f32.
 std::vector<ParamSpec> build_param_table(const ModelConfig& config, DType dtype = DType::bf16);
+// The text tower's part: `prefix` is its key prefix ("model" for qwen3_5_moe_text,
+// "model.language_model" for qwen3_5_moe); lm_head.weight has no prefix. Per layer: the two norms,
+// the mixer (GDN or attention), the MoE block.
+std::vector<ParamSpec> text_param_table(const TextConfig& text, const std::string& prefix, bool with_lm_head,
+                                        DType dtype = DType::bf16);
+// The vision tower's part (prefix "model.visual").
+std::vector<ParamSpec> vision_param_table(const VisionConfig& vision, const std::string& prefix,
+                                          DType dtype = DType::bf16);
 
 // Names of the fused routed-expert tensors of decoder layer `layer_idx`.
 std::string fused_gate_up_name(const ModelConfig& config, int layer_idx);  // [E, 2I, H]

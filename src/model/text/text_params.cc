@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "model/param_table.h"
 
 namespace deltamoe {
 
@@ -35,50 +36,10 @@ int64_t text_rotary_dim(const TextConfig& config) {
 }
 
 std::vector<NamedShape> text_param_shapes(const TextConfig& c, const std::string& prefix) {
-  CHECK(static_cast<int64_t>(c.layer_types.size()) == c.num_hidden_layers, "text config: layer_types has ",
-        c.layer_types.size(), " entries for num_hidden_layers = ", c.num_hidden_layers);
-  const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
-  const int64_t Is = c.shared_expert_intermediate_size, D = c.head_dim;
-  const int64_t key_dim = c.linear_num_key_heads * c.linear_key_head_dim;
-  const int64_t value_dim = c.linear_num_value_heads * c.linear_value_head_dim;
-  const int64_t conv_dim = 2 * key_dim + value_dim;
+  // The names, shapes and order of the parameter table (model/param_table.h), without lm_head's
+  // tie question: the text model always has its own lm_head.
   std::vector<NamedShape> shapes;
-  shapes.push_back({prefix + ".embed_tokens.weight", {c.vocab_size, H}});
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = layer_prefix(prefix, i);
-    shapes.push_back({p + "input_layernorm.weight", {H}});
-    shapes.push_back({p + "post_attention_layernorm.weight", {H}});
-    if (c.layer_types[i] == LayerType::linear_attention) {
-      const std::string g = p + "linear_attn.";
-      shapes.push_back({g + "in_proj_qkv.weight", {conv_dim, H}});
-      shapes.push_back({g + "in_proj_z.weight", {value_dim, H}});
-      shapes.push_back({g + "in_proj_b.weight", {c.linear_num_value_heads, H}});
-      shapes.push_back({g + "in_proj_a.weight", {c.linear_num_value_heads, H}});
-      shapes.push_back({g + "conv1d.weight", {conv_dim, 1, c.linear_conv_kernel_dim}});
-      shapes.push_back({g + "dt_bias", {c.linear_num_value_heads}});
-      shapes.push_back({g + "A_log", {c.linear_num_value_heads}});
-      shapes.push_back({g + "norm.weight", {c.linear_value_head_dim}});
-      shapes.push_back({g + "out_proj.weight", {H, value_dim}});
-    } else {
-      const std::string a = p + "self_attn.";
-      shapes.push_back({a + "q_proj.weight", {2 * c.num_attention_heads * D, H}});
-      shapes.push_back({a + "k_proj.weight", {c.num_key_value_heads * D, H}});
-      shapes.push_back({a + "v_proj.weight", {c.num_key_value_heads * D, H}});
-      shapes.push_back({a + "o_proj.weight", {H, c.num_attention_heads * D}});
-      shapes.push_back({a + "q_norm.weight", {D}});
-      shapes.push_back({a + "k_norm.weight", {D}});
-    }
-    const std::string m = p + "mlp.";
-    shapes.push_back({m + "gate.weight", {E, H}});
-    shapes.push_back({m + "experts.gate_up_proj", {E, 2 * I, H}});
-    shapes.push_back({m + "experts.down_proj", {E, H, I}});
-    shapes.push_back({m + "shared_expert.gate_proj.weight", {Is, H}});
-    shapes.push_back({m + "shared_expert.up_proj.weight", {Is, H}});
-    shapes.push_back({m + "shared_expert.down_proj.weight", {H, Is}});
-    shapes.push_back({m + "shared_expert_gate.weight", {1, H}});
-  }
-  shapes.push_back({prefix + ".norm.weight", {H}});
-  shapes.push_back({"lm_head.weight", {c.vocab_size, H}});
+  for (const ParamSpec& spec : text_param_table(c, prefix, true)) shapes.push_back({spec.name, spec.shape.to_vector()});
   return shapes;
 }
 

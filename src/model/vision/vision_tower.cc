@@ -11,6 +11,7 @@
 #include "kernels/vision_grid/vision_grid.h"
 #include "kernels/vision_pos_embed/vision_pos_embed.h"
 #include "kernels/vision_rope/vision_rope.h"
+#include "model/param_table.h"
 #include "model/vision/vision_block.h"
 
 namespace deltamoe {
@@ -163,34 +164,8 @@ HostTensor backward_impl(const VisionParams& params, const VisionConfig& config,
 }  // namespace
 
 std::vector<std::pair<std::string, Shape>> vision_param_shapes(const VisionConfig& config, const std::string& prefix) {
-  const int64_t c = config.hidden_size, inter = config.intermediate_size, merged = config.merged_dim();
-  std::vector<std::pair<std::string, Shape>> shapes = {
-      {prefix + ".patch_embed.proj.weight",
-       Shape{c, config.in_channels, config.temporal_patch_size, config.patch_size, config.patch_size}},
-      {prefix + ".patch_embed.proj.bias", Shape{c}},
-      {prefix + ".pos_embed.weight", Shape{config.num_position_embeddings, c}},
-  };
-  for (int64_t j = 0; j < config.depth; ++j) {
-    const std::string b = block_prefix(prefix, j);
-    for (const char* norm : {"norm1", "norm2"}) {
-      shapes.push_back({b + norm + ".weight", Shape{c}});
-      shapes.push_back({b + norm + ".bias", Shape{c}});
-    }
-    shapes.push_back({b + "attn.qkv.weight", Shape{3 * c, c}});
-    shapes.push_back({b + "attn.qkv.bias", Shape{3 * c}});
-    shapes.push_back({b + "attn.proj.weight", Shape{c, c}});
-    shapes.push_back({b + "attn.proj.bias", Shape{c}});
-    shapes.push_back({b + "mlp.linear_fc1.weight", Shape{inter, c}});
-    shapes.push_back({b + "mlp.linear_fc1.bias", Shape{inter}});
-    shapes.push_back({b + "mlp.linear_fc2.weight", Shape{c, inter}});
-    shapes.push_back({b + "mlp.linear_fc2.bias", Shape{c}});
-  }
-  shapes.push_back({prefix + ".merger.norm.weight", Shape{c}});
-  shapes.push_back({prefix + ".merger.norm.bias", Shape{c}});
-  shapes.push_back({prefix + ".merger.linear_fc1.weight", Shape{merged, merged}});
-  shapes.push_back({prefix + ".merger.linear_fc1.bias", Shape{merged}});
-  shapes.push_back({prefix + ".merger.linear_fc2.weight", Shape{config.out_hidden_size, merged}});
-  shapes.push_back({prefix + ".merger.linear_fc2.bias", Shape{config.out_hidden_size}});
+  std::vector<std::pair<std::string, Shape>> shapes;  // the parameter table's names, shapes and order
+  for (const ParamSpec& spec : vision_param_table(config, prefix)) shapes.emplace_back(spec.name, spec.shape);
   return shapes;
 }
 
