@@ -43,7 +43,7 @@ def text_config(layers):
 
 
 def matmul_params_per_token(cfg):
-    # Same count as src/train/gpu/bench_flops.cc (baselines.md): parameters in matmuls per token.
+    # Same count as src/train/model_flops.cc (baselines.md): parameters in matmuls per token.
     C = cfg.hidden_size
     key_dim = cfg.linear_num_key_heads * cfg.linear_key_head_dim
     value_dim = cfg.linear_num_value_heads * cfg.linear_value_head_dim

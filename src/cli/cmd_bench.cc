@@ -17,8 +17,8 @@
 
 #include "core/cuda_check.h"
 #include "core/rng.h"
-#include "train/gpu/bench_flops.h"
-#include "train/gpu/gpu_text_model.h"
+#include "train/model_flops.h"
+#include "model/text/gpu/gpu_text_model.h"
 #endif
 
 namespace deltamoe {

@@ -1,6 +1,8 @@
 // Device allocations and host<->device copies. Without CUDA every entry point explains itself.
 #include "core/device_buffer.h"
 
+#include <cstring>
+
 #ifdef DELTAMOE_WITH_CUDA
 #include "core/cuda_check.h"
 #endif
@@ -75,6 +77,11 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     other.bytes_ = 0;
   }
   return *this;
+}
+
+bool device_bytes_equal(const DeviceTensor& a, const DeviceTensor& b) {
+  const HostTensor ha = to_host(a.view), hb = to_host(b.view);
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.data(), hb.data(), ha.nbytes()) == 0;
 }
 
 }  // namespace deltamoe

@@ -44,6 +44,8 @@ DeviceTensor to_device(const HostTensor& host, DType dtype);
 inline DeviceTensor to_device(const HostTensor& host) { return to_device(host, host.dtype()); }
 // Downloads a device view into a host tensor of the same dtype (synchronises the device).
 HostTensor to_host(const TensorView& device_view);
+// True when two device tensors hold the same bytes (determinism checks in tests). Synchronises.
+bool device_bytes_equal(const DeviceTensor& a, const DeviceTensor& b);
 // Fills a device buffer with a byte pattern (0xFF gives NaN for floats: poison before tests).
 void device_fill_bytes(const TensorView& device_view, int byte_value);
 void device_synchronize();

@@ -111,7 +111,20 @@ void store_float(void* dst, DType dtype, int64_t i, double value) {
 
 void convert_floats(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t count) {
   if (src_dtype == dst_dtype) {
-    std::memcpy(dst, src, static_cast<size_t>(count) * dtype_size(src_dtype));
+    std::memmove(dst, src, static_cast<size_t>(count) * dtype_size(src_dtype));
+    return;
+  }
+  // The two conversions of checkpoint loading and saving, without the general path's switches.
+  if (src_dtype == DType::bf16 && dst_dtype == DType::f32) {
+    const auto* in = static_cast<const uint16_t*>(src);
+    auto* out = static_cast<float*>(dst);
+    for (int64_t i = count - 1; i >= 0; --i) out[i] = bf16_bits_to_float(in[i]);  // backwards: may widen in place
+    return;
+  }
+  if (src_dtype == DType::f32 && dst_dtype == DType::bf16) {
+    const auto* in = static_cast<const float*>(src);
+    auto* out = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < count; ++i) out[i] = float_to_bf16_bits(in[i]);  // forwards: may narrow in place
     return;
   }
   for (int64_t i = 0; i < count; ++i) store_float(dst, dst_dtype, i, load_float(src, src_dtype, i));

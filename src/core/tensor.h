@@ -114,7 +114,8 @@ class HostTensor {
   Shape shape_;
 };
 
-// Element-wise conversion of n values between floating dtypes (f32, bf16, f16, f64).
+// Element-wise conversion of n values between floating dtypes (f32, bf16, f16, f64); src and dst
+// may be the same buffer.
 void convert_floats(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t count);
 
 }  // namespace deltamoe

@@ -47,11 +47,16 @@ __device__ __forceinline__ void store_moment(Moment* ptr, int64_t i, float value
 
 template <typename Moment>
 __global__ void adamw_kernel(AdamWStepScalars scalars, float decay_factor, int64_t count, float* master,
-                             const float* grad, Moment* m, Moment* v, __nv_bfloat16* weights_bf16) {
+                             const float* grad, GradientScaling scaling, Moment* m, Moment* v,
+                             __nv_bfloat16* weights_bf16) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const bool divide = scaling.divisor != 1.0, clip = scaling.clip_coef < 1.0f;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < count; i += stride) {
     float p = master[i], m_value = load_moment(m, i), v_value = load_moment(v, i);
-    adamw_element(scalars, decay_factor, p, grad[i], m_value, v_value);
+    float g = grad[i];
+    if (divide) g = __double2float_rn(__ddiv_rn(static_cast<double>(g), scaling.divisor));
+    if (clip) g = __fmul_rn(g, scaling.clip_coef);
+    adamw_element(scalars, decay_factor, p, g, m_value, v_value);
     master[i] = p;
     store_moment(m, i, m_value);
     store_moment(v, i, v_value);
@@ -62,8 +67,10 @@ __global__ void adamw_kernel(AdamWStepScalars scalars, float decay_factor, int64
 }  // namespace
 
 void adamw_update_span_cuda(const AdamWStepScalars& scalars, bool decay, DType moment_dtype, int64_t count,
-                            float* master, const float* grad, void* m, void* v, __nv_bfloat16* weights_bf16,
-                            cudaStream_t stream) {
+                            float* master, const float* grad, const GradientScaling& scaling, void* m, void* v,
+                            __nv_bfloat16* weights_bf16, cudaStream_t stream) {
+  CHECK(scaling.divisor > 0 && scaling.clip_coef > 0, "adamw_update_span_cuda: gradient divisor ", scaling.divisor,
+        " and clip factor ", scaling.clip_coef, " must be positive");
   CHECK(count >= 0, "adamw_update_span_cuda: negative count ", count);
   CHECK(moment_dtype == DType::f32 || moment_dtype == DType::bf16,
         "adamw_update_span_cuda: moments must be f32 or bf16, not ", dtype_name(moment_dtype));
@@ -73,37 +80,33 @@ void adamw_update_span_cuda(const AdamWStepScalars& scalars, bool decay, DType m
   const float decay_factor = decay ? scalars.decay_factor : scalars.decay_factor_no_decay;
   const unsigned blocks = static_cast<unsigned>(std::min(kMaxBlocks, (count + kThreads - 1) / kThreads));
   if (moment_dtype == DType::f32) {
-    adamw_kernel<float><<<blocks, kThreads, 0, stream>>>(scalars, decay_factor, count, master, grad,
+    adamw_kernel<float><<<blocks, kThreads, 0, stream>>>(scalars, decay_factor, count, master, grad, scaling,
                                                          static_cast<float*>(m), static_cast<float*>(v),
                                                          weights_bf16);
   } else {
     adamw_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(scalars, decay_factor, count, master, grad,
-                                                                 static_cast<__nv_bfloat16*>(m),
+                                                                 scaling, static_cast<__nv_bfloat16*>(m),
                                                                  static_cast<__nv_bfloat16*>(v), weights_bf16);
   }
   CUDA_CHECK_LAUNCH();
 }
 
-void adamw_step_cuda(const ParamLayout& layout, const AdamWConfig& config, FlatRange range, double lr,
-                     int64_t adam_step, float* master, const float* grad, void* m, void* v,
-                     __nv_bfloat16* weights_bf16, cudaStream_t stream) {
+void adamw_step_cuda(const ParamLayout& layout, const AdamWConfig& config, double lr, int64_t adam_step,
+                     const GradientScaling& scaling, float* master, const float* grad, void* m, void* v,
+                     const std::vector<__nv_bfloat16*>& weights_bf16, cudaStream_t stream) {
   validate_adamw_config(config);
-  CHECK(range.begin >= 0 && range.begin <= range.end && range.end <= layout.total_numel(),
-        "adamw_step_cuda: range [", range.begin, ", ", range.end, ") is not inside the flat buffer of ",
-        layout.total_numel(), " elements");
+  CHECK(static_cast<int>(weights_bf16.size()) == layout.num_tensors(), "adamw_step_cuda: ", weights_bf16.size(),
+        " bf16 destinations for ", layout.num_tensors(), " pieces");
   const AdamWStepScalars base_scalars = adamw_step_scalars(config, lr, adam_step);
   const size_t element_size = dtype_size(config.moment_dtype);
-  for (const ParamEntry& entry : layout.entries()) {
-    const int64_t begin = std::max(entry.offset, range.begin);
-    const int64_t end = std::min(entry.offset + entry.numel, range.end);
-    if (begin >= end) continue;
-    const int64_t local = begin - range.begin;
+  for (int i = 0; i < layout.num_tensors(); ++i) {
+    const ParamEntry& entry = layout.entry(i);
     const AdamWStepScalars scalars =
         entry.lr_scale == 1.0 ? base_scalars : adamw_step_scalars(config, lr * entry.lr_scale, adam_step);
-    adamw_update_span_cuda(scalars, entry.decay, config.moment_dtype, end - begin, master + local, grad + local,
-                           static_cast<uint8_t*>(m) + static_cast<size_t>(local) * element_size,
-                           static_cast<uint8_t*>(v) + static_cast<size_t>(local) * element_size,
-                           weights_bf16 == nullptr ? nullptr : weights_bf16 + local, stream);
+    const size_t moment_offset = static_cast<size_t>(entry.offset) * element_size;
+    adamw_update_span_cuda(scalars, entry.decay, config.moment_dtype, entry.numel, master + entry.offset,
+                           grad + entry.offset, scaling, static_cast<uint8_t*>(m) + moment_offset,
+                           static_cast<uint8_t*>(v) + moment_offset, weights_bf16[static_cast<size_t>(i)], stream);
   }
 }
 

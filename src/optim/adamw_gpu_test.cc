@@ -1,6 +1,7 @@
 // GPU test of AdamW: the device update equals the CPU reference bit for bit (master weights,
-// both moments, f32 and bf16 moments, decay on and off, several steps), the layout walk equals
-// AdamW::step on a ZeRO shard with per-tensor lr scales, and timing over a large flat buffer.
+// both moments, f32 and bf16 moments, decay on and off, several steps, the gradient divided and
+// clipped on the fly as the CPU engine does it in place), the layout walk over pieces equals
+// AdamW::step with per-tensor lr scales, and timing over a large flat buffer.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -71,10 +72,16 @@ void check_span(DType moment_dtype, bool decay, int64_t count, uint64_t seed) {
     std::vector<float> grad = random_floats(count, seed + 100 * step, step == 3 ? 1e-6f : 1.0f);
     for (int64_t i = 0; i < count; i += 17) grad[static_cast<size_t>(i)] = 0.0f;
     const AdamWStepScalars scalars = adamw_step_scalars(config, 3e-4 * step, step);
-    adamw_update_span(scalars, decay, moment_dtype, count, master.data(), grad.data(), m.data(), v.data());
+    // Steps 2 and 4 divide by a token count and clip, the way the engines prepare the gradient.
+    const GradientScaling scaling = step % 2 == 0 ? GradientScaling{777.0, 0.37f} : GradientScaling{};
     DeviceBuffer grad_d = upload(grad.data(), count * 4);
-    adamw_update_span_cuda(scalars, decay, moment_dtype, count, master_d.as<float>(), grad_d.as<float>(), m_d.data(),
-                           v_d.data(), weights_d.as<__nv_bfloat16>(), nullptr);
+    for (float& g : grad) {
+      if (scaling.divisor != 1.0) g = static_cast<float>(static_cast<double>(g) / scaling.divisor);
+      if (scaling.clip_coef < 1.0f) g *= scaling.clip_coef;
+    }
+    adamw_update_span(scalars, decay, moment_dtype, count, master.data(), grad.data(), m.data(), v.data());
+    adamw_update_span_cuda(scalars, decay, moment_dtype, count, master_d.as<float>(), grad_d.as<float>(), scaling,
+                           m_d.data(), v_d.data(), weights_d.as<__nv_bfloat16>(), nullptr);
     device_synchronize();
   }
   const std::vector<uint8_t> master_got = download(master_d, count * 4);
@@ -107,22 +114,20 @@ TEST(AdamWGpu, SpanMatchesCpuBitForBit) {
   check_span(DType::bf16, false, 999, 4);
 }
 
-TEST(AdamWGpu, LayoutWalkMatchesAdamWStepOnAShard) {
+TEST(AdamWGpu, LayoutWalkMatchesAdamWStepOverPieces) {
   ParamLayout layout;
-  layout.add("embed", {37, 19});
+  layout.add_piece("embed", {37, 19}, 100, 500);
   layout.add("norm", {19});
   const int vit = layout.add("visual.proj", {23, 11});
-  layout.add("bias", {5});
+  layout.add_piece("bias", {5}, 0, 3);
   layout.set_lr_scale(vit, 0.1);
   for (DType moment_dtype : {DType::f32, DType::bf16}) {
     AdamWConfig config;
     config.moment_dtype = moment_dtype;
-    const FlatRange range = shard_range(layout.total_numel(), 1, 3);
-    const int64_t n = range.size();
-    std::printf("adamw layout walk: shard [%lld, %lld) of %lld, moments %s\n", static_cast<long long>(range.begin),
-                static_cast<long long>(range.end), static_cast<long long>(layout.total_numel()),
-                std::string(dtype_name(moment_dtype)).c_str());
-    AdamW cpu(layout, config, range);
+    const int64_t n = layout.total_numel();
+    std::printf("adamw layout walk: %d pieces, %lld elements, moments %s\n", layout.num_tensors(),
+                static_cast<long long>(n), std::string(dtype_name(moment_dtype)).c_str());
+    AdamW cpu(layout, config);
     // Padding elements hold random values too: the bitwise comparison checks both sides leave them alone.
     std::vector<float> master = random_floats(n, 11, 0.1f);
     const size_t moment_bytes = static_cast<size_t>(n) * dtype_size(moment_dtype);
@@ -134,8 +139,8 @@ TEST(AdamWGpu, LayoutWalkMatchesAdamWStepOnAShard) {
       const double lr = 1e-3 / step;
       cpu.step(lr, master.data(), grad.data());
       DeviceBuffer grad_d = upload(grad.data(), n * 4);
-      adamw_step_cuda(layout, config, range, lr, step, master_d.as<float>(), grad_d.as<float>(), m_d.data(),
-                      v_d.data(), nullptr, nullptr);
+      adamw_step_cuda(layout, config, lr, step, GradientScaling{}, master_d.as<float>(), grad_d.as<float>(),
+                      m_d.data(), v_d.data(), std::vector<__nv_bfloat16*>(layout.num_tensors(), nullptr), nullptr);
     }
     device_synchronize();
     const std::vector<uint8_t> master_ref(bytes_of(master), bytes_of(master) + n * 4);
@@ -158,11 +163,16 @@ TEST(AdamWGpu, BadArgumentsAreRejected) {
   layout.add("w", {4, 4});
   AdamWConfig config;
   DeviceBuffer buffer(1024);
-  EXPECT_THROW(adamw_step_cuda(layout, config, FlatRange{0, layout.total_numel() + 1}, 1e-3, 1, buffer.as<float>(),
-                               buffer.as<float>(), buffer.data(), buffer.data(), nullptr, nullptr),
+  EXPECT_THROW(adamw_step_cuda(layout, config, 1e-3, 1, GradientScaling{}, buffer.as<float>(), buffer.as<float>(),
+                               buffer.data(), buffer.data(), {}, nullptr),
                Error);
   EXPECT_THROW(adamw_update_span_cuda(adamw_step_scalars(config, 1e-3, 1), true, DType::f16, 4, buffer.as<float>(),
-                                      buffer.as<float>(), buffer.data(), buffer.data(), nullptr, nullptr),
+                                      buffer.as<float>(), GradientScaling{}, buffer.data(), buffer.data(), nullptr,
+                                      nullptr),
+               Error);
+  EXPECT_THROW(adamw_update_span_cuda(adamw_step_scalars(config, 1e-3, 1), true, DType::f32, 4, buffer.as<float>(),
+                                      buffer.as<float>(), GradientScaling{0.0, 1.0f}, buffer.data(), buffer.data(),
+                                      nullptr, nullptr),
                Error);
 }
 
@@ -177,8 +187,8 @@ TEST(AdamWGpu, TimingOverAFlatBuffer) {
   AdamWConfig config;
   const AdamWStepScalars scalars = adamw_step_scalars(config, 1e-4, 10);
   double ms = median_ms([&](cudaStream_t s) {
-    adamw_update_span_cuda(scalars, true, DType::f32, count, master.as<float>(), grad.as<float>(), m.data(), v.data(),
-                           weights.as<__nv_bfloat16>(), s);
+    adamw_update_span_cuda(scalars, true, DType::f32, count, master.as<float>(), grad.as<float>(),
+                           GradientScaling{8192.0, 0.5f}, m.data(), v.data(), weights.as<__nv_bfloat16>(), s);
   }, nullptr);
   // Read master, grad, m, v (16 B); write master, m, v, bf16 weights (14 B).
   print_bandwidth_timing("adamw f32 moments, 268M params", ms, 30.0 * count);

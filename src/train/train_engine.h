@@ -51,14 +51,12 @@ struct EngineOptions {
   FreezeOptions freeze;
   AdamWConfig adamw;
   double aux_coef = 0;       // router load-balancing loss coefficient
-  // Per-tensor learning-rate multipliers by group (ms-swift's --vit_lr / --aligner_lr over --lr).
-  double vit_lr_scale = 1.0, aligner_lr_scale = 1.0;
   // Planning limits of one micro-batch, so that an engine that plans its memory once (the GPU
   // engine) never allocates inside a step.
   int64_t max_tokens = 0;         // token budget (0: unknown)
   int64_t max_samples = 0;        // most samples (0: limited by tokens only)
-  int64_t max_image_tokens = -1;  // most <|image_pad|> tokens (-1: the token budget)
   int64_t max_image_pixels = 0;   // largest image area after resizing (--max_pixels; 0: unknown)
+  int64_t loss_chunk_rows = 1024; // lm_head + cross-entropy rows per chunk (the logits never exist whole)
   // The device bytes the memory plan may use (0: what the device has free at start). Tests and
   // `deltamoe plan` set it to model a smaller device.
   size_t device_memory_bytes = 0;

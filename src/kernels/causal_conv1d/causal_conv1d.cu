@@ -1,5 +1,7 @@
 // CUDA kernels of the causal depthwise conv1d + SiLU over packed sequences, forward and backward.
 // One thread per channel walks a strip of tokens, so the taps of one channel stay in registers.
+#include <algorithm>
+
 #include "core/cuda_check.h"
 #include "kernels/causal_conv1d/causal_conv1d_cuda.h"
 
@@ -83,11 +85,12 @@ __device__ inline float preactivation_grad(const __nv_bfloat16* x, const __nv_bf
 }
 
 // dx[t,c] = sum_j tap[j] dz[t+j,c] over t+j inside t's sequence; d tap[j] (= dweight[c,K-1-j])
-// gets x[t-j,c] dz[t,c], summed over the strip in registers and added once per thread.
+// gets x[t-j,c] dz[t,c], summed over the strip in registers and written to the strip's row of
+// strip_dweight [strips, C, K] (null: frozen weight, not formed).
 __global__ void conv_backward_kernel(const __nv_bfloat16* x, const __nv_bfloat16* weight,
                                      const __nv_bfloat16* dy, const int32_t* cu_seqlens,
                                      int num_seqs, int64_t num_tokens, int num_channels,
-                                     int kernel_size, __nv_bfloat16* dx, float* dweight) {
+                                     int kernel_size, __nv_bfloat16* dx, float* strip_dweight) {
   const int c = blockIdx.x * kThreads + threadIdx.x;
   if (c >= num_channels) return;
   float tap[kCausalConv1dMaxKernel];
@@ -121,10 +124,22 @@ __global__ void conv_backward_kernel(const __nv_bfloat16* x, const __nv_bfloat16
     }
     dx[t * num_channels + c] = __float2bfloat16(dx_t);
   }
+  if (strip_dweight == nullptr) return;
+  float* mine = strip_dweight + static_cast<int64_t>(blockIdx.y) * num_channels * kernel_size;
 #pragma unroll
   for (int j = 0; j < kCausalConv1dMaxKernel; ++j) {
-    if (j < kernel_size) atomicAdd(&dweight[c * kernel_size + kernel_size - 1 - j], d_tap[j]);
+    if (j < kernel_size) mine[c * kernel_size + kernel_size - 1 - j] = d_tap[j];
   }
+}
+
+// dweight[i] += the strips' partial sums, in strip order (the same bits on every run).
+__global__ void conv_dweight_reduce_kernel(const float* strip_dweight, int64_t num_strips, int64_t count,
+                                           float* dweight) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= count) return;
+  float sum = 0.0f;
+  for (int64_t s = 0; s < num_strips; ++s) sum += strip_dweight[s * count + i];
+  dweight[i] += sum;
 }
 
 void check_conv_launch(int num_seqs, int64_t num_tokens, int num_channels, int kernel_size) {
@@ -157,14 +172,33 @@ void causal_conv1d_forward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* wei
   CUDA_CHECK_LAUNCH();
 }
 
+size_t causal_conv1d_backward_workspace_bytes(int64_t num_tokens, int num_channels, int kernel_size) {
+  const int64_t strips = std::max<int64_t>((num_tokens + kTokensPerStrip - 1) / kTokensPerStrip, 1);
+  return static_cast<size_t>(strips) * static_cast<size_t>(num_channels) * static_cast<size_t>(kernel_size) *
+         sizeof(float);
+}
+
 void causal_conv1d_backward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* weight,
                                  const __nv_bfloat16* dy, const int32_t* cu_seqlens, int num_seqs,
                                  int64_t num_tokens, int num_channels, int kernel_size,
-                                 __nv_bfloat16* dx, float* dweight, cudaStream_t stream) {
+                                 __nv_bfloat16* dx, float* dweight, void* workspace, size_t workspace_bytes,
+                                 cudaStream_t stream) {
   check_conv_launch(num_seqs, num_tokens, num_channels, kernel_size);
+  const size_t needed = dweight != nullptr ? causal_conv1d_backward_workspace_bytes(num_tokens, num_channels,
+                                                                                    kernel_size)
+                                           : 0;
+  CHECK(workspace_bytes >= needed, "causal_conv1d_backward_cuda: workspace of ", workspace_bytes, " bytes, needs ",
+        needed);
   if (num_tokens == 0) return;
+  float* strip_dweight = dweight != nullptr ? static_cast<float*>(workspace) : nullptr;
   conv_backward_kernel<<<conv_grid(num_tokens, num_channels), kThreads, 0, stream>>>(
-      x, weight, dy, cu_seqlens, num_seqs, num_tokens, num_channels, kernel_size, dx, dweight);
+      x, weight, dy, cu_seqlens, num_seqs, num_tokens, num_channels, kernel_size, dx, strip_dweight);
+  CUDA_CHECK_LAUNCH();
+  if (dweight == nullptr) return;
+  const int64_t strips = (num_tokens + kTokensPerStrip - 1) / kTokensPerStrip;
+  const int64_t count = static_cast<int64_t>(num_channels) * kernel_size;
+  conv_dweight_reduce_kernel<<<static_cast<unsigned>((count + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      strip_dweight, strips, count, dweight);
   CUDA_CHECK_LAUNCH();
 }
 

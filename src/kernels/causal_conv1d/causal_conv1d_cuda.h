@@ -19,10 +19,15 @@ void causal_conv1d_forward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* wei
                                 int num_channels, int kernel_size, __nv_bfloat16* y,
                                 cudaStream_t stream);
 
-// Given dy [T, C]: writes dx [T, C] (bf16) and ADDS the weight gradient to dweight [C, K] (fp32).
+// Scratch of the backward: per-strip partial weight gradients.
+size_t causal_conv1d_backward_workspace_bytes(int64_t num_tokens, int num_channels, int kernel_size);
+
+// Given dy [T, C]: writes dx [T, C] (bf16) and ADDS the weight gradient to dweight [C, K] (fp32;
+// null: frozen, not formed), summed over token strips in strip order (deterministic).
 void causal_conv1d_backward_cuda(const __nv_bfloat16* x, const __nv_bfloat16* weight,
                                  const __nv_bfloat16* dy, const int32_t* cu_seqlens, int num_seqs,
                                  int64_t num_tokens, int num_channels, int kernel_size,
-                                 __nv_bfloat16* dx, float* dweight, cudaStream_t stream);
+                                 __nv_bfloat16* dx, float* dweight, void* workspace, size_t workspace_bytes,
+                                 cudaStream_t stream);
 
 }  // namespace deltamoe

@@ -50,14 +50,27 @@ void run_case(const ConvCase& cc, bool time_it) {
   DeviceTensor d_dx = poisoned(DType::bf16, Shape{tokens, C});
   DeviceTensor d_dw = to_device(dw_start, DType::f32);
   const int32_t* cu = static_cast<const int32_t*>(d_cu.view.data);
+  const size_t ws_bytes = causal_conv1d_backward_workspace_bytes(tokens, C, K);
+  DeviceTensor d_ws = poisoned(DType::u8, Shape{static_cast<int64_t>(ws_bytes)});
   causal_conv1d_forward_cuda(bf16_ptr(d_x), bf16_ptr(d_w), cu, num_seqs, tokens, C, K,
                              bf16_ptr(d_y), nullptr);
   causal_conv1d_backward_cuda(bf16_ptr(d_x), bf16_ptr(d_w), bf16_ptr(d_dy), cu, num_seqs, tokens,
-                              C, K, bf16_ptr(d_dx), f32_ptr(d_dw), nullptr);
+                              C, K, bf16_ptr(d_dx), f32_ptr(d_dw), d_ws.view.data, ws_bytes, nullptr);
   device_synchronize();
   expect_close("y", download_f32(d_y), y_ref, kBf16Tolerance);
   expect_close("dx", download_f32(d_dx), dx_ref, kBf16Tolerance);
   expect_close("dweight (added to)", download_f32(d_dw), dw_ref, kF32Tolerance);
+  // Deterministic: a rerun from the same start gives the same bits; a frozen weight (null) still
+  // gives the same dx.
+  DeviceTensor d_dw_again = to_device(dw_start, DType::f32);
+  DeviceTensor d_dx_frozen = poisoned(DType::bf16, Shape{tokens, C});
+  causal_conv1d_backward_cuda(bf16_ptr(d_x), bf16_ptr(d_w), bf16_ptr(d_dy), cu, num_seqs, tokens, C, K,
+                              bf16_ptr(d_dx), f32_ptr(d_dw_again), d_ws.view.data, ws_bytes, nullptr);
+  causal_conv1d_backward_cuda(bf16_ptr(d_x), bf16_ptr(d_w), bf16_ptr(d_dy), cu, num_seqs, tokens, C, K,
+                              bf16_ptr(d_dx_frozen), nullptr, nullptr, 0, nullptr);
+  device_synchronize();
+  EXPECT_TRUE(device_bytes_equal(d_dw, d_dw_again)) << "dweight is not deterministic";
+  EXPECT_TRUE(device_bytes_equal(d_dx, d_dx_frozen)) << "dx depends on the weight gradient";
 
   if (time_it) {
     // Forward moves x and y (bf16); backward reads x, dy and writes dx.
@@ -68,7 +81,7 @@ void run_case(const ConvCase& cc, bool time_it) {
     });
     const double bwd_ms = median_ms([&] {
       causal_conv1d_backward_cuda(bf16_ptr(d_x), bf16_ptr(d_w), bf16_ptr(d_dy), cu, num_seqs,
-                                  tokens, C, K, bf16_ptr(d_dx), f32_ptr(d_dw), nullptr);
+                                  tokens, C, K, bf16_ptr(d_dx), f32_ptr(d_dw), d_ws.view.data, ws_bytes, nullptr);
     });
     print_bandwidth("causal_conv1d forward", fwd_ms, fwd_bytes);
     print_bandwidth("causal_conv1d backward", bwd_ms, bwd_bytes);

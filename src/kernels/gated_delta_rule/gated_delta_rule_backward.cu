@@ -162,7 +162,7 @@ struct StatesSmem {
   __nv_bfloat16 k[kChunk * kBf16Stride];
   float gamma[kChunk];
   float s_q[kChunk], s_k[kChunk];
-  float h_dot_dh;
+  float h_dot_dh[kThreads / 32];  // per warp, summed in warp order (deterministic)
 };
 
 // Grid (max_chunks, Hv). The gradient terms that multiply the chunk's states H and dH:
@@ -194,7 +194,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm.gamma[tid] = tid < len ? ws.gamma[row_first + static_cast<int64_t>(tid) * Hv] : 0.0f;
     sm.s_q[tid] = sm.s_k[tid] = 0.0f;
   }
-  if (tid == 0) sm.h_dot_dh = 0.0f;
   wait_tile_loads();
   __syncthreads();
   const float g_last = sm.gamma[len - 1];
@@ -254,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     partial = warp_sum(partial);
-    if ((tid & 31) == 0) atomicAdd(&sm.h_dot_dh, partial);
+    if ((tid & 31) == 0) sm.h_dot_dh[warp] = partial;
   }
   load_tile(sm.x, kF32Stride, kChunk, kD, ws.v_new + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
             len, Dv);
@@ -278,7 +277,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // e^gamma_last <H, dH> and every token's e^(gamma_last - gamma_j) k_j^T dH v_new_j.
     float value = sm.s_q[tid] - sm.s_k[tid];
     if (tid == len - 1) {
-      value += expf(g_last) * sm.h_dot_dh;
+      float h_dot_dh = 0.0f;
+      for (int w = 0; w < kThreads / 32; ++w) h_dot_dh += sm.h_dot_dh[w];
+      value += expf(g_last) * h_dot_dh;
       for (int j = 0; j < len; ++j) value += sm.s_k[j];
     }
     ws.dgamma[row_first + static_cast<int64_t>(tid) * Hv] = value;
@@ -297,6 +298,9 @@ struct LocalSmem {
   float x2[kChunk * kF32Stride];  // d_o (bf16), then dV_new, then q (bf16)
   float gamma[kChunk], beta[kChunk], exp_gamma[kChunk];
   float d_gamma[kChunk], d_beta[kChunk], dx_dot_k[kChunk], dy_dot_v[kChunk];
+  // Per-warp partial sums of d_gamma, added in warp order (d_gamma gets a start value and six
+  // warps' terms: atomics would make its rounding depend on their arrival order).
+  float d_gamma_slices[kThreads / 32][kChunk];
 };
 
 // Grid (max_chunks, Hv). The chunk-local gradients: the intra-chunk attention term (G = do
@@ -361,10 +365,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       m_plus[mt][nt][r] = m;
       m_minus[mt][nt][r] = -m;
     });
-    add_row_sums(m_plus, sm0, sm.d_gamma);
-    add_col_sums(m_minus, sn0, sm.d_gamma);
+    float* slice = sm.d_gamma_slices[warp];
+    clear_warp_slice(slice, kChunk);
+    stage_row_sums(m_plus, sm0, slice);
+    stage_col_sums(m_minus, sn0, slice);
   }
-  __syncthreads();
+  add_warp_slices(sm.d_gamma, &sm.d_gamma_slices[0][0], kThreads / 32, kChunk);
   load_tile(sm.x1, kF32Stride, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
             len, Dk);
   load_tile(sm.x2, kF32Stride, kChunk, kD, ws.dv_new + row_first * Dv,
@@ -450,10 +456,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         sm.da[i * kSqStride + j] = 0.0f;
       }
     });
-    add_row_sums(f, sm0, sm.d_beta);
-    add_row_sums(bf_plus, sm0, sm.d_gamma);
-    add_col_sums(bf_minus, sn0, sm.d_gamma);
+    add_row_sums(f, sm0, sm.d_beta);  // two warps per row onto zero: commutative, deterministic
+    float* slice = sm.d_gamma_slices[warp];
+    clear_warp_slice(slice, kChunk);
+    stage_row_sums(bf_plus, sm0, slice);
+    stage_col_sums(bf_minus, sn0, slice);
   }
+  add_warp_slices(sm.d_gamma, &sm.d_gamma_slices[0][0], kThreads / 32, kChunk);
   wait_tile_loads();
   __syncthreads();
   float acc[1][8][4];

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/gated_delta_rule/gated_delta_rule.h"
@@ -204,6 +206,16 @@ void run_case(const GdnCase& c) {
   got.dg = download_f32(dg);
   got.dbeta = download_f32(dbeta);
   got.d_initial_state = download_f32(d_init);
+  // Deterministic: a second backward over the same inputs gives the same bits (no ordering of
+  // atomics can change a rounding).
+  backward();
+  device_synchronize();
+  for (const auto& [name, first, again] :
+       {std::tuple{"dq", &got.dq, download_f32(dq)}, std::tuple{"dk", &got.dk, download_f32(dk)},
+        std::tuple{"dv", &got.dv, download_f32(dv)}, std::tuple{"dg", &got.dg, download_f32(dg)},
+        std::tuple{"dbeta", &got.dbeta, download_f32(dbeta)}}) {
+    EXPECT_EQ(std::memcmp(first->data(), again.data(), first->nbytes()), 0) << name << " differs on a rerun";
+  }
 
   // CPU references on the whole problem or on one key head's slice (heads are independent).
   const int kh = c.check_key_head >= 0 ? c.check_key_head : 0;

@@ -169,6 +169,66 @@ __device__ __forceinline__ void add_col_sums(const float (&values)[MT][NT][4], i
   }
 }
 
+// The deterministic form of add_row_sums / add_col_sums, for an entry that more than two warps
+// (or a nonzero start value and two warps) add to: shared atomics would add them in whatever order
+// the warps arrive, and three or more fp32 terms round differently in another order. Each warp
+// adds its sums into its own slice of [warps][entries] scratch (zeroed by clear_warp_slice; one
+// lane per entry, so the slice needs no atomics), and add_warp_slices then adds the slices to dst
+// in warp order. Calls of one slice by one warp happen in program order.
+__device__ __forceinline__ void clear_warp_slice(float* slice, int entries) {
+  for (int i = threadIdx.x & 31; i < entries; i += 32) slice[i] = 0.0f;
+  __syncwarp();
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void stage_row_sums(const float (&values)[MT][NT][4], int m0, float* slice) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) sum += values[mt][nt][2 * half] + values[mt][nt][2 * half + 1];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (t == 0) slice[m0 + 16 * mt + g + 8 * half] += sum;
+    }
+  }
+  __syncwarp();
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void stage_col_sums(const float (&values)[MT][NT][4], int n0, float* slice) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) sum += values[mt][nt][c] + values[mt][nt][2 + c];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+      if (g == 0) slice[n0 + 8 * nt + 2 * t + c] += sum;
+    }
+  }
+  __syncwarp();
+}
+
+// dst[i] += slices[0][i] + slices[1][i] + ... in warp order, for i < entries. Every thread of the
+// block must call it; barriers before (the slices are complete) and after (they may be reused).
+__device__ __forceinline__ void add_warp_slices(float* dst, const float* slices, int num_warps, int entries) {
+  __syncthreads();
+  for (int i = threadIdx.x; i < entries; i += blockDim.x) {
+    float value = dst[i];
+    for (int w = 0; w < num_warps; ++w) value += slices[w * entries + i];
+    dst[i] = value;
+  }
+  __syncthreads();
+}
+
 // 16-byte asynchronous copy global -> shared (sm_80+); zero-fills the 16 bytes when !valid
 // (nothing is read then; src must still be a valid address).
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {

@@ -1,5 +1,6 @@
 // CUDA kernels of the gated RMSNorm: one warp per row, fp32 reductions. The backward sums the
-// weight gradient per block in shared memory and adds it to global memory once per block.
+// weight gradient per warp in shared memory, per block in warp order into a workspace, and over
+// the blocks in block order: the same bits on every run.
 #include <algorithm>
 
 #include "core/cuda_check.h"
@@ -42,18 +43,19 @@ __global__ void gated_rmsnorm_forward_kernel(const __nv_bfloat16* o, const __nv_
   }
 }
 
-// Rows are visited by a grid-stride loop over warps so that the per-block dweight partial sums
-// (dynamic shared memory, dim floats) cover many rows before the one global add.
+// Rows are visited by a grid-stride loop over warps; each warp sums its rows' dweight terms in its
+// own shared slice (dynamic shared memory, kWarpsPerBlock x dim floats; each lane owns columns
+// lane, lane + 32, ...), then the block writes the sum of its warps, in warp order, to block_dweight.
 __global__ void gated_rmsnorm_backward_kernel(const __nv_bfloat16* o, const __nv_bfloat16* z,
                                               const float* weight,
                                               const __nv_bfloat16* dy, int64_t num_rows, int dim,
                                               float eps, __nv_bfloat16* d_o, __nv_bfloat16* dz,
-                                              float* dweight) {
+                                              float* block_dweight) {
   extern __shared__ float s_dweight[];
-  for (int d = threadIdx.x; d < dim; d += blockDim.x) s_dweight[d] = 0.0f;
-  __syncthreads();
-  const int lane = threadIdx.x % 32;
-  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* mine = s_dweight + warp * dim;
+  for (int d = lane; d < dim; d += 32) mine[d] = 0.0f;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   const int64_t row_step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t row = first_row; row < num_rows; row += row_step) {
     const int64_t base = row * dim;
@@ -68,7 +70,7 @@ __global__ void gated_rmsnorm_backward_kernel(const __nv_bfloat16* o, const __nv
       const float dyv = __bfloat162float(dy[base + d]);
       const float w = weight[d];
       u_dot_n += dyv * gate * w * n;
-      atomicAdd(&s_dweight[d], dyv * gate * n);
+      mine[d] += dyv * gate * n;
       dz[base + d] = __float2bfloat16(dyv * n * w * s * (1.0f + zv * (1.0f - s)));
     }
     const float mean_u_dot_n = warp_sum(u_dot_n) / static_cast<float>(dim);
@@ -81,12 +83,30 @@ __global__ void gated_rmsnorm_backward_kernel(const __nv_bfloat16* o, const __nv
     }
   }
   __syncthreads();
-  for (int d = threadIdx.x; d < dim; d += blockDim.x) atomicAdd(&dweight[d], s_dweight[d]);
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int w = 0; w < kWarpsPerBlock; ++w) sum += s_dweight[w * dim + d];
+    block_dweight[static_cast<int64_t>(blockIdx.x) * dim + d] = sum;
+  }
+}
+
+// dweight[d] += the blocks' partial sums, in block order.
+__global__ void gated_rmsnorm_dweight_reduce_kernel(const float* block_dweight, int num_blocks, int dim,
+                                                    float* dweight) {
+  const int d = blockIdx.x * blockDim.x + threadIdx.x;
+  if (d >= dim) return;
+  float sum = 0.0f;
+  for (int b = 0; b < num_blocks; ++b) sum += block_dweight[static_cast<int64_t>(b) * dim + d];
+  dweight[d] += sum;
+}
+
+unsigned backward_blocks(int64_t num_rows) {
+  return static_cast<unsigned>(std::min<int64_t>(kMaxBackwardBlocks, (num_rows + kWarpsPerBlock - 1) / kWarpsPerBlock));
 }
 
 void check_gated_rmsnorm_launch(int64_t num_rows, int dim, float eps) {
   CHECK(num_rows >= 0, "gated_rmsnorm_cuda: num_rows must not be negative, got ", num_rows);
-  CHECK(dim > 0 && dim <= 16384, "gated_rmsnorm_cuda: dim must be in [1, 16384], got ", dim);
+  CHECK(dim > 0 && dim <= 1024, "gated_rmsnorm_cuda: dim must be in [1, 1024], got ", dim);
   CHECK(eps >= 0, "gated_rmsnorm_cuda: eps must not be negative, got ", eps);
   CHECK((num_rows + kWarpsPerBlock - 1) / kWarpsPerBlock < (int64_t{1} << 31),
         "gated_rmsnorm_cuda: too many rows for one launch: ", num_rows);
@@ -105,17 +125,28 @@ void gated_rmsnorm_forward_cuda(const __nv_bfloat16* o, const __nv_bfloat16* z,
   CUDA_CHECK_LAUNCH();
 }
 
+size_t gated_rmsnorm_backward_workspace_bytes(int64_t num_rows, int dim) {
+  return static_cast<size_t>(std::max<unsigned>(backward_blocks(num_rows), 1)) * static_cast<size_t>(dim) * sizeof(float);
+}
+
 void gated_rmsnorm_backward_cuda(const __nv_bfloat16* o, const __nv_bfloat16* z,
                                  const float* weight, const __nv_bfloat16* dy,
                                  int64_t num_rows, int dim, float eps, __nv_bfloat16* d_o,
-                                 __nv_bfloat16* dz, float* dweight, cudaStream_t stream) {
+                                 __nv_bfloat16* dz, float* dweight, void* workspace, size_t workspace_bytes,
+                                 cudaStream_t stream) {
   check_gated_rmsnorm_launch(num_rows, dim, eps);
+  CHECK(workspace_bytes >= gated_rmsnorm_backward_workspace_bytes(num_rows, dim), "gated_rmsnorm_backward_cuda: ",
+        "workspace of ", workspace_bytes, " bytes, needs ", gated_rmsnorm_backward_workspace_bytes(num_rows, dim));
   if (num_rows == 0) return;
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(
-      kMaxBackwardBlocks, (num_rows + kWarpsPerBlock - 1) / kWarpsPerBlock));
-  const size_t smem = static_cast<size_t>(dim) * sizeof(float);
-  gated_rmsnorm_backward_kernel<<<blocks, kWarpsPerBlock * 32, smem, stream>>>(
-      o, z, weight, dy, num_rows, dim, eps, d_o, dz, dweight);
+  const unsigned blocks = backward_blocks(num_rows);
+  const size_t smem = static_cast<size_t>(kWarpsPerBlock) * static_cast<size_t>(dim) * sizeof(float);
+  float* block_dweight = static_cast<float*>(workspace);
+  gated_rmsnorm_backward_kernel<<<blocks, kWarpsPerBlock * 32, smem, stream>>>(o, z, weight, dy, num_rows, dim, eps,
+                                                                               d_o, dz, block_dweight);
+  CUDA_CHECK_LAUNCH();
+  if (dweight == nullptr) return;  // frozen: the partial sums are not needed
+  gated_rmsnorm_dweight_reduce_kernel<<<static_cast<unsigned>((dim + 127) / 128), 128, 0, stream>>>(
+      block_dweight, static_cast<int>(blocks), dim, dweight);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -39,15 +39,29 @@ void run_case(int64_t rows, int dim, bool time_it) {
   DeviceTensor d_do = poisoned(DType::bf16, Shape{rows, dim});
   DeviceTensor d_dz = poisoned(DType::bf16, Shape{rows, dim});
   DeviceTensor d_dw = to_device(random_normal_tensor(Shape{dim}, 45));
+  const size_t ws_bytes = gated_rmsnorm_backward_workspace_bytes(rows, dim);
+  DeviceTensor d_ws = poisoned(DType::u8, Shape{static_cast<int64_t>(ws_bytes)});
   gated_rmsnorm_forward_cuda(bf16_ptr(d_o), bf16_ptr(d_z), f32_ptr(d_w), rows, dim, kEps,
                              bf16_ptr(d_y), nullptr);
   gated_rmsnorm_backward_cuda(bf16_ptr(d_o), bf16_ptr(d_z), f32_ptr(d_w), bf16_ptr(d_dy), rows,
-                              dim, kEps, bf16_ptr(d_do), bf16_ptr(d_dz), f32_ptr(d_dw), nullptr);
+                              dim, kEps, bf16_ptr(d_do), bf16_ptr(d_dz), f32_ptr(d_dw), d_ws.view.data, ws_bytes,
+                              nullptr);
   device_synchronize();
   expect_close("y", download_f32(d_y), y_ref, kBf16Tolerance);
   expect_close("d_o", download_f32(d_do), do_ref, kBf16Tolerance);
   expect_close("dz", download_f32(d_dz), dz_ref, kBf16Tolerance);
   expect_close("dweight (added to)", download_f32(d_dw), dw_ref, kSumTolerance);
+  // Deterministic: a rerun from the same start gives the same bits; a frozen weight (null) leaves
+  // d_o and dz as they were.
+  DeviceTensor d_dw_again = to_device(random_normal_tensor(Shape{dim}, 45));
+  DeviceTensor d_do_frozen = poisoned(DType::bf16, Shape{rows, dim});
+  gated_rmsnorm_backward_cuda(bf16_ptr(d_o), bf16_ptr(d_z), f32_ptr(d_w), bf16_ptr(d_dy), rows, dim, kEps,
+                              bf16_ptr(d_do), bf16_ptr(d_dz), f32_ptr(d_dw_again), d_ws.view.data, ws_bytes, nullptr);
+  gated_rmsnorm_backward_cuda(bf16_ptr(d_o), bf16_ptr(d_z), f32_ptr(d_w), bf16_ptr(d_dy), rows, dim, kEps,
+                              bf16_ptr(d_do_frozen), bf16_ptr(d_dz), nullptr, d_ws.view.data, ws_bytes, nullptr);
+  device_synchronize();
+  EXPECT_TRUE(device_bytes_equal(d_dw, d_dw_again)) << "dweight is not deterministic";
+  EXPECT_TRUE(device_bytes_equal(d_do, d_do_frozen)) << "d_o depends on the weight gradient";
 
   if (time_it) {
     const double fwd_ms = median_ms([&] {
@@ -57,7 +71,7 @@ void run_case(int64_t rows, int dim, bool time_it) {
     const double bwd_ms = median_ms([&] {
       gated_rmsnorm_backward_cuda(bf16_ptr(d_o), bf16_ptr(d_z), f32_ptr(d_w), bf16_ptr(d_dy),
                                   rows, dim, kEps, bf16_ptr(d_do), bf16_ptr(d_dz), f32_ptr(d_dw),
-                                  nullptr);
+                                  d_ws.view.data, ws_bytes, nullptr);
     });
     print_bandwidth("gated_rmsnorm forward", fwd_ms, 3.0 * rows * dim * 2);
     print_bandwidth("gated_rmsnorm backward", bwd_ms, 5.0 * rows * dim * 2);

@@ -15,7 +15,8 @@ void gdn_gates_forward_cuda(const float* a, const float* b, const float* A_log,
                             const float* dt_bias, int64_t num_tokens, int num_heads, float* g,
                             float* beta, cudaStream_t stream);
 
-// Given dg, dbeta [T, H] fp32: writes da, db [T, H] fp32; ADDS to dA_log, ddt_bias [H] fp32.
+// Given dg, dbeta [T, H] fp32: writes da, db [T, H] fp32; ADDS to dA_log, ddt_bias [H] fp32 (either
+// may be null: frozen), summed in a fixed order (deterministic).
 void gdn_gates_backward_cuda(const float* a, const float* b, const float* A_log,
                              const float* dt_bias, const float* dg, const float* dbeta,
                              int64_t num_tokens, int num_heads, float* da, float* db,

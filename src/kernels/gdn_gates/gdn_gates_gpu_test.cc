@@ -62,6 +62,21 @@ void run_case(int64_t tokens, int heads, float a_scale, bool time_it) {
   expect_close("db", download_f32(d_db), db_ref, kF32Tolerance);
   expect_close("dA_log (added to)", download_f32(d_dA), dA_log_ref, kSumTolerance);
   expect_close("ddt_bias (added to)", download_f32(d_ddt), ddt_ref, kSumTolerance);
+  // Deterministic: a rerun from the same start gives the same bits; frozen (null) parameters
+  // leave da and db as they were.
+  DeviceTensor d_dA_again = to_device(random_normal_tensor(Shape{heads}, 37));
+  DeviceTensor d_ddt_again = to_device(random_normal_tensor(Shape{heads}, 38));
+  DeviceTensor d_da_frozen = poisoned(DType::f32, Shape{tokens, heads});
+  DeviceTensor d_db_frozen = poisoned(DType::f32, Shape{tokens, heads});
+  gdn_gates_backward_cuda(f32_ptr(d_a), f32_ptr(d_b), f32_ptr(d_A), f32_ptr(d_dt), f32_ptr(d_dg), f32_ptr(d_dbeta),
+                          tokens, heads, f32_ptr(d_da), f32_ptr(d_db), f32_ptr(d_dA_again), f32_ptr(d_ddt_again),
+                          nullptr);
+  gdn_gates_backward_cuda(f32_ptr(d_a), f32_ptr(d_b), f32_ptr(d_A), f32_ptr(d_dt), f32_ptr(d_dg), f32_ptr(d_dbeta),
+                          tokens, heads, f32_ptr(d_da_frozen), f32_ptr(d_db_frozen), nullptr, nullptr, nullptr);
+  device_synchronize();
+  EXPECT_TRUE(device_bytes_equal(d_dA, d_dA_again) && device_bytes_equal(d_ddt, d_ddt_again))
+      << "the parameter gradients are not deterministic";
+  EXPECT_TRUE(device_bytes_equal(d_da, d_da_frozen) && device_bytes_equal(d_db, d_db_frozen));
 
   if (time_it) {
     const double fwd_ms = median_ms([&] {

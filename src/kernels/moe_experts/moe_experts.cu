@@ -155,8 +155,9 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
   CUDA_CHECK_LAUNCH();
   nvbf16* d_gu = gu;
   // d_down[e] += (dy_e)^T (w h)_e ; d_gate_up[e] += d_gu_e^T x_e.
-  grouped_gemm_weight_grad_cuda(dyp, hw, d_down, plan.expert_offsets, E, C, I, stream);
-  grouped_gemm_weight_grad_cuda(d_gu, xp, d_gate_up, plan.expert_offsets, E, 2 * I, C, stream);
+  // Frozen experts (null gradients) skip their weight products.
+  if (d_down != nullptr) grouped_gemm_weight_grad_cuda(dyp, hw, d_down, plan.expert_offsets, E, C, I, stream);
+  if (d_gate_up != nullptr) grouped_gemm_weight_grad_cuda(d_gu, xp, d_gate_up, plan.expert_offsets, E, 2 * I, C, stream);
   // dxp = d_gu W_gu (gate_up_e stored [2I, C] = [K, N]), then each token sums its K rows.
   nvbf16* dxp = dyp;
   grouped_gemm_rows_cuda(d_gu, gate_up, false, dxp, DType::bf16, plan.expert_offsets, E, rows, C, 2 * I, tiles,

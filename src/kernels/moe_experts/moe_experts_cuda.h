@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/moe_experts/moe_experts.h"
+#include "kernels/moe_experts/moe_routing_plan_size.h"
 
 namespace deltamoe {
 
@@ -23,8 +24,7 @@ struct MoeRoutingPlan {
   int32_t* chunk_rows = nullptr;      // scratch while building: first row of each chunk's experts
 };
 
-// Bytes of the plan's memory (256-byte aligned pieces) and the plan laid out in it.
-size_t moe_routing_plan_bytes(int64_t num_tokens, int64_t num_experts, int64_t top_k);
+// The plan laid out in memory of moe_routing_plan_bytes (moe_routing_plan_size.h).
 MoeRoutingPlan moe_routing_plan_in(void* memory, int64_t num_tokens, int64_t num_experts, int64_t top_k);
 
 // topk_idx int32 [T, K] (each in [0, E); not checked on the device) -> the plan. No host sync.
@@ -42,7 +42,8 @@ void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& 
                               __nv_bfloat16* y, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 // dy [T, C] bf16 -> dx [T, C] bf16 and d_topk_weight [T, K] f32 written; d_gate_up [E, 2I, C]
-// and d_down [E, C, I] f32 added to. Expert activations are recomputed.
+// and d_down [E, C, I] f32 added to (null: frozen, the weight products are skipped). Expert
+// activations are recomputed.
 void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
                                const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
                                const __nv_bfloat16* dy, __nv_bfloat16* dx, float* d_topk_weight, float* d_gate_up,

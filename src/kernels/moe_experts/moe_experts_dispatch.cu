@@ -11,8 +11,7 @@ namespace {
 
 using nvbf16 = __nv_bfloat16;
 
-// Flat slots are counted and placed in chunks; each chunk's slots keep their order.
-constexpr int kSlotsPerChunk = 256;
+constexpr int kSlotsPerChunk = kMoeSlotsPerChunk;
 // Experts are held in shared memory by the plan kernels (Qwen3.5 has 256 or 512).
 constexpr int64_t kMaxExperts = 8192;
 
@@ -161,12 +160,6 @@ bool vector_rows(const void* a, const void* b, int64_t hidden) {
 }
 
 }  // namespace
-
-size_t moe_routing_plan_bytes(int64_t num_tokens, int64_t num_experts, int64_t top_k) {
-  const int64_t slots = num_tokens * top_k;
-  return align256((num_experts + 1) * sizeof(int32_t)) + 2 * align256(slots * sizeof(int32_t)) +
-         2 * align256(std::max<int64_t>(num_chunks(slots), 1) * num_experts * sizeof(int32_t));
-}
 
 MoeRoutingPlan moe_routing_plan_in(void* memory, int64_t num_tokens, int64_t num_experts, int64_t top_k) {
   const int64_t slots = num_tokens * top_k;

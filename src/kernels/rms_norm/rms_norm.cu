@@ -175,9 +175,8 @@ void launch_backward(const TX* x, int64_t x_stride, const float* weight, const f
   CHECK(rows >= 0 && width > 0, "rms_norm_backward_cuda: bad size rows ", rows, ", width ", width);
   CHECK(x_stride >= width && dx_stride >= width, "rms_norm_backward_cuda: row strides ", x_stride, " (x) and ",
         dx_stride, " (dx) must cover the width ", width);
-  CHECK(workspace_bytes >= rms_norm_backward_workspace_bytes(rows, width), "rms_norm_backward_cuda: workspace of ",
-        workspace_bytes, " bytes, needs ", rms_norm_backward_workspace_bytes(rows, width));
-  CHECK(d_weight != nullptr, "rms_norm_backward_cuda: d_weight is required");
+  const size_t needed = d_weight != nullptr ? rms_norm_backward_workspace_bytes(rows, width) : 0;
+  CHECK(workspace_bytes >= needed, "rms_norm_backward_cuda: workspace of ", workspace_bytes, " bytes, needs ", needed);
   if (rows == 0) return;
   const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
   if (can_use_vec8(width, x, dy, d_skip, dx) && can_use_vec8(width, weight, dx_bf16) && x_stride % 8 == 0 &&
@@ -189,6 +188,7 @@ void launch_backward(const TX* x, int64_t x_stride, const float* weight, const f
         x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width);
   }
   CUDA_CHECK_LAUNCH();
+  if (d_weight == nullptr) return;  // frozen weight: no weight gradient
   const int64_t chunks = num_row_chunks(rows);
   const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
   float* partial = static_cast<float*>(workspace);

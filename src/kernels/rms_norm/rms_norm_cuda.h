@@ -38,7 +38,7 @@ size_t rms_norm_backward_workspace_bytes(int64_t rows, int64_t width);
 // f32 (the gradient of y). dx [T, C] f32 written = norm backward (+ d_skip [T, C] f32 when
 // non-null: the gradient reaching s along the stream; dx may alias d_skip); dx_bf16 [T, C], when
 // non-null, receives bf16(dx) for the GEMMs of the block before. d_weight [C] f32 added to
-// (deterministic: no atomics).
+// (deterministic: no atomics), or null for a frozen weight (its reduction is skipped).
 void rms_norm_backward_cuda(const float* x, const float* weight, const float* rstd, const __nv_bfloat16* dy,
                             const float* d_skip, float* dx, __nv_bfloat16* dx_bf16, float* d_weight, int64_t rows,
                             int64_t width, void* workspace, size_t workspace_bytes, cudaStream_t stream);
@@ -53,7 +53,7 @@ void rms_norm_forward_strided_cuda(const __nv_bfloat16* x, int64_t x_row_stride,
                                    cudaStream_t stream);
 
 // Backward of the head form: dy [T, C] bf16 contiguous; dx row r written at dx + r * dx_row_stride
-// (the query half of the q_proj output gradient); d_weight added to.
+// (the query half of the q_proj output gradient); d_weight added to (null: skipped).
 void rms_norm_backward_strided_cuda(const __nv_bfloat16* x, int64_t x_row_stride, const float* weight,
                                     const float* rstd, const __nv_bfloat16* dy, __nv_bfloat16* dx,
                                     int64_t dx_row_stride, float* d_weight, int64_t rows, int64_t width,

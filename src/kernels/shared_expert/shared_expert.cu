@@ -219,7 +219,7 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
   CUDA_CHECK_LAUNCH();
   // d_h = d_out W_down; d_down += d_out^T h.
   gemm_row_major(handle, false, false, T, I, C, d_out, C, down_proj, I, 0.0f, d_h, CUDA_R_32F, I);
-  gemm_row_major(handle, true, false, C, I, T, d_out, C, b.h, I, 1.0f, d_down_proj, CUDA_R_32F, I);
+  if (d_down_proj != nullptr) gemm_row_major(handle, true, false, C, I, T, d_out, C, b.h, I, 1.0f, d_down_proj, CUDA_R_32F, I);
   swiglu_backward_kernel<<<elementwise_grid(T * I), 256, 0, stream>>>(b.gate, b.up, d_h, T * I);
   CUDA_CHECK_LAUNCH();
   const nvbf16* d_gate = b.gate;
@@ -231,8 +231,10 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
   finish_dx_kernel<<<elementwise_grid(T * C), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx, C,
                                                                 T * C);
   CUDA_CHECK_LAUNCH();
-  gemm_row_major(handle, true, false, I, C, T, d_gate, I, x, C, 1.0f, d_gate_proj, CUDA_R_32F, C);
-  gemm_row_major(handle, true, false, I, C, T, d_up, I, x, C, 1.0f, d_up_proj, CUDA_R_32F, C);
+  // Frozen weights (null gradients) skip their products.
+  if (d_gate_proj != nullptr) gemm_row_major(handle, true, false, I, C, T, d_gate, I, x, C, 1.0f, d_gate_proj, CUDA_R_32F, C);
+  if (d_up_proj != nullptr) gemm_row_major(handle, true, false, I, C, T, d_up, I, x, C, 1.0f, d_up_proj, CUDA_R_32F, C);
+  if (d_expert_gate == nullptr) return;
   const dim3 partial_grid(static_cast<unsigned>((C + 255) / 256), static_cast<unsigned>(chunks));
   gate_grad_partial_kernel<<<partial_grid, 256, 0, stream>>>(d_logit, x, partial, T, C);
   CUDA_CHECK_LAUNCH();

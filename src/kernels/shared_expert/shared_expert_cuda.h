@@ -23,7 +23,8 @@ void shared_expert_forward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
                                 cudaStream_t stream);
 
 // dy [T, C] bf16 -> dx [T, C] bf16 written (accumulate_dx false) or added to; d_gate_proj,
-// d_up_proj [I, C], d_down_proj [C, I], d_expert_gate [1, C] f32 added to. Recomputes activations.
+// d_up_proj [I, C], d_down_proj [C, I], d_expert_gate [1, C] f32 added to (each may be null: a
+// frozen weight, its product skipped). Recomputes activations.
 void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
                                  const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
                                  const __nv_bfloat16* expert_gate, const __nv_bfloat16* dy, __nv_bfloat16* dx,

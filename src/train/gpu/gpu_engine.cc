@@ -17,9 +17,9 @@
 #include "model/vision/trainable_parts.h"
 #include "model/vision/vision_tower.h"
 #include "train/engine_factory.h"
-#include "train/gpu/bench_flops.h"
-#include "train/gpu/gpu_text_model.h"
-#include "train/gpu/gpu_vision_model.h"
+#include "train/model_flops.h"
+#include "model/text/gpu/gpu_text_model.h"
+#include "model/vision/gpu/gpu_vision_model.h"
 #include "train/trainable_params.h"
 
 namespace deltamoe {

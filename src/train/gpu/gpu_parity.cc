@@ -14,8 +14,8 @@
 #include "model/text/text_batch.h"
 #include "model/vision/mrope_positions.h"
 #include "model/vision/vision_tower.h"
-#include "train/gpu/gpu_text_model.h"
-#include "train/gpu/gpu_vision_model.h"
+#include "model/text/gpu/gpu_text_model.h"
+#include "model/vision/gpu/gpu_vision_model.h"
 #include "train/trainable_params.h"
 
 namespace deltamoe {

@@ -1,5 +1,5 @@
 // CUDA-event component timing of a training step.
-#include "train/gpu/component_timer.h"
+#include "model/gpu/component_timer.h"
 
 #include "core/cuda_check.h"
 #include "core/error.h"

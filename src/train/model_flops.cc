@@ -1,5 +1,5 @@
 // Matmul parameter count and training FLOPs of the text model.
-#include "train/gpu/bench_flops.h"
+#include "train/model_flops.h"
 
 #include "core/error.h"
 

@@ -2,8 +2,8 @@
 // (src/model/text: decoder.cc, gdn_layer.cc, attention_layer.cc, moe_block.cc, text_model.cc)
 // operation for operation; residual adds are fused into the following RMSNorm. Precision follows
 // transformers' bf16 autocast with fp32 parameters: bf16 GEMM operands, an fp32 residual stream
-// and stream gradient, norm weights and the embedding read from the fp32 master. One stream, no
-// allocation, no host synchronisation.
+// and stream gradient, norm weights and the embedding read in fp32. Frozen weights (null gradient
+// views) skip their weight-gradient work. One stream, no allocation, no host synchronisation.
 #include <cmath>
 
 #include "core/cuda_check.h"
@@ -26,8 +26,7 @@
 #include "kernels/rms_norm/rms_norm_cuda.h"
 #include "kernels/shared_expert/shared_expert_cuda.h"
 #include "kernels/token_scatter/token_scatter_cuda.h"
-#include "train/gpu/gpu_layer_buffers.h"
-#include "train/gpu/gpu_text_model.h"
+#include "model/text/gpu/gpu_text_model.h"
 
 namespace deltamoe {
 
@@ -45,21 +44,27 @@ void copy_columns(const DeviceBf16* src, int64_t ld_src, DeviceBf16* dst, int64_
 
 }  // namespace
 
-void GpuTextModel::linear_backward_f32_dy(const float* dy, const DeviceBf16* w, const DeviceBf16* x, float* dw,
-                                          float* dx, bool add, int64_t rows, int64_t in_features,
-                                          int64_t out_features) {
-  DeviceBf16* hi = scratch_->gate_grad_hi;
-  DeviceBf16* lo = scratch_->gate_grad_lo;
+void GpuTextModel::weight_grad(const DeviceParam& w, const DeviceBf16* dy, const DeviceBf16* x, int64_t rows,
+                               int64_t in_features, int64_t out_features) {
+  if (w.grad == nullptr) return;  // frozen: no weight-gradient product
+  linear_backward_weight_cuda(*gemm_, dy, x, w.grad, rows, in_features, out_features, stream_);
+}
+
+void GpuTextModel::linear_backward_f32_dy(const float* dy, const DeviceParam& w, const DeviceBf16* x, float* dx,
+                                          bool add, int64_t rows, int64_t in_features, int64_t out_features) {
+  DeviceBf16* hi = acts_.scratch.gate_grad_hi;
+  DeviceBf16* lo = acts_.scratch.gate_grad_lo;
   split_f32_to_bf16_hi_lo_cuda(dy, hi, lo, rows * out_features, stream_);
-  linear_backward_input_split_cuda(*gemm_, hi, lo, w, dx, add, rows, in_features, out_features, stream_);
-  linear_backward_weight_split_cuda(*gemm_, hi, lo, x, dw, rows, in_features, out_features, stream_);
+  linear_backward_input_split_cuda(*gemm_, hi, lo, w.w, dx, add, rows, in_features, out_features, stream_);
+  if (w.grad != nullptr)
+    linear_backward_weight_split_cuda(*gemm_, hi, lo, x, w.grad, rows, in_features, out_features, stream_);
 }
 
 std::vector<float> GpuTextModel::compute_logits() const {
   const int64_t T = num_tokens_, V = config_.vocab_size;
   CHECK(T > 0, "gpu model: compute_logits called before a forward");
   DeviceBuffer logits(static_cast<size_t>(T * V) * sizeof(float));
-  linear_forward_cuda(*gemm_, final_normed_, weight(-1, "lm_head.weight"), logits.data(), DType::f32, T,
+  linear_forward_cuda(*gemm_, acts_.final_normed, weights_.lm_head.w, logits.data(), DType::f32, T,
                       config_.hidden_size, V, stream_);
   std::vector<float> host(static_cast<size_t>(T * V));
   CUDA_CHECK(cudaMemcpyAsync(host.data(), logits.data(), logits.bytes(), cudaMemcpyDeviceToHost, stream_));
@@ -67,38 +72,31 @@ std::vector<float> GpuTextModel::compute_logits() const {
   return host;
 }
 
-void GpuTextModel::forward_backward() {
-  CHECK(num_tokens_ > 0, "gpu model: forward_backward called before set_batch");
+void GpuTextModel::forward() {
+  CHECK(num_tokens_ > 0, "gpu model: forward called before set_batch");
   CHECK(last_image_row_ < num_tokens_, "gpu model: image-token row ", last_image_row_, " is outside the batch of ",
         num_tokens_, " tokens (set_image_rows and set_batch disagree)");
-  timer_.mark(StepComponent::other, stream_);  // the gradient zeroing counts as "other"
-  CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
-  forward();
-  backward();
-}
-
-void GpuTextModel::forward() {
   const TextConfig& c = config_;
   const int64_t T = num_tokens_, C = c.hidden_size;
   const double eps = c.rms_norm_eps;
   timer_.mark(StepComponent::other, stream_);
-  // The stream starts as fp32 rows of the fp32 master table (layer 0's x_in is embedded_).
-  embedding_forward_cuda(ids_, master(-1, prefix_ + ".embed_tokens.weight"), embedded_, T, c.vocab_size, C, nullptr,
+  // The stream starts as fp32 rows of the fp32 master table (layer 0's x_in is acts_.embedded).
+  embedding_forward_cuda(inputs_.ids, weights_.embed_tokens.f32, acts_.embedded, T, c.vocab_size, C, nullptr,
                          stream_);
   // VLM input: the vision features replace the <|image_pad|> rows' embeddings.
   if (num_image_rows_ > 0)
-    token_scatter_forward_cuda(image_rows_, image_embeds_, num_image_rows_, embedded_, T, C, stream_);
-  moe_aux_stats_reset_cuda(MoeAuxDeviceStats{aux_counts_, aux_probs_}, c.num_experts, stream_);
+    token_scatter_forward_cuda(acts_.image_rows, acts_.image_embeds, num_image_rows_, acts_.embedded, T, C, stream_);
+  moe_aux_stats_reset_cuda(MoeAuxDeviceStats{inputs_.aux_counts, inputs_.aux_probs}, c.num_experts, stream_);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    GpuLayerBuffers& b = layers_[static_cast<size_t>(i)];
+    LayerActivations& b = acts_.layers[static_cast<size_t>(i)];
     timer_.mark(StepComponent::other, stream_);
     if (i == 0) {
-      rms_norm_forward_cuda(nullptr, b.x_in, nullptr, master(i, "input_layernorm.weight"), b.normed_in, b.rstd_in, T,
+      rms_norm_forward_cuda(nullptr, b.x_in, nullptr, weights_.layers[static_cast<size_t>(i)].input_layernorm.f32, b.normed_in, b.rstd_in, T,
                             C, eps, stream_);
     } else {
       // x_in = previous h + previous MoE output (the previous layer's residual add).
-      const GpuLayerBuffers& prev = layers_[static_cast<size_t>(i - 1)];
-      rms_norm_forward_cuda(prev.moe_out, prev.h, b.x_in, master(i, "input_layernorm.weight"), b.normed_in,
+      const LayerActivations& prev = acts_.layers[static_cast<size_t>(i - 1)];
+      rms_norm_forward_cuda(prev.moe_out, prev.h, b.x_in, weights_.layers[static_cast<size_t>(i)].input_layernorm.f32, b.normed_in,
                             b.rstd_in, T, C, eps, stream_);
     }
     if (b.is_gdn) {
@@ -109,17 +107,37 @@ void GpuTextModel::forward() {
       attention_forward(i);
     }
     timer_.mark(StepComponent::other, stream_);
-    rms_norm_forward_cuda(b.mixer_out, b.x_in, b.h, master(i, "post_attention_layernorm.weight"), b.normed_post,
+    rms_norm_forward_cuda(b.mixer_out, b.x_in, b.h, weights_.layers[static_cast<size_t>(i)].post_attention_layernorm.f32, b.normed_post,
                           b.rstd_post, T, C, eps, stream_);
     timer_.mark(StepComponent::moe, stream_);
     moe_forward(i);
   }
   timer_.mark(StepComponent::other, stream_);
-  const GpuLayerBuffers& last = layers_.back();
-  rms_norm_forward_cuda(last.moe_out, last.h, final_hidden_, master(-1, prefix_ + ".norm.weight"), final_normed_,
-                        final_rstd_, T, C, eps, stream_);
-  moe_aux_loss_value_cuda(MoeAuxDeviceStats{aux_counts_, aux_probs_}, c.num_experts, T * c.num_hidden_layers,
-                          aux_loss_, stream_);
+  const LayerActivations& last = acts_.layers.back();
+  rms_norm_forward_cuda(last.moe_out, last.h, acts_.final_hidden, weights_.norm.f32, acts_.final_normed,
+                        acts_.final_rstd, T, C, eps, stream_);
+  moe_aux_loss_value_cuda(MoeAuxDeviceStats{inputs_.aux_counts, inputs_.aux_probs}, c.num_experts, T * c.num_hidden_layers,
+                          inputs_.aux_loss, stream_);
+}
+
+void GpuTextModel::forward_loss() {
+  forward();
+  timer_.mark(StepComponent::lm_head_loss, stream_);
+  LmHeadLossArgs loss;
+  loss.hidden = acts_.final_normed;
+  loss.weight = weights_.lm_head.w;
+  loss.labels = inputs_.labels;
+  loss.num_tokens = num_tokens_;
+  loss.hidden_size = config_.hidden_size;
+  loss.vocab = config_.vocab_size;
+  loss.num_supervised = num_supervised_;
+  loss.d_loss = 0.0f;
+  loss.chunk_rows = options_.loss_chunk_rows;
+  loss.token_loss = inputs_.token_loss;
+  loss.lse = inputs_.lse;
+  loss.loss = inputs_.loss;
+  // d_hidden and d_weight null: the loss only, no backward.
+  lm_head_cross_entropy_cuda(*gemm_, loss, workspace_.data(), workspace_bytes_, stream_);
 }
 
 void GpuTextModel::backward() {
@@ -127,96 +145,99 @@ void GpuTextModel::backward() {
   const int64_t T = num_tokens_, C = c.hidden_size;
   timer_.mark(StepComponent::lm_head_loss, stream_);
   LmHeadLossArgs loss;
-  loss.hidden = final_normed_;
-  loss.weight = weight(-1, "lm_head.weight");
-  loss.labels = labels_;
+  loss.hidden = acts_.final_normed;
+  loss.weight = weights_.lm_head.w;
+  loss.labels = inputs_.labels;
   loss.num_tokens = T;
   loss.hidden_size = C;
   loss.vocab = c.vocab_size;
   loss.num_supervised = num_supervised_;
   loss.d_loss = options_.ce_loss_weight;
   loss.chunk_rows = options_.loss_chunk_rows;
-  loss.token_loss = token_loss_;
-  loss.lse = lse_;
-  loss.loss = loss_;
-  loss.d_hidden = grad_normed_;
-  loss.d_weight = grad(-1, "lm_head.weight");
+  loss.token_loss = inputs_.token_loss;
+  loss.lse = inputs_.lse;
+  loss.loss = inputs_.loss;
+  loss.d_hidden = acts_.grad_normed;
+  loss.d_weight = weights_.lm_head.grad;
   lm_head_cross_entropy_cuda(*gemm_, loss, workspace_.data(), workspace_bytes_, stream_);
 
   timer_.mark(StepComponent::other, stream_);
-  // grad_stream_ (fp32) holds the gradient reaching the current layer's output (h + moe_out), and
-  // after the layer's input norm the gradient reaching its input; grad_stream_bf16_ is its copy.
-  float* d_stream = grad_stream_;
+  // acts_.grad_stream (fp32) holds the gradient reaching the current layer's output (h + moe_out), and
+  // after the layer's input norm the gradient reaching its input; acts_.grad_stream_bf16 is its copy.
+  float* d_stream = acts_.grad_stream;
   // The fp32 input gradient of a block (the MoE block's, then the mixer's): each norm backward
   // reads it unrounded.
-  float* d_mixer_input = scratch_->d_mixer_input_f32;
-  rms_norm_backward_cuda(final_hidden_, master(-1, prefix_ + ".norm.weight"), final_rstd_, grad_normed_, nullptr,
-                         d_stream, grad_stream_bf16_, grad(-1, prefix_ + ".norm.weight"), T, C, workspace_.data(),
+  float* d_mixer_input = acts_.scratch.d_mixer_input_f32;
+  rms_norm_backward_cuda(acts_.final_hidden, weights_.norm.f32, acts_.final_rstd, acts_.grad_normed, nullptr,
+                         d_stream, acts_.grad_stream_bf16, weights_.norm.grad, T, C, workspace_.data(),
                          workspace_bytes_, stream_);
   for (int64_t i = c.num_hidden_layers - 1; i >= 0; --i) {
-    const GpuLayerBuffers& b = layers_[static_cast<size_t>(i)];
+    const LayerActivations& b = acts_.layers[static_cast<size_t>(i)];
     capture_gradient(i, LayerGradient::output, d_stream);
     timer_.mark(StepComponent::moe, stream_);
-    moe_backward(i, grad_stream_bf16_, d_mixer_input);  // the MoE block's input gradient, fp32
+    moe_backward(i, acts_.grad_stream_bf16, d_mixer_input);  // the MoE block's input gradient, fp32
     timer_.mark(StepComponent::other, stream_);
     // dh = norm backward + d_stream (the residual path around the MoE block).
-    rms_norm_backward_cuda(b.h, master(i, "post_attention_layernorm.weight"), b.rstd_post, d_mixer_input, d_stream,
-                           grad_mixer_, grad_mixer_bf16_, grad(i, "post_attention_layernorm.weight"), T, C,
+    rms_norm_backward_cuda(b.h, weights_.layers[static_cast<size_t>(i)].post_attention_layernorm.f32, b.rstd_post, d_mixer_input, d_stream,
+                           acts_.grad_mixer, acts_.grad_mixer_bf16, weights_.layers[static_cast<size_t>(i)].post_attention_layernorm.grad, T, C,
                            workspace_.data(), workspace_bytes_, stream_);
-    capture_gradient(i, LayerGradient::after_mixer, grad_mixer_);
+    capture_gradient(i, LayerGradient::after_mixer, acts_.grad_mixer);
     if (b.is_gdn) {
       timer_.mark(StepComponent::gdn, stream_);
       if (options_.recompute_mixers) gdn_forward(i);  // refills the shared intermediates (and mixer_out, unused now)
-      gdn_backward(i, grad_mixer_bf16_, d_mixer_input);
+      gdn_backward(i, acts_.grad_mixer_bf16, d_mixer_input);
     } else {
       timer_.mark(StepComponent::attention, stream_);
       if (options_.recompute_mixers) attention_forward(i);
-      attention_backward(i, grad_mixer_bf16_, d_mixer_input);
+      attention_backward(i, acts_.grad_mixer_bf16, d_mixer_input);
     }
     timer_.mark(StepComponent::other, stream_);
     // The mixer's fp32 input gradient goes into the norm as is; d_stream is free again after the
     // post-norm backward and now receives the gradient reaching the layer's input.
-    rms_norm_backward_cuda(b.x_in, master(i, "input_layernorm.weight"), b.rstd_in, d_mixer_input, grad_mixer_,
-                           d_stream, grad_stream_bf16_, grad(i, "input_layernorm.weight"), T, C, workspace_.data(),
+    rms_norm_backward_cuda(b.x_in, weights_.layers[static_cast<size_t>(i)].input_layernorm.f32, b.rstd_in, d_mixer_input, acts_.grad_mixer,
+                           d_stream, acts_.grad_stream_bf16, weights_.layers[static_cast<size_t>(i)].input_layernorm.grad, T, C, workspace_.data(),
                            workspace_bytes_, stream_);
     capture_gradient(i, LayerGradient::input, d_stream);
   }
   // The image rows' gradient belongs to the vision features, not to the <|image_pad|> table row:
   // gather it, then zero those rows before the table's backward (multimodal_embed_backward).
   if (num_image_rows_ > 0)
-    token_scatter_backward_cuda(image_rows_, d_stream, image_grads_, num_image_rows_, T, C, stream_);
-  embedding_backward_cuda(ids_, d_stream, grad(-1, prefix_ + ".embed_tokens.weight"), T, c.vocab_size, C, stream_);
+    token_scatter_backward_cuda(acts_.image_rows, d_stream, acts_.image_grads, num_image_rows_, T, C, stream_);
+  if (weights_.embed_tokens.grad != nullptr) {
+    embedding_backward_cuda(inputs_.embed_sorted_tokens, inputs_.embed_segment_offsets, inputs_.embed_segment_ids,
+                            num_embed_segments_, d_stream, weights_.embed_tokens.grad, C, stream_);
+  }
 }
 
 // ---- Gated DeltaNet (gdn_layer.cc) ----
 
 void GpuTextModel::gdn_forward(int64_t layer) {
   const TextConfig& c = config_;
-  GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
+  LayerActivations& b = acts_.layers[static_cast<size_t>(layer)];
   GdnSaved& s = b.gdn;
   const int64_t T = num_tokens_, C = c.hidden_size, kd = c.key_dim(), vd = c.value_dim(), conv = c.conv_dim();
   const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
   const int Dk = static_cast<int>(c.linear_key_head_dim), Dv = static_cast<int>(c.linear_value_head_dim);
-  const std::string p = "linear_attn.";
-  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "in_proj_qkv.weight"), s.mixed, DType::bf16, T, C, conv,
+  const GdnWeights& W = weights_.layers[static_cast<size_t>(layer)].linear_attn;
+  linear_forward_cuda(*gemm_, b.normed_in, W.in_proj_qkv.w, s.mixed, DType::bf16, T, C, conv,
                       stream_);
-  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "in_proj_z.weight"), s.z, DType::bf16, T, C, vd, stream_);
+  linear_forward_cuda(*gemm_, b.normed_in, W.in_proj_z.w, s.z, DType::bf16, T, C, vd, stream_);
   // The gate pre-activations stay fp32 (GdnSaved::a): cuBLASLt writes its fp32 accumulator as is.
-  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "in_proj_b.weight"), s.b, DType::f32, T, C, Hv, stream_);
-  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "in_proj_a.weight"), s.a, DType::f32, T, C, Hv, stream_);
-  causal_conv1d_forward_cuda(s.mixed, weight(layer, p + "conv1d.weight"), cu_seqlens_, static_cast<int>(num_seqs_), T,
-                             static_cast<int>(conv), static_cast<int>(c.linear_conv_kernel_dim), scratch_->conv,
+  linear_forward_cuda(*gemm_, b.normed_in, W.in_proj_b.w, s.b, DType::f32, T, C, Hv, stream_);
+  linear_forward_cuda(*gemm_, b.normed_in, W.in_proj_a.w, s.a, DType::f32, T, C, Hv, stream_);
+  causal_conv1d_forward_cuda(s.mixed, W.conv1d.w, inputs_.cu_seqlens, static_cast<int>(num_seqs_), T,
+                             static_cast<int>(conv), static_cast<int>(c.linear_conv_kernel_dim), acts_.scratch.conv,
                              stream_);
-  copy_columns(scratch_->conv, conv, s.q, kd, kd, T, stream_);
-  copy_columns(scratch_->conv + kd, conv, s.k, kd, kd, T, stream_);
-  copy_columns(scratch_->conv + 2 * kd, conv, s.v, vd, vd, T, stream_);
+  copy_columns(acts_.scratch.conv, conv, s.q, kd, kd, T, stream_);
+  copy_columns(acts_.scratch.conv + kd, conv, s.k, kd, kd, T, stream_);
+  copy_columns(acts_.scratch.conv + 2 * kd, conv, s.v, vd, vd, T, stream_);
   l2norm_forward_cuda(s.q, T * Hk, Dk, s.q_normed, stream_);
   l2norm_forward_cuda(s.k, T * Hk, Dk, s.k_normed, stream_);
   // A_log and dt_bias are read in fp32 straight from the master weights, as the reference does.
-  gdn_gates_forward_cuda(s.a, s.b, master(layer, p + "A_log"), master(layer, p + "dt_bias"), T, static_cast<int>(Hv),
+  gdn_gates_forward_cuda(s.a, s.b, W.A_log.f32, W.dt_bias.f32, T, static_cast<int>(Hv),
                          s.g, s.beta, stream_);
   GatedDeltaRuleShape shape;
-  shape.cu_seqlens = cu_seqlens_;
+  shape.cu_seqlens = inputs_.cu_seqlens;
   shape.num_seqs = static_cast<int>(num_seqs_);
   shape.num_tokens = T;
   shape.num_key_heads = static_cast<int>(Hk);
@@ -226,28 +247,27 @@ void GpuTextModel::gdn_forward(int64_t layer) {
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk)));
   gated_delta_rule_forward_cuda(shape, scale, s.q_normed, s.k_normed, s.v, s.g, s.beta, nullptr, s.core, nullptr,
                                 workspace_.data(), workspace_bytes_, stream_);
-  gated_rmsnorm_forward_cuda(s.core, s.z, master(layer, p + "norm.weight"), T * Hv, Dv,
+  gated_rmsnorm_forward_cuda(s.core, s.z, W.norm.f32, T * Hv, Dv,
                              static_cast<float>(c.rms_norm_eps), s.normed, stream_);
-  linear_forward_cuda(*gemm_, s.normed, weight(layer, p + "out_proj.weight"), b.mixer_out, DType::bf16, T, vd, C,
+  linear_forward_cuda(*gemm_, s.normed, W.out_proj.w, b.mixer_out, DType::bf16, T, vd, C,
                       stream_);
 }
 
 void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, float* dx) {
   const TextConfig& c = config_;
-  const GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
+  const LayerActivations& b = acts_.layers[static_cast<size_t>(layer)];
   const GdnSaved& s = b.gdn;
-  GpuScratch& w = *scratch_;
+  LayerScratch& w = acts_.scratch;
   const int64_t T = num_tokens_, C = c.hidden_size, kd = c.key_dim(), vd = c.value_dim(), conv = c.conv_dim();
   const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
   const int Dk = static_cast<int>(c.linear_key_head_dim), Dv = static_cast<int>(c.linear_value_head_dim);
-  const std::string p = "linear_attn.";
-  linear_backward_input_cuda(*gemm_, dy, weight(layer, p + "out_proj.weight"), w.d_normed_v, T, vd, C, stream_);
-  linear_backward_weight_cuda(*gemm_, dy, s.normed, grad(layer, p + "out_proj.weight"), T, vd, C, stream_);
-  gated_rmsnorm_backward_cuda(s.core, s.z, master(layer, p + "norm.weight"), w.d_normed_v, T * Hv, Dv,
-                              static_cast<float>(c.rms_norm_eps), w.d_core, w.dz, grad(layer, p + "norm.weight"),
-                              stream_);
+  const GdnWeights& W = weights_.layers[static_cast<size_t>(layer)].linear_attn;
+  linear_backward_input_cuda(*gemm_, dy, W.out_proj.w, w.d_normed_v, T, vd, C, stream_);
+  weight_grad(W.out_proj, dy, s.normed, T, vd, C);
+  gated_rmsnorm_backward_cuda(s.core, s.z, W.norm.f32, w.d_normed_v, T * Hv, Dv, static_cast<float>(c.rms_norm_eps),
+                              w.d_core, w.dz, W.norm.grad, workspace_.data(), workspace_bytes_, stream_);
   GatedDeltaRuleShape shape;
-  shape.cu_seqlens = cu_seqlens_;
+  shape.cu_seqlens = inputs_.cu_seqlens;
   shape.num_seqs = static_cast<int>(num_seqs_);
   shape.num_tokens = T;
   shape.num_key_heads = static_cast<int>(Hk);
@@ -264,150 +284,147 @@ void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   l2norm_backward_cuda(s.k, w.dk_normed, T * Hk, Dk, w.d_mixed, stream_);
   copy_columns(w.d_mixed, kd, w.d_conv + kd, conv, kd, T, stream_);
   copy_columns(w.dv, vd, w.d_conv + 2 * kd, conv, vd, T, stream_);
-  gdn_gates_backward_cuda(s.a, s.b, master(layer, p + "A_log"), master(layer, p + "dt_bias"), w.dg, w.dbeta, T,
-                          static_cast<int>(Hv), w.da, w.db, grad(layer, p + "A_log"), grad(layer, p + "dt_bias"),
+  gdn_gates_backward_cuda(s.a, s.b, W.A_log.f32, W.dt_bias.f32, w.dg, w.dbeta, T,
+                          static_cast<int>(Hv), w.da, w.db, W.A_log.grad, W.dt_bias.grad,
                           stream_);
-  causal_conv1d_backward_cuda(s.mixed, weight(layer, p + "conv1d.weight"), w.d_conv, cu_seqlens_,
-                              static_cast<int>(num_seqs_), T, static_cast<int>(conv),
-                              static_cast<int>(c.linear_conv_kernel_dim), w.d_mixed, grad(layer, p + "conv1d.weight"),
-                              stream_);
+  causal_conv1d_backward_cuda(s.mixed, W.conv1d.w, w.d_conv, inputs_.cu_seqlens, static_cast<int>(num_seqs_), T,
+                              static_cast<int>(conv), static_cast<int>(c.linear_conv_kernel_dim), w.d_mixed,
+                              W.conv1d.grad, workspace_.data(), workspace_bytes_, stream_);
   const DeviceBf16* x = b.normed_in;
-  linear_backward_input_f32_cuda(*gemm_, w.d_mixed, weight(layer, p + "in_proj_qkv.weight"), dx, false, T, C, conv,
+  linear_backward_input_f32_cuda(*gemm_, w.d_mixed, W.in_proj_qkv.w, dx, false, T, C, conv,
                                  stream_);
-  linear_backward_weight_cuda(*gemm_, w.d_mixed, x, grad(layer, p + "in_proj_qkv.weight"), T, C, conv, stream_);
-  linear_backward_input_f32_cuda(*gemm_, w.dz, weight(layer, p + "in_proj_z.weight"), dx, true, T, C, vd, stream_);
-  linear_backward_weight_cuda(*gemm_, w.dz, x, grad(layer, p + "in_proj_z.weight"), T, C, vd, stream_);
+  weight_grad(W.in_proj_qkv, w.d_mixed, x, T, C, conv);
+  linear_backward_input_f32_cuda(*gemm_, w.dz, W.in_proj_z.w, dx, true, T, C, vd, stream_);
+  weight_grad(W.in_proj_z, w.dz, x, T, C, vd);
   // da, db are fp32: each product with a bf16 operand runs as two bf16 GEMMs on its hi/lo halves.
-  linear_backward_f32_dy(w.db, weight(layer, p + "in_proj_b.weight"), x, grad(layer, p + "in_proj_b.weight"), dx,
-                         true, T, C, Hv);
-  linear_backward_f32_dy(w.da, weight(layer, p + "in_proj_a.weight"), x, grad(layer, p + "in_proj_a.weight"), dx,
-                         true, T, C, Hv);
+  linear_backward_f32_dy(w.db, W.in_proj_b, x, dx, true, T, C, Hv);
+  linear_backward_f32_dy(w.da, W.in_proj_a, x, dx, true, T, C, Hv);
 }
 
 // ---- gated attention (attention_layer.cc) ----
 
 void GpuTextModel::attention_forward(int64_t layer) {
   const TextConfig& c = config_;
-  GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
+  LayerActivations& b = acts_.layers[static_cast<size_t>(layer)];
   AttentionSaved& s = b.attn;
   const int64_t T = num_tokens_, C = c.hidden_size, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const int64_t D = c.head_dim;
-  const std::string p = "self_attn.";
+  const AttentionWeights& W = weights_.layers[static_cast<size_t>(layer)].self_attn;
   // q_proj rows per head h: [2hD, 2hD + D) query, [2hD + D, 2(h + 1)D) gate.
-  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "q_proj.weight"), s.q_and_gate, DType::bf16, T, C,
+  linear_forward_cuda(*gemm_, b.normed_in, W.q_proj.w, s.q_and_gate, DType::bf16, T, C,
                       Hq * 2 * D, stream_);
-  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "k_proj.weight"), s.k_raw, DType::bf16, T, C, Hkv * D,
+  linear_forward_cuda(*gemm_, b.normed_in, W.k_proj.w, s.k_raw, DType::bf16, T, C, Hkv * D,
                       stream_);
-  linear_forward_cuda(*gemm_, b.normed_in, weight(layer, p + "v_proj.weight"), s.v, DType::bf16, T, C, Hkv * D,
+  linear_forward_cuda(*gemm_, b.normed_in, W.v_proj.w, s.v, DType::bf16, T, C, Hkv * D,
                       stream_);
-  rms_norm_forward_strided_cuda(s.q_and_gate, 2 * D, master(layer, p + "q_norm.weight"), s.q, s.q_rstd, T * Hq, D,
+  rms_norm_forward_strided_cuda(s.q_and_gate, 2 * D, W.q_norm.f32, s.q, s.q_rstd, T * Hq, D,
                                 c.rms_norm_eps, stream_);
-  rms_norm_forward_strided_cuda(s.k_raw, D, master(layer, p + "k_norm.weight"), s.k, s.k_rstd, T * Hkv, D,
+  rms_norm_forward_strided_cuda(s.k_raw, D, W.k_norm.f32, s.k, s.k_rstd, T * Hkv, D,
                                 c.rms_norm_eps, stream_);
-  mrope_forward_cuda(rope_, s.q, rope_cos_, rope_sin_, s.q, T, Hq, D, stream_);
-  mrope_forward_cuda(rope_, s.k, rope_cos_, rope_sin_, s.k, T, Hkv, D, stream_);
+  mrope_forward_cuda(rope_, s.q, inputs_.rope_cos, inputs_.rope_sin, s.q, T, Hq, D, stream_);
+  mrope_forward_cuda(rope_, s.k, inputs_.rope_cos, inputs_.rope_sin, s.k, T, Hkv, D, stream_);
   const AttentionDims dims{T, Hq, Hkv, D};
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  attention_forward_cuda(dims, s.q, s.k, s.v, cu_seqlens_, num_seqs_, scale, s.attn, s.lse, stream_);
+  attention_forward_cuda(dims, s.q, s.k, s.v, inputs_.cu_seqlens, num_seqs_, scale, s.attn, s.lse, stream_);
   attention_gate_forward_cuda(s.attn, s.q_and_gate + D, 2 * D, s.gated, T * Hq, D, stream_);
-  linear_forward_cuda(*gemm_, s.gated, weight(layer, p + "o_proj.weight"), b.mixer_out, DType::bf16, T, Hq * D, C,
+  linear_forward_cuda(*gemm_, s.gated, W.o_proj.w, b.mixer_out, DType::bf16, T, Hq * D, C,
                       stream_);
 }
 
 void GpuTextModel::attention_backward(int64_t layer, const DeviceBf16* dy, float* dx) {
   const TextConfig& c = config_;
-  const GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
+  const LayerActivations& b = acts_.layers[static_cast<size_t>(layer)];
   const AttentionSaved& s = b.attn;
-  GpuScratch& w = *scratch_;
+  LayerScratch& w = acts_.scratch;
   const int64_t T = num_tokens_, C = c.hidden_size, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const int64_t D = c.head_dim;
-  const std::string p = "self_attn.";
-  linear_backward_input_cuda(*gemm_, dy, weight(layer, p + "o_proj.weight"), w.d_gated, T, Hq * D, C, stream_);
-  linear_backward_weight_cuda(*gemm_, dy, s.gated, grad(layer, p + "o_proj.weight"), T, Hq * D, C, stream_);
+  const AttentionWeights& W = weights_.layers[static_cast<size_t>(layer)].self_attn;
+  linear_backward_input_cuda(*gemm_, dy, W.o_proj.w, w.d_gated, T, Hq * D, C, stream_);
+  weight_grad(W.o_proj, dy, s.gated, T, Hq * D, C);
   // d_attn overwrites d_gated in place; d_gate goes straight into the gate half of d_q_and_gate.
   attention_gate_backward_cuda(s.attn, s.q_and_gate + D, 2 * D, w.d_gated, w.d_gated, w.d_q_and_gate + D, 2 * D,
                                T * Hq, D, stream_);
   const AttentionDims dims{T, Hq, Hkv, D};
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  attention_backward_cuda(dims, s.q, s.k, s.v, s.attn, s.lse, w.d_gated, cu_seqlens_, num_seqs_, scale, w.dq, w.dk,
+  attention_backward_cuda(dims, s.q, s.k, s.v, s.attn, s.lse, w.d_gated, inputs_.cu_seqlens, num_seqs_, scale, w.dq, w.dk,
                           w.dv_attn, workspace_.data(), workspace_bytes_, stream_);
-  mrope_backward_cuda(rope_, w.dq, rope_cos_, rope_sin_, w.dq, T, Hq, D, stream_);
-  mrope_backward_cuda(rope_, w.dk, rope_cos_, rope_sin_, w.dk, T, Hkv, D, stream_);
-  rms_norm_backward_strided_cuda(s.q_and_gate, 2 * D, master(layer, p + "q_norm.weight"), s.q_rstd, w.dq,
-                                 w.d_q_and_gate, 2 * D, grad(layer, p + "q_norm.weight"), T * Hq, D, workspace_.data(),
+  mrope_backward_cuda(rope_, w.dq, inputs_.rope_cos, inputs_.rope_sin, w.dq, T, Hq, D, stream_);
+  mrope_backward_cuda(rope_, w.dk, inputs_.rope_cos, inputs_.rope_sin, w.dk, T, Hkv, D, stream_);
+  rms_norm_backward_strided_cuda(s.q_and_gate, 2 * D, W.q_norm.f32, s.q_rstd, w.dq,
+                                 w.d_q_and_gate, 2 * D, W.q_norm.grad, T * Hq, D, workspace_.data(),
                                  workspace_bytes_, stream_);
-  rms_norm_backward_strided_cuda(s.k_raw, D, master(layer, p + "k_norm.weight"), s.k_rstd, w.dk, w.dk_raw, D,
-                                 grad(layer, p + "k_norm.weight"), T * Hkv, D, workspace_.data(), workspace_bytes_,
+  rms_norm_backward_strided_cuda(s.k_raw, D, W.k_norm.f32, s.k_rstd, w.dk, w.dk_raw, D,
+                                 W.k_norm.grad, T * Hkv, D, workspace_.data(), workspace_bytes_,
                                  stream_);
   const DeviceBf16* x = b.normed_in;
-  linear_backward_input_f32_cuda(*gemm_, w.d_q_and_gate, weight(layer, p + "q_proj.weight"), dx, false, T, C,
+  linear_backward_input_f32_cuda(*gemm_, w.d_q_and_gate, W.q_proj.w, dx, false, T, C,
                                  Hq * 2 * D, stream_);
-  linear_backward_weight_cuda(*gemm_, w.d_q_and_gate, x, grad(layer, p + "q_proj.weight"), T, C, Hq * 2 * D, stream_);
-  linear_backward_input_f32_cuda(*gemm_, w.dk_raw, weight(layer, p + "k_proj.weight"), dx, true, T, C, Hkv * D,
+  weight_grad(W.q_proj, w.d_q_and_gate, x, T, C, Hq * 2 * D);
+  linear_backward_input_f32_cuda(*gemm_, w.dk_raw, W.k_proj.w, dx, true, T, C, Hkv * D,
                                  stream_);
-  linear_backward_weight_cuda(*gemm_, w.dk_raw, x, grad(layer, p + "k_proj.weight"), T, C, Hkv * D, stream_);
-  linear_backward_input_f32_cuda(*gemm_, w.dv_attn, weight(layer, p + "v_proj.weight"), dx, true, T, C, Hkv * D,
+  weight_grad(W.k_proj, w.dk_raw, x, T, C, Hkv * D);
+  linear_backward_input_f32_cuda(*gemm_, w.dv_attn, W.v_proj.w, dx, true, T, C, Hkv * D,
                                  stream_);
-  linear_backward_weight_cuda(*gemm_, w.dv_attn, x, grad(layer, p + "v_proj.weight"), T, C, Hkv * D, stream_);
+  weight_grad(W.v_proj, w.dv_attn, x, T, C, Hkv * D);
 }
 
 // ---- sparse MoE block (moe_block.cc) ----
 
 void GpuTextModel::split_router_operands(int64_t layer) {
-  const GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
-  GpuScratch& w = *scratch_;
+  const LayerActivations& b = acts_.layers[static_cast<size_t>(layer)];
+  LayerScratch& w = acts_.scratch;
   const int64_t T = num_tokens_, C = config_.hidden_size, E = config_.num_experts;
-  rms_norm_output_low_part_cuda(b.h, master(layer, "post_attention_layernorm.weight"), b.rstd_post, b.normed_post,
+  rms_norm_output_low_part_cuda(b.h, weights_.layers[static_cast<size_t>(layer)].post_attention_layernorm.f32, b.rstd_post, b.normed_post,
                                 w.router_x_lo, T, C, stream_);
-  split_f32_to_bf16_hi_lo_cuda(master(layer, "mlp.gate.weight"), w.router_w_hi, w.router_w_lo, E * C, stream_);
+  split_f32_to_bf16_hi_lo_cuda(weights_.layers[static_cast<size_t>(layer)].mlp.gate.f32, w.router_w_hi, w.router_w_lo, E * C, stream_);
 }
 
 void GpuTextModel::moe_forward(int64_t layer) {
   const TextConfig& c = config_;
-  GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
+  LayerActivations& b = acts_.layers[static_cast<size_t>(layer)];
   MoeSaved& s = b.moe;
   const int64_t T = num_tokens_, C = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
   const int64_t Is = c.shared_expert_intermediate_size;
-  const std::string p = "mlp.";
+  const MoeWeights& W = weights_.layers[static_cast<size_t>(layer)].mlp;
   split_router_operands(layer);
-  moe_router_logits_split_cuda(cublas_, b.normed_post, scratch_->router_x_lo, scratch_->router_w_hi,
-                               scratch_->router_w_lo, s.logits, T, C, E, stream_);
+  moe_router_logits_split_cuda(cublas_, b.normed_post, acts_.scratch.router_x_lo, acts_.scratch.router_w_hi,
+                               acts_.scratch.router_w_lo, s.logits, T, C, E, stream_);
   moe_router_forward_cuda(s.logits, s.probs, s.topk_idx, s.topk_weight, T, E, K, stream_);
-  moe_aux_loss_accumulate_cuda(s.probs, s.topk_idx, T, E, K, MoeAuxDeviceStats{aux_counts_, aux_probs_},
+  moe_aux_loss_accumulate_cuda(s.probs, s.topk_idx, T, E, K, MoeAuxDeviceStats{inputs_.aux_counts, inputs_.aux_probs},
                                workspace_.data(), workspace_bytes_, stream_);
-  moe_routing_plan_cuda(s.topk_idx, s.plan, T, E, K, stream_);
+  moe_routing_plan_cuda(s.topk_idx, plans_[static_cast<size_t>(layer)], T, E, K, stream_);
   const MoeExpertsDims dims{T, C, E, K, c.moe_intermediate_size};
-  moe_experts_forward_cuda(dims, s.plan, b.normed_post, s.topk_weight, weight(layer, p + "experts.gate_up_proj"),
-                           weight(layer, p + "experts.down_proj"), b.moe_out, workspace_.data(), workspace_bytes_,
+  moe_experts_forward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight, W.experts_gate_up.w,
+                           W.experts_down.w, b.moe_out, workspace_.data(), workspace_bytes_,
                            stream_);
-  shared_expert_forward_cuda(cublas_, b.normed_post, weight(layer, p + "shared_expert.gate_proj.weight"),
-                             weight(layer, p + "shared_expert.up_proj.weight"),
-                             weight(layer, p + "shared_expert.down_proj.weight"),
-                             weight(layer, p + "shared_expert_gate.weight"), b.moe_out, true, T, C, Is,
+  shared_expert_forward_cuda(cublas_, b.normed_post, W.shared_gate_proj.w,
+                             W.shared_up_proj.w,
+                             W.shared_down_proj.w,
+                             W.shared_expert_gate.w, b.moe_out, true, T, C, Is,
                              workspace_.data(), workspace_bytes_, stream_);
 }
 
 void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) {
   const TextConfig& c = config_;
-  const GpuLayerBuffers& b = layers_[static_cast<size_t>(layer)];
+  const LayerActivations& b = acts_.layers[static_cast<size_t>(layer)];
   const MoeSaved& s = b.moe;
-  GpuScratch& w = *scratch_;
+  LayerScratch& w = acts_.scratch;
   const int64_t T = num_tokens_, C = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
   const int64_t Is = c.shared_expert_intermediate_size;
-  const std::string p = "mlp.";
+  const MoeWeights& W = weights_.layers[static_cast<size_t>(layer)].mlp;
   const MoeExpertsDims dims{T, C, E, K, c.moe_intermediate_size};
   // The three input gradients (routed experts, router, shared expert) are summed in fp32 into dx;
-  // the experts' and the shared expert's arrive as bf16 (grad_normed_, grad_mixer_bf16_: both
+  // the experts' and the shared expert's arrive as bf16 (acts_.grad_normed, acts_.grad_mixer_bf16: both
   // free until the post-attention norm's backward).
-  DeviceBf16* experts_dx = grad_normed_;
-  DeviceBf16* shared_dx = grad_mixer_bf16_;
-  moe_experts_backward_cuda(dims, s.plan, b.normed_post, s.topk_weight, weight(layer, p + "experts.gate_up_proj"),
-                            weight(layer, p + "experts.down_proj"), dy, experts_dx, w.d_topk_weight,
-                            grad(layer, p + "experts.gate_up_proj"), grad(layer, p + "experts.down_proj"),
+  DeviceBf16* experts_dx = acts_.grad_normed;
+  DeviceBf16* shared_dx = acts_.grad_mixer_bf16;
+  moe_experts_backward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight, W.experts_gate_up.w,
+                            W.experts_down.w, dy, experts_dx, w.d_topk_weight,
+                            W.experts_gate_up.grad, W.experts_down.grad,
                             workspace_.data(), workspace_bytes_, stream_);
   const bool with_aux = options_.aux_loss_weight != 0.0f;
   if (with_aux)
-    moe_aux_loss_backward_cuda(s.probs, MoeAuxDeviceStats{aux_counts_, aux_probs_}, T * c.num_hidden_layers,
+    moe_aux_loss_backward_cuda(s.probs, MoeAuxDeviceStats{inputs_.aux_counts, inputs_.aux_probs}, T * c.num_hidden_layers,
                                options_.aux_loss_weight, w.d_logits, false, T, E, stream_);
   moe_router_backward_cuda(s.probs, s.topk_idx, s.topk_weight, w.d_topk_weight, w.d_logits, nullptr, with_aux, T, E,
                            K, stream_);
@@ -420,18 +437,19 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   split_f32_to_bf16_hi_lo_cuda(w.d_logits, dl_hi, dl_lo, T * E, stream_);
   linear_backward_input_split_cuda(*gemm_, dl_hi, dl_lo, w.router_w_hi, dx, false, T, C, E, stream_);
   linear_backward_input_f32_cuda(*gemm_, dl_hi, w.router_w_lo, dx, true, T, C, E, stream_);
-  float* d_router = grad(layer, p + "gate.weight");
-  linear_backward_weight_split_cuda(*gemm_, dl_hi, dl_lo, b.normed_post, d_router, T, C, E, stream_);
-  linear_backward_weight_cuda(*gemm_, dl_hi, w.router_x_lo, d_router, T, C, E, stream_);
+  if (float* d_router = W.gate.grad; d_router != nullptr) {
+    linear_backward_weight_split_cuda(*gemm_, dl_hi, dl_lo, b.normed_post, d_router, T, C, E, stream_);
+    linear_backward_weight_cuda(*gemm_, dl_hi, w.router_x_lo, d_router, T, C, E, stream_);
+  }
   add_bf16_to_f32_cuda(experts_dx, dx, T * C, stream_);
-  shared_expert_backward_cuda(cublas_, b.normed_post, weight(layer, p + "shared_expert.gate_proj.weight"),
-                              weight(layer, p + "shared_expert.up_proj.weight"),
-                              weight(layer, p + "shared_expert.down_proj.weight"),
-                              weight(layer, p + "shared_expert_gate.weight"), dy, shared_dx, false,
-                              grad(layer, p + "shared_expert.gate_proj.weight"),
-                              grad(layer, p + "shared_expert.up_proj.weight"),
-                              grad(layer, p + "shared_expert.down_proj.weight"),
-                              grad(layer, p + "shared_expert_gate.weight"), T, C, Is, workspace_.data(),
+  shared_expert_backward_cuda(cublas_, b.normed_post, W.shared_gate_proj.w,
+                              W.shared_up_proj.w,
+                              W.shared_down_proj.w,
+                              W.shared_expert_gate.w, dy, shared_dx, false,
+                              W.shared_gate_proj.grad,
+                              W.shared_up_proj.grad,
+                              W.shared_down_proj.grad,
+                              W.shared_expert_gate.grad, T, C, Is, workspace_.data(),
                               workspace_bytes_, stream_);
   add_bf16_to_f32_cuda(shared_dx, dx, T * C, stream_);
 }

@@ -1,5 +1,5 @@
 // Checks the FLOP counting of `deltamoe bench` against the figures of ../shared/baselines.md.
-#include "train/gpu/bench_flops.h"
+#include "train/model_flops.h"
 
 #include <gtest/gtest.h>
 

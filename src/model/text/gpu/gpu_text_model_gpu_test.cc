@@ -21,7 +21,7 @@
 #include "model/text/decoder.h"
 #include "model/text/text_batch.h"
 #include "model/text/text_model.h"
-#include "train/gpu/gpu_text_model.h"
+#include "model/text/gpu/gpu_text_model.h"
 
 namespace deltamoe {
 namespace {

@@ -19,8 +19,8 @@
 #include "kernels/gemm/gpu_test_util.h"
 #include "kernels/vision_grid/vision_grid.h"
 #include "model/vision/vision_tower.h"
-#include "train/gpu/gpu_vision_model.h"
-#include "train/gpu/param_init.h"
+#include "model/vision/gpu/gpu_vision_model.h"
+#include "model/gpu/param_init.h"
 
 namespace deltamoe {
 namespace {

@@ -1,0 +1,27 @@
+// DeviceParam: one parameter as a GPU model reads it, views into the device state that owns it
+// (DeviceParams), bound once at setup so that no step looks a name up. Plain pointers, so the
+// binding code (which tensors exist, which are read in fp32) also builds without CUDA.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "core/device_bf16.h"
+
+namespace deltamoe {
+
+struct DeviceParam {
+  const DeviceBf16* w = nullptr;      // bf16 working weight (every parameter has one)
+  // fp32 values, for the tensors the math reads in fp32 (norm weights, gates, the embedding and
+  // position tables, the router): the master of a trained tensor, an fp32 copy of a frozen one.
+  const float* f32 = nullptr;
+  float* grad = nullptr;  // fp32 gradient, added to; null: frozen, so its weight-gradient work is skipped
+  int64_t numel = 0;
+  bool trained() const { return grad != nullptr; }
+};
+
+// The lookup a binder uses: the views of `name`; needs_f32 says the model reads its fp32 values.
+using DeviceParamLookup = std::function<DeviceParam(const std::string& name, bool needs_f32)>;
+
+}  // namespace deltamoe

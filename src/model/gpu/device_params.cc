@@ -1,0 +1,177 @@
+// DeviceParams: flat buffers per kind (bf16 weights, fp32 master, fp32 gradients, fp32 frozen
+// copies), uploads through pinned staging, device init, the typed views.
+#include "model/gpu/device_params.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "model/gpu/param_init.h"
+
+namespace deltamoe {
+
+namespace {
+
+constexpr int64_t kStagingElements = int64_t{16} << 20;  // 64 MiB of fp32 per upload copy
+
+// Pinned host memory, freed with the object.
+struct PinnedBuffer {
+  explicit PinnedBuffer(size_t bytes) { CUDA_CHECK(cudaMallocHost(&data, std::max<size_t>(bytes, 1))); }
+  ~PinnedBuffer() { cudaFreeHost(data); }
+  void* data = nullptr;
+};
+
+uint64_t name_stream(const std::string& name) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (unsigned char c : name) hash = (hash ^ c) * 0x100000001b3ull;
+  return hash;
+}
+
+}  // namespace
+
+DeviceParams::DeviceParams(const std::vector<DeviceParamSpec>& specs) {
+  for (const DeviceParamSpec& spec : specs) {
+    CHECK(index_.count(spec.name) == 0, "device params: '", spec.name, "' is listed twice");
+    Slot slot;
+    slot.spec = spec;
+    const int w = weights_layout_.add(spec.name, spec.shape);
+    slot.numel = weights_layout_.entry(w).numel;
+    slot.weight_offset = weights_layout_.entry(w).offset;
+    if (spec.trained) {
+      slot.trained_index = trained_.add(spec.name, spec.shape);
+    } else if (spec.needs_f32) {
+      slot.frozen_offset = frozen_layout_.entry(frozen_layout_.add(spec.name, spec.shape)).offset;
+    }
+    index_[spec.name] = static_cast<int>(slots_.size());
+    slots_.push_back(std::move(slot));
+  }
+  weights_ = DeviceBuffer(static_cast<size_t>(weights_layout_.total_numel()) * 2);
+  master_ = DeviceBuffer(static_cast<size_t>(trained_.total_numel()) * 4);
+  grads_ = DeviceBuffer(static_cast<size_t>(trained_.total_numel()) * 4);
+  frozen_f32_ = DeviceBuffer(static_cast<size_t>(frozen_layout_.total_numel()) * 4);
+  for (DeviceBuffer* buffer : {&weights_, &master_, &grads_, &frozen_f32_})
+    CUDA_CHECK(cudaMemset(buffer->data(), 0, buffer->bytes()));
+}
+
+const DeviceParams::Slot& DeviceParams::slot(const std::string& name) const {
+  const auto it = index_.find(name);
+  CHECK(it != index_.end(), "device params: no parameter '", name, "'");
+  return slots_[static_cast<size_t>(it->second)];
+}
+
+const DeviceParamSpec& DeviceParams::spec(const std::string& name) const { return slot(name).spec; }
+
+DeviceParam DeviceParams::param(const std::string& name, bool needs_f32) const {
+  const Slot& s = slot(name);
+  DeviceParam p;
+  p.w = weights_.as<__nv_bfloat16>() + s.weight_offset;
+  p.numel = s.numel;
+  if (s.trained_index >= 0) {
+    const int64_t offset = trained_.entry(s.trained_index).offset;
+    p.f32 = master_.as<float>() + offset;
+    p.grad = grads_.as<float>() + offset;
+  } else if (s.frozen_offset >= 0) {
+    p.f32 = frozen_f32_.as<float>() + s.frozen_offset;
+  }
+  CHECK(!needs_f32 || p.f32 != nullptr, "device params: '", name, "' is read in fp32 but has no fp32 values ",
+        "(a frozen tensor must be listed with needs_f32)");
+  return p;
+}
+
+void DeviceParams::upload(const std::string& name, int64_t first, int64_t count, const void* host, DType dtype) {
+  const Slot& s = slot(name);
+  CHECK(first >= 0 && count >= 0 && first + count <= s.numel, "device params: elements [", first, ", ", first + count,
+        ") are outside '", name, "' of ", s.numel);
+  static thread_local std::unique_ptr<PinnedBuffer> staging;
+  if (!staging) staging = std::make_unique<PinnedBuffer>(static_cast<size_t>(kStagingElements) * 4);
+  auto* f32 = static_cast<float*>(staging->data);
+  const size_t element = dtype_size(dtype);
+  for (int64_t done = 0; done < count; done += kStagingElements) {
+    const int64_t n = std::min(kStagingElements, count - done);
+    const void* src = static_cast<const uint8_t*>(host) + static_cast<size_t>(done) * element;
+    convert_floats(src, dtype, f32, DType::f32, n);
+    const int64_t at = first + done;
+    __nv_bfloat16* weight = weights_.as<__nv_bfloat16>() + s.weight_offset + at;
+    if (s.trained_index >= 0) {
+      float* master = master_.as<float>() + trained_.entry(s.trained_index).offset + at;
+      CUDA_CHECK(cudaMemcpy(master, f32, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
+      convert_f32_to_bf16_cuda(master, weight, n, nullptr);
+    } else {
+      if (s.frozen_offset >= 0) {
+        CUDA_CHECK(cudaMemcpy(frozen_f32_.as<float>() + s.frozen_offset + at, f32, static_cast<size_t>(n) * 4,
+                              cudaMemcpyHostToDevice));
+      }
+      // bf16 in place in the staging buffer (the first half of it), then up.
+      convert_floats(f32, DType::f32, f32, DType::bf16, n);
+      CUDA_CHECK(cudaMemcpy(weight, f32, static_cast<size_t>(n) * 2, cudaMemcpyHostToDevice));
+    }
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void DeviceParams::randomize(uint64_t seed) {
+  int64_t largest_frozen = 0;
+  for (const Slot& s : slots_)
+    if (s.trained_index < 0) largest_frozen = std::max(largest_frozen, s.numel);
+  DeviceBuffer temp(static_cast<size_t>(std::max<int64_t>(largest_frozen, 1)) * 4);
+  for (const Slot& s : slots_) {
+    const bool trained = s.trained_index >= 0;
+    float* values = trained ? master_.as<float>() + trained_.entry(s.trained_index).offset
+                            : (s.frozen_offset >= 0 ? frozen_f32_.as<float>() + s.frozen_offset : temp.as<float>());
+    init_param_cuda(s.spec.init, static_cast<float>(s.spec.init_std), values, s.numel, seed, name_stream(s.spec.name),
+                    nullptr);
+    convert_f32_to_bf16_cuda(values, weights_.as<__nv_bfloat16>() + s.weight_offset, s.numel, nullptr);
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+std::vector<__nv_bfloat16*> DeviceParams::trained_weights_bf16() const {
+  std::vector<__nv_bfloat16*> out;
+  for (const ParamEntry& e : trained_.entries())
+    out.push_back(weights_.as<__nv_bfloat16>() + slot(e.name).weight_offset);
+  return out;
+}
+
+void DeviceParams::refresh_trained_weights(cudaStream_t stream) const {
+  for (const ParamEntry& e : trained_.entries())
+    convert_f32_to_bf16_cuda(master_.as<float>() + e.offset, weights_.as<__nv_bfloat16>() + slot(e.name).weight_offset,
+                             e.numel, stream);
+}
+
+void DeviceParams::zero_gradients(cudaStream_t stream) const {
+  CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream));
+}
+
+std::vector<float> DeviceParams::read_gradient(const std::string& name) const {
+  const Slot& s = slot(name);
+  CHECK(s.trained_index >= 0, "device params: '", name, "' is frozen and has no gradient");
+  std::vector<float> host(static_cast<size_t>(s.numel));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  CUDA_CHECK(cudaMemcpy(host.data(), grads_.as<float>() + trained_.entry(s.trained_index).offset, host.size() * 4,
+                        cudaMemcpyDeviceToHost));
+  return host;
+}
+
+std::vector<float> DeviceParams::read_values(const std::string& name) const {
+  const Slot& s = slot(name);
+  std::vector<float> host(static_cast<size_t>(s.numel));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const float* f32 = param(name, false).f32;
+  if (f32 != nullptr) {
+    CUDA_CHECK(cudaMemcpy(host.data(), f32, host.size() * 4, cudaMemcpyDeviceToHost));
+  } else {
+    std::vector<uint16_t> bits(host.size());
+    CUDA_CHECK(cudaMemcpy(bits.data(), weights_.as<__nv_bfloat16>() + s.weight_offset, bits.size() * 2,
+                          cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < bits.size(); ++i) host[i] = bf16_bits_to_float(bits[i]);
+  }
+  return host;
+}
+
+DeviceParamBytes DeviceParams::bytes() const {
+  return {weights_.bytes(), master_.bytes(), grads_.bytes(), frozen_f32_.bytes()};
+}
+
+}  // namespace deltamoe

@@ -1,0 +1,95 @@
+// DeviceParams: the one owner of a model's parameters on the device — the bf16 working weights of
+// every tensor, the fp32 master and the fp32 gradients of the trained ones, and fp32 copies of the
+// frozen tensors the math reads in fp32. Frozen tensors have no master and no gradient. The GPU
+// models read it through typed views (DeviceParam) bound once; the engine's training state adds the
+// optimizer moments on top.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/device_buffer.h"
+#include "core/dtype.h"
+#include "model/device_param.h"
+#include "model/param_table.h"
+#include "optim/param_layout.h"
+
+namespace deltamoe {
+
+struct DeviceParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool trained = false;    // master + gradient
+  bool needs_f32 = false;  // a frozen tensor keeps an fp32 copy (trained ones read their master)
+  InitKind init = InitKind::normal;
+  double init_std = 0.02;  // for InitKind::normal
+};
+
+struct DeviceParamBytes {
+  size_t weights = 0;     // bf16, every tensor
+  size_t master = 0;      // fp32, trained tensors
+  size_t gradients = 0;   // fp32, trained tensors
+  size_t frozen_f32 = 0;  // fp32 copies of frozen tensors read in fp32
+};
+
+class DeviceParams {
+ public:
+  // Allocates every buffer (zeros). Names must be unique.
+  explicit DeviceParams(const std::vector<DeviceParamSpec>& specs);
+  DeviceParams(const DeviceParams&) = delete;
+  DeviceParams& operator=(const DeviceParams&) = delete;
+
+  // The views of `name`; needs_f32 requires fp32 values (checked).
+  DeviceParam param(const std::string& name, bool needs_f32) const;
+  DeviceParamLookup lookup() const {
+    return [this](const std::string& name, bool needs_f32) { return param(name, needs_f32); };
+  }
+  bool has(const std::string& name) const { return index_.count(name) != 0; }
+  const DeviceParamSpec& spec(const std::string& name) const;
+
+  // Host values (any float dtype) for elements [first, first + count) of tensor `name`: into the
+  // master and the bf16 weight of a trained tensor, into the bf16 weight (and the fp32 copy) of a
+  // frozen one. Synchronous; staged through pinned memory of `staging_bytes`.
+  void upload(const std::string& name, int64_t first, int64_t count, const void* host, DType dtype);
+  // Every tensor by its init rule on the device, seeded (the benchmark's random weights). Synchronous.
+  void randomize(uint64_t seed);
+
+  // The trained tensors' flat layout (master and gradients share it) and buffers.
+  const ParamLayout& trained_layout() const { return trained_; }
+  float* master() const { return master_.as<float>(); }
+  float* gradients() const { return grads_.as<float>(); }
+  // Per trained piece, where its bf16 working weight lives (AdamW writes bf16(master) there).
+  std::vector<__nv_bfloat16*> trained_weights_bf16() const;
+  // Rebuilds every trained tensor's bf16 weight from its master (after a restore).
+  void refresh_trained_weights(cudaStream_t stream) const;
+  void zero_gradients(cudaStream_t stream) const;
+
+  // Tests and parity: the fp32 gradient or the fp32 values (master, or bf16 widened) of one tensor.
+  std::vector<float> read_gradient(const std::string& name) const;
+  std::vector<float> read_values(const std::string& name) const;
+
+  DeviceParamBytes bytes() const;
+
+ private:
+  struct Slot {
+    DeviceParamSpec spec;
+    int64_t numel = 0;
+    int64_t weight_offset = 0;  // in weights_ (bf16 elements)
+    int trained_index = -1;     // in trained_ (master, gradients)
+    int64_t frozen_offset = -1;  // in frozen_f32_ (fp32 elements), or -1
+  };
+  const Slot& slot(const std::string& name) const;
+
+  std::vector<Slot> slots_;
+  std::unordered_map<std::string, int> index_;
+  ParamLayout weights_layout_, trained_, frozen_layout_;
+  DeviceBuffer weights_, master_, grads_, frozen_f32_;
+};
+
+}  // namespace deltamoe

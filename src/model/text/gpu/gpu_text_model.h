@@ -1,0 +1,209 @@
+// GpuTextModel: the Qwen3.5-MoE text model trained on one GPU, composed from the CUDA kernels. It
+// reads its parameters through typed views bound once (TextWeights; the owner is DeviceParams) and
+// plans its activations and workspaces once from (config, token budget) into one DeviceArena, so a
+// step neither allocates nor synchronises with the host. Gradients are ADDED to the views' grad
+// buffers (the owner zeroes them once per optimizer step): micro-batches accumulate on the device.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/device_buffer.h"
+#include "kernels/moe_experts/moe_experts_cuda.h"
+#include "kernels/mrope/mrope.h"
+#include "model/config.h"
+#include "model/gpu/component_timer.h"
+#include "model/text/text_weights.h"
+#include "model/text/text_activations.h"
+
+namespace deltamoe {
+
+class GemmContext;
+
+// Saved activations a test can download to localise a mismatch (per decoder layer).
+enum class LayerActivation {
+  input,        // [T, C] residual stream entering the layer (fp32)
+  mixer_input,  // [T, C] input_layernorm output
+  after_mixer,  // [T, C] input + mixer output (h, fp32)
+  moe_input,    // [T, C] post_attention_layernorm output
+  router_probs, // [T, E] router softmax (fp32)
+};
+
+// Residual-stream gradients of one decoder layer, kept when GpuModelOptions::capture_layer_grads
+// is set, so a test can tell which layer's backward goes wrong (not only which weight).
+enum class LayerGradient {
+  output,       // [T, C] gradient reaching the layer's output (h + moe_out)
+  after_mixer,  // [T, C] gradient reaching h (MoE branch + skip), i.e. the mixer output's gradient
+  input,        // [T, C] gradient the layer passes to its input (the previous layer's output)
+};
+
+struct GpuModelOptions {
+  int64_t max_tokens = 8192;         // token budget of one micro-batch (activations are planned for it)
+  int64_t max_seqs = 64;             // most packed sequences in one micro-batch
+  int64_t loss_chunk_rows = 1024;    // lm_head + cross-entropy chunk (logits never held for all tokens)
+  float ce_loss_weight = 1.0f;       // the backward differentiates ce_weight * ce + aux_weight * aux
+  float aux_loss_weight = 0.0f;      // router load-balancing loss weight (0: HF default, no aux loss)
+  bool time_components = false;      // record CUDA events between components (bench)
+  // Keep only one set of mixer internals per layer type and rerun each mixer's forward just before
+  // its backward: saves the GDN/attention intermediates of all but one layer for ~1/3 more mixer time.
+  bool recompute_mixers = false;
+  // Tests: keep copies of every layer's residual-stream gradients (3 x [T, C] fp32 per layer).
+  bool capture_layer_grads = false;
+  // Most image-token rows of one micro-batch (the VLM input: vision features scattered over them);
+  // -1: max_tokens; 0: text only (no image slots are allocated).
+  int64_t max_image_rows = -1;
+};
+
+// Device bytes the model itself holds (its parameters belong to DeviceParams).
+struct GpuModelBytes {
+  size_t activations = 0;  // the planned activation arena
+  size_t workspace = 0;    // kernel workspaces (one at a time on the stream) and cuBLASLt's
+  size_t inputs = 0;       // batch inputs, rope tables, loss scalars
+  size_t total() const { return activations + workspace + inputs; }
+};
+
+class GpuTextModel {
+ public:
+  // weights must stay valid for the model's life. All work goes to `stream` (not owned).
+  GpuTextModel(const TextConfig& config, const TextWeights& weights, const GpuModelOptions& options,
+               cudaStream_t stream);
+  ~GpuTextModel();
+  GpuTextModel(const GpuTextModel&) = delete;
+  GpuTextModel& operator=(const GpuTextModel&) = delete;
+
+  // The bytes a model of these options allocates, computed without allocating (memory planning).
+  static GpuModelBytes planned_bytes(const TextConfig& config, const GpuModelOptions& options);
+
+  const TextConfig& config() const { return config_; }
+  cudaStream_t stream() const { return stream_; }
+
+  // Copies one micro-batch's inputs to the device, ahead of its forward on the stream: ids and
+  // shifted labels [T] (label -100 ignored), cu_seqlens [N+1] and positions [3, T] (empty: text
+  // positions). Validates on the host; the host vectors may go when it returns (the copies are
+  // staged in pinned memory, which the next call reuses after the stream has read it).
+  void set_batch(const std::vector<int64_t>& ids, const std::vector<int64_t>& shifted_labels,
+                 const std::vector<int32_t>& cu_seqlens, const std::vector<int64_t>& positions = {});
+
+  // The multimodal input (like set_batch, either order): rows int32 [M] are the token rows of
+  // <|image_pad|> in the batch, strictly increasing; [] = text only. Before each forward the caller
+  // writes the vision tower's output into image_embeddings(); the embedding step places it over
+  // those rows, and the backward gathers their gradient into image_embedding_grads() instead of
+  // adding it to embed_tokens' gradient.
+  void set_image_rows(const std::vector<int32_t>& rows);
+  int64_t num_image_rows() const { return num_image_rows_; }
+  // [M, C] bf16 device slot; write before the forward (on stream()).
+  __nv_bfloat16* image_embeddings() { return acts_.image_embeds; }
+  // [M, C] bf16 device: d loss / d image_embeddings, valid after backward() (on stream()).
+  const __nv_bfloat16* image_embedding_grads() const { return acts_.image_grads; }
+
+  // Forward of the batch (the loss is formed in backward, with the lm_head). No host sync.
+  void forward();
+  // Backward: the trained parameters' gradients are added to; frozen ones form none. The fused
+  // lm_head + cross-entropy runs here and writes the loss. No host sync.
+  void backward();
+  // Forward and the loss only (evaluation): no gradient is formed. No host sync.
+  void forward_loss();
+  void forward_backward() {
+    forward();
+    backward();
+  }
+
+  // Changes the loss weights of later backwards (e.g. parity: one backward per loss).
+  void set_loss_weights(float ce_weight, float aux_weight) {
+    options_.ce_loss_weight = ce_weight;
+    options_.aux_loss_weight = aux_weight;
+  }
+  // Device scalars of the last forward: mean CE over the supervised tokens (f32), aux loss (f64).
+  const float* device_loss() const { return inputs_.loss; }
+  const double* device_aux_loss() const { return inputs_.aux_loss; }
+  // Logits [T, V] fp32 of the last forward. Allocates a [T, V] buffer: for parity checks and
+  // evaluation of small batches only, never inside a training step. Synchronises.
+  std::vector<float> compute_logits() const;
+
+  // Reads the mean cross-entropy and the aux-loss value of the last forward (synchronises).
+  float read_loss() const;
+  double read_aux_loss() const;
+  // Downloads the experts chosen for every token of decoder layer `layer` ([T, K], synchronises).
+  std::vector<int32_t> read_topk_idx(int64_t layer) const;
+  // Downloads one saved activation of decoder layer `layer` as fp32 (synchronises).
+  std::vector<float> read_layer_activation(int64_t layer, LayerActivation which) const;
+  // Downloads one captured residual-stream gradient of decoder layer `layer` as fp32 (needs
+  // options.capture_layer_grads; synchronises).
+  std::vector<float> read_layer_gradient(int64_t layer, LayerGradient which) const;
+
+  GpuModelBytes bytes() const { return bytes_; }
+  ComponentTimer& timer() { return timer_; }
+  int64_t num_tokens() const { return num_tokens_; }
+  const std::vector<int32_t>& host_cu_seqlens() const { return host_cu_seqlens_; }
+  // Host-to-device bytes of the batches set so far (for the step's transfer counter).
+  uint64_t uploaded_bytes() const { return uploaded_bytes_; }
+
+ private:
+  void embed();
+  void gdn_forward(int64_t layer);
+  // Mixer backwards: dy [T, C] bf16 (the bf16 copy of the stream gradient); dx [T, C] f32 written
+  // with the input gradient summed over the mixer's projections in fp32.
+  void gdn_backward(int64_t layer, const __nv_bfloat16* dy, float* dx);
+  void attention_forward(int64_t layer);
+  void attention_backward(int64_t layer, const __nv_bfloat16* dy, float* dx);
+  void moe_forward(int64_t layer);
+  // dx [T, C] f32 written: the routed experts', router's and shared expert's input gradients summed.
+  void moe_backward(int64_t layer, const __nv_bfloat16* dy, float* dx);
+  // The router's hi/lo operands into scratch: the MoE input's low part (from the fp32 stream h,
+  // rstd_post and normed_post) and the fp32 router weight's halves. Called by the forward and again
+  // by the backward (other layers reuse the scratch in between).
+  void split_router_operands(int64_t layer);
+  // Copies a [T, C] gradient into its capture slot when capture_layer_grads is on (else nothing).
+  void capture_gradient(int64_t layer, LayerGradient which, const float* source);
+  // A projection's weight gradient dW [N, K] += dy^T x, skipped for a frozen weight.
+  void weight_grad(const DeviceParam& w, const __nv_bfloat16* dy, const __nv_bfloat16* x, int64_t rows,
+                   int64_t in_features, int64_t out_features);
+  // Backward of a projection whose output gradient dy [T, N] is fp32 (the per-token gates: GDN a/b,
+  // the router logits): dW [N, K] += dy^T x (when trained) and dx [T, K] (fp32) (+)= dy W, each as
+  // two bf16 GEMMs on dy's hi/lo bf16 halves (scratch gate_grad_hi/lo), so dy is not rounded to bf16.
+  void linear_backward_f32_dy(const float* dy, const DeviceParam& w, const __nv_bfloat16* x, float* dx, bool add,
+                              int64_t rows, int64_t in_features, int64_t out_features);
+
+  TextConfig config_;
+  TextWeights weights_;
+  GpuModelOptions options_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<GemmContext> gemm_;
+  ComponentTimer timer_;
+  GpuModelBytes bytes_;
+
+  TextActivationSpec spec_;
+  std::unique_ptr<DeviceArena> arena_;   // activations, planned once
+  TextActivations acts_;
+  DeviceBuffer workspace_;               // shared by every kernel, used one at a time on stream_
+  size_t workspace_bytes_ = 0;
+  std::unique_ptr<DeviceArena> inputs_arena_;
+  TextInputs inputs_;
+  std::vector<MoeRoutingPlan> plans_;    // per layer, laid out in its plan_memory for the batch
+
+  // Pinned staging of the batch inputs (one micro-batch ahead at most): the stream reads it, the
+  // next set_batch waits for that read (an event) before refilling it.
+  struct Staging;
+  std::unique_ptr<Staging> staging_;
+  uint64_t uploaded_bytes_ = 0;
+
+  int64_t num_tokens_ = 0;
+  int64_t num_seqs_ = 0;
+  int64_t num_supervised_ = 0;
+  int64_t num_embed_segments_ = 0;
+  std::vector<int32_t> host_cu_seqlens_;
+  int64_t max_image_rows_ = 0;
+  int64_t num_image_rows_ = 0;
+  int64_t last_image_row_ = -1;  // host copy of the largest row, checked against the batch
+  MropeSpec rope_;
+};
+
+}  // namespace deltamoe

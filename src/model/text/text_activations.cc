@@ -1,0 +1,164 @@
+// The text model's activation and input layouts (text_activations.h): one carve, counted or real.
+#include "model/text/text_activations.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/moe_experts/moe_routing_plan_size.h"
+#include "model/text/text_params.h"
+
+namespace deltamoe {
+
+void carve_text_activations(ArenaCarver& c, const TextConfig& cfg, const TextActivationSpec& spec,
+                            TextActivations* out) {
+  CHECK(spec.max_tokens >= 1, "text activations: the token budget must be positive, got ", spec.max_tokens);
+  const int64_t T = spec.max_tokens;
+  const int64_t C = cfg.hidden_size, E = cfg.num_experts, K = cfg.num_experts_per_tok;
+  const int64_t kd = cfg.key_dim(), vd = cfg.value_dim(), conv = cfg.conv_dim(), Hv = cfg.linear_num_value_heads;
+  const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, D = cfg.head_dim;
+  const GdnSaved* first_gdn = nullptr;
+  const AttentionSaved* first_attn = nullptr;
+  out->layers.assign(static_cast<size_t>(cfg.num_hidden_layers), LayerActivations{});
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    LayerActivations& b = out->layers[static_cast<size_t>(i)];
+    b.is_gdn = cfg.layer_types[static_cast<size_t>(i)] == LayerType::linear_attention;
+    b.x_in = i == 0 ? nullptr : c.take<float>(T * C);  // layer 0 reads the embedding (set below)
+    b.normed_in = c.take<DeviceBf16>(T * C);
+    b.rstd_in = c.take<float>(T);
+    b.mixer_out = c.take<DeviceBf16>(T * C);
+    b.h = c.take<float>(T * C);
+    b.normed_post = c.take<DeviceBf16>(T * C);
+    b.rstd_post = c.take<float>(T);
+    b.moe_out = c.take<DeviceBf16>(T * C);
+    if (b.is_gdn && spec.share_mixer_state && first_gdn != nullptr) {
+      b.gdn = *first_gdn;  // recomputed before the backward: every GDN layer uses one set
+    } else if (!b.is_gdn && spec.share_mixer_state && first_attn != nullptr) {
+      b.attn = *first_attn;
+    } else if (b.is_gdn) {
+      GdnSaved& g = b.gdn;
+      g.mixed = c.take<DeviceBf16>(T * conv);
+      g.z = c.take<DeviceBf16>(T * vd);
+      g.a = c.take<float>(T * Hv);
+      g.b = c.take<float>(T * Hv);
+      g.q = c.take<DeviceBf16>(T * kd);
+      g.k = c.take<DeviceBf16>(T * kd);
+      g.v = c.take<DeviceBf16>(T * vd);
+      g.q_normed = c.take<DeviceBf16>(T * kd);
+      g.k_normed = c.take<DeviceBf16>(T * kd);
+      g.g = c.take<float>(T * Hv);
+      g.beta = c.take<float>(T * Hv);
+      g.core = c.take<DeviceBf16>(T * vd);
+      g.normed = c.take<DeviceBf16>(T * vd);
+      first_gdn = &g;
+    } else {
+      AttentionSaved& a = b.attn;
+      a.q_and_gate = c.take<DeviceBf16>(T * Hq * 2 * D);
+      a.k_raw = c.take<DeviceBf16>(T * Hkv * D);
+      a.v = c.take<DeviceBf16>(T * Hkv * D);
+      a.q = c.take<DeviceBf16>(T * Hq * D);
+      a.k = c.take<DeviceBf16>(T * Hkv * D);
+      a.q_rstd = c.take<float>(T * Hq);
+      a.k_rstd = c.take<float>(T * Hkv);
+      a.attn = c.take<DeviceBf16>(T * Hq * D);
+      a.lse = c.take<float>(T * Hq);
+      a.gated = c.take<DeviceBf16>(T * Hq * D);
+      first_attn = &a;
+    }
+    MoeSaved& m = b.moe;
+    m.logits = c.take<float>(T * E);
+    m.probs = c.take<float>(T * E);
+    m.topk_idx = c.take<int32_t>(T * K);
+    m.topk_weight = c.take<float>(T * K);
+    m.plan_memory = c.take_bytes(moe_routing_plan_bytes(T, E, K));
+  }
+  // Temporaries of one layer at a time (forward conv output and every backward intermediate).
+  const bool any_gdn = cfg.num_layers_of(LayerType::linear_attention) > 0;
+  const bool any_attn = cfg.num_layers_of(LayerType::full_attention) > 0;
+  LayerScratch& s = out->scratch;
+  s = LayerScratch{};
+  if (any_gdn) {
+    s.conv = c.take<DeviceBf16>(T * conv);
+    s.d_normed_v = c.take<DeviceBf16>(T * vd);
+    s.d_core = c.take<DeviceBf16>(T * vd);
+    s.dz = c.take<DeviceBf16>(T * vd);
+    s.dq_normed = c.take<DeviceBf16>(T * kd);
+    s.dk_normed = c.take<DeviceBf16>(T * kd);
+    s.dv = c.take<DeviceBf16>(T * vd);
+    s.dg = c.take<float>(T * Hv);
+    s.dbeta = c.take<float>(T * Hv);
+    s.da = c.take<float>(T * Hv);
+    s.db = c.take<float>(T * Hv);
+    s.d_conv = c.take<DeviceBf16>(T * conv);
+    s.d_mixed = c.take<DeviceBf16>(T * conv);
+  }
+  if (any_attn) {
+    s.d_gated = c.take<DeviceBf16>(T * Hq * D);
+    s.d_q_and_gate = c.take<DeviceBf16>(T * Hq * 2 * D);
+    s.dq = c.take<DeviceBf16>(T * Hq * D);
+    s.dk = c.take<DeviceBf16>(T * Hkv * D);
+    s.dv_attn = c.take<DeviceBf16>(T * Hkv * D);
+    s.dk_raw = c.take<DeviceBf16>(T * Hkv * D);
+  }
+  s.d_topk_weight = c.take<float>(T * K);
+  s.d_logits = c.take<float>(T * E);
+  const int64_t gate_width = any_gdn ? std::max(Hv, E) : E;
+  s.gate_grad_hi = c.take<DeviceBf16>(T * gate_width);
+  s.gate_grad_lo = c.take<DeviceBf16>(T * gate_width);
+  s.router_x_lo = c.take<DeviceBf16>(T * C);
+  s.router_w_hi = c.take<DeviceBf16>(E * C);
+  s.router_w_lo = c.take<DeviceBf16>(E * C);
+  s.d_mixer_input_f32 = c.take<float>(T * C);
+
+  out->embedded = c.take<float>(T * C);
+  if (!out->layers.empty()) out->layers.front().x_in = out->embedded;
+  out->final_hidden = c.take<float>(T * C);
+  out->final_normed = c.take<DeviceBf16>(T * C);
+  out->final_rstd = c.take<float>(T);
+  out->grad_stream = c.take<float>(T * C);
+  out->grad_stream_bf16 = c.take<DeviceBf16>(T * C);
+  out->grad_mixer = c.take<float>(T * C);
+  out->grad_mixer_bf16 = c.take<DeviceBf16>(T * C);
+  out->grad_normed = c.take<DeviceBf16>(T * C);
+  out->image_rows = c.take<int32_t>(spec.max_image_rows);
+  out->image_embeds = c.take<DeviceBf16>(spec.max_image_rows * C);
+  out->image_grads = c.take<DeviceBf16>(spec.max_image_rows * C);
+  out->captured_grads.clear();
+  if (spec.capture_layer_grads)
+    for (int64_t k = 0; k < 3 * cfg.num_hidden_layers; ++k) out->captured_grads.push_back(c.take<float>(T * C));
+}
+
+size_t text_activation_bytes(const TextConfig& config, const TextActivationSpec& spec) {
+  ArenaCarver counter(nullptr);
+  TextActivations unused;
+  carve_text_activations(counter, config, spec, &unused);
+  return counter.used();
+}
+
+void carve_text_inputs(ArenaCarver& c, const TextConfig& cfg, const TextActivationSpec& spec, TextInputs* out) {
+  const int64_t T = spec.max_tokens;
+  const int64_t half_rotary = std::max<int64_t>(text_rotary_dim(cfg) / 2, 1);
+  out->ids = c.take<int64_t>(T);
+  out->labels = c.take<int64_t>(T);
+  out->embed_sorted_tokens = c.take<int32_t>(T);
+  out->embed_segment_offsets = c.take<int32_t>(T + 1);
+  out->embed_segment_ids = c.take<int64_t>(T);
+  out->cu_seqlens = c.take<int32_t>(spec.max_seqs + 1);
+  out->positions = c.take<int64_t>(3 * T);
+  out->rope_cos = c.take<float>(T * half_rotary);
+  out->rope_sin = c.take<float>(T * half_rotary);
+  out->token_loss = c.take<float>(T);
+  out->lse = c.take<float>(T);
+  out->loss = c.take<float>(1);
+  out->aux_loss = c.take<double>(1);
+  out->aux_counts = c.take<double>(cfg.num_experts);
+  out->aux_probs = c.take<double>(cfg.num_experts);
+}
+
+size_t text_input_bytes(const TextConfig& config, const TextActivationSpec& spec) {
+  ArenaCarver counter(nullptr);
+  TextInputs unused;
+  carve_text_inputs(counter, config, spec, &unused);
+  return counter.used();
+}
+
+}  // namespace deltamoe

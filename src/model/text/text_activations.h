@@ -1,0 +1,147 @@
+// The activation layout of one training step of the text model on the GPU: what each decoder layer
+// saves for its backward (GDN, attention or MoE parts), the temporaries one layer at a time, the
+// shared streams, and the batch inputs. One function lays it out over an ArenaCarver, so it both
+// sizes the arena (also in CPU builds, for the memory planner) and carves it (GpuTextModel).
+// Legend: T tokens, C hidden, E experts, K top-k.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/device_bf16.h"
+#include "model/arena_carver.h"
+#include "model/config.h"
+
+namespace deltamoe {
+
+// Gated DeltaNet mixer: projections, conv outputs split into q/k/v, normalised q/k, gates, core.
+struct GdnSaved {
+  DeviceBf16 *mixed = nullptr, *z = nullptr;  // [T, conv], [T, vd]
+  // Gate pre-activations in_proj_a(x), in_proj_b(x) [T, Hv], fp32 like their gradients: the gate
+  // weights' gradients are sums over tokens that cancel, where bf16 rounding per token showed.
+  float *a = nullptr, *b = nullptr;
+  DeviceBf16 *q = nullptr, *k = nullptr, *v = nullptr;  // after conv + SiLU
+  DeviceBf16 *q_normed = nullptr, *k_normed = nullptr;  // l2-normalised
+  float *g = nullptr, *beta = nullptr;                  // [T, Hv]
+  DeviceBf16 *core = nullptr, *normed = nullptr;        // [T, Hv, Dv]
+};
+
+// Gated attention mixer: q_proj output (query | gate per head), k/v, normed + rotated q/k, output.
+struct AttentionSaved {
+  DeviceBf16 *q_and_gate = nullptr, *k_raw = nullptr, *v = nullptr;
+  DeviceBf16 *q = nullptr, *k = nullptr;
+  float *q_rstd = nullptr, *k_rstd = nullptr;
+  DeviceBf16* attn = nullptr;
+  float* lse = nullptr;
+  DeviceBf16* gated = nullptr;
+};
+
+// Sparse MoE block: router outputs and the routing plan's memory (the experts recompute their
+// activations).
+struct MoeSaved {
+  float *logits = nullptr, *probs = nullptr;
+  int32_t* topk_idx = nullptr;
+  float* topk_weight = nullptr;
+  void* plan_memory = nullptr;  // moe_routing_plan_bytes(T, E, K)
+};
+
+struct LayerActivations {
+  bool is_gdn = true;
+  // The residual stream is fp32 (as under bf16 autocast with fp32 parameters); block outputs are
+  // bf16 and are added to it inside the next norm.
+  float* x_in = nullptr;            // residual stream entering the layer (layer 0: the embedding)
+  DeviceBf16* normed_in = nullptr;  // input_layernorm output (mixer input)
+  float* rstd_in = nullptr;
+  DeviceBf16* mixer_out = nullptr;
+  float* h = nullptr;                 // x_in + mixer_out
+  DeviceBf16* normed_post = nullptr;  // post_attention_layernorm output (MoE input)
+  float* rstd_post = nullptr;
+  DeviceBf16* moe_out = nullptr;  // the layer's output is h + moe_out (added by the next norm)
+  GdnSaved gdn;
+  AttentionSaved attn;
+  MoeSaved moe;
+};
+
+// Temporaries of one layer's forward or backward, reused by every layer.
+struct LayerScratch {
+  // GDN
+  DeviceBf16 *conv = nullptr, *d_normed_v = nullptr, *d_core = nullptr, *dz = nullptr;
+  DeviceBf16 *dq_normed = nullptr, *dk_normed = nullptr, *dv = nullptr;
+  float *dg = nullptr, *dbeta = nullptr;
+  float *da = nullptr, *db = nullptr;  // [T, Hv] fp32 (see GdnSaved::a)
+  DeviceBf16 *d_conv = nullptr, *d_mixed = nullptr;
+  // attention
+  DeviceBf16 *d_gated = nullptr, *d_q_and_gate = nullptr, *dq = nullptr, *dk = nullptr, *dv_attn = nullptr;
+  DeviceBf16* dk_raw = nullptr;
+  // MoE
+  float *d_topk_weight = nullptr, *d_logits = nullptr;  // router gradients, fp32 throughout
+  // hi/lo bf16 halves of one fp32 gate gradient (da, db or d_logits) [T, max(Hv, E)] for the two-GEMM
+  // products with the bf16 weights and inputs (kernels/gemm/f32_operand_cuda.h).
+  DeviceBf16 *gate_grad_hi = nullptr, *gate_grad_lo = nullptr;
+  // The router's operands as hi/lo bf16 pairs (moe_router_logits_split_cuda): the low part of the
+  // MoE input [T, C] (its high part is normed_post) and the fp32 router weight split [E, C]; remade
+  // in the forward and again in the backward, as every layer shares them.
+  DeviceBf16 *router_x_lo = nullptr, *router_w_hi = nullptr, *router_w_lo = nullptr;
+  // A block's input gradient summed in fp32 [T, C]: the MoE block's (routed experts + router +
+  // shared expert), read by post_attention_layernorm's backward, then the mixer's (summed over its
+  // projections), read by input_layernorm's backward.
+  float* d_mixer_input_f32 = nullptr;
+};
+
+// What the layout is planned for.
+struct TextActivationSpec {
+  int64_t max_tokens = 0;      // T: token budget of one micro-batch
+  int64_t max_seqs = 1;        // packed sequences
+  int64_t max_image_rows = 0;  // <|image_pad|> rows whose features come from the vision tower
+  // Keep one set of mixer internals per layer type (recomputed before each mixer's backward).
+  bool share_mixer_state = false;
+  bool capture_layer_grads = false;  // tests: 3 x [T, C] fp32 per layer
+};
+
+struct TextActivations {
+  std::vector<LayerActivations> layers;
+  LayerScratch scratch;
+  float* embedded = nullptr;                  // [T, C] layer 0 input (the fp32 embedding rows)
+  float* final_hidden = nullptr;              // [T, C] residual stream after the last layer
+  DeviceBf16* final_normed = nullptr;         // [T, C]
+  float* final_rstd = nullptr;                // [T]
+  float* grad_stream = nullptr;               // [T, C] gradient reaching a layer's output, then its input
+  DeviceBf16* grad_stream_bf16 = nullptr;     // [T, C] its bf16 copy (the MoE backward's dy)
+  float* grad_mixer = nullptr;                // [T, C] gradient reaching the mixer output (dh)
+  DeviceBf16* grad_mixer_bf16 = nullptr;      // [T, C] its bf16 copy (the mixer backward's dy)
+  DeviceBf16* grad_normed = nullptr;          // [T, C] the final norm's output gradient; MoE scratch
+  int32_t* image_rows = nullptr;              // [max_image_rows]
+  DeviceBf16* image_embeds = nullptr;         // [max_image_rows, C]
+  DeviceBf16* image_grads = nullptr;          // [max_image_rows, C]
+  std::vector<float*> captured_grads;         // [layer * 3 + which] -> [T, C] (capture_layer_grads)
+};
+
+// Lays out every activation of the step; with a counting carver (null arena) it only sizes them.
+void carve_text_activations(ArenaCarver& carver, const TextConfig& config, const TextActivationSpec& spec,
+                            TextActivations* out);
+// Bytes of that layout.
+size_t text_activation_bytes(const TextConfig& config, const TextActivationSpec& spec);
+
+// The batch inputs on the device: ids, labels, the tokens grouped by id for the embedding backward,
+// cu_seqlens, positions, rope tables, the loss scalars and the aux-loss statistics.
+struct TextInputs {
+  int64_t* ids = nullptr;                  // [T]
+  int64_t* labels = nullptr;               // [T] shifted, -100 ignored
+  int32_t* embed_sorted_tokens = nullptr;  // [T]   (embedding_grad_plan.h)
+  int32_t* embed_segment_offsets = nullptr;  // [T + 1]
+  int64_t* embed_segment_ids = nullptr;    // [T]
+  int32_t* cu_seqlens = nullptr;           // [seqs + 1]
+  int64_t* positions = nullptr;            // [3, T]
+  float* rope_cos = nullptr;               // [T, rotary / 2]
+  float* rope_sin = nullptr;
+  float* token_loss = nullptr;             // [T]
+  float* lse = nullptr;                    // [T]
+  float* loss = nullptr;                   // mean CE of the last forward
+  double* aux_loss = nullptr;
+  double* aux_counts = nullptr;            // [E] selection counts over all layers
+  double* aux_probs = nullptr;             // [E] probability sums over all layers
+};
+void carve_text_inputs(ArenaCarver& carver, const TextConfig& config, const TextActivationSpec& spec, TextInputs* out);
+size_t text_input_bytes(const TextConfig& config, const TextActivationSpec& spec);
+
+}  // namespace deltamoe

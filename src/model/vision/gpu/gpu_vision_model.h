@@ -1,0 +1,104 @@
+// GpuVisionModel: the Qwen3.5 vision tower (patch embedding, position embedding, `depth` blocks,
+// 2x2 merger) trained on one GPU, composed from the vision kernels and following the CPU reference
+// (model/vision/vision_tower.cc, vision_block.cc) op for op. Precision as in transformers' bf16
+// autocast with fp32 parameters: bf16 GEMM operands and branch activations, an fp32 residual stream
+// and stream gradient, norm parameters and the position table read in fp32; fp32 accumulation and
+// reductions. Parameters are typed views (VisionWeights; the owner is DeviceParams); gradients of
+// trained ones are ADDED to. Activations are planned once for (max_patches, max_images) and for
+// what trains: a frozen ViT keeps nothing for a backward. No allocation or host sync in a step.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/device_buffer.h"
+#include "model/config.h"
+#include "model/vision/vision_weights.h"
+#include "model/vision/vision_activations.h"
+
+namespace deltamoe {
+
+class GemmContext;
+
+struct GpuVisionBytes {
+  size_t activations = 0, workspace = 0, inputs = 0;
+  size_t total() const { return activations + workspace + inputs; }
+};
+
+class GpuVisionModel {
+ public:
+  // Every later set_images() must fit max_patches patch rows and max_images images. weights must
+  // stay valid for the model's life; all work goes to `stream` (not owned).
+  GpuVisionModel(const VisionConfig& config, const VisionWeights& weights, int64_t max_patches, int64_t max_images,
+                 cudaStream_t stream);
+  ~GpuVisionModel();
+  GpuVisionModel(const GpuVisionModel&) = delete;
+  GpuVisionModel& operator=(const GpuVisionModel&) = delete;
+
+  // The bytes such a model allocates, without allocating (memory planning).
+  static GpuVisionBytes planned_bytes(const VisionConfig& config, int64_t max_patches, int64_t max_images,
+                                      bool vit_trained, bool merger_trained);
+
+  const VisionConfig& config() const { return config_; }
+  cudaStream_t stream() const { return stream_; }
+  const VisionWeights& weights() const { return weights_; }
+
+  // Copies one batch's images to the device, ahead of the forward on the stream: pixel_values f32
+  // [N, patch_dim] host rows in the processor's order, grid_thw (t, h, w) per image. Builds the
+  // per-frame segments, the rotary tables and the position-embedding taps on the host; the copies
+  // go through pinned staging (the host vectors may go on return).
+  void set_images(const float* pixel_values, int64_t num_patches, const std::vector<std::array<int64_t, 3>>& grid_thw);
+  int64_t num_patches() const { return num_patches_; }
+  // Merged tokens of the current images: N / merge_size^2 (the rows of forward's output).
+  int64_t num_merged() const;
+
+  // merged_out [M, out_hidden_size] bf16 device, written. No host sync.
+  void forward(__nv_bfloat16* merged_out);
+  // d_merged [M, out_hidden_size] bf16 device (d loss / d merged_out of the last forward). The
+  // trained parts' gradients are added to: a frozen merger gets none (its input gradient is still
+  // formed when the ViT trains); a frozen ViT stops after the merger; with both frozen nothing runs.
+  void backward(const __nv_bfloat16* d_merged);
+
+  GpuVisionBytes bytes() const { return bytes_; }
+  uint64_t uploaded_bytes() const { return uploaded_bytes_; }
+
+ private:
+  void block_forward(int64_t block, const __nv_bfloat16* prev_mlp_out, const float* prev_h1);
+  // On entry grad_stream (and its bf16 copy) holds the gradient reaching the block's output
+  // (x_out = h1 + mlp); on return, the gradient reaching its input.
+  void block_backward(int64_t block);
+  // dW += dy^T x for a trained weight; nothing for a frozen one.
+  void weight_grad(const DeviceParam& w, const __nv_bfloat16* dy, const __nv_bfloat16* x, int64_t rows,
+                   int64_t in_features, int64_t out_features);
+  void bias_grad(const DeviceParam& b, const void* dy, bool dy_f32, int64_t rows, int64_t features);
+
+  VisionConfig config_;
+  VisionWeights weights_;
+  int64_t max_patches_ = 0, max_images_ = 0, max_segments_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<GemmContext> gemm_;
+  GpuVisionBytes bytes_;
+  VisionActivationSpec spec_;
+
+  std::unique_ptr<DeviceArena> arena_;
+  VisionActivations acts_;
+  DeviceBuffer workspace_;
+  size_t workspace_bytes_ = 0;
+  std::unique_ptr<DeviceArena> inputs_arena_;
+  VisionInputs inputs_;
+  struct Staging;
+  std::unique_ptr<Staging> staging_;
+  uint64_t uploaded_bytes_ = 0;
+  int64_t grid_side_ = 0;  // G: the position table is G x G
+  int64_t num_patches_ = 0;
+  int64_t num_segments_ = 0;
+};
+
+}  // namespace deltamoe

@@ -1,0 +1,185 @@
+// The memory planner (memory_plan.h): state bytes from the parameter table, model bytes from the
+// GPU models' layouts, and the refusal message.
+#include "train/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+
+#include "core/error.h"
+#include "model/param_table.h"
+#include "model/text/text_activations.h"
+#include "model/text/text_weights.h"
+#include "model/vision/vision_activations.h"
+#include "model/vision/vision_weights.h"
+#include "model/vision/vision_tower.h"
+#include "optim/param_layout.h"
+
+namespace deltamoe {
+
+namespace {
+
+// The runtime's own share: CUDA context and module images beyond what the engine measures at
+// start, cuBLAS / cuBLASLt handles and their workspaces, allocator rounding.
+constexpr size_t kReserveBytes = size_t{1} << 30;
+
+double gib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
+
+std::string gib_text(size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f GiB", gib(bytes));
+  return text;
+}
+
+size_t aligned_elements(int64_t numel) {
+  return static_cast<size_t>((numel + kFlatAlignmentElements - 1) / kFlatAlignmentElements * kFlatAlignmentElements);
+}
+
+}  // namespace
+
+int64_t planned_max_sequences(const EngineOptions& options) {
+  CHECK(options.max_tokens > 0, "train: the engine needs the micro-batch token budget, got ", options.max_tokens);
+  if (options.max_samples > 0) return std::min(options.max_samples, options.max_tokens);
+  return std::min(options.max_tokens, std::max<int64_t>(64, options.max_tokens / kMinTokensPerSample));
+}
+
+int64_t max_image_tokens_in(int64_t tokens, int64_t max_pixels, const VisionConfig& vision) {
+  const int64_t side = vision.patch_size * vision.spatial_merge_size;
+  if (max_pixels <= 0 || side <= 0) return tokens;
+  const int64_t per_image = std::max<int64_t>(max_pixels / (side * side), 1);
+  int64_t best = 0;
+  for (int64_t images = 1; 3 * images <= tokens; ++images) {
+    best = std::max(best, std::min(images * per_image, tokens - 2 * images));
+    if (images * per_image >= tokens) break;
+  }
+  return best;
+}
+
+void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DType moment_dtype, MemoryPlan* plan) {
+  std::set<std::string> read_in_f32 = text_params_read_in_f32(config.text, config.text_prefix());
+  if (config.has_vision) {
+    for (const std::string& name : vision_params_read_in_f32(config.vision, kVisionPrefix)) read_in_f32.insert(name);
+  }
+  size_t all = 0, trained = 0, frozen_f32 = 0;
+  for (const ParamSpec& spec : build_param_table(config)) {
+    const size_t numel = aligned_elements(spec.shape.numel());
+    all += numel;
+    if (!is_frozen(spec.name, freeze)) {
+      trained += numel;
+      const ParamGroup group = param_group(spec.name);
+      plan->vit_trained = plan->vit_trained || group == ParamGroup::vit;
+      plan->merger_trained = plan->merger_trained || group == ParamGroup::aligner;
+    } else if (read_in_f32.count(spec.name) != 0) {
+      frozen_f32 += numel;
+    }
+  }
+  plan->weights = all * 2;
+  plan->master = trained * 4;
+  plan->gradients = trained * 4;
+  plan->moments = trained * 2 * dtype_size(moment_dtype);
+  plan->frozen_f32 = frozen_f32 * 4;
+}
+
+ModelBytes estimate_text_bytes(const TextConfig& config, int64_t max_tokens, int64_t max_seqs, int64_t max_image_rows,
+                               int64_t loss_chunk_rows) {
+  TextActivationSpec spec;
+  spec.max_tokens = max_tokens;
+  spec.max_seqs = max_seqs;
+  spec.max_image_rows = max_image_rows;
+  ModelBytes bytes;
+  bytes.activations = text_activation_bytes(config, spec);
+  bytes.inputs = text_input_bytes(config, spec);
+  // The largest kernel workspaces of the step: the routed experts' backward (permuted rows, the
+  // gate/up activations), the lm_head chunk's bf16 logits, the GDN chunk states.
+  const int64_t T = max_tokens, C = config.hidden_size, I = config.moe_intermediate_size;
+  const int64_t rows = T * config.num_experts_per_tok;
+  const size_t experts = static_cast<size_t>(rows) * static_cast<size_t>(2 * C * 2 + 2 * I * 2 + I * 4 + I * 2);
+  const size_t logits = static_cast<size_t>(std::min(loss_chunk_rows, T)) * static_cast<size_t>(config.vocab_size) * 2;
+  const int64_t Hv = config.linear_num_value_heads, Dk = config.linear_key_head_dim, Dv = config.linear_value_head_dim;
+  const int64_t chunks = T / 64 + max_seqs + 1;
+  const size_t gdn = static_cast<size_t>(4 * (T * Hv * (2 + 3 * Dk + 2 * Dv) + chunks * Hv * (2 * 64 * 64 + 2 * Dk * Dv)));
+  bytes.workspace = std::max({experts, logits, gdn}) + (size_t{32} << 20);  // + cuBLASLt's workspace
+  return bytes;
+}
+
+ModelBytes estimate_vision_bytes(const VisionConfig& config, int64_t max_patches, bool vit_trained,
+                                 bool merger_trained) {
+  VisionActivationSpec spec;
+  spec.max_patches = max_patches;
+  spec.blocks_backward = vit_trained;
+  spec.any_backward = vit_trained || merger_trained;
+  ModelBytes bytes;
+  bytes.activations = vision_activation_bytes(config, spec);
+  bytes.inputs = vision_input_bytes(config, spec);
+  // Column-sum partials of the bias and LayerNorm backwards, attention's lse gradient, cuBLASLt's.
+  bytes.workspace = static_cast<size_t>(max_patches) * static_cast<size_t>(config.intermediate_size) * 4 / 64 +
+                    (size_t{32} << 20);
+  return bytes;
+}
+
+std::string MemoryPlan::describe() const {
+  std::string out;
+  auto line = [&](const char* what, size_t bytes, const std::string& note) {
+    char row[200];
+    std::snprintf(row, sizeof(row), "  %-26s %9.2f GiB%s%s\n", what, gib(bytes), note.empty() ? "" : "  ",
+                  note.c_str());
+    out += row;
+  };
+  line("weights (bf16, all)", weights, "");
+  line("master (fp32, trained)", master, "");
+  line("gradients (fp32, trained)", gradients, "");
+  line("Adam moments (trained)", moments, "");
+  line("fp32 copies of frozen", frozen_f32, "norms, gates, tables read in fp32");
+  line("text activations", text.activations, str_cat(max_tokens, " tokens per micro-batch"));
+  line("text workspace + inputs", text.workspace + text.inputs, "");
+  if (max_patches > 0) {
+    line("vision activations", vision.activations,
+         str_cat(max_image_tokens, " image tokens (", max_patches, " patches) per micro-batch",
+                 vit_trained ? "" : ", ViT frozen: nothing kept for a backward"));
+    line("vision workspace + inputs", vision.workspace + vision.inputs, "");
+  }
+  line("runtime reserve", reserve, "CUDA context, cuBLAS, allocator");
+  line("total", total(), "");
+  return out;
+}
+
+std::string memory_refusal(const MemoryPlan& plan, size_t device_bytes, const EngineOptions& options,
+                           const std::string& device_name) {
+  if (plan.total() <= device_bytes) return "";
+  std::string advice;
+  auto add = [&](const std::string& what, size_t saves) {
+    if (saves > 0) advice += str_cat("\n  - ", what, " (saves ", gib_text(saves), ")");
+  };
+  if (options.adamw.moment_dtype == DType::f32) add("--optimizer_state_dtype bf16", plan.moments / 2);
+  if (plan.max_tokens > 1024) {
+    add(str_cat("--micro_batch_tokens ", plan.max_tokens / 2, " (activations scale with the tokens of a micro-batch)"),
+        (plan.text.activations + plan.vision.activations) / 2);
+  }
+  if (plan.vit_trained || plan.merger_trained) {
+    add("--freeze_vit true --freeze_aligner true (the vision tower keeps no gradients, moments or backward state)",
+        plan.vision.activations / 2 + (plan.master + plan.gradients + plan.moments) / 10);
+  }
+  if (plan.max_patches > 0) add("a smaller --max_pixels (fewer image tokens fit in a micro-batch)", plan.vision.activations / 4);
+  advice += "\n  - or more GPUs: expert and data parallelism shard the experts and the optimizer state";
+  return str_cat("train: the run does not fit on ", device_name, ": it needs ", gib_text(plan.total()), ", ",
+                 gib_text(device_bytes), " are available.\nThe plan:\n", plan.describe(), "To fit, change:", advice);
+}
+
+MemoryPlan plan_training_memory(const ModelConfig& config, const EngineOptions& options) {
+  MemoryPlan plan;
+  plan.max_tokens = options.max_tokens;
+  plan_state_bytes(config, options.freeze, options.adamw.moment_dtype, &plan);
+  const int64_t merge = config.vision.spatial_merge_size * config.vision.spatial_merge_size;
+  plan.max_image_tokens = config.has_vision ? max_image_tokens_in(options.max_tokens, options.max_image_pixels,
+                                                                  config.vision)
+                                            : 0;
+  plan.max_patches = plan.max_image_tokens * merge;
+  plan.text = estimate_text_bytes(config.text, options.max_tokens, planned_max_sequences(options),
+                                  plan.max_image_tokens, options.loss_chunk_rows);
+  if (plan.max_patches > 0)
+    plan.vision = estimate_vision_bytes(config.vision, plan.max_patches, plan.vit_trained, plan.merger_trained);
+  plan.reserve = kReserveBytes;
+  return plan;
+}
+
+}  // namespace deltamoe

@@ -1,0 +1,107 @@
+// The memory planner on the CPU: the state's bytes follow the parameter table and the freeze
+// choice exactly, the vision tower is sized from the token budget and --max_pixels, a frozen ViT
+// keeps no backward state, and a run that does not fit is refused with the plan and what to change.
+#include "train/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include "model/param_table.h"
+#include "model/vision/vision_tower.h"
+
+namespace deltamoe {
+namespace {
+
+// Qwen3.5-35B-A3B widths with 4 text layers (3 GDN + 1 attention) and the whole vision tower.
+ModelConfig four_layer_model() {
+  ModelConfig config = model_config_preset("qwen3.5-35b-a3b");
+  config.text.num_hidden_layers = 4;
+  config.text.layer_types = {LayerType::linear_attention, LayerType::linear_attention, LayerType::linear_attention,
+                             LayerType::full_attention};
+  return config;
+}
+
+// Pixels of one merged image token (patch 16 x merge 2 in Qwen3.5: 32 x 32).
+int64_t token_pixels(const VisionConfig& vision) {
+  const int64_t side = vision.patch_size * vision.spatial_merge_size;
+  return side * side;
+}
+
+EngineOptions run_options(bool freeze_vision) {
+  EngineOptions options;
+  options.freeze = FreezeOptions{freeze_vision, freeze_vision, false};
+  options.max_tokens = 8192;
+  options.max_image_pixels = 1280 * token_pixels(model_config_preset("qwen3.5-35b-a3b").vision);
+  return options;
+}
+
+int64_t numel_of(const ModelConfig& config, bool vision) {
+  int64_t count = 0;
+  for (const ParamSpec& spec : build_param_table(config))
+    if (spec.name.starts_with("model.visual.") == vision) count += spec.shape.numel();
+  return count;
+}
+
+TEST(MemoryPlan, StateFollowsTheTableAndTheFreezeChoice) {
+  const ModelConfig config = four_layer_model();
+  const MemoryPlan all = plan_training_memory(config, run_options(false));
+  const MemoryPlan frozen = plan_training_memory(config, run_options(true));
+  const int64_t text = numel_of(config, false), vision = numel_of(config, true);
+  std::printf("text %.3f B, vision %.3f B parameters\nall trained:\n%sViT and merger frozen:\n%s", text / 1e9,
+              vision / 1e9, all.describe().c_str(), frozen.describe().c_str());
+  // fp32 master, fp32 gradients, fp32 moments x2 of every trained element; bf16 weights of all
+  // (padding to 64 elements per tensor makes them a little larger).
+  EXPECT_GE(all.master, static_cast<size_t>(text + vision) * 4);
+  EXPECT_LE(all.master, static_cast<size_t>(text + vision) * 4 + (size_t{1} << 20));
+  EXPECT_EQ(all.moments, 2 * all.master);
+  EXPECT_EQ(all.gradients, all.master);
+  // Frozen vision: no vision master, gradients or moments; only the text model's remain.
+  EXPECT_GE(frozen.master, static_cast<size_t>(text) * 4);
+  EXPECT_LT(frozen.master, static_cast<size_t>(text) * 4 + (size_t{1} << 20));
+  EXPECT_EQ(frozen.weights, all.weights);
+  EXPECT_GT(frozen.frozen_f32, 0u);  // the vision norms and the position table, read in fp32
+  EXPECT_LT(frozen.frozen_f32, size_t{64} << 20);
+  // A frozen ViT keeps nothing for a backward: its activations shrink by more than 10x.
+  EXPECT_FALSE(frozen.vit_trained);
+  EXPECT_LT(frozen.vision.activations * 10, all.vision.activations);
+  EXPECT_LT(frozen.total(), all.total());
+}
+
+TEST(MemoryPlan, ImageTokensFollowTheTokenBudgetAndMaxPixels) {
+  const VisionConfig vision = model_config_preset("qwen3.5-35b-a3b").vision;
+  const int64_t px = token_pixels(vision);
+  // 1280-token images: 7 of them fill 8192 tokens with their 14 marker tokens.
+  EXPECT_EQ(max_image_tokens_in(8192, 1280 * px, vision), 8192 - 14);
+  // 100-token images: 80 of them (8000 tokens) and their 160 markers fit; 81 would need 8262
+  // tokens, and 81 smaller ones hold at most 8192 - 162 = 8030 image tokens.
+  EXPECT_EQ(max_image_tokens_in(8192, 100 * px, vision), 8030);
+  EXPECT_EQ(max_image_tokens_in(8192, 0, vision), 8192);  // no bound known
+  const MemoryPlan plan = plan_training_memory(four_layer_model(), run_options(false));
+  EXPECT_EQ(plan.max_image_tokens, 8192 - 14);
+  EXPECT_EQ(plan.max_patches, (8192 - 14) * 4);
+  const ModelConfig text_only = [] {
+    ModelConfig config = four_layer_model();
+    config.has_vision = false;
+    return config;
+  }();
+  EXPECT_EQ(plan_training_memory(text_only, run_options(false)).vision.total(), 0u);
+}
+
+TEST(MemoryPlan, ARunThatDoesNotFitIsRefusedWithThePlanAndWhatToChange) {
+  const ModelConfig config = four_layer_model();
+  const EngineOptions options = run_options(false);
+  const MemoryPlan plan = plan_training_memory(config, options);
+  const size_t h100 = size_t{80} << 30;
+  ASSERT_GT(plan.total(), h100) << "the 4-layer model with its vision tower trained needs more than 80 GiB";
+  const std::string message = memory_refusal(plan, h100, options, "cuda:0 (NVIDIA H100)");
+  std::printf("%s\n", message.c_str());
+  for (const char* part : {"does not fit on cuda:0 (NVIDIA H100)", "80.00 GiB are available", "The plan:",
+                           "Adam moments", "--optimizer_state_dtype bf16", "--micro_batch_tokens 4096",
+                           "--freeze_vit true", "--max_pixels", "more GPUs"}) {
+    EXPECT_NE(message.find(part), std::string::npos) << part;
+  }
+  EXPECT_EQ(memory_refusal(plan, plan.total(), options, "cuda:0"), "");  // exactly enough fits
+  EXPECT_NE(memory_refusal(plan, plan.total() - 1, options, "cuda:0"), "");
+}
+
+}  // namespace
+}  // namespace deltamoe
