@@ -1,24 +1,31 @@
-// `deltamoe bench`: full training steps (forward, backward, AdamW) of the text model on one GPU at
-// the Qwen3.5-35B-A3B widths with reduced depth and random weights; prints step time, tokens/s,
-// model TFLOP/s, MFU, memory by kind and time by component (CUDA events). Needs a CUDA build.
+// `deltamoe bench`: full training steps of the GPU engine `train` runs (forward, backward, the
+// device optimizer step) at the Qwen3.5-35B-A3B widths with reduced depth and random weights, on
+// synthetic packed micro-batches; with --images the samples carry images of the given sizes through
+// the vision tower. Prints step time, tokens/s, model TFLOP/s, MFU, the memory plan and time by
+// component (CUDA events). Needs a CUDA build.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/rng.h"
+#include "data/packer.h"
 #include "model/config.h"
+#include "model/vision/mrope_positions.h"
 
 #if DELTAMOE_WITH_CUDA
+#include <cuda_runtime.h>
+
 #include <nlohmann/json.hpp>
 
 #include "core/cuda_check.h"
-#include "core/rng.h"
-#include "train/model_flops.h"
-#include "model/text/gpu/gpu_text_model.h"
+#include "train/gpu/gpu_engine.h"
 #endif
 
 namespace deltamoe {
@@ -28,15 +35,76 @@ namespace {
 constexpr double kPeakDenseBf16Tflops = 989.0;     // H200 spec sheet, dense bf16
 constexpr double kMeasuredDenseBf16Tflops = 790.0;  // measured cuBLAS GEMM on the H200 (baselines.md)
 
-// Preset widths with `layers` layers typed [lin, lin, lin, full] repeated.
-TextConfig bench_config(const std::string& preset, int64_t layers) {
-  TextConfig c = resolve_model_config(preset).text;
-  c.num_hidden_layers = layers;
-  c.layer_types.clear();
-  for (int64_t i = 0; i < layers; ++i)
-    c.layer_types.push_back((i + 1) % 4 == 0 ? LayerType::full_attention : LayerType::linear_attention);
-  c.tie_word_embeddings = false;
-  return c;
+// "16x16,20x24" -> merged-token grids (h, w) of the images each sample carries in turn.
+std::vector<std::pair<int64_t, int64_t>> parse_image_grids(const std::string& text) {
+  std::vector<std::pair<int64_t, int64_t>> grids;
+  if (text.empty()) return grids;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    const size_t x = item.find('x');
+    CHECK(x != std::string::npos, "--images: '", item, "' is not HxW (merged tokens, e.g. 16x16)");
+    const int64_t h = std::stoll(item.substr(0, x)), w = std::stoll(item.substr(x + 1));
+    CHECK(h >= 1 && w >= 1 && h * w <= 16384, "--images: '", item, "' must be positive and at most 16384 tokens");
+    grids.emplace_back(h, w);
+  }
+  return grids;
+}
+
+// One synthetic micro-batch: `seqs` samples of tokens / seqs tokens. Each sample is text, then (with
+// images) as many images as fit in image_fraction of it, each between <|vision_start|> and
+// <|vision_end|>, then text; the text after the first image is supervised (as an answer would be).
+MicroBatch synthetic_batch(const ModelConfig& config, int64_t tokens, int64_t seqs,
+                           const std::vector<std::pair<int64_t, int64_t>>& grids, double image_fraction, Rng& rng,
+                           size_t* next_grid) {
+  const int64_t seq_len = tokens / seqs;
+  const int64_t text_vocab = std::min<int64_t>(config.text.vocab_size, config.image_token_id > 0 ? 240000 : 1 << 30);
+  const int64_t merge = config.vision.spatial_merge_size;
+  MicroBatch batch;
+  std::vector<GridThw> image_grids;
+  batch.cu_seqlens = {0};
+  for (int64_t s = 0; s < seqs; ++s) {
+    const int64_t start = static_cast<int64_t>(batch.input_ids.size());
+    auto text = [&](int64_t count, bool supervised) {
+      for (int64_t i = 0; i < count; ++i) {
+        const int32_t id = static_cast<int32_t>(rng.below(static_cast<uint64_t>(text_vocab)));
+        batch.input_ids.push_back(id);
+        batch.labels.push_back(supervised ? id : -100);
+      }
+    };
+    text(8, false);
+    int64_t image_budget = static_cast<int64_t>(image_fraction * static_cast<double>(seq_len));
+    while (!grids.empty()) {
+      const auto [h, w] = grids[*next_grid % grids.size()];
+      if (h * w + 2 > image_budget || static_cast<int64_t>(batch.input_ids.size()) - start + h * w + 2 + 8 > seq_len)
+        break;
+      ++*next_grid;
+      image_budget -= h * w + 2;
+      batch.input_ids.push_back(static_cast<int32_t>(config.vision_start_token_id));
+      batch.labels.push_back(-100);
+      for (int64_t i = 0; i < h * w; ++i) {
+        batch.input_ids.push_back(static_cast<int32_t>(config.image_token_id));
+        batch.labels.push_back(-100);
+      }
+      batch.input_ids.push_back(static_cast<int32_t>(config.vision_end_token_id));
+      batch.labels.push_back(-100);
+      image_grids.push_back({1, h * merge, w * merge});
+      batch.image_grid_thw.push_back({1, h * merge, w * merge});
+    }
+    text(start + seq_len - static_cast<int64_t>(batch.input_ids.size()), true);
+    batch.cu_seqlens.push_back(static_cast<int32_t>(batch.input_ids.size()));
+    batch.sample_indices.push_back(s);
+  }
+  for (int32_t label : batch.labels) batch.num_supervised += label != -100;
+  const int64_t T = batch.num_tokens();
+  const std::vector<int64_t> ids(batch.input_ids.begin(), batch.input_ids.end());
+  batch.positions = compute_mrope_positions(ids.data(), T, batch.cu_seqlens, image_grids, {}, merge,
+                                            config.image_token_id, config.video_token_id);
+  const int64_t patches = batch.num_patches();
+  batch.pixel_values.resize(static_cast<size_t>(patches * config.vision.patch_dim()));
+  for (float& value : batch.pixel_values) value = static_cast<float>(rng.normal());
+  batch.num_image_tokens = patches / (merge * merge);
+  return batch;
 }
 
 #if DELTAMOE_WITH_CUDA
@@ -52,105 +120,117 @@ double median(std::vector<double> values) {
 int run_bench(const ArgParser& args) {
   const int64_t layers = args.get_int("layers"), tokens = args.get_int("tokens"), seqs = args.get_int("seqs");
   const int64_t steps = args.get_int("steps"), warmup = args.get_int("warmup");
+  const int64_t micro_batches = args.get_int("micro_batches");
   CHECK(layers >= 1, "--layers must be at least 1, got ", layers);
   CHECK(seqs >= 1, "--seqs must be at least 1, got ", seqs);
   CHECK(tokens >= seqs && tokens % seqs == 0, "--tokens (", tokens, ") must be a positive multiple of --seqs (", seqs,
         ")");
   CHECK(steps >= 1, "--steps must be at least 1, got ", steps);
   CHECK(warmup >= 0, "--warmup must be non-negative, got ", warmup);
+  CHECK(micro_batches >= 1, "--micro_batches must be at least 1, got ", micro_batches);
   const std::string moments = args.get("optimizer_state_dtype");
   CHECK(moments == "f32" || moments == "bf16", "--optimizer_state_dtype must be f32 or bf16, got '", moments, "'");
-  const TextConfig config = bench_config(args.get("config"), layers);
+  const std::vector<std::pair<int64_t, int64_t>> grids = parse_image_grids(args.get("images"));
+  const double image_fraction = args.get_double("image_fraction");
+  CHECK(image_fraction >= 0 && image_fraction < 1, "--image_fraction must be in [0, 1), got ", image_fraction);
+  const ModelConfig config = reduced_depth_config(resolve_model_config(args.get("config")), layers, grids.empty());
 
-  size_t free_start = 0, total_memory = 0;
-  CUDA_CHECK(cudaMemGetInfo(&free_start, &total_memory));
+  EngineOptions options;
+  options.freeze = FreezeOptions{args.get("freeze_vit") == "true", args.get("freeze_aligner") == "true",
+                                 args.get("freeze_llm") == "true"};
+  options.adamw.moment_dtype = moments == "bf16" ? DType::bf16 : DType::f32;
+  options.aux_coef = args.get_double("aux_loss_coef");
+  options.max_tokens = tokens;
+  options.max_samples = seqs;
+  options.loss_chunk_rows = args.get_int("loss_chunk");
+  options.recompute_mixers = args.flag("recompute");
+  int64_t largest_image = 0;
+  for (const auto& [h, w] : grids) largest_image = std::max(largest_image, h * w);
+  const int64_t token_side = config.vision.patch_size * config.vision.spatial_merge_size;
+  options.max_image_pixels = largest_image * token_side * token_side;
+  GpuEngine engine(config, options, static_cast<uint64_t>(args.get_int("seed")));
+  engine.text_model().timer().set_enabled(true);
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
 
-  GpuModelOptions options;
-  options.max_tokens = tokens;
-  options.max_seqs = seqs;
-  options.loss_chunk_rows = args.get_int("loss_chunk");
-  options.adamw.moment_dtype = moments == "bf16" ? DType::bf16 : DType::f32;
-  options.aux_loss_weight = static_cast<float>(args.get_double("aux_loss_weight"));
-  options.time_components = true;
-  options.recompute_mixers = args.flag("recompute");
-  GpuTextModel model(config, "model", options);
-  model.randomize_params(static_cast<uint64_t>(args.get_int("seed")), 0.02f);
-
-  // Random tokens in seqs equal sequences; labels are the next token (-100 at each sequence end).
-  const int64_t seq_len = tokens / seqs;
   Rng rng(static_cast<uint64_t>(args.get_int("seed")), 1);
-  std::vector<int64_t> ids(static_cast<size_t>(tokens)), labels(static_cast<size_t>(tokens));
-  for (int64_t& id : ids) id = static_cast<int64_t>(rng.below(static_cast<uint64_t>(config.vocab_size)));
-  std::vector<int32_t> cu_seqlens;
-  for (int64_t s = 0; s <= seqs; ++s) cu_seqlens.push_back(static_cast<int32_t>(s * seq_len));
-  for (int64_t t = 0; t < tokens; ++t) labels[t] = (t + 1) % seq_len == 0 ? -100 : ids[t + 1];
-  model.set_batch(ids, labels, cu_seqlens);
+  size_t next_grid = 0;
+  std::vector<std::vector<MicroBatch>> step_batches;
+  // Two different steps' worth of batches, alternated, so no step reuses the previous one's inputs.
+  for (int k = 0; k < 2; ++k) {
+    std::vector<MicroBatch> batches;
+    for (int64_t m = 0; m < micro_batches; ++m)
+      batches.push_back(synthetic_batch(config, tokens, seqs, grids, grids.empty() ? 0.0 : image_fraction, rng,
+                                        &next_grid));
+    step_batches.push_back(std::move(batches));
+  }
+  int64_t image_tokens = 0, images = 0;
+  for (const MicroBatch& batch : step_batches[0]) {
+    image_tokens += batch.num_image_tokens;
+    images += static_cast<int64_t>(batch.image_grid_thw.size());
+  }
 
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
   std::vector<double> step_ms;
-  float first_loss = 0.0f, last_loss = 0.0f;
+  double first_loss = 0, last_loss = 0, flops = 0;
+  StepResult last;
   for (int64_t step = 0; step < warmup + steps; ++step) {
     const bool measured = step >= warmup;
-    if (step == warmup) model.timer().reset_totals();
-    CUDA_CHECK(cudaEventRecord(start, model.stream()));
-    model.forward_backward();
-    model.optimizer_step(1e-5, step + 1);
-    CUDA_CHECK(cudaEventRecord(stop, model.stream()));
-    model.timer().finish(model.stream());
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    const float loss = model.read_loss();
+    if (step == warmup) engine.text_model().timer().reset_totals();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const auto start = std::chrono::steady_clock::now();
+    last = engine.train_step(step_batches[static_cast<size_t>(step % 2)], 1e-5, 1.0);
+    engine.text_model().timer().finish(engine.text_model().stream());
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    const double loss = last.num_supervised > 0 ? last.ce_sum / static_cast<double>(last.num_supervised) : 0.0;
     if (step == 0) first_loss = loss;
     last_loss = loss;
-    CHECK(std::isfinite(loss), "bench: the loss is not finite at step ", step + 1, " (", loss, ")");
-    std::printf("step %3lld %s %8.2f ms  loss %.4f\n", static_cast<long long>(step + 1), measured ? "    " : "warm",
-                ms, loss);
+    CHECK(std::isfinite(loss) && !last.skipped, "bench: the loss or the gradient norm is not finite at step ",
+          step + 1, " (loss ", loss, ", norm ", last.grad_norm, ")");
+    std::printf("step %3lld %s %8.2f ms  loss %.4f  grad_norm %.3f\n", static_cast<long long>(step + 1),
+                measured ? "    " : "warm", ms, loss, last.grad_norm);
     std::fflush(stdout);
     if (measured) step_ms.push_back(ms);
+    flops = last.flops;
   }
-  size_t free_end = 0;
-  CUDA_CHECK(cudaMemGetInfo(&free_end, &total_memory));
-
+  const int64_t step_tokens = tokens * micro_batches;
   const double step_median_ms = median(step_ms);
-  const double tokens_per_s = static_cast<double>(tokens) / (step_median_ms / 1e3);
-  const double flops = training_step_flops(config, cu_seqlens);
+  const double tokens_per_s = static_cast<double>(step_tokens) / (step_median_ms / 1e3);
   const double tflops = flops / (step_median_ms / 1e3) / 1e12;
-  const GpuMemoryBreakdown mem = model.memory();
-  const size_t planned = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.workspace;
-  const size_t device_used = free_start - free_end;
+  const MemoryPlan& plan = engine.memory_plan();
+  const TextConfig& text = config.text;
 
-  std::printf("\n== deltamoe bench: %s, %lld layers (%lld GDN + %lld attention), %lld tokens as %lld x %lld ==\n",
+  std::printf("\n== deltamoe bench: %s, %lld layers (%lld GDN + %lld attention), %lld x %lld tokens as %lld x %lld ==\n",
               prop.name, static_cast<long long>(layers),
-              static_cast<long long>(config.num_layers_of(LayerType::linear_attention)),
-              static_cast<long long>(config.num_layers_of(LayerType::full_attention)),
-              static_cast<long long>(tokens), static_cast<long long>(seqs), static_cast<long long>(seq_len));
-  std::printf("parameters: %.3f B total, %.3f B in matmuls per token; AdamW moments %s; mixer recompute %s\n",
-              static_cast<double>(model.layout().num_parameters()) / 1e9,
-              static_cast<double>(matmul_params_per_token(config)) / 1e9, moments.c_str(),
-              options.recompute_mixers ? "on" : "off");
+              static_cast<long long>(text.num_layers_of(LayerType::linear_attention)),
+              static_cast<long long>(text.num_layers_of(LayerType::full_attention)),
+              static_cast<long long>(micro_batches), static_cast<long long>(tokens), static_cast<long long>(seqs),
+              static_cast<long long>(tokens / seqs));
+  if (!grids.empty()) {
+    std::printf("images: %lld per step, %lld image tokens (%.0f%% of the tokens); vision tower %s\n",
+                static_cast<long long>(images), static_cast<long long>(image_tokens),
+                100.0 * static_cast<double>(image_tokens) / static_cast<double>(step_tokens),
+                options.freeze.freeze_vit ? "frozen" : "trained");
+  }
+  std::printf("trained parameters: %.3f B; AdamW moments %s\n",
+              static_cast<double>(engine.state().layout().num_parameters()) / 1e9, moments.c_str());
   std::printf("step time: median %.2f ms over %lld steps (min %.2f, max %.2f)\n", step_median_ms,
               static_cast<long long>(steps), *std::min_element(step_ms.begin(), step_ms.end()),
               *std::max_element(step_ms.begin(), step_ms.end()));
   std::printf("tokens/s: %.0f\n", tokens_per_s);
-  std::printf("model TFLOP/s: %.1f (%.2f GFLOP per token)\n", tflops, flops / static_cast<double>(tokens) / 1e9);
+  std::printf("model TFLOP/s: %.1f (text FLOPs, %.2f GFLOP per token)\n", tflops,
+              flops / static_cast<double>(step_tokens) / 1e9);
   std::printf("MFU: %.1f%% of %.0f TFLOP/s peak, %.1f%% of %.0f measured GEMM\n",
               100.0 * tflops / kPeakDenseBf16Tflops, kPeakDenseBf16Tflops, 100.0 * tflops / kMeasuredDenseBf16Tflops,
               kMeasuredDenseBf16Tflops);
   std::printf("loss: first %.4f, last %.4f\n", first_loss, last_loss);
-  std::printf("memory: planned %.2f GiB, device used %.2f GiB (incl. CUDA context and cuBLAS)\n", gib(planned),
-              gib(device_used));
-  std::printf("  weights (bf16 + fp32 master) %.2f GiB\n", gib(mem.weights));
-  std::printf("  gradients (fp32)             %.2f GiB\n", gib(mem.gradients));
-  std::printf("  optimizer state              %.2f GiB\n", gib(mem.optimizer));
-  std::printf("  activations                  %.2f GiB\n", gib(mem.activations));
-  std::printf("  workspace + inputs           %.2f GiB\n", gib(mem.workspace));
-  std::printf("time per step by component (CUDA events, mean over measured steps):\n");
-  const auto& totals = model.timer().totals_ms();
+  std::printf("host<->device per step: %llu bytes in, %llu bytes out\n",
+              static_cast<unsigned long long>(last.host_to_device_bytes),
+              static_cast<unsigned long long>(last.device_to_host_bytes));
+  std::printf("memory: planned %.2f GiB, peak in use %.2f GiB (incl. CUDA context)\n%s", gib(plan.total()),
+              gib(engine.peak_memory_bytes()), plan.describe().c_str());
+  std::printf("time per step by component (CUDA events in the text model, mean over measured steps):\n");
+  const auto& totals = engine.text_model().timer().totals_ms();
   double sum = 0.0;
   for (double t : totals) sum += t;
   nlohmann::json components = nlohmann::json::object();
@@ -163,22 +243,24 @@ int run_bench(const ArgParser& args) {
   nlohmann::json result = {{"engine", "deltamoe"},
                            {"gpu", prop.name},
                            {"layers", layers},
-                           {"tokens", tokens},
+                           {"tokens", step_tokens},
+                           {"micro_batches", micro_batches},
                            {"seqs", seqs},
-                           {"recompute", options.recompute_mixers},
+                           {"images", images},
+                           {"image_tokens", image_tokens},
+                           {"freeze_vit", options.freeze.freeze_vit},
                            {"step_ms", step_median_ms},
                            {"tokens_per_s", tokens_per_s},
                            {"tflops", tflops},
                            {"mfu_peak", tflops / kPeakDenseBf16Tflops},
                            {"mfu_measured", tflops / kMeasuredDenseBf16Tflops},
-                           {"peak_mem_gib", gib(device_used)},
-                           {"planned_mem_gib", gib(planned)},
+                           {"peak_mem_gib", gib(engine.peak_memory_bytes())},
+                           {"planned_mem_gib", gib(plan.total())},
+                           {"h2d_bytes", last.host_to_device_bytes},
                            {"loss_first", first_loss},
                            {"loss_last", last_loss},
                            {"components_ms", components}};
   std::printf("BENCH_JSON %s\n", result.dump().c_str());
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
   return 0;
 }
 
@@ -187,15 +269,22 @@ int run_bench(const ArgParser& args) {
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
-  ArgParser args("bench", "time training steps of the text model on one GPU (random weights, full widths)");
+  ArgParser args("bench", "time training steps of the GPU engine (random weights, full widths, synthetic batches)");
   args.add_option("config", "a preset or config.json whose widths to use", "qwen3.5-35b-a3b");
   args.add_option("layers", "decoder layers, typed [lin, lin, lin, full] repeated", "4");
-  args.add_option("tokens", "tokens per step (packed)", "8192");
-  args.add_option("seqs", "equal-length sequences the tokens are packed from", "2");
+  args.add_option("tokens", "tokens per micro-batch (packed)", "8192");
+  args.add_option("seqs", "equal-length samples a micro-batch is packed from", "2");
+  args.add_option("micro_batches", "micro-batches per optimizer step (gradient accumulation)", "1");
   args.add_option("steps", "measured steps", "10");
   args.add_option("warmup", "steps run before measuring", "3");
+  args.add_option("images", "image sizes in merged tokens, cycled (e.g. 16x16,20x24,12x30); empty: text only",
+                  "");
+  args.add_option("image_fraction", "share of each sample's tokens given to images (with --images)", "0.5");
+  args.add_option("freeze_vit", "true/false (with --images)", "false");
+  args.add_option("freeze_aligner", "true/false (with --images)", "false");
+  args.add_option("freeze_llm", "true/false", "false");
   args.add_option("optimizer_state_dtype", "f32 or bf16 Adam moments (bf16 as the transformers baseline)", "bf16");
-  args.add_option("aux_loss_weight", "router load-balancing loss weight (0 as transformers without router logits)",
+  args.add_option("aux_loss_coef", "router load-balancing loss coefficient (0 as transformers without router logits)",
                   "0");
   args.add_option("loss_chunk", "tokens per lm_head + cross-entropy chunk", "1024");
   args.add_option("seed", "random seed of weights and tokens", "0");
@@ -204,7 +293,8 @@ int cmd_bench(int argc, char** argv) {
 #if DELTAMOE_WITH_CUDA
   return run_bench(args);
 #else
-  (void)bench_config;
+  (void)synthetic_batch;
+  (void)parse_image_grids;
   RAISE("deltamoe bench needs a CUDA build (this binary was built with DELTAMOE_CUDA=OFF)");
 #endif
 }

@@ -117,6 +117,11 @@ ModelConfig model_config_preset(const std::string& name);
 std::vector<std::string> model_config_preset_names();
 // A preset name or a path to config.json / a model directory.
 ModelConfig resolve_model_config(const std::string& preset_or_path);
+
+// The same model with `layers` decoder layers, typed as full_attention_interval says (every 4th
+// full attention in Qwen3.5: [lin, lin, lin, full] repeated); text_only drops the vision tower
+// (model_type qwen3_5_moe_text). For benchmarks and reduced-depth runs at full widths.
+ModelConfig reduced_depth_config(ModelConfig config, int64_t layers, bool text_only);
 // Checks the cross-field rules (heads divide, mrope_section sums, ...); throws naming the field.
 void validate_model_config(const ModelConfig& config, const std::string& where);
 // config.json for `config`, generated from the fields (not original_json), new rope layout.

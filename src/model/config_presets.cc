@@ -150,4 +150,21 @@ ModelConfig model_config_preset(const std::string& name) {
   return config;
 }
 
+ModelConfig reduced_depth_config(ModelConfig config, int64_t layers, bool text_only) {
+  CHECK(layers >= 1, "the model needs at least one decoder layer, got ", layers);
+  TextConfig& t = config.text;
+  t.num_hidden_layers = layers;
+  t.layer_types.clear();
+  for (int64_t i = 0; i < layers; ++i) {
+    t.layer_types.push_back((i + 1) % t.full_attention_interval == 0 ? LayerType::full_attention
+                                                                     : LayerType::linear_attention);
+  }
+  if (text_only) {
+    config.has_vision = false;
+    config.model_type = "qwen3_5_moe_text";
+  }
+  config.original_json.clear();
+  return config;
+}
+
 }  // namespace deltamoe

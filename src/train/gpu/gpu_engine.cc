@@ -1,25 +1,26 @@
-// GpuEngine: uploads the checkpoint into a GpuTextModel planned for the trainer's token budget, runs
-// each packed micro-batch on the device and moves weights and gradients through the trainer's
-// flat host buffers (see gpu_engine.h).
+// GpuEngine (gpu_engine.h): setup (limits, memory plan, refusal, the state from a checkpoint or by
+// the init rules, the models bound to it), the step, evaluation, and the parity hooks.
 #include "train/gpu/gpu_engine.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <set>
 #include <utility>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/token_scatter/token_scatter_cuda.h"
-#include "model/text/text_params.h"
-#include "model/vision/trainable_parts.h"
+#include "model/param_table.h"
+#include "model/text/text_weights.h"
 #include "model/vision/vision_tower.h"
-#include "train/engine_factory.h"
+#include "model/vision/vision_weights.h"
+#include "optim/grad_clip.h"
+#include "train/batch_plan.h"
 #include "train/model_flops.h"
-#include "model/text/gpu/gpu_text_model.h"
-#include "model/vision/gpu/gpu_vision_model.h"
 #include "train/trainable_params.h"
 
 namespace deltamoe {
@@ -30,8 +31,10 @@ constexpr int64_t kIgnore = -100;
 // Evaluation downloads [T, V] fp32 logits to count the right argmaxes only up to this size
 // (256 MiB: the demo's 1024 x 4096 is 16 MiB; a real vocabulary at 8k tokens would be 8 GiB).
 constexpr int64_t kMaxAccuracyLogits = int64_t{1} << 26;
+// Pinned slots for the micro-batches' loss readbacks; a step with more micro-batches waits for
+// the stream once per this many.
+constexpr int kLossSlots = 1024;
 
-// Supervised positions whose first-maximum logit is the label (as CpuEngine counts them).
 int64_t count_correct(const std::vector<float>& logits, const std::vector<int64_t>& shifted_labels, int64_t vocab) {
   int64_t correct = 0;
   for (size_t t = 0; t < shifted_labels.size(); ++t) {
@@ -42,71 +45,56 @@ int64_t count_correct(const std::vector<float>& logits, const std::vector<int64_
   return correct;
 }
 
-int64_t count_supervised(const std::vector<int64_t>& shifted_labels) {
-  return std::count_if(shifted_labels.begin(), shifted_labels.end(), [](int64_t label) { return label != kIgnore; });
-}
-
 double gib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
-// The checkpoint's tensors `names` as fp32 host tensors.
-template <typename Names>
-ParamMap load_params(const ModelCheckpoint& checkpoint, const Names& names) {
-  ParamMap params;
-  for (const auto& named : names) {
-    const std::string& name = named.first;
-    auto it = checkpoint.params.find(name);
-    CHECK(it != checkpoint.params.end(), "train: the checkpoint has no tensor '", name, "'");
-    const HostTensor values = it->second.to_host().to_f32();
-    params[name] = {values.shape().to_vector(),
-                    std::vector<float>(values.as<float>(), values.as<float>() + values.numel())};
-  }
-  return params;
-}
+ModelBytes model_bytes(const GpuModelBytes& b) { return {b.activations, b.workspace, b.inputs}; }
+ModelBytes model_bytes(const GpuVisionBytes& b) { return {b.activations, b.workspace, b.inputs}; }
 
-// Adds a device model's gradient of each listed tensor to the trainer's flat buffer.
-template <typename Model>
-void add_gradients(const Model& model, const std::vector<std::pair<std::string, int64_t>>& entries, float* grad) {
-  for (const auto& [name, offset] : entries) {
-    const std::vector<float> part = model.read_gradient(name);
-    float* total = grad + offset;
-    for (size_t i = 0; i < part.size(); ++i) total[i] += part[i];
-  }
-}
-
-// Copies the trainer's master values of the listed tensors into the host parameter copies.
-void copy_master(const float* master, const std::vector<std::pair<std::string, int64_t>>& entries, ParamMap* params) {
-  for (const auto& [name, offset] : entries) {
-    std::vector<float>& values = params->at(name).values;
-    std::copy(master + offset, master + offset + static_cast<int64_t>(values.size()), values.begin());
-  }
-}
+struct LossSlot {
+  float ce_mean;
+  float pad;
+  double aux;
+};
 
 }  // namespace
 
-int64_t planned_max_sequences(const EngineSizing& sizing) {
-  CHECK(sizing.max_tokens > 0, "train: the GPU engine needs the micro-batch token budget, got ", sizing.max_tokens);
-  if (sizing.max_samples > 0) return std::min(sizing.max_samples, sizing.max_tokens);
-  return std::min(sizing.max_tokens, std::max<int64_t>(64, sizing.max_tokens / kMinTokensPerSample));
+int64_t DeviceBatch::num_supervised() const {
+  return std::count_if(shifted_labels.begin(), shifted_labels.end(), [](int64_t label) { return label != kIgnore; });
 }
 
-struct GpuEngine::State {
+bool cuda_device_available() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear the error so later CUDA calls start clean
+    return false;
+  }
+  return true;
+}
+
+struct GpuEngine::Impl {
   ModelConfig config;
-  std::string text_prefix;
-  ParamLayout layout;  // the trainer's: trainable tensors only
-  EngineSizing sizing;
-  int64_t max_seqs = 0;
+  EngineOptions options;
   int device = 0;
   std::string gpu_name;
+  cudaStream_t stream = nullptr;
+  int64_t max_seqs = 0, max_image_tokens = 0, max_patches = 0;
+  MemoryPlan plan;
+  std::unique_ptr<DeviceTrainState> state;
+  TextWeights text_weights;
+  VisionWeights vision_weights;
   std::unique_ptr<GpuTextModel> text;
-  std::unique_ptr<GpuVisionModel> vision;  // VLMs only; shares the text model's stream
-  // fp32 host copies of every parameter: trainable ones are refreshed from the trainer's master,
-  // frozen ones keep the checkpoint's values; uploaded whole by set_trainable_weights.
-  ParamMap text_params, vision_params;
-  // Trainer entries of each model: (name, offset in the trainer's flat buffer).
-  std::vector<std::pair<std::string, int64_t>> text_entries, vision_entries;
-  TrainableParts trainable{false, false, false};
-  bool has_images = false;  // the uploaded batch's
+  std::unique_ptr<GpuVisionModel> vision;
+  bool text_trained = false, vision_trained = false;
+  LossSlot* loss_slots = nullptr;  // pinned, kLossSlots
   size_t peak_used_bytes = 0;
+
+  ~Impl() {
+    text.reset();
+    vision.reset();
+    state.reset();
+    if (loss_slots != nullptr) cudaFreeHost(loss_slots);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
 
   void note_memory() {
     size_t free_bytes = 0, total_bytes = 0;
@@ -114,212 +102,324 @@ struct GpuEngine::State {
     peak_used_bytes = std::max(peak_used_bytes, total_bytes - free_bytes);
   }
 
-  // Validates the batch and copies it to the device (images to the vision tower, their token rows
-  // to the text model); returns the shifted labels.
-  std::vector<int64_t> upload_batch(const MicroBatch& batch) {
-    const int64_t num_tokens = batch.num_tokens();
-    CHECK(num_tokens > 0, "train: empty micro-batch");
-    CHECK(num_tokens <= sizing.max_tokens, "train: a micro-batch of ", num_tokens,
-          " tokens, the GPU engine was planned for at most ", sizing.max_tokens, " (the micro-batch token budget)");
-    const int64_t num_seqs = static_cast<int64_t>(batch.cu_seqlens.size()) - 1;
-    CHECK(num_seqs <= max_seqs, "train: a micro-batch of ", num_seqs,
-          " samples, the GPU engine was planned for at most ", max_seqs, " (", kMinTokensPerSample,
-          " tokens per sample on average); cap the samples per micro-batch with --micro_batch_size");
-    CHECK(static_cast<int64_t>(batch.positions.size()) == 3 * num_tokens, "train: micro-batch positions must be [3, ",
-          num_tokens, "], got ", batch.positions.size(), " values");
-    std::vector<int64_t> ids(batch.input_ids.begin(), batch.input_ids.end());
-    std::vector<int64_t> shifted = shift_packed_labels(batch);
-    CHECK(vision || (batch.image_grid_thw.empty() && batch.pixel_values.empty()), "train: the micro-batch has ",
-          batch.image_grid_thw.size(), " image(s) but the model (", config.model_type, ") has no vision tower");
-    if (vision) text->set_image_rows(upload_images(batch, ids));
-    text->set_batch(ids, shifted, batch.cu_seqlens, batch.positions);
-    return shifted;
-  }
-
-  // The batch's images to the vision tower; returns the <|image_pad|> rows their merged features
-  // fill ([] for a text-only batch).
-  std::vector<int32_t> upload_images(const MicroBatch& batch, const std::vector<int64_t>& ids) {
-    has_images = !batch.image_grid_thw.empty();
-    if (!has_images) {
-      CHECK(batch.pixel_values.empty(), "train: the micro-batch has pixel_values but no image_grid_thw");
-      return {};
+  // The parameter list with what each needs: trained by the freeze choice, fp32 values where the
+  // models read them in fp32, the init rule of the table.
+  std::vector<DeviceParamSpec> param_specs() const {
+    std::set<std::string> read_in_f32 = text_params_read_in_f32(config.text, config.text_prefix());
+    if (config.has_vision)
+      for (const std::string& name : vision_params_read_in_f32(config.vision, kVisionPrefix)) read_in_f32.insert(name);
+    std::vector<DeviceParamSpec> specs;
+    for (const ParamSpec& p : build_param_table(config)) {
+      DeviceParamSpec spec;
+      spec.name = p.name;
+      spec.shape = p.shape.to_vector();
+      spec.trained = !is_frozen(p.name, options.freeze);
+      spec.needs_f32 = read_in_f32.count(p.name) != 0;
+      spec.init = p.init;
+      spec.init_std = p.component == Component::vision ? config.vision.initializer_range : config.text.initializer_range;
+      specs.push_back(std::move(spec));
     }
-    const VisionConfig& vc = config.vision;
-    const int64_t patch_dim = vc.patch_dim();
-    const int64_t num_patches = static_cast<int64_t>(batch.pixel_values.size()) / patch_dim;
-    CHECK(num_patches * patch_dim == static_cast<int64_t>(batch.pixel_values.size()),
-          "train: pixel_values of the micro-batch are not whole patches of ", patch_dim, " values");
-    CHECK(num_patches == batch.num_patches(), "train: the micro-batch has ", num_patches,
-          " patches of pixel_values but its image_grid_thw describe ", batch.num_patches());
-    const int64_t merge = vc.spatial_merge_size * vc.spatial_merge_size;
-    const int64_t merged = num_patches / merge;
-    CHECK(std::count(ids.begin(), ids.end(), config.video_token_id) == 0, "train: video tokens (id ",
-          config.video_token_id, ") are not supported yet");
-    std::vector<int32_t> rows(static_cast<size_t>(merged));
-    token_scatter_pad_rows(ids.data(), static_cast<int64_t>(ids.size()), config.image_token_id, merged, rows.data());
-    vision->set_images(batch.pixel_values.data(), num_patches, batch.image_grid_thw);
-    return rows;
+    return specs;
   }
 
-  // Runs forward + backward of the uploaded batch with the loss weights given and reads the losses;
-  // with vision_backward the tower's trainable parts get their gradients too.
-  MicroBatchLoss run(const std::vector<int64_t>& shifted, double ce_weight, double aux_weight, bool vision_backward) {
-    text->set_loss_weights(static_cast<float>(ce_weight), static_cast<float>(aux_weight));
-    if (has_images) vision->forward(text->image_embeddings());
-    text->forward_backward();
-    if (has_images && vision_backward && trainable.vision())
-      vision->backward(text->image_embedding_grads(), trainable);
-    MicroBatchLoss loss;
-    loss.num_tokens = static_cast<int64_t>(shifted.size());
-    loss.num_supervised = count_supervised(shifted);
-    // The model reports the mean over the batch's supervised tokens (0 when there are none).
-    loss.ce_sum = static_cast<double>(text->read_loss()) * static_cast<double>(loss.num_supervised);
-    loss.aux_loss = text->read_aux_loss();
-    note_memory();
-    return loss;
+  GpuModelOptions text_options() const {
+    GpuModelOptions o;
+    o.max_tokens = options.max_tokens;
+    o.max_seqs = max_seqs;
+    o.loss_chunk_rows = std::min(options.loss_chunk_rows, options.max_tokens);
+    o.max_image_rows = max_image_tokens;
+    o.recompute_mixers = options.recompute_mixers;
+    return o;
   }
+
+  // Limits, the plan, the refusal; then the state and the stream. Nothing is allocated on the
+  // device before the plan has been checked.
+  void plan_and_allocate(const ModelConfig& model_config, const EngineOptions& engine_options) {
+    config = model_config;
+    options = engine_options;
+    CHECK(!config.tie_word_embeddings && !config.text.tie_word_embeddings,
+          "train: tie_word_embeddings is not supported (Qwen3.5-MoE unties lm_head)");
+    CHECK(options.max_tokens > 0, "train: the GPU engine needs the micro-batch token budget");
+    if (config.has_vision) {
+      CHECK(config.vision.out_hidden_size == config.text.hidden_size, "train: vision out_hidden_size ",
+            config.vision.out_hidden_size, " differs from the text hidden size ", config.text.hidden_size);
+    }
+    CUDA_CHECK(cudaGetDevice(&device));
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    gpu_name = prop.name;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));  // also creates the context
+    max_seqs = planned_max_sequences(options);
+    const int64_t merge = config.vision.spatial_merge_size * config.vision.spatial_merge_size;
+    max_image_tokens = config.has_vision ? max_image_tokens_in(options.max_tokens, options.max_image_pixels,
+                                                               config.vision)
+                                         : 0;
+    max_patches = max_image_tokens * merge;
+
+    plan.max_tokens = options.max_tokens;
+    plan.max_image_tokens = max_image_tokens;
+    plan.max_patches = max_patches;
+    plan_state_bytes(config, options.freeze, options.adamw.moment_dtype, &plan);
+    plan.text = model_bytes(GpuTextModel::planned_bytes(config.text, text_options()));
+    if (max_patches > 0) {
+      plan.vision = model_bytes(GpuVisionModel::planned_bytes(config.vision, max_patches, max_image_tokens,
+                                                              plan.vit_trained, plan.merger_trained));
+    }
+    plan.reserve = size_t{1} << 30;
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const size_t available = options.device_memory_bytes > 0 ? options.device_memory_bytes : free_bytes;
+    const std::string where = str_cat("cuda:", device, " (", gpu_name, ")");
+    const std::string refusal = memory_refusal(plan, available, options, where);
+    CHECK(refusal.empty(), refusal);
+    if (options.print_memory_plan) {
+      log_info("train: memory plan on ", where, ", ", gib(available), " GiB available:\n", plan.describe());
+    }
+
+    state = std::make_unique<DeviceTrainState>(param_specs(), options.adamw, stream);
+    CUDA_CHECK(cudaMallocHost(&loss_slots, sizeof(LossSlot) * kLossSlots));
+  }
+
+  // Binds the models to the state (after its values are in place).
+  void build_models() {
+    const DeviceParamLookup lookup = state->params().lookup();
+    text_weights = bind_text_weights(config.text, config.text_prefix(), lookup);
+    text = std::make_unique<GpuTextModel>(config.text, text_weights, text_options(), stream);
+    text_trained = text_weights.any_trained();
+    if (max_patches > 0) {
+      vision_weights = bind_vision_weights(config.vision, kVisionPrefix, lookup);
+      vision = std::make_unique<GpuVisionModel>(config.vision, vision_weights, max_patches, max_image_tokens, stream);
+      vision_trained = vision_weights.vit_trained() || vision_weights.merger_trained();
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    note_memory();
+    const DeviceParamBytes bytes = state->params().bytes();
+    log_info("train: GPU engine on cuda:", device, " (", gpu_name, "): ", state->layout().num_tensors(),
+             " trained tensors; weights ", gib(bytes.weights), " GiB, master ", gib(bytes.master), ", gradients ",
+             gib(bytes.gradients), ", moments ", gib(state->moment_bytes()), ", frozen fp32 ", gib(bytes.frozen_f32),
+             ", text ", gib(text->bytes().total()), ", vision ", vision ? gib(vision->bytes().total()) : 0.0,
+             " GiB; ", gib(peak_used_bytes), " GiB in use");
+  }
+
+  void upload_checkpoint(const ModelCheckpoint& checkpoint) {
+    size_t total = 0, done = 0;
+    for (const ParamSpec& spec : build_param_table(config)) {
+      const auto it = checkpoint.params.find(spec.name);
+      CHECK(it != checkpoint.params.end(), "train: the checkpoint has no tensor '", spec.name, "'");
+      CHECK(it->second.shape() == spec.shape, "train: tensor '", spec.name, "' is ", it->second.shape().str(),
+            " in the checkpoint, the model needs ", spec.shape.str());
+      total += it->second.nbytes();
+    }
+    auto last_report = std::chrono::steady_clock::now();
+    for (const ParamSpec& spec : build_param_table(config)) {
+      const StoredTensor& tensor = checkpoint.params.at(spec.name);
+      const DType dtype = tensor.dtype();
+      const size_t element = dtype_size(dtype);
+      int64_t first = 0;
+      tensor.for_each_piece([&](const uint8_t* bytes, size_t nbytes) {
+        CHECK(nbytes % element == 0, "train: tensor '", spec.name, "' streams in pieces that split an element");
+        const int64_t count = static_cast<int64_t>(nbytes / element);
+        state->params().upload(spec.name, first, count, bytes, dtype);
+        first += count;
+        done += nbytes;
+        if (std::chrono::steady_clock::now() - last_report > std::chrono::seconds(5)) {
+          log_info("train: weights to the GPU: ", static_cast<int>(100.0 * static_cast<double>(done) /
+                                                                   static_cast<double>(std::max<size_t>(total, 1))),
+                   "% (", gib(done), " of ", gib(total), " GiB)");
+          last_report = std::chrono::steady_clock::now();
+        }
+      });
+    }
+  }
+
+  // Copies one micro-batch to the device and runs it: vision forward, text forward, then (when
+  // anything of it trains) the backward, or the loss alone. The loss scalars go to a pinned slot.
+  void run_batch(const DeviceBatch& batch, double ce_mean_weight, double aux_weight, bool backward, int slot) {
+    const int64_t T = static_cast<int64_t>(batch.ids.size());
+    CHECK(T > 0, "train: empty micro-batch");
+    CHECK(T <= options.max_tokens, "train: a micro-batch of ", T, " tokens, the GPU engine was planned for at most ",
+          options.max_tokens, " (the micro-batch token budget)");
+    const int64_t num_seqs = static_cast<int64_t>(batch.cu_seqlens.size()) - 1;
+    CHECK(num_seqs <= max_seqs, "train: a micro-batch of ", num_seqs, " samples, the GPU engine was planned for at ",
+          "most ", max_seqs, " (", kMinTokensPerSample, " tokens per sample on average); cap the samples per ",
+          "micro-batch with --micro_batch_size");
+    const bool has_images = !batch.grid_thw.empty();
+    CHECK(!has_images || vision, "train: the micro-batch has ", batch.grid_thw.size(), " image(s) but the model (",
+          config.model_type, ") has no vision tower");
+    if (has_images) {
+      CHECK(static_cast<int64_t>(batch.image_rows.size()) <= max_image_tokens, "train: a micro-batch with ",
+            batch.image_rows.size(), " image tokens; the vision tower was planned for at most ", max_image_tokens,
+            " (from --micro_batch_tokens and --max_pixels)");
+      vision->set_images(batch.pixel_values, batch.num_patches, batch.grid_thw);
+    }
+    text->set_image_rows(batch.image_rows);
+    text->set_batch(batch.ids, batch.shifted_labels, batch.cu_seqlens, batch.positions);
+    text->set_loss_weights(static_cast<float>(ce_mean_weight), static_cast<float>(aux_weight));
+    if (has_images) vision->forward(text->image_embeddings());
+    const bool vision_backward = has_images && vision_trained;
+    if (backward && (text_trained || vision_backward)) {
+      text->forward();
+      text->backward();
+      if (vision_backward) vision->backward(text->image_embedding_grads());
+    } else {
+      text->forward_loss();
+    }
+    LossSlot* out = loss_slots + slot;
+    CUDA_CHECK(cudaMemcpyAsync(&out->ce_mean, text->device_loss(), sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaMemcpyAsync(&out->aux, text->device_aux_loss(), sizeof(double), cudaMemcpyDeviceToHost, stream));
+  }
+
+  uint64_t uploaded() const { return text->uploaded_bytes() + (vision ? vision->uploaded_bytes() : 0); }
 };
 
-GpuEngine::GpuEngine(const ModelCheckpoint& checkpoint, const ParamLayout& layout, const EngineSizing& sizing)
-    : state_(std::make_unique<State>()) {
-  State& s = *state_;
-  s.config = checkpoint.config;
-  s.text_prefix = s.config.text_prefix();
-  s.layout = layout;
-  s.sizing = sizing;
-  s.max_seqs = planned_max_sequences(sizing);
-  CHECK(!s.config.tie_word_embeddings && !s.config.text.tie_word_embeddings,
-        "train: tie_word_embeddings is not supported (Qwen3.5-MoE unties lm_head)");
-  CUDA_CHECK(cudaGetDevice(&s.device));
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, s.device));
-  s.gpu_name = prop.name;
+GpuEngine::GpuEngine(const ModelCheckpoint& checkpoint, const EngineOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->plan_and_allocate(checkpoint.config, options);
+  impl_->upload_checkpoint(checkpoint);
+  impl_->build_models();
+}
 
-  std::vector<std::pair<std::string, Shape>> text_names;
-  for (const NamedShape& spec : text_param_shapes(s.config.text, s.text_prefix))
-    text_names.emplace_back(spec.name, Shape(spec.shape));
-  s.text_params = load_params(checkpoint, text_names);
-  check_text_params(s.text_params, s.config.text, s.text_prefix);
-  if (s.config.has_vision) {
-    CHECK(s.config.vision.out_hidden_size == s.config.text.hidden_size, "train: vision out_hidden_size ",
-          s.config.vision.out_hidden_size, " differs from the text hidden size ", s.config.text.hidden_size);
-    s.vision_params = load_params(checkpoint, vision_param_shapes(s.config.vision, kVisionPrefix));
-  }
-  for (const ParamEntry& entry : layout.entries()) {
-    const bool is_text = s.text_params.count(entry.name) != 0;
-    const ParamMap& owner = is_text ? s.text_params : s.vision_params;
-    CHECK(owner.count(entry.name) != 0, "train: trainable tensor '", entry.name,
-          "' is not a parameter of the GPU model");
-    CHECK(static_cast<int64_t>(owner.at(entry.name).values.size()) == entry.numel, "train: tensor '", entry.name,
-          "' has ", entry.numel, " values in the trainer's layout and ", owner.at(entry.name).values.size(),
-          " in the model");
-    (is_text ? s.text_entries : s.vision_entries).emplace_back(entry.name, entry.offset);
-    switch (param_group(entry.name)) {
-      case ParamGroup::llm: s.trainable.llm = true; break;
-      case ParamGroup::vit: s.trainable.vit = true; break;
-      case ParamGroup::aligner: s.trainable.aligner = true; break;
-    }
-  }
-
-  GpuModelOptions options;
-  options.max_tokens = sizing.max_tokens;
-  options.max_seqs = s.max_seqs;
-  options.loss_chunk_rows = std::min<int64_t>(1024, sizing.max_tokens);
-  options.max_image_rows = s.config.has_vision ? -1 : 0;  // any token may be an image token
-  // The model's own AdamW moments are not used (the trainer steps on the host): keep them small.
-  options.adamw.moment_dtype = DType::bf16;
-  s.text = std::make_unique<GpuTextModel>(s.config.text, s.text_prefix, options);
-  s.text->upload_params(s.text_params);
-  size_t vision_bytes = 0;
-  if (s.config.has_vision) {
-    // Planned for the worst case: every token of the budget an image token (merge^2 patches each).
-    const int64_t merge = s.config.vision.spatial_merge_size * s.config.vision.spatial_merge_size;
-    s.vision = std::make_unique<GpuVisionModel>(s.config.vision, kVisionPrefix, sizing.max_tokens * merge,
-                                                sizing.max_tokens, s.text->stream());
-    s.vision->upload_params(s.vision_params);
-    vision_bytes = s.vision->activation_bytes() + static_cast<size_t>(s.vision->layout().total_numel()) * 10;
-  }
-  s.note_memory();
-  const GpuMemoryBreakdown mem = s.text->memory();
-  log_info("train: GPU engine on cuda:", s.device, " (", s.gpu_name, "), planned for ", sizing.max_tokens,
-           " tokens and ", s.max_seqs, " samples per micro-batch: weights ", gib(mem.weights), " GiB, gradients ",
-           gib(mem.gradients), " GiB, activations ", gib(mem.activations), " GiB, workspace ", gib(mem.workspace),
-           " GiB, vision tower ", gib(vision_bytes), " GiB; device memory in use ", gib(s.peak_used_bytes), " GiB");
+GpuEngine::GpuEngine(const ModelConfig& config, const EngineOptions& options, uint64_t seed)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->plan_and_allocate(config, options);
+  impl_->state->params().randomize(seed);
+  impl_->build_models();
 }
 
 GpuEngine::~GpuEngine() = default;
 
-std::string GpuEngine::device_name() const { return str_cat("cuda:", state_->device); }
+std::string GpuEngine::device_name() const { return str_cat("cuda:", impl_->device); }
+std::string GpuEngine::accelerator_name() const { return impl_->gpu_name; }
+size_t GpuEngine::peak_memory_bytes() const { return impl_->peak_used_bytes; }
+DeviceTrainState& GpuEngine::state() { return *impl_->state; }
+const MemoryPlan& GpuEngine::memory_plan() const { return impl_->plan; }
+GpuTextModel& GpuEngine::text_model() { return *impl_->text; }
 
-std::string GpuEngine::accelerator_name() const { return state_->gpu_name; }
-
-void GpuEngine::set_trainable_weights(const float* master) {
-  State& s = *state_;
-  // Whole models go up (frozen tensors unchanged): one upload per optimizer step.
-  if (!s.text_entries.empty()) {
-    copy_master(master, s.text_entries, &s.text_params);
-    s.text->upload_params(s.text_params);
+DeviceBatch GpuEngine::device_batch(const MicroBatch& batch) const {
+  const ModelConfig& config = impl_->config;
+  const int64_t T = batch.num_tokens();
+  CHECK(T > 0, "train: empty micro-batch");
+  CHECK(static_cast<int64_t>(batch.positions.size()) == 3 * T, "train: micro-batch positions must be [3, ", T,
+        "], got ", batch.positions.size(), " values");
+  DeviceBatch out;
+  out.ids.assign(batch.input_ids.begin(), batch.input_ids.end());
+  out.shifted_labels = shift_packed_labels(batch);
+  out.cu_seqlens = batch.cu_seqlens;
+  out.positions = batch.positions;
+  if (batch.image_grid_thw.empty()) {
+    CHECK(batch.pixel_values.empty(), "train: the micro-batch has pixel_values but no image_grid_thw");
+    return out;
   }
-  if (!s.vision_entries.empty()) {
-    copy_master(master, s.vision_entries, &s.vision_params);
-    s.vision->upload_params(s.vision_params);
-  }
+  const VisionConfig& vc = config.vision;
+  const int64_t patch_dim = vc.patch_dim();
+  const int64_t num_patches = static_cast<int64_t>(batch.pixel_values.size()) / patch_dim;
+  CHECK(num_patches * patch_dim == static_cast<int64_t>(batch.pixel_values.size()),
+        "train: pixel_values of the micro-batch are not whole patches of ", patch_dim, " values");
+  CHECK(num_patches == batch.num_patches(), "train: the micro-batch has ", num_patches,
+        " patches of pixel_values but its image_grid_thw describe ", batch.num_patches());
+  CHECK(std::count(out.ids.begin(), out.ids.end(), config.video_token_id) == 0, "train: video tokens (id ",
+        config.video_token_id, ") are not supported yet");
+  const int64_t merged = num_patches / (vc.spatial_merge_size * vc.spatial_merge_size);
+  out.image_rows.resize(static_cast<size_t>(merged));
+  token_scatter_pad_rows(out.ids.data(), T, config.image_token_id, merged, out.image_rows.data());
+  out.pixel_values = batch.pixel_values.data();
+  out.num_patches = num_patches;
+  out.grid_thw = batch.image_grid_thw;
+  return out;
 }
 
-MicroBatchLoss GpuEngine::forward_backward(const MicroBatch& batch, double ce_token_weight, double aux_weight,
-                                           float* grad) {
-  State& s = *state_;
-  const std::vector<int64_t> shifted = s.upload_batch(batch);
-  // The model differentiates ce_weight * mean CE; the contract asks for ce_token_weight * CE sum,
-  // which is (ce_token_weight * num_supervised) * mean.
-  const double ce_weight = ce_token_weight * static_cast<double>(count_supervised(shifted));
-  const MicroBatchLoss loss = s.run(shifted, ce_weight, aux_weight, /*vision_backward=*/true);
-  // The device gradients were zeroed and written by this micro-batch: add them to the step's
-  // total. A text-only batch gives the vision tower no gradient (nothing to add).
-  add_gradients(*s.text, s.text_entries, grad);
-  if (s.has_images && s.trainable.vision()) add_gradients(*s.vision, s.vision_entries, grad);
-  return loss;
+StepResult GpuEngine::train_step(const std::vector<MicroBatch>& batches, double lr, double max_grad_norm) {
+  Impl& s = *impl_;
+  CHECK(!batches.empty(), "train: a step needs at least one micro-batch");
+  StepResult result;
+  result.num_micro_batches = static_cast<int64_t>(batches.size());
+  for (const MicroBatch& batch : batches) result.num_supervised += batch.num_supervised;
+  const MicroBatchWeights weights = micro_batch_weights(result.num_supervised, result.num_micro_batches,
+                                                        s.options.aux_coef);
+  const uint64_t uploaded_before = s.uploaded();
+  s.state->params().zero_gradients(s.stream);
+  std::vector<int64_t> supervised(batches.size());
+  auto collect = [&](size_t first, size_t end) {  // the slots of micro-batches [first, end), read after a sync
+    for (size_t i = first; i < end; ++i) {
+      const LossSlot& slot = s.loss_slots[i % kLossSlots];
+      result.ce_sum += static_cast<double>(slot.ce_mean) * static_cast<double>(supervised[i]);
+      result.aux_loss_sum += slot.aux;
+    }
+  };
+  size_t collected = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (i > collected && (i - collected) % kLossSlots == 0) {
+      CUDA_CHECK(cudaStreamSynchronize(s.stream));
+      collect(collected, i);
+      collected = i;
+    }
+    const DeviceBatch batch = device_batch(batches[i]);
+    supervised[i] = batch.num_supervised();
+    // The model differentiates ce_weight * (mean CE); the contract's ce_token_weight * CE sum is
+    // (ce_token_weight * supervised) * mean, as the CPU engine seeds it.
+    s.run_batch(batch, weights.ce_token_weight * static_cast<double>(supervised[i]), weights.aux_weight, true,
+                static_cast<int>(i % kLossSlots));
+    result.num_tokens += batches[i].num_tokens();
+    result.flops += training_step_flops(s.config.text, batches[i].cu_seqlens);
+  }
+  s.state->start_sum_of_squares(weights.gradient_divisor);
+  const double sum_of_squares = s.state->finish_sum_of_squares();  // the step's host sync
+  collect(collected, batches.size());
+  const GradClipResult clip = grad_clip_from_sum_of_squares(sum_of_squares, max_grad_norm);
+  result.grad_norm = clip.grad_norm;
+  result.clip_coef = clip.clip_coef;
+  result.skipped = !clip.finite;
+  if (clip.finite) s.state->adamw_step(lr, GradientScaling{weights.gradient_divisor, clip.clip_coef});
+  result.host_to_device_bytes = s.uploaded() - uploaded_before;
+  result.device_to_host_bytes = batches.size() * (sizeof(float) + sizeof(double)) + sizeof(double);
+  s.note_memory();
+  return result;
 }
 
-MicroBatchLoss GpuEngine::forward(const MicroBatch& batch, std::vector<float>* logits) {
-  State& s = *state_;
-  const std::vector<int64_t> shifted = s.upload_batch(batch);
-  // GpuTextModel computes the loss inside its backward (lm_head + cross-entropy in chunks): run it
-  // with zero loss weights, whose gradients are zero and never read.
-  MicroBatchLoss loss = s.run(shifted, 0.0, 0.0, /*vision_backward=*/false);
+MicroBatchLoss GpuEngine::evaluate(const MicroBatch& batch, std::vector<float>* logits) {
+  Impl& s = *impl_;
+  const DeviceBatch device = device_batch(batch);
+  s.run_batch(device, 0.0, 0.0, false, 0);
+  CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  MicroBatchLoss loss;
+  loss.num_tokens = batch.num_tokens();
+  loss.num_supervised = device.num_supervised();
+  loss.ce_sum = static_cast<double>(s.loss_slots[0].ce_mean) * static_cast<double>(loss.num_supervised);
+  loss.aux_loss = s.loss_slots[0].aux;
   const int64_t vocab = s.config.text.vocab_size;
   if (logits != nullptr || loss.num_tokens * vocab <= kMaxAccuracyLogits) {
     std::vector<float> values = s.text->compute_logits();
-    loss.num_correct = count_correct(values, shifted, vocab);
+    loss.num_correct = count_correct(values, device.shifted_labels, vocab);
     if (logits != nullptr) *logits = std::move(values);
   }
+  s.note_memory();
   return loss;
 }
 
-double GpuEngine::training_flops(const MicroBatch& batch) const {
-  return training_step_flops(state_->config.text, batch.cu_seqlens);
+void GpuEngine::zero_gradients() { impl_->state->params().zero_gradients(impl_->stream); }
+
+MicroBatchLoss GpuEngine::forward_backward(const DeviceBatch& batch, double ce_mean_weight, double aux_weight) {
+  Impl& s = *impl_;
+  s.run_batch(batch, ce_mean_weight, aux_weight, true, 0);
+  CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  MicroBatchLoss loss;
+  loss.num_tokens = static_cast<int64_t>(batch.ids.size());
+  loss.num_supervised = batch.num_supervised();
+  loss.ce_sum = static_cast<double>(s.loss_slots[0].ce_mean) * static_cast<double>(loss.num_supervised);
+  loss.aux_loss = s.loss_slots[0].aux;
+  return loss;
 }
 
-size_t GpuEngine::peak_memory_bytes() const { return state_->peak_used_bytes; }
+std::vector<float> GpuEngine::read_gradient(const std::string& name) const {
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  return impl_->state->params().read_gradient(name);
+}
 
 std::vector<std::vector<int32_t>> GpuEngine::last_routing() const {
   std::vector<std::vector<int32_t>> routing;
-  for (int64_t layer = 0; layer < state_->config.text.num_hidden_layers; ++layer)
-    routing.push_back(state_->text->read_topk_idx(layer));
+  for (int64_t layer = 0; layer < impl_->config.text.num_hidden_layers; ++layer)
+    routing.push_back(impl_->text->read_topk_idx(layer));
   return routing;
-}
-
-bool register_gpu_engine() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();  // clear the error so later CUDA calls start clean
-    return false;
-  }
-  register_gpu_train_engine([](const ModelCheckpoint& checkpoint, const ParamLayout& layout,
-                               const EngineSizing& sizing) -> std::unique_ptr<TrainEngine> {
-    return std::make_unique<GpuEngine>(checkpoint, layout, sizing);
-  });
-  return true;
 }
 
 }  // namespace deltamoe

@@ -1,53 +1,80 @@
-// GpuEngine: the trainer's TrainEngine on one CUDA device, composed from GpuTextModel and (VLMs)
-// GpuVisionModel. Weights go up from the trainer's fp32 master buffer once per step, gradients come
-// down into its flat host buffer once per micro-batch (the known cost; docs/training.md).
+// GpuEngine: the TrainEngine on one CUDA device. It owns the training state there
+// (DeviceTrainState), the text model and (VLMs) the vision tower on one stream, and runs the
+// optimizer step on the device: micro-batches accumulate gradients, the step reads back the losses
+// and the gradient norm (its one host sync), then clips and updates. `train`, `parity --device
+// cuda` and `bench` all run this engine.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "checkpoint/model_checkpoint.h"
-#include "optim/param_layout.h"
+#include "model/text/gpu/gpu_text_model.h"
+#include "model/vision/gpu/gpu_vision_model.h"
+#include "train/gpu/device_train_state.h"
+#include "train/memory_plan.h"
 #include "train/train_engine.h"
 
 namespace deltamoe {
 
+// One micro-batch as the models take it: labels already shifted, 3-D positions, the image rows.
+// (train_step builds these from MicroBatch; parity from its inputs file, shifting per row as
+// transformers does.)
+struct DeviceBatch {
+  std::vector<int64_t> ids;             // [T]
+  std::vector<int64_t> shifted_labels;  // [T], -100 ignored
+  std::vector<int32_t> cu_seqlens;      // [N + 1]
+  std::vector<int64_t> positions;       // [3, T] (empty: text positions)
+  // Images (none: text only): pixel rows [patches, patch_dim] in token order, their grids, and the
+  // <|image_pad|> token rows the merged features fill.
+  const float* pixel_values = nullptr;
+  int64_t num_patches = 0;
+  std::vector<std::array<int64_t, 3>> grid_thw;
+  std::vector<int32_t> image_rows;
+  int64_t num_supervised() const;
+};
+
 class GpuEngine : public TrainEngine {
  public:
-  // Uploads every text and vision tensor of checkpoint (frozen ones stay as loaded); layout names
-  // the trainable tensors (each must be a parameter of the model, checked). Activations and
-  // workspaces are planned once for sizing (the trainer's token budget and sample cap).
-  GpuEngine(const ModelCheckpoint& checkpoint, const ParamLayout& layout, const EngineSizing& sizing);
+  // The checkpoint's weights, streamed to the device one tensor at a time.
+  GpuEngine(const ModelCheckpoint& checkpoint, const EngineOptions& options);
+  // Random weights by the parameter table's init rules, made on the device (the benchmark).
+  GpuEngine(const ModelConfig& config, const EngineOptions& options, uint64_t seed);
   ~GpuEngine() override;
 
   std::string device_name() const override;
   std::string accelerator_name() const override;
-  void set_trainable_weights(const float* master) override;
-  MicroBatchLoss forward_backward(const MicroBatch& batch, double ce_token_weight, double aux_weight,
-                                  float* grad) override;
-  // Evaluation. Token accuracy is counted from downloaded logits when T x V is small (the demo),
-  // else num_correct is -1; logits, when asked for, are always downloaded.
-  MicroBatchLoss forward(const MicroBatch& batch, std::vector<float>* logits = nullptr) override;
-  double training_flops(const MicroBatch& batch) const override;
   size_t peak_memory_bytes() const override;
-  // Test hook: the experts the last pass chose per decoder layer (L entries of [T, K]; synchronises),
-  // e.g. to pin the CPU engine's routing to them (CpuEngine::set_forced_routing).
+  StepResult train_step(const std::vector<MicroBatch>& batches, double lr, double max_grad_norm) override;
+  // Evaluation: forward and the loss only. Token accuracy is counted from downloaded logits when
+  // T x V is small (the demo), else num_correct is -1; logits, when asked for, are always downloaded.
+  MicroBatchLoss evaluate(const MicroBatch& batch, std::vector<float>* logits = nullptr) override;
+  DeviceTrainState& state() override;
+
+  // The plan the engine was built from (printed before step 1 unless options say not to).
+  const MemoryPlan& memory_plan() const;
+
+  // Parity and tests: zero the gradients; run one micro-batch's forward and backward with these
+  // loss weights (d loss = ce_weight * mean CE + aux_weight * aux; gradients added to); read them.
+  void zero_gradients();
+  MicroBatchLoss forward_backward(const DeviceBatch& batch, double ce_mean_weight, double aux_weight);
+  std::vector<float> read_gradient(const std::string& name) const;
+  GpuTextModel& text_model();
+  // The experts the last pass chose per decoder layer (L entries of [T, K]; synchronises), e.g. to
+  // pin the CPU engine's routing to them (CpuEngine::set_forced_routing).
   std::vector<std::vector<int32_t>> last_routing() const;
+  // The device batch of a micro-batch (labels shifted inside each sample, the image rows found).
+  DeviceBatch device_batch(const MicroBatch& batch) const;
 
  private:
-  struct State;
-  std::unique_ptr<State> state_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
-// The most sequences one micro-batch may pack, from the trainer's plan: the sample cap when the
-// batch is counted in samples, else tokens / kMinTokensPerSample (at least 64, at most tokens).
-// A batch beyond it is refused with a message naming --micro_batch_size.
-constexpr int64_t kMinTokensPerSample = 8;
-int64_t planned_max_sequences(const EngineSizing& sizing);
-
-// Registers GpuEngine with make_train_engine when a CUDA device answers; returns whether it did.
-bool register_gpu_engine();
+// Whether a CUDA device answers (clears the error when none does).
+bool cuda_device_available();
 
 }  // namespace deltamoe

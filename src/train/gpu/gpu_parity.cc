@@ -1,6 +1,7 @@
-// GPU parity run: upload the checkpoint's weights, one forward, one backward per loss; with images
-// the vision tower's output fills the text model's image-token rows and its backward takes their
-// gradient. Input checks mirror run_parity_cpu's (parity.cc) so both refuse the same inputs.
+// GPU parity run on the GPU engine the trainer uses: the checkpoint's weights, one forward and one
+// backward per loss; with images the vision tower's output fills the text model's image-token rows
+// and its backward takes their gradient. Input checks mirror run_parity_cpu's (parity.cc) so both
+// refuse the same inputs.
 #include "train/gpu/gpu_parity.h"
 
 #include <algorithm>
@@ -14,34 +15,12 @@
 #include "model/text/text_batch.h"
 #include "model/vision/mrope_positions.h"
 #include "model/vision/vision_tower.h"
-#include "model/text/gpu/gpu_text_model.h"
-#include "model/vision/gpu/gpu_vision_model.h"
+#include "train/gpu/gpu_engine.h"
 #include "train/trainable_params.h"
 
 namespace deltamoe {
 
 namespace {
-
-// The checkpoint's tensors `names` as fp32 host tensors.
-ParamMap checkpoint_params(const ModelCheckpoint& checkpoint, const std::vector<std::pair<std::string, Shape>>& names) {
-  ParamMap params;
-  for (const auto& [name, shape] : names) {
-    const auto found = checkpoint.params.find(name);
-    CHECK(found != checkpoint.params.end(), "parity --device cuda: the checkpoint has no tensor '", name, "'");
-    const HostTensor values = found->second.to_host().to_f32();
-    ParamTensor& tensor = params[name];
-    tensor.shape = values.shape().to_vector();
-    tensor.values.assign(values.as<float>(), values.as<float>() + values.numel());
-  }
-  return params;
-}
-
-std::vector<std::pair<std::string, Shape>> text_names(const TextConfig& config, const std::string& prefix) {
-  std::vector<std::pair<std::string, Shape>> names;
-  for (const NamedShape& named : text_param_shapes(config, prefix)) names.emplace_back(named.name, Shape(named.shape));
-  return names;
-}
-
 
 // The image side of a batch, validated: grids, patch count, the <|image_pad|> rows, 3-D positions.
 struct ImageInputs {
@@ -111,26 +90,25 @@ ParityResult run_parity_gpu(const ModelCheckpoint& checkpoint, const ParityInput
   const int64_t* ids = inputs.input_ids.as<int64_t>();
   const bool has_images = inputs.pixel_values.has_value();
   const ImageInputs images = has_images ? image_inputs(model_config, inputs, cu_seqlens) : ImageInputs{};
-  const int64_t num_image_rows = static_cast<int64_t>(images.pad_rows.size());
 
-  GpuModelOptions options;
+  // The engine the trainer runs, sized for this batch, with the parts frozen that `trainable` says.
+  EngineOptions options;
+  options.freeze = FreezeOptions{!trainable.vit, !trainable.aligner, !trainable.llm};
   options.max_tokens = T;
-  options.max_seqs = static_cast<int64_t>(cu_seqlens.size()) - 1;
-  options.max_image_rows = num_image_rows;
-  GpuTextModel model(config, prefix, options);
-  model.upload_params(checkpoint_params(checkpoint, text_names(config, prefix)));
-  model.set_image_rows(images.pad_rows);
-  model.set_batch(std::vector<int64_t>(ids, ids + T), shifted, cu_seqlens, images.positions);
-
-  // The vision tower shares the text model's stream, so its output and gradient need no extra sync.
-  std::unique_ptr<GpuVisionModel> vision;
+  options.max_samples = static_cast<int64_t>(cu_seqlens.size()) - 1;
+  options.print_memory_plan = false;
+  // Parity trains nothing: a frozen whole model is allowed here (the loss alone is compared).
+  GpuEngine engine(checkpoint, options);
+  DeviceBatch batch;
+  batch.ids.assign(ids, ids + T);
+  batch.shifted_labels = shifted;
+  batch.cu_seqlens = cu_seqlens;
+  batch.positions = images.positions;
   if (has_images) {
-    vision = std::make_unique<GpuVisionModel>(model_config.vision, kVisionPrefix, images.num_patches,
-                                              static_cast<int64_t>(images.grids.size()), model.stream());
-    vision->upload_params(checkpoint_params(checkpoint, vision_param_shapes(model_config.vision, kVisionPrefix)));
-    vision->set_images(inputs.pixel_values->as<float>(), images.num_patches, images.grids);
-    // The slot is only read by the text model, so one vision forward serves both losses.
-    vision->forward(model.image_embeddings());
+    batch.pixel_values = inputs.pixel_values->as<float>();
+    batch.num_patches = images.num_patches;
+    batch.grid_thw = images.grids;
+    batch.image_rows = images.pad_rows;
   }
 
   // As run_parity_cpu: with images a trained vision part needs the text model's input gradient even
@@ -140,29 +118,21 @@ ParityResult run_parity_gpu(const ModelCheckpoint& checkpoint, const ParityInput
   ParityResult result;
   const auto start = std::chrono::steady_clock::now();
   for (const bool ce : {true, false}) {
-    model.set_loss_weights(ce ? 1.0f : 0.0f, ce ? 0.0f : 1.0f);
-    // The loss is formed by the fused lm_head + cross-entropy of the backward, so even a run
-    // without gradients goes through forward_backward once.
-    model.forward_backward();
+    engine.zero_gradients();
+    const MicroBatchLoss loss = engine.forward_backward(batch, ce ? 1.0 : 0.0, ce ? 0.0 : 1.0);
     if (ce) {
-      for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
-        result.routing.push_back(model.read_topk_idx(layer));
-      result.ce_loss = model.read_loss();
-      result.aux_loss = model.read_aux_loss();
-      result.logits = HostTensor::from_f32(model.compute_logits(), Shape{rows, seq_len, V});
+      result.routing = engine.last_routing();
+      result.ce_loss = loss.num_supervised > 0 ? loss.ce_sum / static_cast<double>(loss.num_supervised) : 0.0;
+      result.aux_loss = loss.aux_loss;
+      result.logits = HostTensor::from_f32(engine.text_model().compute_logits(), Shape{rows, seq_len, V});
     }
     if (!any_gradient) break;
     auto& grads = ce ? result.grads : result.grads_aux;
-    if (trainable.llm)
-      for (const ParamEntry& entry : model.layout().entries())
-        grads[entry.name] = host_tensor(model.read_gradient(entry.name), entry.shape);
-    if (vision_trained) {
-      vision->backward(model.image_embedding_grads(), trainable);
-      for (const ParamEntry& entry : vision->layout().entries()) {
-        const ParamGroup group = param_group(entry.name);
-        if (group == ParamGroup::aligner ? !trainable.aligner : !trainable.vit) continue;  // frozen: no entry
-        grads[entry.name] = host_tensor(vision->read_gradient(entry.name), entry.shape);
-      }
+    const ParamLayout& trained = engine.state().layout();
+    for (const ParamEntry& entry : trained.entries()) {
+      const ParamGroup group = param_group(entry.name);
+      if (group != ParamGroup::llm && !has_images) continue;  // a text batch gives the tower no gradient
+      grads[entry.name] = host_tensor(engine.read_gradient(entry.name), entry.shape);
     }
   }
   if (any_gradient)

@@ -288,10 +288,11 @@ TEST(GpuParityGolden, PinnedCpuWithinCappedBoundsEveryCaseTransformersWithin2e2O
     const Judgement pinned_bounds = measured_bounds(checkpoint, pinned, cpu_pinned, {});
     compare_with(name, gpu, reference_from_result("cpu pinned to the GPU's routing", cpu_pinned), pinned_bounds);
     // A case fit for 2e-2 must have a bound on every gradient, so that there every tensor is checked.
-    if (strict)
+    if (strict) {
       EXPECT_TRUE(pinned_bounds.chaotic.empty())
           << name << ": fit for 2e-2 but " << pinned_bounds.chaotic.size() << " gradients are chaotic, first "
           << *pinned_bounds.chaotic.begin();
+    }
     // (2) Unpinned: on near-tie routers a flipped token moves every gradient upstream, so these
     // gradients are printed only, except on the well-conditioned cases. The losses are asserted
     // where the GPU routed every token as the CPU did (always on the fit cases): one flipped top-k

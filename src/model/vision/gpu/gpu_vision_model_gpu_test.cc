@@ -8,6 +8,8 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,7 +22,10 @@
 #include "kernels/vision_grid/vision_grid.h"
 #include "model/vision/vision_tower.h"
 #include "model/vision/gpu/gpu_vision_model.h"
-#include "model/gpu/param_init.h"
+#include "model/gpu/device_params.h"
+#include "model/param_table.h"
+#include "model/text/text_params.h"
+#include "model/vision/vision_weights.h"
 
 namespace deltamoe {
 namespace {
@@ -71,6 +76,29 @@ std::vector<float> download_bf16(const DeviceTensor& t) {
   return std::vector<float>(host.as<float>(), host.as<float>() + host.numel());
 }
 
+// A tower on the GPU: its parameters in DeviceParams (the parts `trainable` names get master and
+// gradients, the others bf16 weights and their fp32 copies), the model bound to them.
+struct TowerUnderTest {
+  std::unique_ptr<DeviceParams> params;
+  std::unique_ptr<GpuVisionModel> model;
+  TowerUnderTest(const VisionConfig& config, const TrainableParts& trainable, int64_t max_patches, int64_t max_images) {
+    const std::set<std::string> read_in_f32 = vision_params_read_in_f32(config, kVisionPrefix);
+    const std::string merger_prefix = std::string(kVisionPrefix) + ".merger.";
+    std::vector<DeviceParamSpec> specs;
+    for (const ParamSpec& p : vision_param_table(config, kVisionPrefix)) {
+      const bool trained = starts_with(p.name, merger_prefix) ? trainable.aligner : trainable.vit;
+      specs.push_back({p.name, p.shape.to_vector(), trained, read_in_f32.count(p.name) != 0, p.init, 0.02});
+    }
+    params = std::make_unique<DeviceParams>(specs);
+    model = std::make_unique<GpuVisionModel>(config, bind_vision_weights(config, kVisionPrefix, params->lookup()),
+                                             max_patches, max_images, nullptr);
+  }
+  void upload(const ParamMap& values) {
+    for (const auto& [name, tensor] : values)
+      params->upload(name, 0, static_cast<int64_t>(tensor.values.size()), tensor.values.data(), DType::f32);
+  }
+};
+
 struct TowerCase {
   const char* label;
   VisionConfig config;
@@ -99,61 +127,68 @@ void check_tower(const TowerCase& c) {
 
   const VisionTowerOutput cpu = vision_tower_forward(cpu_params, config, pixels, grid_thw);
 
-  // Planned larger than used, so a slice mistake would read the wrong rows.
-  GpuVisionModel model(config, kVisionPrefix, N + 4 * m * m, num_images + 1, nullptr);
-  model.upload_params(params);
-  model.set_images(pixels.as<float>(), N, c.grids);
-  ASSERT_EQ(model.num_merged(), M);
-  DeviceTensor merged = device_tensor(DType::bf16, Shape{M, O});
-  device_fill_bytes(merged.view, 0xFF);  // NaN: an unwritten row cannot pass
-  model.forward(bf16_ptr(merged));
-  device_synchronize();
-  const std::vector<float> got_features = download_bf16(merged);
-  const CompareResult features =
-      compare_values(got_features.data(), cpu.features.as<float>(), static_cast<int64_t>(got_features.size()));
-  std::printf("  features max|diff| %.3e  max|ref| %.3e  rel_l2 %.3e%s\n", features.max_abs_diff,
-              features.max_abs_ref, features.rel_l2, features.all_finite ? "" : "  NOT FINITE");
-  EXPECT_TRUE(features.all_finite) << c.label;
-  EXPECT_LE(features.rel_l2, kFeatureRel) << c.label << " features";
-
   const DeviceTensor d_merged = to_device(d_features, DType::bf16);
   const std::string merger_prefix = std::string(kVisionPrefix) + ".merger.";
+  size_t all_trained_bytes = 0;
   for (const TrainableParts trainable : {TrainableParts{true, true, true}, TrainableParts{false, true, true},
                                          TrainableParts{true, false, true}, TrainableParts{false, false, true}}) {
+    // Planned larger than used, so a slice mistake would read the wrong rows.
+    TowerUnderTest tower(config, trainable, N + 4 * m * m, num_images + 1);
+    tower.upload(params);
+    GpuVisionModel& model = *tower.model;
+    model.set_images(pixels.as<float>(), N, c.grids);
+    ASSERT_EQ(model.num_merged(), M);
+    DeviceTensor merged = device_tensor(DType::bf16, Shape{M, O});
+    device_fill_bytes(merged.view, 0xFF);  // NaN: an unwritten row cannot pass
+    model.forward(bf16_ptr(merged));
+    device_synchronize();
+    const std::vector<float> got_features = download_bf16(merged);
+    const CompareResult features =
+        compare_values(got_features.data(), cpu.features.as<float>(), static_cast<int64_t>(got_features.size()));
+    std::printf("  vit=%d merger=%d: features max|diff| %.3e  max|ref| %.3e  rel_l2 %.3e%s; model holds %.1f MiB\n",
+                trainable.vit, trainable.aligner, features.max_abs_diff, features.max_abs_ref, features.rel_l2,
+                features.all_finite ? "" : "  NOT FINITE", model.bytes().total() / 1048576.0);
+    EXPECT_TRUE(features.all_finite) << c.label;
+    EXPECT_LE(features.rel_l2, kFeatureRel) << c.label << " features";
+    // A frozen ViT keeps nothing for a backward: the model is smaller than a trained one.
+    if (trainable.vit && trainable.aligner) all_trained_bytes = model.bytes().total();
+    if (!trainable.vit && config.depth > 1) {
+      EXPECT_LT(model.bytes().activations, all_trained_bytes);
+    }
+
     VisionParams cpu_grads;
     if (trainable.vision())
       vision_tower_backward(cpu_params, config, cpu.saved, d_features, &cpu_grads, kVisionPrefix, trainable);
-    model.backward(bf16_ptr(d_merged), trainable);
+    model.backward(bf16_ptr(d_merged));
+    device_synchronize();
     double worst = 0;
     std::string worst_name = "(none)";
-    int compared = 0, zero_checked = 0;
-    for (const ParamEntry& entry : model.layout().entries()) {
-      const std::vector<float> got = model.read_gradient(entry.name);
-      const auto ref = cpu_grads.find(entry.name);
-      const bool in_merger = starts_with(entry.name, merger_prefix);
-      const bool trained = in_merger ? trainable.aligner : trainable.vit;
+    int compared = 0, frozen = 0;
+    for (const auto& [name, shape] : vision_param_shapes(config)) {
+      const auto ref = cpu_grads.find(name);
+      const bool trained = starts_with(name, merger_prefix) ? trainable.aligner : trainable.vit;
       if (!trained) {
-        // Frozen: the reference has no entry and the GPU's gradient stays zero.
-        EXPECT_TRUE(ref == cpu_grads.end()) << entry.name;
-        const bool all_zero = std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0f; });
-        EXPECT_TRUE(all_zero) << c.label << ": frozen " << entry.name << " got a gradient";
-        ++zero_checked;
+        // Frozen: the reference has no entry and the GPU holds no gradient for it.
+        EXPECT_TRUE(ref == cpu_grads.end()) << name;
+        EXPECT_EQ(tower.params->param(name, false).grad, nullptr) << name;
+        ++frozen;
         continue;
       }
-      ASSERT_TRUE(ref != cpu_grads.end()) << entry.name;
-      const CompareResult r = compare_values(got.data(), ref->second.as<float>(), entry.numel);
-      EXPECT_TRUE(r.all_finite) << c.label << " " << entry.name;
-      EXPECT_LE(r.rel_l2, kGradRel) << c.label << " " << entry.name << " max|diff| " << r.max_abs_diff
-                                    << " max|ref| " << r.max_abs_ref;
+      ASSERT_TRUE(ref != cpu_grads.end()) << name;
+      const std::vector<float> got = tower.params->read_gradient(name);
+      const CompareResult r = compare_values(got.data(), ref->second.as<float>(), shape.numel());
+      EXPECT_TRUE(r.all_finite) << c.label << " " << name;
+      EXPECT_LE(r.rel_l2, kGradRel) << c.label << " " << name << " max|diff| " << r.max_abs_diff << " max|ref| "
+                                    << r.max_abs_ref;
       const double score = r.all_finite ? r.rel_l2 : INFINITY;
       if (score > worst) {
         worst = score;
-        worst_name = entry.name;
+        worst_name = name;
       }
       ++compared;
     }
-    std::printf("  backward vit=%d merger=%d: %d gradients compared, worst rel_l2 %.3e (%s); %d frozen all zero\n",
-                trainable.vit, trainable.aligner, compared, worst, worst_name.c_str(), zero_checked);
+    std::printf("  backward vit=%d merger=%d: %d gradients compared, worst rel_l2 %.3e (%s); %d frozen without one\n",
+                trainable.vit, trainable.aligner, compared, worst, worst_name.c_str(), frozen);
   }
 }
 
@@ -173,7 +208,8 @@ TEST(GpuVisionModel, MatchesCpuTowerAtQwen35Widths) {
 
 TEST(GpuVisionModel, RejectsBadImages) {
   const VisionConfig config = model_config_preset("tiny-vl").vision;
-  GpuVisionModel model(config, kVisionPrefix, 64, 2, nullptr);
+  TowerUnderTest tower(config, TrainableParts{true, true, true}, 64, 2);
+  GpuVisionModel& model = *tower.model;
   std::vector<float> pixels(static_cast<size_t>(64 * config.patch_dim()), 0.5f);
   EXPECT_THROW(model.set_images(pixels.data(), 24, {{1, 4, 4}}), Error);           // 16 patches described
   EXPECT_THROW(model.set_images(pixels.data(), 12, {{1, 3, 4}}), Error);           // h not a multiple of 2
@@ -190,14 +226,9 @@ TEST(GpuVisionModel, TimingFullTowerEightImagesOf448) {
   const int64_t N = 8 * 28 * 28, m = config.spatial_merge_size, M = N / (m * m);
   const int64_t C = config.hidden_size, I = config.intermediate_size, K = config.patch_dim();
   const int64_t wide = config.merged_dim(), O = config.out_hidden_size;
-  GpuVisionModel model(config, kVisionPrefix, N, 8, nullptr);
-  for (int i = 0; i < model.layout().num_tensors(); ++i) {
-    const ParamEntry& e = model.layout().entry(i);
-    const bool matrix = e.shape.size() >= 2;
-    fill_normal_cuda(model.master() + e.offset, e.numel, matrix ? 0.0f : 1.0f, matrix ? 0.02f : 0.0f, 3,
-                     static_cast<uint64_t>(i), nullptr);
-  }
-  convert_f32_to_bf16_cuda(model.master(), model.weights_bf16(), model.layout().total_numel(), nullptr);
+  TowerUnderTest tower(config, TrainableParts{true, true, true}, N, 8);
+  tower.params->randomize(3);  // the parameter table's init rules
+  GpuVisionModel& model = *tower.model;
   const HostTensor pixels = random_normal_tensor(Shape{N, K}, 11, 1.0f);
   model.set_images(pixels.as<float>(), N, grids);
   DeviceTensor merged = device_tensor(DType::bf16, Shape{M, O});
@@ -222,7 +253,7 @@ TEST(GpuVisionModel, TimingFullTowerEightImagesOf448) {
     return static_cast<double>(times[times.size() / 2]);
   };
   const double fwd = median_ms([&] { model.forward(bf16_ptr(merged)); });
-  const double bwd = median_ms([&] { model.backward(bf16_ptr(d_merged), TrainableParts{}); });
+  const double bwd = median_ms([&] { model.backward(bf16_ptr(d_merged)); });
   CUDA_CHECK(cudaEventDestroy(start));
   CUDA_CHECK(cudaEventDestroy(stop));
   const std::vector<float> out = download_bf16(merged);
@@ -241,7 +272,8 @@ TEST(GpuVisionModel, TimingFullTowerEightImagesOf448) {
               fwd_flops / fwd / 1e9, kPeakTflops, fwd_flops / kPeakTflops / 1e9);
   std::printf("  TIMING vision tower bwd  %9.3f ms  %7.1f TFLOP/s  (floor at %.0f TFLOP/s: %.3f ms)\n", bwd,
               bwd_flops / bwd / 1e9, kPeakTflops, bwd_flops / kPeakTflops / 1e9);
-  std::printf("  activations + workspace planned: %.2f GiB\n", static_cast<double>(model.activation_bytes()) / (1 << 30));
+  std::printf("  activations + workspace + inputs planned: %.2f GiB\n",
+              static_cast<double>(model.bytes().total()) / (1 << 30));
 }
 
 }  // namespace

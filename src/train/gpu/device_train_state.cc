@@ -1,0 +1,85 @@
+// DeviceTrainState: moments beside the parameters, the device optimizer step, and the range copies
+// a checkpoint save or resume makes.
+#include "train/gpu/device_train_state.h"
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "optim/grad_norm_cuda.h"
+
+namespace deltamoe {
+
+DeviceTrainState::DeviceTrainState(const std::vector<DeviceParamSpec>& specs, const AdamWConfig& adamw,
+                                   cudaStream_t stream)
+    : params_(std::make_unique<DeviceParams>(specs)), adamw_(adamw), stream_(stream) {
+  validate_adamw_config(adamw_);
+  const size_t moment_bytes =
+      static_cast<size_t>(params_->trained_layout().total_numel()) * dtype_size(adamw_.moment_dtype);
+  exp_avg_ = DeviceBuffer(moment_bytes);
+  exp_avg_sq_ = DeviceBuffer(moment_bytes);
+  CUDA_CHECK(cudaMemset(exp_avg_.data(), 0, exp_avg_.bytes()));
+  CUDA_CHECK(cudaMemset(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes()));
+  norm_scratch_ = DeviceBuffer(grad_sum_of_squares_workspace_bytes() + 256);
+  CUDA_CHECK(cudaMallocHost(&norm_host_, sizeof(double)));
+  weights_of_pieces_ = params_->trained_weights_bf16();
+}
+
+DeviceTrainState::~DeviceTrainState() {
+  if (norm_host_ != nullptr) cudaFreeHost(norm_host_);
+}
+
+void DeviceTrainState::start_sum_of_squares(double divisor) {
+  double* result = reinterpret_cast<double*>(norm_scratch_.as<char>() + grad_sum_of_squares_workspace_bytes());
+  grad_sum_of_squares_cuda(params_->gradients(), params_->trained_layout().total_numel(), divisor, result,
+                           norm_scratch_.data(), stream_);
+  CUDA_CHECK(cudaMemcpyAsync(norm_host_, result, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+}
+
+double DeviceTrainState::finish_sum_of_squares() {
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return *norm_host_;
+}
+
+void DeviceTrainState::adamw_step(double lr, const GradientScaling& scaling) {
+  adamw_step_cuda(params_->trained_layout(), adamw_, lr, adam_step_ + 1, scaling, params_->master(),
+                  params_->gradients(), exp_avg_.data(), exp_avg_sq_.data(), weights_of_pieces_, stream_);
+  ++adam_step_;
+}
+
+void DeviceTrainState::set_adam_step(int64_t adam_step) {
+  CHECK(adam_step >= 0, "train state: negative Adam step ", adam_step);
+  adam_step_ = adam_step;
+}
+
+void* DeviceTrainState::address(StateKind kind, int index, int64_t first, int64_t count) const {
+  const ParamEntry& entry = layout().entry(index);
+  CHECK(first >= 0 && count >= 0 && first + count <= entry.numel, "train state: elements [", first, ", ",
+        first + count, ") are outside piece '", entry.name, "' of ", entry.numel);
+  const int64_t element = entry.offset + first;
+  switch (kind) {
+    case StateKind::master: return params_->master() + element;
+    case StateKind::exp_avg:
+      return exp_avg_.as<char>() + element * static_cast<int64_t>(dtype_size(adamw_.moment_dtype));
+    case StateKind::exp_avg_sq:
+      return exp_avg_sq_.as<char>() + element * static_cast<int64_t>(dtype_size(adamw_.moment_dtype));
+  }
+  RAISE("train state: unknown state kind");
+}
+
+void DeviceTrainState::read_state(StateKind kind, int index, int64_t first, int64_t count, void* host) const {
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  CUDA_CHECK(cudaMemcpy(host, address(kind, index, first, count),
+                        static_cast<size_t>(count) * dtype_size(state_dtype(kind, adamw_)), cudaMemcpyDeviceToHost));
+}
+
+void DeviceTrainState::write_state(StateKind kind, int index, int64_t first, int64_t count, const void* host) {
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  CUDA_CHECK(cudaMemcpy(address(kind, index, first, count), host,
+                        static_cast<size_t>(count) * dtype_size(state_dtype(kind, adamw_)), cudaMemcpyHostToDevice));
+}
+
+void DeviceTrainState::state_restored() {
+  params_->refresh_trained_weights(stream_);
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+}  // namespace deltamoe
