@@ -24,9 +24,20 @@ int cmd_init(int argc, char** argv) {
   args.add_option("expert_layout", "fused (as the official release) or per_expert (as transformers 5.17 saves)",
                   "fused");
   args.add_option("shard_size", "largest shard in bytes; 0 writes one model.safetensors", "5000000000");
+  args.add_option("layers", "decoder layers at the config's widths, typed as full_attention_interval says (0: the "
+                  "config's own)", "0");
+  args.add_option("text_only", "true/false: drop the vision tower (model_type qwen3_5_moe_text)", "false");
   if (!args.parse(argc, argv)) return 0;
 
   ModelConfig config = resolve_model_config(args.get("config"));
+  const std::string text_only = args.get("text_only");
+  CHECK(text_only == "true" || text_only == "false", "--text_only must be true or false, got '", text_only, "'");
+  CHECK(args.get_int("layers") >= 0, "--layers must be non-negative, got ", args.get_int("layers"));
+  if (args.get_int("layers") > 0 || text_only == "true") {
+    config = reduced_depth_config(config, args.get_int("layers") > 0 ? args.get_int("layers")
+                                                                      : config.text.num_hidden_layers,
+                                  text_only == "true");
+  }
   DType dtype;
   CHECK(dtype_from_name(args.get("dtype"), &dtype) && (dtype == DType::bf16 || dtype == DType::f32),
         "--dtype must be bf16 or f32, got '", args.get("dtype"), "'");

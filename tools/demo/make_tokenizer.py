@@ -5,21 +5,26 @@ highest-ranked merges (ids 0..4062), then puts the 33 special tokens at ids 4063
 order of Qwen3.5's block (docs/checkpoints.md). Writes tokenizer.json and tokenizer_config.json
 (with the Qwen3.5 chat template) into the model directory.
 
-usage: make_tokenizer.py QWEN3_TOKENIZER_JSON CHAT_TEMPLATE_JINJA MODEL_DIR
+usage: make_tokenizer.py QWEN3_TOKENIZER_JSON CHAT_TEMPLATE_JINJA MODEL_DIR [FIRST_SPECIAL]
+
+With FIRST_SPECIAL (248044 for the Qwen3.5-35B-A3B presets, which expect <|image_pad|> at 248056)
+the 33 specials start there; all of Qwen3's regular tokens are kept and the ids between them and
+the specials are filled with placeholder tokens that no merge produces (a tokenizer for
+full-width benchmark models). Without it, the demo's 4096-id vocabulary.
 """
 import json
 import os
 import sys
 
-VOCAB_SIZE = 4096
 NUM_SPECIALS = 33
-FIRST_SPECIAL = VOCAB_SIZE - NUM_SPECIALS  # 4063, as in model/config_presets.cc
 
 
 def main():
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 5):
         sys.exit(__doc__)
-    source_path, template_path, model_dir = sys.argv[1:]
+    source_path, template_path, model_dir = sys.argv[1:4]
+    # 4063 for the tiny presets (model/config_presets.cc): their 4096 ids end with the specials.
+    first_special = int(sys.argv[4]) if len(sys.argv) == 5 else 4096 - NUM_SPECIALS
     with open(source_path, encoding="utf-8") as f:
         source = json.load(f)
     model = source["model"]
@@ -27,15 +32,17 @@ def main():
         sys.exit(f"{source_path}: expected a BPE tokenizer, got {model.get('type')}")
 
     # Qwen's vocabulary is ordered by merge rank: the first ids are the 256 byte symbols, then one
-    # id per merge. Keeping ids below FIRST_SPECIAL keeps the most frequent merges.
-    vocab = {token: idx for token, idx in model["vocab"].items() if idx < FIRST_SPECIAL}
+    # id per merge. Keeping ids below first_special keeps the most frequent merges.
+    vocab = {token: idx for token, idx in model["vocab"].items() if idx < first_special}
+    for idx in range(len(vocab), first_special):
+        vocab[f"<|placeholder_{idx}|>"] = idx  # unreachable: no merge forms it
     merges = []
     for merge in model["merges"]:
         left, right = merge if isinstance(merge, list) else merge.split(" ", 1)
         if left in vocab and right in vocab and left + right in vocab:
             merges.append([left, right])
-    if len(vocab) != FIRST_SPECIAL:
-        sys.exit(f"{source_path}: expected ids 0..{FIRST_SPECIAL - 1} to be dense, kept {len(vocab)}")
+    if sorted(vocab.values()) != list(range(first_special)):
+        sys.exit(f"{source_path}: expected ids 0..{first_special - 1} to be dense")
 
     # Qwen3.5 keeps Qwen3's 26 specials in the same order at the start of its 33-id block; the last
     # 7 are placeholders here (the chat template never uses them).
@@ -49,7 +56,7 @@ def main():
         else:
             base = {"content": f"<|reserved_special_{i - len(qwen3_specials)}|>", "single_word": False,
                     "lstrip": False, "rstrip": False, "normalized": False, "special": True}
-        base["id"] = FIRST_SPECIAL + i
+        base["id"] = first_special + i
         added.append(base)
 
     out = dict(source)

@@ -52,7 +52,7 @@ rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 if not rows:
     print("no results (every run failed; see the logs)")
     sys.exit(0)
-components = ["GDN", "attention", "MoE", "lm_head + loss", "optimizer", "other"]
+components = ["GDN", "attention", "MoE", "lm_head + loss", "vision tower", "optimizer", "other"]
 head = ["engine", "layers", "tokens", "step ms", "tokens/s", "TFLOP/s", "MFU (989)", "MFU (790)", "peak GiB"]
 head += [f"{c} ms" for c in components]
 print("| " + " | ".join(head) + " |")

@@ -12,6 +12,7 @@ const char* component_name(StepComponent component) {
     case StepComponent::attention: return "attention";
     case StepComponent::moe: return "MoE";
     case StepComponent::lm_head_loss: return "lm_head + loss";
+    case StepComponent::vision: return "vision tower";
     case StepComponent::optimizer: return "optimizer";
     case StepComponent::other: return "other";
     case StepComponent::count: break;

@@ -9,13 +9,13 @@
 
 namespace deltamoe {
 
-enum class StepComponent { gdn, attention, moe, lm_head_loss, optimizer, other, count };
+enum class StepComponent { gdn, attention, moe, lm_head_loss, vision, optimizer, other, count };
 const char* component_name(StepComponent component);
 constexpr int kNumStepComponents = static_cast<int>(StepComponent::count);
 
 class ComponentTimer {
  public:
-  explicit ComponentTimer(int max_marks = 1024);
+  explicit ComponentTimer(int max_marks = 16384);
   ~ComponentTimer();
   ComponentTimer(const ComponentTimer&) = delete;
   ComponentTimer& operator=(const ComponentTimer&) = delete;

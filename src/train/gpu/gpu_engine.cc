@@ -12,6 +12,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "core/kill_point.h"
 #include "core/log.h"
 #include "kernels/token_scatter/token_scatter_cuda.h"
 #include "model/param_table.h"
@@ -255,12 +256,19 @@ struct GpuEngine::Impl {
     text->set_image_rows(batch.image_rows);
     text->set_batch(batch.ids, batch.shifted_labels, batch.cu_seqlens, batch.positions);
     text->set_loss_weights(static_cast<float>(ce_mean_weight), static_cast<float>(aux_weight));
-    if (has_images) vision->forward(text->image_embeddings());
+    ComponentTimer& timer = text->timer();
+    if (has_images) {
+      timer.mark(StepComponent::vision, stream);
+      vision->forward(text->image_embeddings());
+    }
     const bool vision_backward = has_images && vision_trained;
     if (backward && (text_trained || vision_backward)) {
       text->forward();
       text->backward();
-      if (vision_backward) vision->backward(text->image_embedding_grads());
+      if (vision_backward) {
+        timer.mark(StepComponent::vision, stream);
+        vision->backward(text->image_embedding_grads());
+      }
     } else {
       text->forward_loss();
     }
@@ -362,6 +370,9 @@ StepResult GpuEngine::train_step(const std::vector<MicroBatch>& batches, double 
     result.num_tokens += batches[i].num_tokens();
     result.flops += training_step_flops(s.config.text, batches[i].cu_seqlens);
   }
+  // Test hook (DELTAMOE_KILL_AT=mid_step@N): a kill -9 with step N's backward queued on the device.
+  kill_point("mid_step", s.state->adam_step() + 1);
+  s.text->timer().mark(StepComponent::optimizer, s.stream);
   s.state->start_sum_of_squares(weights.gradient_divisor);
   const double sum_of_squares = s.state->finish_sum_of_squares();  // the step's host sync
   collect(collected, batches.size());
