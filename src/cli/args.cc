@@ -17,10 +17,27 @@
 
 namespace deltamoe {
 
+// Every problem of a command line, one line each; refusals that share a reason share a line
+// ("--lora_rank, --lora_alpha: LoRA is not supported yet ...").
 struct ArgParser::Problems {
   std::vector<std::string> lines;
+  std::vector<std::pair<std::string, std::string>> refusals;  // (flags, reason)
   void add(std::string line) {
     if (std::find(lines.begin(), lines.end(), line) == lines.end()) lines.push_back(std::move(line));
+  }
+  void refuse(const std::string& flag, const std::string& reason) {
+    for (auto& [flags, known] : refusals) {
+      if (known == reason) {
+        if (flags.find(flag) == std::string::npos) flags += ", " + flag;
+        return;
+      }
+    }
+    refusals.emplace_back(flag, reason);
+  }
+  std::vector<std::string> all() const {
+    std::vector<std::string> out = lines;
+    for (const auto& [flags, reason] : refusals) out.push_back(flags + ": " + reason);
+    return out;
   }
 };
 
@@ -97,15 +114,14 @@ std::vector<std::string> json_values(const nlohmann::ordered_json& value, const 
   };
   if (value.is_null()) return {};
   if (auto text = scalar(value)) return {*text};
-  if (value.is_array()) {
+  if (value.is_array()) {  // a list of files: "dataset": ["a.jsonl", "b.jsonl"]
     std::vector<std::string> values;
     for (const auto& item : value) {
-      auto text = scalar(item);
-      if (!text) {
-        errors.push_back(str_cat("--config ", path, ": '", key, "' must be a value or a list of values"));
+      if (!item.is_string()) {
+        errors.push_back(str_cat("--config ", path, ": '", key, "' must be a list of strings"));
         return {};
       }
-      values.push_back(*text);
+      values.push_back(item.get<std::string>());
     }
     return values;
   }
@@ -207,7 +223,7 @@ std::string ArgParser::closest_name(const std::string& name) const {
 std::vector<std::string> ArgParser::read_config_file(const std::string& path, Problems& problems) const {
   std::ifstream in(path, std::ios::binary);
   if (!in.good()) {
-    problems.add(str_cat("--config: cannot read '", path, "'"));
+    problems.add(str_cat("--config: cannot read ", path));
     return {};
   }
   std::stringstream text;
@@ -308,8 +324,11 @@ std::vector<std::string> ArgParser::normalise(const std::vector<std::string>& to
     if (inline_value) {
       values.push_back(*inline_value);
     } else if (kind == ArgKind::kBool) {
-      if (i + 1 < tokens.size() && parse_bool_text(tokens[i + 1])) values.push_back(tokens[++i]);
-      else values.push_back("true");  // a bare --freeze_vit means true
+      // A bare --freeze_vit means true; "--freeze_vit maybe" is a bad value, not a stray argument,
+      // unless the command takes positional arguments.
+      const bool next_is_value = i + 1 < tokens.size() && !is_flag_token(tokens[i + 1]) &&
+                                 (parse_bool_text(tokens[i + 1]) || positionals_.empty());
+      values.push_back(next_is_value ? tokens[++i] : "true");
     } else if (kind == ArgKind::kList) {
       while (i + 1 < tokens.size() && !is_flag_token(tokens[i + 1])) values.push_back(tokens[++i]);
       if (values.empty()) {
@@ -338,7 +357,7 @@ std::vector<std::string> ArgParser::normalise(const std::vector<std::string>& to
         record(flag.target, name, std::move(values));
         break;
       case ForeignFlag::Action::kRefused:
-        problems.add(str_cat("--", name, ": ", flag.reason));
+        problems.refuse("--" + name, flag.reason);
         break;
       case ForeignFlag::Action::kNoEffect: {
         bool harmless = true;
@@ -346,7 +365,7 @@ std::vector<std::string> ArgParser::normalise(const std::vector<std::string>& to
           if (!flag.harmless_values.empty() &&
               std::find(flag.harmless_values.begin(), flag.harmless_values.end(), value) == flag.harmless_values.end()) {
             harmless = false;
-            problems.add(str_cat("--", name, " ", value, ": ", flag.refused_reason));
+            problems.refuse(str_cat("--", name, " ", value), flag.refused_reason);
           }
         }
         if (harmless) {
@@ -408,7 +427,7 @@ void ArgParser::check_values(Problems& problems) const {
       }
       if (!s.allowed_values.empty() &&
           std::find(s.allowed_values.begin(), s.allowed_values.end(), value) == s.allowed_values.end()) {
-        problems.add(str_cat("--", name, " ", value, ": ", s.allowed_reason));
+        problems.add(str_cat("--", name, " ", value, " ", s.allowed_reason));
       }
     }
   }
@@ -475,13 +494,14 @@ bool ArgParser::parse(int argc, char** argv, int first) {
     values_[name] = spec.kind == ArgKind::kList ? split_list_values(results) : results;
   }
   check_values(problems);
-  if (problems.lines.empty()) return true;
+  const std::vector<std::string> lines = problems.all();
+  if (lines.empty()) return true;
   std::string message;
-  if (problems.lines.size() == 1) {
-    message = str_cat("'deltamoe ", command_, "': ", problems.lines[0]);
+  if (lines.size() == 1) {
+    message = str_cat("'deltamoe ", command_, "': ", lines[0]);
   } else {
-    message = str_cat("'deltamoe ", command_, "': ", problems.lines.size(), " problems with the flags:");
-    for (const std::string& line : problems.lines) message += "\n  " + line;
+    message = str_cat("'deltamoe ", command_, "': ", lines.size(), " problems with the flags:");
+    for (const std::string& line : lines) message += "\n  " + line;
   }
   message += str_cat("\n('deltamoe ", command_, " --help' lists the flags)");
   RAISE(message);

@@ -144,19 +144,20 @@ std::string resolve_image_ref(const std::string& ref, const ImageRoots& roots, c
   std::string path = ref.starts_with("file://") ? ref.substr(7) : ref;
   if (path.empty()) bad(where, "empty image path");
   const fs::path fs_path(path);
-  if (fs_path.is_absolute()) return path;
-  if (!roots.media_dir.empty()) return (fs::path(roots.media_dir) / fs_path).string();
-  // ms-swift resolves relative paths against the working directory; a dataset moved with its
-  // images keeps working through its own folder.
   std::error_code error;
-  if (fs::exists(fs_path, error)) return fs::absolute(fs_path, error).string();
-  const fs::path beside = fs::path(roots.dataset_dir) / fs_path;
-  if (!fs::exists(beside, error) && looks_like_raw_base64(path)) {
+  // A JPEG's base64 starts with "/9j/": it would pass for an absolute path.
+  if (looks_like_raw_base64(path) && !fs::exists(fs_path, error) &&
+      !fs::exists(fs::path(roots.dataset_dir) / fs_path, error)) {
     throw SampleSkip(SkipReason::kMissingImage, where + ": an image is base64 text without a 'data:image/...;base64,' "
                      "prefix; write it as a data URL (data:image/png;base64,...) or store the image as a file",
                      "raw_base64");
   }
-  return beside.string();
+  if (fs_path.is_absolute()) return path;
+  if (!roots.media_dir.empty()) return (fs::path(roots.media_dir) / fs_path).string();
+  // ms-swift resolves relative paths against the working directory; a dataset moved with its
+  // images keeps working through its own folder.
+  if (fs::exists(fs_path, error)) return fs::absolute(fs_path, error).string();
+  return (fs::path(roots.dataset_dir) / fs_path).string();
 }
 
 std::string resolve_image_ref(const std::string& ref, const std::string& dataset_dir, const std::string& where) {
