@@ -66,7 +66,7 @@ const char* kind_name(ArgKind kind) {
     case ArgKind::kInteger: return "INT";
     case ArgKind::kNumber: return "NUMBER";
     case ArgKind::kBool: return "BOOL";
-    case ArgKind::kList: return "VALUE...";
+    case ArgKind::kList: return "VALUE";
   }
   return "VALUE";
 }
@@ -159,8 +159,9 @@ void ArgParser::add_option(const std::string& name, const std::string& help, std
 }
 
 void ArgParser::add_required(const std::string& name, const std::string& help, ArgKind kind) {
-  add_option(name, help, std::nullopt, kind);
+  add_option(name, help + " (required)", std::nullopt, kind);
   specs_[name].required = true;
+  specs_[name].help = help;
 }
 
 void ArgParser::add_bool(const std::string& name, const std::string& help, bool default_value) {
@@ -168,8 +169,10 @@ void ArgParser::add_bool(const std::string& name, const std::string& help, bool 
 }
 
 void ArgParser::add_list(const std::string& name, const std::string& help, bool required) {
-  add_option(name, help, required ? std::nullopt : std::optional<std::string>(""), ArgKind::kList);
+  add_option(name, required ? help + " (required)" : help, required ? std::nullopt : std::optional<std::string>(""),
+             ArgKind::kList);
   specs_[name].required = required;
+  specs_[name].help = help;
 }
 
 void ArgParser::add_positional(const std::string& name, const std::string& help, bool required) {

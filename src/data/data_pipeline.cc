@@ -130,6 +130,7 @@ DataPipeline::Result DataPipeline::produce(int64_t job) const {
     result.reason = skip.reason();
     result.message = skip.what();
     result.detail = skip.detail();
+    result.where = where;
   } catch (const std::exception& error) {
     result.fatal = str_cat(where.empty() ? "" : where + ": ", error.what());
   }
@@ -191,6 +192,7 @@ std::optional<Packer::Slotted> DataPipeline::next_sample() {
       CHECK(!options_.strict, "--strict: ", skip_reason_name(result.reason), ": ", result.message,
             " (without --strict the line would be skipped and counted)");
       skips_.add(result.reason, result.message, result.detail);
+      if (options_.on_skip) options_.on_skip(result.reason, result.detail, result.where, result.message);
       continue;
     }
     if (result.sample->truncated) skips_.add_truncated();

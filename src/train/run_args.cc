@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/fs_sync.h"
 #include "core/log.h"
+#include "train/batch_plan.h"
 
 namespace deltamoe {
 
@@ -30,7 +31,8 @@ const char* chat_format_name(ChatFormat format) { return format == ChatFormat::k
 
 }  // namespace
 
-Json train_options_to_json(const TrainOptions& o) {
+Json train_options_to_json(const TrainOptions& o, RunArgsCopy copy) {
+  const BatchPlan plan = plan_batches(o);
   Json j;
   j["deltamoe_version"] = DELTAMOE_VERSION;
   j["model"] = o.model_dir;
@@ -51,10 +53,10 @@ Json train_options_to_json(const TrainOptions& o) {
   j["max_grad_norm"] = o.max_grad_norm;
   j["max_steps"] = o.max_steps;
   j["num_train_epochs"] = o.num_train_epochs;
-  j["global_batch_size"] = o.global_batch_size;
-  j["micro_batch_size"] = o.micro_batch_size;
-  j["gradient_accumulation_steps"] = o.gradient_accumulation_steps;
-  j["micro_batch_tokens"] = o.micro_batch_tokens;
+  j["global_batch_size"] = plan.global_batch_samples;  // 0: counted in tokens
+  j["micro_batch_size"] = plan.micro_batch_samples;    // 0: limited by tokens only
+  j["gradient_accumulation_steps"] = plan.accumulation;
+  j["micro_batch_tokens"] = plan.token_budget;
   j["max_length"] = o.max_length;
   j["truncation_strategy"] = o.truncate ? "right" : "delete";
   j["save_steps"] = o.save_steps;
@@ -85,6 +87,11 @@ Json train_options_to_json(const TrainOptions& o) {
   j["report_to"] = o.report_to;
   j["logging_dir"] = o.logging_dir;
   j["ignore_args_check"] = o.ignore_args_check;
+  if (copy == RunArgsCopy::kCheckpoint) {
+    for (const std::string& key : kHarmless) {
+      if (key != "deltamoe_version") j.erase(key);
+    }
+  }
   return j;
 }
 
@@ -136,7 +143,7 @@ void check_resume_args(const std::string& checkpoint_dir, const TrainOptions& op
   } catch (const Json::exception& error) {
     RAISE(path.string(), ": not valid JSON (", error.what(), "); --ignore_args_check resumes without comparing");
   }
-  const ArgsChanges changes = compare_run_args(saved, train_options_to_json(options));
+  const ArgsChanges changes = compare_run_args(saved, train_options_to_json(options, RunArgsCopy::kCheckpoint));
   for (const std::string& line : changes.harmless) log_info("train: --resume with a changed option: ", line);
   if (changes.breaking.empty()) return;
   std::string list;

@@ -11,8 +11,13 @@
 
 namespace deltamoe {
 
-// Every option under its flag name, with the version of deltamoe that ran it.
-nlohmann::ordered_json train_options_to_json(const TrainOptions& options);
+// Every option under its flag name, with the version of deltamoe that ran it; the batch as resolved
+// (micro-batch samples, accumulation, token budget), so that equal batches read equal however they
+// were written. The checkpoint copy keeps only the options that decide what is trained (not where
+// the run writes, how often it reports or saves, --resume, thread counts): a checkpoint holds what
+// produced it, and one written after a resume stays byte for byte the uninterrupted run's.
+enum class RunArgsCopy { kRunFolder, kCheckpoint };
+nlohmann::ordered_json train_options_to_json(const TrainOptions& options, RunArgsCopy copy = RunArgsCopy::kRunFolder);
 
 // dir/args.json (through a temporary file and a rename, so a kill leaves the old or the new one).
 void write_run_args(const std::string& dir, const std::string& options_json);

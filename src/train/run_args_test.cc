@@ -48,7 +48,7 @@ TEST(RunArgs, ResumeRefusesAChangedLearningRateUnlessTold) {
   const fs::path dir = fs::temp_directory_path() / ("deltamoe_args_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   TrainOptions saved;
-  write_run_args(dir.string(), train_options_to_json(saved).dump(2));
+  write_run_args(dir.string(), train_options_to_json(saved, RunArgsCopy::kCheckpoint).dump(2));
   EXPECT_TRUE(fs::exists(dir / "args.json"));
   EXPECT_FALSE(fs::exists(dir / ".args.json.tmp"));
   EXPECT_NO_THROW(check_resume_args(dir.string(), saved));

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/error.h"
@@ -51,9 +53,26 @@ PipelineOptions pipeline_options(const TrainOptions& options, const SampleOption
   return pipeline;
 }
 
-DataSurvey survey_data(const PipelineOptions& options, const Tokenizer& tokenizer, const std::string& what) {
+DataSurvey survey_data(const PipelineOptions& options, const Tokenizer& tokenizer, const std::string& what,
+                       const std::string& skips_path) {
   using Clock = std::chrono::steady_clock;
   PipelineOptions one_epoch = options;
+  // Every skip, not only the first few the log shows.
+  std::ofstream skips_file;
+  int64_t num_written = 0;
+  if (!skips_path.empty()) {
+    one_epoch.on_skip = [&](SkipReason reason, const std::string& detail, const std::string& where,
+                            const std::string& message) {
+      if (!skips_file.is_open()) skips_file.open(skips_path, std::ios::trunc);
+      nlohmann::ordered_json line;
+      line["where"] = where;
+      line["reason"] = skip_reason_name(reason);
+      if (!detail.empty()) line["detail"] = detail;
+      line["message"] = message;
+      skips_file << line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+      ++num_written;
+    };
+  }
   one_epoch.num_epochs = 1;
   one_epoch.sample.measure_images_only = true;
   const int cores = static_cast<int>(std::min(64u, std::max(1u, std::thread::hardware_concurrency())));
@@ -88,6 +107,13 @@ DataSurvey survey_data(const PipelineOptions& options, const Tokenizer& tokenize
         " while reading the ", what, " before the first step; nothing was trained");
   if (std::chrono::duration<double>(Clock::now() - start).count() > 5) report(true);
   survey.skips = pipeline.skip_stats();
+  if (num_written > 0) {
+    skips_file.close();
+    CHECK(skips_file.good(), "writing ", skips_path, " failed");
+    log_info(what, ": every skipped line (", num_written, ") with its reason: ", skips_path);
+  } else if (!skips_path.empty()) {
+    std::filesystem::remove(skips_path);  // a file from an earlier run into this folder would mislead
+  }
   return survey;
 }
 

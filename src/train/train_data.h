@@ -36,8 +36,11 @@ struct DataSurvey {
 
 // One epoch of `options` (its packing, order and skips) with image sizes from the files' headers:
 // nothing is decoded. Runs on every core (at least options.num_workers threads) and logs progress
-// every few seconds with `what` ("training data"). Throws when a stop signal arrives meanwhile.
-DataSurvey survey_data(const PipelineOptions& options, const Tokenizer& tokenizer, const std::string& what);
+// every few seconds with `what` ("training data"). Every skipped line goes to skips_path as one JSON
+// line ({"where", "reason", "detail", "message"}) when it is not empty and there are skips. Throws
+// when a stop signal arrives meanwhile.
+DataSurvey survey_data(const PipelineOptions& options, const Tokenizer& tokenizer, const std::string& what,
+                       const std::string& skips_path = "");
 
 // Throws, before step 1, when more than max_skip_ratio of the lines were skipped (every line: the
 // data holds nothing to train on), naming the counts by reason and the first messages.

@@ -108,7 +108,8 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   }
   // Every line once before step 1 (image sizes from headers): the step count, the skips (--strict,
   // --max_skip_ratio) and the longest sample, which sizes the engine.
-  const DataSurvey survey = survey_data(train_data, tokenizer, "training data");
+  const DataSurvey survey =
+      survey_data(train_data, tokenizer, "training data", (fs::path(options.output_dir) / "data_skips.jsonl").string());
   check_skip_ratio(survey, options.max_skip_ratio, "training data");
   int64_t longest_sample = survey.longest_sample_tokens;
   if (!val_paths.empty()) {
@@ -151,7 +152,6 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   const bool resuming = !options.resume.empty();
   if (resuming) {
     const std::string dir = resolve_resume_dir(options.resume, options.output_dir);
-    check_resume_args(dir, options);  // a changed --lr etc. is refused unless --ignore_args_check
     state = load_trainer_state(dir);
     CHECK(!state.model_only, "--resume ", dir, ": it was saved with --save_only_model (model weights only, no ",
           "optimizer state), so the run cannot continue exactly from it; start a new run with --model ", dir);
@@ -161,10 +161,12 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     progress = load_optimizer_state((fs::path(dir) / "optimizer.safetensors").string(), &engine->state());
     CHECK(progress.schedule_step == state.global_step, dir, ": optimizer state is at step ", progress.schedule_step,
           " but trainer_state.json at ", state.global_step);
+    check_resume_args(dir, options);  // a changed --lr etc. is refused unless --ignore_args_check
     log_info("train: resuming from ", dir, " at step ", state.global_step, "/", total_steps);
   }
-  const std::string run_args = train_options_to_json(options).dump(2);
-  write_run_args(options.output_dir, run_args);  // args.json: this run's options (each checkpoint keeps a copy)
+  // args.json: this run's options, in the run folder and (without where it runs) in each checkpoint.
+  write_run_args(options.output_dir, train_options_to_json(options).dump(2));
+  const std::string run_args = train_options_to_json(options, RunArgsCopy::kCheckpoint).dump(2);
   Rng rng(state.rng_seed);
   rng.seek(state.rng_position);
 
