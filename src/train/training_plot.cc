@@ -119,8 +119,8 @@ struct Series {
 // One chart: title, frame, grid with five labelled y ticks and up to six x ticks, the series.
 void draw_panel(Canvas& canvas, int left, int top, int width, int height, const std::string& title,
                 const std::vector<Series>& series) {
-  canvas.text(left + 70, top + 4, title, kBlack);
-  const int x0 = left + 70, x1 = left + width - 20, y0 = top + 30, y1 = top + height - 40;
+  canvas.text(left + 110, top + 4, title, kBlack);
+  const int x0 = left + 110, x1 = left + width - 24, y0 = top + 30, y1 = top + height - 40;  // room for 8-digit labels
   double min_x = 1e300, max_x = -1e300, min_y = 1e300, max_y = -1e300;
   for (const Series& s : series) {
     for (size_t i = 0; i < s.x.size(); ++i) {
