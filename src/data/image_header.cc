@@ -46,33 +46,41 @@ struct StoredSize {
 };
 
 // JPEG: markers up to the start of scan, as jpeg_read_header reads them; the frame header gives the
-// size, the last APP1 "Exif" block the orientation (the decoder keeps the last one too).
+// size, the first APP1 "Exif" block the orientation (as the decoder and PIL take it).
 StoredSize jpeg_size(const HeaderReader& in, const std::string& name) {
   StoredSize out;
   uint64_t at = 2;  // after SOI
   bool have_frame = false;
   for (;;) {
     std::vector<uint8_t> marker = in.bytes(at, 2, "JPEG header");
-    // Fill bytes (0xFF repeated) may precede a marker.
-    if (marker[0] == 0xFF && marker[1] == 0xFF) {
+    // As libjpeg's next_marker: bytes before a 0xFF are skipped, fill bytes (0xFF repeated) too,
+    // and 0xFF 0x00 is no marker (skipped with a warning there).
+    if (marker[0] != 0xFF || marker[1] == 0xFF) {
       ++at;
       continue;
     }
-    CHECK(marker[0] == 0xFF, "image '", name, "': corrupt JPEG (no marker at byte ", at, ")");
+    if (marker[1] == 0x00) {
+      at += 2;
+      continue;
+    }
     const uint8_t code = marker[1];
     at += 2;
     if (code == 0xD8 || code == 0x01 || (code >= 0xD0 && code <= 0xD7)) continue;  // no length
     CHECK(code != 0xD9, "image '", name, "': corrupt JPEG (the image ends before its frame header)");
     const uint32_t length = be16(in.bytes(at, 2, "JPEG segment").data());
-    CHECK(length >= 2, "image '", name, "': corrupt JPEG (segment length ", length, ")");
     if (code == 0xDA) break;  // start of scan: the header is over
     const bool frame = (code >= 0xC0 && code <= 0xCF) && code != 0xC4 && code != 0xC8 && code != 0xCC;
+    CHECK(!frame || length >= 8, "image '", name, "': corrupt JPEG (frame header length ", length, ")");
+    if (length < 2) {  // a bogus length: libjpeg reads no data and goes on after the length bytes
+      at += 2;
+      continue;
+    }
     if (frame) {
       const std::vector<uint8_t> header = in.bytes(at + 2, 5, "JPEG frame header");
       out.height = be16(header.data() + 1);
       out.width = be16(header.data() + 3);
       have_frame = true;
-    } else if (code == 0xE1 && length >= 8) {
+    } else if (code == 0xE1 && length >= 8 && out.exif.empty()) {
       const std::vector<uint8_t> head = in.bytes(at + 2, 6, "JPEG APP1 segment");
       if (std::memcmp(head.data(), "Exif\0\0", 6) == 0) out.exif = in.bytes(at + 2, std::min<size_t>(length - 2, kMaxExifBytes), "EXIF block");
     }
@@ -107,9 +115,17 @@ StoredSize png_size(const HeaderReader& in, const std::string& name) {
 // WebP: libwebp's feature parser on the first bytes; the EXIF chunk of an extended (VP8X) file.
 StoredSize webp_size(const HeaderReader& in, const std::string& name) {
   StoredSize out;
-  const std::vector<uint8_t> head = in.bytes(0, static_cast<size_t>(std::min<uint64_t>(in.size(), 64)), "WebP header");
+  // The features usually sit in the first 64 bytes; an extended file with large chunks before the
+  // image (ICC profile) needs more, read in growing steps.
+  std::vector<uint8_t> head;
   WebPBitstreamFeatures features;
-  const VP8StatusCode status = WebPGetFeatures(head.data(), head.size(), &features);
+  VP8StatusCode status = VP8_STATUS_NOT_ENOUGH_DATA;
+  for (uint64_t n = std::min<uint64_t>(in.size(), 64); status == VP8_STATUS_NOT_ENOUGH_DATA;
+       n = std::min<uint64_t>(in.size(), n * 16)) {
+    head = in.bytes(0, static_cast<size_t>(n), "WebP header");
+    status = WebPGetFeatures(head.data(), head.size(), &features);
+    if (n == in.size()) break;
+  }
   CHECK(status == VP8_STATUS_OK, "image '", name, "': corrupt or truncated WebP header");
   CHECK(!features.has_animation, "image '", name, "': animated WebP is not supported; save one frame as a still image");
   out.height = features.height;
@@ -144,6 +160,11 @@ ImageSize read_image_header(const ByteReader& read, uint64_t file_size, const st
     case ImageFormat::unknown: RAISE("image '", name, "': not a JPEG, PNG or WebP file (the supported formats)");
   }
   CHECK(stored.height > 0 && stored.width > 0, "image '", name, "' has no pixels (", stored.height, "x", stored.width, ")");
+  // PNG allows sides up to 2^31 - 1 (JPEG 2^16, WebP 2^24): larger ones are corrupt, and their
+  // product would not fit the size check.
+  constexpr int64_t kMaxSide = (int64_t{1} << 31) - 1;
+  CHECK(stored.height <= kMaxSide && stored.width <= kMaxSide, "image '", name, "': corrupt header (", stored.width,
+        "x", stored.height, ")");
   check_decoded_size(stored.height, stored.width, max_pixels, name);
   const int orientation = exif_orientation(stored.exif.data(), stored.exif.size());
   return orientation >= 5 && orientation <= 8 ? ImageSize{stored.width, stored.height}

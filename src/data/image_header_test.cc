@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "data/image_header.h"
 #include "data/image_test_util.h"
@@ -59,6 +62,25 @@ TEST(ImageHeader, SizesEqualTheDecodersIncludingOrientation) {
   const ImageSize turned = read_image_header(encode_jpeg(image, 90, exif_block_with_orientation(6)).data(),
                                              encode_jpeg(image, 90, exif_block_with_orientation(6)).size(), "j", kDefaultMaxDecodedPixels);
   EXPECT_EQ(turned.height, 91) << "orientation 6 turns the image: the sides swap";
+}
+
+// The fuzz corpus holds odd files libjpeg and libpng accept (bytes between JPEG segments, 0xFF 0x00
+// where a marker should be, a segment length of 1): whatever decodes has its header size.
+TEST(ImageHeader, EveryDecodableCorpusFileHasItsDecodedSize) {
+  int decoded = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("tests/fuzz/image_decode")) {
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    try {
+      decode_image(bytes.data(), bytes.size(), entry.path().string());
+    } catch (const Error&) {
+      continue;
+    }
+    SCOPED_TRACE(entry.path().string());
+    expect_header_equals_decoder(bytes, entry.path().string());
+    ++decoded;
+  }
+  EXPECT_GE(decoded, 10);
 }
 
 TEST(ImageHeader, BombsAndTruncatedHeadersAreRefused) {
