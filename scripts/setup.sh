@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake ninja-build pkg-config libgtest-dev nlohmann-json3-dev
           libjpeg-dev libpng-dev libwebp-dev libexif-dev zlib1g-dev
           libopenmpi-dev openmpi-bin
+          libcli11-dev libyaml-cpp-dev
           python3 python3-jinja2 python3-numpy clang libclang-rt-14-dev)
 missing=()
 for package in "${packages[@]}"; do

@@ -10,7 +10,10 @@
 #include <sstream>
 #include <string>
 
+#include "checkpoint/hub_cache.h"
 #include "cli/args.h"
+#include "cli/flag_compat.h"
+#include "cli/swift_env.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -19,6 +22,8 @@
 #include "data/sample_skip.h"
 #include "data/sft_record.h"
 #include "model/config.h"
+#include "tokenizer/chat_template_source.h"
+#include "train/train_options.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deltamoe {
@@ -43,6 +48,12 @@ void configure_images(const std::string& model_dir, const Tokenizer& tokenizer, 
                                 config.vision.spatial_merge_size, config.image_token_id};
     options.image_config = load_image_processor_config(model_dir, vision, tokenizer, overrides);
   }
+}
+
+// --max_length's default: the model's max_position_embeddings (8192 without a config.json).
+int64_t model_max_length(const std::string& model_dir) {
+  const fs::path config_path = fs::path(model_dir) / "config.json";
+  return fs::exists(config_path) ? load_model_config_file(config_path.string()).text.max_position_embeddings : 8192;
 }
 
 // The sample's text with supervised tokens between [[ and ]] and image token runs shortened.
@@ -75,7 +86,8 @@ void print_preview(const DatasetFiles& files, const SampleBuilder& builder, int6
   const std::string where = files.where(index);
   std::printf("\nsample %lld (%s)\n", static_cast<long long>(index), where.c_str());
   try {
-    const SftRecord record = parse_sft_record(location.source->read(location.index), location.source->directory(), where);
+    const SftRecord record = parse_sft_record(location.source->read(location.index),
+                                              ImageRoots{location.source->directory(), builder.options().media_dir}, where);
     const SftSample sample = builder.build(record, index, where);
     std::printf("%lld tokens, %zu image(s) (%lld image tokens), %lld supervised%s; supervised text is inside [[ ]]\n",
                 static_cast<long long>(sample.num_tokens()), sample.images.size(), static_cast<long long>(sample.num_image_tokens),
@@ -94,40 +106,67 @@ void print_preview(const DatasetFiles& files, const SampleBuilder& builder, int6
 
 int cmd_data(int argc, char** argv) {
   ArgParser args("data", "read SFT datasets as training would and report samples, tokens, labels, skips and packing");
-  args.add_required("dataset", "JSONL file(s), comma separated: {\"messages\": [...]} with image parts, or + \"images\" with <image> tags");
-  args.add_required("model", "model directory (tokenizer.json, config.json, preprocessor_config.json)");
-  args.add_option("max_length", "longest sample in tokens (image tokens included)", "8192");
-  args.add_option("packing_length", "tokens per packed micro-batch (0: max_length)", "0");
+  constexpr ArgKind kInt = ArgKind::kInteger;
+  args.enable_config_file();
+  args.add_list("dataset", "JSONL or JSON-array files (FILE#N takes N samples): messages, ShareGPT, alpaca or "
+                "query/response lines, images as parts or an 'images' list with <image> tags", /*required=*/true);
+  args.add_required("model", "model directory (tokenizer.json, config.json, preprocessor_config.json) or a cached hub id");
+  args.add_option("max_length", "longest sample in tokens, image tokens included (default: the model's "
+                  "max_position_embeddings)", "0", kInt);
+  args.add_option("packing_length", "tokens per packed micro-batch (0: max_length)", "0", kInt);
   args.add_option("truncation_strategy", "samples over max_length: delete (skip, counted) or right (cut the end)", "delete");
+  args.allow_values("truncation_strategy", {"delete", "right"}, "is not supported: use delete (skip, counted) or right");
   args.add_flag("supervise_all", "train on every token except image pads, not only assistant answers");
-  args.add_option("chat_format", "chat template: qwen3.5 or qwen3", "qwen3.5");
-  args.add_option("preview", "also print sample K (0-based, file after file) with its label mask");
-  args.add_option("num_workers", "sample-building threads", "2");
-  args.add_option("seed", "shuffle seed", "42");
-  args.add_option("pack_window", "samples that may wait for a later micro-batch", "16");
-  args.add_option("min_pixels", "override the image pixel lower bound");
-  args.add_option("max_pixels", "override the image pixel upper bound");
+  args.add_option("template", "chat renderer: qwen3_5 or qwen3 (default: decided by the model's chat template)", "");
+  args.add_bool("add_non_thinking_prefix", "a think block on every assistant turn, as ms-swift trains", false);
+  args.add_option("preview", "also print sample K (0-based, file after file) with its label mask", std::nullopt, kInt);
+  args.add_option("num_workers", "sample-building threads", "2", kInt);
+  args.add_option("seed", "shuffle seed (and the #N draws)", "42", kInt);
+  args.add_option("pack_window", "samples that may wait for a later micro-batch", "16", kInt);
+  args.add_option("min_pixels", "override the image pixel lower bound (env MIN_PIXELS)", std::nullopt, kInt);
+  args.add_option("max_pixels", "override the image pixel upper bound (env MAX_PIXELS)", std::nullopt, kInt);
+  args.add_option("image_max_token_num", "most tokens per image (env IMAGE_MAX_TOKEN_NUM)", "0", kInt);
   args.add_option("max_decoded_pixels", "largest image (width x height as stored) that is decoded; larger ones are "
-                  "skipped as decompression bombs (PIL's MAX_IMAGE_PIXELS)", std::to_string(kDefaultMaxDecodedPixels));
+                  "skipped as decompression bombs (PIL's MAX_IMAGE_PIXELS)", std::to_string(kDefaultMaxDecodedPixels), kInt);
+  args.add_option("media_dir", "root of relative image paths (default: the working directory, then the dataset "
+                  "file's folder)", "");
+  args.add_bool("strict", "stop at the first line that would be skipped", false);
+  args.add_foreign(ForeignFlag{"chat_format", ForeignFlag::Action::kAlias, ArgKind::kText, "template", "", {}, ""});
+  add_foreign_flags(args);
   if (!args.parse(argc, argv)) return 0;
+  const SwiftEnv env = read_swift_env();
+  if (!env.problems.empty()) RAISE("'deltamoe data': ", env.problems.front());
+  for (const std::string& note : args.notes()) log_info("data: ", note);
+  for (const std::string& note : env.notes) log_info("data: ", note);
 
-  const std::string model_dir = args.get("model");
+  const std::string model_dir = resolve_model_dir(args.get("model"));
   const Tokenizer tokenizer = Tokenizer::load(model_dir);
   PipelineOptions options;
-  options.dataset_paths = split_dataset_list(args.get("dataset"));
+  options.dataset_paths = args.get_list("dataset");
   CHECK(!options.dataset_paths.empty(), "--dataset names no file");
-  options.sample.chat_format = chat_format_from_name(args.get("chat_format"));
+  options.sample.chat_format = resolve_chat_format(model_dir, args.get("template"));
+  options.sample.chat_options.think_on_every_turn = args.flag("add_non_thinking_prefix");
   options.sample.supervise_all = args.flag("supervise_all");
+  options.sample.media_dir = args.get("media_dir");
+  options.strict = args.flag("strict");
   options.sample.max_length = args.get_int("max_length");
+  if (options.sample.max_length == 0) options.sample.max_length = model_max_length(model_dir);
   constexpr int64_t kMaxTokens = int64_t{1} << 24;  // as `train` allows
   CHECK(options.sample.max_length > 0 && options.sample.max_length <= kMaxTokens, "--max_length must be in [1, ",
         kMaxTokens, "], got ", options.sample.max_length);
-  const std::string truncation = args.get("truncation_strategy");
-  CHECK(truncation == "delete" || truncation == "right", "--truncation_strategy must be delete or right, got '", truncation, "'");
-  options.sample.truncate = truncation == "right";
+  options.sample.truncate = args.get("truncation_strategy") == "right";
   PixelOverrides overrides;
-  if (args.has("min_pixels")) overrides.min_pixels = args.get_int("min_pixels");
-  if (args.has("max_pixels")) overrides.max_pixels = args.get_int("max_pixels");
+  overrides.min_pixels = args.has("min_pixels") ? args.get_int("min_pixels") : env.min_pixels.value_or(0);
+  overrides.max_pixels = args.has("max_pixels") ? args.get_int("max_pixels") : env.max_pixels.value_or(0);
+  const int64_t token_cap = args.get_int("image_max_token_num") > 0 ? args.get_int("image_max_token_num")
+                                                                      : env.image_max_token_num.value_or(0);
+  if (token_cap > 0) {
+    const int64_t pixels = image_tokens_to_pixels(model_dir, token_cap);
+    overrides.max_pixels = overrides.max_pixels > 0 ? std::min(overrides.max_pixels, pixels) : pixels;
+  }
+  if (env.image_min_token_num) {
+    overrides.min_pixels = std::max(overrides.min_pixels, image_tokens_to_pixels(model_dir, *env.image_min_token_num));
+  }
   CHECK(overrides.min_pixels >= 0 && overrides.max_pixels >= 0, "--min_pixels / --max_pixels must be positive");
   configure_images(model_dir, tokenizer, overrides, options.sample);
   const int64_t max_decoded_pixels = args.get_int("max_decoded_pixels");

@@ -1,5 +1,6 @@
 // `deltamoe init`: writes a randomly initialised checkpoint (transformers' initialisation) for a
-// preset or a config.json, plus config.json and, for the VLM, preprocessor_config.json.
+// preset or a config.json, plus config.json, generation_config.json, chat_template.jinja and, for the
+// VLM, preprocessor_config.json.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/config.h"
+#include "train/hf_side_files.h"
 
 namespace deltamoe {
 
@@ -49,6 +51,8 @@ int cmd_init(int argc, char** argv) {
   options.max_shard_bytes = static_cast<uint64_t>(args.get_int("shard_size"));
   const std::string out_dir = args.get("out");
   save_model_dir(checkpoint, out_dir, options);
+  // generation_config.json (generate() stops at <|im_end|>) and chat_template.jinja, for HF tools.
+  write_missing_side_files(out_dir, config, ChatFormat::kQwen35);
   if (config.has_vision) {
     const std::filesystem::path path = std::filesystem::path(out_dir) / "preprocessor_config.json";
     std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -181,7 +181,9 @@ TEST_F(FaultInjectionTest, HostileLinesAreSkippedAndTheRunAndItsResumeFinish) {
 
   // Epochs, not --max_steps: every line is read (the step count comes from a full pass first).
   const fs::path out = *root_ / "hostile_out";
-  const std::string run_flags = flags(model(), dataset.string(), out, "--num_train_epochs 2 --dataloader_num_workers 2");
+  // --max_skip_ratio 1: 11 of the lines are hostile on purpose, far over the default 5% that stops a run.
+  const std::string run_flags =
+      flags(model(), dataset.string(), out, "--num_train_epochs 2 --dataloader_num_workers 2 --max_skip_ratio 1");
   const Result first = train(run_flags + " --stop_after_steps 2");
   std::printf("  first run: %.1f s, exit %d\n%s", first.seconds, first.exit_code, first.output.c_str());
   ASSERT_EQ(first.exit_code, 0) << first.output;

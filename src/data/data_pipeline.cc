@@ -31,7 +31,7 @@ DataPosition checked_start(const DataPosition& start, int64_t num_samples, const
 
 DataPipeline::DataPipeline(const PipelineOptions& options, Tokenizer tokenizer, const DataPosition& start)
     : options_(options),
-      files_(options.dataset_paths),
+      files_(options.dataset_paths, options.seed),
       builder_(std::move(tokenizer),
                [&] {
                  SampleOptions sample = options.sample;
@@ -124,11 +124,13 @@ DataPipeline::Result DataPipeline::produce(int64_t job) const {
                                                      options_.max_line_bytes, "-byte limit for one sample"));
     }
     const std::string line = location.source->read(location.index);
-    const SftRecord record = parse_sft_record(line, location.source->directory(), where);
+    const SftRecord record = parse_sft_record(line, ImageRoots{location.source->directory(), options_.sample.media_dir}, where);
     result.sample = builder_.build(record, sample_index, where);
   } catch (const SampleSkip& skip) {
     result.reason = skip.reason();
     result.message = skip.what();
+    result.detail = skip.detail();
+    result.where = where;
   } catch (const std::exception& error) {
     result.fatal = str_cat(where.empty() ? "" : where + ": ", error.what());
   }
@@ -187,7 +189,10 @@ std::optional<Packer::Slotted> DataPipeline::next_sample() {
     CHECK(result.fatal.empty(), result.fatal);
     if (!result.resumed) next_slot_ = result.slot + 1;
     if (!result.sample) {
-      skips_.add(result.reason, result.message);
+      CHECK(!options_.strict, "--strict: ", skip_reason_name(result.reason), ": ", result.message,
+            " (without --strict the line would be skipped and counted)");
+      skips_.add(result.reason, result.message, result.detail);
+      if (options_.on_skip) options_.on_skip(result.reason, result.detail, result.where, result.message);
       continue;
     }
     if (result.sample->truncated) skips_.add_truncated();

@@ -36,6 +36,9 @@ struct PipelineOptions {
   int64_t num_epochs = 1;       // 0: repeat forever
   size_t num_skip_messages = 8; // skip messages kept and logged
   int64_t max_line_bytes = int64_t{128} << 20;  // longer lines are skipped (too_long) without being read
+  bool strict = false;          // --strict: the first skipped line is an error instead of a counted skip
+  // Called (on the caller's thread) for every skipped line: reason, detail, file:line, message.
+  std::function<void(SkipReason, const std::string&, const std::string&, const std::string&)> on_skip;
   // Asked between samples; when it returns true, next_batch returns nullopt at once (the trainer's
   // SIGTERM check, so that a long pass over skipped samples does not delay a stop).
   std::function<bool()> stop_requested;
@@ -68,6 +71,8 @@ class DataPipeline {
     std::optional<SftSample> sample;
     SkipReason reason = SkipReason::kCount;
     std::string message;
+    std::string detail;
+    std::string where;  // file:line
     std::string fatal;  // non-empty: not a sample problem; next_batch rethrows it
   };
   Result produce(int64_t job) const;

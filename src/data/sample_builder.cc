@@ -66,7 +66,24 @@ SftSample SampleBuilder::build(const SftRecord& record, int64_t sample_index, co
                                                            record.images.size(), " image source(s)"));
   }
   sample.images.reserve(record.images.size());
-  for (const std::string& ref : record.images) sample.images.push_back(load_sample_image(ref, options_.image_config, options_.image_limits, where));
+  for (size_t i = 0; i < record.images.size(); ++i) {
+    const std::string& ref = record.images[i];
+    try {
+      sample.images.push_back(options_.measure_images_only
+                                  ? measure_sample_image(ref, options_.image_config, options_.image_limits, where)
+                                  : load_sample_image(ref, options_.image_config, options_.image_limits, where));
+    } catch (const SampleSkip& skip) {
+      const bool relative = i < record.image_refs.size() && !record.image_refs[i].empty() &&
+                            record.image_refs[i][0] != '/' && !record.image_refs[i].starts_with("data:") &&
+                            !record.image_refs[i].starts_with("file://");
+      if (skip.reason() != SkipReason::kMissingImage || !relative) throw;
+      throw SampleSkip(skip.reason(), str_cat(skip.what(), " (the line gives the relative path '", record.image_refs[i],
+                                              "': looked up in ", options_.media_dir.empty()
+                                                  ? std::string("the working directory, then the dataset's folder")
+                                                  : "--media_dir " + options_.media_dir, ")"),
+                       skip.detail());
+    }
+  }
 
   std::vector<int32_t> ids, span_of_token;
   try {
@@ -84,7 +101,11 @@ SftSample SampleBuilder::build(const SftRecord& record, int64_t sample_index, co
   // Expand each pad to its image's merged token count; pads are never supervised.
   size_t image = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
-    const bool supervised = options_.supervise_all || supervised_by_default(chat.spans[static_cast<size_t>(span_of_token[i])].role);
+    const ChatSpan& span = chat.spans[static_cast<size_t>(span_of_token[i])];
+    // A message's "loss": false keeps all of it out of the loss (ms-swift's per-message switch).
+    const bool loss_off = span.message_index >= 0 && static_cast<size_t>(span.message_index) < record.message_loss.size() &&
+                          record.message_loss[static_cast<size_t>(span.message_index)] == 0;
+    const bool supervised = options_.supervise_all || (supervised_by_default(span.role) && !loss_off);
     if (ids[i] != image_token_id_) {
       sample.input_ids.push_back(ids[i]);
       sample.labels.push_back(supervised ? ids[i] : kIgnoreLabel);

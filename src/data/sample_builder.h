@@ -25,6 +25,9 @@ struct SampleOptions {
   ImagePreprocessConfig image_config;
   ImageReadLimits image_limits;  // file size and decoded pixel caps (bigger images are skipped)
   bool allow_images = true;  // false for text-only models: samples with images are skipped (unsupported)
+  std::string media_dir;     // --media_dir: the root of relative image paths ("": working directory, then the file's folder)
+  // Image grids from the files' headers, no pixels (the pass before step 1 that counts tokens).
+  bool measure_images_only = false;
 };
 
 class SampleBuilder {

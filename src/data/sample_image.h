@@ -22,4 +22,11 @@ struct ImageReadLimits {
 ImagePatches load_sample_image(const std::string& ref, const ImagePreprocessConfig& config,
                                const ImageReadLimits& limits, const std::string& where);
 
+// The same image's patch grid without its pixels: the size comes from the file's header
+// (read_image_header), so nothing is decoded; pixel_values stays empty. The same files are refused
+// as by load_sample_image, except those whose data is corrupt after a good header (the decode in
+// training skips them).
+ImagePatches measure_sample_image(const std::string& ref, const ImagePreprocessConfig& config,
+                                  const ImageReadLimits& limits, const std::string& where);
+
 }  // namespace deltamoe

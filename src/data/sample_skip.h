@@ -22,14 +22,19 @@ enum class SkipReason : int {
 // Short snake_case name for reports ("malformed_json", ...).
 const char* skip_reason_name(SkipReason reason);
 
-// Thrown while building one sample; the pipeline catches it, counts the reason and moves on.
+// Thrown while building one sample; the pipeline catches it, counts the reason and moves on. The
+// detail names the form within the reason where there are several ("video", "audio", "objects" for
+// kUnsupported; "remote_image", "raw_base64" for kMissingImage), so each is counted on its own.
 class SampleSkip : public Error {
  public:
-  SampleSkip(SkipReason reason, const std::string& message) : Error(message), reason_(reason) {}
+  SampleSkip(SkipReason reason, const std::string& message, std::string detail = "")
+      : Error(message), reason_(reason), detail_(std::move(detail)) {}
   SkipReason reason() const { return reason_; }
+  const std::string& detail() const { return detail_; }
 
  private:
   SkipReason reason_;
+  std::string detail_;
 };
 
 }  // namespace deltamoe

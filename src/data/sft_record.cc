@@ -1,4 +1,5 @@
-// Reading the two SFT line layouts into one form (image parts in the messages, sources listed).
+// Reading SFT lines into one form: the layout normalised (record_formats.h), image parts in the
+// messages with their sources listed and resolved, and each message's loss switch.
 #include "data/sft_record.h"
 
 #include <filesystem>
@@ -6,6 +7,7 @@
 
 #include "core/json_depth.h"
 #include "data/base64.h"
+#include "data/record_formats.h"
 #include "data/sample_skip.h"
 
 namespace deltamoe {
@@ -88,6 +90,10 @@ void place_listed_images(Json& messages, const Json& images, const std::string& 
       num_tags += count_tags(message["content"].get_ref<const std::string&>());
     }
   }
+  if (num_tags > 0 && listed.empty()) {
+    bad(where, str_cat("the messages hold ", num_tags, " <image> tag(s) but the line lists no images (an 'images' list "
+                       "gives one path per tag)"));
+  }
   if (num_tags == 0 && !listed.empty()) {
     for (Json& message : messages) {
       // NOTE: not message.value("role", ""), which throws when "role" holds a non-string.
@@ -116,48 +122,75 @@ void place_listed_images(Json& messages, const Json& images, const std::string& 
 
 }  // namespace
 
-std::string resolve_image_ref(const std::string& ref, const std::string& dataset_dir, const std::string& where) {
+// Raw base64 image data (ms-swift also takes it without a data: prefix): long, base64 characters only.
+static bool looks_like_raw_base64(const std::string& ref) {
+  if (ref.size() < 256) return false;
+  for (char c : ref) {
+    const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' ||
+                    c == '/' || c == '=' || c == '\n' || c == '\r';
+    if (!ok) return false;
+  }
+  return ref.find('/') == std::string::npos || ref.find('.') == std::string::npos;
+}
+
+std::string resolve_image_ref(const std::string& ref, const ImageRoots& roots, const std::string& where) {
+  namespace fs = std::filesystem;
   if (is_data_url(ref)) return ref;
   if (ref.starts_with("http://") || ref.starts_with("https://")) {
     throw SampleSkip(SkipReason::kMissingImage, where + ": image URL '" + ref.substr(0, 200) +
-                                                     "' is not downloaded; store the image locally and give its path");
+                     "' is not downloaded (deltamoe reads local files only); store the image locally and give its path",
+                     "remote_image");
   }
   std::string path = ref.starts_with("file://") ? ref.substr(7) : ref;
   if (path.empty()) bad(where, "empty image path");
-  const std::filesystem::path fs_path(path);
-  return fs_path.is_absolute() ? path : (std::filesystem::path(dataset_dir) / fs_path).string();
+  const fs::path fs_path(path);
+  std::error_code error;
+  // A JPEG's base64 starts with "/9j/": it would pass for an absolute path.
+  if (looks_like_raw_base64(path) && !fs::exists(fs_path, error) &&
+      !fs::exists(fs::path(roots.dataset_dir) / fs_path, error)) {
+    throw SampleSkip(SkipReason::kMissingImage, where + ": an image is base64 text without a 'data:image/...;base64,' "
+                     "prefix; write it as a data URL (data:image/png;base64,...) or store the image as a file",
+                     "raw_base64");
+  }
+  if (fs_path.is_absolute()) return path;
+  if (!roots.media_dir.empty()) return (fs::path(roots.media_dir) / fs_path).string();
+  // ms-swift resolves relative paths against the working directory; a dataset moved with its
+  // images keeps working through its own folder.
+  if (fs::exists(fs_path, error)) return fs::absolute(fs_path, error).string();
+  return (fs::path(roots.dataset_dir) / fs_path).string();
+}
+
+std::string resolve_image_ref(const std::string& ref, const std::string& dataset_dir, const std::string& where) {
+  return resolve_image_ref(ref, ImageRoots{dataset_dir, ""}, where);
 }
 
 namespace {
 
-SftRecord parse_record(std::string_view line, const std::string& dataset_dir, const std::string& where) {
+SftRecord parse_record(std::string_view line, const ImageRoots& roots, const std::string& where) {
   // Checked before parsing: printing a value nested deeper than this would overflow the stack.
   if (const int64_t depth = json_nesting_depth(line); depth > kMaxJsonDepth) {
     throw SampleSkip(SkipReason::kMalformedJson, str_cat(where, ": JSON nested more than ", kMaxJsonDepth,
                                                          " levels deep (at least ", depth, ")"));
   }
-  Json root;
+  Json parsed;
   try {
-    root = Json::parse(line);
+    parsed = Json::parse(line);
   } catch (const Json::exception& error) {
     throw SampleSkip(SkipReason::kMalformedJson, where + ": not valid JSON (" + error.what() + ")");
   }
-  if (!root.is_object()) throw SampleSkip(SkipReason::kMalformedJson, where + ": a line must be a JSON object");
-  if (!root.contains("messages") || !root["messages"].is_array() || root["messages"].empty()) {
-    bad(where, "expected a non-empty 'messages' list");
-  }
+  if (!parsed.is_object()) throw SampleSkip(SkipReason::kMalformedJson, where + ": a line must be a JSON object");
+  Json root = normalise_record(std::move(parsed), where).root;
   Json& messages = root["messages"];
   SftRecord record;
   std::vector<std::string> sources;
-  const bool listed = root.contains("images") && !root["images"].is_null();
-  if (listed) place_listed_images(messages, root["images"], where, sources);
+  place_listed_images(messages, root.contains("images") ? root["images"] : Json(), where, sources);
   // Image parts written in the messages themselves (the first layout; with 'images' they are the
   // parts made from <image> tags, whose sources are already listed).
   size_t listed_index = 0;
   for (Json& message : messages) {
     if (!message.is_object() || !message.contains("content") || !message["content"].is_array()) continue;
     for (Json& part : message["content"]) {
-      if (is_video_part(part)) throw SampleSkip(SkipReason::kUnsupported, where + ": videos are not supported yet");
+      if (is_video_part(part)) throw SampleSkip(SkipReason::kUnsupported, where + ": videos are not supported yet", "video");
       if (!is_image_part(part)) continue;
       std::string source;
       if (part.contains("image") || part.contains("image_url")) {
@@ -167,12 +200,17 @@ SftRecord parse_record(std::string_view line, const std::string& dataset_dir, co
       } else {
         bad(where, "an image part has no source ('image' path or data URL)");
       }
-      record.images.push_back(resolve_image_ref(source, dataset_dir, where));
+      record.images.push_back(resolve_image_ref(source, roots, where));
+      record.image_refs.push_back(source);
       part = Json{{"type", "image"}};  // the renderer needs only the kind; keeps the JSON small
     }
   }
   if (listed_index != sources.size()) {
     bad(where, str_cat("'images' lists ", sources.size(), " image(s) but ", listed_index, " were placed"));
+  }
+  for (const Json& message : messages) {
+    const bool has_loss = message.is_object() && message.contains("loss") && message["loss"].is_boolean();
+    record.message_loss.push_back(has_loss ? (message["loss"].get<bool>() ? 1 : 0) : -1);
   }
   record.messages_json = messages.dump();
   if (root.contains("tools") && !root["tools"].is_null()) {
@@ -195,8 +233,12 @@ SftRecord parse_record(std::string_view line, const std::string& dataset_dir, co
 }  // namespace
 
 SftRecord parse_sft_record(std::string_view line, const std::string& dataset_dir, const std::string& where) {
+  return parse_sft_record(line, ImageRoots{dataset_dir, ""}, where);
+}
+
+SftRecord parse_sft_record(std::string_view line, const ImageRoots& roots, const std::string& where) {
   try {
-    return parse_record(line, dataset_dir, where);
+    return parse_record(line, roots, where);
   } catch (const Json::exception& error) {  // a value of an unexpected type that a check above missed
     throw SampleSkip(SkipReason::kBadConversation, where + ": unexpected JSON layout (" + error.what() + ")");
   }

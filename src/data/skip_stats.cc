@@ -19,14 +19,24 @@ const char* skip_reason_name(SkipReason reason) {
   return "unknown";
 }
 
-void SkipStats::add(SkipReason reason, const std::string& message) {
+void SkipStats::add(SkipReason reason, const std::string& message, const std::string& detail) {
   ++counts_[static_cast<size_t>(reason)];
+  if (!detail.empty()) ++details_[static_cast<size_t>(reason)][detail];
   if (messages_.size() >= num_messages_kept_) return;
   messages_.push_back(str_cat(skip_reason_name(reason), ": ", message));
   if (log_) {
     log_warn("skipping sample (", messages_.back(), ")",
              messages_.size() == num_messages_kept_ ? "; further skips are only counted" : "");
   }
+}
+
+int64_t SkipStats::count_detail(const std::string& detail) const {
+  int64_t sum = 0;
+  for (const auto& details : details_) {
+    auto it = details.find(detail);
+    if (it != details.end()) sum += it->second;
+  }
+  return sum;
 }
 
 int64_t SkipStats::total() const {
@@ -41,6 +51,9 @@ std::string SkipStats::summary() const {
   for (size_t i = 0; i < counts_.size(); ++i) {
     if (counts_[i] == 0) continue;
     parts += str_cat(parts.empty() ? "" : ", ", skip_reason_name(static_cast<SkipReason>(i)), " ", counts_[i]);
+    std::string details;
+    for (const auto& [detail, count] : details_[i]) details += str_cat(details.empty() ? "" : ", ", detail, " ", count);
+    if (!details.empty()) parts += " [" + details + "]";
   }
   if (!parts.empty()) out += " (" + parts + ")";
   if (num_truncated_ > 0) out += str_cat(", ", num_truncated_, " truncated");

@@ -146,7 +146,7 @@ RenderedChat render_qwen3(const ChatConversation& conversation, const ChatOption
       }
       out.write("<|im_start|>assistant\n", index, SpanRole::kAssistantHeader);
       const bool is_last = index == num_messages - 1;
-      if (index > last_query_index && (is_last || !reasoning.empty())) {
+      if ((index > last_query_index && (is_last || !reasoning.empty())) || options.think_on_every_turn) {
         const std::string_view think = strip_chars(reasoning, true, true);
         out.write("<think>\n" + std::string(think) + "\n</think>\n\n", index,
                   think.empty() ? SpanRole::kEmptyThink : SpanRole::kThink);
@@ -245,7 +245,7 @@ RenderedChat render_qwen35(const ChatConversation& conversation, const ChatOptio
       }
       reasoning = std::string(python_strip(reasoning));
       out.write("<|im_start|>assistant\n", index, SpanRole::kAssistantHeader);
-      if (index > last_query_index) {
+      if (index > last_query_index || options.think_on_every_turn) {
         out.write("<think>\n" + reasoning + "\n</think>\n\n", index,
                   reasoning.empty() ? SpanRole::kEmptyThink : SpanRole::kThink);
       }

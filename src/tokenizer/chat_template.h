@@ -25,6 +25,9 @@ struct ChatOptions {
   bool add_generation_prompt = false;
   std::optional<bool> enable_thinking;  // unset = the template's default (thinking)
   bool add_vision_id = false;           // Qwen3.5: "Picture N: " before each image
+  // A think block on every assistant turn, not only those after the last user query (ms-swift's
+  // --add_non_thinking_prefix in training: earlier turns keep their reasoning, or get the empty block).
+  bool think_on_every_turn = false;
 };
 
 // What a span of the rendered text is. Spans tile the text in order.

@@ -22,16 +22,18 @@ namespace {
 // A Philox stream of its own, so the split never shares random numbers with the epoch shuffle.
 constexpr uint64_t kSplitStream = 0x5317;
 
-// The line in the self-contained layout: image parts carry their absolute path, so the file can
-// live anywhere. Lines the parser rejects are returned unchanged.
-std::string self_contained_line(const std::string& line, const std::string& dataset_dir, const std::string& where) {
+// The line in the self-contained layout: the messages form (whatever layout the line had), image
+// parts carrying their absolute path, so the file can live anywhere. Lines the parser rejects are
+// returned unchanged.
+std::string self_contained_line(const std::string& line, const ImageRoots& roots, const std::string& where) {
   SftRecord record;
   try {
-    record = parse_sft_record(line, dataset_dir, where);
+    record = parse_sft_record(line, roots, where);
   } catch (const SampleSkip&) {
     return line;
   }
-  nlohmann::json messages = nlohmann::json::parse(record.messages_json);
+  // ordered_json throughout: tool arguments and schemas keep their key order, which is rendered.
+  nlohmann::ordered_json messages = nlohmann::ordered_json::parse(record.messages_json);
   size_t image_idx = 0;
   for (auto& message : messages) {
     if (!message.is_object() || !message.contains("content") || !message["content"].is_array()) continue;
@@ -44,16 +46,16 @@ std::string self_contained_line(const std::string& line, const std::string& data
   CHECK(image_idx == record.images.size(), where, ": could not place every image while splitting the dataset");
   nlohmann::ordered_json out;
   out["messages"] = std::move(messages);
-  if (!record.tools_json.empty()) out["tools"] = nlohmann::json::parse(record.tools_json);
+  if (!record.tools_json.empty()) out["tools"] = nlohmann::ordered_json::parse(record.tools_json);
   return out.dump();
 }
 
 }  // namespace
 
 DatasetSplit split_dataset(const std::vector<std::string>& paths, double ratio, uint64_t seed,
-                           const std::string& out_dir) {
+                           const std::string& out_dir, const std::string& media_dir) {
   CHECK(ratio > 0 && ratio < 1, "--split_dataset_ratio must be in (0, 1), got ", ratio);
-  const DatasetFiles files(paths);
+  const DatasetFiles files(paths, seed);
   const int64_t total = files.size();
   CHECK(total >= 2, "--split_dataset_ratio: the dataset has ", total, " sample(s); at least 2 are needed to split");
   const int64_t num_val = std::clamp<int64_t>(std::llround(static_cast<double>(total) * ratio), 1, total - 1);
@@ -74,7 +76,8 @@ DatasetSplit split_dataset(const std::vector<std::string>& paths, double ratio, 
   for (int64_t i = 0; i < total; ++i) {
     const DatasetFiles::Location location = files.locate(i);
     const std::string& dataset_dir = location.source->directory();  // absolute
-    const std::string line = self_contained_line(location.source->read(location.index), dataset_dir, files.where(i));
+    const std::string line =
+        self_contained_line(location.source->read(location.index), ImageRoots{dataset_dir, media_dir}, files.where(i));
     (is_val[i] ? val : train) << line << '\n';
     ++(is_val[i] ? split.num_val : split.num_train);
   }

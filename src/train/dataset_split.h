@@ -21,7 +21,8 @@ struct DatasetSplit {
 // each in their original order. Lines that do not parse are copied unchanged (the pipeline then
 // skips and counts them). ratio must be in (0, 1); throws naming --split_dataset_ratio otherwise
 // or when the data has fewer than 2 samples.
+// media_dir: --media_dir, the root of relative image paths (see resolve_image_ref).
 DatasetSplit split_dataset(const std::vector<std::string>& paths, double ratio, uint64_t seed,
-                           const std::string& out_dir);
+                           const std::string& out_dir, const std::string& media_dir = "");
 
 }  // namespace deltamoe

@@ -130,6 +130,7 @@ std::string save_training_checkpoint(const std::string& output_dir, const Checkp
     save_options.max_shard_bytes = payload.max_shard_bytes;
     save_model_dir(*payload.model, temp_dir.string(), save_options);
     if (!payload.side_files_dir.empty()) copy_side_files(payload.side_files_dir, temp_dir.string());
+    if (payload.write_extra_files) payload.write_extra_files(temp_dir.string());
 
     if (const char* fail_at = std::getenv("DELTAMOE_FAIL_SAVE_AT_STEP"); fail_at != nullptr && std::atoll(fail_at) == step) {
       std::fprintf(stderr, "DELTAMOE_FAIL_SAVE_AT_STEP=%s: ending the process in the middle of a save\n", fail_at);

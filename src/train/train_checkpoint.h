@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "checkpoint/model_checkpoint.h"
@@ -39,6 +40,9 @@ struct CheckpointPayload {
   const TrainStateStore* train_state = nullptr;
   OptimizerProgress progress;
   TrainerState state;
+  // Writes the run's own files into the checkpoint folder before it is renamed into place (args.json,
+  // generation_config.json, chat_template.jinja: train/run_args.h, train/hf_side_files.h).
+  std::function<void(const std::string& dir)> write_extra_files;
 };
 
 // Bytes a save of payload writes (model shards, side files, optimizer state), for the free-space

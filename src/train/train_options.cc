@@ -5,7 +5,9 @@
 #include <cmath>
 #include <filesystem>
 
+#include "checkpoint/hub_cache.h"
 #include "core/error.h"
+#include "data/sample_source.h"
 #include "train/batch_plan.h"
 
 namespace deltamoe {
@@ -45,6 +47,12 @@ void check_numbers(const TrainOptions& o) {
   check_range("--min_pixels", o.min_pixels, 0, kMaxImagePixels);
   check_range("--max_pixels", o.max_pixels, 0, kMaxImagePixels);
   check_range("--max_decoded_pixels", o.max_decoded_pixels, 1, kMaxImagePixels);
+  CHECK(std::isfinite(o.max_skip_ratio) && o.max_skip_ratio >= 0 && o.max_skip_ratio <= 1,
+        "--max_skip_ratio must be in [0, 1] (the fraction of lines a run may skip), got ", o.max_skip_ratio);
+  for (const std::string& target : o.report_to) {
+    CHECK(target == "tensorboard" || target == "none", "--report_to ", target,
+          " is not supported: deltamoe writes tensorboard event files (or none); metrics.jsonl is always written");
+  }
   CHECK(o.max_nonfinite_steps >= 0, "--max_nonfinite_steps must be >= 0 (0: never stop), got ", o.max_nonfinite_steps);
 }
 
@@ -59,7 +67,13 @@ void validate_train_options(const TrainOptions& options) {
   CHECK(!options.dataset_paths.empty(), "--dataset is required (one or more JSONL files, comma separated)");
   for (const auto* list : {&options.dataset_paths, &options.val_dataset_paths}) {
     const char* flag = list == &options.dataset_paths ? "--dataset" : "--val_dataset";
-    for (const std::string& path : *list) {
+    for (const std::string& spec : *list) {
+      const std::string path = parse_dataset_spec(spec).path;  // "data.jsonl#500" takes 500 samples of it
+      // ms-swift also takes hub datasets ('AI-ModelScope/LaTeX_OCR:human_handwrite#2000'); deltamoe reads files.
+      const bool hub_like = path.find(':') != std::string::npos || looks_like_hub_id(path);
+      CHECK(fs::exists(path) || !hub_like || path.find('/') == 0, flag, ": '", spec,
+            "' is not a file here; deltamoe reads local JSONL / JSON files (a hub dataset id? download it, e.g. ",
+            "`modelscope download --dataset ", path.substr(0, path.find(':')), " --local_dir DIR`, and give its files)");
       CHECK(fs::exists(path), flag, ": no such file '", path, "'");
       CHECK(!fs::is_directory(path), flag, ": '", path, "' is a directory; give JSONL files (comma separated)");
       CHECK(fs::is_regular_file(path), flag, ": '", path, "' is not a regular file (a device or FIFO?); give JSONL files");

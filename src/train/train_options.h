@@ -9,6 +9,7 @@
 
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "tokenizer/chat_template.h"
 #include "train/trainable_params.h"
 
 namespace deltamoe {
@@ -53,11 +54,48 @@ struct TrainOptions {
   uint64_t max_shard_bytes = 5'000'000'000;
   bool save_only_model = false;  // --save_only_model: checkpoints hold the model directory only (no resume)
   double peak_tflops = 0;  // --peak_tflops: the device's peak for MFU (0: by GPU name, see train_metrics.h)
+
+  // Data (docs/data.md).
+  std::string media_dir;          // --media_dir: root of relative image paths ("": working directory, then the file's folder)
+  bool strict = false;            // --strict: the first skipped line stops the run
+  double max_skip_ratio = 0.05;   // more skipped lines than this fraction stop the run before step 1
+  ChatFormat chat_format = ChatFormat::kQwen35;  // the renderer (--template, or the model's own template)
+  bool add_non_thinking_prefix = false;  // a think block on every assistant turn (ms-swift's training default)
+
+  // Run records (docs/training.md, "Run records").
+  std::vector<std::string> report_to;  // --report_to tensorboard: event files in logging_dir
+  std::string logging_dir;             // "": OUTPUT_DIR/runs
+  bool ignore_args_check = false;      // --resume with options that break exactness is allowed
+  bool plot = true;                    // write OUTPUT_DIR/images/training.png at the end
 };
 
 // Checks values and paths (model dir with config.json, dataset files, output dir writable) and
 // throws an error that names the flag and, for numbers, the allowed range. Runs before the model is
 // loaded.
 void validate_train_options(const TrainOptions& options);
+
+}  // namespace deltamoe
+
+namespace deltamoe {
+
+// What a command line gives in other units or leaves to the model folder, resolved into
+// TrainOptions by resolve_train_options before validation.
+struct TrainOptionsRequest {
+  std::string template_name;     // --template ("": decided by the model's own chat template)
+  int64_t image_max_tokens = 0;  // --image_max_token_num / IMAGE_MAX_TOKEN_NUM (0: not given)
+  int64_t image_min_tokens = 0;  // IMAGE_MIN_TOKEN_NUM (0: not given)
+  int64_t spatial_merge_size = 0;  // SPATIAL_MERGE_SIZE (0: not given); must equal config.json's
+  bool add_version = false;      // --add_version: the run writes into OUTPUT_DIR/vN-YYYYMMDD-HHMMSS
+};
+
+// A hub id in --model becomes its folder in the local caches (checkpoint/hub_cache.h); max_length
+// 0 becomes the model's max_position_embeddings; the chat format comes from --template or the
+// model's template (refused when deltamoe's renderer is not known to reproduce it); image token
+// caps become pixel bounds ((patch x merge)^2 pixels per token, the tighter of pixels and tokens
+// wins); --add_version picks the run folder. Throws naming the flag or file.
+void resolve_train_options(TrainOptions& options, const TrainOptionsRequest& request);
+
+// The pixel bound of `tokens` image tokens for the model in model_dir: tokens x (patch x merge)^2.
+int64_t image_tokens_to_pixels(const std::string& model_dir, int64_t tokens);
 
 }  // namespace deltamoe

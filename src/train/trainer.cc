@@ -21,10 +21,14 @@
 #include "train/batch_plan.h"
 #include "train/dataset_split.h"
 #include "train/engine_factory.h"
+#include "train/hf_side_files.h"
 #include "train/nonfinite_streak.h"
+#include "train/run_args.h"
 #include "train/run_lock.h"
+#include "train/run_records.h"
 #include "train/stop_signal.h"
 #include "train/train_checkpoint.h"
+#include "train/train_data.h"
 #include "train/train_metrics.h"
 #include "train/trainable_params.h"
 
@@ -38,51 +42,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// The image settings `deltamoe data` uses too (preprocessor_config.json + flags), validated before
-// any sample is read.
-SampleOptions sample_options(const TrainOptions& options, const ModelConfig& config, const Tokenizer& tokenizer) {
-  SampleOptions sample;
-  sample.max_length = options.max_length;
-  sample.truncate = options.truncate;
-  sample.allow_images = config.has_vision;
-  sample.image_limits.max_decoded_pixels = options.max_decoded_pixels;
-  if (config.has_vision) {
-    const VisionGeometry vision{config.vision.patch_size, config.vision.temporal_patch_size,
-                                config.vision.spatial_merge_size, config.image_token_id};
-    sample.image_config =
-        load_image_processor_config(options.model_dir, vision, tokenizer, {options.min_pixels, options.max_pixels});
-  }
-  return sample;
-}
-
-PipelineOptions pipeline_options(const TrainOptions& options, const SampleOptions& sample,
-                                 const std::vector<std::string>& paths, bool training) {
-  PipelineOptions pipeline;
-  pipeline.dataset_paths = paths;
-  pipeline.sample = sample;
-  // A stop request must not wait for a long pass over skipped samples.
-  pipeline.stop_requested = [] { return StopSignalGuard::stop_signal() != 0; };
-  const BatchPlan plan = plan_batches(options);
-  pipeline.token_budget = plan.token_budget;
-  pipeline.max_samples_per_batch = plan.micro_batch_samples;
-  pipeline.num_workers = options.num_workers;
-  pipeline.seed = options.seed;
-  pipeline.shuffle = training;
-  // With --max_steps the data repeats until the steps are done; otherwise it ends after the epochs.
-  pipeline.num_epochs = training && options.max_steps > 0 ? 0 : (training ? options.num_train_epochs : 1);
-  return pipeline;
-}
-
-// Micro-batches of one pass over the data (the step count of an epoch-based run).
-int64_t count_micro_batches(const PipelineOptions& options, const Tokenizer& tokenizer) {
-  PipelineOptions one_epoch = options;
-  one_epoch.num_epochs = 1;
-  DataPipeline pipeline(one_epoch, tokenizer);
-  int64_t count = 0;
-  while (pipeline.next_batch()) ++count;
-  return count;
 }
 
 struct EvalResult {
@@ -129,7 +88,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   std::vector<std::string> train_paths = options.dataset_paths, val_paths = options.val_dataset_paths;
   if (options.split_dataset_ratio > 0) {
     const DatasetSplit split = split_dataset(options.dataset_paths, options.split_dataset_ratio, options.seed,
-                                             (fs::path(options.output_dir) / "dataset_split").string());
+                                             (fs::path(options.output_dir) / "dataset_split").string(), options.media_dir);
     log_info("train: --split_dataset_ratio ", options.split_dataset_ratio, ": ", split.num_train, " training and ",
              split.num_val, " validation samples (", split.train_path, ", ", split.val_path, ")");
     train_paths = {split.train_path};
@@ -147,9 +106,20 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     log_info("train: global batch ", accumulation, " packed micro-batches of <= ", batch_plan.token_budget,
              " tokens");
   }
+  // Every line once before step 1 (image sizes from headers): the step count, the skips (--strict,
+  // --max_skip_ratio) and the longest sample, which sizes the engine.
+  const DataSurvey survey =
+      survey_data(train_data, tokenizer, "training data", (fs::path(options.output_dir) / "data_skips.jsonl").string());
+  check_skip_ratio(survey, options.max_skip_ratio, "training data");
+  int64_t longest_sample = survey.longest_sample_tokens;
+  if (!val_paths.empty()) {
+    const DataSurvey val_survey = survey_data(pipeline_options(options, samples, val_paths, false), tokenizer, "validation data");
+    longest_sample = std::max(longest_sample, val_survey.longest_sample_tokens);
+  }
+  const double steps_per_epoch = static_cast<double>((survey.num_micro_batches + accumulation - 1) / accumulation);
   int64_t total_steps = options.max_steps;
   if (total_steps <= 0) {
-    const int64_t batches = count_micro_batches(train_data, tokenizer);
+    const int64_t batches = survey.num_micro_batches;
     CHECK(batches > 0, "--dataset: no usable samples (all skipped; see the messages above)");
     const int64_t per_epoch = (batches + accumulation - 1) / accumulation;
     total_steps = per_epoch * options.num_train_epochs;
@@ -166,7 +136,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   engine_options.freeze = options.freeze;
   engine_options.adamw = options.adamw;
   engine_options.aux_coef = aux_coef;
-  engine_options.max_tokens = batch_plan.token_budget;
+  engine_options.max_tokens = engine_token_budget(batch_plan, longest_sample);
   engine_options.max_samples = batch_plan.micro_batch_samples;
   engine_options.max_image_pixels = samples.image_config.max_pixels;
   std::unique_ptr<TrainEngine> engine =
@@ -191,8 +161,12 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     progress = load_optimizer_state((fs::path(dir) / "optimizer.safetensors").string(), &engine->state());
     CHECK(progress.schedule_step == state.global_step, dir, ": optimizer state is at step ", progress.schedule_step,
           " but trainer_state.json at ", state.global_step);
+    check_resume_args(dir, options);  // a changed --lr etc. is refused unless --ignore_args_check
     log_info("train: resuming from ", dir, " at step ", state.global_step, "/", total_steps);
   }
+  // args.json: this run's options, in the run folder and (without where it runs) in each checkpoint.
+  write_run_args(options.output_dir, train_options_to_json(options).dump(2));
+  const std::string run_args = train_options_to_json(options, RunArgsCopy::kCheckpoint).dump(2);
   Rng rng(state.rng_seed);
   rng.seek(state.rng_position);
 
@@ -212,12 +186,14 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   }
 
   MetricsLog metrics((fs::path(options.output_dir) / "metrics.jsonl").string(), resuming ? state.global_step : -1);
+  RunRecords records(options, steps_per_epoch);  // TensorBoard, the progress line's context, the plot
   TrainSummary summary;
   summary.total_steps = total_steps;
   summary.device = engine->device_name();
   auto run_eval = [&](int64_t step) {
     const EvalResult result = evaluate(*engine, val_batches);
     metrics.write_eval(step, result.loss, result.token_acc, result.num_supervised);
+    records.on_eval(step, result.loss, result.token_acc);
     std::printf("eval step %lld/%lld | val_loss %.4f | token_acc %.3f (%lld supervised tokens)\n",
                 static_cast<long long>(step), static_cast<long long>(total_steps), result.loss, result.token_acc,
                 static_cast<long long>(result.num_supervised));
@@ -240,6 +216,10 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     const ModelCheckpoint weights = checkpoint_with_state(base, engine->state());
     payload.model = &weights;
     payload.side_files_dir = options.model_dir;
+    payload.write_extra_files = [&](const std::string& dir) {
+      write_run_args(dir, run_args);
+      write_missing_side_files(dir, config, options.chat_format);
+    };
     payload.max_shard_bytes = options.max_shard_bytes;
     payload.train_state = options.save_only_model ? nullptr : &engine->state();
     payload.progress = progress;
@@ -339,13 +319,14 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     const double mean_step_s = seconds_since(loop_start) / static_cast<double>(summary.steps_this_run);
     step.eta_s = mean_step_s * static_cast<double>(total_steps - state.global_step);
     metrics.write_step(step);
+    records.on_step(step);
     if (nonfinite.record(state.global_step, step.loss, report.grad_norm)) RAISE(nonfinite.stop_message());
     if (summary.steps_this_run == 1) summary.first_loss = step.loss;
     summary.last_loss = step.loss;
     if (report.skipped) log_warn("train: step ", step.step, ": gradient norm is not finite; update skipped");
     const bool last = state.global_step == total_steps;
     if (state.global_step % options.logging_steps == 0 || last || summary.steps_this_run == 1) {
-      std::printf("%s\n", format_progress_line(step).c_str());
+      std::printf("%s\n", records.progress_line(step).c_str());
       std::fflush(stdout);
     }
     if (!val_batches.empty() && ((options.eval_steps > 0 && state.global_step % options.eval_steps == 0) || last)) {
@@ -371,6 +352,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   summary.steps_done = state.global_step;
   summary.elapsed_s = seconds_since(run_start);
   summary.data_skips = pipeline.skip_stats().summary();
+  records.finish();  // OUTPUT_DIR/images/training.png
   return summary;
 }
 
