@@ -252,6 +252,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
       if (!batch) break;
       batches.push_back(std::move(*batch));
     }
+    const double data_wait_s = seconds_since(step_start);
     if (StopSignalGuard::stop_signal() != 0) {  // while the step's data was read: that step is dropped
       stop_for_signal();
       break;
@@ -297,6 +298,11 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     step.skipped = report.skipped;
     step.num_tokens = num_tokens;
     step.num_supervised = result.num_supervised;
+    for (const MicroBatch& batch : batches) {
+      step.num_images += static_cast<int64_t>(batch.image_grid_thw.size());
+      step.num_image_tokens += batch.num_image_tokens;
+    }
+    step.data_wait_s = data_wait_s;
     step.token_acc = num_correct < 0 ? -1.0
                                      : static_cast<double>(num_correct) /
                                            static_cast<double>(std::max<int64_t>(1, result.num_supervised));
