@@ -56,7 +56,7 @@ def main():
     lines = []
     # Tokens of an image sample besides its image tokens and answer words: the chat template's
     # markers, the question and "The square is <colour>." (measured with the Qwen3 tokenizer).
-    template_tokens = 32
+    template_tokens = 28
     for i in range(args.samples):
         width, height = sizes[i % len(sizes)]
         words = args.answer_words
