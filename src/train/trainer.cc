@@ -26,6 +26,7 @@
 #include "train/run_args.h"
 #include "train/run_lock.h"
 #include "train/run_records.h"
+#include "train/step_batch_reader.h"
 #include "train/stop_signal.h"
 #include "train/train_checkpoint.h"
 #include "train/train_data.h"
@@ -244,14 +245,11 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
              "; continue with --resume auto");
     summary.stopped_by_signal = StopSignalGuard::stop_signal();
   };
+  StepBatchReader reader(pipeline, accumulation);  // after the pipeline: joins its reads before it goes
   while (state.global_step < total_steps) {
     const Clock::time_point step_start = Clock::now();
-    std::vector<MicroBatch> batches;
-    while (static_cast<int64_t>(batches.size()) < accumulation && StopSignalGuard::stop_signal() == 0) {
-      std::optional<MicroBatch> batch = pipeline.next_batch();
-      if (!batch) break;
-      batches.push_back(std::move(*batch));
-    }
+    StepBatches step_batches = reader.take(/*read_ahead=*/state.global_step + 1 < total_steps);
+    std::vector<MicroBatch>& batches = step_batches.batches;
     const double data_wait_s = seconds_since(step_start);
     if (StopSignalGuard::stop_signal() != 0) {  // while the step's data was read: that step is dropped
       stop_for_signal();
@@ -289,7 +287,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     StepMetrics step;
     step.step = state.global_step;
     step.total_steps = total_steps;
-    step.epoch = pipeline.epoch();
+    step.epoch = step_batches.epoch;
     step.ce_loss = loss.ce_loss();
     step.aux_loss = loss.weighted_aux_loss();
     step.loss = loss.total_loss();
@@ -357,6 +355,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   if (!saved_at_step && summary.steps_this_run > 0) save();
   summary.steps_done = state.global_step;
   summary.elapsed_s = seconds_since(run_start);
+  reader.finish();
   summary.data_skips = pipeline.skip_stats().summary();
   records.finish();  // OUTPUT_DIR/images/training.png
   return summary;
