@@ -28,7 +28,7 @@ struct StepMetrics {
   double eta_s = 0;
   double elapsed_s = 0;
   // GPU engine only (negative: not reported, left out of the line and the file).
-  double tflops = -1;        // model TFLOP/s of the step (FLOPs as ../shared/baselines.md counts them / step_s)
+  double tflops = -1;        // model TFLOP/s of the step (training_step_flops, model_flops.h, / step_s)
   double mfu = -1;           // tflops / the device's peak (needs a known peak: --peak_tflops or the GPU name)
   double peak_mem_gib = -1;  // most device memory in use so far (GiB, CUDA context included)
   // Bytes the step copied host -> device and device -> host (batches in; losses and the norm out).

@@ -220,7 +220,7 @@ void time_causal(const std::vector<int>& lengths, const char* label, double cudn
   print_flop_timing("backward (dispatch; 2.5x forward FLOPs)", backward_ms, 2.5 * forward_flops);
   print_flop_timing("forward + backward (dispatch)", forward_ms + backward_ms, 3.5 * forward_flops);
   if (cudnn_forward_ms > 0)
-    std::printf("  baseline cuDNN SDPA (PyTorch, baselines.md): forward %.2f ms, forward + backward %.2f ms\n",
+    std::printf("  baseline cuDNN SDPA (PyTorch 2.11 on the H200): forward %.2f ms, forward + backward %.2f ms\n",
                 cudnn_forward_ms, cudnn_total_ms);
   // At this size the CPU reference is too slow; instead the dispatch's results (fresh runs into
   // poisoned buffers) must match the fp32 SIMT kernels, themselves checked against the CPU

@@ -4,7 +4,7 @@
 //
 // Why our own kernel and not cuDNN's fused SDPA: cuDNN 9.19 offers causal training only through
 // the composite backend graph (~40 hand-built descriptors per direction, plan caching, and
-// "no engine" until the graph matches exactly; kernels-and-libraries.md section 4.1), and its
+// "no engine" until the graph matches exactly), and its
 // d = 256 backward exists only on Hopper while we also build sm_80. A self-contained kernel
 // gives any packing, any head dim <= 256, sm_80 and sm_90a, and a deterministic backward; the
 // cuDNN graph can be added later behind the same launchers and checked against this path.

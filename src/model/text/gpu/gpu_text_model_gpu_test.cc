@@ -87,7 +87,8 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 }
 
 // The weights' random seed: 7, or DELTAMOE_TEST_WEIGHT_SEED to rerun the cases on other draws
-// (how far the bf16 error / sensitivity ratios spread, docs/vision.md "Rounding probe").
+// (how far the bf16 error / bound ratios spread over draws: docs/vision.md, "The fp32-exact MoE router",
+// "Single-token bounds").
 uint64_t weight_seed() {
   const char* text = std::getenv("DELTAMOE_TEST_WEIGHT_SEED");
   return text != nullptr ? std::strtoull(text, nullptr, 10) : 7;
