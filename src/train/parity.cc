@@ -172,7 +172,23 @@ ParityResult run_parity_cpu(const ModelCheckpoint& checkpoint, const ParityInput
         }
       }
     }
-    CHECK(lora->modules_to_save.empty(), "parity: --adapters with modules_to_save is not supported");
+    // --modules_to_save tensors replace the base's and are trained whole.
+    for (const std::string& name : lora->modules_to_save) {
+      const HostTensor value = lora->tensors.at(name).to_f32();
+      peft_name[name] = peft_model_key(name);
+      if (name.starts_with("model.visual.")) {
+        CHECK(vision_params.count(name), "parity: the model has no tensor '", name, "'");
+        vision_params[name] = value;
+        lora_vision_grads.emplace(name, HostTensor(DType::f32, value.shape()));
+        std::fill_n(lora_vision_grads.at(name).as<float>(), value.numel(), 0.0f);
+        (name.starts_with("model.visual.merger.") ? trainable.aligner : trainable.vit) = true;
+      } else {
+        CHECK(params.count(name), "parity: the model has no tensor '", name, "'");
+        params[name].values.assign(value.as<float>(), value.as<float>() + value.numel());
+        lora_text_grads[name] = {value.shape().to_vector(), std::vector<float>(value.numel(), 0.0f)};
+        trainable.llm = true;
+      }
+    }
   }
   TextInputs text_inputs =
       build_text_inputs(checkpoint, inputs, cu_seqlens, vision_params, param_values(params, table_name));

@@ -5,7 +5,8 @@
 # DEMO_STEPS, DEMO_LR override the training length and learning rate; DEMO_DEVICE (auto, cpu or
 # cuda; default auto: the GPU engine where a CUDA build finds a GPU) picks the training engine;
 # DEMO_TUNER (full or lora; default full): lora trains PEFT LoRA adapters (all-linear and the experts,
-# r 8, alpha 32) on the frozen base (CPU engine only) with its own default learning rate;
+# r 8, alpha 32, lm_head in --modules_to_save) on the frozen base (CPU engine only) with its own
+# default learning rate;
 # DEMO_QWEN3_TOKENIZER the Qwen3 tokenizer.json the demo tokenizer is cut from (default: npm's copy).
 set -euo pipefail
 bin=$1
@@ -18,8 +19,10 @@ case "$tuner" in
   full) lr=${DEMO_LR:-2e-3} ;;
   lora)
     lr=${DEMO_LR:-1e-2}
+    # lm_head trained whole (--modules_to_save): frozen at its random init it caps every logit near
+    # 0.02 * hidden, so no adapter could bring the loss far below log(vocab).
     tuner_flags=(--tuner_type lora --lora_rank 8 --lora_alpha 32 --target_modules all-linear
-                 --target_parameters mlp.experts.gate_up_proj mlp.experts.down_proj)
+                 --target_parameters mlp.experts.gate_up_proj mlp.experts.down_proj --modules_to_save lm_head)
     ;;
   *) echo "demo: DEMO_TUNER must be full or lora, got '$tuner'" >&2; exit 1 ;;
 esac

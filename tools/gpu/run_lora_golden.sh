@@ -42,7 +42,8 @@ if [ "$WHAT" = all ] || [ "$WHAT" = check ]; then
   else
     {
       set -x
-      "$bin" init --config tiny-vl --out "$work/base" --seed 0
+      # f32 base: the merged export then holds W + delta unrounded, so it can equal PEFT's merge exactly.
+      "$bin" init --config tiny-vl --out "$work/base" --seed 0 --dtype f32
       "$PYTHON" tools/demo/make_tokenizer.py "$tokenizer" tests/tokenizer/qwen3_5_chat_template.jinja "$work/base"
       "$PYTHON" tools/demo/make_data.py "$work/data" --train 64 --val 8 --seed 0
       # Short LoRA run on the CPU engine (the GPU engine has no LoRA kernels yet); a large lr so that
