@@ -181,9 +181,12 @@ std::string checkpoint_problem(const std::string& dir) {
     const TrainerState state = load_trainer_state(dir);
     CHECK(!state.model_only, dir, " was saved with --save_only_model: it holds the model weights but no optimizer ",
           "state to resume from");
-    CHECK(fs::is_regular_file(fs::path(dir) / "config.json") || fs::is_regular_file(fs::path(dir) / kPeftAdapterConfig),
-          dir, ": config.json (or a LoRA run's adapter_config.json) is missing");
-    open_weights_dir(dir);  // every shard's header, its offsets against the file's size, the index
+    if (fs::is_regular_file(fs::path(dir) / kPeftAdapterConfig)) {  // a LoRA run's checkpoint: the adapter
+      SafetensorsFile::open((fs::path(dir) / kPeftAdapterWeights).string());
+    } else {
+      CHECK(fs::is_regular_file(fs::path(dir) / "config.json"), dir, ": config.json is missing");
+      open_weights_dir(dir);  // every shard's header, its offsets against the file's size, the index
+    }
     SafetensorsFile::open((fs::path(dir) / kOptimizerFile).string());
   } catch (const std::exception& error) {
     return error.what();
