@@ -229,11 +229,13 @@ def cmd_make_inputs(args):
     import torch
     from safetensors.torch import save_file
     generator = torch.Generator().manual_seed(args.seed)
-    ids = torch.randint(0, args.vocab, (1, args.length), generator=generator, dtype=torch.int64)
+    # Special tokens (image placeholders among them) sit at the top of the vocabulary: text ids only.
+    limit = args.vocab - 512 if args.vocab > 1024 else args.vocab
+    ids = torch.randint(0, limit, (1, args.length), generator=generator, dtype=torch.int64)
     labels = ids.clone()
     labels[:, : args.length // 4] = -100
     save_file({"input_ids": ids, "labels": labels}, args.out)
-    log(f"inputs: [1, {args.length}] ids below {args.vocab} -> {args.out}")
+    log(f"inputs: [1, {args.length}] ids below {limit} -> {args.out}")
 
 
 def max_rel(a, b):
