@@ -3,6 +3,7 @@
 
 #include "cli/flag_compat.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace deltamoe {
 
@@ -165,6 +166,13 @@ TrainOptions train_options_from_args(const ArgParser& args, const SwiftEnv& env,
     }
   } else {
     options.lora.validate();
+    for (const char* flag : {"freeze_vit", "freeze_aligner", "freeze_llm"}) {
+      if (args.has(flag)) {
+        log_warn("train: --", flag, " has no effect with --tuner_type lora: the base stays frozen and the adapters go ",
+                 "where --target_modules / --target_parameters say (all-linear includes the vision tower's Linear ",
+                 "layers, as PEFT resolves it)");
+      }
+    }
   }
   options.freeze.freeze_vit = args.flag("freeze_vit");
   options.freeze.freeze_aligner = args.flag("freeze_aligner");
