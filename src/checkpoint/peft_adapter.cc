@@ -131,8 +131,12 @@ LoraAdapters load_peft_adapter(const std::string& dir, const ModelConfig& model_
     RAISE(where, ": malformed LoRA config: ", error.what());
   }
   o.dropout = 0;  // training-time only: a saved adapter applies without it
-  adapters.targets = resolve_lora_targets(model_config, o);
-  adapters.modules_to_save = resolve_modules_to_save(model_config, o);
+  try {
+    adapters.targets = resolve_lora_targets(model_config, o);
+    adapters.modules_to_save = resolve_modules_to_save(model_config, o);
+  } catch (const Error& error) {
+    RAISE(where, " does not fit the base model: ", error.what());
+  }
   const std::string weights_path = (fs::path(dir) / kPeftAdapterWeights).string();
   CHECK(fs::is_regular_file(weights_path), weights_path, " is missing");
   const auto file = SafetensorsFile::open(weights_path);
