@@ -1,4 +1,4 @@
-// The hostile-user replay of issue 22 through the `deltamoe` binary: every input that once crashed,
+// The hostile-user replay through the `deltamoe` binary: every input that once crashed,
 // hung, was silently accepted or lost data now ends in a clear message (or a counted skip), fast.
 // Each run is bounded by `timeout`, so a hang fails the test instead of stalling CI.
 #include <gtest/gtest.h>

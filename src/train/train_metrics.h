@@ -20,7 +20,10 @@ struct StepMetrics {
   bool skipped = false;
   int64_t num_tokens = 0;
   int64_t num_supervised = 0;
+  int64_t num_images = 0;        // images in the step's micro-batches
+  int64_t num_image_tokens = 0;  // their tokens in the sequences (after the spatial merge)
   double step_s = 0;
+  double data_wait_s = 0;  // part of step_s spent waiting for the step's micro-batches
   double tokens_per_s = 0;
   double eta_s = 0;
   double elapsed_s = 0;

@@ -27,6 +27,7 @@
 #include "train/run_args.h"
 #include "train/run_lock.h"
 #include "train/run_records.h"
+#include "train/step_batch_reader.h"
 #include "train/stop_signal.h"
 #include "train/train_checkpoint.h"
 #include "train/train_data.h"
@@ -261,14 +262,12 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
              "; continue with --resume auto");
     summary.stopped_by_signal = StopSignalGuard::stop_signal();
   };
+  StepBatchReader reader(pipeline, accumulation);  // after the pipeline: joins its reads before it goes
   while (state.global_step < total_steps) {
     const Clock::time_point step_start = Clock::now();
-    std::vector<MicroBatch> batches;
-    while (static_cast<int64_t>(batches.size()) < accumulation && StopSignalGuard::stop_signal() == 0) {
-      std::optional<MicroBatch> batch = pipeline.next_batch();
-      if (!batch) break;
-      batches.push_back(std::move(*batch));
-    }
+    StepBatches step_batches = reader.take(/*read_ahead=*/state.global_step + 1 < total_steps);
+    std::vector<MicroBatch>& batches = step_batches.batches;
+    const double data_wait_s = seconds_since(step_start);
     if (StopSignalGuard::stop_signal() != 0) {  // while the step's data was read: that step is dropped
       stop_for_signal();
       break;
@@ -305,7 +304,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     StepMetrics step;
     step.step = state.global_step;
     step.total_steps = total_steps;
-    step.epoch = pipeline.epoch();
+    step.epoch = step_batches.epoch;
     step.ce_loss = loss.ce_loss();
     step.aux_loss = loss.weighted_aux_loss();
     step.loss = loss.total_loss();
@@ -314,6 +313,11 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     step.skipped = report.skipped;
     step.num_tokens = num_tokens;
     step.num_supervised = result.num_supervised;
+    for (const MicroBatch& batch : batches) {
+      step.num_images += static_cast<int64_t>(batch.image_grid_thw.size());
+      step.num_image_tokens += batch.num_image_tokens;
+    }
+    step.data_wait_s = data_wait_s;
     step.token_acc = num_correct < 0 ? -1.0
                                      : static_cast<double>(num_correct) /
                                            static_cast<double>(std::max<int64_t>(1, result.num_supervised));
@@ -368,6 +372,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   if (!saved_at_step && summary.steps_this_run > 0) save();
   summary.steps_done = state.global_step;
   summary.elapsed_s = seconds_since(run_start);
+  reader.finish();
   summary.data_skips = pipeline.skip_stats().summary();
   records.finish();  // OUTPUT_DIR/images/training.png
   return summary;
