@@ -93,7 +93,7 @@ std::vector<LoraTarget> resolve_lora_targets(const ModelConfig& config, const Lo
   const bool all_linear = options.target_modules.size() == 1 && is_all_linear(options.target_modules[0]);
   std::set<std::string> all_modules;
   for (const ParamSpec& spec : build_param_table(config, DType::f32)) {
-    all_modules.insert(is_expert_param(spec.name) ? module_of(spec.name) : module_of(spec.name));
+    all_modules.insert(module_of(spec.name));
   }
   std::set<std::string> chosen;
   if (all_linear) {
