@@ -163,8 +163,7 @@ ParityResult run_parity_cpu(const ModelCheckpoint& checkpoint, const ParityInput
       for (const std::string& name : {target.a_name(), target.b_name()}) {
         const HostTensor& value = lora->tensors.at(name);
         if (target.module.starts_with("model.visual.")) {
-          lora_vision_grads.emplace(name, HostTensor(DType::f32, value.shape()));
-          std::fill_n(lora_vision_grads.at(name).as<float>(), value.numel(), 0.0f);
+          lora_vision_grads.emplace(name, HostTensor(DType::f32, value.shape()));  // zero-initialised
           (target.module.starts_with("model.visual.merger.") ? trainable.aligner : trainable.vit) = true;
         } else {
           lora_text_grads[name] = {value.shape().to_vector(), std::vector<float>(value.numel(), 0.0f)};
@@ -179,8 +178,7 @@ ParityResult run_parity_cpu(const ModelCheckpoint& checkpoint, const ParityInput
       if (name.starts_with("model.visual.")) {
         CHECK(vision_params.count(name), "parity: the model has no tensor '", name, "'");
         vision_params[name] = value;
-        lora_vision_grads.emplace(name, HostTensor(DType::f32, value.shape()));
-        std::fill_n(lora_vision_grads.at(name).as<float>(), value.numel(), 0.0f);
+        lora_vision_grads.emplace(name, HostTensor(DType::f32, value.shape()));  // zero-initialised
         (name.starts_with("model.visual.merger.") ? trainable.aligner : trainable.vit) = true;
       } else {
         CHECK(params.count(name), "parity: the model has no tensor '", name, "'");
@@ -223,7 +221,8 @@ ParityResult run_parity_cpu(const ModelCheckpoint& checkpoint, const ParityInput
     VisionParams vision_grads;
     if (lora != nullptr) {
       text_grads = lora_text_grads;
-      vision_grads = lora_vision_grads;
+      // Fresh zero tensors per loss: a HostTensor copy shares its buffer.
+      for (const auto& [name, zeros] : lora_vision_grads) vision_grads.emplace(name, HostTensor(DType::f32, zeros.shape()));
       model.backward_into(trainable.llm ? &text_grads : nullptr, ce ? 1.0f : 0.0f, ce ? 0.0f : 1.0f, &d_embeds);
     } else {
       text_grads = model.backward(ce ? 1.0f : 0.0f, ce ? 0.0f : 1.0f, &d_embeds, trainable.llm);
