@@ -140,8 +140,8 @@ std::vector<LoraTarget> resolve_lora_targets(const ModelConfig& config, const Lo
     target.module = spec.name;
     target.experts = true;
     target.num_experts = spec.shape[0];
-    target.in_features = spec.shape[1];
-    target.out_features = spec.shape[2];
+    target.out_features = spec.shape[1];  // [E, out, in]: each expert's weight in torch's Linear order
+    target.in_features = spec.shape[2];
     targets.push_back(target);
   }
   CHECK(!targets.empty(), "LoRA: --target_modules / --target_parameters select no weight");
@@ -192,13 +192,13 @@ void lora_delta(const LoraTarget& t, int64_t r, const T* a, const T* b, double s
       }
     return;
   }
-  const int64_t E = t.num_experts, P = t.in_features, Q = t.out_features;
+  const int64_t E = t.num_experts, in = t.in_features, out = t.out_features;
   for (int64_t e = 0; e < E; ++e)
-    for (int64_t p = 0; p < P; ++p)
-      for (int64_t q = 0; q < Q; ++q) {
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) {
         T sum = 0;
-        for (int64_t j = 0; j < r; ++j) sum += a[(e * r + j) * P + p] * b[q * r * E + j * E + e];
-        delta[(e * P + p) * Q + q] = s * sum;
+        for (int64_t j = 0; j < r; ++j) sum += b[o * r * E + j * E + e] * a[(e * r + j) * in + i];
+        delta[(e * out + o) * in + i] = s * sum;
       }
 }
 
@@ -219,15 +219,15 @@ void lora_delta_backward(const LoraTarget& t, int64_t r, const T* a, const T* b,
       }
     return;
   }
-  const int64_t E = t.num_experts, P = t.in_features, Q = t.out_features;
+  const int64_t E = t.num_experts, in = t.in_features, out = t.out_features;
   for (int64_t e = 0; e < E; ++e)
-    for (int64_t p = 0; p < P; ++p)
-      for (int64_t q = 0; q < Q; ++q) {
-        const T g = s * d_weight[(e * P + p) * Q + q];
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) {
+        const T g = s * d_weight[(e * out + o) * in + i];
         if (g == T(0)) continue;
         for (int64_t j = 0; j < r; ++j) {
-          d_a[(e * r + j) * P + p] += g * b[q * r * E + j * E + e];
-          d_b[q * r * E + j * E + e] += g * a[(e * r + j) * P + p];
+          d_a[(e * r + j) * in + i] += b[o * r * E + j * E + e] * g;
+          d_b[o * r * E + j * E + e] += g * a[(e * r + j) * in + i];
         }
       }
 }

@@ -7,9 +7,10 @@
 // M's own: M.lora_A.weight, M.lora_B.weight (trained) and M.lora_scaling (one value, never trained).
 // For a routed-expert weight M is the fused parameter itself (e.g. "...mlp.experts.gate_up_proj").
 // Shapes (r rank, E experts): Linear weight [out, in]: A [r, in], B [out, r], delta = s B A.
-// Fused expert weight [E, P, Q] (PEFT reads it as num_experts, in_features, out_features):
-// A [r E, P] (rows e r + j), B [Q, r E] (columns j E + e), delta[e] = s A_e^T B_e^T with
-// A_e[j, p] = A[e r + j, p], B_e[q, j] = B[q, j E + e] (PEFT's einsum "o r e, e r i -> e i o").
+// Fused expert weight [E, out, in] (each expert's weight in torch's Linear order, as PEFT 0.21's
+// ParamWrapper reads it): A [r E, in] (rows e r + j), B [out, r E] (columns j E + e), and
+// delta[e] = s B_e A_e with A_e[j, i] = A[e r + j, i], B_e[o, j] = B[o, j E + e] (checked against
+// PEFT 0.21's merge_and_unload in lora_golden_test).
 #pragma once
 
 #include <cstdint>
@@ -39,10 +40,10 @@ struct LoraOptions {
 // One weight that carries an adapter.
 struct LoraTarget {
   std::string module;        // Linear: its module name; experts: the fused parameter's name
-  bool experts = false;      // a fused [E, P, Q] routed-expert weight (PEFT target_parameters)
+  bool experts = false;      // a fused [E, out, in] routed-expert weight (PEFT target_parameters)
   int64_t num_experts = 1;   // E (1 for a Linear)
-  int64_t in_features = 0;   // Linear: in; experts: P (dimension 1 of the parameter)
-  int64_t out_features = 0;  // Linear: out; experts: Q (dimension 2)
+  int64_t in_features = 0;   // Linear: in; experts: dimension 2 of the parameter
+  int64_t out_features = 0;  // Linear: out; experts: dimension 1
   bool has_bias = false;     // Linear with a bias (vision tower)
 
   std::string weight_name() const { return experts ? module : module + ".weight"; }

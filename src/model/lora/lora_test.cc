@@ -93,37 +93,39 @@ TEST(Lora, PeftKeysNestTheExpertWrappersInRegistrationOrder) {
                                                          ".lora_B.weight");
 }
 
-// PEFT: A.reshape(E, r, P), B.reshape(Q, r, E), delta = einsum("o r e, e r i -> e i o") * s.
+// PEFT 0.21 on a fused [E, out, in] weight: A.reshape(E, r, in), B.reshape(out, r, E),
+// delta = einsum("o r e, e r i -> e o i") * s (the orientation its merge_and_unload showed on the
+// golden files: lora_golden_test).
 TEST(Lora, ExpertDeltaIsPeftsEinsum) {
   LoraTarget t;
   t.module = "x.mlp.experts.gate_up_proj";
   t.experts = true;
-  t.num_experts = 3, t.in_features = 4, t.out_features = 5;
-  const int64_t r = 2, E = 3, P = 4, Q = 5;
+  t.num_experts = 3, t.out_features = 5, t.in_features = 4;
+  const int64_t r = 2, E = 3, IN = 4, OUT = 5;
   Rng rng(3);
-  std::vector<double> a(r * E * P), b(Q * r * E), delta(E * P * Q);
+  std::vector<double> a(r * E * IN), b(OUT * r * E), delta(E * OUT * IN);
   for (double& v : a) v = rng.normal();
   for (double& v : b) v = rng.normal();
   lora_delta(t, r, a.data(), b.data(), 1.5, delta.data());
   double worst = 0;
   for (int64_t e = 0; e < E; ++e)
-    for (int64_t i = 0; i < P; ++i)
-      for (int64_t o = 0; o < Q; ++o) {
+    for (int64_t o = 0; o < OUT; ++o)
+      for (int64_t i = 0; i < IN; ++i) {
         double sum = 0;
         for (int64_t k = 0; k < r; ++k) {
-          const double a_eri = a[((e * r) + k) * P + i];       // A viewed [E, r, P]
-          const double b_ore = b[(o * r + k) * E + e];         // B viewed [Q, r, E]
+          const double a_eri = a[((e * r) + k) * IN + i];  // A viewed [E, r, in]
+          const double b_ore = b[(o * r + k) * E + e];     // B viewed [out, r, E]
           sum += b_ore * a_eri;
         }
-        worst = std::max(worst, std::abs(delta[(e * P + i) * Q + o] - 1.5 * sum));
+        worst = std::max(worst, std::abs(delta[(e * OUT + o) * IN + i] - 1.5 * sum));
       }
   EXPECT_LT(worst, 1e-12);
   // The backward is the transpose of the delta: <delta(A, B) linear parts> checked by finite differences.
-  std::vector<double> d_weight(E * P * Q), d_a(a.size(), 0.0), d_b(b.size(), 0.0);
+  std::vector<double> d_weight(E * OUT * IN), d_a(a.size(), 0.0), d_b(b.size(), 0.0);
   for (double& v : d_weight) v = rng.normal();
   lora_delta_backward(t, r, a.data(), b.data(), 1.5, d_weight.data(), d_a.data(), d_b.data());
   auto loss = [&] {
-    std::vector<double> out(E * P * Q);
+    std::vector<double> out(E * OUT * IN);
     lora_delta(t, r, a.data(), b.data(), 1.5, out.data());
     return gradcheck::dot(out, d_weight);
   };

@@ -29,8 +29,9 @@ Adapter adapter_of(const ParamMap& params, const std::string& module, const std:
   adapter.target.module = module;
   adapter.target.experts = experts;
   adapter.target.num_experts = experts ? weight_shape.at(0) : 1;
-  adapter.target.in_features = weight_shape.at(1);  // Linear [out, in]; experts [E, P, Q]
-  adapter.target.out_features = experts ? weight_shape.at(2) : weight_shape.at(0);
+  // Linear [out, in]; experts [E, out, in].
+  adapter.target.in_features = experts ? weight_shape.at(2) : weight_shape.at(1);
+  adapter.target.out_features = experts ? weight_shape.at(1) : weight_shape.at(0);
   const ParamTensor& a = params.at(adapter.target.a_name());
   const ParamTensor& b = params.at(adapter.target.b_name());
   CHECK(a.shape.size() == 2 && a.shape[0] % adapter.target.num_experts == 0, "LoRA: '", adapter.target.a_name(),
