@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "checkpoint/model_checkpoint.h"
+#include "checkpoint/peft_adapter.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -23,6 +24,8 @@ int cmd_parity(int argc, char** argv) {
   args.add_required("out", "output safetensors: ce_loss, aux_loss, logits, grad.<name>, grad_aux.<name> (f32)");
   args.add_option("device", "where to run: cpu (the fp32 reference) or cuda (the GPU engine, bf16; CUDA builds)",
                   "cpu");
+  args.add_option("adapters", "a PEFT LoRA adapter directory (deltamoe's or PEFT's): applied to the model, and the "
+                  "gradients written are the adapters' (PEFT key names); cpu only", "");
   args.add_flag("freeze_vit", "no gradients for the vision tower (model.visual.* except the merger)");
   args.add_flag("freeze_aligner", "no gradients for the vision merger (model.visual.merger.*)");
   args.add_flag("freeze_llm", "no gradients for the language model (embed_tokens and lm_head included)");
@@ -40,6 +43,15 @@ int cmd_parity(int argc, char** argv) {
   trainable.vit = !args.flag("freeze_vit");
   trainable.aligner = !args.flag("freeze_aligner");
   trainable.llm = !args.flag("freeze_llm");
+  if (!args.get("adapters").empty()) {
+    CHECK(device == "cpu", "parity: --adapters runs on the CPU reference only (the GPU engine has no LoRA kernels yet)");
+    const LoraAdapters lora = load_peft_adapter(args.get("adapters"), checkpoint.config);
+    const ParityResult result = run_parity_cpu(checkpoint, inputs, trainable, &lora);
+    write_parity_outputs(args.get("out"), result);
+    std::printf("ce_loss %.9g aux_loss %.9g, %zu adapter gradients per loss written to %s (cpu)\n", result.ce_loss,
+                result.aux_loss, result.grads.size(), args.get("out").c_str());
+    return 0;
+  }
 #if DELTAMOE_WITH_CUDA
   const ParityResult result =
       device == "cuda" ? run_parity_gpu(checkpoint, inputs, trainable) : run_parity_cpu(checkpoint, inputs, trainable);

@@ -16,6 +16,7 @@ int cmd_image(int argc, char** argv);
 int cmd_init(int argc, char** argv);
 int cmd_inspect(int argc, char** argv);
 int cmd_convert(int argc, char** argv);
+int cmd_export(int argc, char** argv);
 int cmd_parity(int argc, char** argv);
 int cmd_train(int argc, char** argv);
 int cmd_data(int argc, char** argv);

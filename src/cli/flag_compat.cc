@@ -28,9 +28,9 @@ constexpr ArgKind kList = ArgKind::kList;
 
 const char* const kOneGpu =
     "deltamoe trains on one GPU today (multi-GPU training is planned, docs/parallel.md); give 1 or leave it out";
-const char* const kLora =
-    "LoRA is not supported yet: deltamoe trains all parameters (choose them with --freeze_vit / --freeze_aligner / "
-    "--freeze_llm); drop the LoRA flags";
+const char* const kLoraSetting = "a LoRA setting of `deltamoe train --tuner_type lora` (docs/lora.md)";
+const char* const kLoraVariant =
+    "not part of deltamoe's LoRA (plain PEFT LoRA on --target_modules / --target_parameters, docs/lora.md); drop it";
 const char* const kFalseRefused = "deltamoe always does this; leave the flag out";
 
 std::vector<ForeignFlag> make_table() {
@@ -176,19 +176,24 @@ std::vector<ForeignFlag> make_table() {
                 "save unchanged; leave the flag out"),
 
       // --- cannot be honoured: the reason and the deltamoe way ---
-      refused("lora_rank", kInt, kLora),
-      refused("lora_alpha", kInt, kLora),
-      refused("lora_dropout", kNumber, kLora),
-      refused("lora_dtype", kText, kLora),
-      refused("lora_bias", kText, kLora),
-      refused("target_modules", kList, kLora),
-      refused("target_regex", kText, kLora),
-      refused("modules_to_save", kList, kLora),
-      refused("use_dora", kBool, kLora),
-      refused("use_rslora", kBool, kLora),
-      refused("init_weights", kText, kLora),
-      refused("merge_lora", kBool, kLora),
-      refused("adapters", kList, kLora),
+      // LoRA: `deltamoe train`'s own flags (its own flag wins); elsewhere (deltamoe data) they change nothing.
+      no_effect("lora_rank", kInt, kLoraSetting),
+      no_effect("lora_alpha", kNumber, kLoraSetting),
+      no_effect("lora_dropout", kNumber, kLoraSetting),
+      no_effect("lora_dtype", kText, kLoraSetting),
+      no_effect("use_rslora", kBool, kLoraSetting),
+      no_effect("target_modules", kList, kLoraSetting),
+      no_effect("target_parameters", kList, kLoraSetting),
+      no_effect("modules_to_save", kList, kLoraSetting),
+      refused("lora_bias", kText, kLoraVariant),
+      refused("target_regex", kText, "give the module names (or all-linear) to --target_modules; regular expressions "
+              "are not supported"),
+      refused("use_dora", kBool, kLoraVariant),
+      refused("init_weights", kText, "adapters start as PEFT's default (A Kaiming-uniform, B zero); drop the flag"),
+      refused("merge_lora", kBool, "merging is a separate step: deltamoe export --adapters CHECKPOINT --merge_lora true "
+              "--output_dir DIR"),
+      refused("adapters", kList, "training on top of saved adapters is not supported; --resume continues a LoRA run, "
+              "deltamoe export --adapters merges one"),
       refused("quant_bits", kInt, "quantized training is not supported: deltamoe trains bf16 weights"),
       refused("quant_method", kText, "quantized training is not supported: deltamoe trains bf16 weights"),
       refused("decoder_first_pipeline_num_layers", kInt, kOneGpu),
@@ -213,7 +218,8 @@ std::vector<ForeignFlag> make_table() {
                                               "metrics.jsonl"),
       refused("predict_with_generate", kBool, "evaluation computes the validation loss and token accuracy only"),
       refused("create_checkpoint_symlink", kBool, "not written; --resume auto finds the newest checkpoint"),
-      refused("vit_lora", kBool, kLora),
+      refused("vit_lora", kBool, "--target_modules all-linear already adapts the vision tower's Linear layers, as "
+              "PEFT does; name modules to choose"),
       refused("packing_length", kInt, "the packing budget is --micro_batch_tokens (or --micro_batch_size samples)"),
   };
 }

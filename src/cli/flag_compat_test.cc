@@ -105,12 +105,12 @@ TEST(FlagCompat, NoEffectFlagsAreNotedAndHarmfulValuesRefused) {
   ASSERT_EQ(parsed.args->notes().size(), 3u);
   EXPECT_NE(parsed.args->notes()[0].find("--experts_impl grouped_mm: no effect in deltamoe"), std::string::npos);
   const Parsed refused = parse_train(with_required({"--torch_dtype", "float16", "--expert_model_parallel_size", "4",
-                                                    "--lora_rank", "8", "--lora_alpha", "32", "--tuner_type", "lora"}));
+                                                    "--use_dora", "true", "--tuner_type", "lora"}));
   ASSERT_FALSE(refused.ok);
   EXPECT_NE(refused.error.find("--torch_dtype float16: deltamoe trains in bf16"), std::string::npos) << refused.error;
   EXPECT_NE(refused.error.find("--expert_model_parallel_size 4: deltamoe trains on one GPU"), std::string::npos) << refused.error;
-  EXPECT_NE(refused.error.find("--lora_rank, --lora_alpha: LoRA is not supported yet"), std::string::npos) << refused.error;
-  EXPECT_NE(refused.error.find("--tuner_type lora is not supported yet"), std::string::npos) << refused.error;
+  EXPECT_NE(refused.error.find("--use_dora: not part of deltamoe's LoRA"), std::string::npos) << refused.error;
+  EXPECT_EQ(refused.error.find("--tuner_type"), std::string::npos) << "LoRA is supported: " << refused.error;
 }
 
 TEST(FlagCompat, TheTableAgreesWithTheTrainFlags) {
@@ -147,10 +147,11 @@ TEST(FlagCompat, ConfigFilesInYamlAndJsonAndTheCommandLineWins) {
   EXPECT_FALSE(yaml.args->flag("freeze_vit"));
   EXPECT_EQ(yaml.args->get_int("micro_batch_size"), 2);
   EXPECT_FALSE(yaml.args->has("max_pixels")) << "null: the default";
-  std::ofstream(dir / "run.json") << R"({"model": "m", "dataset": ["a.jsonl"], "output_dir": "o", "lr": 1e-4, "freeze_vit": true, "lora_rank": 8})";
+  std::ofstream(dir / "run.json") << R"({"model": "m", "dataset": ["a.jsonl"], "output_dir": "o", "lr": 1e-4, "freeze_vit": true, "lora_rank": 8, "target_regex": "q"})";
   const Parsed json = parse_train({"--config", (dir / "run.json").string()});
   ASSERT_FALSE(json.ok);
-  EXPECT_NE(json.error.find("--lora_rank: LoRA is not supported yet"), std::string::npos) << json.error;
+  EXPECT_NE(json.error.find("--target_regex: give the module names"), std::string::npos) << json.error;
+  EXPECT_EQ(json.error.find("--lora_rank"), std::string::npos) << "a train flag: " << json.error;
   std::ofstream(dir / "bad.yaml") << "model: m\n  lr: [\n";
   const Parsed bad = parse_train({"--config", (dir / "bad.yaml").string()});
   ASSERT_FALSE(bad.ok);
@@ -177,9 +178,9 @@ TEST(FlagCompat, SwiftEnvironmentVariablesAreReadNotedOrRefused) {
   EXPECT_NE(env.problems[0].find("IMAGE_MAX_TOKEN_NUM=lots must be a positive integer"), std::string::npos);
 }
 
-// ms-swift's examples/models/qwen3_5/transformers.sh (swift sft, LoRA) with local paths: one stop
-// that lists every flag deltamoe cannot honour, and nothing else.
-TEST(FlagCompat, SwiftLoraExampleStopsOnceListingWhatItCannotHonour) {
+// ms-swift's examples/models/qwen3_5/transformers.sh (swift sft, LoRA) with local paths: every flag
+// is taken or noted (LoRA included), and the LoRA settings arrive as given.
+TEST(FlagCompat, SwiftLoraExampleIsTakenWithItsLoraSettings) {
   const Parsed parsed = parse_train(
       {"--model", "Qwen3.5-35B-A3B", "--tuner_type", "lora", "--dataset", "latex_ocr.jsonl#2000",
        "--load_from_cache_file", "true", "--add_non_thinking_prefix", "true", "--split_dataset_ratio", "0.01",
@@ -190,11 +191,23 @@ TEST(FlagCompat, SwiftLoraExampleStopsOnceListingWhatItCannotHonour) {
        "--eval_steps", "50", "--save_steps", "50", "--save_total_limit", "2", "--logging_steps", "5", "--max_length",
        "2048", "--warmup_ratio", "0.05", "--dataset_num_proc", "4", "--dataloader_num_workers", "4", "--deepspeed",
        "zero3"});
-  ASSERT_FALSE(parsed.ok);
-  std::printf("%s\n", parsed.error.c_str());
-  EXPECT_NE(parsed.error.find("2 problems"), std::string::npos) << parsed.error;
-  EXPECT_NE(parsed.error.find("--tuner_type lora is not supported yet"), std::string::npos);
-  EXPECT_NE(parsed.error.find("--lora_rank, --lora_alpha, --target_modules: LoRA is not supported yet"), std::string::npos);
+  ASSERT_TRUE(parsed.ok) << parsed.error;
+  EXPECT_EQ(parsed.args->get("tuner_type"), "lora");
+  EXPECT_EQ(parsed.args->get_int("lora_rank"), 8);
+  EXPECT_DOUBLE_EQ(parsed.args->get_double("lora_alpha"), 32);
+  EXPECT_EQ(parsed.args->get_list("target_modules"), std::vector<std::string>{"all-linear"});
+  const Parsed alias = parse_train(with_required({"--train_type", "lora", "--target_parameters",
+                                                  "mlp.experts.gate_up_proj", "mlp.experts.down_proj"}));
+  ASSERT_TRUE(alias.ok) << alias.error;
+  EXPECT_EQ(alias.args->get("tuner_type"), "lora");
+  EXPECT_EQ(alias.args->get_list("target_parameters").size(), 2u);
+}
+
+TEST(FlagCompat, SwiftLoraExampleFlagsNeedNothingElse) {
+  const Parsed parsed = parse_train(
+      {"--model", "Qwen3.5-35B-A3B", "--tuner_type", "lora", "--dataset", "latex_ocr.jsonl#2000",
+       "--lora_rank", "8", "--lora_alpha", "32", "--target_modules", "all-linear", "--output_dir", "o"});
+  ASSERT_TRUE(parsed.ok) << parsed.error;
   EXPECT_EQ(parsed.error.find("unknown flag"), std::string::npos) << "every flag of the example is known";
 }
 

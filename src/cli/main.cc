@@ -17,6 +17,8 @@ const Command kCommands[] = {
     {"init", "write a randomly initialised checkpoint for a preset or config.json", cmd_init},
     {"inspect", "summarise a config (parameter counts) or check a checkpoint directory", cmd_inspect},
     {"convert", "load a checkpoint and save it again (expert layout, sharding)", cmd_convert},
+    {"export", "merge a LoRA adapter into its base model (--adapters DIR --merge_lora true --output_dir OUT)",
+     cmd_export},
     {"parity", "reference forward + backward on one batch: losses, logits, gradients (safetensors)", cmd_parity},
     {"train", "fine-tune a model on chat JSONL data (checkpoints, metrics, --resume)", cmd_train},
     {"data", "read SFT datasets as training would: samples, tokens, labels, skips, packing", cmd_data},

@@ -3,6 +3,7 @@
 
 #include "cli/flag_compat.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace deltamoe {
 
@@ -19,9 +20,21 @@ void declare_train_flags(ArgParser& args) {
   args.add_list("val_dataset", "validation data (evaluated at start, every --eval_steps, and at the end)");
   args.add_option("split_dataset_ratio", "fraction of --dataset held out for validation (seeded split written to "
                   "OUTPUT_DIR/dataset_split)", "0", kNum);
-  args.add_option("tuner_type", "full (LoRA is not supported yet)", "full");
-  args.allow_values("tuner_type", {"full"}, "is not supported yet: deltamoe trains all parameters (choose them with "
-                    "--freeze_vit / --freeze_aligner / --freeze_llm)");
+  args.add_option("tuner_type", "full (every parameter of the unfrozen parts) or lora (PEFT LoRA adapters, the base "
+                  "frozen; docs/lora.md)", "full");
+  args.allow_values("tuner_type", {"full", "lora"}, "is not supported: use full or lora");
+  args.add_option("lora_rank", "LoRA rank r", "8", kInt);
+  args.add_option("lora_alpha", "LoRA alpha: the adapters are scaled by alpha / r (alpha / sqrt(r) with --use_rslora)",
+                  "32", kNum);
+  args.add_option("lora_dropout", "dropout on the adapters' input (only 0 is supported)", "0", kNum);
+  args.add_bool("use_rslora", "rank-stabilised scaling alpha / sqrt(r)", false);
+  args.add_list("target_modules", "Linear modules that get an adapter: all-linear (every nn.Linear of the "
+                "transformers model except lm_head, vision tower included, as PEFT resolves it) or module names "
+                "matched by suffix (q_proj in_proj_qkv ...)");
+  args.add_list("target_parameters", "fused routed-expert weights that get an adapter (PEFT's target_parameters): "
+                "mlp.experts.gate_up_proj mlp.experts.down_proj");
+  args.add_list("modules_to_save", "modules trained whole next to the adapters (e.g. lm_head embed_tokens)");
+  args.add_option("lora_dtype", "dtype of the adapters: float32 (the only choice)", "float32");
   args.add_option("lr", "peak learning rate", "1e-5", kNum);
   args.add_option("min_lr", "learning rate at the end of the cosine decay", "0", kNum);
   args.add_option("warmup_ratio", "fraction of the steps with linear warmup", "0", kNum);
@@ -136,6 +149,31 @@ TrainOptions train_options_from_args(const ArgParser& args, const SwiftEnv& env,
   const int64_t seed = args.get_int("seed");
   CHECK(seed >= 0, "--seed must be non-negative, got ", seed);
   options.seed = static_cast<uint64_t>(seed);
+  options.tuner_type = args.get("tuner_type");
+  options.lora.rank = args.get_int("lora_rank");
+  options.lora.alpha = args.get_double("lora_alpha");
+  options.lora.dropout = args.get_double("lora_dropout");
+  options.lora.use_rslora = args.flag("use_rslora");
+  if (args.has("target_modules")) options.lora.target_modules = args.get_list("target_modules");
+  if (args.has("target_parameters")) options.lora.target_parameters = args.get_list("target_parameters");
+  if (args.has("modules_to_save")) options.lora.modules_to_save = args.get_list("modules_to_save");
+  options.lora.dtype = args.get("lora_dtype");
+  if (options.tuner_type != "lora") {
+    for (const char* flag : {"lora_rank", "lora_alpha", "lora_dropout", "use_rslora", "target_modules",
+                             "target_parameters", "modules_to_save", "lora_dtype"}) {
+      CHECK(!args.has(flag), "--", flag, " is a LoRA setting; it needs --tuner_type lora (this run is --tuner_type ",
+            options.tuner_type, ")");
+    }
+  } else {
+    options.lora.validate();
+    for (const char* flag : {"freeze_vit", "freeze_aligner", "freeze_llm"}) {
+      if (args.has(flag)) {
+        log_warn("train: --", flag, " has no effect with --tuner_type lora: the base stays frozen and the adapters go ",
+                 "where --target_modules / --target_parameters say (all-linear includes the vision tower's Linear ",
+                 "layers, as PEFT resolves it)");
+      }
+    }
+  }
   options.freeze.freeze_vit = args.flag("freeze_vit");
   options.freeze.freeze_aligner = args.flag("freeze_aligner");
   options.freeze.freeze_llm = args.flag("freeze_llm");

@@ -63,7 +63,8 @@ CpuEngine::CpuEngine(const ModelCheckpoint& checkpoint, const EngineOptions& opt
     : config_(checkpoint.config),
       text_prefix_(checkpoint.config.text_prefix()),
       aux_coef_(options.aux_coef),
-      state_(trainable_layout(checkpoint, options.freeze), options.adamw) {
+      state_(options.lora != nullptr ? lora_layout(checkpoint, *options.lora) : trainable_layout(checkpoint, options.freeze),
+             options.adamw) {
   const ParamLayout& layout = state_.layout();
   grad_.assign(static_cast<size_t>(layout.total_numel()), 0.0f);
   CHECK(!config_.tie_word_embeddings && !config_.text.tie_word_embeddings,
@@ -83,7 +84,9 @@ CpuEngine::CpuEngine(const ModelCheckpoint& checkpoint, const EngineOptions& opt
       vision_params_[name] = it->second.to_host().to_f32();
     }
   }
+  if (options.lora != nullptr) attach_lora_adapters(*options.lora, &text_params_, config_.has_vision ? &vision_params_ : nullptr);
   trainable_ = TrainableParts{false, false, false};
+  trainable_.base_weights = options.lora == nullptr;
   for (const ParamEntry& entry : layout.entries()) {
     const bool known = text_params_.count(entry.name) != 0 || vision_params_.count(entry.name) != 0;
     CHECK(known, "train: trainable tensor '", entry.name, "' is not a parameter of the CPU model");
@@ -213,13 +216,14 @@ MicroBatchLoss CpuEngine::forward_backward(const MicroBatch& batch, double ce_to
   // The model adds each token's contribution straight onto the running totals of the step (copied
   // in from `grad` and back out, both exact), so micro-batches of 1 perform the same fp32 additions
   // in the same order as one micro-batch of all their samples: accumulation changes no rounding.
+  // Gradient totals exist for the trained tensors only (a frozen weight, e.g. a LoRA base weight,
+  // gets no entry, so its weight product is skipped).
   ParamMap text_grads;
   VisionParams vision_grads;
-  if (trainable_.llm) text_grads = zeros_like(text_params_);
   for (const ParamEntry& entry : state_.layout().entries()) {
     const float* source = grad + entry.offset;
-    if (auto text = text_grads.find(entry.name); text != text_grads.end()) {
-      std::copy(source, source + entry.numel, text->second.values.data());
+    if (auto text = text_params_.find(entry.name); text != text_params_.end()) {
+      text_grads[entry.name] = {text->second.shape, std::vector<float>(source, source + entry.numel)};
     } else if (vision_params_.count(entry.name) != 0) {
       HostTensor total(DType::f32, vision_params_.at(entry.name).shape());
       std::copy(source, source + entry.numel, total.as<float>());
@@ -232,7 +236,8 @@ MicroBatchLoss CpuEngine::forward_backward(const MicroBatch& batch, double ce_to
   if (config_.has_vision && (vision_backward || trainable_.llm)) {
     // The text model left embed_tokens untouched (it started from input_embeds); the embedding
     // backward adds the table's gradient and routes image rows into the vision tower.
-    float* table_grad = trainable_.llm ? text_grads.at(text_prefix_ + ".embed_tokens.weight").values.data() : nullptr;
+    auto table = text_grads.find(text_prefix_ + ".embed_tokens.weight");
+    float* table_grad = table != text_grads.end() ? table->second.values.data() : nullptr;
     multimodal_embed_backward(config_, vision_params_, pass.embedding, pass.input_ids.data(), batch.num_tokens(),
                               d_embeds, table_grad, &vision_grads, trainable_);
   }

@@ -19,7 +19,9 @@ namespace deltamoe {
 class CpuEngine : public TrainEngine {
  public:
   // Copies every model parameter of checkpoint to fp32; the tensors options.freeze leaves trainable
-  // get their master weights in state() (frozen ones keep these values for the whole run).
+  // get their master weights in state() (frozen ones keep these values for the whole run). With
+  // options.lora the base is frozen whole and the state holds the adapters (attached to the model's
+  // parameter maps) and the --modules_to_save tensors.
   CpuEngine(const ModelCheckpoint& checkpoint, const EngineOptions& options);
 
   std::string device_name() const override { return "cpu"; }

@@ -1,5 +1,6 @@
 // The README's demo as a test: tools/demo/run_demo.sh (tiny-vl + demo tokenizer + generated image
-// and text chats, 60 training steps, fixed seed) must halve the validation loss within 10 minutes.
+// and text chats, 60 training steps, fixed seed) must halve the validation loss within 10 minutes,
+// in full fine-tuning and in LoRA mode (DEMO_TUNER=lora on the CPU engine).
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -15,12 +16,13 @@ namespace {
 
 using namespace train_test;
 
-TEST(DemoLoss, ValidationLossHalvesWithinTenMinutes) {
+// Runs the demo with env (VAR=value ...) and checks that the validation loss halves.
+void run_demo_and_check(const std::string& env, const std::string& name, bool lora) {
   const char* binary = std::getenv("DELTAMOE_BINARY");
   ASSERT_NE(binary, nullptr) << "DELTAMOE_BINARY is not set (run through ctest)";
-  const fs::path out = fresh_temp_dir("demo");
+  const fs::path out = fresh_temp_dir(name);
   const auto start = std::chrono::steady_clock::now();
-  const std::string command = str_cat("cd ", source_dir(), " && bash tools/demo/run_demo.sh ", binary, " ",
+  const std::string command = str_cat("cd ", source_dir(), " && ", env, " bash tools/demo/run_demo.sh ", binary, " ",
                                       (out / "demo").string(), " > ", (out / "demo.log").string(), " 2>&1");
   const int status = std::system(command.c_str());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -39,7 +41,18 @@ TEST(DemoLoss, ValidationLossHalvesWithinTenMinutes) {
               val_losses.back(), val_losses.back() / val_losses.front());
   EXPECT_LE(val_losses.back(), 0.5 * val_losses.front());
   EXPECT_LT(seconds, 600.0) << "the demo must finish in under 10 minutes";
+  if (lora) {
+    EXPECT_NE(log.find("train: LoRA r 8"), std::string::npos) << log;
+    EXPECT_TRUE(fs::exists(out / "demo" / "run" / "checkpoint-60" / "adapter_model.safetensors"));
+    EXPECT_FALSE(fs::exists(out / "demo" / "run" / "checkpoint-60" / "model.safetensors"));
+  }
   fs::remove_all(out);
+}
+
+TEST(DemoLoss, ValidationLossHalvesWithinTenMinutes) { run_demo_and_check("", "demo", false); }
+
+TEST(DemoLoss, LoraValidationLossHalvesWithinTenMinutes) {
+  run_demo_and_check("DEMO_TUNER=lora DEMO_DEVICE=cpu", "demo_lora", true);
 }
 
 }  // namespace

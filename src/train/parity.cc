@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "kernels/attention/attention.h"
 #include "kernels/cross_entropy/cross_entropy.h"
+#include "model/lora/lora_adapters.h"
 #include "model/text/text_model.h"
 #include "model/vision/multimodal_embedding.h"
 
@@ -130,7 +131,8 @@ ParityInputs load_parity_inputs(const std::string& path) {
 }
 
 ParityResult run_parity_cpu(const ModelCheckpoint& checkpoint, const ParityInputs& inputs,
-                            const TrainableParts& trainable) {
+                            const TrainableParts& trainable_parts, const LoraAdapters* lora) {
+  TrainableParts trainable = trainable_parts;
   const TextConfig& config = checkpoint.config.text;
   CHECK(!config.tie_word_embeddings && !checkpoint.config.tie_word_embeddings,
         "parity: tie_word_embeddings is not supported (Qwen3.5-MoE unties lm_head)");
@@ -144,8 +146,48 @@ ParityResult run_parity_cpu(const ModelCheckpoint& checkpoint, const ParityInput
     const int32_t* given = inputs.cu_seqlens->as<int32_t>();
     cu_seqlens.assign(given, given + inputs.cu_seqlens->numel());
   }
-  const ParamMap params = text_params_f32(checkpoint, prefix);
-  const VisionParams vision_params = inputs.pixel_values ? vision_params_f32(checkpoint) : VisionParams{};
+  ParamMap params = text_params_f32(checkpoint, prefix);
+  VisionParams vision_params =
+      inputs.pixel_values || lora != nullptr ? vision_params_f32(checkpoint) : VisionParams{};
+  // LoRA: the adapters sit next to their weights; only they receive gradients, keyed by PEFT's names.
+  ParamMap lora_text_grads;
+  VisionParams lora_vision_grads;
+  std::map<std::string, std::string> peft_name;
+  if (lora != nullptr) {
+    attach_lora_adapters(*lora, &params, checkpoint.config.has_vision ? &vision_params : nullptr);
+    trainable = TrainableParts{false, false, false};
+    trainable.base_weights = false;
+    for (const LoraTarget& target : lora->targets) {
+      peft_name[target.a_name()] = peft_adapter_key(target, lora->targets, "lora_A");
+      peft_name[target.b_name()] = peft_adapter_key(target, lora->targets, "lora_B");
+      for (const std::string& name : {target.a_name(), target.b_name()}) {
+        const HostTensor& value = lora->tensors.at(name);
+        if (target.module.starts_with("model.visual.")) {
+          lora_vision_grads.emplace(name, HostTensor(DType::f32, value.shape()));  // zero-initialised
+          (target.module.starts_with("model.visual.merger.") ? trainable.aligner : trainable.vit) = true;
+        } else {
+          lora_text_grads[name] = {value.shape().to_vector(), std::vector<float>(value.numel(), 0.0f)};
+          trainable.llm = true;
+        }
+      }
+    }
+    // --modules_to_save tensors replace the base's and are trained whole.
+    for (const std::string& name : lora->modules_to_save) {
+      const HostTensor value = lora->tensors.at(name).to_f32();
+      peft_name[name] = peft_model_key(name);
+      if (name.starts_with("model.visual.")) {
+        CHECK(vision_params.count(name), "parity: the model has no tensor '", name, "'");
+        vision_params[name] = value;
+        lora_vision_grads.emplace(name, HostTensor(DType::f32, value.shape()));  // zero-initialised
+        (name.starts_with("model.visual.merger.") ? trainable.aligner : trainable.vit) = true;
+      } else {
+        CHECK(params.count(name), "parity: the model has no tensor '", name, "'");
+        params[name].values.assign(value.as<float>(), value.as<float>() + value.numel());
+        lora_text_grads[name] = {value.shape().to_vector(), std::vector<float>(value.numel(), 0.0f)};
+        trainable.llm = true;
+      }
+    }
+  }
   TextInputs text_inputs =
       build_text_inputs(checkpoint, inputs, cu_seqlens, vision_params, param_values(params, table_name));
   const TextBatch batch = make_text_batch(config, num_tokens, std::move(cu_seqlens), std::move(text_inputs.positions));
@@ -175,19 +217,28 @@ ParityResult run_parity_cpu(const ModelCheckpoint& checkpoint, const ParityInput
   const auto start = std::chrono::steady_clock::now();
   for (const bool ce : {true, false}) {
     std::vector<float> d_embeds;
-    ParamMap text_grads = model.backward(ce ? 1.0f : 0.0f, ce ? 0.0f : 1.0f, &d_embeds, trainable.llm);
+    ParamMap text_grads;
     VisionParams vision_grads;
+    if (lora != nullptr) {
+      text_grads = lora_text_grads;
+      // Fresh zero tensors per loss: a HostTensor copy shares its buffer.
+      for (const auto& [name, zeros] : lora_vision_grads) vision_grads.emplace(name, HostTensor(DType::f32, zeros.shape()));
+      model.backward_into(trainable.llm ? &text_grads : nullptr, ce ? 1.0f : 0.0f, ce ? 0.0f : 1.0f, &d_embeds);
+    } else {
+      text_grads = model.backward(ce ? 1.0f : 0.0f, ce ? 0.0f : 1.0f, &d_embeds, trainable.llm);
+    }
     if (text_inputs.multimodal) {
       // The text model left embed_tokens to us (it started from input_embeds): the embedding
       // backward adds the table's gradient and hands the image rows to the vision tower.
-      float* d_table = trainable.llm ? param_values(text_grads, table_name) : nullptr;
+      float* d_table = text_grads.count(table_name) ? param_values(text_grads, table_name) : nullptr;
       multimodal_embed_backward(checkpoint.config, vision_params, *text_inputs.multimodal,
                                 inputs.input_ids.as<int64_t>(), num_tokens, d_embeds, d_table, &vision_grads,
                                 trainable);
     }
     auto& grads = ce ? result.grads : result.grads_aux;
-    for (auto& [name, grad] : text_grads) grads[name] = to_host_tensor(grad);
-    for (auto& [name, grad] : vision_grads) grads[name] = std::move(grad);
+    auto key = [&](const std::string& name) { return peft_name.count(name) ? peft_name.at(name) : name; };
+    for (auto& [name, grad] : text_grads) grads[key(name)] = to_host_tensor(grad);
+    for (auto& [name, grad] : vision_grads) grads[key(name)] = std::move(grad);
   }
   result.backward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;

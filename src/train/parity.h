@@ -11,6 +11,7 @@
 
 #include "checkpoint/model_checkpoint.h"
 #include "core/tensor.h"
+#include "model/lora/lora_adapters.h"
 #include "model/vision/trainable_parts.h"
 
 namespace deltamoe {
@@ -49,8 +50,11 @@ void check_mm_token_types(const ParityInputs& inputs, int64_t image_token_id, in
 // With pixel_values the vision tower runs too and the model.visual.* gradients are returned.
 // Frozen parts (trainable) get no gradient entries and their weight gradients are not computed;
 // with every part frozen that the batch touches, no backward runs at all.
+// With lora the adapters are applied (model/lora/lora_adapters.h) and the gradients are those of the
+// adapters only, keyed by PEFT's names (base_model.model.<module>.lora_A.weight), as PEFT's golden
+// files hold them.
 ParityResult run_parity_cpu(const ModelCheckpoint& checkpoint, const ParityInputs& inputs,
-                            const TrainableParts& trainable = {});
+                            const TrainableParts& trainable = {}, const LoraAdapters* lora = nullptr);
 
 // Writes ce_loss, aux_loss (scalars), logits, grad.<name> and grad_aux.<name> (all f32).
 void write_parity_outputs(const std::string& path, const ParityResult& result);

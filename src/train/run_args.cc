@@ -67,6 +67,17 @@ Json train_options_to_json(const TrainOptions& o, RunArgsCopy copy) {
   j["freeze_vit"] = o.freeze.freeze_vit;
   j["freeze_aligner"] = o.freeze.freeze_aligner;
   j["freeze_llm"] = o.freeze.freeze_llm;
+  if (o.tuner_type == "lora") {  // only LoRA runs carry these keys (full runs' args.json stay as they were)
+    j["tuner_type"] = o.tuner_type;
+    j["lora_rank"] = o.lora.rank;
+    j["lora_alpha"] = o.lora.alpha;
+    j["lora_dropout"] = o.lora.dropout;
+    j["use_rslora"] = o.lora.use_rslora;
+    j["target_modules"] = o.lora.target_modules;
+    j["target_parameters"] = o.lora.target_parameters;
+    j["modules_to_save"] = o.lora.modules_to_save;
+    j["lora_dtype"] = o.lora.dtype;
+  }
   j["router_aux_loss_coef"] = o.router_aux_loss_coef ? Json(*o.router_aux_loss_coef) : Json(nullptr);
   j["resume"] = o.resume;
   j["stop_after_steps"] = o.stop_after_steps;

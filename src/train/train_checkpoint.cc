@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/peft_adapter.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded.h"
 #include "core/error.h"
@@ -92,7 +93,12 @@ TrainerState trainer_state_from_json(const std::string& text, const std::string&
 
 uint64_t checkpoint_bytes(const CheckpointPayload& payload) {
   uint64_t bytes = 1 << 20;  // config, index, trainer state
-  for (const auto& [name, tensor] : payload.model->params) bytes += tensor.nbytes() + 256;
+  if (payload.model != nullptr) {
+    for (const auto& [name, tensor] : payload.model->params) bytes += tensor.nbytes() + 256;
+  }
+  if (payload.adapters != nullptr) {
+    for (const auto& [name, tensor] : payload.adapters->tensors) bytes += tensor.nbytes() + 256;
+  }
   std::error_code error;
   if (!payload.side_files_dir.empty() && fs::is_directory(payload.side_files_dir, error)) {
     for (const auto& entry : fs::directory_iterator(payload.side_files_dir, error)) {
@@ -104,7 +110,7 @@ uint64_t checkpoint_bytes(const CheckpointPayload& payload) {
 }
 
 std::string save_training_checkpoint(const std::string& output_dir, const CheckpointPayload& payload) {
-  CHECK(payload.model != nullptr, "save_training_checkpoint: incomplete payload");
+  CHECK((payload.model != nullptr) != (payload.adapters != nullptr), "save_training_checkpoint: incomplete payload");
   const int64_t step = payload.state.global_step;
   const fs::path final_dir = fs::path(output_dir) / str_cat("checkpoint-", step);
   const fs::path temp_dir = fs::path(output_dir) / str_cat(".checkpoint-", step, ".tmp");
@@ -128,7 +134,11 @@ std::string save_training_checkpoint(const std::string& output_dir, const Checkp
     fs::create_directories(temp_dir);
     SaveOptions save_options;
     save_options.max_shard_bytes = payload.max_shard_bytes;
-    save_model_dir(*payload.model, temp_dir.string(), save_options);
+    if (payload.adapters != nullptr) {
+      save_peft_adapter(temp_dir.string(), *payload.adapters, payload.adapter_base_model);
+    } else {
+      save_model_dir(*payload.model, temp_dir.string(), save_options);
+    }
     if (!payload.side_files_dir.empty()) copy_side_files(payload.side_files_dir, temp_dir.string());
     if (payload.write_extra_files) payload.write_extra_files(temp_dir.string());
 
@@ -171,8 +181,12 @@ std::string checkpoint_problem(const std::string& dir) {
     const TrainerState state = load_trainer_state(dir);
     CHECK(!state.model_only, dir, " was saved with --save_only_model: it holds the model weights but no optimizer ",
           "state to resume from");
-    CHECK(fs::is_regular_file(fs::path(dir) / "config.json"), dir, ": config.json is missing");
-    open_weights_dir(dir);  // every shard's header, its offsets against the file's size, the index
+    if (fs::is_regular_file(fs::path(dir) / kPeftAdapterConfig)) {  // a LoRA run's checkpoint: the adapter
+      SafetensorsFile::open((fs::path(dir) / kPeftAdapterWeights).string());
+    } else {
+      CHECK(fs::is_regular_file(fs::path(dir) / "config.json"), dir, ": config.json is missing");
+      open_weights_dir(dir);  // every shard's header, its offsets against the file's size, the index
+    }
     SafetensorsFile::open((fs::path(dir) / kOptimizerFile).string());
   } catch (const std::exception& error) {
     return error.what();

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "checkpoint/model_checkpoint.h"
+#include "model/lora/lora_adapters.h"
 #include "data/data_position.h"
 #include "optim/optimizer_state.h"
 #include "optim/train_state.h"
@@ -33,6 +34,9 @@ TrainerState trainer_state_from_json(const std::string& text, const std::string&
 
 struct CheckpointPayload {
   const ModelCheckpoint* model = nullptr;  // weights to save (trained tensors read from the state)
+  // LoRA runs instead: a PEFT adapter directory (checkpoint/peft_adapter.h) with this base model path.
+  const LoraAdapters* adapters = nullptr;
+  std::string adapter_base_model;
   std::string side_files_dir;              // tokenizer / processor files are copied from here
   uint64_t max_shard_bytes = 5'000'000'000;
   // The training state for --resume; null writes the model directory only (--save_only_model),

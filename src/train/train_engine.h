@@ -8,10 +8,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "data/packer.h"
+#include "model/lora/lora_adapters.h"
 #include "optim/adamw.h"
 #include "optim/train_state.h"
 #include "train/trainable_params.h"
@@ -49,6 +51,9 @@ struct StepResult {
 // What an engine must know beyond the checkpoint, fixed for the whole run.
 struct EngineOptions {
   FreezeOptions freeze;
+  // LoRA (--tuner_type lora): the adapters' initial values (or those of the checkpoint resumed);
+  // then only they (and --modules_to_save) are trained and `freeze` is not used. Null: full tuning.
+  std::shared_ptr<const LoraAdapters> lora;
   AdamWConfig adamw;
   double aux_coef = 0;       // router load-balancing loss coefficient
   // Planning limits of one micro-batch, so that an engine that plans its memory once (the GPU

@@ -10,6 +10,7 @@
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "tokenizer/chat_template.h"
+#include "model/lora/lora.h"
 #include "train/trainable_params.h"
 
 namespace deltamoe {
@@ -41,6 +42,8 @@ struct TrainOptions {
   int64_t logging_steps = 1;
   uint64_t seed = 42;
   FreezeOptions freeze;
+  std::string tuner_type = "full";  // --tuner_type: full or lora
+  LoraOptions lora;                 // --lora_rank, --target_modules, ... (tuner_type lora)
   std::optional<double> router_aux_loss_coef;  // default: the model config's
   std::string resume;          // "": fresh run; a checkpoint directory; "auto": newest in output_dir
   int64_t stop_after_steps = 0;  // > 0: end this process after that many steps (as if preempted)

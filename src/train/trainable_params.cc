@@ -34,6 +34,35 @@ ParamLayout trainable_layout(const ModelCheckpoint& checkpoint, const FreezeOpti
   return layout;
 }
 
+ParamLayout lora_layout(const ModelCheckpoint& checkpoint, const LoraAdapters& lora) {
+  ParamLayout layout;
+  for (const std::string& name : lora.trained_names()) {
+    if (auto adapter = lora.tensors.find(name); adapter != lora.tensors.end()) {
+      layout.add(name, adapter->second.shape().to_vector());
+      continue;
+    }
+    auto it = checkpoint.params.find(name);
+    CHECK(it != checkpoint.params.end(), "LoRA: --modules_to_save names '", name, "', which the checkpoint lacks");
+    layout.add(name, it->second.shape().to_vector());
+  }
+  CHECK(layout.num_tensors() > 0, "LoRA: no adapter to train");
+  return layout;
+}
+
+LoraAdapters lora_adapters_from_state(const LoraAdapters& lora, const TrainStateStore& state) {
+  LoraAdapters current = lora;
+  const ParamLayout& layout = state.layout();
+  for (int index = 0; index < layout.num_tensors(); ++index) {
+    const ParamEntry& entry = layout.entry(index);
+    CHECK(entry.is_whole_tensor(), "save: '", entry.name, "' is held in part by this engine; an adapter save needs ",
+          "every trained tensor whole");
+    HostTensor values(DType::f32, Shape(entry.shape));
+    state.read_state(StateKind::master, index, 0, entry.numel, values.data());
+    current.tensors[entry.name] = std::move(values);
+  }
+  return current;
+}
+
 ModelCheckpoint checkpoint_with_state(const ModelCheckpoint& base, const TrainStateStore& state) {
   ModelCheckpoint out = base;
   const ParamLayout& layout = state.layout();

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "checkpoint/model_checkpoint.h"
+#include "model/lora/lora_adapters.h"
 #include "optim/param_layout.h"
 #include "optim/train_state.h"
 
@@ -26,6 +27,13 @@ bool is_frozen(const std::string& name, const FreezeOptions& freeze);
 // The trained tensors of checkpoint, whole, in name order; rank >= 2 decays (docs/optimizer.md).
 // Throws when nothing is left to train.
 ParamLayout trainable_layout(const ModelCheckpoint& checkpoint, const FreezeOptions& freeze);
+
+// LoRA: the adapters' A and B, then the --modules_to_save parameters (shapes from checkpoint), in
+// lora.trained_names() order.
+ParamLayout lora_layout(const ModelCheckpoint& checkpoint, const LoraAdapters& lora);
+
+// lora with every trained tensor's value read from the state's master weights (for a save).
+LoraAdapters lora_adapters_from_state(const LoraAdapters& lora, const TrainStateStore& state);
 
 // A copy of base whose trained tensors read the state's master weights when written, converted to
 // the dtype each tensor had on disk (bf16 checkpoints stay bf16); frozen and passthrough tensors are

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "checkpoint/model_checkpoint.h"
+#include "checkpoint/peft_adapter.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
@@ -135,6 +136,16 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   // The engine owns the training state on its device (weights, master, gradients, moments).
   EngineOptions engine_options;
   engine_options.freeze = options.freeze;
+  if (options.tuner_type == "lora") {
+    // Seeded as PEFT initialises them; a resumed run overwrites them with the saved values.
+    engine_options.lora = std::make_shared<const LoraAdapters>(init_lora_adapters(config, options.lora, options.seed));
+    log_info("train: LoRA r ", options.lora.rank, ", alpha ", options.lora.alpha, " (scaling ",
+             options.lora.scaling(), ") on ", engine_options.lora->targets.size(), " weights",
+             engine_options.lora->modules_to_save.empty() ? std::string()
+                                                          : str_cat(", ", engine_options.lora->modules_to_save.size(),
+                                                                    " tensors of --modules_to_save"),
+             "; the base model stays frozen");
+  }
   engine_options.adamw = options.adamw;
   engine_options.aux_coef = aux_coef;
   engine_options.max_tokens = engine_token_budget(batch_plan, longest_sample);
@@ -214,8 +225,14 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   auto save = [&]() {
     CHECK(!nonfinite.in_streak(), nonfinite.refused_save_message());  // keep the last good checkpoint
     CheckpointPayload payload;
-    const ModelCheckpoint weights = checkpoint_with_state(base, engine->state());
-    payload.model = &weights;
+    // LoRA: the checkpoint is a PEFT adapter directory (the adapters' current values), full tuning a
+    // whole model directory.
+    const bool lora = engine_options.lora != nullptr;
+    const ModelCheckpoint weights = lora ? ModelCheckpoint{} : checkpoint_with_state(base, engine->state());
+    const LoraAdapters adapters = lora ? lora_adapters_from_state(*engine_options.lora, engine->state()) : LoraAdapters{};
+    payload.model = lora ? nullptr : &weights;
+    payload.adapters = lora ? &adapters : nullptr;
+    payload.adapter_base_model = fs::absolute(options.model_dir).string();
     payload.side_files_dir = options.model_dir;
     payload.write_extra_files = [&](const std::string& dir) {
       write_run_args(dir, run_args);

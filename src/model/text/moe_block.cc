@@ -2,10 +2,10 @@
 // linear and load-balancing-loss references.
 #include "model/text/moe_block.h"
 
-#include "kernels/linear/linear.h"
 #include "kernels/moe_experts/moe_experts.h"
 #include "kernels/moe_router/moe_router.h"
 #include "kernels/shared_expert/shared_expert.h"
+#include "model/text/projection.h"
 
 namespace deltamoe {
 
@@ -25,7 +25,7 @@ Activation moe_block_forward(const TextConfig& c, const ParamMap& params, const 
   const int64_t Is = c.shared_expert_intermediate_size;
   s->x = x;
   Activation logits(T * E);
-  linear_forward_ref(x.data(), param_values(params, p + "gate.weight"), logits.data(), T, C, E);
+  project_forward(params, p + "gate", x.data(), logits.data(), T, C, E);
   s->probs.resize(T * E);
   s->topk_idx.resize(T * K);
   s->topk_weight.resize(T * K);
@@ -38,13 +38,15 @@ Activation moe_block_forward(const TextConfig& c, const ParamMap& params, const 
   }
   if (aux_stats != nullptr) moe_aux_loss_accumulate_ref(s->probs.data(), s->topk_idx.data(), T, E, K, aux_stats);
   Activation y(T * C), shared(T * C);
-  moe_experts_forward_ref(experts_dims(c, T), x.data(), s->topk_idx.data(), s->topk_weight.data(),
-                          param_values(params, p + "experts.gate_up_proj"),
-                          param_values(params, p + "experts.down_proj"), y.data());
-  shared_expert_forward_ref(x.data(), param_values(params, p + "shared_expert.gate_proj.weight"),
-                            param_values(params, p + "shared_expert.up_proj.weight"),
-                            param_values(params, p + "shared_expert.down_proj.weight"),
-                            param_values(params, p + "shared_expert_gate.weight"), shared.data(), T, C, Is);
+  // The fused kernels read whole weights: an adapter is merged in (as PEFT's ParamWrapper does).
+  const FusedWeight gate_up(params, nullptr, p + "experts.gate_up_proj"), down(params, nullptr, p + "experts.down_proj");
+  moe_experts_forward_ref(experts_dims(c, T), x.data(), s->topk_idx.data(), s->topk_weight.data(), gate_up.value(),
+                          down.value(), y.data());
+  const FusedWeight sg(params, nullptr, p + "shared_expert.gate_proj.weight");
+  const FusedWeight su(params, nullptr, p + "shared_expert.up_proj.weight");
+  const FusedWeight sd(params, nullptr, p + "shared_expert.down_proj.weight");
+  const FusedWeight sgate(params, nullptr, p + "shared_expert_gate.weight");
+  shared_expert_forward_ref(x.data(), sg.value(), su.value(), sd.value(), sgate.value(), shared.data(), T, C, Is);
   add_into(y, shared);
   return y;
 }
@@ -57,10 +59,11 @@ Activation moe_block_backward(const TextConfig& c, const ParamMap& params, Param
   const int64_t T = num_tokens, C = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
   const int64_t Is = c.shared_expert_intermediate_size;
   Activation dx(T * C), dx_part(T * C), d_topk_weight(T * K);
-  moe_experts_backward_ref(experts_dims(c, T), s.x.data(), s.topk_idx.data(), s.topk_weight.data(),
-                           param_values(params, p + "experts.gate_up_proj"),
-                           param_values(params, p + "experts.down_proj"), dy.data(), dx.data(), d_topk_weight.data(),
-                           grad.of(p + "experts.gate_up_proj"), grad.of(p + "experts.down_proj"));
+  FusedWeight gate_up(params, &grad, p + "experts.gate_up_proj"), down(params, &grad, p + "experts.down_proj");
+  moe_experts_backward_ref(experts_dims(c, T), s.x.data(), s.topk_idx.data(), s.topk_weight.data(), gate_up.value(),
+                           down.value(), dy.data(), dx.data(), d_topk_weight.data(), gate_up.grad(), down.grad());
+  gate_up.finish_backward();
+  down.finish_backward();
   Activation d_logits(T * E);
   moe_router_backward_ref(s.probs.data(), s.topk_idx.data(), s.topk_weight.data(), d_topk_weight.data(),
                           d_logits.data(), T, E, K);
@@ -69,16 +72,15 @@ Activation moe_block_backward(const TextConfig& c, const ParamMap& params, Param
     moe_aux_loss_backward_ref(s.probs.data(), aux_stats, aux_weight, d_logits_aux.data(), T);
     add_into(d_logits, d_logits_aux);
   }
-  linear_backward_ref(s.x.data(), param_values(params, p + "gate.weight"), d_logits.data(), dx_part.data(),
-                      grad.of(p + "gate.weight"), T, C, E);
+  project_backward(params, grad, p + "gate", s.x.data(), d_logits.data(), dx_part.data(), T, C, E);
   add_into(dx, dx_part);
-  shared_expert_backward_ref(
-      s.x.data(), param_values(params, p + "shared_expert.gate_proj.weight"),
-      param_values(params, p + "shared_expert.up_proj.weight"),
-      param_values(params, p + "shared_expert.down_proj.weight"), param_values(params, p + "shared_expert_gate.weight"),
-      dy.data(), dx_part.data(), grad.of(p + "shared_expert.gate_proj.weight"),
-      grad.of(p + "shared_expert.up_proj.weight"), grad.of(p + "shared_expert.down_proj.weight"),
-      grad.of(p + "shared_expert_gate.weight"), T, C, Is);
+  FusedWeight sg(params, &grad, p + "shared_expert.gate_proj.weight");
+  FusedWeight su(params, &grad, p + "shared_expert.up_proj.weight");
+  FusedWeight sd(params, &grad, p + "shared_expert.down_proj.weight");
+  FusedWeight sgate(params, &grad, p + "shared_expert_gate.weight");
+  shared_expert_backward_ref(s.x.data(), sg.value(), su.value(), sd.value(), sgate.value(), dy.data(), dx_part.data(),
+                             sg.grad(), su.grad(), sd.grad(), sgate.grad(), T, C, Is);
+  for (FusedWeight* weight : {&sg, &su, &sd, &sgate}) weight->finish_backward();
   add_into(dx, dx_part);
   return dx;
 }

@@ -5,8 +5,8 @@
 #include "core/error.h"
 #include "kernels/cross_entropy/cross_entropy.h"
 #include "kernels/embedding/embedding.h"
-#include "kernels/linear/linear.h"
 #include "kernels/rms_norm/rms_norm.h"
+#include "model/text/projection.h"
 
 namespace deltamoe {
 
@@ -49,7 +49,7 @@ TextModelOutput TextModel::forward(const TextBatch& batch, const TextModelInputs
   rms_norm_forward_ref(final_hidden_.data(), param_values(params, prefix_ + ".norm.weight"), final_normed_.data(),
                        final_rstd_.data(), T, C, c.rms_norm_eps);
   logits_.resize(T * V);
-  linear_forward_ref(final_normed_.data(), param_values(params, "lm_head.weight"), logits_.data(), T, C, V);
+  project_forward(params, "lm_head", final_normed_.data(), logits_.data(), T, C, V);
 
   TextModelOutput out;
   out.logits = logits_;
@@ -83,8 +83,7 @@ void TextModel::backward_into(ParamMap* grads_or_frozen, float ce_weight, float 
   if (!shifted_labels_.empty() && ce_weight != 0.0f)
     cross_entropy_backward_ref(logits_.data(), shifted_labels_.data(), lse_.data(), ce_weight, d_logits.data(), T, V);
   Activation d_normed(T * C), dx(T * C);
-  linear_backward_ref(final_normed_.data(), param_values(params, "lm_head.weight"), d_logits.data(), d_normed.data(),
-                      grad.of("lm_head.weight"), T, C, V);
+  project_backward(params, grad, "lm_head", final_normed_.data(), d_logits.data(), d_normed.data(), T, C, V);
   rms_norm_backward_ref(final_hidden_.data(), param_values(params, prefix_ + ".norm.weight"), final_rstd_.data(),
                         d_normed.data(), dx.data(), grad.of(prefix_ + ".norm.weight"), T, C);
   for (int64_t i = c.num_hidden_layers - 1; i >= 0; --i)

@@ -83,12 +83,13 @@ float* LayerGrads::of(const std::string& name) const {
   CHECK(it != params_.end(), "text model: parameter '", name, "' is missing");
   const auto values = static_cast<int64_t>(it->second.values.size());
   WeightGradCounts& counts = weight_grad_counts();
-  if (grads_ == nullptr) {
+  auto grad = grads_ != nullptr ? grads_->find(name) : ParamMap::iterator{};
+  if (grads_ == nullptr || grad == grads_->end()) {
     ++counts.skipped, counts.skipped_values += values;
     return nullptr;
   }
   ++counts.computed, counts.computed_values += values;
-  return param_values(*grads_, name);
+  return grad->second.values.data();
 }
 
 ParamMap random_text_params(const TextConfig& config, const std::string& prefix, uint64_t seed, double matrix_std) {

@@ -56,7 +56,9 @@ WeightGradCounts& weight_grad_counts();
 
 // Where one layer's backward puts its parameter gradients. grads null means frozen weights: then
 // `of` is null for every name, which each CPU reference backward reads as "weight gradient not
-// needed" and skips that work (no throwaway buffers). Every call is tallied in weight_grad_counts.
+// needed" and skips that work (no throwaway buffers); a name grads does not hold is frozen the same
+// way (LoRA: the base weights, while their adapters are trained). Every call is tallied in
+// weight_grad_counts.
 class LayerGrads {
  public:
   LayerGrads(const ParamMap& params, ParamMap* grads) : params_(params), grads_(grads) {}

@@ -9,6 +9,9 @@ struct TrainableParts {
   bool vit = true;      // model.visual.* except the merger: patch/pos embedding and the blocks
   bool aligner = true;  // model.visual.merger.*
   bool llm = true;      // the language model, embed_tokens and lm_head included
+  // false under LoRA: the parts' own weights stay frozen and only the tensors the caller put in the
+  // gradient map (adapters, --modules_to_save) receive gradients.
+  bool base_weights = true;
 
   // The vision backward runs only when some part of the tower is trained.
   bool vision() const { return vit || aligner; }

@@ -5,12 +5,11 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "kernels/bias_add/bias_add.h"
 #include "kernels/bidirectional_attention/bidirectional_attention.h"
 #include "kernels/gelu/gelu.h"
 #include "kernels/layer_norm/layer_norm.h"
-#include "kernels/linear/linear.h"
 #include "kernels/vision_rope/vision_rope.h"
+#include "model/vision/vision_projection.h"
 
 namespace deltamoe {
 namespace {
@@ -32,25 +31,6 @@ const T* lookup(const VisionParams& params, const std::string& name, int64_t num
   CHECK(it->second.dtype() == DTypeOf<T>::value, "vision tower: parameter '", name, "' is ",
         dtype_name(it->second.dtype()), ", expected ", dtype_name(DTypeOf<T>::value));
   return it->second.template as<T>();
-}
-
-// y [rows, out] = x W^T + b.
-template <typename T>
-void affine_forward(const VisionParams& params, const std::string& name, const T* x, T* y, int64_t rows,
-                    int64_t in_features, int64_t out_features) {
-  linear_forward_ref(x, lookup<T>(params, name + ".weight", out_features * in_features), y, rows, in_features,
-                     out_features);
-  bias_add_forward_ref(lookup<T>(params, name + ".bias", out_features), y, rows, out_features);
-}
-
-// dx written (unless null); weight and bias gradients added to grads.
-template <typename T>
-void affine_backward(const VisionParams& params, VisionParams& grads, const std::string& name, const T* x,
-                     const T* dy, T* dx, int64_t rows, int64_t in_features, int64_t out_features) {
-  linear_backward_ref(x, lookup<T>(params, name + ".weight", out_features * in_features), dy, dx,
-                      vision_param<T>(grads, name + ".weight", out_features * in_features), rows, in_features,
-                      out_features);
-  bias_add_backward_ref(dy, vision_param<T>(grads, name + ".bias", out_features), rows, out_features);
 }
 
 }  // namespace
@@ -75,7 +55,7 @@ void vision_block_forward(const VisionConfig& config, const VisionParams& params
   layer_norm_forward_ref(x.data(), lookup<T>(params, block + "norm1.weight", c), lookup<T>(params, block + "norm1.bias", c),
                          s.norm1.data(), s.mean1.data(), s.rstd1.data(), n, c, kLayerNormEps);
   std::vector<T> qkv(n * 3 * c);
-  affine_forward(params, block + "attn.qkv", s.norm1.data(), qkv.data(), n, c, 3 * c);
+  vision_project_forward(params, block + "attn.qkv", s.norm1.data(), qkv.data(), n, c, 3 * c);
   // qkv rows are [q (H*D) | k | v]; the rotary embedding is applied to q and k.
   s.q.resize(n * c), s.k.resize(n * c), s.v.resize(n * c);
   for (int64_t t = 0; t < n; ++t) {
@@ -90,7 +70,7 @@ void vision_block_forward(const VisionConfig& config, const VisionParams& params
                                       static_cast<int64_t>(layout.cu_seqlens.size()) - 1, s.attn.data(), s.lse.data(),
                                       n, heads, d, 1.0 / std::sqrt(static_cast<double>(d)));
   std::vector<T> proj(n * c);
-  affine_forward(params, block + "attn.proj", s.attn.data(), proj.data(), n, c, c);
+  vision_project_forward(params, block + "attn.proj", s.attn.data(), proj.data(), n, c, c);
   s.x_mid = x;
   for (int64_t e = 0; e < n * c; ++e) s.x_mid[e] += proj[e];
 
@@ -99,10 +79,10 @@ void vision_block_forward(const VisionConfig& config, const VisionParams& params
                          lookup<T>(params, block + "norm2.bias", c), s.norm2.data(), s.mean2.data(), s.rstd2.data(), n,
                          c, kLayerNormEps);
   s.fc1.resize(n * inter), s.act.resize(n * inter);
-  affine_forward(params, block + "mlp.linear_fc1", s.norm2.data(), s.fc1.data(), n, c, inter);
+  vision_project_forward(params, block + "mlp.linear_fc1", s.norm2.data(), s.fc1.data(), n, c, inter);
   gelu_forward_ref(block_gelu(config), s.fc1.data(), s.act.data(), n * inter);
   std::vector<T> mlp(n * c);
-  affine_forward(params, block + "mlp.linear_fc2", s.act.data(), mlp.data(), n, inter, c);
+  vision_project_forward(params, block + "mlp.linear_fc2", s.act.data(), mlp.data(), n, inter, c);
   for (int64_t e = 0; e < n * c; ++e) x[e] = s.x_mid[e] + mlp[e];
 }
 
@@ -114,17 +94,17 @@ void vision_block_backward(const VisionConfig& config, const VisionParams& param
   const int64_t inter = config.intermediate_size;
   // MLP branch: dx is the gradient of both the residual and the MLP output.
   std::vector<T> d_act(n * inter), d_fc1(n * inter), d_norm2(n * c), d_mid(n * c);
-  affine_backward(params, grads, block + "mlp.linear_fc2", s.act.data(), dx.data(), d_act.data(), n, inter, c);
+  vision_project_backward(params, &grads, block + "mlp.linear_fc2", s.act.data(), dx.data(), d_act.data(), n, inter, c);
   gelu_backward_ref(block_gelu(config), s.fc1.data(), d_act.data(), d_fc1.data(), n * inter);
-  affine_backward(params, grads, block + "mlp.linear_fc1", s.norm2.data(), d_fc1.data(), d_norm2.data(), n, c, inter);
+  vision_project_backward(params, &grads, block + "mlp.linear_fc1", s.norm2.data(), d_fc1.data(), d_norm2.data(), n, c, inter);
   layer_norm_backward_ref(s.x_mid.data(), lookup<T>(params, block + "norm2.weight", c), s.mean2.data(), s.rstd2.data(),
-                          d_norm2.data(), d_mid.data(), vision_param<T>(grads, block + "norm2.weight", c),
-                          vision_param<T>(grads, block + "norm2.bias", c), n, c);
+                          d_norm2.data(), d_mid.data(), optional_vision_grad<T>(&grads, block + "norm2.weight", c),
+                          optional_vision_grad<T>(&grads, block + "norm2.bias", c), n, c);
   for (int64_t e = 0; e < n * c; ++e) d_mid[e] += dx[e];
 
   // Attention branch.
   std::vector<T> d_attn(n * c), dq(n * c), dk(n * c), dv(n * c);
-  affine_backward(params, grads, block + "attn.proj", s.attn.data(), d_mid.data(), d_attn.data(), n, c, c);
+  vision_project_backward(params, &grads, block + "attn.proj", s.attn.data(), d_mid.data(), d_attn.data(), n, c, c);
   bidirectional_attention_backward_ref(s.q.data(), s.k.data(), s.v.data(), s.attn.data(), s.lse.data(), d_attn.data(),
                                        layout.cu_seqlens.data(), static_cast<int64_t>(layout.cu_seqlens.size()) - 1,
                                        dq.data(), dk.data(), dv.data(), n, heads, d,
@@ -137,10 +117,10 @@ void vision_block_backward(const VisionConfig& config, const VisionParams& param
     std::copy(&dk[t * c], &dk[t * c] + c, &d_qkv[t * 3 * c] + c);
     std::copy(&dv[t * c], &dv[t * c] + c, &d_qkv[t * 3 * c] + 2 * c);
   }
-  affine_backward(params, grads, block + "attn.qkv", s.norm1.data(), d_qkv.data(), d_norm1.data(), n, c, 3 * c);
+  vision_project_backward(params, &grads, block + "attn.qkv", s.norm1.data(), d_qkv.data(), d_norm1.data(), n, c, 3 * c);
   layer_norm_backward_ref(s.x_in.data(), lookup<T>(params, block + "norm1.weight", c), s.mean1.data(), s.rstd1.data(),
-                          d_norm1.data(), dx.data(), vision_param<T>(grads, block + "norm1.weight", c),
-                          vision_param<T>(grads, block + "norm1.bias", c), n, c);
+                          d_norm1.data(), dx.data(), optional_vision_grad<T>(&grads, block + "norm1.weight", c),
+                          optional_vision_grad<T>(&grads, block + "norm1.bias", c), n, c);
   for (int64_t e = 0; e < n * c; ++e) dx[e] += d_mid[e];
 }
 

@@ -8,6 +8,7 @@
 #include "kernels/gelu/gelu.h"
 #include "kernels/layer_norm/layer_norm.h"
 #include "kernels/linear/linear.h"
+#include "model/vision/vision_projection.h"
 #include "kernels/vision_grid/vision_grid.h"
 #include "kernels/vision_pos_embed/vision_pos_embed.h"
 #include "kernels/vision_rope/vision_rope.h"
@@ -97,17 +98,14 @@ VisionTowerOutput forward_impl(const VisionParams& params, const VisionConfig& c
                          vision_param<T>(params, prefix + ".merger.norm.bias", c), state->merger_norm.data(),
                          state->merger_mean.data(), state->merger_rstd.data(), n, c, kLayerNormEps);
   state->merger_fc1.resize(rows * merged), state->merger_act.resize(rows * merged);
-  linear_forward_ref(state->merger_norm.data(), vision_param<T>(params, prefix + ".merger.linear_fc1.weight", merged * merged),
-                     state->merger_fc1.data(), rows, merged, merged);
-  bias_add_forward_ref(vision_param<T>(params, prefix + ".merger.linear_fc1.bias", merged), state->merger_fc1.data(),
-                       rows, merged);
+  vision_project_forward(params, prefix + ".merger.linear_fc1", state->merger_norm.data(), state->merger_fc1.data(),
+                         rows, merged, merged);
   gelu_forward_ref(GeluKind::exact, state->merger_fc1.data(), state->merger_act.data(), rows * merged);
   VisionTowerOutput output;
   output.features = HostTensor(DTypeOf<T>::value, Shape{rows, out_dim});
   T* features = output.features.as<T>();
-  linear_forward_ref(state->merger_act.data(), vision_param<T>(params, prefix + ".merger.linear_fc2.weight", out_dim * merged),
-                     features, rows, merged, out_dim);
-  bias_add_forward_ref(vision_param<T>(params, prefix + ".merger.linear_fc2.bias", out_dim), features, rows, out_dim);
+  vision_project_forward(params, prefix + ".merger.linear_fc2", state->merger_act.data(), features, rows, merged,
+                         out_dim);
   output.saved = {DTypeOf<T>::value, state};
   return output;
 }
@@ -123,28 +121,18 @@ HostTensor backward_impl(const VisionParams& params, const VisionConfig& config,
   CHECK(d_features.dtype() == DTypeOf<T>::value && d_features.numel() == rows * out_dim,
         "vision tower backward: d_features must be ", dtype_name(DTypeOf<T>::value), " [", rows, ", ", out_dim,
         "], got ", dtype_name(d_features.dtype()), " ", d_features.shape().str());
-  auto grad = [&](const std::string& name, int64_t numel) { return vision_param<T>(grads, prefix + name, numel); };
-  // A frozen merger's weight products are skipped (null gradient); its input gradient is still needed by the ViT.
-  auto merger_grad = [&](const std::string& name, int64_t numel) -> T* {
-    return trainable.aligner ? grad(name, numel) : nullptr;
-  };
-  auto bias_backward = [&](const T* dy, T* d_bias, int64_t count, int64_t width) {
-    if (d_bias != nullptr) bias_add_backward_ref(dy, d_bias, count, width);
-  };
-
+  // A frozen tensor has no entry in grads (vision_tower_backward adds the trained ones): its weight
+  // product is skipped (null gradient); input gradients are still formed for what lies below.
+  auto grad = [&](const std::string& name, int64_t numel) { return optional_vision_grad<T>(&grads, prefix + name, numel); };
   std::vector<T> d_act(rows * merged), d_fc1(rows * merged), d_norm(n * c), dx(n * c);
-  linear_backward_ref(state.merger_act.data(), vision_param<T>(params, prefix + ".merger.linear_fc2.weight", out_dim * merged),
-                      d_features.as<T>(), d_act.data(), merger_grad(".merger.linear_fc2.weight", out_dim * merged), rows,
-                      merged, out_dim);
-  bias_backward(d_features.as<T>(), merger_grad(".merger.linear_fc2.bias", out_dim), rows, out_dim);
+  vision_project_backward(params, &grads, prefix + ".merger.linear_fc2", state.merger_act.data(), d_features.as<T>(),
+                          d_act.data(), rows, merged, out_dim);
   gelu_backward_ref(GeluKind::exact, state.merger_fc1.data(), d_act.data(), d_fc1.data(), rows * merged);
-  linear_backward_ref(state.merger_norm.data(), vision_param<T>(params, prefix + ".merger.linear_fc1.weight", merged * merged),
-                      d_fc1.data(), d_norm.data(), merger_grad(".merger.linear_fc1.weight", merged * merged), rows, merged,
-                      merged);
-  bias_backward(d_fc1.data(), merger_grad(".merger.linear_fc1.bias", merged), rows, merged);
+  vision_project_backward(params, &grads, prefix + ".merger.linear_fc1", state.merger_norm.data(), d_fc1.data(),
+                          d_norm.data(), rows, merged, merged);
   layer_norm_backward_ref(state.merger_in.data(), vision_param<T>(params, prefix + ".merger.norm.weight", c),
                           state.merger_mean.data(), state.merger_rstd.data(), d_norm.data(), dx.data(),
-                          merger_grad(".merger.norm.weight", c), merger_grad(".merger.norm.bias", c), n, c);
+                          grad(".merger.norm.weight", c), grad(".merger.norm.bias", c), n, c);
   if (!trainable.vit) return HostTensor();  // nothing below the merger is trained: no block backward
 
   for (int64_t j = config.depth - 1; j >= 0; --j) {
@@ -152,12 +140,13 @@ HostTensor backward_impl(const VisionParams& params, const VisionConfig& config,
   }
 
   const int64_t side = grid_side(config);
-  vision_pos_embed_backward_ref(dx.data(), state.pos_index.data(), state.pos_weight.data(),
-                                grad(".pos_embed.weight", side * side * c), n, c);
+  if (T* d_pos = grad(".pos_embed.weight", side * side * c)) {
+    vision_pos_embed_backward_ref(dx.data(), state.pos_index.data(), state.pos_weight.data(), d_pos, n, c);
+  }
   HostTensor d_pixels(DTypeOf<T>::value, Shape{n, k});
   linear_backward_ref(state.pixel_values.template as<T>(), vision_param<T>(params, prefix + ".patch_embed.proj.weight", c * k),
                       dx.data(), d_pixels.as<T>(), grad(".patch_embed.proj.weight", c * k), n, k, c);
-  bias_add_backward_ref(dx.data(), grad(".patch_embed.proj.bias", c), n, c);
+  if (T* d_bias = grad(".patch_embed.proj.bias", c)) bias_add_backward_ref(dx.data(), d_bias, n, c);
   return d_pixels;
 }
 
@@ -196,7 +185,7 @@ HostTensor vision_tower_backward(const VisionParams& params, const VisionConfig&
   const std::string merger_prefix = prefix + ".merger.";
   for (const auto& [name, shape] : vision_param_shapes(config, prefix)) {
     const bool in_merger = name.compare(0, merger_prefix.size(), merger_prefix) == 0;
-    if (!(in_merger ? trainable.aligner : trainable.vit)) continue;  // frozen: no entry
+    if (!(in_merger ? trainable.aligner : trainable.vit) || !trainable.base_weights) continue;  // frozen: no entry
     if (grads->find(name) == grads->end()) grads->emplace(name, HostTensor(saved.dtype, shape));
   }
   if (saved.dtype == DType::f64) {

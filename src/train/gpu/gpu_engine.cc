@@ -282,6 +282,8 @@ struct GpuEngine::Impl {
 
 GpuEngine::GpuEngine(const ModelCheckpoint& checkpoint, const EngineOptions& options)
     : impl_(std::make_unique<Impl>()) {
+  CHECK(options.lora == nullptr, "gpu engine: LoRA (--tuner_type lora) has no GPU kernels yet; it trains on the ",
+        "CPU reference (--device cpu or auto)");
   impl_->plan_and_allocate(checkpoint.config, options);
   impl_->upload_checkpoint(checkpoint);
   impl_->build_models();
@@ -289,6 +291,8 @@ GpuEngine::GpuEngine(const ModelCheckpoint& checkpoint, const EngineOptions& opt
 
 GpuEngine::GpuEngine(const ModelConfig& config, const EngineOptions& options, uint64_t seed)
     : impl_(std::make_unique<Impl>()) {
+  CHECK(options.lora == nullptr, "gpu engine: LoRA (--tuner_type lora) has no GPU kernels yet; it trains on the ",
+        "CPU reference (--device cpu or auto)");
   impl_->plan_and_allocate(config, options);
   impl_->state->params().randomize(seed);
   impl_->build_models();
