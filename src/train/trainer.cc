@@ -21,6 +21,7 @@
 #include "train/batch_plan.h"
 #include "train/dataset_split.h"
 #include "train/engine_factory.h"
+#include "train/gathered_state.h"
 #include "train/hf_side_files.h"
 #include "train/nonfinite_streak.h"
 #include "train/run_args.h"
@@ -70,12 +71,29 @@ EvalResult evaluate(TrainEngine& engine, const std::vector<MicroBatch>& batches)
 
 }  // namespace
 
-TrainSummary run_training(const TrainOptions& options, const std::string& device, const EngineMaker& make_engine) {
+TrainSummary run_training(const TrainOptions& options_in, const std::string& device, const EngineMaker& make_engine,
+                          Communicator* world) {
+  const bool distributed = world != nullptr && world->size() > 1;
+  const int rank = distributed ? world->rank() : 0;
+  const int world_size = distributed ? world->size() : 1;
+  const bool leader = rank == 0;  // writes the run folder and prints
+  TrainOptions options = options_in;
+  options.data_parallel_size = world_size;
   validate_train_options(options);
+  CHECK(distributed || options.parallel.expert_parallel_size == 1, "--expert_model_parallel_size ",
+        options.parallel.expert_parallel_size, " needs as many ranks; start the run through deltamoe launch ",
+        "--nproc_per_node N, NPROC_PER_NODE=N, torchrun, mpirun or srun");
+  CHECK(!distributed || options.split_dataset_ratio == 0, "--split_dataset_ratio on ", world_size,
+        " ranks is not supported yet; split once on one rank (or give --val_dataset)");
+  CHECK(!distributed || !make_engine, "train: a stand-in engine cannot run on several ranks");
   const Clock::time_point run_start = Clock::now();
   fs::create_directories(options.output_dir);
-  const RunLock run_lock(options.output_dir);  // one run per folder, held to the end
-  if (options.resume.empty()) prepare_fresh_output_dir(options.output_dir, options.overwrite_output_dir);
+  std::optional<RunLock> run_lock;  // one run per folder, held to the end (by rank 0 for the job)
+  if (leader) {
+    run_lock.emplace(options.output_dir);
+    if (options.resume.empty()) prepare_fresh_output_dir(options.output_dir, options.overwrite_output_dir);
+  }
+  if (distributed) world->barrier();  // the folder is ready before any rank reads or writes it
 
   // Tokenizer and image settings are checked before the weights are read (a full scan of a large model).
   const Tokenizer tokenizer = Tokenizer::load(options.model_dir);
@@ -108,8 +126,8 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   }
   // Every line once before step 1 (image sizes from headers): the step count, the skips (--strict,
   // --max_skip_ratio) and the longest sample, which sizes the engine.
-  const DataSurvey survey =
-      survey_data(train_data, tokenizer, "training data", (fs::path(options.output_dir) / "data_skips.jsonl").string());
+  const DataSurvey survey = survey_data(train_data, tokenizer, "training data",
+                                       leader ? (fs::path(options.output_dir) / "data_skips.jsonl").string() : "");
   check_skip_ratio(survey, options.max_skip_ratio, "training data");
   int64_t longest_sample = survey.longest_sample_tokens;
   if (!val_paths.empty()) {
@@ -140,7 +158,11 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   engine_options.max_samples = batch_plan.micro_batch_samples;
   engine_options.max_image_pixels = samples.image_config.max_pixels;
   std::unique_ptr<TrainEngine> engine =
-      make_engine ? make_engine(base, engine_options) : make_train_engine(device, base, engine_options);
+      distributed   ? make_train_engine(device, base, engine_options, *world, options.parallel)
+      : make_engine ? make_engine(base, engine_options)
+                    : make_train_engine(device, base, engine_options);
+  // Every trained tensor whole: what a checkpoint holds whatever the ranks hold.
+  const ParamLayout full_layout = trainable_layout(base, options.freeze);
   const ParamLayout& layout = engine->state().layout();
   log_info("train: ", layout.num_tensors(), " trainable tensors, ", layout.num_parameters(), " parameters (of ",
            base.params.size(), " tensors)");
@@ -158,14 +180,15 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     CHECK(state.total_steps == total_steps, "--resume ", dir, ": that run had ", state.total_steps,
           " total steps, this one has ", total_steps, "; keep --max_steps / --num_train_epochs / ",
           "--global_batch_size / --micro_batch_size / --gradient_accumulation_steps as they were");
-    progress = load_optimizer_state((fs::path(dir) / "optimizer.safetensors").string(), &engine->state());
+    progress = load_optimizer_state((fs::path(dir) / "optimizer.safetensors").string(), &engine->state(),
+                                    &full_layout);
     CHECK(progress.schedule_step == state.global_step, dir, ": optimizer state is at step ", progress.schedule_step,
           " but trainer_state.json at ", state.global_step);
     check_resume_args(dir, options);  // a changed --lr etc. is refused unless --ignore_args_check
     log_info("train: resuming from ", dir, " at step ", state.global_step, "/", total_steps);
   }
   // args.json: this run's options, in the run folder and (without where it runs) in each checkpoint.
-  write_run_args(options.output_dir, train_options_to_json(options).dump(2));
+  if (leader) write_run_args(options.output_dir, train_options_to_json(options).dump(2));
   const std::string run_args = train_options_to_json(options, RunArgsCopy::kCheckpoint).dump(2);
   Rng rng(state.rng_seed);
   rng.seek(state.rng_position);
@@ -185,16 +208,22 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     CHECK(!val_batches.empty(), "--val_dataset: no usable samples");
   }
 
-  MetricsLog metrics((fs::path(options.output_dir) / "metrics.jsonl").string(), resuming ? state.global_step : -1);
-  RunRecords records(options, steps_per_epoch);  // TensorBoard, the progress line's context, the plot
+  std::optional<MetricsLog> metrics;
+  std::optional<RunRecords> records;  // TensorBoard, the progress line's context, the plot
+  if (leader) {
+    metrics.emplace((fs::path(options.output_dir) / "metrics.jsonl").string(), resuming ? state.global_step : -1);
+    records.emplace(options, steps_per_epoch);
+  }
   TrainSummary summary;
   summary.total_steps = total_steps;
   summary.device = engine->device_name();
   auto run_eval = [&](int64_t step) {
-    const EvalResult result = evaluate(*engine, val_batches);
-    metrics.write_eval(step, result.loss, result.token_acc, result.num_supervised);
-    records.on_eval(step, result.loss, result.token_acc);
-    std::printf("eval step %lld/%lld | val_loss %.4f | token_acc %.3f (%lld supervised tokens)\n",
+    const EvalResult result = evaluate(*engine, val_batches);  // a collective with expert parallelism
+    if (leader) {
+      metrics->write_eval(step, result.loss, result.token_acc, result.num_supervised);
+      records->on_eval(step, result.loss, result.token_acc);
+    }
+    if (leader) std::printf("eval step %lld/%lld | val_loss %.4f | token_acc %.3f (%lld supervised tokens)\n",
                 static_cast<long long>(step), static_cast<long long>(total_steps), result.loss, result.token_acc,
                 static_cast<long long>(result.num_supervised));
     std::fflush(stdout);
@@ -212,8 +241,19 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   NonFiniteStreak nonfinite(options.max_nonfinite_steps);
   auto save = [&]() {
     CHECK(!nonfinite.in_streak(), nonfinite.refused_save_message());  // keep the last good checkpoint
+    // On several ranks the pieces are gathered to rank 0, which writes what one rank would.
+    std::unique_ptr<HostTrainState> gathered;
+    if (distributed) {
+      world->set_activity(str_cat("save at step ", state.global_step));
+      gathered = gather_train_state(*world, engine->state(), full_layout);
+      if (!leader) {
+        world->barrier();  // rank 0 has committed the checkpoint
+        return;
+      }
+    }
+    const TrainStateStore& train_state = gathered ? *gathered : engine->state();
     CheckpointPayload payload;
-    const ModelCheckpoint weights = checkpoint_with_state(base, engine->state());
+    const ModelCheckpoint weights = checkpoint_with_state(base, train_state);
     payload.model = &weights;
     payload.side_files_dir = options.model_dir;
     payload.write_extra_files = [&](const std::string& dir) {
@@ -221,7 +261,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
       write_missing_side_files(dir, config, options.chat_format);
     };
     payload.max_shard_bytes = options.max_shard_bytes;
-    payload.train_state = options.save_only_model ? nullptr : &engine->state();
+    payload.train_state = options.save_only_model ? nullptr : &train_state;
     payload.progress = progress;
     state.rng_position = rng.position();
     payload.state = state;
@@ -229,6 +269,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     if (options.save_total_limit > 0) remove_old_checkpoints(options.output_dir, options.save_total_limit);
     std::printf("saved %s\n", summary.last_checkpoint.c_str());
     std::fflush(stdout);
+    if (distributed) world->barrier();
   };
 
   const StopSignalGuard stop_guard;  // SIGTERM / SIGINT / SIGHUP: finish the step, save, return
@@ -246,11 +287,20 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   };
   while (state.global_step < total_steps) {
     const Clock::time_point step_start = Clock::now();
+    // This rank's micro-batches of the global batch: g * world + rank (all of them on one rank).
     std::vector<MicroBatch> batches;
-    while (static_cast<int64_t>(batches.size()) < accumulation && StopSignalGuard::stop_signal() == 0) {
+    int64_t read = 0;
+    DataPosition position_after;
+    while (read < accumulation * world_size && StopSignalGuard::stop_signal() == 0) {
       std::optional<MicroBatch> batch = pipeline.next_batch();
       if (!batch) break;
-      batches.push_back(std::move(*batch));
+      position_after = batch->position_after;
+      if (read++ % world_size == rank) batches.push_back(std::move(*batch));
+    }
+    if (distributed && read % world_size != 0 && StopSignalGuard::stop_signal() == 0) {
+      log_warn("train: the data ended inside step ", state.global_step + 1, " with ", read, " micro-batches, not a ",
+               "multiple of the ", world_size, " ranks; that step is dropped");
+      break;
     }
     if (StopSignalGuard::stop_signal() != 0) {  // while the step's data was read: that step is dropped
       stop_for_signal();
@@ -282,7 +332,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     ++summary.steps_this_run;
     saved_at_step = false;
     state.tokens_seen += num_tokens;
-    state.data_position = batches.back().position_after;
+    state.data_position = position_after;
     state.elapsed_s = elapsed_before + seconds_since(loop_start);
 
     StepMetrics step;
@@ -318,15 +368,17 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     if (peak_memory > 0) summary.peak_mem_gib = step.peak_mem_gib = static_cast<double>(peak_memory) / (1 << 30);
     const double mean_step_s = seconds_since(loop_start) / static_cast<double>(summary.steps_this_run);
     step.eta_s = mean_step_s * static_cast<double>(total_steps - state.global_step);
-    metrics.write_step(step);
-    records.on_step(step);
+    if (leader) {
+      metrics->write_step(step);
+      records->on_step(step);
+    }
     if (nonfinite.record(state.global_step, step.loss, report.grad_norm)) RAISE(nonfinite.stop_message());
     if (summary.steps_this_run == 1) summary.first_loss = step.loss;
     summary.last_loss = step.loss;
     if (report.skipped) log_warn("train: step ", step.step, ": gradient norm is not finite; update skipped");
     const bool last = state.global_step == total_steps;
-    if (state.global_step % options.logging_steps == 0 || last || summary.steps_this_run == 1) {
-      std::printf("%s\n", records.progress_line(step).c_str());
+    if (leader && (state.global_step % options.logging_steps == 0 || last || summary.steps_this_run == 1)) {
+      std::printf("%s\n", records->progress_line(step).c_str());
       std::fflush(stdout);
     }
     if (!val_batches.empty() && ((options.eval_steps > 0 && state.global_step % options.eval_steps == 0) || last)) {
@@ -352,7 +404,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   summary.steps_done = state.global_step;
   summary.elapsed_s = seconds_since(run_start);
   summary.data_skips = pipeline.skip_stats().summary();
-  records.finish();  // OUTPUT_DIR/images/training.png
+  if (leader) records->finish();  // OUTPUT_DIR/images/training.png
   return summary;
 }
 

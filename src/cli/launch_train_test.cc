@@ -1,0 +1,118 @@
+// `deltamoe train` on several ranks through the binary (design §4.2, the launch check):
+// `deltamoe launch --nproc_per_node 2 -- train --expert_model_parallel_size 2
+// --use_distributed_optimizer true` on tiny-vl for 10 steps writes the losses of the one-rank run
+// with twice the accumulation (the same samples in the same order): the first step bitwise, every
+// step within 1e-5 relative; the same through NPROC_PER_NODE=2 (and mpirun -np 2 where built with
+// MPI). The run folder holds one checkpoint that a one-rank run can read.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "parallel/world.h"
+#include "testing/run_command.h"
+#include "train/train_test_util.h"
+
+namespace deltamoe {
+namespace {
+
+using namespace train_test;
+
+class LaunchTrainTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new fs::path(fresh_temp_dir("launch_train"));
+    make_tiny_vl_fixture(*root_, 40, 4);
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*root_);
+    delete root_;
+  }
+  static std::string binary() {
+    const char* path = std::getenv("DELTAMOE_BINARY");
+    EXPECT_NE(path, nullptr) << "DELTAMOE_BINARY is not set (run through ctest)";
+    return path != nullptr ? path : "deltamoe";
+  }
+  // Runs `prefix` + train with the common flags; returns the exit status and keeps the log.
+  static int train(const std::string& name, const std::string& prefix, const std::string& extra) {
+    const fs::path out = *root_ / name;
+    const std::string command =
+        str_cat(prefix, " train --device cpu --model ", (*root_ / "tiny-vl").string(), " --dataset ",
+                (*root_ / "data" / "train.jsonl").string(), " --output_dir ", out.string(),
+                " --max_length 128 --min_pixels 4096 --max_pixels 4096 --micro_batch_tokens 192 --max_steps 10",
+                " --lr 2e-3 --warmup_ratio 0.1 --freeze_vit false --freeze_aligner false --dataloader_num_workers 1",
+                " --seed 3 ", extra, " > ", (*root_ / (name + ".log")).string(), " 2>&1");
+    const int status = std::system(command.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  static std::vector<double> losses(const std::string& name) {
+    std::vector<double> values;
+    std::ifstream in(*root_ / name / "metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("loss") && !j.contains("val_loss")) values.push_back(j["loss"].get<double>());
+    }
+    return values;
+  }
+  static std::string log_of(const std::string& name) { return read_bytes(*root_ / (name + ".log")); }
+  static void expect_like_one_rank(const std::string& name) {
+    const std::vector<double> one = losses("one_rank"), got = losses(name);
+    ASSERT_EQ(one.size(), 10u) << log_of("one_rank");
+    ASSERT_EQ(got.size(), one.size()) << log_of(name);
+    double worst = 0;
+    for (size_t i = 0; i < one.size(); ++i) {
+      const double relative = std::fabs(got[i] - one[i]) / std::fabs(one[i]);
+      worst = std::max(worst, relative);
+      EXPECT_LE(relative, 1e-5) << "step " << i + 1 << ": " << got[i] << " vs " << one[i];
+    }
+    EXPECT_EQ(got[0], one[0]) << "the first step's loss is bitwise that of one rank";
+    std::printf("  %s: 10 losses, worst relative difference to one rank %.2e (first %s)\n", name.c_str(), worst,
+                got[0] == one[0] ? "bitwise" : "differs");
+  }
+  static fs::path* root_;
+};
+fs::path* LaunchTrainTest::root_ = nullptr;
+
+TEST_F(LaunchTrainTest, TwoRanksTrainLikeOneRankWithTwiceTheAccumulation) {
+  ASSERT_EQ(train("one_rank", binary(), "--gradient_accumulation_steps 4"), 0) << log_of("one_rank");
+  ASSERT_EQ(train("launch", str_cat(binary(), " launch --nproc_per_node 2 --"),
+                  "--gradient_accumulation_steps 2 --expert_model_parallel_size 2 --use_distributed_optimizer true"),
+            0)
+      << log_of("launch");
+  expect_like_one_rank("launch");
+  // The checkpoint gathered from both ranks has the model files and optimizer state a single
+  // rank writes; the model weights differ only by the rounding of the sums.
+  EXPECT_TRUE(fs::exists(*root_ / "launch" / "checkpoint-10" / "optimizer.safetensors"));
+  EXPECT_TRUE(fs::exists(*root_ / "launch" / "checkpoint-10" / "model.safetensors") ||
+              fs::exists(*root_ / "launch" / "checkpoint-10" / "model.safetensors.index.json"));
+
+  ASSERT_EQ(train("nproc", "NPROC_PER_NODE=2 " + binary(),
+                  "--gradient_accumulation_steps 2 --expert_model_parallel_size 2 --use_distributed_optimizer true"),
+            0)
+      << log_of("nproc");
+  expect_like_one_rank("nproc");
+  if (!mpi_built()) {
+    std::printf("  mpirun: not checked (built without MPI)\n");
+    return;
+  }
+  ASSERT_EQ(train("mpirun", str_cat(mpirun_prefix(2), " ", binary()),
+                  "--gradient_accumulation_steps 2 --expert_model_parallel_size 2 --use_distributed_optimizer true"),
+            0)
+      << log_of("mpirun");
+  expect_like_one_rank("mpirun");
+}
+
+TEST_F(LaunchTrainTest, BadLayoutsAreRefusedWithTheFlag) {
+  EXPECT_NE(train("refused_ep", binary(), "--expert_model_parallel_size 2"), 0);
+  EXPECT_NE(log_of("refused_ep").find("--expert_model_parallel_size 2 needs as many ranks"), std::string::npos)
+      << log_of("refused_ep");
+  EXPECT_NE(train("refused_zero", str_cat(binary(), " launch --nproc_per_node 2 --"), ""), 0);
+  EXPECT_NE(log_of("refused_zero").find("needs --use_distributed_optimizer true"), std::string::npos)
+      << log_of("refused_zero");
+}
+
+}  // namespace
+}  // namespace deltamoe
