@@ -219,8 +219,10 @@ TEST(FlagCompat, MegatronFullExampleListsTheParallelLayoutAndMtp) {
        "0.62", "--attention_backend", "flash", "--padding_free", "false"});
   ASSERT_FALSE(parsed.ok);
   std::printf("%s\n", parsed.error.c_str());
-  EXPECT_NE(parsed.error.find("--pipeline_model_parallel_size 2: deltamoe splits work over ranks only"),
-            std::string::npos) << "--expert_model_parallel_size is a real flag now";
+  EXPECT_NE(parsed.error.find("--pipeline_model_parallel_size 2, --decoder_first_pipeline_num_layers: deltamoe splits "
+                              "work over ranks only"),
+            std::string::npos);
+  EXPECT_EQ(parsed.error.find("--expert_model_parallel_size 4"), std::string::npos) << "a real flag now";
   EXPECT_NE(parsed.error.find("--decoder_first_pipeline_num_layers"), std::string::npos);
   EXPECT_NE(parsed.error.find("--moe_expert_capacity_factor: deltamoe never drops tokens"), std::string::npos);
   EXPECT_NE(parsed.error.find("--mtp_num_layers 1: the multi-token-prediction layers are not trained"), std::string::npos);

@@ -3,7 +3,7 @@
 // --use_distributed_optimizer true` on tiny-vl for 10 steps writes the losses of the one-rank run
 // with twice the accumulation (the same samples in the same order): the first step bitwise, every
 // step within 1e-5 relative; the same through NPROC_PER_NODE=2 (and mpirun -np 2 where built with
-// MPI). The run folder holds one checkpoint that a one-rank run can read.
+// MPI). A run saved at 2 ranks resumes at 1.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -94,6 +94,14 @@ TEST_F(LaunchTrainTest, TwoRanksTrainLikeOneRankWithTwiceTheAccumulation) {
             0)
       << log_of("nproc");
   expect_like_one_rank("nproc");
+  // Saved at 2 ranks after 5 steps, resumed at 1 rank (--resume auto, twice the accumulation): the
+  // checkpoint holds whole tensors, the data position is global.
+  const std::string two = "--gradient_accumulation_steps 2 --expert_model_parallel_size 2 --use_distributed_optimizer true";
+  ASSERT_EQ(train("resumed", str_cat(binary(), " launch --nproc_per_node 2 --"), two + " --stop_after_steps 5"), 0)
+      << log_of("resumed");
+  ASSERT_EQ(losses("resumed").size(), 5u);
+  ASSERT_EQ(train("resumed", binary(), "--gradient_accumulation_steps 4 --resume auto"), 0) << log_of("resumed");
+  expect_like_one_rank("resumed");
   if (!mpi_built()) {
     std::printf("  mpirun: not checked (built without MPI)\n");
     return;

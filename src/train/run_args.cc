@@ -57,7 +57,8 @@ Json train_options_to_json(const TrainOptions& o, RunArgsCopy copy) {
   j["num_train_epochs"] = o.num_train_epochs;
   j["global_batch_size"] = plan.global_batch_samples;  // 0: counted in tokens
   j["micro_batch_size"] = plan.micro_batch_samples;    // 0: limited by tokens only
-  j["gradient_accumulation_steps"] = plan.accumulation;
+  // Micro-batches per step over all ranks (what a resumed run at another world size must keep).
+  j["gradient_accumulation_steps"] = plan.accumulation * o.data_parallel_size;
   j["micro_batch_tokens"] = plan.token_budget;
   j["max_length"] = o.max_length;
   j["truncation_strategy"] = o.truncate ? "right" : "delete";

@@ -115,14 +115,15 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
   const PipelineOptions train_data = pipeline_options(options, samples, train_paths, true);
 
   const BatchPlan batch_plan = plan_batches(options);
-  const int64_t accumulation = batch_plan.accumulation;
+  const int64_t accumulation = batch_plan.accumulation;    // micro-batches per step on each rank
+  const int64_t step_micro_batches = accumulation * world_size;  // ... on all ranks
   if (batch_plan.global_batch_samples > 0) {
     log_info("train: global batch ", batch_plan.global_batch_samples, " samples = ", accumulation,
              " micro-batches of ", batch_plan.micro_batch_samples, " sample(s) x ", options.data_parallel_size,
              " data-parallel rank(s)");
   } else {
-    log_info("train: global batch ", accumulation, " packed micro-batches of <= ", batch_plan.token_budget,
-             " tokens");
+    log_info("train: global batch ", step_micro_batches, " packed micro-batches of <= ", batch_plan.token_budget,
+             " tokens", world_size > 1 ? str_cat(" (", accumulation, " on each of ", world_size, " ranks)") : "");
   }
   // Every line once before step 1 (image sizes from headers): the step count, the skips (--strict,
   // --max_skip_ratio) and the longest sample, which sizes the engine.
@@ -134,12 +135,13 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
     const DataSurvey val_survey = survey_data(pipeline_options(options, samples, val_paths, false), tokenizer, "validation data");
     longest_sample = std::max(longest_sample, val_survey.longest_sample_tokens);
   }
-  const double steps_per_epoch = static_cast<double>((survey.num_micro_batches + accumulation - 1) / accumulation);
+  const double steps_per_epoch =
+      static_cast<double>((survey.num_micro_batches + step_micro_batches - 1) / step_micro_batches);
   int64_t total_steps = options.max_steps;
   if (total_steps <= 0) {
     const int64_t batches = survey.num_micro_batches;
     CHECK(batches > 0, "--dataset: no usable samples (all skipped; see the messages above)");
-    const int64_t per_epoch = (batches + accumulation - 1) / accumulation;
+    const int64_t per_epoch = (batches + step_micro_batches - 1) / step_micro_batches;
     total_steps = per_epoch * options.num_train_epochs;
     log_info("train: ", batches, " micro-batches per epoch, ", per_epoch, " steps per epoch, ", total_steps,
              " steps");
@@ -291,7 +293,7 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
     std::vector<MicroBatch> batches;
     int64_t read = 0;
     DataPosition position_after;
-    while (read < accumulation * world_size && StopSignalGuard::stop_signal() == 0) {
+    while (read < step_micro_batches && StopSignalGuard::stop_signal() == 0) {
       std::optional<MicroBatch> batch = pipeline.next_batch();
       if (!batch) break;
       position_after = batch->position_after;
