@@ -8,6 +8,7 @@
 
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -111,6 +112,47 @@ TEST_F(LaunchTrainTest, TwoRanksTrainLikeOneRankWithTwiceTheAccumulation) {
             0)
       << log_of("mpirun");
   expect_like_one_rank("mpirun");
+}
+
+// A 4-rank run whose rank 1 is killed at step 3: every rank ends non-zero within seconds with the
+// message naming rank 1 and the step; --resume auto from the checkpoint of step 2 then gives the
+// losses of the uninterrupted 4-rank run bitwise.
+TEST_F(LaunchTrainTest, KilledRankEndsTheRunAndResumeContinuesExactly) {
+  const std::string four = str_cat(binary(), " launch --nproc_per_node 4 --grace_period 3 --");
+  const std::string flags =
+      "--gradient_accumulation_steps 1 --expert_model_parallel_size 4 --use_distributed_optimizer true --save_steps 2";
+  ASSERT_EQ(train("four", four, flags + " --max_steps 4"), 0) << log_of("four");
+  const auto start = std::chrono::steady_clock::now();
+  const int killed = train("killed", "DELTAMOE_COMM_TIMEOUT=10 DELTAMOE_FAULT='rank:1,at:step 3,kind:kill' " + four,
+                           flags + " --max_steps 4");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string log = log_of("killed");
+  EXPECT_NE(killed, 0) << log;
+  EXPECT_LT(seconds, 30) << log;
+  EXPECT_NE(log.find("label 'step 3'"), std::string::npos) << log;
+  EXPECT_NE(log.find("the job failed because of rank 1, which was killed by signal 9"), std::string::npos) << log;
+  for (int r : {0, 2, 3}) EXPECT_NE(log.find(str_cat("rank ", r, ": job aborted: ")), std::string::npos) << log;
+  ASSERT_TRUE(fs::exists(*root_ / "killed" / "checkpoint-2")) << log;
+  EXPECT_FALSE(fs::exists(*root_ / "killed" / "checkpoint-4"));
+  ASSERT_EQ(train("killed", four, flags + " --max_steps 4 --resume auto"), 0) << log_of("killed");
+  const std::vector<double> want = losses("four"), got = losses("killed");
+  ASSERT_EQ(want.size(), 4u);
+  EXPECT_EQ(got, want) << "the resumed run's losses equal the uninterrupted run's bitwise";
+  std::printf("  killed at step 3 after %.1f s; resumed: %zu losses, %s\n", seconds, got.size(),
+              got == want ? "bitwise those of the uninterrupted run" : "DIFFERENT");
+
+  // A rank that stops answering at step 3: the deadline (2 s here) aborts the job naming it.
+  const auto hang_start = std::chrono::steady_clock::now();
+  const int hung = train("hung", "DELTAMOE_COMM_TIMEOUT=2 DELTAMOE_FAULT='rank:1,at:step 3,kind:hang' " + four,
+                         flags + " --max_steps 4");
+  const double hang_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - hang_start).count();
+  const std::string hang_log = log_of("hung");
+  EXPECT_NE(hung, 0) << hang_log;
+  EXPECT_LT(hang_seconds, 30) << hang_log;
+  EXPECT_NE(hang_log.find("held up by rank 1 (pid "), std::string::npos) << hang_log;
+  EXPECT_NE(hang_log.find("label 'step 3'"), std::string::npos) << hang_log;
+  std::printf("  hanging rank at step 3: the job ended after %.1f s\n", hang_seconds);
 }
 
 TEST_F(LaunchTrainTest, BadLayoutsAreRefusedWithTheFlag) {

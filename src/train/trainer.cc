@@ -318,6 +318,8 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
       log_warn("train: step ", state.global_step + 1, " has no supervised tokens; only the aux loss trains");
     }
     const double lr = schedule.lr_at(progress.schedule_step);
+    // Failure messages name the step (and DELTAMOE_FAULT's at:step N aims at it).
+    if (distributed) world->set_activity(str_cat("step ", state.global_step + 1));
     const StepResult result = engine->train_step(batches, lr, options.max_grad_norm);
     if (result.skipped) ++progress.skipped_steps;
     ++progress.schedule_step;
