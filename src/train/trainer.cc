@@ -117,7 +117,8 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
   const BatchPlan batch_plan = plan_batches(options);
   const int64_t accumulation = batch_plan.accumulation;    // micro-batches per step on each rank
   const int64_t step_micro_batches = accumulation * world_size;  // ... on all ranks
-  if (batch_plan.global_batch_samples > 0) {
+  if (!leader) {
+  } else if (batch_plan.global_batch_samples > 0) {
     log_info("train: global batch ", batch_plan.global_batch_samples, " samples = ", accumulation,
              " micro-batches of ", batch_plan.micro_batch_samples, " sample(s) x ", options.data_parallel_size,
              " data-parallel rank(s)");
@@ -166,8 +167,18 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
   // Every trained tensor whole: what a checkpoint holds whatever the ranks hold.
   const ParamLayout full_layout = trainable_layout(base, options.freeze);
   const ParamLayout& layout = engine->state().layout();
-  log_info("train: ", layout.num_tensors(), " trainable tensors, ", layout.num_parameters(), " parameters (of ",
-           base.params.size(), " tensors)");
+  if (!distributed) {
+    log_info("train: ", layout.num_tensors(), " trainable tensors, ", layout.num_parameters(), " parameters (of ",
+             base.params.size(), " tensors)");
+  } else {
+    if (leader) {
+      log_info("train: ", full_layout.num_tensors(), " trainable tensors, ", full_layout.num_parameters(),
+               " parameters (of ", base.params.size(), " tensors) over ", world_size, " ranks, expert parallel ",
+               options.parallel.expert_parallel_size, ", ZeRO-2");
+    }
+    log_info("train: rank ", rank, " holds ", layout.num_tensors(), " pieces of them, ", layout.num_parameters(),
+             " parameters");
+  }
 
   TrainerState state;
   state.total_steps = total_steps;
