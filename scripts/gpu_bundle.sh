@@ -18,10 +18,12 @@ for test_name in $gpu_tests; do
   if [ -x "$build/$test_name" ]; then cp "$build/$test_name" gpu_bundle/bin/; else echo "gpu_bundle: MISSING $test_name"; fi
 done
 strip gpu_bundle/bin/*
-# Shared libraries a bare GPU machine may lack (image codecs); CUDA's own come from the machine.
+# Shared libraries a bare GPU machine may lack (image codecs, yaml-cpp, Open MPI and what they
+# need); glibc, the C++ runtime and CUDA's own libraries come from the machine.
 mkdir -p gpu_bundle/lib
 for program in gpu_bundle/bin/*; do
-  ldd "$program" | awk '/=> \// {print $3}' | grep -E 'lib(jpeg|png16|webp|webpdemux|exif|z)\.so' || true
+  ldd "$program" | awk '/=> \// {print $3}' |
+    grep -E 'lib(jpeg|png16|webp|webpdemux|exif|z|yaml-cpp|mpi|mpi_cxx|open-pal|open-rte|hwloc|event_core-2\.1|event_pthreads-2\.1|udev)\.so' || true
 done | sort -u | while read -r library; do cp -L "$library" gpu_bundle/lib/; done
 # The device carries at most 64 MiB with the tree: the programs travel xz-packed (~6x smaller) and
 # env.sh unpacks them on first use (python3's tarfile, present wherever torch is).

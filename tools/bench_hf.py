@@ -12,7 +12,7 @@ import sys
 import torch
 
 PEAK_TFLOPS = 989.0      # H200 dense bf16, spec sheet
-MEASURED_TFLOPS = 790.0  # cuBLAS GEMM measured on the H200 (../shared/baselines.md)
+MEASURED_TFLOPS = 790.0  # cuBLAS bf16 GEMM measured on the H200 (docs/performance.md)
 COMPONENTS = ["GDN", "attention", "MoE", "lm_head + loss", "optimizer", "other"]
 
 
@@ -43,7 +43,7 @@ def text_config(layers):
 
 
 def matmul_params_per_token(cfg):
-    # Same count as src/train/model_flops.cc (baselines.md): parameters in matmuls per token.
+    # Same count as src/train/model_flops.cc: parameters in matmuls per token.
     C = cfg.hidden_size
     key_dim = cfg.linear_num_key_heads * cfg.linear_key_head_dim
     value_dim = cfg.linear_num_value_heads * cfg.linear_value_head_dim

@@ -33,7 +33,7 @@ TEST(CheckpointCli, InspectReports35BParameterCounts) {
   RunResult result = run_deltamoe("inspect --config qwen3.5-35b-a3b");
   std::printf("%s", result.output.c_str());
   EXPECT_EQ(result.exit_code, 0);
-  // Spec §2.3b: 35,107,181,936 parameters without mtp.*.
+  // Summed from the released checkpoint's tensor shapes: 35,107,181,936 parameters without mtp.*.
   EXPECT_NE(result.output.find("35,107,181,936"), std::string::npos);
   ParamCounts counts = count_params(model_config_preset("qwen3.5-35b-a3b"));
   EXPECT_NE(result.output.find("active/token"), std::string::npos);

@@ -61,7 +61,8 @@ std::string error_of(const std::function<void()>& action) {
   return "(no error)";
 }
 
-// "--lr --max_steps 2" used to report "unexpected argument '2'", far from the real mistake.
+// "--lr --max_steps 2" must name the flag without a value, not report "unexpected argument '2'" (far
+// from the real mistake).
 TEST(ArgParser, AFlagWhereAValueShouldBeSaysWhichValueIsMissing) {
   ArgParser parser("cmd", "test");
   parser.add_option("lr", "learning rate", "1");

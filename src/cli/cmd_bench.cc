@@ -33,7 +33,7 @@ namespace deltamoe {
 namespace {
 
 constexpr double kPeakDenseBf16Tflops = 989.0;     // H200 spec sheet, dense bf16
-constexpr double kMeasuredDenseBf16Tflops = 790.0;  // measured cuBLAS GEMM on the H200 (baselines.md)
+constexpr double kMeasuredDenseBf16Tflops = 790.0;  // measured cuBLAS bf16 GEMM on the H200 (docs/performance.md)
 
 // "16x16,20x24" -> merged-token grids (h, w) of the images each sample carries in turn.
 std::vector<std::pair<int64_t, int64_t>> parse_image_grids(const std::string& text) {

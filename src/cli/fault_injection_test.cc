@@ -1,4 +1,4 @@
-// The hostile-user replay of issue 22 through the `deltamoe` binary: every input that once crashed,
+// The hostile-user replay through the `deltamoe` binary: every input that once crashed,
 // hung, was silently accepted or lost data now ends in a clear message (or a counted skip), fast.
 // Each run is bounded by `timeout`, so a hang fails the test instead of stalling CI.
 #include <gtest/gtest.h>
@@ -372,7 +372,8 @@ TEST_F(FaultInjectionTest, ASecondRunIntoTheSameFolderIsRefused) {
 }
 
 // A fresh run into a folder that holds an earlier run is refused (its metrics kept byte for byte)
-// unless --overwrite_output_dir. (Before: the metrics history was wiped, old checkpoints mixed in.)
+// unless --overwrite_output_dir: the earlier run's metrics history is not wiped and its checkpoints are
+// not mixed with the new run's.
 TEST_F(FaultInjectionTest, AFreshRunDoesNotWipeAnEarlierRun) {
   const fs::path out = *root_ / "used_out";
   const Result earlier = train(flags(model(), data(), out, "--max_steps 4 --save_steps 2"));

@@ -1,6 +1,7 @@
-// Faults of design §3.5 / §4.3 item 5 in 4-rank TcpComm jobs under `deltamoe launch`, injected with
-// DELTAMOE_FAULT and a 2 s deadline: every rank exits non-zero within the deadline (plus the abort
-// grace for a hang) with a message naming the rank at fault and what it was doing.
+// Rank failures (kill, hang, stop, early exit; docs/parallel.md, "Failure behaviour and its variables") in
+// 4-rank TcpComm jobs under `deltamoe launch`, injected with DELTAMOE_FAULT and a 2 s deadline: every rank
+// exits non-zero within the deadline (plus the abort grace for a hang) with a message naming the rank at
+// fault and what it was doing.
 #include <gtest/gtest.h>
 
 #include <string>

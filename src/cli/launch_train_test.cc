@@ -1,4 +1,4 @@
-// `deltamoe train` on several ranks through the binary (design §4.2, the launch check):
+// `deltamoe train` on several ranks through the binary:
 // `deltamoe launch --nproc_per_node 2 -- train --expert_model_parallel_size 2
 // --use_distributed_optimizer true` on tiny-vl for 10 steps writes the losses of the one-rank run
 // with twice the accumulation (the same samples in the same order): the first step bitwise, every

@@ -1,4 +1,4 @@
-// 3-D (t, h, w) rotary positions of one sample (spec §5.5, transformers' get_rope_index): text
+// 3-D (t, h, w) rotary positions of one sample (transformers' get_rope_index): text
 // tokens advance all three together; an image's merged tokens sit at (s + frame, s + row, s + col)
 // from the current position s, after which s advances by max(t, h/m, w/m).
 // Kept in data (data may not use model); the vision engineer's compute_mrope_positions is the same rule.

@@ -1,4 +1,4 @@
-// 3-D positions of one sample on hand-written cases (spec §5.5): text runs, an image grid, two
+// 3-D positions of one sample on hand-written cases (transformers' get_rope_index): text runs, an image grid, two
 // adjacent images, and mismatches between token runs and grids.
 #include <gtest/gtest.h>
 

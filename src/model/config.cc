@@ -1,4 +1,4 @@
-// Parsing, validation and JSON writing of Qwen3.5-MoE config.json (spec §1).
+// Parsing, validation and JSON writing of Qwen3.5-MoE config.json (transformers' configuration_qwen3_5_moe.py).
 #include "model/config.h"
 
 #include <cerrno>

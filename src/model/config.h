@@ -1,6 +1,6 @@
 // Model configuration of Qwen3.5-MoE (model_type qwen3_5_moe, VLM) and its text-only variant
 // (qwen3_5_moe_text): every field of config.json with transformers' class defaults, the parser
-// that validates it, the named presets, and the JSON writer (spec reference/qwen35-moe-model.md §1).
+// that validates it, the named presets, and the JSON writer (transformers' configuration_qwen3_5_moe.py).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,7 @@ enum class LayerType { linear_attention, full_attention };
 // "linear_attention" / "full_attention", as config.json spells them.
 const char* layer_type_name(LayerType type);
 
-// Text tower (Qwen3_5MoeTextConfig). Defaults are transformers' class defaults (spec §1.2).
+// Text tower (Qwen3_5MoeTextConfig). Defaults are transformers' class defaults.
 struct TextConfig {
   int64_t vocab_size = 248320;
   int64_t hidden_size = 2048;           // H
@@ -68,7 +68,7 @@ struct TextConfig {
   int64_t num_layers_of(LayerType type) const;
 };
 
-// Vision tower (Qwen3_5MoeVisionConfig, spec §1.3).
+// Vision tower (Qwen3_5MoeVisionConfig).
 struct VisionConfig {
   int64_t depth = 27;
   int64_t hidden_size = 1152;  // Cv
@@ -126,7 +126,7 @@ ModelConfig reduced_depth_config(ModelConfig config, int64_t layers, bool text_o
 void validate_model_config(const ModelConfig& config, const std::string& where);
 // config.json for `config`, generated from the fields (not original_json), new rope layout.
 std::string model_config_to_json(const ModelConfig& config);
-// preprocessor_config.json for a VLM (Qwen3.5 values, spec §6, patch/merge sizes from the config).
+// preprocessor_config.json for a VLM (Qwen3.5 values, patch/merge sizes from the config).
 std::string preprocessor_config_json(const ModelConfig& config);
 
 }  // namespace deltamoe

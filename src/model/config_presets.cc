@@ -1,5 +1,6 @@
-// Named model configurations: the two tiny test models and the released Qwen3.5-MoE sizes
-// (spec §1.2-§1.4). The tiny models' special-token ids mirror the real ones (see docs/checkpoints.md).
+// Named model configurations: the two tiny test models and the released Qwen3.5-MoE sizes (the released
+// models' config.json files). The tiny models' special-token ids mirror the real ones (see
+// docs/checkpoints.md).
 #include <string>
 #include <vector>
 
@@ -71,7 +72,7 @@ ModelConfig tiny_vl_model() {
   return config;
 }
 
-// Values of the released Qwen3.5-35B-A3B (spec §1.2, §1.3).
+// Values of the released Qwen3.5-35B-A3B (its config.json).
 ModelConfig qwen35_35b_a3b() {
   ModelConfig config;
   TextConfig& t = config.text;
@@ -107,7 +108,7 @@ ModelConfig qwen35_35b_a3b() {
   return config;
 }
 
-// Qwen3.5-397B-A17B (spec §1.4; vision tower assumed identical to the 35B one).
+// Qwen3.5-397B-A17B (its config.json's text sizes; vision tower assumed identical to the 35B one).
 ModelConfig qwen35_397b_a17b() {
   ModelConfig config = qwen35_35b_a3b();
   TextConfig& t = config.text;

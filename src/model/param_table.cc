@@ -1,4 +1,4 @@
-// The parameter table of Qwen3.5-MoE (spec §2.1, §2.2) and parameter counts (spec §2.3b).
+// The parameter table of Qwen3.5-MoE (the released checkpoints' tensor names and shapes) and parameter counts.
 #include "model/param_table.h"
 
 #include "core/error.h"
@@ -14,7 +14,7 @@ class TableBuilder {
     ParamSpec spec;
     spec.name = std::move(name);
     spec.shape = shape;
-    // The released checkpoints keep A_log in fp32 (spec §2.4); everything else follows the model dtype.
+    // The released checkpoints keep A_log in fp32; everything else follows the model dtype.
     spec.dtype = init == InitKind::a_log ? DType::f32 : dtype_;
     spec.component = component;
     spec.init = init;

@@ -1,5 +1,5 @@
 // The parameter table: every tensor of a Qwen3.5-MoE model with its Hugging Face name, shape,
-// dtype on disk and component, in the FUSED in-memory expert layout (spec §2). The one place where
+// dtype on disk and component, in the FUSED in-memory expert layout. The one place where
 // HF names live; checkpoint loading/saving and the trainer both walk this table.
 #pragma once
 
@@ -37,7 +37,7 @@ enum class InitKind {
 struct ParamSpec {
   std::string name;       // HF key, e.g. "model.language_model.layers.0.linear_attn.A_log"
   Shape shape;            // torch order, [out, in] for Linear
-  DType dtype;            // dtype on disk for a model of `dtype` (A_log stays f32, see §2.4)
+  DType dtype;            // dtype on disk for a model of `dtype` (A_log stays f32 as in the released checkpoints)
   bool trainable = true;  // every parameter trains in full fine-tuning; freezing is the trainer's choice
   Component component;
   InitKind init = InitKind::normal;

@@ -1,4 +1,4 @@
-// Expert-parallel token exchange on host buffers (design §2.6, backend 1 without de-duplication):
+// Expert-parallel token exchange on host buffers (one row per (token, expert), exact counts, no de-duplication):
 // the routed experts of a layer are split over the ranks of an `ep` communicator in contiguous
 // blocks, every (token, slot) row goes to the owner of its expert, and results come back one row
 // per (token, slot) so that the source combines them in slot order exactly as one rank would.

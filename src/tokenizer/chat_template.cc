@@ -174,7 +174,7 @@ RenderedChat render_qwen3(const ChatConversation& conversation, const ChatOption
 }
 
 // ---------------------------------------------------------------------------------------------
-// Qwen3.5 (our reconstruction in tests/tokenizer/qwen3_5_chat_template.jinja of spec §7).
+// Qwen3.5 (our reconstruction in tests/tokenizer/qwen3_5_chat_template.jinja of the Qwen3.5 chat template).
 
 // The template's render_content macro; counts images and videos when count_vision is set.
 std::string render_content_qwen35(const ChatMessage& message, int index, bool count_vision, bool is_system,

@@ -29,7 +29,7 @@ RenderedChat render(const std::string& messages, const std::string& tools, ChatF
   return render_chat(parse_chat(messages, tools, "test"), format, options);
 }
 
-// The example of spec §7 (one image and an answer, no system prompt).
+// The Qwen3.5 chat template's example (one image and an answer, no system prompt).
 TEST(ChatTemplate, Qwen35SpecExample) {
   const RenderedChat chat = render(
       R"([{"role": "user", "content": [{"type": "image", "image": "cat.jpg"}, {"type": "text", "text": "Describe."}]},

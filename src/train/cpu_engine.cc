@@ -28,8 +28,8 @@ std::vector<int64_t> shift_packed_labels(const MicroBatch& batch) {
 
 namespace {
 
-// The vision tower's [N, patch_dim] input. NOTE: the data module is changing how a batch carries
-// its images (one concatenated pixel_values, or per-image ImagePatches); this accepts either.
+// The vision tower's [N, patch_dim] input, from a batch that carries its images as one concatenated
+// pixel_values or as per-image patches.
 template <typename Batch>
 void gather_pixel_values(const Batch& batch, std::vector<float>* out) {
   if constexpr (requires { batch.pixel_values; }) {

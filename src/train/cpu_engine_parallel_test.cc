@@ -1,4 +1,4 @@
-// The CPU engine on several ranks (ThreadComm) against one rank (design §4.2): with expert
+// The CPU engine on several ranks (ThreadComm) against one rank: with expert
 // parallelism the logits, CE and aux losses of every micro-batch and the experts' gradients are
 // bitwise those of one rank running the same micro-batches in order (g, rank); with ZeRO-2 the dense
 // gradients, the gradient norm and the AdamW master after 3 steps are bitwise those of a one-rank

@@ -2,8 +2,8 @@
 // same files as one rank holding the same weights (the model directory byte for byte, and an
 // optimizer state of whole tensors that any world size resumes from, since a rank restores only
 // the pieces it owns). Every rank sends its pieces (tensor, element range) with their master and
-// moments; rank 0 needs memory for the full state (the CPU engine's scale; design §5's per-rank
-// parallel write replaces this for large models).
+// moments; rank 0 needs memory for the full state (the CPU engine's scale; a parallel write in
+// which each rank writes its own byte ranges replaces this for large models).
 #pragma once
 
 #include <memory>

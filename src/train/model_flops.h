@@ -1,6 +1,7 @@
-// Model FLOPs of a training step as ../shared/baselines.md counts them: 6 x the parameters that
-// take part in matmuls per token (routed experts: top-k of them; router, shared expert, lm_head
-// included; embedding excluded) plus causal attention, 6 x S x Hq x D per token per attention layer.
+// Model FLOPs of a training step: 6 x the parameters that take part in matmuls per token (routed
+// experts: top-k of them; router, shared expert, lm_head included; embedding excluded) plus causal
+// attention, 6 x S x Hq x D per token per attention layer (docs/performance.md, "How FLOPs, MFU and
+// floors are counted").
 #pragma once
 
 #include <cstdint>

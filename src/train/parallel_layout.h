@@ -1,4 +1,4 @@
-// Who holds which training state when the CPU engine runs on several ranks (design §1, §2.2):
+// Who holds which training state when the CPU engine runs on several ranks:
 // routed experts split over --expert_model_parallel_size ranks (each expert's master, gradient and
 // moments only on its owner), everything else ("dense") data-parallel over all ranks with ZeRO-2
 // (--use_distributed_optimizer true): the dense elements, tensor after tensor in the full layout's

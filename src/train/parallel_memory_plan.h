@@ -1,4 +1,4 @@
-// Per-GPU memory of one rank of a parallel run (design §1): the single-GPU planner's terms
+// Per-GPU memory of one rank of a parallel run: the single-GPU planner's terms
 // (memory_plan.h) with the training state split by the layout (routed experts 1/EP per rank with
 // their master, gradient and moments; other tensors' bf16 weights replicated and, under ZeRO-2,
 // their fp32 gradient, master and moments 1/DP per rank), the activations under a recompute choice,

@@ -1,8 +1,9 @@
-// The layout-aware planner against the design's §1.4 table (distributed-design.md, Qwen3.5-35B-A3B on
-// 8 GPUs, 8192 tokens per GPU, text micro-batches): every total of layouts (a) EP8 + ZeRO-2 and (c)
-// EP8 with replicated dense state within 5%, the state rows to 1%, and the conclusion that on 80 GB
-// parts (78 GiB usable) only bf16 moments with full recompute fit. One GPU without a layout is the
-// single-GPU planner unchanged.
+// The layout-aware planner against the hand-computed per-GPU totals of the layout study for
+// Qwen3.5-35B-A3B on 8 GPUs at 8192 tokens per GPU (text micro-batches; states + activations at
+// ~0.9 GiB per layer + EP rows and buffers + 3.8 GiB of workspace and reserve): every total of (a)
+// EP8 + ZeRO-2 and (c) EP8 with replicated dense state within 5%, the state rows to 1%, and the
+// conclusion that on 80 GB parts (78 GiB usable) only bf16 moments with full recompute fit. One GPU
+// without a layout is the single-GPU planner unchanged.
 #include "train/parallel_memory_plan.h"
 
 #include <gtest/gtest.h>
@@ -33,9 +34,9 @@ TEST(ParallelMemoryPlan, ReproducesTheDesignTableWithinFivePercent) {
     bool zero2;
     DType moments;
     RecomputeChoice recompute;
-    double design_gib;  // distributed-design.md §1.4, "Per-GPU total with activations"
+    double study_gib;  // the layout study's "per-GPU total with activations"
   };
-  // The design's "selective" recompute is closest to the engine's mixer recompute.
+  // The study's "selective" recompute is closest to the engine's mixer recompute.
   const Cell cells[] = {
       {true, DType::f32, RecomputeChoice::none, 132.6},    {true, DType::f32, RecomputeChoice::mixers, 116.6},
       {true, DType::f32, RecomputeChoice::full, 87.5},     {true, DType::bf16, RecomputeChoice::none, 116.2},
@@ -46,10 +47,10 @@ TEST(ParallelMemoryPlan, ReproducesTheDesignTableWithinFivePercent) {
   };
   for (const Cell& cell : cells) {
     const ParallelMemoryPlan plan = plan_35b(cell.zero2, cell.moments, cell.recompute);
-    const double got = gib(plan.total()), relative = (got - cell.design_gib) / cell.design_gib;
-    std::printf("  (%s) %s moments, recompute %-6s: %6.1f GiB, design %6.1f (%+.1f%%)%s\n", cell.zero2 ? "a" : "c",
+    const double got = gib(plan.total()), relative = (got - cell.study_gib) / cell.study_gib;
+    std::printf("  (%s) %s moments, recompute %-6s: %6.1f GiB, study %6.1f (%+.1f%%)%s\n", cell.zero2 ? "a" : "c",
                 cell.moments == DType::bf16 ? "bf16" : "fp32", recompute_choice_name(cell.recompute), got,
-                cell.design_gib, 100 * relative, got <= 78 ? "  fits 80 GB" : "");
+                cell.study_gib, 100 * relative, got <= 78 ? "  fits 80 GB" : "");
     EXPECT_LE(std::fabs(relative), 0.05);
     // 80 GB parts: only layout (a) with bf16 moments and full recompute.
     const bool should_fit = cell.zero2 && cell.moments == DType::bf16 && cell.recompute == RecomputeChoice::full;
@@ -58,7 +59,7 @@ TEST(ParallelMemoryPlan, ReproducesTheDesignTableWithinFivePercent) {
 }
 
 TEST(ParallelMemoryPlan, StatesSplitAsTheDesignCountsThem) {
-  // (a) fp32: experts 67.5 GiB (w 7.5, master 15, grad 15, m+v 30) + dense 10.8 = 78.3; bf16: 61.9.
+  // The study's state rows. (a) fp32: experts 67.5 GiB (w 7.5, master 15, grad 15, m+v 30) + dense 10.8 = 78.3; bf16: 61.9.
   const ParallelMemoryPlan fp32 = plan_35b(true, DType::f32, RecomputeChoice::none);
   const ParallelMemoryPlan bf16 = plan_35b(true, DType::bf16, RecomputeChoice::none);
   EXPECT_NEAR(gib(fp32.plan.state()), 78.3, 0.8);

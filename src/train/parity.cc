@@ -58,7 +58,7 @@ struct TextInputs {
 
 
 // VLM hook: with pixel_values, run the vision tower, scatter its features into the <|image_pad|>
-// rows of the embeddings and build the (t, h, w) positions from image_grid_thw (spec §5.5); the
+// rows of the embeddings and build the (t, h, w) positions from image_grid_thw (transformers' get_rope_index); the
 // vision backward then takes d_input_embeds (see run_parity_cpu).
 TextInputs build_text_inputs(const ModelCheckpoint& checkpoint, const ParityInputs& inputs,
                              const std::vector<int32_t>& cu_seqlens, const VisionParams& vision_params,

@@ -1,4 +1,4 @@
-// Checkpoints across world sizes (design §5, test list §4.3 item 6) on the CPU engine: the state of a
+// Checkpoints across world sizes on the CPU engine: the state of a
 // 4-rank job (EP 4, ZeRO-2) gathered and saved is read back at 2 ranks and at 1 with every logical
 // tensor (master, exp_avg, exp_avg_sq) bitwise equal, and a 2-rank run saved and resumed continues
 // bitwise like the uninterrupted 2-rank run.

@@ -151,7 +151,12 @@ void MetricsLog::write_step(const StepMetrics& m) {
   json["skipped"] = m.skipped;
   json["tokens"] = m.num_tokens;
   json["supervised_tokens"] = m.num_supervised;
+  if (m.num_images > 0) {
+    json["images"] = m.num_images;
+    json["image_tokens"] = m.num_image_tokens;
+  }
   json["step_s"] = m.step_s;
+  json["data_wait_s"] = m.data_wait_s;
   json["tokens_per_s"] = m.tokens_per_s;
   json["elapsed_s"] = m.elapsed_s;
   if (m.tflops >= 0) json["tflops"] = m.tflops;

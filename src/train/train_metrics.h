@@ -20,12 +20,15 @@ struct StepMetrics {
   bool skipped = false;
   int64_t num_tokens = 0;
   int64_t num_supervised = 0;
+  int64_t num_images = 0;        // images in the step's micro-batches
+  int64_t num_image_tokens = 0;  // their tokens in the sequences (after the spatial merge)
   double step_s = 0;
+  double data_wait_s = 0;  // part of step_s spent waiting for the step's micro-batches
   double tokens_per_s = 0;
   double eta_s = 0;
   double elapsed_s = 0;
   // GPU engine only (negative: not reported, left out of the line and the file).
-  double tflops = -1;        // model TFLOP/s of the step (FLOPs as ../shared/baselines.md counts them / step_s)
+  double tflops = -1;        // model TFLOP/s of the step (training_step_flops, model_flops.h, / step_s)
   double mfu = -1;           // tflops / the device's peak (needs a known peak: --peak_tflops or the GPU name)
   double peak_mem_gib = -1;  // most device memory in use so far (GiB, CUDA context included)
   // Bytes the step copied host -> device and device -> host (batches in; losses and the norm out).

@@ -27,6 +27,7 @@
 #include "train/run_args.h"
 #include "train/run_lock.h"
 #include "train/run_records.h"
+#include "train/step_batch_reader.h"
 #include "train/stop_signal.h"
 #include "train/train_checkpoint.h"
 #include "train/train_data.h"
@@ -298,17 +299,21 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
              "; continue with --resume auto");
     summary.stopped_by_signal = StopSignalGuard::stop_signal();
   };
+  // Reads whole global batches (every rank reads all of them and keeps its share, below).
+  StepBatchReader reader(pipeline, step_micro_batches);  // after the pipeline: joins its reads before it goes
   while (state.global_step < total_steps) {
     const Clock::time_point step_start = Clock::now();
+    StepBatches step_batches = reader.take(/*read_ahead=*/state.global_step + 1 < total_steps);
+    const double data_wait_s = seconds_since(step_start);
     // This rank's micro-batches of the global batch: g * world + rank (all of them on one rank).
-    std::vector<MicroBatch> batches;
-    int64_t read = 0;
+    const int64_t read = static_cast<int64_t>(step_batches.batches.size());
     DataPosition position_after;
-    while (read < step_micro_batches && StopSignalGuard::stop_signal() == 0) {
-      std::optional<MicroBatch> batch = pipeline.next_batch();
-      if (!batch) break;
-      position_after = batch->position_after;
-      if (read++ % world_size == rank) batches.push_back(std::move(*batch));
+    if (read > 0) position_after = step_batches.batches.back().position_after;
+    std::vector<MicroBatch> batches;
+    if (!distributed) {
+      batches = std::move(step_batches.batches);
+    } else {
+      for (int64_t i = rank; i < read; i += world_size) batches.push_back(std::move(step_batches.batches[i]));
     }
     if (distributed && read % world_size != 0 && StopSignalGuard::stop_signal() == 0) {
       log_warn("train: the data ended inside step ", state.global_step + 1, " with ", read, " micro-batches, not a ",
@@ -353,7 +358,7 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
     StepMetrics step;
     step.step = state.global_step;
     step.total_steps = total_steps;
-    step.epoch = pipeline.epoch();
+    step.epoch = step_batches.epoch;
     step.ce_loss = loss.ce_loss();
     step.aux_loss = loss.weighted_aux_loss();
     step.loss = loss.total_loss();
@@ -362,6 +367,11 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
     step.skipped = report.skipped;
     step.num_tokens = num_tokens;
     step.num_supervised = result.num_supervised;
+    for (const MicroBatch& batch : batches) {
+      step.num_images += static_cast<int64_t>(batch.image_grid_thw.size());
+      step.num_image_tokens += batch.num_image_tokens;
+    }
+    step.data_wait_s = data_wait_s;
     step.token_acc = num_correct < 0 ? -1.0
                                      : static_cast<double>(num_correct) /
                                            static_cast<double>(std::max<int64_t>(1, result.num_supervised));
@@ -418,6 +428,7 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
   if (!saved_at_step && summary.steps_this_run > 0) save();
   summary.steps_done = state.global_step;
   summary.elapsed_s = seconds_since(run_start);
+  reader.finish();
   summary.data_skips = pipeline.skip_stats().summary();
   if (leader) records->finish();  // OUTPUT_DIR/images/training.png
   return summary;

@@ -4,8 +4,13 @@ a PNG of one of the given sizes (a coloured square on a grey canvas), a question
 answer; or, with --text_only, long text-only samples. Deterministic for a seed; PNGs are written
 with zlib only and built row by row (fast enough for thousands of large images).
 
+--fill_tokens N sizes each image sample's answer so that the sample is about N tokens long (its image
+tokens, one per 32x32 pixels after the 2x2 merge of 16-pixel patches, plus the template and the
+words, about one token each), so packing puts the images and text in the proportions that
+`deltamoe bench --seqs S --images ...` uses for sequences of N tokens.
+
 usage: make_vlm_dataset.py OUT_DIR --samples N [--image_sizes 512x512,640x480] [--text_only]
-                           [--answer_words W] [--seed S]
+                           [--answer_words W | --fill_tokens N] [--seed S]
 """
 import argparse
 import json
@@ -42,20 +47,27 @@ def main():
     parser.add_argument("--image_sizes", default="512x512,640x480,768x576,480x640")
     parser.add_argument("--text_only", action="store_true")
     parser.add_argument("--answer_words", type=int, default=24)
+    parser.add_argument("--fill_tokens", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.image_sizes.split(",")]
     os.makedirs(os.path.join(args.out_dir, "images"), exist_ok=True)
     lines = []
+    # Tokens of an image sample besides its image tokens and answer words: the chat template's
+    # markers, the question and "The square is <colour>." (measured with the Qwen3 tokenizer).
+    template_tokens = 28
     for i in range(args.samples):
-        answer = " ".join(rng.choice(WORDS) for _ in range(args.answer_words))
+        width, height = sizes[i % len(sizes)]
+        words = args.answer_words
+        if args.fill_tokens and not args.text_only:
+            words = max(1, args.fill_tokens - (width // 32) * (height // 32) - template_tokens)
+        answer = " ".join(rng.choice(WORDS) for _ in range(words))
         if args.text_only:
             question = " ".join(rng.choice(WORDS) for _ in range(args.answer_words // 4))
             lines.append({"messages": [{"role": "user", "content": question},
                                        {"role": "assistant", "content": answer}]})
             continue
-        width, height = sizes[i % len(sizes)]
         name = rng.choice(sorted(COLOURS))
         side = rng.randint(min(width, height) // 8, min(width, height) // 3)
         square = (rng.randint(0, width - side), rng.randint(0, height - side), side)

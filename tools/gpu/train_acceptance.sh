@@ -45,8 +45,9 @@ steady_tokens_per_s() {
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 steps = [r for r in rows if r.get("type") == "train" and r["step"] > 3]
-print(f"{statistics.median(r['tokens_per_s'] for r in steps):.1f} {statistics.median(r.get('h2d_bytes', 0) for r in steps):.0f} "
-      f"{statistics.median(r['tokens'] for r in steps):.0f} {statistics.median(r['step_s'] for r in steps):.4f}")
+med = lambda key: statistics.median(r.get(key, 0) for r in steps)
+print(f"{med('tokens_per_s'):.1f} {med('h2d_bytes'):.0f} {med('tokens'):.0f} {med('step_s'):.4f} "
+      f"{med('images'):.0f} {med('image_tokens'):.0f} {med('data_wait_s'):.4f}")
 PY
 }
 
@@ -54,12 +55,13 @@ bench_tokens_per_s() { sed -n 's/^BENCH_JSON //p' "$1" | python3 -c "import json
 
 compare() {  # name train_log bench_log rss_file
   local name=$1 train bench rss
-  read -r train_tps train_h2d train_tokens train_step_s < <(steady_tokens_per_s "$2/metrics.jsonl")
+  read -r train_tps train_h2d train_tokens train_step_s train_images train_image_tokens train_wait_s \
+    < <(steady_tokens_per_s "$2/metrics.jsonl")
   read -r bench_tps bench_h2d < <(bench_tokens_per_s "$3")
   rss=$(awk '{printf "%.2f", $1 / 1048576}' "$4")
   local ratio
   ratio=$(python3 -c "print(f'{$train_tps / $bench_tps:.3f}')")
-  say "$name: train $train_tps tokens/s (step $train_step_s s, $train_tokens tokens, h2d $train_h2d B/step), bench $bench_tps tokens/s (h2d $bench_h2d B/step): ratio $ratio; train max RSS $rss GiB"
+  say "$name: train $train_tps tokens/s (step $train_step_s s of which data wait $train_wait_s s, $train_tokens tokens, $train_images images, $train_image_tokens image tokens, h2d $train_h2d B/step), bench $bench_tps tokens/s (h2d $bench_h2d B/step): ratio $ratio; train max RSS $rss GiB"
   python3 -c "import sys; sys.exit(0 if $train_tps >= 0.9 * $bench_tps else 1)" || { say "  FAIL: train below 90% of bench"; status=1; }
 }
 
@@ -105,7 +107,9 @@ for stage in ${STAGES:-kill_resume refuse vlm4 vlm4_frozen text8}; do
     if [ ! -f "$work/m4/config.json" ]; then
       $bin init --config qwen3.5-35b-a3b --layers 4 --out "$work/m4" > "$logs/m4_init.log" 2>&1 || { say "FAIL init"; status=1; }
       python3 tools/demo/make_tokenizer.py "$work/qwen3_tokenizer.json" $template "$work/m4" 248044 >> "$logs/m4_init.log"
-      python3 tools/gpu/make_vlm_dataset.py "$work/vlmdata" --samples 1200 >> "$logs/m4_init.log"
+      # Samples of about 505 tokens: packed 16 to a micro-batch of 8192 with their images (256-432
+      # image tokens each), like the bench's 16 sequences of 512 tokens with images of these sizes.
+      python3 tools/gpu/make_vlm_dataset.py "$work/vlmdata" --samples 400 --fill_tokens 505 >> "$logs/m4_init.log"
       du -sh "$work/m4" "$work/vlmdata" | tee -a "$summary"
     fi
     freeze=false; [ $stage = vlm4_frozen ] && freeze=true

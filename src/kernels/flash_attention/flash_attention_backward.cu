@@ -236,9 +236,9 @@ void flash_attention_backward_cuda(const FlashAttentionShape& shape, const __nv_
   const auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
   const bool mma_aligned = aligned(q, 16) && aligned(k, 16) && aligned(v, 16) && aligned(d_out, 16) &&
                            aligned(dq, 4) && aligned(dk, 4) && aligned(dv, 4);
-  if (kFlashAttentionUseFastKernels && flash_attention_fast_supported(shape) && mma_aligned && aligned(out, 16) &&
+  if (flash_attention_wide_supported(shape) && mma_aligned && aligned(out, 16) &&
       aligned(lse, 4) && aligned(workspace, 4)) {
-    flash_attention_backward_fast_cuda(shape, q, k, v, out, lse, d_out, dq, dk, dv, workspace, workspace_bytes,
+    flash_attention_backward_wide_cuda(shape, q, k, v, out, lse, d_out, dq, dk, dv, workspace, workspace_bytes,
                                        stream);
   } else if (flash_attention_backward_mma_supported(shape) && mma_aligned) {
     flash_attention_backward_mma_cuda(shape, q, k, v, out, lse, d_out, dq, dk, dv, workspace, workspace_bytes, stream);

@@ -1,11 +1,10 @@
-// Tensor-core backward of packed-segment attention for head dims that are multiples of 8 up to 256
-// (tiles padded to 64, 80, 128 or 256 columns), in the same two
+// Tensor-core backward of packed-segment attention for head dims that are multiples of 8 up to 128
+// (tiles padded to 64, 80 or 128 columns; wider heads take flash_attention_backward_wide.cu), in the same two
 // deterministic passes as the SIMT version (no atomics):
 //   delta = rowsum(dO * O) per (token, query head);
 //   dQ per (64-query tile, query head): S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K;
 //   dK, dV per (64-key tile, KV head) over every query head of the group: S^T = K Q^T,
-//     dP^T = V dO^T, dV += P^T dO, dK += dS^T Q. At D = 256 the dK/dV accumulators would not fit
-//     the registers, so two blocks share a key tile, each accumulating one half of the head dim.
+//     dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
 // All products on mma.sync m16n8k16 (bf16 in, fp32 accumulate); P and dS go to bf16 as A operands.
 #include <cstdint>
 
@@ -96,10 +95,6 @@ __global__ void __launch_bounds__(kThreads)
   fa::store_dq_rows(dq_acc, rows, num_tokens, num_q_heads, head, head_dim, pair_col, shape.scale, dq);
 }
 
-// Blocks per key tile in the dK/dV pass, each accumulating one slice of the head dim (S^T and
-// dP^T are recomputed per slice): at D = 256 both accumulators together would not fit registers.
-constexpr int dkv_splits(int head_dim) { return head_dim > 128 ? 2 : 1; }
-
 template <int kHeadDim>
 constexpr size_t dkv_shared_bytes() {
   return static_cast<size_t>(4 * kRows) * (kHeadDim + fa::kPad) * sizeof(uint16_t) + 2 * kRows * sizeof(float);
@@ -112,7 +107,7 @@ __global__ void __launch_bounds__(kThreads)
                    const float* __restrict__ lse, const __nv_bfloat16* __restrict__ d_out,
                    const float* __restrict__ delta, __nv_bfloat16* __restrict__ dk, __nv_bfloat16* __restrict__ dv) {
   constexpr int kStride = kHeadDim + fa::kPad;
-  constexpr int kAccDim = kHeadDim / dkv_splits(kHeadDim);
+  constexpr int kAccDim = kHeadDim;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   uint16_t* k_tile = reinterpret_cast<uint16_t*>(shared_bytes);
   uint16_t* v_tile = k_tile + kRows * kStride;
@@ -139,7 +134,7 @@ __global__ void __launch_bounds__(kThreads)
   const float score_scale = shape.scale * fa::kLog2e;
 
   {
-    const int first_col = blockIdx.z * kAccDim;  // this block's slice of the head dim
+    const int first_col = 0;
     float dk_acc[kAccDim / 8][4], dv_acc[kAccDim / 8][4];
     fa::zero_fragments(dk_acc);
     fa::zero_fragments(dv_acc);
@@ -191,7 +186,7 @@ void launch_backward_mma(const FlashAttentionShape& shape, const __nv_bfloat16* 
   dq_mma_kernel<kHeadDim><<<dim3(tiles, static_cast<unsigned>(shape.num_q_heads)), kThreads, kDqShared, stream>>>(
       shape, q, k, v, lse, d_out, delta, dq);
   CUDA_CHECK_LAUNCH();
-  const dim3 dkv_grid(tiles, static_cast<unsigned>(shape.num_kv_heads), dkv_splits(kHeadDim));
+  const dim3 dkv_grid(tiles, static_cast<unsigned>(shape.num_kv_heads));
   dkv_mma_kernel<kHeadDim><<<dkv_grid, kThreads, kDkvShared, stream>>>(shape, q, k, v, lse, d_out, delta, dk, dv);
   CUDA_CHECK_LAUNCH();
 }
@@ -210,7 +205,7 @@ void flash_attention_backward_mma_cuda(const FlashAttentionShape& shape, const _
   const char* where = "flash_attention_backward_mma_cuda";
   check_flash_attention_shape(shape, where);
   CHECK(flash_attention_backward_mma_supported(shape), where, ": head dim ", shape.head_dim,
-        " is not a multiple of 8 (use flash_attention_backward_cuda, which falls back)");
+        " is not a multiple of 8 up to ", kFlashAttentionMmaMaxHeadDim, " (use flash_attention_backward_cuda, which dispatches)");
   fa::check_backward_workspace(shape, workspace_bytes, where);
   if (shape.num_tokens == 0) return;
   fa::check_backward_mma_pointers(q, k, v, out, lse, d_out, dq, dk, dv, workspace, where);
@@ -223,10 +218,8 @@ void flash_attention_backward_mma_cuda(const FlashAttentionShape& shape, const _
     launch_backward_mma<64>(shape, q, k, v, lse, d_out, delta, dq, dk, dv, stream);
   } else if (shape.head_dim <= 80) {
     launch_backward_mma<80>(shape, q, k, v, lse, d_out, delta, dq, dk, dv, stream);
-  } else if (shape.head_dim <= 128) {
-    launch_backward_mma<128>(shape, q, k, v, lse, d_out, delta, dq, dk, dv, stream);
   } else {
-    launch_backward_mma<256>(shape, q, k, v, lse, d_out, delta, dq, dk, dv, stream);
+    launch_backward_mma<128>(shape, q, k, v, lse, d_out, delta, dq, dk, dv, stream);
   }
 }
 

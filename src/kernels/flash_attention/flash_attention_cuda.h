@@ -4,22 +4,25 @@
 //
 // Why our own kernel and not cuDNN's fused SDPA: cuDNN 9.19 offers causal training only through
 // the composite backend graph (~40 hand-built descriptors per direction, plan caching, and
-// "no engine" until the graph matches exactly; kernels-and-libraries.md section 4.1), and its
+// "no engine" until the graph matches exactly), and its
 // d = 256 backward exists only on Hopper while we also build sm_80. A self-contained kernel
 // gives any packing, any head dim <= 256, sm_80 and sm_90a, and a deterministic backward; the
 // cuDNN graph can be added later behind the same launchers and checked against this path.
 //
 // FlashAttention-2 shaped: query tiles, online softmax in fp32, the log-sum-exp saved and the
-// probabilities recomputed in the backward. The forward runs on tensor cores (mma.sync bf16, fp32
-// accumulate) for D a multiple of 8, else on an fp32 SIMT kernel where eight lanes share a row
-// and split the head dim; the backward likewise (tensor-core passes for those head dims, SIMT
-// otherwise). The backward runs two passes without atomics: dQ (and
+// probabilities recomputed in the backward; the backward runs two passes without atomics: dQ (and
 // delta = dO . O) per query tile, then dK/dV per key tile summed over the query heads of its KV
 // head inside the block, so results are bitwise reproducible.
 //
-// Session 2 added pipelined kernels for head dims in (128, 256] (the text model's D = 256):
-// ldmatrix(.trans) fragment loads, cp.async overlap of the K/V (or Q/dO) tiles with the products,
-// and a dK/dV pass with 8 warps that covers D = 256 in one pass (flash_attention_*_fast.cu).
+// Three kernel families, each owning a range of shapes (the dispatchers pick by shape and
+// alignment; no switches):
+//   wide  (flash_attention_*_wide.cu)  head dims in (128, 256], multiples of 8: the text model's
+//         D = 256. ldmatrix(.trans) fragment loads, cp.async overlap of the next K/V (or Q/dO)
+//         tile with the products, a dK/dV pass of 8 warps covering D = 256 in one pass.
+//   mma   (flash_attention_*_mma.cu)   head dims up to 128, multiples of 8: the vision tower's
+//         D = 72 (padded to 80). mma.sync bf16 with fp32 accumulation.
+//   simt  (flash_attention_forward.cu, _backward.cu)  any head dim up to 256 and unaligned
+//         tensors: fp32, eight lanes share a row and split the head dim.
 // Not yet: wgmma on sm_90a.
 #pragma once
 
@@ -32,6 +35,7 @@
 namespace deltamoe {
 
 constexpr int64_t kFlashAttentionMaxHeadDim = 256;
+constexpr int64_t kFlashAttentionMmaMaxHeadDim = 128;  // wider heads take the wide kernels
 
 // Sizes of one call. cu_seqlens is a DEVICE pointer, int32 [num_segments + 1], 0 = c[0] <= ...
 // <= c[N] = num_tokens (the host validates it, e.g. with check_cu_seqlens; it is never read on
@@ -87,17 +91,14 @@ void flash_attention_backward_simt_cuda(const FlashAttentionShape& shape, const 
                                         __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, size_t workspace_bytes,
                                         cudaStream_t stream);
 
-// The pipelined paths (flash_attention_forward_fast.cu, flash_attention_backward_fast.cu) for head
+// The wide paths (flash_attention_forward_wide.cu, flash_attention_backward_wide.cu) for head
 // dims that are multiples of 8 in (128, 256], same arguments and alignment needs as the mma ones
-// (out also 16-byte aligned for the backward). The dispatchers take them first when
-// kFlashAttentionUseFastKernels is true; set it to false (this one line) to fall back to the
-// session-1 mma kernels everywhere.
-constexpr bool kFlashAttentionUseFastKernels = true;
-bool flash_attention_fast_supported(const FlashAttentionShape& shape);
-void flash_attention_forward_fast_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
+// (out also 16-byte aligned for the backward).
+bool flash_attention_wide_supported(const FlashAttentionShape& shape);
+void flash_attention_forward_wide_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
                                        const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
                                        float* lse, cudaStream_t stream);
-void flash_attention_backward_fast_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
+void flash_attention_backward_wide_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
                                         const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* out,
                                         const float* lse, const __nv_bfloat16* d_out, __nv_bfloat16* dq,
                                         __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, size_t workspace_bytes,

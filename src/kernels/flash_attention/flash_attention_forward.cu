@@ -137,8 +137,8 @@ void flash_attention_forward_cuda(const FlashAttentionShape& shape, const __nv_b
                                   const __nv_bfloat16* v, __nv_bfloat16* out, float* lse, cudaStream_t stream) {
   const auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
   const bool mma_aligned = aligned(q, 16) && aligned(k, 16) && aligned(v, 16) && aligned(out, 4);
-  if (kFlashAttentionUseFastKernels && flash_attention_fast_supported(shape) && mma_aligned) {
-    flash_attention_forward_fast_cuda(shape, q, k, v, out, lse, stream);
+  if (flash_attention_wide_supported(shape) && mma_aligned) {
+    flash_attention_forward_wide_cuda(shape, q, k, v, out, lse, stream);
   } else if (flash_attention_forward_mma_supported(shape) && mma_aligned) {
     flash_attention_forward_mma_cuda(shape, q, k, v, out, lse, stream);
   } else {

@@ -1,5 +1,6 @@
 // Tensor-core forward of packed-segment attention (FlashAttention-2 layout) for head dims that are
-// multiples of 8 up to 256 (tiles padded to 64, 80, 128 or 256 columns): a block of 4 warps owns
+// multiples of 8 up to 128 (tiles padded to 64, 80 or 128 columns; wider heads take
+// flash_attention_forward_wide.cu): a block of 4 warps owns
 // 64 queries of one head (16 per warp); 64-key K/V tiles pass through shared memory; S = Q K^T and O += P V run on mma.sync m16n8k16 (bf16 in, fp32 out); the
 // online softmax stays in fp32 registers, P is handed from the S accumulators to the A operand
 // without touching shared memory. Works on sm_80 and sm_90a.
@@ -95,7 +96,7 @@ void launch_forward_mma(const FlashAttentionShape& shape, const __nv_bfloat16* q
 }  // namespace
 
 bool flash_attention_forward_mma_supported(const FlashAttentionShape& shape) {
-  return shape.head_dim % 8 == 0 && shape.head_dim >= 8 && shape.head_dim <= kFlashAttentionMaxHeadDim;
+  return shape.head_dim % 8 == 0 && shape.head_dim >= 8 && shape.head_dim <= kFlashAttentionMmaMaxHeadDim;
 }
 
 void flash_attention_forward_mma_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
@@ -104,7 +105,7 @@ void flash_attention_forward_mma_cuda(const FlashAttentionShape& shape, const __
   const char* where = "flash_attention_forward_mma_cuda";
   check_flash_attention_shape(shape, where);
   CHECK(flash_attention_forward_mma_supported(shape), where, ": head dim ", shape.head_dim,
-        " is not a multiple of 8 (use flash_attention_forward_cuda, which falls back)");
+        " is not a multiple of 8 up to ", kFlashAttentionMmaMaxHeadDim, " (use flash_attention_forward_cuda, which dispatches)");
   if (shape.num_tokens == 0) return;
   // 16-byte loads of head rows need 16-byte aligned tensors.
   fa::check_forward_mma_pointers(q, k, v, out, lse, where);
@@ -113,10 +114,8 @@ void flash_attention_forward_mma_cuda(const FlashAttentionShape& shape, const __
     launch_forward_mma<64>(shape, q, k, v, out, lse, stream);
   } else if (shape.head_dim <= 80) {
     launch_forward_mma<80>(shape, q, k, v, out, lse, stream);
-  } else if (shape.head_dim <= 128) {
-    launch_forward_mma<128>(shape, q, k, v, out, lse, stream);
   } else {
-    launch_forward_mma<256>(shape, q, k, v, out, lse, stream);
+    launch_forward_mma<128>(shape, q, k, v, out, lse, stream);
   }
 }
 

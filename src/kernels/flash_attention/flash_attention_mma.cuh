@@ -1,6 +1,6 @@
 // Tensor-core building blocks of the flash-attention kernels: mma.sync m16n8k16 (bf16 in, fp32
 // accumulate, sm_80 and newer), bf16 pair packing, padded shared tiles filled with 16-byte loads,
-// and the two warp products of the session-1 kernels (fragments read as 32-bit pairs).
+// and the two warp products of the mma kernels (fragments read as 32-bit pairs).
 // Fragment coordinates: lane = 4 * g + t; A rows g and g + 8, columns 2t, 2t + 1 (+ 8); B column g,
 // rows 2t, 2t + 1 (+ 8); C rows g and g + 8, columns 2t, 2t + 1.
 #pragma once

@@ -1,4 +1,4 @@
-// Building blocks of the pipelined flash-attention kernels (flash_attention_*_fast.cu): cp.async
+// Building blocks of the pipelined flash-attention kernels (flash_attention_*_wide.cu): cp.async
 // 16-byte copies global -> shared with zero fill, and ldmatrix fragment loads (plain and .trans)
 // of m16n8k16 operands from padded row-major shared tiles, and the warp products built on them.
 // sm_80 and newer.

@@ -1,4 +1,4 @@
-// Per-row bookkeeping shared by the tensor-core flash-attention kernels (session-1 mma and fast
+// Per-row bookkeeping shared by the tensor-core flash-attention kernels (mma and wide):
 // D = 256): which keys (queries) each of a thread's two fragment rows may see, the forward's
 // online-softmax step, the dQ pass's dS, and the stores of C fragment rows (O and lse, dQ, dK, dV).
 #pragma once

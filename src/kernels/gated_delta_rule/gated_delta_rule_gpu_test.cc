@@ -272,8 +272,6 @@ void run_case(const GdnCase& c) {
                 3 * flops / (kH200Bf16Tflops * 1e12) * 1e3);
     std::printf("  workspace: forward %.1f MiB, backward %.1f MiB\n", fwd_bytes / 1048576.0,
                 bwd_bytes / 1048576.0);
-    std::printf("  (session 1, plain fp32 SIMT kernels on the H200: forward 12.0 ms, backward "
-                "42.6 ms)\n");
     auto print_stages = [&](const char* variant) {
       const std::vector<GatedDeltaRuleStageTime> stages = gated_delta_rule_stage_times_cuda(
           gpu_shape, scale, bf16_ptr(dq_in), bf16_ptr(dk_in), bf16_ptr(dv_in), f32_ptr(dg_in),

@@ -1,6 +1,7 @@
-// Grouped GEMM launchers (validation, kernel choice) and the original WMMA kernel: 128x128x32 block
+// Grouped GEMM launchers (validation, kernel choice) and the any-shape WMMA kernel: 128x128x32 block
 // tiles, 8 warps of 64x32 WMMA (nvbf16, fp32 accumulate), a 3-stage cp.async pipeline, group sizes
-// read on the device (launch over an upper bound). The faster mma.sync kernel is grouped_gemm_mma.cu.
+// read on the device (launch over an upper bound). It takes the products the mma.sync kernel
+// (grouped_gemm_mma.cu, every aligned product with extents in multiples of 8) cannot.
 #include <mma.h>
 
 #include <algorithm>
@@ -13,8 +14,6 @@
 
 namespace deltamoe {
 
-// The one-line switch: false sends every grouped product back to the WMMA kernel below.
-constexpr bool kGroupedGemmUseMma = true;
 // Block tiles of the mma.sync kernel that callers get: the row-grouped products (forward, dX) and
 // the weight gradients (bound by the f32 read-modify-write of c; two blocks per SM overlap it).
 constexpr grouped_gemm_detail::MmaTile kRowsMmaTile = grouped_gemm_detail::MmaTile::wide;
@@ -358,7 +357,7 @@ void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* 
   build_tile_starts_kernel<<<1, 32, 0, stream>>>(offsets, static_cast<int>(num_groups), tile_starts);
   CUDA_CHECK_LAUNCH();
 
-  if (kGroupedGemmUseMma && kernel != GroupedGemmKernel::wmma && grouped_gemm_detail::mma_applies(a, b, c, n, k)) {
+  if (kernel != GroupedGemmKernel::wmma && grouped_gemm_detail::mma_applies(a, b, c, n, k)) {
     grouped_gemm_detail::rows_mma(mma_tile(kernel, kRowsMmaTile), a, b, b_stored_nk, c, c_dtype, offsets, tile_starts,
                                   static_cast<int>(num_groups), max_rows, static_cast<int>(n), static_cast<int>(k),
                                   stream);
@@ -392,7 +391,7 @@ void grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel kernel, const __nv_bfl
   CHECK(m >= 1 && n >= 1, "grouped_gemm_weight_grad_cuda: sizes m=", m, " n=", n, " must be positive");
   CHECK(m < (int64_t{1} << 31) && n < (int64_t{1} << 31), "grouped_gemm_weight_grad_cuda: sizes m=", m, " n=", n,
         " too large for 32-bit indices");
-  if (kGroupedGemmUseMma && kernel != GroupedGemmKernel::wmma && grouped_gemm_detail::mma_applies(a, b, c, m, n)) {
+  if (kernel != GroupedGemmKernel::wmma && grouped_gemm_detail::mma_applies(a, b, c, m, n)) {
     grouped_gemm_detail::weight_grad_mma(mma_tile(kernel, kWeightGradMmaTile), a, b, c, offsets,
                                          static_cast<int>(num_groups), static_cast<int>(m), static_cast<int>(n),
                                          stream);

@@ -257,7 +257,7 @@ TEST(GroupedGemmGpu, Timing35B) {
     }
   };
   std::printf(
-      "grouped GEMM, T=8192 K=8 E=256 H=2048 I=512 (floor = FLOPs at 790 TFLOP/s; session-2 targets: >= 350 "
+      "grouped GEMM, T=8192 K=8 E=256 H=2048 I=512 (floor = FLOPs at 790 TFLOP/s; targets: >= 350 "
       "TFLOP/s forward, >= 250 dW)\n");
   std::printf("  the forward reads every expert's weights once: gate_up %.2f GB, down %.2f GB of bf16\n",
               2.0 * experts * 2 * inter * hidden * 1e-9, 2.0 * experts * hidden * inter * 1e-9);

@@ -1,5 +1,5 @@
 // The grouped GEMM's two kernel families behind grouped_gemm_cuda.h: the portable mma.sync kernel
-// (grouped_gemm_mma.cu, taken where its alignment rules hold) and the original WMMA kernel
+// (grouped_gemm_mma.cu, taken where its alignment rules hold) and the WMMA kernel
 // (grouped_gemm.cu, any shape). Tests and benchmarks pick one explicitly; callers use the public header.
 #pragma once
 
@@ -13,9 +13,8 @@
 
 namespace deltamoe {
 
-// automatic: the mma.sync kernel where it applies (and kGroupedGemmUseMma in grouped_gemm.cu is
-// true) with the block tile chosen there per product kind, else WMMA. wmma: always the original
-// kernel (the fallback and the speed baseline). mma_128x128 / mma_128x256: the mma.sync kernel
+// automatic: the mma.sync kernel where it applies, with the block tile chosen in grouped_gemm.cu
+// per product kind, else WMMA. wmma: always the WMMA kernel (the fallback and the speed baseline). mma_128x128 / mma_128x256: the mma.sync kernel
 // with that block tile where it applies, else WMMA (for tests and benchmarks).
 enum class GroupedGemmKernel { automatic, wmma, mma_128x128, mma_128x256 };
 

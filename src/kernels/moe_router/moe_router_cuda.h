@@ -23,7 +23,7 @@ void moe_router_logits_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const
 // w_lo; kernels/gemm/f32_operand_cuda.h, rms_norm_output_low_part_cuda): three bf16 GEMMs into
 // fp32 logits that match an fp32 product to ~2^-16 relative. Why: the aux loss's gradient is a
 // difference of routing probabilities that cancels, and the router's bf16 input and weight each
-// moved golden aux-loss gradients by up to 8e-3 / 1.2e-2 (docs/vision.md, "Session 5").
+// moved golden aux-loss gradients by up to 8e-3 / 1.2e-2 (docs/vision.md, "Rounding probe").
 void moe_router_logits_split_cuda(cublasHandle_t handle, const __nv_bfloat16* x_hi, const __nv_bfloat16* x_lo,
                                   const __nv_bfloat16* w_hi, const __nv_bfloat16* w_lo, float* logits,
                                   int64_t num_tokens, int64_t hidden, int64_t num_experts, cudaStream_t stream);

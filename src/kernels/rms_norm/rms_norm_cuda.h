@@ -25,7 +25,7 @@ void rms_norm_forward_cuda(const __nv_bfloat16* delta, const float* residual, fl
 
 // The low half of a stream-form output, for a product that must see the normalised rows unrounded
 // (the MoE router: its bf16 input alone moved golden aux-loss gradients by up to 8e-3, docs/vision.md
-// "Session 5"):
+// "Rounding probe"):
 // s, weight, rstd and y as the forward read / wrote them; lo [T, C] bf16 written with
 // bf16(s * rstd * (1 + w) - y), so y + lo is the fp32 output to ~2^-17 relative.
 void rms_norm_output_low_part_cuda(const float* s, const float* weight, const float* rstd, const __nv_bfloat16* y,

@@ -1,6 +1,6 @@
-// The gated full-attention mixer of Qwen3.5 (spec §3.3): q_proj gives per head a query and an
-// output gate, q/k get a zero-centred RMSNorm, then partial M-RoPE, causal GQA attention per
-// sequence, o * sigmoid(gate) and o_proj. Forward saves what its backward needs.
+// The gated full-attention mixer of Qwen3.5 (as in transformers' modeling_qwen3_5_moe.py): q_proj gives per
+// head a query and an output gate, q/k get a zero-centred RMSNorm, then partial M-RoPE, causal GQA attention
+// per sequence, o * sigmoid(gate) and o_proj. Forward saves what its backward needs.
 #pragma once
 
 #include <string>

@@ -1,5 +1,6 @@
-// One Qwen3.5 decoder layer (spec §3.2): x + mixer(input_layernorm(x)), then h + moe(post_attention_layernorm(h)),
-// where the mixer is Gated DeltaNet or gated attention by the config's layer_types.
+// One Qwen3.5 decoder layer (as in transformers' modeling_qwen3_5_moe.py): x + mixer(input_layernorm(x)),
+// then h + moe(post_attention_layernorm(h)), where the mixer is Gated DeltaNet or gated attention by the
+// config's layer_types.
 #pragma once
 
 #include <string>

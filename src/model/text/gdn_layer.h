@@ -1,6 +1,7 @@
-// The Gated DeltaNet mixer of Qwen3.5 (spec §3.4): projections to qkv, z, b, a; causal depthwise
-// conv + SiLU on qkv; l2-normalised q, k; gates beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias);
-// the gated delta rule per sequence (no state crosses cu_seqlens); gated RMSNorm with silu(z); out_proj.
+// The Gated DeltaNet mixer of Qwen3.5 (as in transformers' modeling_qwen3_5_moe.py): projections to qkv, z,
+// b, a; causal depthwise conv + SiLU on qkv; l2-normalised q, k; gates beta = sigmoid(b), g = -exp(A_log)
+// softplus(a + dt_bias); the gated delta rule per sequence (no state crosses cu_seqlens); gated RMSNorm with
+// silu(z); out_proj.
 #pragma once
 
 #include <string>

@@ -1,5 +1,6 @@
-// The sparse MoE block of every Qwen3.5 decoder layer (spec §3.5): router (softmax, top-k,
-// renormalise), routed SiLU experts in the fused layout, and the sigmoid-gated shared expert.
+// The sparse MoE block of every Qwen3.5 decoder layer (as in transformers' modeling_qwen3_5_moe.py): router
+// (softmax, top-k, renormalise), routed SiLU experts in the fused layout, and the sigmoid-gated shared
+// expert.
 #pragma once
 
 #include <string>

@@ -1,5 +1,5 @@
-// 3-D (t, h, w) position ids for multimodal rotary embedding (transformers' get_rope_index, spec
-// §5.5) over a packed batch: text tokens advance all three axes together; an image's merged tokens
+// 3-D (t, h, w) position ids for multimodal rotary embedding (transformers' get_rope_index) over
+// a packed batch: text tokens advance all three axes together; an image's merged tokens
 // take (s + frame, s + row, s + col) from the current position s, after which s advances by
 // max(t, h/m, w/m). Positions restart at 0 at every sample of cu_seqlens.
 // Legend: T tokens, S samples, I images, V videos.

@@ -25,7 +25,7 @@ TEST(MropePositions, TextAndImagesInTwoPackedSamples) {
   const std::vector<int32_t> cu_seqlens = {0, 16, 21};
   const auto positions = compute_mrope_positions(ids.data(), 21, cu_seqlens, {{1, 4, 6}, {1, 2, 2}, {1, 4, 4}}, {}, 2,
                                                  kImage, kVideo);
-  // Worked by hand from spec §5.5: the first image starts at s = 4 and advances s by max(2, 3) = 3.
+  // Worked by hand from transformers' get_rope_index: the first image starts at s = 4 and advances s by max(2, 3) = 3.
   EXPECT_EQ(row(positions, 0), (std::vector<int64_t>{0, 1, 2, 3, 4, 4, 4, 4, 4, 4, 7, 8, 9, 10, 11, 12,
                                                      0, 0, 0, 0, 2}));
   EXPECT_EQ(row(positions, 1), (std::vector<int64_t>{0, 1, 2, 3, 4, 4, 4, 5, 5, 5, 7, 8, 9, 10, 11, 12,

@@ -1,7 +1,7 @@
-// The VLM's input side in one place: token embeddings with the vision tower's features written into
-// the <|image_pad|> rows, the 3-D (t, h, w) positions, and the backward that splits the embedding
-// gradient between embed_tokens and the vision tower (spec §5.5). Images only (no video yet).
-// Legend: T tokens, C text hidden, V vocabulary.
+// The VLM's input side in one place: token embeddings with the vision tower's features written into the
+// <|image_pad|> rows, the 3-D (t, h, w) positions, and the backward that splits the embedding gradient
+// between embed_tokens and the vision tower (transformers' get_rope_index and masked_scatter of image
+// features). Images only (no video yet). Legend: T tokens, C text hidden, V vocabulary.
 #pragma once
 
 #include <cstdint>

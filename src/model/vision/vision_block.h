@@ -1,6 +1,6 @@
-// One pre-norm vision transformer block (spec §5.3), forward and backward, templated on the
-// scalar type (float for the reference, double for finite-difference tests). Internal to the tower.
-// Legend: N patches, C hidden, H heads, D head dim, I MLP width.
+// One pre-norm vision transformer block (as in transformers' modeling_qwen3_5_moe.py), forward and backward,
+// templated on the scalar type (float for the reference, double for finite-difference tests). Internal to the
+// tower. Legend: N patches, C hidden, H heads, D head dim, I MLP width.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
-// The Qwen3.5 vision tower as a CPU reference (spec §5.1-5.4): patch embedding, resampled position
-// embedding, `depth` blocks with 2-D RoPE and per-frame attention, and the 2x2 patch merger —
-// forward over all images of a batch, and backward to every parameter by its Hugging Face name.
+// The Qwen3.5 vision tower as a CPU reference (as in transformers' modeling_qwen3_5_moe.py): patch embedding,
+// resampled position embedding, `depth` blocks with 2-D RoPE and per-frame attention, and the 2x2 patch
+// merger — forward over all images of a batch, and backward to every parameter by its Hugging Face name.
 // Legend: N patches (pixel_values rows), M = N / m^2 merged tokens, C hidden, O out_hidden_size.
 #pragma once
 
@@ -47,7 +47,7 @@ HostTensor vision_tower_backward(const VisionParams& params, const VisionConfig&
                                  const VisionTowerSaved& saved, const HostTensor& d_features, VisionParams* grads,
                                  const std::string& prefix = kVisionPrefix, const TrainableParts& trainable = {});
 
-// Names and shapes of the tower's parameters (spec §2.2), in checkpoint order.
+// Names and shapes of the tower's parameters in checkpoint order.
 std::vector<std::pair<std::string, Shape>> vision_param_shapes(const VisionConfig& config,
                                                                const std::string& prefix = kVisionPrefix);
 

@@ -64,11 +64,10 @@ constexpr double kLayerFloor = 3e-2;
 // A single-token batch scales every floor and factor by this. Nothing averages over tokens there:
 // one token's d_topk_weight or gate gradient carries its bf16 noise undamped, and two weight draws
 // estimate that token's sensitivity poorly. Measured by rerunning the cases on 16 weight draws
-// (DELTAMOE_TEST_WEIGHT_SEED, H200, 2026-12-03): at scale 1 the single-token case failed on 6 of
-// them with the session-4 engine (e8939e3) and on 9 with the fp32-exact router, always on a gate
-// or GDN-layer weight gradient (worst error / bound, whole model / layer alone: 1.52 / 1.35 for
-// e8939e3, 1.89 / 1.31 now); the packed cases stayed at or under 0.95 on every draw. At scale 2
-// the worst single-token ratio over the 16 draws is 0.76 (e8939e3) and 0.94 (now). A composition
+// (DELTAMOE_TEST_WEIGHT_SEED, H200): at scale 1 the single-token case failed on 9 of them with the
+// fp32-exact router, always on a gate or GDN-layer weight gradient (worst error / bound, whole
+// model / layer alone: 1.89 / 1.31); the packed cases stayed at or under 0.95 on every draw. At
+// scale 2 the worst single-token ratio over the 16 draws is 0.94. A composition
 // bug still moves a tensor by O(1).
 constexpr double kSingleTokenBoundScale = 2.0;
 // No bound exceeds this relative L2 error, whatever the sensitivity says: a sign-flipped or zeroed
@@ -88,7 +87,8 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 }
 
 // The weights' random seed: 7, or DELTAMOE_TEST_WEIGHT_SEED to rerun the cases on other draws
-// (how far the bf16 error / sensitivity ratios spread, docs/vision.md "Session 5").
+// (how far the bf16 error / bound ratios spread over draws: docs/vision.md, "The fp32-exact MoE router",
+// "Single-token bounds").
 uint64_t weight_seed() {
   const char* text = std::getenv("DELTAMOE_TEST_WEIGHT_SEED");
   return text != nullptr ? std::strtoull(text, nullptr, 10) : 7;

@@ -28,7 +28,7 @@ constexpr int kStride = kHeadDim + fa::kPad;
 constexpr size_t kSharedBytes = static_cast<size_t>(kQueryRows + 2 * kKeyRows) * kStride * sizeof(uint16_t);
 
 __global__ void __launch_bounds__(32 * kWarps, 2)
-    forward_fast_kernel(FlashAttentionShape shape, const __nv_bfloat16* __restrict__ q,
+    forward_wide_kernel(FlashAttentionShape shape, const __nv_bfloat16* __restrict__ q,
                         const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
                         __nv_bfloat16* __restrict__ out, float* __restrict__ lse) {
   constexpr int kDimTiles = kHeadDim / 8;  // n-tiles of O
@@ -90,24 +90,24 @@ __global__ void __launch_bounds__(32 * kWarps, 2)
 
 }  // namespace
 
-bool flash_attention_fast_supported(const FlashAttentionShape& shape) {
+bool flash_attention_wide_supported(const FlashAttentionShape& shape) {
   return shape.head_dim % 8 == 0 && shape.head_dim > 128 && shape.head_dim <= 256;
 }
 
-void flash_attention_forward_fast_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
+void flash_attention_forward_wide_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
                                        const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
                                        float* lse, cudaStream_t stream) {
-  const char* where = "flash_attention_forward_fast_cuda";
+  const char* where = "flash_attention_forward_wide_cuda";
   check_flash_attention_shape(shape, where);
-  CHECK(flash_attention_fast_supported(shape), where, ": head dim ", shape.head_dim,
+  CHECK(flash_attention_wide_supported(shape), where, ": head dim ", shape.head_dim,
         " is not a multiple of 8 in (128, 256] (use flash_attention_forward_cuda, which falls back)");
   if (shape.num_tokens == 0) return;
   fa::check_forward_mma_pointers(q, k, v, out, lse, where);
-  CUDA_CHECK(cudaFuncSetAttribute(forward_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CUDA_CHECK(cudaFuncSetAttribute(forward_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kSharedBytes)));
   const dim3 grid(static_cast<unsigned>((shape.num_tokens + kQueryRows - 1) / kQueryRows),
                   static_cast<unsigned>(shape.num_q_heads));
-  forward_fast_kernel<<<grid, 32 * kWarps, kSharedBytes, stream>>>(shape, q, k, v, out, lse);
+  forward_wide_kernel<<<grid, 32 * kWarps, kSharedBytes, stream>>>(shape, q, k, v, out, lse);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -30,7 +30,7 @@ constexpr int kStride = kHeadDim + fa::kPad;
 // delta[row] = dO[row, :] . O[row, :] over rows = (token, query head), one warp per row with
 // 16-byte loads (head_dim a multiple of 8, rows 16-byte aligned).
 __global__ void __launch_bounds__(256)
-    delta_fast_kernel(const __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ d_out, int64_t rows,
+    delta_wide_kernel(const __nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ d_out, int64_t rows,
                       int head_dim, float* __restrict__ delta) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -61,7 +61,7 @@ constexpr size_t kDqSharedBytes =
     static_cast<size_t>(2 * kDqQueryRows + 2 * kDqKeyRows) * kStride * sizeof(uint16_t);
 
 __global__ void __launch_bounds__(32 * kDqWarps, 2)
-    dq_fast_kernel(FlashAttentionShape shape, const __nv_bfloat16* __restrict__ q,
+    dq_wide_kernel(FlashAttentionShape shape, const __nv_bfloat16* __restrict__ q,
                    const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
                    const float* __restrict__ lse, const __nv_bfloat16* __restrict__ d_out,
                    const float* __restrict__ delta, __nv_bfloat16* __restrict__ dq) {
@@ -149,7 +149,7 @@ constexpr size_t kDkvSharedBytes =
     static_cast<size_t>(2 * kDkvKeyRows) * kProbStride * sizeof(uint16_t) + 4 * kDkvQueryRows * sizeof(float);
 
 __global__ void __launch_bounds__(32 * kDkvWarps, 1)
-    dkv_fast_kernel(FlashAttentionShape shape, const __nv_bfloat16* __restrict__ q,
+    dkv_wide_kernel(FlashAttentionShape shape, const __nv_bfloat16* __restrict__ q,
                     const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
                     const float* __restrict__ lse, const __nv_bfloat16* __restrict__ d_out,
                     const float* __restrict__ delta, __nv_bfloat16* __restrict__ dk, __nv_bfloat16* __restrict__ dv) {
@@ -280,14 +280,14 @@ __global__ void __launch_bounds__(32 * kDkvWarps, 1)
 
 }  // namespace
 
-void flash_attention_backward_fast_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
+void flash_attention_backward_wide_cuda(const FlashAttentionShape& shape, const __nv_bfloat16* q,
                                         const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* out,
                                         const float* lse, const __nv_bfloat16* d_out, __nv_bfloat16* dq,
                                         __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, size_t workspace_bytes,
                                         cudaStream_t stream) {
-  const char* where = "flash_attention_backward_fast_cuda";
+  const char* where = "flash_attention_backward_wide_cuda";
   check_flash_attention_shape(shape, where);
-  CHECK(flash_attention_fast_supported(shape), where, ": head dim ", shape.head_dim,
+  CHECK(flash_attention_wide_supported(shape), where, ": head dim ", shape.head_dim,
         " is not a multiple of 8 in (128, 256] (use flash_attention_backward_cuda, which falls back)");
   fa::check_backward_workspace(shape, workspace_bytes, where);
   if (shape.num_tokens == 0) return;
@@ -299,22 +299,22 @@ void flash_attention_backward_fast_cuda(const FlashAttentionShape& shape, const 
 
   float* delta = static_cast<float*>(workspace);
   const int64_t rows = shape.num_tokens * shape.num_q_heads;
-  delta_fast_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(out, d_out, rows,
+  delta_wide_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(out, d_out, rows,
                                                                                static_cast<int>(shape.head_dim), delta);
   CUDA_CHECK_LAUNCH();
 
-  CUDA_CHECK(cudaFuncSetAttribute(dq_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CUDA_CHECK(cudaFuncSetAttribute(dq_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kDqSharedBytes)));
   const dim3 dq_grid(static_cast<unsigned>((shape.num_tokens + kDqQueryRows - 1) / kDqQueryRows),
                      static_cast<unsigned>(shape.num_q_heads));
-  dq_fast_kernel<<<dq_grid, 32 * kDqWarps, kDqSharedBytes, stream>>>(shape, q, k, v, lse, d_out, delta, dq);
+  dq_wide_kernel<<<dq_grid, 32 * kDqWarps, kDqSharedBytes, stream>>>(shape, q, k, v, lse, d_out, delta, dq);
   CUDA_CHECK_LAUNCH();
 
-  CUDA_CHECK(cudaFuncSetAttribute(dkv_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CUDA_CHECK(cudaFuncSetAttribute(dkv_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kDkvSharedBytes)));
   const int64_t key_tiles = (shape.num_tokens + kDkvKeyRows - 1) / kDkvKeyRows;
   const dim3 dkv_grid(static_cast<unsigned>((key_tiles + 1) / 2), static_cast<unsigned>(shape.num_kv_heads));
-  dkv_fast_kernel<<<dkv_grid, 32 * kDkvWarps, kDkvSharedBytes, stream>>>(shape, q, k, v, lse, d_out, delta, dk, dv);
+  dkv_wide_kernel<<<dkv_grid, 32 * kDkvWarps, kDkvSharedBytes, stream>>>(shape, q, k, v, lse, d_out, delta, dk, dv);
   CUDA_CHECK_LAUNCH();
 }
 
