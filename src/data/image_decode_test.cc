@@ -229,8 +229,8 @@ std::string decode_error(const std::vector<uint8_t>& bytes, const std::string& n
 }
 
 // A small file whose header claims more pixels than PIL's limit is refused from the header alone:
-// no allocation, no decoding, and the message names the file. (Before: 20000x20000 PNG decoded in
-// 27 s and 2.4 GB; bigger headers ended in std::bad_alloc without a file name.)
+// no allocation, no decoding, and the message names the file. Decoding the 20000x20000 PNG would
+// take ~27 s and 2.4 GB, so a 5 s bound tells the two apart even on a loaded 2-core CI machine.
 TEST(ImageDecode, DecompressionBombsAreRefusedFromTheHeader) {
   const std::vector<std::pair<std::string, std::vector<uint8_t>>> bombs = {
       {"bomb.png", png_claiming(20000, 20000)},
@@ -244,7 +244,7 @@ TEST(ImageDecode, DecompressionBombsAreRefusedFromTheHeader) {
     std::printf("  %s (%zu bytes, %.3f s): %s\n", name.c_str(), bytes.size(), seconds, message.c_str());
     EXPECT_NE(message.find("image '" + name + "'"), std::string::npos) << message;
     EXPECT_NE(message.find("over the limit of 178956970"), std::string::npos) << message;
-    EXPECT_LT(seconds, 1.0) << name;
+    EXPECT_LT(seconds, 5.0) << name;
   }
   // The limit is a parameter: a tighter one refuses an ordinary image.
   const std::vector<uint8_t> small = encode_png_rgb(gradient_image(64, 64));
@@ -253,14 +253,14 @@ TEST(ImageDecode, DecompressionBombsAreRefusedFromTheHeader) {
 }
 
 // A JPEG whose scan ends before the image does (here: a 16x16 scan under a 4000x4000 header, the
-// EOI marker where data should be) is a truncated image, refused at the first missing block.
-// (Before: libjpeg's "premature end of data segment" warning was ignored and the grey padding trained.)
+// EOI marker where data should be) is a truncated image, refused at the first missing block (libjpeg
+// only warns "premature end of data segment" and pads with grey, which must not reach training).
 TEST(ImageDecode, JpegWhoseDataEndsAtAMarkerIsTruncated) {
   double seconds = 0;
   const std::string message = decode_error(jpeg_claiming(4000, 4000), "short.jpg", &seconds);
   std::printf("  %.3f s: %s\n", seconds, message.c_str());
   EXPECT_NE(message.find("image 'short.jpg': truncated JPEG"), std::string::npos) << message;
-  EXPECT_LT(seconds, 1.0);
+  EXPECT_LT(seconds, 5.0);
 }
 
 TEST(ImageDecode, CorruptFilesAreClearErrors) {
