@@ -51,8 +51,9 @@ void declare_train_flags(ArgParser& args) {
                 "resumed from)", false);
   args.add_option("eval_steps", "evaluate on --val_dataset every N steps (0: start and end only)", "0", kInt);
   args.add_option("logging_steps", "print the progress line every N steps", "1", kInt);
-  args.add_option("expert_model_parallel_size", "ranks the routed experts of each layer are split over (1, or "
-                  "all ranks of the job; CPU engine only so far)", "1", kInt);
+  args.add_option("expert_model_parallel_size", "ranks the routed experts of each layer are split over (divides "
+                  "the ranks of the job; groups of that many consecutive ranks each hold all experts; CPU engine "
+                  "only so far)", "1", kInt);
   args.add_bool("use_distributed_optimizer", "ZeRO-2 for the non-expert parameters: gradients reduce-scattered, "
                 "master weights and moments sharded over the ranks (needed on several ranks)", false);
   args.add_option("seed", "seed of the data order, #N draws and the split (and any randomness of the run)", "42", kInt);

@@ -78,8 +78,12 @@ CpuEngine::CpuEngine(const ModelCheckpoint& checkpoint, const EngineOptions& opt
     CHECK(parallel.expert_parallel_size == 1, "--expert_model_parallel_size ", parallel.expert_parallel_size,
           " needs as many ranks (this process runs alone)");
   } else if (parallel_->expert_parallel_size() > 1) {
-    ep_comm_ = world_->split(0, world_->rank(), "ep");
+    // Consecutive groups of EP ranks exchange tokens; the replicas of one expert block (same rank
+    // mod EP) all-reduce its gradient.
+    const int ep = parallel_->expert_parallel_size(), rank = world_->rank();
+    ep_comm_ = world_->split(rank / ep, rank, "ep");
     dispatcher_ = std::make_unique<ExpertDispatcher>(*ep_comm_, config_.text.num_experts);
+    if (parallel_->expert_replicas() > 1) expert_dp_comm_ = world_->split(rank % ep, rank, "expert_dp");
   }
   const ParamLayout& layout = state_.layout();
   grad_.assign(static_cast<size_t>(layout.total_numel()), 0.0f);
@@ -320,6 +324,11 @@ StepResult CpuEngine::train_step_parallel(const std::vector<MicroBatch>& batches
     const ParamEntry& piece = state_.layout().entry(state_index);
     const float* source = micro_grad_.data() + full_layout_.entry(full_index).offset + piece.tensor_begin;
     std::copy(source, source + piece.numel, grad_.begin() + piece.offset);
+    if (expert_dp_comm_ != nullptr) {
+      world_->set_activity("train step: expert gradient all-reduce");
+      expert_dp_comm_->all_reduce(grad_.data() + piece.offset, grad_.data() + piece.offset, piece.numel, DType::f32,
+                                  ReduceOp::sum);
+    }
   }
   // Losses in the order one rank would add them: micro-batch g * world + r.
   std::vector<double> all_parts(parts.size() * world);
@@ -335,8 +344,11 @@ StepResult CpuEngine::train_step_parallel(const std::vector<MicroBatch>& batches
     }
   }
   divide_gradient(grad_.data(), grad_.size(), weights.gradient_divisor);
-  // Each rank's fp64 sum of squares over its pieces, summed in rank order.
-  double sum_of_squares = sum_of_squares_f64(grad_.data(), static_cast<int64_t>(grad_.size()));
+  // Each rank's fp64 sum of squares over its pieces (replicated expert pieces counted by their first
+  // replica only), summed in rank order.
+  const int64_t counted_from = layout.first_expert_replica() ? 0 : layout.dense_state_begin();
+  double sum_of_squares =
+      sum_of_squares_f64(grad_.data() + counted_from, static_cast<int64_t>(grad_.size()) - counted_from);
   world_->all_reduce(&sum_of_squares, &sum_of_squares, 1, DType::f64, ReduceOp::sum);
   const GradClipResult clip = grad_clip_from_sum_of_squares(sum_of_squares, max_grad_norm);
   result.grad_norm = clip.grad_norm;

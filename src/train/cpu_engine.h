@@ -74,6 +74,7 @@ class CpuEngine : public TrainEngine {
   Communicator* world_ = nullptr;             // null: one rank
   std::unique_ptr<ParallelLayout> parallel_;  // null: one rank
   std::unique_ptr<Communicator> ep_comm_;     // expert parallel only
+  std::unique_ptr<Communicator> expert_dp_comm_;  // replicas of this rank's expert block (EP < world)
   std::unique_ptr<ExpertDispatcher> dispatcher_;
   HostTrainState state_;
   std::vector<float> grad_;     // the step's gradient over state_'s layout

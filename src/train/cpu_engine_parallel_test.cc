@@ -105,7 +105,7 @@ TEST(CpuEngineParallel, ExpertParallelForwardAndExpertGradientsEqualOneRank) {
 class DataParallelEmulation {
  public:
   DataParallelEmulation(const Setup& setup, int world, const ParallelOptions& parallel)
-      : one_(setup.checkpoint, setup.options), world_(world) {
+      : one_(setup.checkpoint, setup.options), world_(world), ep_(parallel.expert_parallel_size) {
     for (int r = 0; r < world; ++r) {
       layouts_.push_back(std::make_unique<ParallelLayout>(one_.full_layout(), r, world,
                                                           setup.checkpoint.config.text.num_experts, parallel));
@@ -125,19 +125,22 @@ class DataParallelEmulation {
     const MicroBatchWeights weights = micro_batch_weights(result.num_supervised, result.num_micro_batches, aux_coef_);
     grads_.assign(world_, {});
     for (int r = 0; r < world_; ++r) grads_[r].assign(static_cast<size_t>(layouts_[r]->state().total_numel()), 0.0f);
-    std::vector<float> running(static_cast<size_t>(full.total_numel()), 0.0f);
+    // One running gradient per expert-parallel group (its experts' totals over its micro-batches).
+    const int groups = world_ / ep_;
+    std::vector<std::vector<float>> running(groups, std::vector<float>(static_cast<size_t>(full.total_numel()), 0.0f));
     for (int64_t g = 0; g < local; ++g) {
       std::vector<std::vector<float>> rank_grad(world_);
       for (int r = 0; r < world_; ++r) {
+        std::vector<float>& group = running[r / ep_];
         for (const int index : layouts_[0]->dense_entries()) {
           const ParamEntry& entry = full.entry(index);
-          std::fill(running.begin() + entry.offset, running.begin() + entry.offset + entry.numel, 0.0f);
+          std::fill(group.begin() + entry.offset, group.begin() + entry.offset + entry.numel, 0.0f);
         }
         const MicroBatchLoss part =
-            one_.forward_backward(batches[g * world_ + r], weights.ce_token_weight, weights.aux_weight, running.data());
+            one_.forward_backward(batches[g * world_ + r], weights.ce_token_weight, weights.aux_weight, group.data());
         result.ce_sum += part.ce_sum;
         result.aux_loss_sum += part.aux_loss;
-        rank_grad[r] = running;
+        rank_grad[r] = group;
       }
       for (int b = 0; b < layouts_[0]->num_buckets(); ++b) {
         const int64_t n = layouts_[0]->piece_elements(b);
@@ -157,15 +160,22 @@ class DataParallelEmulation {
     }
     for (int r = 0; r < world_; ++r) {
       for (const auto& [state_index, full_index] : layouts_[r]->expert_pieces()) {
+        // The replicas' totals summed in rank order (group 0, 1, ...).
         const ParamEntry& piece = layouts_[r]->state().entry(state_index);
-        const float* source = running.data() + full.entry(full_index).offset + piece.tensor_begin;
-        std::copy(source, source + piece.numel, grads_[r].begin() + piece.offset);
+        const int64_t at = full.entry(full_index).offset + piece.tensor_begin;
+        float* out = grads_[r].data() + piece.offset;
+        std::copy(running[0].begin() + at, running[0].begin() + at + piece.numel, out);
+        for (int q = 1; q < groups; ++q)
+          for (int64_t i = 0; i < piece.numel; ++i) out[i] += running[q][at + i];
       }
     }
     double sum_of_squares = 0;
     for (int r = 0; r < world_; ++r) {
       divide_gradient(grads_[r].data(), grads_[r].size(), weights.gradient_divisor);
-      const double partial = sum_of_squares_f64(grads_[r].data(), static_cast<int64_t>(grads_[r].size()));
+      // Replicated expert pieces count once, on their first replica.
+      const int64_t from = r < ep_ ? 0 : layouts_[r]->dense_state_begin();
+      const double partial =
+          sum_of_squares_f64(grads_[r].data() + from, static_cast<int64_t>(grads_[r].size()) - from);
       sum_of_squares = r == 0 ? partial : sum_of_squares + partial;
     }
     const GradClipResult clip = grad_clip_from_sum_of_squares(sum_of_squares, max_grad_norm);
@@ -197,6 +207,7 @@ class DataParallelEmulation {
 
   CpuEngine one_;
   int world_;
+  int ep_;  // ranks of one expert-parallel group; world / ep_ groups replicate the experts
   double aux_coef_ = 0;
   std::vector<std::unique_ptr<ParallelLayout>> layouts_;
   std::vector<std::unique_ptr<HostTrainState>> states_;
@@ -307,6 +318,9 @@ TEST(CpuEngineParallel, ZeroTwoEqualsTheDataParallelEmulation) {
   expect_zero2_matches_emulation("tiny-vl", true, true, 2, 2, 2);
   expect_zero2_matches_emulation("tiny-vl", true, false, 4, 4, 1);
   expect_zero2_matches_emulation("tiny", false, false, 2, 1, 2);  // data parallel only, experts sharded as dense
+  // Two expert-parallel groups of 2: each expert block has 2 replicas that all-reduce its gradient.
+  expect_zero2_matches_emulation("tiny-vl", true, false, 4, 2, 1);
+  expect_zero2_matches_emulation("tiny-vl", true, false, 4, 2, 2);
 }
 
 }  // namespace

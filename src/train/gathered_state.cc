@@ -2,6 +2,7 @@
 // then per piece the master and both moments as bytes.
 #include "train/gathered_state.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "core/error.h"
@@ -40,11 +41,10 @@ std::unique_ptr<HostTrainState> gather_train_state(Communicator& world, const Tr
   world.group_end();
 
   std::vector<uint8_t> bytes;
-  std::vector<std::vector<int64_t>> covered;  // rank 0: elements of each full entry received
-  if (world.rank() == 0) {
-    covered.resize(static_cast<size_t>(full.num_tensors()));
-    for (int i = 0; i < full.num_tensors(); ++i) covered[i].assign(1, 0);
-  }
+  // Rank 0: the element ranges of each full entry received (replicas of an expert block send the
+  // same range: identical values).
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> covered;
+  if (world.rank() == 0) covered.resize(static_cast<size_t>(full.num_tensors()));
   for (const StateKind kind : kStateKinds) {
     const size_t element = dtype_size(state_dtype(kind, config));
     // Each rank sends its pieces in order; rank 0 receives rank after rank straight into place.
@@ -74,14 +74,21 @@ std::unique_ptr<HostTrainState> gather_train_state(Communicator& world, const Tr
         CHECK(index >= 0 && index < full.num_tensors() && begin >= 0 && begin + count <= full.entry(index).numel,
               "gather state: rank ", r, " sent a piece outside the full layout");
         gathered->write_state(kind, index, begin, count, incoming[next++].data());
-        if (kind == StateKind::master) covered[index][0] += count;
+        if (kind == StateKind::master) covered[index].emplace_back(begin, begin + count);
       }
     }
   }
   if (world.rank() == 0) {
     for (int i = 0; i < full.num_tensors(); ++i) {
-      CHECK(covered[i][0] == full.entry(i).numel, "gather state: the ranks hold ", covered[i][0], " of the ",
-            full.entry(i).numel, " elements of '", full.entry(i).name, "'");
+      std::sort(covered[i].begin(), covered[i].end());
+      int64_t reached = 0;
+      for (const auto& [begin, end] : covered[i]) {
+        CHECK(begin <= reached, "gather state: no rank holds elements [", reached, ", ", begin, ") of '",
+              full.entry(i).name, "'");
+        reached = std::max(reached, end);
+      }
+      CHECK(reached == full.entry(i).numel, "gather state: no rank holds elements [", reached, ", ",
+            full.entry(i).numel, ") of '", full.entry(i).name, "'");
     }
   }
   return gathered;

@@ -14,8 +14,8 @@
 namespace deltamoe {
 
 // Collective over world. full: every trained tensor whole (the layout a single rank would have);
-// every element of it must be held by exactly one rank (checked on rank 0). Returns the full state on
-// rank 0 and nullptr elsewhere.
+// every element of it must be held by at least one rank (checked on rank 0; replicas hold identical
+// values). Returns the full state on rank 0 and nullptr elsewhere.
 std::unique_ptr<HostTrainState> gather_train_state(Communicator& world, const TrainStateStore& mine,
                                                    const ParamLayout& full);
 

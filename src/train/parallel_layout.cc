@@ -17,9 +17,7 @@ ParallelLayout::ParallelLayout(const ParamLayout& full, int rank, int world, int
                                const ParallelOptions& options)
     : full_(full), rank_(rank), world_(world), ep_(options.expert_parallel_size) {
   CHECK(world >= 1 && rank >= 0 && rank < world, "parallel layout: rank ", rank, " of ", world);
-  CHECK(ep_ == 1 || ep_ == world, "--expert_model_parallel_size ", ep_, " with ", world,
-        " ranks: only 1 or the world size is supported so far (experts replicated over expert-data-parallel "
-        "groups are not implemented)");
+  CHECK(ep_ >= 1 && world % ep_ == 0, "--expert_model_parallel_size ", ep_, " must divide the ", world, " ranks");
   CHECK(world == 1 || options.distributed_optimizer, "training on ", world,
         " ranks needs --use_distributed_optimizer true (ZeRO-2 for the dense parameters); replicated optimizer "
         "state is not implemented");
@@ -45,6 +43,9 @@ ParallelLayout::ParallelLayout(const ParamLayout& full, int rank, int world, int
     }
     dense_entries_.push_back(i);
     dense_stream_.push_back(dense_stream_.back() + entry.numel);
+  }
+  for (const auto& [state_index, full_index] : expert_pieces_) {
+    dense_state_begin_ = std::max(dense_state_begin_, state_.entry(state_index).offset + state_.entry(state_index).numel);
   }
   const int64_t dense_total = dense_stream_.back();
   for (int64_t begin = 0; begin < dense_total; begin += options.bucket_elements) bucket_begin_.push_back(begin);

@@ -18,7 +18,7 @@
 namespace deltamoe {
 
 struct ParallelOptions {
-  int expert_parallel_size = 1;        // --expert_model_parallel_size: 1, or the world size
+  int expert_parallel_size = 1;        // --expert_model_parallel_size: divides the world size
   bool distributed_optimizer = false;  // --use_distributed_optimizer: ZeRO-2 for the dense parameters
   // Most elements of one dense gradient bucket (Megatron's default is max(40M, 1M x dp) parameters).
   int64_t bucket_elements = 40'000'000;
@@ -50,8 +50,17 @@ class ParallelLayout {
   const ParamLayout& state() const { return state_; }
 
   // Routed experts owned by this rank: [first_local_expert, first_local_expert + experts_per_rank).
-  int64_t first_local_expert() const { return rank_ * experts_per_rank_; }
+  // Consecutive groups of EP ranks each split all experts (rank r owns block r mod EP); with fewer
+  // EP ranks than the world, world / EP replicas of every block (expert data parallelism) hold the
+  // same state and all-reduce its gradient.
+  int64_t first_local_expert() const { return (rank_ % ep_) * experts_per_rank_; }
+  int expert_replicas() const { return world_ / ep_; }
+  // Whether this rank's expert pieces count in the job's gradient norm and checkpoint (the first
+  // replica of its block).
+  bool first_expert_replica() const { return rank_ < ep_; }
   int64_t experts_per_rank() const { return experts_per_rank_; }
+  // First element of the state buffer after the expert pieces (which come first).
+  int64_t dense_state_begin() const { return dense_state_begin_; }
   // State entries that are this rank's expert pieces and the full entries they come from.
   const std::vector<std::pair<int, int>>& expert_pieces() const { return expert_pieces_; }  // (state, full)
 
@@ -84,6 +93,7 @@ class ParallelLayout {
   std::vector<int64_t> bucket_begin_;     // stream offsets of bucket starts (size num_buckets + 1)
   ParamLayout state_;
   std::vector<std::pair<int, int>> expert_pieces_;
+  int64_t dense_state_begin_ = 0;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> own_piece_state_;
 };
 

@@ -1,6 +1,6 @@
 // ParallelLayout: every dense element is in exactly one rank's piece, for 1..8 ranks, odd tensor
-// sizes and buckets smaller and larger than tensors; experts go whole-expert to their owner; bad
-// layouts are refused naming the flag.
+// sizes and buckets smaller and larger than tensors; experts go whole-expert to their owner (one per
+// replica when EP < world); bad layouts are refused naming the flag.
 #include "train/parallel_layout.h"
 
 #include <gtest/gtest.h>
@@ -26,8 +26,8 @@ TEST(ParallelLayout, EveryElementBelongsToExactlyOneRank) {
   const ParamLayout full = sample_layout();
   for (int world = 1; world <= 8; ++world) {
     for (const int64_t bucket : {1, 4, 11, 40, 1000}) {
-      for (const int ep : {1, world}) {
-        if (ep > 1 && 4 % ep != 0) continue;
+      for (const int ep : {1, 2, world}) {
+        if ((ep > 1 && 4 % ep != 0) || world % ep != 0) continue;
         SCOPED_TRACE(str_cat("world ", world, " bucket ", bucket, " ep ", ep));
         ParallelOptions options;
         options.expert_parallel_size = ep;
@@ -54,9 +54,12 @@ TEST(ParallelLayout, EveryElementBelongsToExactlyOneRank) {
             EXPECT_LE(in_state, layout.piece_elements(b));
           }
         }
-        for (int i = 0; i < full.num_tensors(); ++i)
+        // Dense elements: one rank; experts (EP > 1): one rank per replica of their block.
+        for (int i = 0; i < full.num_tensors(); ++i) {
+          const bool expert = ep > 1 && is_routed_expert_tensor(full.entry(i).name);
           for (int64_t e = 0; e < full.entry(i).numel; ++e)
-            EXPECT_EQ(owners[i][e], 1) << full.entry(i).name << " element " << e;
+            EXPECT_EQ(owners[i][e], expert ? world / ep : 1) << full.entry(i).name << " element " << e;
+        }
       }
     }
   }
@@ -101,7 +104,7 @@ TEST(ParallelLayout, BadLayoutsAreRefusedNamingTheFlag) {
   options.expert_parallel_size = 3;
   EXPECT_THROW(ParallelLayout(full, 0, 3, 4, options), Error);  // 3 does not divide 4 experts
   options.expert_parallel_size = 2;
-  EXPECT_THROW(ParallelLayout(full, 0, 4, 4, options), Error);  // EP neither 1 nor the world
+  EXPECT_THROW(ParallelLayout(full, 0, 3, 4, options), Error);  // EP 2 does not divide 3 ranks
   options.expert_parallel_size = 1;
   options.distributed_optimizer = false;
   try {

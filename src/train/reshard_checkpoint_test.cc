@@ -66,9 +66,9 @@ class ReshardCheckpoint : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  ParallelOptions layout(int world) const {
+  ParallelOptions layout(int world, int ep) const {
     ParallelOptions options;
-    options.expert_parallel_size = world;
+    options.expert_parallel_size = ep > 0 ? ep : world;
     options.distributed_optimizer = true;
     options.bucket_elements = 30000;
     return options;
@@ -80,10 +80,11 @@ class ReshardCheckpoint : public ::testing::Test {
   }
   // On `world` ranks: optionally resume from `load`, train steps [first, last), then gather the
   // state and (if `save` is set) save it. Returns the gathered logical state.
-  Logical run(int world, const std::string& load, int first, int last, const std::string& save) {
+  // ep: expert-parallel size (0: the world size).
+  Logical run(int world, const std::string& load, int first, int last, const std::string& save, int ep = 0) {
     Logical result;
     run_thread_comm(world, [&](Communicator& comm) {
-      CpuEngine engine(setup_.checkpoint, setup_.options, &comm, layout(world));
+      CpuEngine engine(setup_.checkpoint, setup_.options, &comm, layout(world, ep));
       if (!load.empty()) {
         const OptimizerProgress progress = load_optimizer_state(load, &engine.state(), &engine.full_layout());
         EXPECT_EQ(progress.schedule_step, first);
@@ -137,6 +138,17 @@ TEST_F(ReshardCheckpoint, SavedAtFourRanksResumesAtTwoAndOneBitwise) {
   std::printf("  one step after the resume, lm_head master at 2 ranks vs 1 rank: %.2e L2 relative\n",
               std::sqrt(diff / norm));
   EXPECT_LT(std::sqrt(diff / norm), 1e-5);
+}
+
+// Two expert-parallel groups of 2 (every expert block on 2 replicas): the gathered state holds each
+// block once, and a 2-rank run reads it back bitwise.
+TEST_F(ReshardCheckpoint, ReplicatedExpertsSaveOnceAndResumeAtTwoRanks) {
+  const std::string path = (dir_ / "four_ep2.safetensors").string();
+  const Logical saved = run(4, "", 0, 2, path, 2);
+  const Logical at_two = run(2, path, 2, 2, "");
+  EXPECT_EQ(count_different(at_two, saved), 0);
+  CpuEngine initial(setup_.checkpoint, setup_.options);
+  EXPECT_GT(count_different(logical_state(initial.state()), saved), 0);
 }
 
 TEST_F(ReshardCheckpoint, TwoRanksSavedAndResumedEqualTheUninterruptedRun) {
