@@ -20,7 +20,7 @@ namespace {
 
 // Subcommands that run as one rank of a job (read the launch environment and join it). Others
 // would run N independent copies, so they are refused. Add a command here once it runs distributed.
-const char* const kDistributedCommands[] = {"comm-selftest"};
+const char* const kDistributedCommands[] = {"comm-selftest", "train"};
 
 bool runs_distributed(const std::string& command) {
   for (const char* name : kDistributedCommands) {

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/sample_source.h"
+#include "parallel/world.h"
 #include "train/trainer.h"
 
 namespace deltamoe {
@@ -34,7 +35,21 @@ int cmd_train(int argc, char** argv) {
   TrainOptionsRequest request;
   TrainOptions options = train_options_from_args(args, env, request);
   resolve_train_options(options, request);
-  const TrainSummary summary = run_training(options, args.get("device"));
+  // A rank of a job (deltamoe launch, NPROC_PER_NODE, torchrun, mpirun, srun) joins its world first.
+  const LaunchEnv launch = read_launch_env();
+  for (const std::string& note : launch.notes) log_info("train: ", note);
+  std::unique_ptr<Communicator> world;
+  if (launch.world_size > 1) world = connect_world(launch, CommOptions::from_env());
+  TrainSummary summary;
+  try {
+    summary = run_training(options, args.get("device"), nullptr, world.get());
+  } catch (const CommAborted&) {
+    return kExitCommAborted;  // the control plane has said why
+  } catch (const std::exception& error) {
+    if (world) world->abort(str_cat("train failed on rank ", world->rank(), ": ", error.what()));
+    throw;
+  }
+  if (world && world->rank() != 0) return summary.stopped_by_signal != 0 ? 128 + summary.stopped_by_signal : 0;
 
   std::printf("\ntrain summary (%s): %lld/%lld steps (%lld this run) in %.1f s; loss %.4f -> %.4f", summary.device.c_str(),
               static_cast<long long>(summary.steps_done), static_cast<long long>(summary.total_steps),

@@ -23,6 +23,7 @@ int cmd_data(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_launch(int argc, char** argv);
 int cmd_comm_selftest(int argc, char** argv);
+int cmd_plan(int argc, char** argv);
 
 // NPROC_PER_NODE=N deltamoe <command>: whether this invocation should re-run itself through the
 // launcher (set, not already a launched rank, and the command runs distributed), and doing so.

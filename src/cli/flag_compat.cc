@@ -27,7 +27,8 @@ constexpr ArgKind kBool = ArgKind::kBool;
 constexpr ArgKind kList = ArgKind::kList;
 
 const char* const kOneGpu =
-    "deltamoe trains on one GPU today (multi-GPU training is planned, docs/parallel.md); give 1 or leave it out";
+    "deltamoe splits work over ranks only with --expert_model_parallel_size and --use_distributed_optimizer (CPU "
+    "engine so far, docs/parallel.md); give 1 or leave it out";
 const char* const kLoraSetting = "a LoRA setting of `deltamoe train --tuner_type lora` (docs/lora.md)";
 const char* const kLoraVariant =
     "not part of deltamoe's LoRA (plain PEFT LoRA on --target_modules / --target_parameters, docs/lora.md); drop it";
@@ -103,7 +104,6 @@ std::vector<ForeignFlag> make_table() {
       no_effect("apply_rope_fusion", kBool, "deltamoe's own kernels"),
       no_effect("gradient_accumulation_fusion", kBool, "gradients accumulate in fp32 either way"),
       no_effect("sequence_parallel", kBool, "it only matters with tensor parallelism"),
-      no_effect("use_distributed_optimizer", kBool, "deltamoe places its optimizer state itself"),
       no_effect("overlap_grad_reduce", kBool, "one GPU: no gradient reduction"),
       no_effect("overlap_param_gather", kBool, "one GPU: no parameter gathering"),
       no_effect("optimizer_cpu_offload", kBool, "deltamoe places its optimizer state itself"),
@@ -167,7 +167,6 @@ std::vector<ForeignFlag> make_table() {
                 "a resumed run always continues at the exact sample where the checkpoint was saved"),
       no_effect("tensor_model_parallel_size", kInt, "one GPU", {"1"}, kOneGpu),
       no_effect("pipeline_model_parallel_size", kInt, "one GPU", {"1"}, kOneGpu),
-      no_effect("expert_model_parallel_size", kInt, "one GPU", {"1"}, kOneGpu),
       no_effect("expert_tensor_parallel_size", kInt, "one GPU", {"1"}, kOneGpu),
       no_effect("context_parallel_size", kInt, "one GPU", {"1"}, kOneGpu),
       no_effect("sequence_parallel_size", kInt, "one GPU", {"1"}, kOneGpu),

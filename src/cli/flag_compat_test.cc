@@ -104,11 +104,12 @@ TEST(FlagCompat, NoEffectFlagsAreNotedAndHarmfulValuesRefused) {
   ASSERT_TRUE(parsed.ok) << parsed.error;
   ASSERT_EQ(parsed.args->notes().size(), 3u);
   EXPECT_NE(parsed.args->notes()[0].find("--experts_impl grouped_mm: no effect in deltamoe"), std::string::npos);
-  const Parsed refused = parse_train(with_required({"--torch_dtype", "float16", "--expert_model_parallel_size", "4",
+  const Parsed refused = parse_train(with_required({"--torch_dtype", "float16", "--pipeline_model_parallel_size", "4",
                                                     "--use_dora", "true", "--tuner_type", "lora"}));
   ASSERT_FALSE(refused.ok);
   EXPECT_NE(refused.error.find("--torch_dtype float16: deltamoe trains in bf16"), std::string::npos) << refused.error;
-  EXPECT_NE(refused.error.find("--expert_model_parallel_size 4: deltamoe trains on one GPU"), std::string::npos) << refused.error;
+  EXPECT_NE(refused.error.find("--pipeline_model_parallel_size 4: deltamoe splits work over ranks only with"),
+            std::string::npos) << refused.error;
   EXPECT_NE(refused.error.find("--use_dora: not part of deltamoe's LoRA"), std::string::npos) << refused.error;
   EXPECT_EQ(refused.error.find("--tuner_type"), std::string::npos) << "LoRA is supported: " << refused.error;
 }
@@ -231,7 +232,10 @@ TEST(FlagCompat, MegatronFullExampleListsTheParallelLayoutAndMtp) {
        "0.62", "--attention_backend", "flash", "--padding_free", "false"});
   ASSERT_FALSE(parsed.ok);
   std::printf("%s\n", parsed.error.c_str());
-  EXPECT_NE(parsed.error.find("--pipeline_model_parallel_size 2, --expert_model_parallel_size 4"), std::string::npos);
+  EXPECT_NE(parsed.error.find("--pipeline_model_parallel_size 2, --decoder_first_pipeline_num_layers: deltamoe splits "
+                              "work over ranks only"),
+            std::string::npos);
+  EXPECT_EQ(parsed.error.find("--expert_model_parallel_size 4"), std::string::npos) << "a real flag now";
   EXPECT_NE(parsed.error.find("--decoder_first_pipeline_num_layers"), std::string::npos);
   EXPECT_NE(parsed.error.find("--moe_expert_capacity_factor: deltamoe never drops tokens"), std::string::npos);
   EXPECT_NE(parsed.error.find("--mtp_num_layers 1: the multi-token-prediction layers are not trained"), std::string::npos);

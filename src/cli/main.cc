@@ -25,6 +25,7 @@ const Command kCommands[] = {
     {"bench", "time full training steps (forward, backward, AdamW) on the GPU at full widths", cmd_bench},
     {"launch", "start N ranks of a command on this node with torchrun's variables (-- <command>)", cmd_launch},
     {"comm-selftest", "check the communicator across the ranks of a job: every collective, bitwise", cmd_comm_selftest},
+    {"plan", "per-GPU memory of a training layout (experts, ZeRO-2, recompute) against a GPU size", cmd_plan},
 };
 
 void print_help() {

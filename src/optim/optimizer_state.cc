@@ -237,7 +237,7 @@ void save_optimizer_state(const std::string& path, const TrainStateStore& state,
   CHECK(!error, "cannot rename ", temp_path, " to ", path, ": ", error.message());
 }
 
-OptimizerProgress load_optimizer_state(const std::string& path, TrainStateStore* state) {
+OptimizerProgress load_optimizer_state(const std::string& path, TrainStateStore* state, const ParamLayout* trained) {
   CHECK(state != nullptr, "load_optimizer_state: state is null");
   StateFileReader reader(path);
   std::error_code error;
@@ -308,8 +308,8 @@ OptimizerProgress load_optimizer_state(const std::string& path, TrainStateStore*
   }
   const ParamLayout& layout = state->layout();
   std::map<std::string, bool> ours;
+  for (const ParamEntry& e : (trained != nullptr ? *trained : layout).entries()) ours[e.name] = true;
   for (const ParamEntry& e : layout.entries()) {
-    ours[e.name] = true;
     auto it = saved_tensor.find(e.name);
     if (it == saved_tensor.end()) {
       RAISE("optimizer state ", path, " was saved for a different model or tuner settings: it has no state for '",

@@ -31,7 +31,9 @@ void save_optimizer_state(const std::string& path, const TrainStateStore& state,
 // shapes and decay flags and the same moment dtype. Truncated, corrupt or mismatched files give a
 // deltamoe::Error that names the file and what is wrong; the state may then be partly overwritten
 // and must not be used. Changed AdamW hyper-parameters are allowed (a resumed run may change them)
-// and logged.
-OptimizerProgress load_optimizer_state(const std::string& path, TrainStateStore* state);
+// and logged. trained: every tensor the run trains, when state holds pieces of only some of them (one
+// rank of several; the file may then hold tensors this rank does not); null: state's own layout.
+OptimizerProgress load_optimizer_state(const std::string& path, TrainStateStore* state,
+                                       const ParamLayout* trained = nullptr);
 
 }  // namespace deltamoe

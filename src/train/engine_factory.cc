@@ -34,4 +34,15 @@ std::unique_ptr<TrainEngine> make_train_engine(const std::string& device, const 
   return std::make_unique<CpuEngine>(checkpoint, options);
 }
 
+std::unique_ptr<TrainEngine> make_train_engine(const std::string& device, const ModelCheckpoint& checkpoint,
+                                               const EngineOptions& options, Communicator& world,
+                                               const ParallelOptions& parallel) {
+  CHECK(device == "auto" || device == "cpu" || device == "cuda", "--device must be auto, cpu or cuda, got '", device,
+        "'");
+  CHECK(device != "cuda", "--device cuda: training on ", world.size(), " ranks runs on the CPU reference engine only ",
+        "so far (the GPU engine has no parallel step yet); use --device cpu");
+  if (world.rank() == 0 && device == "auto") log_info("train: ", world.size(), " ranks train on the CPU reference engine");
+  return std::make_unique<CpuEngine>(checkpoint, options, &world, parallel);
+}
+
 }  // namespace deltamoe

@@ -5,6 +5,8 @@
 #include <string>
 
 #include "checkpoint/model_checkpoint.h"
+#include "parallel/communicator.h"
+#include "train/parallel_layout.h"
 #include "train/train_engine.h"
 
 namespace deltamoe {
@@ -13,5 +15,10 @@ namespace deltamoe {
 // Throws, naming --device, for a device this build or machine cannot run on.
 std::unique_ptr<TrainEngine> make_train_engine(const std::string& device, const ModelCheckpoint& checkpoint,
                                                const EngineOptions& options);
+// One rank of a job over `world` (several ranks): the CPU engine with this layout (the GPU engine
+// has no parallel step yet: --device cuda is refused).
+std::unique_ptr<TrainEngine> make_train_engine(const std::string& device, const ModelCheckpoint& checkpoint,
+                                               const EngineOptions& options, Communicator& world,
+                                               const ParallelOptions& parallel);
 
 }  // namespace deltamoe

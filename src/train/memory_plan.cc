@@ -81,8 +81,9 @@ void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DT
 }
 
 ModelBytes estimate_text_bytes(const TextConfig& config, int64_t max_tokens, int64_t max_seqs, int64_t max_image_rows,
-                               int64_t loss_chunk_rows) {
+                               int64_t loss_chunk_rows, bool share_mixer_state) {
   TextActivationSpec spec;
+  spec.share_mixer_state = share_mixer_state;
   spec.max_tokens = max_tokens;
   spec.max_seqs = max_seqs;
   spec.max_image_rows = max_image_rows;
@@ -175,7 +176,7 @@ MemoryPlan plan_training_memory(const ModelConfig& config, const EngineOptions& 
                                             : 0;
   plan.max_patches = plan.max_image_tokens * merge;
   plan.text = estimate_text_bytes(config.text, options.max_tokens, planned_max_sequences(options),
-                                  plan.max_image_tokens, options.loss_chunk_rows);
+                                  plan.max_image_tokens, options.loss_chunk_rows, options.recompute_mixers);
   if (plan.max_patches > 0)
     plan.vision = estimate_vision_bytes(config.vision, plan.max_patches, plan.vit_trained, plan.merger_trained);
   plan.reserve = kReserveBytes;

@@ -25,7 +25,9 @@ const std::set<std::string> kHarmless = {
     "deltamoe_version", "output_dir", "val_dataset", "save_steps", "save_total_limit", "eval_steps", "logging_steps",
     "resume", "stop_after_steps", "dataloader_num_workers", "max_nonfinite_steps", "overwrite_output_dir",
     "max_shard_size", "save_only_model", "peak_tflops", "report_to", "logging_dir", "ignore_args_check", "strict",
-    "max_skip_ratio", "plot"};
+    "max_skip_ratio", "plot",
+    // The layout over ranks: checkpoints are read at any world size and layout.
+    "expert_model_parallel_size", "use_distributed_optimizer"};
 
 const char* chat_format_name(ChatFormat format) { return format == ChatFormat::kQwen3 ? "qwen3" : "qwen3_5"; }
 
@@ -55,7 +57,8 @@ Json train_options_to_json(const TrainOptions& o, RunArgsCopy copy) {
   j["num_train_epochs"] = o.num_train_epochs;
   j["global_batch_size"] = plan.global_batch_samples;  // 0: counted in tokens
   j["micro_batch_size"] = plan.micro_batch_samples;    // 0: limited by tokens only
-  j["gradient_accumulation_steps"] = plan.accumulation;
+  // Micro-batches per step over all ranks (what a resumed run at another world size must keep).
+  j["gradient_accumulation_steps"] = plan.accumulation * o.data_parallel_size;
   j["micro_batch_tokens"] = plan.token_budget;
   j["max_length"] = o.max_length;
   j["truncation_strategy"] = o.truncate ? "right" : "delete";
@@ -64,6 +67,8 @@ Json train_options_to_json(const TrainOptions& o, RunArgsCopy copy) {
   j["eval_steps"] = o.eval_steps;
   j["logging_steps"] = o.logging_steps;
   j["seed"] = o.seed;
+  j["expert_model_parallel_size"] = o.parallel.expert_parallel_size;
+  j["use_distributed_optimizer"] = o.parallel.distributed_optimizer;
   j["freeze_vit"] = o.freeze.freeze_vit;
   j["freeze_aligner"] = o.freeze.freeze_aligner;
   j["freeze_llm"] = o.freeze.freeze_llm;

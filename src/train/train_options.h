@@ -11,6 +11,7 @@
 #include "optim/lr_schedule.h"
 #include "tokenizer/chat_template.h"
 #include "model/lora/lora.h"
+#include "train/parallel_layout.h"
 #include "train/trainable_params.h"
 
 namespace deltamoe {
@@ -33,7 +34,8 @@ struct TrainOptions {
   int64_t micro_batch_size = 0;             // samples per micro-batch (0: 1 with --global_batch_size)
   int64_t gradient_accumulation_steps = 0;  // micro-batches per optimizer step (0: derived, else 1)
   int64_t micro_batch_tokens = 0;           // packing budget of one micro-batch; 0: max_length
-  int64_t data_parallel_size = 1;           // ranks sharing the global batch (1 until multi-GPU runs)
+  int64_t data_parallel_size = 1;           // ranks sharing the global batch (the trainer sets the world size)
+  ParallelOptions parallel;                 // --expert_model_parallel_size, --use_distributed_optimizer
   int64_t max_length = 2048;
   bool truncate = false;  // --truncation_strategy right (true) or delete (false)
   int64_t save_steps = 0;     // 0: save only at the end

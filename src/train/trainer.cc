@@ -22,6 +22,7 @@
 #include "train/batch_plan.h"
 #include "train/dataset_split.h"
 #include "train/engine_factory.h"
+#include "train/gathered_state.h"
 #include "train/hf_side_files.h"
 #include "train/nonfinite_streak.h"
 #include "train/run_args.h"
@@ -72,12 +73,31 @@ EvalResult evaluate(TrainEngine& engine, const std::vector<MicroBatch>& batches)
 
 }  // namespace
 
-TrainSummary run_training(const TrainOptions& options, const std::string& device, const EngineMaker& make_engine) {
+TrainSummary run_training(const TrainOptions& options_in, const std::string& device, const EngineMaker& make_engine,
+                          Communicator* world) {
+  const bool distributed = world != nullptr && world->size() > 1;
+  const int rank = distributed ? world->rank() : 0;
+  const int world_size = distributed ? world->size() : 1;
+  const bool leader = rank == 0;  // writes the run folder and prints
+  TrainOptions options = options_in;
+  options.data_parallel_size = world_size;
   validate_train_options(options);
+  CHECK(distributed || options.parallel.expert_parallel_size == 1, "--expert_model_parallel_size ",
+        options.parallel.expert_parallel_size, " needs as many ranks; start the run through deltamoe launch ",
+        "--nproc_per_node N, NPROC_PER_NODE=N, torchrun, mpirun or srun");
+  CHECK(!distributed || options.split_dataset_ratio == 0, "--split_dataset_ratio on ", world_size,
+        " ranks is not supported yet; split once on one rank (or give --val_dataset)");
+  CHECK(!distributed || !make_engine, "train: a stand-in engine cannot run on several ranks");
+  CHECK(!distributed || options.tuner_type != "lora", "--tuner_type lora on ", world_size,
+        " ranks is not supported yet: LoRA trains on one rank (the adapters are small enough for one device)");
   const Clock::time_point run_start = Clock::now();
   fs::create_directories(options.output_dir);
-  const RunLock run_lock(options.output_dir);  // one run per folder, held to the end
-  if (options.resume.empty()) prepare_fresh_output_dir(options.output_dir, options.overwrite_output_dir);
+  std::optional<RunLock> run_lock;  // one run per folder, held to the end (by rank 0 for the job)
+  if (leader) {
+    run_lock.emplace(options.output_dir);
+    if (options.resume.empty()) prepare_fresh_output_dir(options.output_dir, options.overwrite_output_dir);
+  }
+  if (distributed) world->barrier();  // the folder is ready before any rank reads or writes it
 
   // Tokenizer and image settings are checked before the weights are read (a full scan of a large model).
   const Tokenizer tokenizer = Tokenizer::load(options.model_dir);
@@ -99,31 +119,34 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   const PipelineOptions train_data = pipeline_options(options, samples, train_paths, true);
 
   const BatchPlan batch_plan = plan_batches(options);
-  const int64_t accumulation = batch_plan.accumulation;
-  if (batch_plan.global_batch_samples > 0) {
+  const int64_t accumulation = batch_plan.accumulation;    // micro-batches per step on each rank
+  const int64_t step_micro_batches = accumulation * world_size;  // ... on all ranks
+  if (!leader) {
+  } else if (batch_plan.global_batch_samples > 0) {
     log_info("train: global batch ", batch_plan.global_batch_samples, " samples = ", accumulation,
              " micro-batches of ", batch_plan.micro_batch_samples, " sample(s) x ", options.data_parallel_size,
              " data-parallel rank(s)");
   } else {
-    log_info("train: global batch ", accumulation, " packed micro-batches of <= ", batch_plan.token_budget,
-             " tokens");
+    log_info("train: global batch ", step_micro_batches, " packed micro-batches of <= ", batch_plan.token_budget,
+             " tokens", world_size > 1 ? str_cat(" (", accumulation, " on each of ", world_size, " ranks)") : "");
   }
   // Every line once before step 1 (image sizes from headers): the step count, the skips (--strict,
   // --max_skip_ratio) and the longest sample, which sizes the engine.
-  const DataSurvey survey =
-      survey_data(train_data, tokenizer, "training data", (fs::path(options.output_dir) / "data_skips.jsonl").string());
+  const DataSurvey survey = survey_data(train_data, tokenizer, "training data",
+                                       leader ? (fs::path(options.output_dir) / "data_skips.jsonl").string() : "");
   check_skip_ratio(survey, options.max_skip_ratio, "training data");
   int64_t longest_sample = survey.longest_sample_tokens;
   if (!val_paths.empty()) {
     const DataSurvey val_survey = survey_data(pipeline_options(options, samples, val_paths, false), tokenizer, "validation data");
     longest_sample = std::max(longest_sample, val_survey.longest_sample_tokens);
   }
-  const double steps_per_epoch = static_cast<double>((survey.num_micro_batches + accumulation - 1) / accumulation);
+  const double steps_per_epoch =
+      static_cast<double>((survey.num_micro_batches + step_micro_batches - 1) / step_micro_batches);
   int64_t total_steps = options.max_steps;
   if (total_steps <= 0) {
     const int64_t batches = survey.num_micro_batches;
     CHECK(batches > 0, "--dataset: no usable samples (all skipped; see the messages above)");
-    const int64_t per_epoch = (batches + accumulation - 1) / accumulation;
+    const int64_t per_epoch = (batches + step_micro_batches - 1) / step_micro_batches;
     total_steps = per_epoch * options.num_train_epochs;
     log_info("train: ", batches, " micro-batches per epoch, ", per_epoch, " steps per epoch, ", total_steps,
              " steps");
@@ -152,10 +175,24 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   engine_options.max_samples = batch_plan.micro_batch_samples;
   engine_options.max_image_pixels = samples.image_config.max_pixels;
   std::unique_ptr<TrainEngine> engine =
-      make_engine ? make_engine(base, engine_options) : make_train_engine(device, base, engine_options);
+      distributed   ? make_train_engine(device, base, engine_options, *world, options.parallel)
+      : make_engine ? make_engine(base, engine_options)
+                    : make_train_engine(device, base, engine_options);
+  // Every trained tensor whole: what a checkpoint holds whatever the ranks hold.
+  const ParamLayout full_layout = trainable_layout(base, options.freeze);
   const ParamLayout& layout = engine->state().layout();
-  log_info("train: ", layout.num_tensors(), " trainable tensors, ", layout.num_parameters(), " parameters (of ",
-           base.params.size(), " tensors)");
+  if (!distributed) {
+    log_info("train: ", layout.num_tensors(), " trainable tensors, ", layout.num_parameters(), " parameters (of ",
+             base.params.size(), " tensors)");
+  } else {
+    if (leader) {
+      log_info("train: ", full_layout.num_tensors(), " trainable tensors, ", full_layout.num_parameters(),
+               " parameters (of ", base.params.size(), " tensors) over ", world_size, " ranks, expert parallel ",
+               options.parallel.expert_parallel_size, ", ZeRO-2");
+    }
+    log_info("train: rank ", rank, " holds ", layout.num_tensors(), " pieces of them, ", layout.num_parameters(),
+             " parameters");
+  }
 
   TrainerState state;
   state.total_steps = total_steps;
@@ -170,14 +207,15 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     CHECK(state.total_steps == total_steps, "--resume ", dir, ": that run had ", state.total_steps,
           " total steps, this one has ", total_steps, "; keep --max_steps / --num_train_epochs / ",
           "--global_batch_size / --micro_batch_size / --gradient_accumulation_steps as they were");
-    progress = load_optimizer_state((fs::path(dir) / "optimizer.safetensors").string(), &engine->state());
+    progress = load_optimizer_state((fs::path(dir) / "optimizer.safetensors").string(), &engine->state(),
+                                    &full_layout);
     CHECK(progress.schedule_step == state.global_step, dir, ": optimizer state is at step ", progress.schedule_step,
           " but trainer_state.json at ", state.global_step);
     check_resume_args(dir, options);  // a changed --lr etc. is refused unless --ignore_args_check
     log_info("train: resuming from ", dir, " at step ", state.global_step, "/", total_steps);
   }
   // args.json: this run's options, in the run folder and (without where it runs) in each checkpoint.
-  write_run_args(options.output_dir, train_options_to_json(options).dump(2));
+  if (leader) write_run_args(options.output_dir, train_options_to_json(options).dump(2));
   const std::string run_args = train_options_to_json(options, RunArgsCopy::kCheckpoint).dump(2);
   Rng rng(state.rng_seed);
   rng.seek(state.rng_position);
@@ -197,16 +235,22 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     CHECK(!val_batches.empty(), "--val_dataset: no usable samples");
   }
 
-  MetricsLog metrics((fs::path(options.output_dir) / "metrics.jsonl").string(), resuming ? state.global_step : -1);
-  RunRecords records(options, steps_per_epoch);  // TensorBoard, the progress line's context, the plot
+  std::optional<MetricsLog> metrics;
+  std::optional<RunRecords> records;  // TensorBoard, the progress line's context, the plot
+  if (leader) {
+    metrics.emplace((fs::path(options.output_dir) / "metrics.jsonl").string(), resuming ? state.global_step : -1);
+    records.emplace(options, steps_per_epoch);
+  }
   TrainSummary summary;
   summary.total_steps = total_steps;
   summary.device = engine->device_name();
   auto run_eval = [&](int64_t step) {
-    const EvalResult result = evaluate(*engine, val_batches);
-    metrics.write_eval(step, result.loss, result.token_acc, result.num_supervised);
-    records.on_eval(step, result.loss, result.token_acc);
-    std::printf("eval step %lld/%lld | val_loss %.4f | token_acc %.3f (%lld supervised tokens)\n",
+    const EvalResult result = evaluate(*engine, val_batches);  // a collective with expert parallelism
+    if (leader) {
+      metrics->write_eval(step, result.loss, result.token_acc, result.num_supervised);
+      records->on_eval(step, result.loss, result.token_acc);
+    }
+    if (leader) std::printf("eval step %lld/%lld | val_loss %.4f | token_acc %.3f (%lld supervised tokens)\n",
                 static_cast<long long>(step), static_cast<long long>(total_steps), result.loss, result.token_acc,
                 static_cast<long long>(result.num_supervised));
     std::fflush(stdout);
@@ -224,12 +268,23 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   NonFiniteStreak nonfinite(options.max_nonfinite_steps);
   auto save = [&]() {
     CHECK(!nonfinite.in_streak(), nonfinite.refused_save_message());  // keep the last good checkpoint
+    // On several ranks the pieces are gathered to rank 0, which writes what one rank would.
+    std::unique_ptr<HostTrainState> gathered;
+    if (distributed) {
+      world->set_activity(str_cat("save at step ", state.global_step));
+      gathered = gather_train_state(*world, engine->state(), full_layout);
+      if (!leader) {
+        world->barrier();  // rank 0 has committed the checkpoint
+        return;
+      }
+    }
+    const TrainStateStore& train_state = gathered ? *gathered : engine->state();
     CheckpointPayload payload;
     // LoRA: the checkpoint is a PEFT adapter directory (the adapters' current values), full tuning a
     // whole model directory.
     const bool lora = engine_options.lora != nullptr;
-    const ModelCheckpoint weights = lora ? ModelCheckpoint{} : checkpoint_with_state(base, engine->state());
-    const LoraAdapters adapters = lora ? lora_adapters_from_state(*engine_options.lora, engine->state()) : LoraAdapters{};
+    const ModelCheckpoint weights = lora ? ModelCheckpoint{} : checkpoint_with_state(base, train_state);
+    const LoraAdapters adapters = lora ? lora_adapters_from_state(*engine_options.lora, train_state) : LoraAdapters{};
     payload.model = lora ? nullptr : &weights;
     payload.adapters = lora ? &adapters : nullptr;
     payload.adapter_base_model = fs::absolute(options.model_dir).string();
@@ -239,7 +294,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
       write_missing_side_files(dir, config, options.chat_format);
     };
     payload.max_shard_bytes = options.max_shard_bytes;
-    payload.train_state = options.save_only_model ? nullptr : &engine->state();
+    payload.train_state = options.save_only_model ? nullptr : &train_state;
     payload.progress = progress;
     state.rng_position = rng.position();
     payload.state = state;
@@ -247,6 +302,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     if (options.save_total_limit > 0) remove_old_checkpoints(options.output_dir, options.save_total_limit);
     std::printf("saved %s\n", summary.last_checkpoint.c_str());
     std::fflush(stdout);
+    if (distributed) world->barrier();
   };
 
   const StopSignalGuard stop_guard;  // SIGTERM / SIGINT / SIGHUP: finish the step, save, return
@@ -262,12 +318,27 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
              "; continue with --resume auto");
     summary.stopped_by_signal = StopSignalGuard::stop_signal();
   };
-  StepBatchReader reader(pipeline, accumulation);  // after the pipeline: joins its reads before it goes
+  // Reads whole global batches (every rank reads all of them and keeps its share, below).
+  StepBatchReader reader(pipeline, step_micro_batches);  // after the pipeline: joins its reads before it goes
   while (state.global_step < total_steps) {
     const Clock::time_point step_start = Clock::now();
     StepBatches step_batches = reader.take(/*read_ahead=*/state.global_step + 1 < total_steps);
-    std::vector<MicroBatch>& batches = step_batches.batches;
     const double data_wait_s = seconds_since(step_start);
+    // This rank's micro-batches of the global batch: g * world + rank (all of them on one rank).
+    const int64_t read = static_cast<int64_t>(step_batches.batches.size());
+    DataPosition position_after;
+    if (read > 0) position_after = step_batches.batches.back().position_after;
+    std::vector<MicroBatch> batches;
+    if (!distributed) {
+      batches = std::move(step_batches.batches);
+    } else {
+      for (int64_t i = rank; i < read; i += world_size) batches.push_back(std::move(step_batches.batches[i]));
+    }
+    if (distributed && read % world_size != 0 && StopSignalGuard::stop_signal() == 0) {
+      log_warn("train: the data ended inside step ", state.global_step + 1, " with ", read, " micro-batches, not a ",
+               "multiple of the ", world_size, " ranks; that step is dropped");
+      break;
+    }
     if (StopSignalGuard::stop_signal() != 0) {  // while the step's data was read: that step is dropped
       stop_for_signal();
       break;
@@ -282,6 +353,8 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
       log_warn("train: step ", state.global_step + 1, " has no supervised tokens; only the aux loss trains");
     }
     const double lr = schedule.lr_at(progress.schedule_step);
+    // Failure messages name the step (and DELTAMOE_FAULT's at:step N aims at it).
+    if (distributed) world->set_activity(str_cat("step ", state.global_step + 1));
     const StepResult result = engine->train_step(batches, lr, options.max_grad_norm);
     if (result.skipped) ++progress.skipped_steps;
     ++progress.schedule_step;
@@ -298,7 +371,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     ++summary.steps_this_run;
     saved_at_step = false;
     state.tokens_seen += num_tokens;
-    state.data_position = batches.back().position_after;
+    state.data_position = position_after;
     state.elapsed_s = elapsed_before + seconds_since(loop_start);
 
     StepMetrics step;
@@ -339,15 +412,17 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
     if (peak_memory > 0) summary.peak_mem_gib = step.peak_mem_gib = static_cast<double>(peak_memory) / (1 << 30);
     const double mean_step_s = seconds_since(loop_start) / static_cast<double>(summary.steps_this_run);
     step.eta_s = mean_step_s * static_cast<double>(total_steps - state.global_step);
-    metrics.write_step(step);
-    records.on_step(step);
+    if (leader) {
+      metrics->write_step(step);
+      records->on_step(step);
+    }
     if (nonfinite.record(state.global_step, step.loss, report.grad_norm)) RAISE(nonfinite.stop_message());
     if (summary.steps_this_run == 1) summary.first_loss = step.loss;
     summary.last_loss = step.loss;
     if (report.skipped) log_warn("train: step ", step.step, ": gradient norm is not finite; update skipped");
     const bool last = state.global_step == total_steps;
-    if (state.global_step % options.logging_steps == 0 || last || summary.steps_this_run == 1) {
-      std::printf("%s\n", records.progress_line(step).c_str());
+    if (leader && (state.global_step % options.logging_steps == 0 || last || summary.steps_this_run == 1)) {
+      std::printf("%s\n", records->progress_line(step).c_str());
       std::fflush(stdout);
     }
     if (!val_batches.empty() && ((options.eval_steps > 0 && state.global_step % options.eval_steps == 0) || last)) {
@@ -374,7 +449,7 @@ TrainSummary run_training(const TrainOptions& options, const std::string& device
   summary.elapsed_s = seconds_since(run_start);
   reader.finish();
   summary.data_skips = pipeline.skip_stats().summary();
-  records.finish();  // OUTPUT_DIR/images/training.png
+  if (leader) records->finish();  // OUTPUT_DIR/images/training.png
   return summary;
 }
 

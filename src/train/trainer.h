@@ -9,6 +9,7 @@
 #include <string>
 
 #include "checkpoint/model_checkpoint.h"
+#include "parallel/communicator.h"
 #include "train/train_engine.h"
 #include "train/train_options.h"
 
@@ -38,8 +39,11 @@ struct TrainSummary {
 using EngineMaker = std::function<std::unique_ptr<TrainEngine>(const ModelCheckpoint&, const EngineOptions&)>;
 
 // device: see make_train_engine. Throws deltamoe::Error for bad options (before any work) and for
-// failures during the run.
+// failures during the run. With a world of several ranks every rank calls this with the same
+// options: each trains on micro-batches g * world + rank of every global batch (so the ranks see
+// exactly the samples, in the order, of one rank with world times the accumulation), rank 0 alone
+// writes the run folder (metrics, records, checkpoints gathered from all ranks) and prints.
 TrainSummary run_training(const TrainOptions& options, const std::string& device = "auto",
-                          const EngineMaker& make_engine = nullptr);
+                          const EngineMaker& make_engine = nullptr, Communicator* world = nullptr);
 
 }  // namespace deltamoe

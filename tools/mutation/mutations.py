@@ -116,4 +116,22 @@ MUTATIONS = [
         tests=["gpu_parity_golden_gpu_test"],
         device="gpu",
     ),
+    dict(
+        name="ep_owner_rows_reversed",
+        why="an expert's owner adds the received rows' weight gradients in reverse order",
+        file="src/model/text/moe_block.cc",
+        find="  for (int64_t r = 0; r < R; ++r) {\n    const float* in = recv.data() + r * W;",
+        replace="  for (int64_t r = R - 1; r >= 0; --r) {\n    const float* in = recv.data() + r * W;",
+        tests=["cpu_engine_parallel_test"],
+        device="cpu",
+    ),
+    dict(
+        name="zero2_dense_gradient_kept_across_micro_batches",
+        why="ZeRO-2 reduces running dense totals instead of each micro-batch's own gradient",
+        file="src/train/cpu_engine.cc",
+        find="      std::fill(micro_grad_.begin() + entry.offset, micro_grad_.begin() + entry.offset + entry.numel, 0.0f);",
+        replace="      if (g == 0) std::fill(micro_grad_.begin() + entry.offset, micro_grad_.begin() + entry.offset + entry.numel, 0.0f);",
+        tests=["cpu_engine_parallel_test"],
+        device="cpu",
+    ),
 ]

@@ -7,7 +7,8 @@ namespace deltamoe {
 
 Activation decoder_layer_forward(const TextConfig& c, const ParamMap& params, int64_t layer_idx,
                                  const std::string& prefix, const TextBatch& batch, const Activation& x,
-                                 DecoderLayerSaved* s, MoeAuxStats* aux_stats, const int32_t* forced_topk_idx) {
+                                 DecoderLayerSaved* s, MoeAuxStats* aux_stats, const int32_t* forced_topk_idx,
+                                 const ExpertDispatcher* ep) {
   const std::string names = layer_prefix(prefix, layer_idx);
   const int64_t T = batch.num_tokens, C = c.hidden_size;
   s->type = c.layer_types[layer_idx];
@@ -22,19 +23,20 @@ Activation decoder_layer_forward(const TextConfig& c, const ParamMap& params, in
   s->rstd_post.resize(T);
   rms_norm_forward_ref(s->h.data(), param_values(params, names + "post_attention_layernorm.weight"), normed.data(),
                        s->rstd_post.data(), T, C, c.rms_norm_eps);
-  Activation y = moe_block_forward(c, params, names, T, normed, &s->moe, aux_stats, forced_topk_idx);
+  Activation y = moe_block_forward(c, params, names, T, normed, &s->moe, aux_stats, forced_topk_idx, ep);
   add_into(y, s->h);
   return y;
 }
 
 Activation decoder_layer_backward(const TextConfig& c, const ParamMap& params, ParamMap* grads, int64_t layer_idx,
                                   const std::string& prefix, const TextBatch& batch, const DecoderLayerSaved& s,
-                                  const Activation& dy, const MoeAuxStats& aux_stats, float aux_weight) {
+                                  const Activation& dy, const MoeAuxStats& aux_stats, float aux_weight,
+                                  const ExpertDispatcher* ep) {
   LayerGrads grad(params, grads);  // grads null: frozen weights, no weight gradients
   const std::string names = layer_prefix(prefix, layer_idx);
   const int64_t T = batch.num_tokens, C = c.hidden_size;
   // Residual: dh = dy + d(post norm input) from the MoE branch.
-  Activation d_normed = moe_block_backward(c, params, grads, names, T, s.moe, dy, aux_stats, aux_weight);
+  Activation d_normed = moe_block_backward(c, params, grads, names, T, s.moe, dy, aux_stats, aux_weight, ep);
   Activation dh(T * C);
   rms_norm_backward_ref(s.h.data(), param_values(params, names + "post_attention_layernorm.weight"), s.rstd_post.data(),
                         d_normed.data(), dh.data(), grad.of(names + "post_attention_layernorm.weight"), T, C);

@@ -25,11 +25,12 @@ struct DecoderLayerSaved {
 Activation decoder_layer_forward(const TextConfig& config, const ParamMap& params, int64_t layer_idx,
                                  const std::string& prefix, const TextBatch& batch, const Activation& x,
                                  DecoderLayerSaved* saved, MoeAuxStats* aux_stats,
-                                 const int32_t* forced_topk_idx = nullptr);
+                                 const int32_t* forced_topk_idx = nullptr, const ExpertDispatcher* ep = nullptr);
 
-// dy [T, C] -> returns dx [T, C]; gradients added to grads (null: frozen weights, only dx is formed).
+// ep: expert parallel (moe_block.h). dy [T, C] -> returns dx [T, C]; gradients added to grads (null: frozen weights, only dx is formed).
 Activation decoder_layer_backward(const TextConfig& config, const ParamMap& params, ParamMap* grads, int64_t layer_idx,
                                   const std::string& prefix, const TextBatch& batch, const DecoderLayerSaved& saved,
-                                  const Activation& dy, const MoeAuxStats& aux_stats, float aux_weight);
+                                  const Activation& dy, const MoeAuxStats& aux_stats, float aux_weight,
+                                  const ExpertDispatcher* ep = nullptr);
 
 }  // namespace deltamoe

@@ -2,6 +2,9 @@
 // linear and load-balancing-loss references.
 #include "model/text/moe_block.h"
 
+#include <algorithm>
+
+#include "kernels/linear/linear.h"
 #include "kernels/moe_experts/moe_experts.h"
 #include "kernels/moe_router/moe_router.h"
 #include "kernels/shared_expert/shared_expert.h"
@@ -15,11 +18,77 @@ MoeExpertsDims experts_dims(const TextConfig& c, int64_t num_tokens) {
   return {num_tokens, c.hidden_size, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size};
 }
 
+// Routed experts over ranks: dispatch token rows, compute this rank's experts' rows, return them and
+// combine each token's K rows in slot order from zero (moe_experts_forward_ref's arithmetic).
+void routed_experts_forward_ep(const ExpertDispatcher& ep, const MoeExpertsDims& dims, const Activation& x,
+                               const float* gate_up, const float* down, MoeBlockSaved* s, float* y) {
+  const int64_t T = dims.num_tokens, C = dims.hidden, K = dims.top_k;
+  s->ep_plan = ep.plan(s->topk_idx.data(), T, K);
+  const int64_t R = s->ep_plan.recv_rows();
+  s->ep_recv_x.resize(R * C);
+  ep.dispatch(s->ep_plan, x.data(), C, /*per_slot=*/false, s->ep_recv_x.data());
+  Activation y_rows(R * C);
+  MoeExpertRowScratch<float> scratch;
+  for (int64_t r = 0; r < R; ++r) {
+    moe_expert_row_forward_ref(dims, s->ep_recv_x.data() + r * C, s->ep_plan.recv_expert[r], gate_up, down,
+                               y_rows.data() + r * C, scratch);
+  }
+  Activation slot_rows(T * K * C);
+  ep.combine(s->ep_plan, y_rows.data(), C, slot_rows.data());
+  for (int64_t t = 0; t < T; ++t) {
+    float* y_row = y + t * C;
+    for (int64_t c = 0; c < C; ++c) y_row[c] = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const float weight = s->topk_weight[t * K + k];
+      const float* y_e = slot_rows.data() + (t * K + k) * C;
+      for (int64_t c = 0; c < C; ++c) y_row[c] += weight * y_e[c];
+    }
+  }
+}
+
+// The adjoint: (dy row, routing weight) per slot to the owner, which returns the slot's dx row and
+// d weight; the source sums the dx rows in slot order from zero (moe_experts_backward_ref's arithmetic).
+void routed_experts_backward_ep(const ExpertDispatcher& ep, const MoeExpertsDims& dims, const MoeBlockSaved& s,
+                                const float* gate_up, const float* down, const Activation& dy, float* dx,
+                                float* d_topk_weight, float* d_gate_up, float* d_down) {
+  const int64_t T = dims.num_tokens, C = dims.hidden, K = dims.top_k, W = C + 1;
+  const ExpertDispatchPlan& plan = s.ep_plan;
+  const int64_t R = plan.recv_rows();
+  Activation send_rows(T * K * W);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t k = 0; k < K; ++k) {
+      float* row = send_rows.data() + (t * K + k) * W;
+      std::copy(dy.data() + t * C, dy.data() + (t + 1) * C, row);
+      row[C] = s.topk_weight[t * K + k];
+    }
+  }
+  Activation recv(R * W), back(R * W);
+  ep.dispatch(plan, send_rows.data(), W, /*per_slot=*/true, recv.data());
+  MoeExpertRowScratch<float> scratch;
+  for (int64_t r = 0; r < R; ++r) {
+    const float* in = recv.data() + r * W;
+    float* out = back.data() + r * W;
+    moe_expert_row_backward_ref(dims, s.ep_recv_x.data() + r * C, plan.recv_expert[r], in[C], in, gate_up, down, out,
+                                out + C, d_gate_up, d_down, scratch);
+  }
+  Activation slot_rows(T * K * W);
+  ep.combine(plan, back.data(), W, slot_rows.data());
+  for (int64_t t = 0; t < T; ++t) {
+    float* dx_row = dx + t * C;
+    for (int64_t c = 0; c < C; ++c) dx_row[c] = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const float* row = slot_rows.data() + (t * K + k) * W;
+      for (int64_t c = 0; c < C; ++c) dx_row[c] += row[c];
+      d_topk_weight[t * K + k] = row[C];
+    }
+  }
+}
+
 }  // namespace
 
 Activation moe_block_forward(const TextConfig& c, const ParamMap& params, const std::string& names, int64_t num_tokens,
                              const Activation& x, MoeBlockSaved* s, MoeAuxStats* aux_stats,
-                             const int32_t* forced_topk_idx) {
+                             const int32_t* forced_topk_idx, const ExpertDispatcher* ep) {
   const std::string p = names + "mlp.";
   const int64_t T = num_tokens, C = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
   const int64_t Is = c.shared_expert_intermediate_size;
@@ -40,8 +109,12 @@ Activation moe_block_forward(const TextConfig& c, const ParamMap& params, const 
   Activation y(T * C), shared(T * C);
   // The fused kernels read whole weights: an adapter is merged in (as PEFT's ParamWrapper does).
   const FusedWeight gate_up(params, nullptr, p + "experts.gate_up_proj"), down(params, nullptr, p + "experts.down_proj");
-  moe_experts_forward_ref(experts_dims(c, T), x.data(), s->topk_idx.data(), s->topk_weight.data(), gate_up.value(),
-                          down.value(), y.data());
+  if (ep != nullptr) {
+    routed_experts_forward_ep(*ep, experts_dims(c, T), x, gate_up.value(), down.value(), s, y.data());
+  } else {
+    moe_experts_forward_ref(experts_dims(c, T), x.data(), s->topk_idx.data(), s->topk_weight.data(), gate_up.value(),
+                            down.value(), y.data());
+  }
   const FusedWeight sg(params, nullptr, p + "shared_expert.gate_proj.weight");
   const FusedWeight su(params, nullptr, p + "shared_expert.up_proj.weight");
   const FusedWeight sd(params, nullptr, p + "shared_expert.down_proj.weight");
@@ -53,15 +126,20 @@ Activation moe_block_forward(const TextConfig& c, const ParamMap& params, const 
 
 Activation moe_block_backward(const TextConfig& c, const ParamMap& params, ParamMap* grads, const std::string& names,
                               int64_t num_tokens, const MoeBlockSaved& s, const Activation& dy,
-                              const MoeAuxStats& aux_stats, float aux_weight) {
+                              const MoeAuxStats& aux_stats, float aux_weight, const ExpertDispatcher* ep) {
   LayerGrads grad(params, grads);  // grads null: frozen weights, no weight gradients
   const std::string p = names + "mlp.";
   const int64_t T = num_tokens, C = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
   const int64_t Is = c.shared_expert_intermediate_size;
   Activation dx(T * C), dx_part(T * C), d_topk_weight(T * K);
   FusedWeight gate_up(params, &grad, p + "experts.gate_up_proj"), down(params, &grad, p + "experts.down_proj");
-  moe_experts_backward_ref(experts_dims(c, T), s.x.data(), s.topk_idx.data(), s.topk_weight.data(), gate_up.value(),
-                           down.value(), dy.data(), dx.data(), d_topk_weight.data(), gate_up.grad(), down.grad());
+  if (ep != nullptr) {
+    routed_experts_backward_ep(*ep, experts_dims(c, T), s, gate_up.value(), down.value(), dy, dx.data(),
+                               d_topk_weight.data(), gate_up.grad(), down.grad());
+  } else {
+    moe_experts_backward_ref(experts_dims(c, T), s.x.data(), s.topk_idx.data(), s.topk_weight.data(), gate_up.value(),
+                             down.value(), dy.data(), dx.data(), d_topk_weight.data(), gate_up.grad(), down.grad());
+  }
   gate_up.finish_backward();
   down.finish_backward();
   Activation d_logits(T * E);

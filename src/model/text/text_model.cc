@@ -31,6 +31,7 @@ TextModelOutput TextModel::forward(const TextBatch& batch, const TextModelInputs
     embedding_forward_ref(inputs.input_ids, param_values(params, prefix_ + ".embed_tokens.weight"), x.data(), T, V, C);
   }
   aux_stats_ = MoeAuxStats{};
+  expert_parallel_ = inputs.expert_parallel;
   layers_.assign(static_cast<size_t>(c.num_hidden_layers), DecoderLayerSaved{});
   if (inputs.forced_routing != nullptr) {
     CHECK(static_cast<int64_t>(inputs.forced_routing->size()) == c.num_hidden_layers, "text model: forced routing has ",
@@ -41,7 +42,8 @@ TextModelOutput TextModel::forward(const TextBatch& batch, const TextModelInputs
   }
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const int32_t* forced = inputs.forced_routing != nullptr ? (*inputs.forced_routing)[i].data() : nullptr;
-    x = decoder_layer_forward(c, params, i, prefix_, batch_, x, &layers_[i], &aux_stats_, forced);
+    x = decoder_layer_forward(c, params, i, prefix_, batch_, x, &layers_[i], &aux_stats_, forced,
+                              inputs.expert_parallel);
   }
   final_hidden_ = std::move(x);
   final_normed_.resize(T * C);
@@ -87,7 +89,8 @@ void TextModel::backward_into(ParamMap* grads_or_frozen, float ce_weight, float 
   rms_norm_backward_ref(final_hidden_.data(), param_values(params, prefix_ + ".norm.weight"), final_rstd_.data(),
                         d_normed.data(), dx.data(), grad.of(prefix_ + ".norm.weight"), T, C);
   for (int64_t i = c.num_hidden_layers - 1; i >= 0; --i)
-    dx = decoder_layer_backward(c, params, grads_or_frozen, i, prefix_, batch_, layers_[i], dx, aux_stats_, aux_weight);
+    dx = decoder_layer_backward(c, params, grads_or_frozen, i, prefix_, batch_, layers_[i], dx, aux_stats_, aux_weight,
+                                expert_parallel_);
   if (input_ids_.empty()) {
     CHECK(d_input_embeds != nullptr, "text model: the forward started from input_embeds, so backward needs ",
           "d_input_embeds to return their gradient");

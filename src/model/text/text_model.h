@@ -27,6 +27,10 @@ struct TextModelInputs {
   // Optional expert choice per layer (L entries of [T, K]) replacing the routers' top-k, e.g. to
   // pin routing across near-ties in finite-difference tests or GPU-vs-CPU comparisons.
   const std::vector<std::vector<int32_t>>* forced_routing = nullptr;
+  // Expert parallel (moe_block.h): the routed experts are computed by their owners over this
+  // dispatcher's communicator; forward and backward are then collectives (every rank of it calls
+  // them, each with its own micro-batch). Must outlive the backward. Null: all experts local.
+  const ExpertDispatcher* expert_parallel = nullptr;
 };
 
 struct TextModelOutput {
@@ -72,6 +76,7 @@ class TextModel {
   std::vector<int64_t> input_ids_;       // empty when the forward used input_embeds
   std::vector<int64_t> shifted_labels_;  // empty: no CE
   std::vector<DecoderLayerSaved> layers_;
+  const ExpertDispatcher* expert_parallel_ = nullptr;
   Activation final_hidden_, final_rstd_, final_normed_, logits_, lse_;
   MoeAuxStats aux_stats_;
 };

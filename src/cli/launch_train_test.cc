@@ -1,0 +1,168 @@
+// `deltamoe train` on several ranks through the binary:
+// `deltamoe launch --nproc_per_node 2 -- train --expert_model_parallel_size 2
+// --use_distributed_optimizer true` on tiny-vl for 10 steps writes the losses of the one-rank run
+// with twice the accumulation (the same samples in the same order): the first step bitwise, every
+// step within 1e-5 relative; the same through NPROC_PER_NODE=2 (and mpirun -np 2 where built with
+// MPI). A run saved at 2 ranks resumes at 1.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "parallel/world.h"
+#include "testing/run_command.h"
+#include "train/train_test_util.h"
+
+namespace deltamoe {
+namespace {
+
+using namespace train_test;
+
+class LaunchTrainTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new fs::path(fresh_temp_dir("launch_train"));
+    make_tiny_vl_fixture(*root_, 40, 4);
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*root_);
+    delete root_;
+  }
+  static std::string binary() {
+    const char* path = std::getenv("DELTAMOE_BINARY");
+    EXPECT_NE(path, nullptr) << "DELTAMOE_BINARY is not set (run through ctest)";
+    return path != nullptr ? path : "deltamoe";
+  }
+  // Runs `prefix` + train with the common flags; returns the exit status and keeps the log.
+  static int train(const std::string& name, const std::string& prefix, const std::string& extra) {
+    const fs::path out = *root_ / name;
+    const std::string command =
+        str_cat(prefix, " train --device cpu --model ", (*root_ / "tiny-vl").string(), " --dataset ",
+                (*root_ / "data" / "train.jsonl").string(), " --output_dir ", out.string(),
+                " --max_length 128 --min_pixels 4096 --max_pixels 4096 --micro_batch_tokens 192 --max_steps 10",
+                " --lr 2e-3 --warmup_ratio 0.1 --freeze_vit false --freeze_aligner false --dataloader_num_workers 1",
+                " --seed 3 ", extra, " > ", (*root_ / (name + ".log")).string(), " 2>&1");
+    const int status = std::system(command.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  static std::vector<double> losses(const std::string& name) {
+    std::vector<double> values;
+    std::ifstream in(*root_ / name / "metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("loss") && !j.contains("val_loss")) values.push_back(j["loss"].get<double>());
+    }
+    return values;
+  }
+  static std::string log_of(const std::string& name) { return read_bytes(*root_ / (name + ".log")); }
+  static void expect_like_one_rank(const std::string& name) {
+    const std::vector<double> one = losses("one_rank"), got = losses(name);
+    ASSERT_EQ(one.size(), 10u) << log_of("one_rank");
+    ASSERT_EQ(got.size(), one.size()) << log_of(name);
+    double worst = 0;
+    for (size_t i = 0; i < one.size(); ++i) {
+      const double relative = std::fabs(got[i] - one[i]) / std::fabs(one[i]);
+      worst = std::max(worst, relative);
+      EXPECT_LE(relative, 1e-5) << "step " << i + 1 << ": " << got[i] << " vs " << one[i];
+    }
+    EXPECT_EQ(got[0], one[0]) << "the first step's loss is bitwise that of one rank";
+    std::printf("  %s: 10 losses, worst relative difference to one rank %.2e (first %s)\n", name.c_str(), worst,
+                got[0] == one[0] ? "bitwise" : "differs");
+  }
+  static fs::path* root_;
+};
+fs::path* LaunchTrainTest::root_ = nullptr;
+
+TEST_F(LaunchTrainTest, TwoRanksTrainLikeOneRankWithTwiceTheAccumulation) {
+  ASSERT_EQ(train("one_rank", binary(), "--gradient_accumulation_steps 4"), 0) << log_of("one_rank");
+  ASSERT_EQ(train("launch", str_cat(binary(), " launch --nproc_per_node 2 --"),
+                  "--gradient_accumulation_steps 2 --expert_model_parallel_size 2 --use_distributed_optimizer true"),
+            0)
+      << log_of("launch");
+  expect_like_one_rank("launch");
+  // The checkpoint gathered from both ranks has the model files and optimizer state a single
+  // rank writes; the model weights differ only by the rounding of the sums.
+  EXPECT_TRUE(fs::exists(*root_ / "launch" / "checkpoint-10" / "optimizer.safetensors"));
+  EXPECT_TRUE(fs::exists(*root_ / "launch" / "checkpoint-10" / "model.safetensors") ||
+              fs::exists(*root_ / "launch" / "checkpoint-10" / "model.safetensors.index.json"));
+
+  ASSERT_EQ(train("nproc", "NPROC_PER_NODE=2 " + binary(),
+                  "--gradient_accumulation_steps 2 --expert_model_parallel_size 2 --use_distributed_optimizer true"),
+            0)
+      << log_of("nproc");
+  expect_like_one_rank("nproc");
+  // Saved at 2 ranks after 5 steps, resumed at 1 rank (--resume auto, twice the accumulation): the
+  // checkpoint holds whole tensors, the data position is global.
+  const std::string two = "--gradient_accumulation_steps 2 --expert_model_parallel_size 2 --use_distributed_optimizer true";
+  ASSERT_EQ(train("resumed", str_cat(binary(), " launch --nproc_per_node 2 --"), two + " --stop_after_steps 5"), 0)
+      << log_of("resumed");
+  ASSERT_EQ(losses("resumed").size(), 5u);
+  ASSERT_EQ(train("resumed", binary(), "--gradient_accumulation_steps 4 --resume auto"), 0) << log_of("resumed");
+  expect_like_one_rank("resumed");
+  if (!mpi_built()) {
+    std::printf("  mpirun: not checked (built without MPI)\n");
+    return;
+  }
+  ASSERT_EQ(train("mpirun", str_cat(mpirun_prefix(2), " ", binary()),
+                  "--gradient_accumulation_steps 2 --expert_model_parallel_size 2 --use_distributed_optimizer true"),
+            0)
+      << log_of("mpirun");
+  expect_like_one_rank("mpirun");
+}
+
+// A 4-rank run whose rank 1 is killed at step 3: every rank ends non-zero within seconds with the
+// message naming rank 1 and the step; --resume auto from the checkpoint of step 2 then gives the
+// losses of the uninterrupted 4-rank run bitwise.
+TEST_F(LaunchTrainTest, KilledRankEndsTheRunAndResumeContinuesExactly) {
+  const std::string four = str_cat(binary(), " launch --nproc_per_node 4 --grace_period 3 --");
+  const std::string flags =
+      "--gradient_accumulation_steps 1 --expert_model_parallel_size 4 --use_distributed_optimizer true --save_steps 2";
+  ASSERT_EQ(train("four", four, flags + " --max_steps 4"), 0) << log_of("four");
+  const auto start = std::chrono::steady_clock::now();
+  const int killed = train("killed", "DELTAMOE_COMM_TIMEOUT=10 DELTAMOE_FAULT='rank:1,at:step 3,kind:kill' " + four,
+                           flags + " --max_steps 4");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string log = log_of("killed");
+  EXPECT_NE(killed, 0) << log;
+  EXPECT_LT(seconds, 30) << log;
+  EXPECT_NE(log.find("label 'step 3'"), std::string::npos) << log;
+  EXPECT_NE(log.find("the job failed because of rank 1, which was killed by signal 9"), std::string::npos) << log;
+  for (int r : {0, 2, 3}) EXPECT_NE(log.find(str_cat("rank ", r, ": job aborted: ")), std::string::npos) << log;
+  ASSERT_TRUE(fs::exists(*root_ / "killed" / "checkpoint-2")) << log;
+  EXPECT_FALSE(fs::exists(*root_ / "killed" / "checkpoint-4"));
+  ASSERT_EQ(train("killed", four, flags + " --max_steps 4 --resume auto"), 0) << log_of("killed");
+  const std::vector<double> want = losses("four"), got = losses("killed");
+  ASSERT_EQ(want.size(), 4u);
+  EXPECT_EQ(got, want) << "the resumed run's losses equal the uninterrupted run's bitwise";
+  std::printf("  killed at step 3 after %.1f s; resumed: %zu losses, %s\n", seconds, got.size(),
+              got == want ? "bitwise those of the uninterrupted run" : "DIFFERENT");
+
+  // A rank that stops answering at step 3: the deadline (2 s here) aborts the job naming it.
+  const auto hang_start = std::chrono::steady_clock::now();
+  const int hung = train("hung", "DELTAMOE_COMM_TIMEOUT=2 DELTAMOE_FAULT='rank:1,at:step 3,kind:hang' " + four,
+                         flags + " --max_steps 4");
+  const double hang_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - hang_start).count();
+  const std::string hang_log = log_of("hung");
+  EXPECT_NE(hung, 0) << hang_log;
+  EXPECT_LT(hang_seconds, 30) << hang_log;
+  EXPECT_NE(hang_log.find("held up by rank 1 (pid "), std::string::npos) << hang_log;
+  EXPECT_NE(hang_log.find("label 'step 3'"), std::string::npos) << hang_log;
+  std::printf("  hanging rank at step 3: the job ended after %.1f s\n", hang_seconds);
+}
+
+TEST_F(LaunchTrainTest, BadLayoutsAreRefusedWithTheFlag) {
+  EXPECT_NE(train("refused_ep", binary(), "--expert_model_parallel_size 2"), 0);
+  EXPECT_NE(log_of("refused_ep").find("--expert_model_parallel_size 2 needs as many ranks"), std::string::npos)
+      << log_of("refused_ep");
+  EXPECT_NE(train("refused_zero", str_cat(binary(), " launch --nproc_per_node 2 --"), ""), 0);
+  EXPECT_NE(log_of("refused_zero").find("needs --use_distributed_optimizer true"), std::string::npos)
+      << log_of("refused_zero");
+}
+
+}  // namespace
+}  // namespace deltamoe

@@ -1,0 +1,131 @@
+// The layout-aware planner (see the header): state by (expert / dense, trained / frozen) from the
+// parameter table, activations from the GPU models' own layouts.
+#include "train/parallel_memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/error.h"
+#include "model/param_table.h"
+#include "model/text/text_activations.h"
+#include "optim/param_layout.h"
+#include "train/trainable_params.h"
+
+namespace deltamoe {
+
+namespace {
+
+size_t aligned_elements(int64_t numel) {
+  return static_cast<size_t>((numel + kFlatAlignmentElements - 1) / kFlatAlignmentElements * kFlatAlignmentElements);
+}
+
+double gib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
+
+// text_activation_bytes of `config` cut to the given layer types.
+size_t activation_bytes_with_layers(TextConfig config, const std::vector<LayerType>& types,
+                                    const TextActivationSpec& spec) {
+  config.layer_types = types;
+  config.num_hidden_layers = static_cast<int64_t>(types.size());
+  return text_activation_bytes(config, spec);
+}
+
+}  // namespace
+
+bool parse_recompute_choice(const std::string& text, RecomputeChoice* out) {
+  if (text == "none") *out = RecomputeChoice::none;
+  else if (text == "mixers") *out = RecomputeChoice::mixers;
+  else if (text == "full") *out = RecomputeChoice::full;
+  else return false;
+  return true;
+}
+
+const char* recompute_choice_name(RecomputeChoice choice) {
+  return choice == RecomputeChoice::none ? "none" : choice == RecomputeChoice::mixers ? "mixers" : "full";
+}
+
+ParallelMemoryPlan plan_parallel_memory(const ModelConfig& config, const EngineOptions& options,
+                                        const ParallelPlanOptions& parallel) {
+  const int world = parallel.world, ep = parallel.layout.expert_parallel_size;
+  CHECK(world >= 1, "plan: --nproc must be >= 1, got ", world);
+  CHECK(ep >= 1 && world % ep == 0, "plan: --expert_model_parallel_size ", ep, " must divide the ", world, " GPUs");
+  CHECK(config.text.num_experts % ep == 0, "plan: --expert_model_parallel_size ", ep, " does not divide the ",
+        config.text.num_experts, " routed experts");
+  CHECK(world == 1 || parallel.layout.distributed_optimizer || ep == world,
+        "plan: dense tensors replicated over ", world, " GPUs: give --use_distributed_optimizer true");
+  ParallelMemoryPlan out;
+  EngineOptions engine = options;
+  engine.recompute_mixers = parallel.recompute == RecomputeChoice::mixers;
+  if (!parallel.images) engine.max_image_pixels = 1;  // no image fits: text-only micro-batches
+  MemoryPlan& plan = out.plan;
+  plan = plan_training_memory(config, engine);
+  if (!parallel.images) {
+    plan.max_image_tokens = plan.max_patches = 0;
+    plan.vision = ModelBytes{};
+    plan.text = estimate_text_bytes(config.text, engine.max_tokens, planned_max_sequences(engine), 0,
+                                    engine.loss_chunk_rows, engine.recompute_mixers);
+  }
+  // State: experts 1/EP per rank; dense weights replicated, their fp32 state 1/world under ZeRO-2.
+  size_t expert_all = 0, expert_trained = 0, dense_all = 0, dense_trained = 0;
+  for (const ParamSpec& spec : build_param_table(config)) {
+    const size_t numel = aligned_elements(spec.shape.numel());
+    const bool expert = is_routed_expert_tensor(spec.name), trained = !is_frozen(spec.name, options.freeze);
+    (expert ? expert_all : dense_all) += numel;
+    if (trained) (expert ? expert_trained : dense_trained) += numel;
+  }
+  const size_t dense_shards = parallel.layout.distributed_optimizer ? static_cast<size_t>(world) : 1;
+  const size_t moment = 2 * dtype_size(options.adamw.moment_dtype);
+  const size_t experts_here = expert_trained / static_cast<size_t>(ep), dense_here = dense_trained / dense_shards;
+  plan.weights = 2 * (expert_all / static_cast<size_t>(ep) + dense_all);
+  plan.master = 4 * (experts_here + dense_here);
+  plan.gradients = 4 * (experts_here + dense_here);
+  plan.moments = moment * (experts_here + dense_here);
+  // Activations under full recompute: the fp32 input of every layer plus one layer's working set.
+  const TextConfig& text = config.text;
+  const int64_t T = engine.max_tokens, C = text.hidden_size, K = text.num_experts_per_tok;
+  if (parallel.recompute == RecomputeChoice::full) {
+    TextActivationSpec spec;  // as estimate_text_bytes sizes it
+    spec.max_tokens = T;
+    spec.max_seqs = planned_max_sequences(engine);
+    spec.max_image_rows = plan.max_image_tokens;
+    size_t one_layer = 0, base = SIZE_MAX;
+    for (const LayerType type : {LayerType::linear_attention, LayerType::full_attention}) {
+      const size_t one = activation_bytes_with_layers(text, {type}, spec);
+      const size_t two = activation_bytes_with_layers(text, {type, type}, spec);
+      one_layer = std::max(one_layer, two - one);
+      base = std::min(base, one - (two - one));
+    }
+    plan.text.activations = base + one_layer + static_cast<size_t>(text.num_hidden_layers * T * C) * 4;
+  }
+  if (ep > 1) {
+    // Rows of one layer: T x K bf16 rows of C, a receiver provisions imbalance x that.
+    const double rows = static_cast<double>(T * K);
+    const double row_bytes = static_cast<double>(C) * 2;
+    const double received = rows * row_bytes * parallel.exchange_imbalance;
+    if (parallel.recompute != RecomputeChoice::full) {
+      out.exchange_kept = static_cast<size_t>(received * static_cast<double>(text.num_hidden_layers));
+    }
+    // Send and receive of the dispatch and of the combine, plus the experts' gate/up outputs.
+    const double intermediate = rows * parallel.exchange_imbalance * static_cast<double>(2 * text.moe_intermediate_size) * 2;
+    out.exchange_transient = static_cast<size_t>(2 * rows * row_bytes + 2 * received + intermediate);
+  }
+  return out;
+}
+
+std::string ParallelMemoryPlan::describe() const {
+  std::string out = plan.describe();
+  const size_t cut = out.rfind("  total");
+  if (cut != std::string::npos) out.erase(cut);
+  auto line = [&](const char* what, size_t bytes, const char* note) {
+    char row[200];
+    std::snprintf(row, sizeof(row), "  %-26s %9.2f GiB%s%s\n", what, gib(bytes), *note ? "  " : "", note);
+    out += row;
+  };
+  if (exchange_kept + exchange_transient > 0) {
+    line("expert rows kept", exchange_kept, "received rows of every layer, for the experts' backward");
+    line("expert exchange buffers", exchange_transient, "one layer's dispatch and combine");
+  }
+  line("total", total(), "");
+  return out;
+}
+
+}  // namespace deltamoe

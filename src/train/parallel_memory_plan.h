@@ -1,0 +1,46 @@
+// Per-GPU memory of one rank of a parallel run: the single-GPU planner's terms
+// (memory_plan.h) with the training state split by the layout (routed experts 1/EP per rank with
+// their master, gradient and moments; other tensors' bf16 weights replicated and, under ZeRO-2,
+// their fp32 gradient, master and moments 1/DP per rank), the activations under a recompute choice,
+// and the expert-parallel exchange buffers. `deltamoe plan` prints it.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "train/memory_plan.h"
+#include "train/parallel_layout.h"
+
+namespace deltamoe {
+
+enum class RecomputeChoice {
+  none,    // every layer keeps its activations
+  mixers,  // the engine's --recompute: one set of mixer internals per layer type, rerun before backward
+  full,    // each layer keeps only its fp32 input and is rerun whole in the backward (one layer's set live)
+};
+// "none", "mixers", "full"; false for anything else.
+bool parse_recompute_choice(const std::string& text, RecomputeChoice* out);
+const char* recompute_choice_name(RecomputeChoice choice);
+
+struct ParallelPlanOptions {
+  int world = 1;                        // ranks (GPUs) = the data-parallel size of the dense tensors
+  ParallelOptions layout;               // EP and ZeRO-2
+  RecomputeChoice recompute = RecomputeChoice::none;
+  double exchange_imbalance = 1.25;     // max / mean received expert rows a rank provisions for
+  bool images = true;                   // plan the vision tower's activations (false: text-only batches)
+};
+
+struct ParallelMemoryPlan {
+  MemoryPlan plan;                  // per rank; plan.total() excludes the exchange below
+  size_t exchange_kept = 0;         // received expert rows kept for the experts' backward (all layers)
+  size_t exchange_transient = 0;    // one layer's send / receive / result buffers
+  size_t total() const { return plan.total() + exchange_kept + exchange_transient; }
+  std::string describe() const;
+};
+
+// options: the single-GPU engine options (token budget, freeze, moments, image pixels). Checks the
+// layout against the model (EP divides the experts and the world) naming the flags.
+ParallelMemoryPlan plan_parallel_memory(const ModelConfig& config, const EngineOptions& options,
+                                        const ParallelPlanOptions& parallel);
+
+}  // namespace deltamoe

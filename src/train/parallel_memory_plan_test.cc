@@ -1,0 +1,96 @@
+// The layout-aware planner against the hand-computed per-GPU totals of the layout study for
+// Qwen3.5-35B-A3B on 8 GPUs at 8192 tokens per GPU (text micro-batches; states + activations at
+// ~0.9 GiB per layer + EP rows and buffers + 3.8 GiB of workspace and reserve): every total of (a)
+// EP8 + ZeRO-2 and (c) EP8 with replicated dense state within 5%, the state rows to 1%, and the
+// conclusion that on 80 GB parts (78 GiB usable) only bf16 moments with full recompute fit. One GPU
+// without a layout is the single-GPU planner unchanged.
+#include "train/parallel_memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace deltamoe {
+namespace {
+
+double gib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
+
+ParallelMemoryPlan plan_35b(bool zero2, DType moments, RecomputeChoice recompute) {
+  EngineOptions options;
+  options.freeze = FreezeOptions{false, false, false};
+  options.max_tokens = 8192;
+  options.adamw.moment_dtype = moments;
+  ParallelPlanOptions parallel;
+  parallel.world = 8;
+  parallel.layout.expert_parallel_size = 8;
+  parallel.layout.distributed_optimizer = zero2;
+  parallel.recompute = recompute;
+  parallel.images = false;
+  return plan_parallel_memory(model_config_preset("qwen3.5-35b-a3b"), options, parallel);
+}
+
+TEST(ParallelMemoryPlan, ReproducesTheDesignTableWithinFivePercent) {
+  struct Cell {
+    bool zero2;
+    DType moments;
+    RecomputeChoice recompute;
+    double study_gib;  // the layout study's "per-GPU total with activations"
+  };
+  // The study's "selective" recompute is closest to the engine's mixer recompute.
+  const Cell cells[] = {
+      {true, DType::f32, RecomputeChoice::none, 132.6},    {true, DType::f32, RecomputeChoice::mixers, 116.6},
+      {true, DType::f32, RecomputeChoice::full, 87.5},     {true, DType::bf16, RecomputeChoice::none, 116.2},
+      {true, DType::bf16, RecomputeChoice::mixers, 100.2}, {true, DType::bf16, RecomputeChoice::full, 71.1},
+      {false, DType::f32, RecomputeChoice::none, 170},     {false, DType::f32, RecomputeChoice::mixers, 154},
+      {false, DType::f32, RecomputeChoice::full, 125},     {false, DType::bf16, RecomputeChoice::none, 145},
+      {false, DType::bf16, RecomputeChoice::mixers, 129},  {false, DType::bf16, RecomputeChoice::full, 99},
+  };
+  for (const Cell& cell : cells) {
+    const ParallelMemoryPlan plan = plan_35b(cell.zero2, cell.moments, cell.recompute);
+    const double got = gib(plan.total()), relative = (got - cell.study_gib) / cell.study_gib;
+    std::printf("  (%s) %s moments, recompute %-6s: %6.1f GiB, study %6.1f (%+.1f%%)%s\n", cell.zero2 ? "a" : "c",
+                cell.moments == DType::bf16 ? "bf16" : "fp32", recompute_choice_name(cell.recompute), got,
+                cell.study_gib, 100 * relative, got <= 78 ? "  fits 80 GB" : "");
+    EXPECT_LE(std::fabs(relative), 0.05);
+    // 80 GB parts: only layout (a) with bf16 moments and full recompute.
+    const bool should_fit = cell.zero2 && cell.moments == DType::bf16 && cell.recompute == RecomputeChoice::full;
+    EXPECT_EQ(got <= 78, should_fit);
+  }
+}
+
+TEST(ParallelMemoryPlan, StatesSplitAsTheDesignCountsThem) {
+  // The study's state rows. (a) fp32: experts 67.5 GiB (w 7.5, master 15, grad 15, m+v 30) + dense 10.8 = 78.3; bf16: 61.9.
+  const ParallelMemoryPlan fp32 = plan_35b(true, DType::f32, RecomputeChoice::none);
+  const ParallelMemoryPlan bf16 = plan_35b(true, DType::bf16, RecomputeChoice::none);
+  EXPECT_NEAR(gib(fp32.plan.state()), 78.3, 0.8);
+  EXPECT_NEAR(gib(bf16.plan.state()), 61.9, 0.6);
+  EXPECT_NEAR(gib(fp32.plan.weights), 7.5 + 5.4, 0.13);
+  // (c): dense state replicated: 116.0 / 90.2 minus activations is what the state adds.
+  const ParallelMemoryPlan replicated = plan_35b(false, DType::f32, RecomputeChoice::none);
+  EXPECT_NEAR(gib(replicated.plan.state()), 67.5 + 48.5, 1.2);
+  // Full recompute keeps no received rows: the recompute re-dispatches.
+  EXPECT_EQ(plan_35b(true, DType::bf16, RecomputeChoice::full).exchange_kept, 0u);
+  EXPECT_GT(fp32.exchange_kept, 0u);
+}
+
+TEST(ParallelMemoryPlan, OneGpuIsTheSingleGpuPlanner) {
+  ModelConfig config = model_config_preset("qwen3.5-35b-a3b");
+  config.text.num_hidden_layers = 4;
+  config.text.layer_types = {LayerType::linear_attention, LayerType::linear_attention, LayerType::linear_attention,
+                             LayerType::full_attention};
+  EngineOptions options;
+  options.freeze = FreezeOptions{true, true, false};
+  options.max_tokens = 4096;
+  options.max_image_pixels = 1024 * 1024;
+  const MemoryPlan single = plan_training_memory(config, options);
+  const ParallelMemoryPlan one = plan_parallel_memory(config, options, ParallelPlanOptions{});
+  EXPECT_EQ(one.total(), single.total());
+  EXPECT_EQ(one.plan.state(), single.state());
+  ParallelPlanOptions bad;
+  bad.world = 8;
+  bad.layout.expert_parallel_size = 3;
+  EXPECT_THROW(plan_parallel_memory(config, options, bad), Error);
+}
+
+}  // namespace
+}  // namespace deltamoe
