@@ -179,7 +179,8 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
       : make_engine ? make_engine(base, engine_options)
                     : make_train_engine(device, base, engine_options);
   // Every trained tensor whole: what a checkpoint holds whatever the ranks hold.
-  const ParamLayout full_layout = trainable_layout(base, options.freeze);
+  const ParamLayout full_layout = engine_options.lora != nullptr ? lora_layout(base, *engine_options.lora)
+                                                                : trainable_layout(base, options.freeze);
   const ParamLayout& layout = engine->state().layout();
   if (!distributed) {
     log_info("train: ", layout.num_tensors(), " trainable tensors, ", layout.num_parameters(), " parameters (of ",
