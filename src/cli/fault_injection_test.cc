@@ -16,6 +16,7 @@
 #include "checkpoint/model_checkpoint.h"
 #include "model/config.h"
 #include "data/image_test_util.h"
+#include "testing/run_command.h"
 #include "train/run_lock.h"
 #include "train/train_test_util.h"
 
@@ -41,11 +42,7 @@ class FaultInjectionTest : public ::testing::Test {
     delete root_;
   }
 
-  static std::string binary() {
-    const char* path = std::getenv("DELTAMOE_BINARY");
-    EXPECT_NE(path, nullptr) << "DELTAMOE_BINARY is not set (run through ctest)";
-    return path != nullptr ? path : "deltamoe";
-  }
+  static std::string binary() { return deltamoe_binary(); }
   // `deltamoe train FLAGS`, killed after `limit_s` seconds (then exit code 137).
   static Result train(const std::string& flags, int limit_s = 120, const std::string& env = "") {
     const fs::path log = *root_ / "run.log";

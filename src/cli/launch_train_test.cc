@@ -31,11 +31,7 @@ class LaunchTrainTest : public ::testing::Test {
     fs::remove_all(*root_);
     delete root_;
   }
-  static std::string binary() {
-    const char* path = std::getenv("DELTAMOE_BINARY");
-    EXPECT_NE(path, nullptr) << "DELTAMOE_BINARY is not set (run through ctest)";
-    return path != nullptr ? path : "deltamoe";
-  }
+  static std::string binary() { return deltamoe_binary(); }
   // Runs `prefix` + train with the common flags; returns the exit status and keeps the log.
   static int train(const std::string& name, const std::string& prefix, const std::string& extra) {
     const fs::path out = *root_ / name;

@@ -42,7 +42,7 @@ Json train_options_to_json(const TrainOptions& o, RunArgsCopy copy) {
   j["val_dataset"] = o.val_dataset_paths;
   j["split_dataset_ratio"] = o.split_dataset_ratio;
   j["output_dir"] = o.output_dir;
-  j["tuner_type"] = "full";
+  j["tuner_type"] = o.tuner_type;
   j["lr"] = o.schedule.lr;
   j["min_lr"] = o.schedule.min_lr;
   j["warmup_ratio"] = o.schedule.warmup_ratio;
@@ -73,7 +73,6 @@ Json train_options_to_json(const TrainOptions& o, RunArgsCopy copy) {
   j["freeze_aligner"] = o.freeze.freeze_aligner;
   j["freeze_llm"] = o.freeze.freeze_llm;
   if (o.tuner_type == "lora") {  // only LoRA runs carry these keys (full runs' args.json stay as they were)
-    j["tuner_type"] = o.tuner_type;
     j["lora_rank"] = o.lora.rank;
     j["lora_alpha"] = o.lora.alpha;
     j["lora_dropout"] = o.lora.dropout;

@@ -78,23 +78,6 @@ def load_inputs(path):
     return load_file(path)
 
 
-def forward(model, inputs, labels=True):
-    kwargs = dict(input_ids=inputs["input_ids"], use_cache=False, output_router_logits=True)
-    if labels:
-        kwargs["labels"] = inputs["labels"]
-    for key in ("pixel_values", "image_grid_thw", "mm_token_type_ids"):
-        if key in inputs:
-            kwargs[key] = inputs[key]
-    return model(**kwargs)
-
-
-def causal_lm_ce(logits, labels):
-    import torch.nn.functional as F
-    shifted = F.pad(labels, (0, 1), value=-100)[..., 1:]
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), shifted.reshape(-1),
-                           ignore_index=-100, reduction="mean")
-
-
 def saved_key(param_name):
     """named_parameters() name of an adapter tensor -> its key in adapter_model.safetensors."""
     return param_name.replace(".default.", ".")
@@ -106,12 +89,8 @@ def lora_config(r, alpha, rslora):
                       target_modules="all-linear", target_parameters=list(kExpertParameters))
 
 
-def text_config(model):
-    config = model.config
-    return getattr(config, "text_config", config)
-
-
 def run_case(case, golden_dir, out_dir, info):
+    import model_cases  # the golden cases' forward and loss (imports torch: after tiny_models)
     import torch
     from peft import get_peft_model
     from peft.utils import get_peft_model_state_dict
@@ -139,13 +118,13 @@ def run_case(case, golden_dir, out_dir, info):
     if {saved_key(n) for n in names} != state_keys:
         raise tm.GoldenError(f"saved keys differ from parameter names: {sorted(state_keys)[:4]} vs {names[:4]}")
 
-    outputs = forward(peft_model, inputs)
-    ce = causal_lm_ce(outputs.logits, inputs["labels"])
+    outputs = model_cases._forward(peft_model, inputs)
+    ce = model_cases.causal_lm_ce(outputs.logits, inputs["labels"])
     aux = outputs.aux_loss
-    coef = text_config(model).router_aux_loss_coef
+    coef = model_cases._text_config(model).router_aux_loss_coef
     if abs((ce + coef * aux).item() - outputs.loss.item()) > 1e-5 * max(1.0, abs(outputs.loss.item())):
         raise tm.GoldenError(f"own CE {ce.item()} + {coef} * aux {aux.item()} != transformers loss {outputs.loss.item()}")
-    logit_gap, prob_gap = tm.router_margins(outputs.router_logits, text_config(model).num_experts_per_tok)
+    logit_gap, prob_gap = tm.router_margins(outputs.router_logits, model_cases._text_config(model).num_experts_per_tok)
     log(f"  ce {ce.item():.6f} aux {aux.item():.6f}; router gap with adapters: logit {logit_gap:.3e}")
     if logit_gap < tm.kMinRouterLogitGap:
         raise tm.GoldenError(f"router logit gap {logit_gap} under {tm.kMinRouterLogitGap} with the adapters")
@@ -175,9 +154,9 @@ def run_case(case, golden_dir, out_dir, info):
     targeted_parameters = sorted(getattr(peft_model.base_model, "targeted_parameter_names", []))
     resolved = peft_model.peft_config["default"].target_modules
     with torch.no_grad():
-        unmerged_logits = forward(peft_model, inputs, labels=False).logits
+        unmerged_logits = model_cases._forward(peft_model, inputs, labels=False).logits
         merged = peft_model.merge_and_unload()
-        merged_logits = forward(merged, inputs, labels=False).logits
+        merged_logits = model_cases._forward(merged, inputs, labels=False).logits
     merge_diff = (merged_logits - unmerged_logits).abs().max().item()
     log(f"  merge_and_unload: logits max abs diff to the adapter model {merge_diff:.2e}")
     changed = 0
@@ -244,6 +223,7 @@ def max_rel(a, b):
 
 
 def cmd_check(args):
+    import model_cases
     import torch
     from peft import PeftModel
     from peft.utils import get_peft_model_state_dict
@@ -286,7 +266,7 @@ def cmd_check(args):
         fail("every lora_B of the deltamoe adapter is zero: the logits check would not test the adapters")
     parity = load_file(args.parity)
     with torch.no_grad():
-        peft_logits = forward(peft_model, inputs, labels=False).logits.float()
+        peft_logits = model_cases._forward(peft_model, inputs, labels=False).logits.float()
     dm_logits = parity["logits"].reshape(peft_logits.shape)
     rel = max_rel(dm_logits, peft_logits)
     report["adapter_logits_max_rel_diff"] = rel
@@ -295,7 +275,7 @@ def cmd_check(args):
         fail(f"deltamoe logits differ from PEFT's by {rel:.3e} > {kLogitTolerance}")
     base_free = load_model(args.base, kind)
     with torch.no_grad():
-        base_logits = forward(base_free, inputs, labels=False).logits.float()
+        base_logits = model_cases._forward(base_free, inputs, labels=False).logits.float()
     report["adapter_effect_on_logits"] = (peft_logits - base_logits).abs().max().item()
     if report["adapter_effect_on_logits"] < 1e-4:
         fail("the adapter does not change the logits: nothing was tested")
@@ -303,7 +283,7 @@ def cmd_check(args):
     # 2. deltamoe's merged export against PEFT's merge_and_unload.
     with torch.no_grad():
         peft_merged = peft_model.merge_and_unload()
-        merged_logits = forward(peft_merged, inputs, labels=False).logits.float()
+        merged_logits = model_cases._forward(peft_merged, inputs, labels=False).logits.float()
     dm_merged = load_model(args.merged, kind)
     theirs = dict(peft_merged.named_parameters())
     ours = dict(dm_merged.named_parameters())
@@ -319,7 +299,7 @@ def cmd_check(args):
     if worst[1] > 1e-5:
         fail(f"merged weight {worst[0]} differs from PEFT's by {worst[1]:.3e}")
     with torch.no_grad():
-        dm_merged_logits = forward(dm_merged, inputs, labels=False).logits.float()
+        dm_merged_logits = model_cases._forward(dm_merged, inputs, labels=False).logits.float()
     rel = max_rel(dm_merged_logits, merged_logits)
     report["merged_logits_max_rel_diff"] = rel
     log(f"  merged export: logits max diff to PEFT's merged model {rel:.3e}")
