@@ -41,7 +41,11 @@ if [ ! -d "$bundle_dir/bin" ] && [ -f "$bundle_dir/programs.tar.xz" ]; then
     "$bundle_dir/programs.tar.xz" "$bundle_dir"
 fi
 cuda_libs=$(dirname "$(find /usr/local/cuda/ /usr/local/cuda/lib64/ /opt /usr/lib -name 'libcublasLt.so.13*' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$bundle_dir/lib:${cuda_libs}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# NCCL: the copy PyTorch's wheel ships (nvidia-nccl), else one beside CUDA.
+nccl_libs=$(python3 -c "import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], 'lib'))" 2>/dev/null ||
+  dirname "$(find /usr/local/cuda/ /usr/lib -name 'libnccl.so.2*' 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH="$bundle_dir/lib:${cuda_libs}:${nccl_libs}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export NCCL_NVLS_ENABLE=0
 ENV
 cat > gpu_bundle/run_gpu_tests.sh <<'RUN'
 #!/usr/bin/env bash

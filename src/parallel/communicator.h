@@ -122,6 +122,11 @@ class Communicator {
   // all communicators of the rank. DELTAMOE_FAULT's at:LABEL fires when the label is set.
   void set_activity(std::string label) { activity_->set_label(std::move(label)); }
   RankActivity& activity() { return *activity_; }
+  // The rank's activity record, for a backend layered over this one (NcclComm, DeviceLoopbackComm)
+  // so that both report into one record.
+  std::shared_ptr<RankActivity> shared_activity() const { return activity_; }
+  // Throws CommAborted (with the job's message) once the job is aborted.
+  void throw_if_aborted() const { check_not_aborted(); }
 
  protected:
   Communicator(int rank, int size, std::string name, std::shared_ptr<RankActivity> activity);
@@ -148,7 +153,6 @@ class Communicator {
 
   // Number of the communicator's collective operations so far (1-based after the first).
   uint64_t collective_seq() const { return collective_seq_; }
-  std::shared_ptr<RankActivity> activity_ptr() const { return activity_; }
 
  private:
   // Bookkeeping around every operation: argument checks are done by the caller; this numbers the
