@@ -266,7 +266,7 @@ TEST(NcclComm, OneRankPassesTheSelftestWithTheThreadCommChecksum) {
 }
 
 // abort() from another thread ends a host wait on the NCCL communicator with CommAborted instead
-// of a hang, while the stream is held busy (by a host function) until the test releases it.
+// of waiting for the stream, which a host function holds busy.
 TEST(NcclComm, AbortFromAnotherThreadEndsASynchronize) {
   std::unique_ptr<Communicator> host = make_solo_comm();
   CommOptions options;
@@ -278,16 +278,20 @@ TEST(NcclComm, AbortFromAnotherThreadEndsASynchronize) {
   static std::atomic<bool> release{false};
   release.store(false);
   CUDA_CHECK(cudaLaunchHostFunc(stream, [](void*) { while (!release.load()) std::this_thread::yield(); }, nullptr));
+  // NCCL's own kernels stop at an abort; a host function does not, and ncclCommAbort waits for the
+  // device: the test releases the stream a second after the abort, so the wait must have seen the
+  // abort flag (not the stream finishing) to throw.
   std::thread aborter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     nccl->abort("test abort");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    release.store(true);
   });
   const auto start = std::chrono::steady_clock::now();
   EXPECT_THROW(nccl->synchronize(CommStream{stream}), CommAborted);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(seconds, 10.0);
   aborter.join();
-  release.store(true);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   CUDA_CHECK(cudaStreamDestroy(stream));
   EXPECT_TRUE(nccl->aborted());

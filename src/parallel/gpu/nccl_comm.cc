@@ -221,10 +221,12 @@ class NcclComm final : public Communicator {
     wait(ncclCommSplit(comm_, color == kSplitNoColor ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config),
          "ncclCommSplit");
     if (color == kSplitNoColor) return nullptr;
-    CHECK(child != nullptr, "NCCL: ncclCommSplit gave no communicator for color ", color);
-    // The new communicator finishes connecting on its own: wait for its state too.
+    // In nonblocking mode NCCL fills the new handle from its own thread once the split has run
+    // (the parent's state may read success before that): wait for the handle, then for its state.
     WaitContext context = wait_context();
     context.comm_name = name;
+    const Clock::time_point deadline = deadline_after(timeout_seconds_);
+    while (std::atomic_ref<ncclComm_t>(child).load() == nullptr) poll_once(context, comm_, deadline, "ncclCommSplit");
     ncclResult_t state = ncclInProgress;
     check_call(context, child, ncclCommGetAsyncError(child, &state), "ncclCommGetAsyncError");
     wait_nccl(context, child, state, "ncclCommSplit (new communicator)");
