@@ -1,0 +1,229 @@
+// DeviceExpertDispatcher: destination ranks per routed slot (with the routing checks), the
+// deterministic routing plan of the routed experts reused over ranks (kernels/moe_experts), one
+// exchange of (rows, first invalid slot) per peer, then grouped send/recv of rows with exact counts.
+#include "parallel/gpu/device_expert_dispatch.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include "core/cuda_check.h"
+#include "kernels/moe_experts/moe_experts_cuda.h"
+#include "kernels/moe_experts/moe_routing_plan_size.h"
+
+namespace deltamoe {
+namespace {
+
+constexpr int kThreads = 256;
+
+int blocks_for(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
+
+// owner[slot] = rank owning the slot's expert; an invalid routing records its smallest slot in
+// *bad (atomicMin: the same slot whatever the thread order) and gets owner 0 so the plan stays in range.
+__global__ void owner_kernel(const int32_t* topk_idx, int64_t slots, int top_k, int64_t num_experts,
+                             int64_t experts_per_rank, int32_t* owner, unsigned long long* bad) {
+  const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (slot >= slots) return;
+  const int32_t e = topk_idx[slot];
+  bool valid = e >= 0 && e < num_experts;
+  const int64_t first = slot - slot % top_k;
+  for (int64_t j = first; j < slot && valid; ++j) valid = topk_idx[j] != e;
+  owner[slot] = valid ? static_cast<int32_t>(e / experts_per_rank) : 0;
+  if (!valid) atomicMin(bad, static_cast<unsigned long long>(slot));
+}
+
+// out[2p] = rows for peer p, out[2p+1] = this rank's first invalid slot (-1 if none).
+__global__ void counts_kernel(const int32_t* offsets, int ep, const unsigned long long* bad, int64_t* out) {
+  const int p = threadIdx.x;
+  if (p >= ep) return;
+  out[2 * p] = offsets == nullptr ? 0 : offsets[p + 1] - offsets[p];
+  const unsigned long long b = *bad;
+  out[2 * p + 1] = b == ULLONG_MAX ? -1 : static_cast<int64_t>(b);
+}
+
+// dst[i] = src[index[i] / divisor] (rows of `words` elements of V), i < rows.
+template <typename V>
+__global__ void gather_rows_kernel(const V* src, const int32_t* index, int64_t divisor, V* dst, int64_t rows,
+                                   int64_t words) {
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; w < rows * words;
+       w += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = w / words;
+    dst[w] = src[(index[row] / divisor) * words + w % words];
+  }
+}
+
+// dst[index[i]] = src[i].
+template <typename V>
+__global__ void scatter_rows_kernel(const V* src, const int32_t* index, V* dst, int64_t rows, int64_t words) {
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; w < rows * words;
+       w += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = w / words;
+    dst[index[row] * words + w % words] = src[w];
+  }
+}
+
+// The widest word (16, 8, 4, 2 or 1 bytes) that divides the row and aligns every pointer.
+int word_bytes(int64_t row_bytes, const void* a, const void* b) {
+  for (int w : {16, 8, 4, 2}) {
+    if (row_bytes % w == 0 && reinterpret_cast<uintptr_t>(a) % w == 0 && reinterpret_cast<uintptr_t>(b) % w == 0) {
+      return w;
+    }
+  }
+  return 1;
+}
+
+int grid_for(int64_t words) { return static_cast<int>(std::min<int64_t>(blocks_for(words), 4096)); }
+
+void gather_rows(const void* src, const int32_t* index, int64_t divisor, void* dst, int64_t rows, int64_t row_bytes,
+                 cudaStream_t stream) {
+  if (rows == 0 || row_bytes == 0) return;
+  const int w = word_bytes(row_bytes, src, dst);
+  const int64_t words = row_bytes / w, total = rows * words;
+  switch (w) {
+    case 16: gather_rows_kernel<<<grid_for(total), kThreads, 0, stream>>>(static_cast<const uint4*>(src), index, divisor, static_cast<uint4*>(dst), rows, words); break;
+    case 8: gather_rows_kernel<<<grid_for(total), kThreads, 0, stream>>>(static_cast<const uint2*>(src), index, divisor, static_cast<uint2*>(dst), rows, words); break;
+    case 4: gather_rows_kernel<<<grid_for(total), kThreads, 0, stream>>>(static_cast<const uint32_t*>(src), index, divisor, static_cast<uint32_t*>(dst), rows, words); break;
+    case 2: gather_rows_kernel<<<grid_for(total), kThreads, 0, stream>>>(static_cast<const uint16_t*>(src), index, divisor, static_cast<uint16_t*>(dst), rows, words); break;
+    default: gather_rows_kernel<<<grid_for(total), kThreads, 0, stream>>>(static_cast<const uint8_t*>(src), index, divisor, static_cast<uint8_t*>(dst), rows, words); break;
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+void scatter_rows(const void* src, const int32_t* index, void* dst, int64_t rows, int64_t row_bytes,
+                  cudaStream_t stream) {
+  if (rows == 0 || row_bytes == 0) return;
+  const int w = word_bytes(row_bytes, src, dst);
+  const int64_t words = row_bytes / w, total = rows * words;
+  switch (w) {
+    case 16: scatter_rows_kernel<<<grid_for(total), kThreads, 0, stream>>>(static_cast<const uint4*>(src), index, static_cast<uint4*>(dst), rows, words); break;
+    case 8: scatter_rows_kernel<<<grid_for(total), kThreads, 0, stream>>>(static_cast<const uint2*>(src), index, static_cast<uint2*>(dst), rows, words); break;
+    case 4: scatter_rows_kernel<<<grid_for(total), kThreads, 0, stream>>>(static_cast<const uint32_t*>(src), index, static_cast<uint32_t*>(dst), rows, words); break;
+    case 2: scatter_rows_kernel<<<grid_for(total), kThreads, 0, stream>>>(static_cast<const uint16_t*>(src), index, static_cast<uint16_t*>(dst), rows, words); break;
+    default: scatter_rows_kernel<<<grid_for(total), kThreads, 0, stream>>>(static_cast<const uint8_t*>(src), index, static_cast<uint8_t*>(dst), rows, words); break;
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> offsets(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) offsets[i + 1] = offsets[i] + counts[i];
+  return offsets;
+}
+
+}  // namespace
+
+DeviceExpertDispatcher::DeviceExpertDispatcher(Communicator& ep, int64_t num_experts,
+                                               const DeviceDispatchCapacity& capacity, cudaStream_t stream)
+    : ep_(ep), num_experts_(num_experts), capacity_(capacity), stream_(stream) {
+  CHECK(num_experts > 0 && num_experts % ep.size() == 0, "expert parallel: ", num_experts,
+        " experts do not split evenly over ", ep.size(), " ranks");
+  CHECK(capacity.max_tokens >= 0 && capacity.top_k > 0 && capacity.max_recv_rows >= 0 && capacity.max_row_bytes > 0,
+        "expert dispatch: bad capacity (tokens ", capacity.max_tokens, ", top_k ", capacity.top_k, ", receive rows ",
+        capacity.max_recv_rows, ", row bytes ", capacity.max_row_bytes, ")");
+  experts_per_rank_ = num_experts / ep.size();
+  const int64_t slots = capacity.max_tokens * capacity.top_k;
+  owner_ = DeviceBuffer(std::max<int64_t>(slots, 1) * sizeof(int32_t));
+  routing_ = DeviceBuffer(moe_routing_plan_bytes(std::max<int64_t>(capacity.max_tokens, 1), ep.size(), capacity.top_k));
+  counts_ = DeviceBuffer(4 * ep.size() * sizeof(int64_t) + sizeof(unsigned long long));
+  send_expert_ = DeviceBuffer(std::max<int64_t>(slots, 1) * sizeof(int32_t));
+  recv_expert_ = DeviceBuffer(std::max<int64_t>(capacity.max_recv_rows, 1) * sizeof(int32_t));
+  staging_ = DeviceBuffer(std::max<int64_t>(slots, 1) * capacity.max_row_bytes);
+  CUDA_CHECK(cudaMallocHost(&host_counts_, 4 * ep.size() * sizeof(int64_t)));
+  plan_.recv_expert = recv_expert_.as<int32_t>();
+}
+
+DeviceExpertDispatcher::~DeviceExpertDispatcher() {
+  if (host_counts_ != nullptr) cudaFreeHost(host_counts_);
+}
+
+const DeviceExpertDispatchPlan& DeviceExpertDispatcher::plan(const int32_t* topk_idx, int64_t num_tokens) {
+  const int n = ep_.size();
+  const int64_t top_k = capacity_.top_k;
+  CHECK(num_tokens >= 0 && num_tokens <= capacity_.max_tokens, "expert dispatch: ", num_tokens,
+        " tokens exceed the capacity of ", capacity_.max_tokens);
+  CHECK(num_tokens == 0 || topk_idx != nullptr, "expert dispatch: topk_idx is null for ", num_tokens, " tokens");
+  const int64_t slots = num_tokens * top_k;
+  int64_t* counts = counts_.as<int64_t>();  // [2n] sent, then [2n] received
+  auto* bad = reinterpret_cast<unsigned long long*>(counts + 4 * n);
+  CUDA_CHECK(cudaMemsetAsync(bad, 0xff, sizeof(unsigned long long), stream_));
+  MoeRoutingPlan routing = moe_routing_plan_in(routing_.data(), std::max<int64_t>(num_tokens, 1), n, top_k);
+  if (slots > 0) {
+    owner_kernel<<<blocks_for(slots), kThreads, 0, stream_>>>(topk_idx, slots, static_cast<int>(top_k), num_experts_,
+                                                              experts_per_rank_, owner_.as<int32_t>(), bad);
+    CUDA_CHECK_LAUNCH();
+    moe_routing_plan_cuda(owner_.as<int32_t>(), routing, num_tokens, n, top_k, stream_);
+  }
+  counts_kernel<<<1, 1024, 0, stream_>>>(slots > 0 ? routing.expert_offsets : nullptr, n, bad, counts);
+  CUDA_CHECK_LAUNCH();
+  ep_.all_to_all(counts, counts + 2 * n, 2, DType::i64, CommStream{stream_});
+  CUDA_CHECK(cudaMemcpyAsync(host_counts_, counts, 4 * n * sizeof(int64_t), cudaMemcpyDeviceToHost, stream_));
+  // The plan's one host sync: the counts size every transfer that follows.
+  ep_.synchronize(CommStream{stream_});
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+
+  // Every rank sees every rank's first invalid slot, so all refuse together with one message.
+  for (int p = 0; p < n; ++p) {
+    const int64_t bad_slot = host_counts_[2 * n + 2 * p + 1];
+    if (bad_slot >= 0) {
+      RAISE("expert dispatch: rank ", p, " of '", ep_.name(), "', token ", bad_slot / top_k, " slot ",
+            bad_slot % top_k, " routes to an expert outside [0, ", num_experts_, ") or one its token already chose");
+    }
+  }
+  plan_.num_tokens = num_tokens;
+  plan_.top_k = top_k;
+  plan_.send_slot = routing.sorted_slot;
+  plan_.row_of_slot = routing.row_of_slot;
+  plan_.send_counts.assign(n, 0);
+  plan_.recv_counts.assign(n, 0);
+  plan_.recv_rows = 0;
+  for (int p = 0; p < n; ++p) {
+    plan_.send_counts[p] = host_counts_[2 * p];
+    plan_.recv_counts[p] = host_counts_[2 * n + 2 * p];
+    plan_.recv_rows += plan_.recv_counts[p];
+  }
+  if (plan_.recv_rows > capacity_.max_recv_rows) {
+    const std::string reason = str_cat("expert dispatch: rank ", ep_.rank(), " of '", ep_.name(), "' would receive ",
+                                       plan_.recv_rows, " rows, over its capacity of ", capacity_.max_recv_rows,
+                                       " (routing imbalance beyond the planned capacity)");
+    ep_.abort(reason);
+    throw CommAborted(reason);
+  }
+  // The expert id of every row travels with the plan.
+  gather_rows(topk_idx, routing.sorted_slot, 1, send_expert_.data(), slots, sizeof(int32_t), stream_);
+  exchange_rows(send_expert_.data(), plan_.send_counts, recv_expert_.data(), plan_.recv_counts, DType::i32, 1);
+  return plan_;
+}
+
+void DeviceExpertDispatcher::exchange_rows(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                                           const std::vector<int64_t>& recv_counts, DType dtype, int64_t width) {
+  const int n = ep_.size();
+  const int64_t row_bytes = width * static_cast<int64_t>(dtype_size(dtype));
+  const std::vector<int64_t> send_off = offsets_of(send_counts), recv_off = offsets_of(recv_counts);
+  ep_.group_start();
+  for (int p = 0; p < n; ++p) {
+    ep_.send(static_cast<const char*>(send) + send_off[p] * row_bytes, send_counts[p] * width, dtype, p,
+             CommStream{stream_});
+    ep_.recv(static_cast<char*>(recv) + recv_off[p] * row_bytes, recv_counts[p] * width, dtype, p,
+             CommStream{stream_});
+  }
+  ep_.group_end();
+}
+
+void DeviceExpertDispatcher::dispatch(const void* rows, DType dtype, int64_t width, bool per_slot, void* recv) {
+  const int64_t row_bytes = width * static_cast<int64_t>(dtype_size(dtype));
+  CHECK(row_bytes <= capacity_.max_row_bytes, "expert dispatch: rows of ", row_bytes, " bytes exceed the capacity of ",
+        capacity_.max_row_bytes);
+  const int64_t slots = plan_.num_tokens * plan_.top_k;
+  gather_rows(rows, plan_.send_slot, per_slot ? 1 : plan_.top_k, staging_.data(), slots, row_bytes, stream_);
+  exchange_rows(staging_.data(), plan_.send_counts, recv, plan_.recv_counts, dtype, width);
+}
+
+void DeviceExpertDispatcher::combine(const void* recv_rows, DType dtype, int64_t width, void* slot_rows) {
+  const int64_t row_bytes = width * static_cast<int64_t>(dtype_size(dtype));
+  CHECK(row_bytes <= capacity_.max_row_bytes, "expert dispatch: rows of ", row_bytes, " bytes exceed the capacity of ",
+        capacity_.max_row_bytes);
+  exchange_rows(recv_rows, plan_.recv_counts, staging_.data(), plan_.send_counts, dtype, width);
+  scatter_rows(staging_.data(), plan_.send_slot, slot_rows, plan_.num_tokens * plan_.top_k, row_bytes, stream_);
+}
+
+}  // namespace deltamoe

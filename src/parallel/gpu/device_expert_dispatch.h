@@ -1,0 +1,88 @@
+// Expert-parallel token exchange on device buffers: the device form of ExpertDispatcher
+// (parallel/expert_dispatch.h) with the same plan, row orders and results, over any Communicator
+// with device buffers (NcclComm, DeviceLoopbackComm). The plan costs one host sync per layer per
+// micro-batch (the exchanged row counts size the transfers, design §2.6 backend 1); dispatch and
+// combine only enqueue. All memory is taken once at construction for the capacity given.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/device_buffer.h"
+#include "core/dtype.h"
+#include "parallel/communicator.h"
+
+namespace deltamoe {
+
+// Valid after DeviceExpertDispatcher::plan() until its next call; device arrays are the
+// dispatcher's.
+struct DeviceExpertDispatchPlan {
+  int64_t num_tokens = 0;  // T of this rank
+  int64_t top_k = 0;       // K
+  // Send side, in (destination rank, token, slot) order: routed slot t*K+k of each row [T*K].
+  const int32_t* send_slot = nullptr;
+  // Row of each routed slot in the send order [T*K] (the inverse of send_slot).
+  const int32_t* row_of_slot = nullptr;
+  // Receive side, in (source rank, token, slot) order: global expert id of each row [recv_rows].
+  const int32_t* recv_expert = nullptr;
+  std::vector<int64_t> send_counts;  // [EP] rows to each rank (host)
+  std::vector<int64_t> recv_counts;  // [EP] rows from each rank (host)
+  int64_t recv_rows = 0;
+};
+
+struct DeviceDispatchCapacity {
+  int64_t max_tokens = 0;     // T per micro-batch on this rank
+  int64_t top_k = 0;          // K
+  int64_t max_recv_rows = 0;  // rows this rank's experts may receive (a plan over it aborts the job)
+  int64_t max_row_bytes = 0;  // width x element size of the widest rows dispatched
+};
+
+class DeviceExpertDispatcher {
+ public:
+  // Experts [0, num_experts) in ep.size() contiguous blocks, block r on rank r of `ep` (the count
+  // must divide evenly). Every call is ordered on `stream`. `ep` must outlive the dispatcher.
+  DeviceExpertDispatcher(Communicator& ep, int64_t num_experts, const DeviceDispatchCapacity& capacity,
+                         cudaStream_t stream);
+
+  int64_t experts_per_rank() const { return experts_per_rank_; }
+  int64_t first_local_expert() const { return ep_.rank() * experts_per_rank_; }
+
+  // Collective over `ep`: topk_idx int32 [T, K] on the device -> the plan. Exchanges the row counts
+  // together with each rank's first invalid routing (expert id outside [0, E) or chosen twice by a
+  // token), so every rank refuses a bad routing with the same message, naming the rank and token.
+  const DeviceExpertDispatchPlan& plan(const int32_t* topk_idx, int64_t num_tokens);
+
+  // Collective: rows [T*K or T, width] of `dtype` (per_slot: one row per routed slot, else one per
+  // token sent to each of its experts) -> recv [recv_rows, width] in receive order.
+  void dispatch(const void* rows, DType dtype, int64_t width, bool per_slot, void* recv);
+  // Collective: recv_rows [recv_rows, width] back to their sources -> slot_rows [T*K, width], row
+  // t*K+k for each routed slot.
+  void combine(const void* recv_rows, DType dtype, int64_t width, void* slot_rows);
+
+ private:
+  void exchange_rows(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                     const std::vector<int64_t>& recv_counts, DType dtype, int64_t width);
+
+  Communicator& ep_;
+  int64_t num_experts_;
+  int64_t experts_per_rank_;
+  DeviceDispatchCapacity capacity_;
+  cudaStream_t stream_;
+  DeviceExpertDispatchPlan plan_;
+  DeviceBuffer owner_;          // [T*K] destination rank of each routed slot
+  DeviceBuffer routing_;        // the routing plan over destination ranks
+  DeviceBuffer counts_;         // [2 * EP] int64: (rows, first bad slot) per peer, sent then received
+  DeviceBuffer send_expert_;    // [T*K] global expert id in send order
+  DeviceBuffer recv_expert_;    // [max_recv_rows]
+  DeviceBuffer staging_;        // [T*K rows] send order rows (dispatch) / returned rows (combine)
+  int64_t* host_counts_ = nullptr;  // pinned [4 * EP]: sent then received (rows, bad) pairs
+
+ public:
+  ~DeviceExpertDispatcher();
+  DeviceExpertDispatcher(const DeviceExpertDispatcher&) = delete;
+  DeviceExpertDispatcher& operator=(const DeviceExpertDispatcher&) = delete;
+};
+
+}  // namespace deltamoe

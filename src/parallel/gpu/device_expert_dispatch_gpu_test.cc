@@ -1,0 +1,223 @@
+// DeviceExpertDispatcher over DeviceLoopbackComm against ExpertDispatcher over ThreadComm at the
+// same world sizes and inputs: plan (send order, counts, received expert ids), dispatched rows per
+// token and per slot (f32 and bf16), and combined rows, all bitwise; a bad routing refused on every
+// rank with one message; a plan over the receive capacity aborting the job.
+#include <gtest/gtest.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "parallel/expert_dispatch.h"
+#include "parallel/gpu/device_expert_dispatch.h"
+#include "parallel/gpu/device_loopback_comm.h"
+#include "parallel/thread_comm.h"
+
+namespace deltamoe {
+namespace {
+
+constexpr int64_t kExperts = 16;
+constexpr int64_t kTopK = 4;
+constexpr int64_t kWidth = 40;  // 160-byte f32 rows, 80-byte bf16 rows
+
+int64_t tokens_of(int rank) { return std::vector<int64_t>{37, 0, 300, 5}[rank % 4]; }
+
+// Distinct random experts per token, seeded by rank.
+std::vector<int32_t> routing_of(int rank) {
+  std::mt19937 rng(1234 + rank);
+  std::vector<int32_t> idx;
+  for (int64_t t = 0; t < tokens_of(rank); ++t) {
+    std::vector<int32_t> all(kExperts);
+    for (int e = 0; e < kExperts; ++e) all[e] = e;
+    std::shuffle(all.begin(), all.end(), rng);
+    idx.insert(idx.end(), all.begin(), all.begin() + kTopK);
+  }
+  return idx;
+}
+
+std::vector<float> rows_of(int rank, int64_t rows, float salt) {
+  std::vector<float> v(rows * kWidth);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = salt + static_cast<float>(rank * 100000 + i) * 0.37f;
+  return v;
+}
+
+// What an owner does to a received row before it goes back (depends on the row's expert).
+void transform(std::vector<float>& rows, const std::vector<int32_t>& experts) {
+  for (size_t r = 0; r < experts.size(); ++r)
+    for (int64_t c = 0; c < kWidth; ++c) rows[r * kWidth + c] = rows[r * kWidth + c] * (experts[r] + 1) + c;
+}
+
+std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &v[i], 4);
+    out[i] = static_cast<uint16_t>(bits >> 16);  // truncation: data movement keeps it exactly
+  }
+  return out;
+}
+
+struct RankResult {
+  std::vector<int64_t> send_slot, send_counts, recv_counts;
+  std::vector<int32_t> recv_expert;
+  std::vector<float> recv_tokens, recv_slots, combined;
+  std::vector<uint16_t> recv_tokens_bf16;
+};
+
+std::vector<RankResult> host_run(int ranks) {
+  std::vector<RankResult> results(ranks);
+  std::mutex mutex;
+  run_thread_comm(ranks, [&](Communicator& comm) {
+    const int r = comm.rank();
+    const int64_t T = tokens_of(r);
+    ExpertDispatcher dispatcher(comm, kExperts);
+    const std::vector<int32_t> idx = routing_of(r);
+    const ExpertDispatchPlan plan = dispatcher.plan(idx.data(), T, kTopK);
+    RankResult out;
+    out.send_slot = plan.send_slot;
+    out.send_counts = plan.send_counts;
+    out.recv_counts = plan.recv_counts;
+    out.recv_expert = plan.recv_expert;
+    const std::vector<float> per_token = rows_of(r, T, 0.5f), per_slot = rows_of(r, T * kTopK, 7.25f);
+    out.recv_tokens.resize(plan.recv_rows() * kWidth);
+    out.recv_slots.resize(plan.recv_rows() * kWidth);
+    dispatcher.dispatch(plan, per_token.data(), kWidth, false, out.recv_tokens.data());
+    dispatcher.dispatch(plan, per_slot.data(), kWidth, true, out.recv_slots.data());
+    std::vector<float> back = out.recv_slots;
+    transform(back, plan.recv_expert);
+    out.combined.resize(T * kTopK * kWidth);
+    dispatcher.combine(plan, back.data(), kWidth, out.combined.data());
+    out.recv_tokens_bf16 = to_bf16_bits(out.recv_tokens);
+    std::lock_guard<std::mutex> lock(mutex);
+    results[r] = std::move(out);
+  });
+  return results;
+}
+
+template <typename T>
+std::vector<T> download(const void* device, int64_t count) {
+  std::vector<T> host(count);
+  if (count > 0) CUDA_CHECK(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+template <typename T>
+DeviceBuffer upload(const std::vector<T>& host) {
+  DeviceBuffer buffer(std::max<size_t>(host.size() * sizeof(T), 1));
+  if (!host.empty()) CUDA_CHECK(cudaMemcpy(buffer.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return buffer;
+}
+
+DeviceDispatchCapacity capacity_for(int ranks) {
+  DeviceDispatchCapacity capacity;
+  capacity.max_tokens = 300;
+  capacity.top_k = kTopK;
+  capacity.max_recv_rows = 300 * kTopK * ranks;
+  capacity.max_row_bytes = kWidth * sizeof(float);
+  return capacity;
+}
+
+class DeviceDispatch : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeviceDispatch, PlanRowsAndCombineEqualTheHostDispatcherBitwise) {
+  const int ranks = GetParam();
+  const std::vector<RankResult> want = host_run(ranks);
+  std::vector<RankResult> got(ranks);
+  std::mutex mutex;
+  run_device_loopback(ranks, 0, [&](Communicator& comm) {
+    const int r = comm.rank();
+    const int64_t T = tokens_of(r);
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    {
+      DeviceExpertDispatcher dispatcher(comm, kExperts, capacity_for(ranks), stream);
+      const DeviceBuffer idx = upload(routing_of(r));
+      // Two plans in a row: the second must not depend on the first's leftovers.
+      dispatcher.plan(idx.as<int32_t>(), 0);
+      const DeviceExpertDispatchPlan& plan = dispatcher.plan(idx.as<int32_t>(), T);
+      RankResult out;
+      out.send_counts = plan.send_counts;
+      out.recv_counts = plan.recv_counts;
+      for (int32_t s : download<int32_t>(plan.send_slot, T * kTopK)) out.send_slot.push_back(s);
+      out.recv_expert = download<int32_t>(plan.recv_expert, plan.recv_rows);
+      const DeviceBuffer per_token = upload(rows_of(r, T, 0.5f)), per_slot = upload(rows_of(r, T * kTopK, 7.25f));
+      const DeviceBuffer per_token_bf16 = upload(to_bf16_bits(rows_of(r, T, 0.5f)));
+      DeviceBuffer recv_tokens(std::max<int64_t>(plan.recv_rows, 1) * kWidth * 4);
+      DeviceBuffer recv_slots(std::max<int64_t>(plan.recv_rows, 1) * kWidth * 4);
+      DeviceBuffer recv_bf16(std::max<int64_t>(plan.recv_rows, 1) * kWidth * 2);
+      dispatcher.dispatch(per_token.data(), DType::f32, kWidth, false, recv_tokens.data());
+      dispatcher.dispatch(per_slot.data(), DType::f32, kWidth, true, recv_slots.data());
+      dispatcher.dispatch(per_token_bf16.data(), DType::bf16, kWidth, false, recv_bf16.data());
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      out.recv_tokens = download<float>(recv_tokens.data(), plan.recv_rows * kWidth);
+      out.recv_slots = download<float>(recv_slots.data(), plan.recv_rows * kWidth);
+      out.recv_tokens_bf16 = download<uint16_t>(recv_bf16.data(), plan.recv_rows * kWidth);
+      std::vector<float> back = out.recv_slots;
+      transform(back, out.recv_expert);
+      const DeviceBuffer back_device = upload(back);
+      DeviceBuffer combined(std::max<int64_t>(T * kTopK, 1) * kWidth * 4);
+      dispatcher.combine(back_device.data(), DType::f32, kWidth, combined.data());
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      out.combined = download<float>(combined.data(), T * kTopK * kWidth);
+      std::lock_guard<std::mutex> lock(mutex);
+      got[r] = std::move(out);
+    }
+    CUDA_CHECK(cudaStreamDestroy(stream));
+  });
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_EQ(got[r].send_slot, want[r].send_slot) << "rank " << r;
+    EXPECT_EQ(got[r].send_counts, want[r].send_counts) << "rank " << r;
+    EXPECT_EQ(got[r].recv_counts, want[r].recv_counts) << "rank " << r;
+    EXPECT_EQ(got[r].recv_expert, want[r].recv_expert) << "rank " << r;
+    EXPECT_EQ(got[r].recv_tokens, want[r].recv_tokens) << "rank " << r;
+    EXPECT_EQ(got[r].recv_slots, want[r].recv_slots) << "rank " << r;
+    EXPECT_EQ(got[r].recv_tokens_bf16, want[r].recv_tokens_bf16) << "rank " << r;
+    EXPECT_EQ(got[r].combined, want[r].combined) << "rank " << r;
+    EXPECT_FALSE(want[r].combined.empty() && tokens_of(r) > 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DeviceDispatch, ::testing::Values(1, 2, 4));
+
+TEST(DeviceDispatchRefusals, ABadRoutingIsRefusedOnEveryRankNamingItsRankAndToken) {
+  std::vector<std::string> messages(4);
+  run_device_loopback(4, 0, [&](Communicator& comm) {
+    std::vector<int32_t> idx = routing_of(comm.rank());
+    if (comm.rank() == 2) idx[2 * kTopK + 1] = idx[2 * kTopK];  // rank 2's token 2 chooses an expert twice
+    const DeviceBuffer device_idx = upload(idx);
+    DeviceExpertDispatcher dispatcher(comm, kExperts, capacity_for(4), nullptr);
+    try {
+      dispatcher.plan(device_idx.as<int32_t>(), tokens_of(comm.rank()));
+    } catch (const Error& e) {
+      messages[comm.rank()] = e.what();
+    }
+  });
+  for (const std::string& m : messages) {
+    EXPECT_NE(m.find("rank 2"), std::string::npos) << m;
+    EXPECT_NE(m.find("token 2 slot 1"), std::string::npos) << m;
+  }
+}
+
+TEST(DeviceDispatchRefusals, APlanOverTheReceiveCapacityAbortsTheJob) {
+  std::string error;
+  try {
+    run_device_loopback(2, 0, [&](Communicator& comm) {
+      DeviceDispatchCapacity capacity = capacity_for(2);
+      capacity.max_recv_rows = 10;  // far below what rank 0 receives from 37 + 0 tokens x 4
+      const DeviceBuffer idx = upload(routing_of(comm.rank()));
+      DeviceExpertDispatcher dispatcher(comm, kExperts, capacity, nullptr);
+      const DeviceExpertDispatchPlan& plan = dispatcher.plan(idx.as<int32_t>(), tokens_of(comm.rank()));
+      (void)plan;
+    });
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("over its capacity of 10"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace deltamoe
