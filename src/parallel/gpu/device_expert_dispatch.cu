@@ -113,8 +113,10 @@ std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
 }  // namespace
 
 DeviceExpertDispatcher::DeviceExpertDispatcher(Communicator& ep, int64_t num_experts,
-                                               const DeviceDispatchCapacity& capacity, cudaStream_t stream)
+                                               const DeviceDispatchCapacity& capacity, int num_plans,
+                                               cudaStream_t stream)
     : ep_(ep), num_experts_(num_experts), capacity_(capacity), stream_(stream) {
+  CHECK(num_plans >= 1, "expert dispatch: room for ", num_plans, " plans");
   CHECK(num_experts > 0 && num_experts % ep.size() == 0, "expert parallel: ", num_experts,
         " experts do not split evenly over ", ep.size(), " ranks");
   CHECK(capacity.max_tokens >= 0 && capacity.top_k > 0 && capacity.max_recv_rows >= 0 && capacity.max_row_bytes > 0,
@@ -123,20 +125,33 @@ DeviceExpertDispatcher::DeviceExpertDispatcher(Communicator& ep, int64_t num_exp
   experts_per_rank_ = num_experts / ep.size();
   const int64_t slots = capacity.max_tokens * capacity.top_k;
   owner_ = DeviceBuffer(std::max<int64_t>(slots, 1) * sizeof(int32_t));
-  routing_ = DeviceBuffer(moe_routing_plan_bytes(std::max<int64_t>(capacity.max_tokens, 1), ep.size(), capacity.top_k));
   counts_ = DeviceBuffer(4 * ep.size() * sizeof(int64_t) + sizeof(unsigned long long));
   send_expert_ = DeviceBuffer(std::max<int64_t>(slots, 1) * sizeof(int32_t));
-  recv_expert_ = DeviceBuffer(std::max<int64_t>(capacity.max_recv_rows, 1) * sizeof(int32_t));
   staging_ = DeviceBuffer(std::max<int64_t>(slots, 1) * capacity.max_row_bytes);
   CUDA_CHECK(cudaMallocHost(&host_counts_, 4 * ep.size() * sizeof(int64_t)));
-  plan_.recv_expert = recv_expert_.as<int32_t>();
+  plans_.resize(num_plans);
+  for (PlanMemory& p : plans_) {
+    p.routing = DeviceBuffer(moe_routing_plan_bytes(std::max<int64_t>(capacity.max_tokens, 1), ep.size(), capacity.top_k));
+    p.recv_expert = DeviceBuffer(std::max<int64_t>(capacity.max_recv_rows, 1) * sizeof(int32_t));
+    p.plan.recv_expert = p.recv_expert.as<int32_t>();
+  }
+}
+
+void DeviceExpertDispatcher::check_row_bytes(DType dtype, int64_t width) const {
+  const int64_t row_bytes = width * static_cast<int64_t>(dtype_size(dtype));
+  CHECK(row_bytes <= capacity_.max_row_bytes, "expert dispatch: rows of ", row_bytes, " bytes exceed the capacity of ",
+        capacity_.max_row_bytes);
 }
 
 DeviceExpertDispatcher::~DeviceExpertDispatcher() {
   if (host_counts_ != nullptr) cudaFreeHost(host_counts_);
 }
 
-const DeviceExpertDispatchPlan& DeviceExpertDispatcher::plan(const int32_t* topk_idx, int64_t num_tokens) {
+const DeviceExpertDispatchPlan& DeviceExpertDispatcher::plan(int index, const int32_t* topk_idx, int64_t num_tokens) {
+  CHECK(index >= 0 && index < static_cast<int>(plans_.size()), "expert dispatch: plan ", index, " of ",
+        plans_.size());
+  PlanMemory& memory = plans_[index];
+  DeviceExpertDispatchPlan& result = memory.plan;
   const int n = ep_.size();
   const int64_t top_k = capacity_.top_k;
   CHECK(num_tokens >= 0 && num_tokens <= capacity_.max_tokens, "expert dispatch: ", num_tokens,
@@ -146,7 +161,7 @@ const DeviceExpertDispatchPlan& DeviceExpertDispatcher::plan(const int32_t* topk
   int64_t* counts = counts_.as<int64_t>();  // [2n] sent, then [2n] received
   auto* bad = reinterpret_cast<unsigned long long*>(counts + 4 * n);
   CUDA_CHECK(cudaMemsetAsync(bad, 0xff, sizeof(unsigned long long), stream_));
-  MoeRoutingPlan routing = moe_routing_plan_in(routing_.data(), std::max<int64_t>(num_tokens, 1), n, top_k);
+  MoeRoutingPlan routing = moe_routing_plan_in(memory.routing.data(), std::max<int64_t>(num_tokens, 1), n, top_k);
   if (slots > 0) {
     owner_kernel<<<blocks_for(slots), kThreads, 0, stream_>>>(topk_idx, slots, static_cast<int>(top_k), num_experts_,
                                                               experts_per_rank_, owner_.as<int32_t>(), bad);
@@ -169,29 +184,29 @@ const DeviceExpertDispatchPlan& DeviceExpertDispatcher::plan(const int32_t* topk
             bad_slot % top_k, " routes to an expert outside [0, ", num_experts_, ") or one its token already chose");
     }
   }
-  plan_.num_tokens = num_tokens;
-  plan_.top_k = top_k;
-  plan_.send_slot = routing.sorted_slot;
-  plan_.row_of_slot = routing.row_of_slot;
-  plan_.send_counts.assign(n, 0);
-  plan_.recv_counts.assign(n, 0);
-  plan_.recv_rows = 0;
+  result.num_tokens = num_tokens;
+  result.top_k = top_k;
+  result.send_slot = routing.sorted_slot;
+  result.row_of_slot = routing.row_of_slot;
+  result.send_counts.assign(n, 0);
+  result.recv_counts.assign(n, 0);
+  result.recv_rows = 0;
   for (int p = 0; p < n; ++p) {
-    plan_.send_counts[p] = host_counts_[2 * p];
-    plan_.recv_counts[p] = host_counts_[2 * n + 2 * p];
-    plan_.recv_rows += plan_.recv_counts[p];
+    result.send_counts[p] = host_counts_[2 * p];
+    result.recv_counts[p] = host_counts_[2 * n + 2 * p];
+    result.recv_rows += result.recv_counts[p];
   }
-  if (plan_.recv_rows > capacity_.max_recv_rows) {
+  if (result.recv_rows > capacity_.max_recv_rows) {
     const std::string reason = str_cat("expert dispatch: rank ", ep_.rank(), " of '", ep_.name(), "' would receive ",
-                                       plan_.recv_rows, " rows, over its capacity of ", capacity_.max_recv_rows,
+                                       result.recv_rows, " rows, over its capacity of ", capacity_.max_recv_rows,
                                        " (routing imbalance beyond the planned capacity)");
     ep_.abort(reason);
     throw CommAborted(reason);
   }
   // The expert id of every row travels with the plan.
   gather_rows(topk_idx, routing.sorted_slot, 1, send_expert_.data(), slots, sizeof(int32_t), stream_);
-  exchange_rows(send_expert_.data(), plan_.send_counts, recv_expert_.data(), plan_.recv_counts, DType::i32, 1);
-  return plan_;
+  exchange_rows(send_expert_.data(), result.send_counts, memory.recv_expert.data(), result.recv_counts, DType::i32, 1);
+  return result;
 }
 
 void DeviceExpertDispatcher::exchange_rows(const void* send, const std::vector<int64_t>& send_counts, void* recv,
@@ -209,21 +224,27 @@ void DeviceExpertDispatcher::exchange_rows(const void* send, const std::vector<i
   ep_.group_end();
 }
 
-void DeviceExpertDispatcher::dispatch(const void* rows, DType dtype, int64_t width, bool per_slot, void* recv) {
+void DeviceExpertDispatcher::dispatch(const DeviceExpertDispatchPlan& plan, const void* rows, DType dtype,
+                                      int64_t width, bool per_slot, void* recv) {
+  check_row_bytes(dtype, width);
   const int64_t row_bytes = width * static_cast<int64_t>(dtype_size(dtype));
-  CHECK(row_bytes <= capacity_.max_row_bytes, "expert dispatch: rows of ", row_bytes, " bytes exceed the capacity of ",
-        capacity_.max_row_bytes);
-  const int64_t slots = plan_.num_tokens * plan_.top_k;
-  gather_rows(rows, plan_.send_slot, per_slot ? 1 : plan_.top_k, staging_.data(), slots, row_bytes, stream_);
-  exchange_rows(staging_.data(), plan_.send_counts, recv, plan_.recv_counts, dtype, width);
+  gather_rows(rows, plan.send_slot, per_slot ? 1 : plan.top_k, staging_.data(), plan.num_tokens * plan.top_k,
+              row_bytes, stream_);
+  exchange_rows(staging_.data(), plan.send_counts, recv, plan.recv_counts, dtype, width);
 }
 
-void DeviceExpertDispatcher::combine(const void* recv_rows, DType dtype, int64_t width, void* slot_rows) {
+void DeviceExpertDispatcher::combine(const DeviceExpertDispatchPlan& plan, const void* recv_rows, DType dtype,
+                                     int64_t width, void* slot_rows) {
+  check_row_bytes(dtype, width);
   const int64_t row_bytes = width * static_cast<int64_t>(dtype_size(dtype));
-  CHECK(row_bytes <= capacity_.max_row_bytes, "expert dispatch: rows of ", row_bytes, " bytes exceed the capacity of ",
-        capacity_.max_row_bytes);
-  exchange_rows(recv_rows, plan_.recv_counts, staging_.data(), plan_.send_counts, dtype, width);
-  scatter_rows(staging_.data(), plan_.send_slot, slot_rows, plan_.num_tokens * plan_.top_k, row_bytes, stream_);
+  exchange_rows(recv_rows, plan.recv_counts, staging_.data(), plan.send_counts, dtype, width);
+  scatter_rows(staging_.data(), plan.send_slot, slot_rows, plan.num_tokens * plan.top_k, row_bytes, stream_);
+}
+
+void DeviceExpertDispatcher::combine_in_send_order(const DeviceExpertDispatchPlan& plan, const void* recv_rows,
+                                                   DType dtype, int64_t width, void* send_rows) {
+  check_row_bytes(dtype, width);
+  exchange_rows(recv_rows, plan.recv_counts, send_rows, plan.send_counts, dtype, width);
 }
 
 }  // namespace deltamoe

@@ -16,8 +16,9 @@
 
 namespace deltamoe {
 
-// Valid after DeviceExpertDispatcher::plan() until its next call; device arrays are the
-// dispatcher's.
+// Made by DeviceExpertDispatcher::plan(index, ...) and valid until the next plan with that index
+// (the MoE layer keeps one per decoder layer: the backward reuses the forward's); device arrays
+// are the dispatcher's.
 struct DeviceExpertDispatchPlan {
   int64_t num_tokens = 0;  // T of this rank
   int64_t top_k = 0;       // K
@@ -42,40 +43,53 @@ struct DeviceDispatchCapacity {
 class DeviceExpertDispatcher {
  public:
   // Experts [0, num_experts) in ep.size() contiguous blocks, block r on rank r of `ep` (the count
-  // must divide evenly). Every call is ordered on `stream`. `ep` must outlive the dispatcher.
+  // must divide evenly); room for `num_plans` plans kept at once. Every call is ordered on
+  // `stream`. `ep` must outlive the dispatcher.
   DeviceExpertDispatcher(Communicator& ep, int64_t num_experts, const DeviceDispatchCapacity& capacity,
-                         cudaStream_t stream);
+                         int num_plans, cudaStream_t stream);
 
   int64_t experts_per_rank() const { return experts_per_rank_; }
   int64_t first_local_expert() const { return ep_.rank() * experts_per_rank_; }
+  Communicator& comm() const { return ep_; }
 
-  // Collective over `ep`: topk_idx int32 [T, K] on the device -> the plan. Exchanges the row counts
-  // together with each rank's first invalid routing (expert id outside [0, E) or chosen twice by a
-  // token), so every rank refuses a bad routing with the same message, naming the rank and token.
-  const DeviceExpertDispatchPlan& plan(const int32_t* topk_idx, int64_t num_tokens);
+  // Collective over `ep`: topk_idx int32 [T, K] on the device -> plan `index` (replacing the one
+  // there). Exchanges the row counts together with each rank's first invalid routing (expert id
+  // outside [0, E) or chosen twice by a token), so every rank refuses a bad routing with the same
+  // message, naming the rank and token.
+  const DeviceExpertDispatchPlan& plan(int index, const int32_t* topk_idx, int64_t num_tokens);
 
   // Collective: rows [T*K or T, width] of `dtype` (per_slot: one row per routed slot, else one per
   // token sent to each of its experts) -> recv [recv_rows, width] in receive order.
-  void dispatch(const void* rows, DType dtype, int64_t width, bool per_slot, void* recv);
+  void dispatch(const DeviceExpertDispatchPlan& plan, const void* rows, DType dtype, int64_t width, bool per_slot,
+                void* recv);
   // Collective: recv_rows [recv_rows, width] back to their sources -> slot_rows [T*K, width], row
   // t*K+k for each routed slot.
-  void combine(const void* recv_rows, DType dtype, int64_t width, void* slot_rows);
+  void combine(const DeviceExpertDispatchPlan& plan, const void* recv_rows, DType dtype, int64_t width,
+               void* slot_rows);
+  // Collective: the same rows back, left in send order: row i of send_rows [T*K, width] belongs to
+  // routed slot plan.send_slot[i] (a combine that reads through plan.row_of_slot needs no scatter).
+  void combine_in_send_order(const DeviceExpertDispatchPlan& plan, const void* recv_rows, DType dtype, int64_t width,
+                             void* send_rows);
 
  private:
+  struct PlanMemory {
+    DeviceBuffer routing;      // the routing plan over destination ranks
+    DeviceBuffer recv_expert;  // [max_recv_rows]
+    DeviceExpertDispatchPlan plan;
+  };
   void exchange_rows(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                      const std::vector<int64_t>& recv_counts, DType dtype, int64_t width);
+  void check_row_bytes(DType dtype, int64_t width) const;
 
   Communicator& ep_;
   int64_t num_experts_;
   int64_t experts_per_rank_;
   DeviceDispatchCapacity capacity_;
   cudaStream_t stream_;
-  DeviceExpertDispatchPlan plan_;
+  std::vector<PlanMemory> plans_;
   DeviceBuffer owner_;          // [T*K] destination rank of each routed slot
-  DeviceBuffer routing_;        // the routing plan over destination ranks
-  DeviceBuffer counts_;         // [2 * EP] int64: (rows, first bad slot) per peer, sent then received
+  DeviceBuffer counts_;         // [4 * EP] int64 (rows, first bad slot) per peer, sent then received; + bad word
   DeviceBuffer send_expert_;    // [T*K] global expert id in send order
-  DeviceBuffer recv_expert_;    // [max_recv_rows]
   DeviceBuffer staging_;        // [T*K rows] send order rows (dispatch) / returned rows (combine)
   int64_t* host_counts_ = nullptr;  // pinned [4 * EP]: sent then received (rows, bad) pairs
 

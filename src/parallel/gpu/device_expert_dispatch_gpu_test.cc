@@ -134,11 +134,12 @@ TEST_P(DeviceDispatch, PlanRowsAndCombineEqualTheHostDispatcherBitwise) {
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     {
-      DeviceExpertDispatcher dispatcher(comm, kExperts, capacity_for(ranks), stream);
+      DeviceExpertDispatcher dispatcher(comm, kExperts, capacity_for(ranks), 2, stream);
       const DeviceBuffer idx = upload(routing_of(r));
-      // Two plans in a row: the second must not depend on the first's leftovers.
-      dispatcher.plan(idx.as<int32_t>(), 0);
-      const DeviceExpertDispatchPlan& plan = dispatcher.plan(idx.as<int32_t>(), T);
+      // An empty plan first, in the other slot and in this one: the plan must not depend on leftovers.
+      dispatcher.plan(1, idx.as<int32_t>(), 0);
+      dispatcher.plan(0, idx.as<int32_t>(), 0);
+      const DeviceExpertDispatchPlan& plan = dispatcher.plan(0, idx.as<int32_t>(), T);
       RankResult out;
       out.send_counts = plan.send_counts;
       out.recv_counts = plan.recv_counts;
@@ -149,9 +150,9 @@ TEST_P(DeviceDispatch, PlanRowsAndCombineEqualTheHostDispatcherBitwise) {
       DeviceBuffer recv_tokens(std::max<int64_t>(plan.recv_rows, 1) * kWidth * 4);
       DeviceBuffer recv_slots(std::max<int64_t>(plan.recv_rows, 1) * kWidth * 4);
       DeviceBuffer recv_bf16(std::max<int64_t>(plan.recv_rows, 1) * kWidth * 2);
-      dispatcher.dispatch(per_token.data(), DType::f32, kWidth, false, recv_tokens.data());
-      dispatcher.dispatch(per_slot.data(), DType::f32, kWidth, true, recv_slots.data());
-      dispatcher.dispatch(per_token_bf16.data(), DType::bf16, kWidth, false, recv_bf16.data());
+      dispatcher.dispatch(plan, per_token.data(), DType::f32, kWidth, false, recv_tokens.data());
+      dispatcher.dispatch(plan, per_slot.data(), DType::f32, kWidth, true, recv_slots.data());
+      dispatcher.dispatch(plan, per_token_bf16.data(), DType::bf16, kWidth, false, recv_bf16.data());
       CUDA_CHECK(cudaStreamSynchronize(stream));
       out.recv_tokens = download<float>(recv_tokens.data(), plan.recv_rows * kWidth);
       out.recv_slots = download<float>(recv_slots.data(), plan.recv_rows * kWidth);
@@ -160,9 +161,18 @@ TEST_P(DeviceDispatch, PlanRowsAndCombineEqualTheHostDispatcherBitwise) {
       transform(back, out.recv_expert);
       const DeviceBuffer back_device = upload(back);
       DeviceBuffer combined(std::max<int64_t>(T * kTopK, 1) * kWidth * 4);
-      dispatcher.combine(back_device.data(), DType::f32, kWidth, combined.data());
+      dispatcher.combine(plan, back_device.data(), DType::f32, kWidth, combined.data());
+      // The same rows left in send order equal the slot-order result read through send_slot.
+      DeviceBuffer send_order(std::max<int64_t>(T * kTopK, 1) * kWidth * 4);
+      dispatcher.combine_in_send_order(plan, back_device.data(), DType::f32, kWidth, send_order.data());
       CUDA_CHECK(cudaStreamSynchronize(stream));
       out.combined = download<float>(combined.data(), T * kTopK * kWidth);
+      const std::vector<float> in_send_order = download<float>(send_order.data(), T * kTopK * kWidth);
+      for (int64_t i = 0; i < T * kTopK; ++i) {
+        for (int64_t c = 0; c < kWidth; ++c) {
+          ASSERT_EQ(in_send_order[i * kWidth + c], out.combined[out.send_slot[i] * kWidth + c]) << "row " << i;
+        }
+      }
       std::lock_guard<std::mutex> lock(mutex);
       got[r] = std::move(out);
     }
@@ -189,9 +199,9 @@ TEST(DeviceDispatchRefusals, ABadRoutingIsRefusedOnEveryRankNamingItsRankAndToke
     std::vector<int32_t> idx = routing_of(comm.rank());
     if (comm.rank() == 2) idx[2 * kTopK + 1] = idx[2 * kTopK];  // rank 2's token 2 chooses an expert twice
     const DeviceBuffer device_idx = upload(idx);
-    DeviceExpertDispatcher dispatcher(comm, kExperts, capacity_for(4), nullptr);
+    DeviceExpertDispatcher dispatcher(comm, kExperts, capacity_for(4), 1, nullptr);
     try {
-      dispatcher.plan(device_idx.as<int32_t>(), tokens_of(comm.rank()));
+      dispatcher.plan(0, device_idx.as<int32_t>(), tokens_of(comm.rank()));
     } catch (const Error& e) {
       messages[comm.rank()] = e.what();
     }
@@ -209,8 +219,8 @@ TEST(DeviceDispatchRefusals, APlanOverTheReceiveCapacityAbortsTheJob) {
       DeviceDispatchCapacity capacity = capacity_for(2);
       capacity.max_recv_rows = 10;  // far below what rank 0 receives from 37 + 0 tokens x 4
       const DeviceBuffer idx = upload(routing_of(comm.rank()));
-      DeviceExpertDispatcher dispatcher(comm, kExperts, capacity, nullptr);
-      const DeviceExpertDispatchPlan& plan = dispatcher.plan(idx.as<int32_t>(), tokens_of(comm.rank()));
+      DeviceExpertDispatcher dispatcher(comm, kExperts, capacity, 1, nullptr);
+      const DeviceExpertDispatchPlan& plan = dispatcher.plan(0, idx.as<int32_t>(), tokens_of(comm.rank()));
       (void)plan;
     });
   } catch (const Error& e) {
