@@ -41,6 +41,11 @@ __global__ void counts_kernel(const int32_t* offsets, int ep, const unsigned lon
   out[2 * p + 1] = b == ULLONG_MAX ? -1 : static_cast<int64_t>(b);
 }
 
+__global__ void subtract_kernel(const int32_t* in, int32_t offset, int32_t* out, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = in[i] - offset;
+}
+
 // dst[i] = src[index[i] / divisor] (rows of `words` elements of V), i < rows.
 template <typename V>
 __global__ void gather_rows_kernel(const V* src, const int32_t* index, int64_t divisor, V* dst, int64_t rows,
@@ -239,6 +244,13 @@ void DeviceExpertDispatcher::combine(const DeviceExpertDispatchPlan& plan, const
   const int64_t row_bytes = width * static_cast<int64_t>(dtype_size(dtype));
   exchange_rows(recv_rows, plan.recv_counts, staging_.data(), plan.send_counts, dtype, width);
   scatter_rows(staging_.data(), plan.send_slot, slot_rows, plan.num_tokens * plan.top_k, row_bytes, stream_);
+}
+
+void DeviceExpertDispatcher::local_expert_ids(const DeviceExpertDispatchPlan& plan, int32_t* ids) {
+  if (plan.recv_rows == 0) return;
+  subtract_kernel<<<blocks_for(plan.recv_rows), kThreads, 0, stream_>>>(
+      plan.recv_expert, static_cast<int32_t>(first_local_expert()), ids, plan.recv_rows);
+  CUDA_CHECK_LAUNCH();
 }
 
 void DeviceExpertDispatcher::combine_in_send_order(const DeviceExpertDispatchPlan& plan, const void* recv_rows,

@@ -66,6 +66,9 @@ class DeviceExpertDispatcher {
   // t*K+k for each routed slot.
   void combine(const DeviceExpertDispatchPlan& plan, const void* recv_rows, DType dtype, int64_t width,
                void* slot_rows);
+  // Local: ids[i] = plan.recv_expert[i] - first_local_expert() for the plan's received rows (the
+  // owner's expert index of each, the input of its routing plan).
+  void local_expert_ids(const DeviceExpertDispatchPlan& plan, int32_t* ids);
   // Collective: the same rows back, left in send order: row i of send_rows [T*K, width] belongs to
   // routed slot plan.send_slot[i] (a combine that reads through plan.row_of_slot needs no scatter).
   void combine_in_send_order(const DeviceExpertDispatchPlan& plan, const void* recv_rows, DType dtype, int64_t width,

@@ -2,6 +2,7 @@
 // upload, and the readbacks for tests. The forward and backward schedules are in
 // gpu_text_model_step.cc.
 #include "model/text/gpu/gpu_text_model.h"
+#include "model/text/gpu/gpu_expert_parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -104,6 +105,10 @@ GpuModelBytes GpuTextModel::planned_bytes(const TextConfig& config, const GpuMod
   bytes.workspace = step_workspace_bytes(config, spec.max_tokens, spec.max_seqs, options.loss_chunk_rows) +
                     kGemmDefaultWorkspaceBytes;
   bytes.inputs = text_input_bytes(config, spec);
+  if (options.expert_parallel != nullptr) {
+    bytes.workspace += GpuExpertParallel::planned_bytes(config, options.expert_parallel->size(), spec.max_tokens,
+                                                        options.expert_recv_rows);
+  }
   return bytes;
 }
 
@@ -128,6 +133,14 @@ GpuTextModel::GpuTextModel(const TextConfig& config, const TextWeights& weights,
   ArenaCarver carver(arena_.get());
   carve_text_activations(carver, config_, spec_, &acts_);
   workspace_bytes_ = bytes_.workspace - kGemmDefaultWorkspaceBytes;
+  if (options_.expert_parallel != nullptr) {
+    CHECK(config_.num_experts % options_.expert_parallel->size() == 0, "gpu model: ", config_.num_experts,
+          " experts do not split over ", options_.expert_parallel->size(), " expert-parallel ranks");
+    workspace_bytes_ -= GpuExpertParallel::planned_bytes(config_, options_.expert_parallel->size(), spec_.max_tokens,
+                                                         options_.expert_recv_rows);
+    expert_parallel_ = std::make_unique<GpuExpertParallel>(*options_.expert_parallel, config_, spec_.max_tokens,
+                                                           options_.expert_recv_rows, stream_);
+  }
   workspace_ = DeviceBuffer(workspace_bytes_);
   inputs_arena_ = std::make_unique<DeviceArena>(bytes_.inputs, "gpu text model inputs");
   ArenaCarver input_carver(inputs_arena_.get());

@@ -25,7 +25,9 @@
 
 namespace deltamoe {
 
+class Communicator;
 class GemmContext;
+class GpuExpertParallel;
 
 // Saved activations a test can download to localise a mismatch (per decoder layer).
 enum class LayerActivation {
@@ -59,6 +61,12 @@ struct GpuModelOptions {
   // Most image-token rows of one micro-batch (the VLM input: vision features scattered over them);
   // -1: max_tokens; 0: text only (no image slots are allocated).
   int64_t max_image_rows = -1;
+  // Expert parallelism: the group the routed experts are split over (not owned; null: every expert
+  // on this rank). The bound expert tensors still hold all experts; this rank computes and forms
+  // gradients for its block only (gpu_expert_parallel.h).
+  Communicator* expert_parallel = nullptr;
+  // Rows this rank's experts may receive per micro-batch (0: the worst case, EP x max_tokens x K).
+  int64_t expert_recv_rows = 0;
 };
 
 // Device bytes the model itself holds (its parameters belong to DeviceParams).
@@ -188,6 +196,7 @@ class GpuTextModel {
   std::unique_ptr<DeviceArena> inputs_arena_;
   TextInputs inputs_;
   std::vector<MoeRoutingPlan> plans_;    // per layer, laid out in its plan_memory for the batch
+  std::unique_ptr<GpuExpertParallel> expert_parallel_;  // null: all experts on this rank
 
   // Pinned staging of the batch inputs (one micro-batch ahead at most): the stream reads it, the
   // next set_batch waits for that read (an event) before refilling it.

@@ -21,6 +21,7 @@
 #include "kernels/l2norm/l2norm_cuda.h"
 #include "kernels/moe_aux_loss/moe_aux_loss_cuda.h"
 #include "kernels/moe_experts/moe_experts_cuda.h"
+#include "model/text/gpu/gpu_expert_parallel.h"
 #include "kernels/moe_router/moe_router_cuda.h"
 #include "kernels/mrope/mrope_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
@@ -392,11 +393,17 @@ void GpuTextModel::moe_forward(int64_t layer) {
   moe_router_forward_cuda(s.logits, s.probs, s.topk_idx, s.topk_weight, T, E, K, stream_);
   moe_aux_loss_accumulate_cuda(s.probs, s.topk_idx, T, E, K, MoeAuxDeviceStats{inputs_.aux_counts, inputs_.aux_probs},
                                workspace_.data(), workspace_bytes_, stream_);
-  moe_routing_plan_cuda(s.topk_idx, plans_[static_cast<size_t>(layer)], T, E, K, stream_);
-  const MoeExpertsDims dims{T, C, E, K, c.moe_intermediate_size};
-  moe_experts_forward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight, W.experts_gate_up.w,
-                           W.experts_down.w, b.moe_out, workspace_.data(), workspace_bytes_,
-                           stream_);
+  if (expert_parallel_ != nullptr) {
+    const int64_t first = expert_parallel_->first_local_expert(), I = c.moe_intermediate_size;
+    expert_parallel_->forward(layer, T, s.topk_idx, s.topk_weight, b.normed_post, W.experts_gate_up.w + first * 2 * I * C,
+                              W.experts_down.w + first * C * I, b.moe_out);
+  } else {
+    moe_routing_plan_cuda(s.topk_idx, plans_[static_cast<size_t>(layer)], T, E, K, stream_);
+    const MoeExpertsDims dims{T, C, E, K, c.moe_intermediate_size};
+    moe_experts_forward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
+                             W.experts_gate_up.w, W.experts_down.w, b.moe_out, workspace_.data(), workspace_bytes_,
+                             stream_);
+  }
   shared_expert_forward_cuda(cublas_, b.normed_post, W.shared_gate_proj.w,
                              W.shared_up_proj.w,
                              W.shared_down_proj.w,
@@ -418,10 +425,18 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   // free until the post-attention norm's backward).
   DeviceBf16* experts_dx = acts_.grad_normed;
   DeviceBf16* shared_dx = acts_.grad_mixer_bf16;
-  moe_experts_backward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight, W.experts_gate_up.w,
-                            W.experts_down.w, dy, experts_dx, w.d_topk_weight,
-                            W.experts_gate_up.grad, W.experts_down.grad,
-                            workspace_.data(), workspace_bytes_, stream_);
+  if (expert_parallel_ != nullptr) {
+    const int64_t first = expert_parallel_->first_local_expert(), I = c.moe_intermediate_size;
+    float* d_gate_up = W.experts_gate_up.grad != nullptr ? W.experts_gate_up.grad + first * 2 * I * C : nullptr;
+    float* d_down = W.experts_down.grad != nullptr ? W.experts_down.grad + first * C * I : nullptr;
+    expert_parallel_->backward(layer, s.topk_weight, b.normed_post, W.experts_gate_up.w + first * 2 * I * C,
+                               W.experts_down.w + first * C * I, dy, experts_dx, w.d_topk_weight, d_gate_up, d_down);
+  } else {
+    moe_experts_backward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
+                              W.experts_gate_up.w, W.experts_down.w, dy, experts_dx, w.d_topk_weight,
+                              W.experts_gate_up.grad, W.experts_down.grad, workspace_.data(), workspace_bytes_,
+                              stream_);
+  }
   const bool with_aux = options_.aux_loss_weight != 0.0f;
   if (with_aux)
     moe_aux_loss_backward_cuda(s.probs, MoeAuxDeviceStats{inputs_.aux_counts, inputs_.aux_probs}, T * c.num_hidden_layers,
