@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda_check.h"
+#include "parallel/gpu/comm_bench.h"
 #include "parallel/gpu/host_view_comm.h"
 #include "parallel/gpu/nccl_comm.h"
 #endif
@@ -57,9 +58,17 @@ int cmd_comm_selftest(int argc, char** argv) {
   args.add_option("rounds", "labelled rounds ('round 1', 'round 2', ...) of one all_reduce each after the checks", "3");
   args.add_option("pause_ms", "milliseconds each rank sleeps before each round", "0");
   args.add_option("device", "cpu (host buffers over the backend) or cuda (NcclComm, one GPU per rank)", "cpu");
+  args.add_bool("bench", "with --device cuda, after the checks: time the expert exchange and the dense "
+                "reduce-scatter / all-gather (design §4.5)", false);
+  args.add_option("bench_dense_params", "parameters of the dense reduce-scatter / all-gather (0 skips them)",
+                  "2900000000");
   if (!args.parse(argc, argv)) return 0;
   const std::string device = args.get("device");
   CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device, "'");
+  const bool bench = args.flag("bench");
+  CHECK(!bench || device == "cuda", "--bench needs --device cuda");
+  const int64_t bench_dense_params = args.get_int("bench_dense_params");
+  CHECK(bench_dense_params >= 0, "--bench_dense_params must not be negative");
 #if !DELTAMOE_WITH_CUDA
   CHECK(device == "cpu", "--device cuda: this deltamoe was built without CUDA (cmake -DDELTAMOE_CUDA=ON)");
 #endif
@@ -93,6 +102,15 @@ int cmd_comm_selftest(int argc, char** argv) {
       const double n = comm->size();
       CHECK(value == n * (n - 1) / 2 + n * round, "round ", round, ": all_reduce gave ", value);
     }
+#if DELTAMOE_WITH_CUDA
+    if (bench) {
+      comm->set_activity("bench");
+      CommBenchOptions bench_options;
+      bench_options.dense_params = bench_dense_params;
+      const std::vector<CommBenchRow> rows = run_comm_bench(*nccl, env.local_rank, bench_options);
+      if (comm->rank() == 0) std::printf("%s", format_comm_bench(rows, comm->size()).c_str());
+    }
+#endif
     comm->set_activity("done");
     comm->barrier();
     if (comm->rank() == 0) {

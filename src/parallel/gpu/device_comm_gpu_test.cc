@@ -147,14 +147,20 @@ TEST(NcclComm, AbortFromAnotherThreadEndsASynchronize) {
 }
 
 // The bring-up command of a multi-GPU machine, here with one rank: `deltamoe launch` starts
-// `comm-selftest --device cuda`, which prints the GPU table and runs the checks on NcclComm.
+// `comm-selftest --device cuda --bench true`, which prints the GPU table, runs the checks on
+// NcclComm and times the exchange and the dense collectives at full size.
 TEST(NcclComm, CommSelftestOnCudaThroughLaunch) {
-  const CommandResult result = run_command(deltamoe_binary() + " launch --nproc_per_node 1 -- comm-selftest --device cuda");
+  const CommandResult result = run_command(deltamoe_binary() +
+                                           " launch --nproc_per_node 1 -- comm-selftest --device cuda --bench true");
   std::printf("%s", result.output.c_str());
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("comm-selftest: rank 0: node"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find(", NCCL 2."), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("ranks (nccl), job checksum"), std::string::npos) << result.output;
+  for (const char* row : {"| expert exchange: dispatch rows (bf16) |", "| all_to_all, equal blocks (bf16) |",
+                          "| dense gradients: reduce_scatter (fp32) |", "| dense weights: all_gather (bf16) |"}) {
+    EXPECT_NE(result.output.find(row), std::string::npos) << row;
+  }
 }
 
 }  // namespace
