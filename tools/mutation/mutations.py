@@ -104,6 +104,19 @@ MUTATIONS = [
         device="gpu",
     ),
     dict(
+        name="gpu_attention_o_proj_grad_sign_flipped",
+        why="every full-attention layer's o_proj weight gradient accumulated with alpha -1 (sign flipped)",
+        file="src/model/text/gpu/gpu_text_model_step.cc",
+        find="  weight_grad(W.o_proj, dy, s.gated, T, Hq * D, C);",
+        replace=(
+            "  if (W.o_proj.grad != nullptr)\n"
+            "    gemm_bf16_cuda(*gemm_, true, false, C, Hq * D, T, -1.0f, dy, C, s.gated, Hq * D, 1.0f, W.o_proj.grad,\n"
+            "                   DType::f32, Hq * D, stream_);"
+        ),
+        tests=["gpu_text_model_gpu_test", "gpu_parity_golden_gpu_test", "gpu_engine_gpu_test"],
+        device="gpu",
+    ),
+    dict(
         name="gpu_expert_weight_grads_zero",
         why="the routed experts' weight-gradient products skipped (as if frozen): all-zero expert gradients",
         file="src/model/text/gpu/gpu_text_model_step.cc",
