@@ -507,6 +507,16 @@ void build_backward(CudnnSdpa::Impl& impl, const CudnnSdpaConfig& c) {
   g.pointwise("identity_dQ", CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, u.dq_accum, -1, -1, u.dq);
 }
 
+size_t batch_array_bytes(const CudnnSdpaConfig& c) {
+  return align_up(sizeof(int32_t) * static_cast<size_t>(c.max_segments + 3 * (c.max_segments + 1)));
+}
+size_t softmax_sum_bytes(const CudnnSdpaConfig& c) {
+  return align_up(sizeof(float) * static_cast<size_t>(c.max_tokens * c.num_q_heads));
+}
+size_t dq_accum_bytes(const CudnnSdpaConfig& c) {
+  return align_up(sizeof(float) * static_cast<size_t>(c.max_tokens * c.num_q_heads * c.head_dim));
+}
+
 std::string describe(const CudnnSdpaConfig& c) {
   return str_cat("T=", c.max_tokens, " N=", c.max_segments, " Hq=", c.num_q_heads, " Hkv=", c.num_kv_heads,
                  " D=", c.head_dim, c.causal ? " causal" : " non-causal");
@@ -548,10 +558,9 @@ std::unique_ptr<CudnnSdpa> CudnnSdpa::create(const CudnnSdpaConfig& config, std:
   } catch (const Error& e) {
     return refuse(e.what());
   }
-  impl->batch_array_bytes = align_up(sizeof(int32_t) * static_cast<size_t>(c.max_segments + 3 * (c.max_segments + 1)));
-  impl->softmax_sum_bytes = align_up(sizeof(float) * static_cast<size_t>(c.max_tokens * c.num_q_heads));
-  impl->dq_accum_bytes =
-      align_up(sizeof(float) * static_cast<size_t>(c.max_tokens * c.num_q_heads * c.head_dim));
+  impl->batch_array_bytes = batch_array_bytes(c);
+  impl->softmax_sum_bytes = softmax_sum_bytes(c);
+  impl->dq_accum_bytes = dq_accum_bytes(c);
   return std::unique_ptr<CudnnSdpa>(new CudnnSdpa(config, std::move(impl)));
 }
 
@@ -561,6 +570,10 @@ CudnnSdpa::CudnnSdpa(const CudnnSdpaConfig& config, std::unique_ptr<Impl> impl)
 CudnnSdpa::~CudnnSdpa() = default;
 
 int64_t CudnnSdpa::plans_built() { return g_plans_built.load(); }
+
+size_t CudnnSdpa::fixed_workspace_bytes(const CudnnSdpaConfig& config) {
+  return batch_array_bytes(config) + softmax_sum_bytes(config) + dq_accum_bytes(config);
+}
 
 size_t CudnnSdpa::forward_workspace_bytes() const {
   return impl_->batch_array_bytes + align_up(static_cast<size_t>(impl_->forward_plan_workspace));

@@ -51,6 +51,9 @@ class CudnnSdpa {
   // Device scratch each direction needs (256-byte aligned pointer); constant for the plan.
   size_t forward_workspace_bytes() const;
   size_t backward_workspace_bytes() const;
+  // The parts of the backward's workspace known before the plans exist (batch arrays, the fp32
+  // row sums and dQ accumulator): backward_workspace_bytes() = this + the plan's own scratch.
+  static size_t fixed_workspace_bytes(const CudnnSdpaConfig& config);
 
   // q [T, Hq, D], k and v [T, Hkv, D] -> out [T, Hq, D], lse [T, Hq] fp32, written for the rows
   // of the n sequences. cu_seqlens: DEVICE int32 [n + 1] (validated by the caller), n <= N.
