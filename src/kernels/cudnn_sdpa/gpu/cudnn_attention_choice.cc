@@ -23,7 +23,7 @@ bool on_sm90() {
   int device = 0;
   cudaDeviceProp prop{};
   if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
-    (void)cudaGetLastError();  // clear the sticky-free error so later checks do not see it
+    (void)cudaGetLastError();  // clear it, so that later checks do not report it
     return false;
   }
   return prop.major == 9;
