@@ -507,9 +507,12 @@ void build_backward(CudnnSdpa::Impl& impl, const CudnnSdpaConfig& c) {
   g.pointwise("identity_dQ", CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, u.dq_accum, -1, -1, u.dq);
 }
 
-size_t batch_array_bytes(const CudnnSdpaConfig& c) {
-  return align_up(sizeof(int32_t) * static_cast<size_t>(c.max_segments + 3 * (c.max_segments + 1)));
+// Each batch array starts on its own 256-byte boundary (the descriptors promise 16-byte
+// alignment for every tensor).
+size_t batch_array_stride(const CudnnSdpaConfig& c) {
+  return align_up(sizeof(int32_t) * static_cast<size_t>(c.max_segments + 1));
 }
+size_t batch_array_bytes(const CudnnSdpaConfig& c) { return 4 * batch_array_stride(c); }
 size_t softmax_sum_bytes(const CudnnSdpaConfig& c) {
   return align_up(sizeof(float) * static_cast<size_t>(c.max_tokens * c.num_q_heads));
 }
@@ -586,17 +589,19 @@ size_t CudnnSdpa::backward_workspace_bytes() const {
 
 namespace {
 
-// The batch arrays at the head of the workspace: seq_len (used for q and kv) [N], then the
-// q, kv and stats offsets [N + 1] each.
+// The batch arrays at the head of the workspace, each 256-byte aligned: seq_len (used for q
+// and kv) [N], then the q, kv and stats offsets [N + 1] each.
 struct BatchArrays {
   int32_t *seq_len, *offsets_q, *offsets_kv, *offsets_stats;
 };
 
 BatchArrays fill_batch_arrays(const CudnnSdpaConfig& c, void* workspace, const int32_t* cu_seqlens,
                               int64_t num_segments, cudaStream_t stream) {
-  int32_t* base = static_cast<int32_t*>(workspace);
+  char* base = static_cast<char*>(workspace);
+  const size_t stride = batch_array_stride(c);
+  auto array = [&](int index) { return reinterpret_cast<int32_t*>(base + index * stride); };
   const int64_t N = c.max_segments;
-  BatchArrays a{base, base + N, base + N + (N + 1), base + N + 2 * (N + 1)};
+  BatchArrays a{array(0), array(1), array(2), array(3)};
   cudnn_sdpa_batch_arrays_cuda(cu_seqlens, num_segments, N, c.num_q_heads * c.head_dim,
                                c.num_kv_heads * c.head_dim, c.num_q_heads, a.seq_len, a.offsets_q, a.offsets_kv,
                                a.offsets_stats, stream);
