@@ -99,7 +99,13 @@ ModelBytes estimate_text_bytes(const TextConfig& config, int64_t max_tokens, int
   const int64_t Hv = config.linear_num_value_heads, Dk = config.linear_key_head_dim, Dv = config.linear_value_head_dim;
   const int64_t chunks = T / 64 + max_seqs + 1;
   const size_t gdn = static_cast<size_t>(4 * (T * Hv * (2 + 3 * Dk + 2 * Dv) + chunks * Hv * (2 * 64 * 64 + 2 * Dk * Dv)));
-  bytes.workspace = std::max({experts, logits, gdn}) + (size_t{32} << 20);  // + cuBLASLt's workspace
+  // Full attention through cuDNN's SDPA on sm_90 (kernels/cudnn_sdpa/gpu): the fp32 dQ
+  // accumulator and row sums [T, Hq, D + 1] and a 16 MiB allowance for its plans' scratch.
+  const int64_t Hq = config.num_attention_heads, D = config.head_dim;
+  const size_t attention = config.num_layers_of(LayerType::full_attention) > 0
+                               ? static_cast<size_t>(4 * T * Hq * (D + 1)) + (size_t{16} << 20)
+                               : 0;
+  bytes.workspace = std::max({experts, logits, gdn, attention}) + (size_t{32} << 20);  // + cuBLASLt's workspace
   return bytes;
 }
 
