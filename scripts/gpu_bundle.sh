@@ -44,7 +44,16 @@ cuda_libs=$(dirname "$(find /usr/local/cuda/ /usr/local/cuda/lib64/ /opt /usr/li
 # NCCL: the copy PyTorch's wheel ships (nvidia-nccl), else one beside CUDA.
 nccl_libs=$(python3 -c "import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], 'lib'))" 2>/dev/null ||
   dirname "$(find /usr/local/cuda/ /usr/lib -name 'libnccl.so.2*' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$bundle_dir/lib:${cuda_libs}:${nccl_libs}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# cuDNN: the copy PyTorch's wheel ships (nvidia-cudnn-cu13: libcudnn.so.9 and the engine
+# libraries it loads from its own folder), else one beside CUDA; first, so that it wins. Its
+# runtime-compiled engines load NVRTC: the wheel's too (nvidia-cuda-nvrtc), when present.
+nvidia_wheels=$(python3 -c "import nvidia; print(list(nvidia.__path__)[0])" 2>/dev/null || true)
+cudnn_lib=$( { [ -n "$nvidia_wheels" ] && find "$nvidia_wheels" -name 'libcudnn.so.9*' 2>/dev/null; \
+  find /usr/local/cuda/ /usr/lib -name 'libcudnn.so.9*' 2>/dev/null; } | head -1 || true)
+cudnn_libs=$([ -n "$cudnn_lib" ] && dirname "$cudnn_lib" || true)
+nvrtc_lib=$( { [ -n "$nvidia_wheels" ] && find "$nvidia_wheels" -name 'libnvrtc.so.1[0-9]*' 2>/dev/null; } | head -1 || true)
+nvrtc_libs=$([ -n "$nvrtc_lib" ] && dirname "$nvrtc_lib" || true)
+export LD_LIBRARY_PATH="$bundle_dir/lib:${cudnn_libs:+${cudnn_libs}:}${cuda_libs}:${nccl_libs}:/usr/local/cuda/lib64${nvrtc_libs:+:${nvrtc_libs}}:${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0
 ENV
 cat > gpu_bundle/run_gpu_tests.sh <<'RUN'

@@ -99,7 +99,13 @@ ModelBytes estimate_text_bytes(const TextConfig& config, int64_t max_tokens, int
   const int64_t Hv = config.linear_num_value_heads, Dk = config.linear_key_head_dim, Dv = config.linear_value_head_dim;
   const int64_t chunks = T / 64 + max_seqs + 1;
   const size_t gdn = static_cast<size_t>(4 * (T * Hv * (2 + 3 * Dk + 2 * Dv) + chunks * Hv * (2 * 64 * 64 + 2 * Dk * Dv)));
-  bytes.workspace = std::max({experts, logits, gdn}) + (size_t{32} << 20);  // + cuBLASLt's workspace
+  // Full attention through cuDNN's SDPA on sm_90 (kernels/cudnn_sdpa/gpu): the fp32 dQ
+  // accumulator and row sums [T, Hq, D + 1] and a 16 MiB allowance for its plans' scratch.
+  const int64_t Hq = config.num_attention_heads, D = config.head_dim;
+  const size_t attention = config.num_layers_of(LayerType::full_attention) > 0
+                               ? static_cast<size_t>(4 * T * Hq * (D + 1)) + (size_t{16} << 20)
+                               : 0;
+  bytes.workspace = std::max({experts, logits, gdn, attention}) + (size_t{32} << 20);  // + cuBLASLt's workspace
   return bytes;
 }
 
@@ -112,9 +118,15 @@ ModelBytes estimate_vision_bytes(const VisionConfig& config, int64_t max_patches
   ModelBytes bytes;
   bytes.activations = vision_activation_bytes(config, spec);
   bytes.inputs = vision_input_bytes(config, spec);
-  // Column-sum partials of the bias and LayerNorm backwards, attention's lse gradient, cuBLASLt's.
-  bytes.workspace = static_cast<size_t>(max_patches) * static_cast<size_t>(config.intermediate_size) * 4 / 64 +
-                    (size_t{32} << 20);
+  // Column-sum partials of the bias and LayerNorm backwards, attention's lse gradient, cuBLASLt's;
+  // with at most 64 possible frames the blocks' attention may run through cuDNN's SDPA: its fp32
+  // dQ accumulator and row sums [N, H, D + 1] and 16 MiB for its plans' scratch.
+  const size_t partials = static_cast<size_t>(max_patches) * static_cast<size_t>(config.intermediate_size) * 4 / 64;
+  const size_t attention =
+      vision_max_segments(config, max_patches) <= 64
+          ? static_cast<size_t>(4 * max_patches * config.num_heads * (config.head_dim() + 1)) + (size_t{16} << 20)
+          : 0;
+  bytes.workspace = std::max(partials, attention) + (size_t{32} << 20);
   return bytes;
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -463,6 +464,9 @@ TEST(GpuEngine, TrainStepIsTheAccumulatedGradientAndTheCpuAdamW) {
 // Two engines, the same steps: the same bits (deterministic kernels). A third engine saved after
 // two steps and restored from the optimizer-state file continues to the same bits.
 TEST(GpuEngine, StepsAreDeterministicAndResumeExactly) {
+  // Bitwise equal steps need our attention kernel: cuDNN's backward adds with atomics
+  // (cudnn_attention_choice.h).
+  setenv("DELTAMOE_ATTENTION", "ours", 1);
   Fixture& f = fixture();
   const std::vector<std::vector<MicroBatch>> steps = {
       {packed_text_batch({100, 50}, 21), packed_image_batch({{{1, 4, 6}}, {{1, 2, 2}}}, 22)},
@@ -504,6 +508,7 @@ TEST(GpuEngine, StepsAreDeterministicAndResumeExactly) {
   EXPECT_TRUE(read_master(resumed.state()) == read_master(a.state())) << "the resumed run differs";
   EXPECT_TRUE(read_moments(resumed.state()) == read_moments(a.state()));
   EXPECT_GT(std::fabs(losses_a[3] - losses_a[0]), 0.0);
+  unsetenv("DELTAMOE_ATTENTION");
 }
 
 // The engine's exact plan against the CPU planner: the state's bytes and the activation layouts

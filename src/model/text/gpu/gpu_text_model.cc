@@ -13,6 +13,7 @@
 #include "kernels/attention/attention_cuda.h"
 #include "kernels/causal_conv1d/causal_conv1d_cuda.h"
 #include "kernels/cross_entropy/cross_entropy_cuda.h"
+#include "kernels/cudnn_sdpa/gpu/cudnn_attention_choice.h"
 #include "kernels/embedding/embedding_grad_plan.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_cuda.h"
 #include "kernels/gated_rmsnorm/gated_rmsnorm_cuda.h"
@@ -37,6 +38,19 @@ GatedDeltaRuleShape rule_shape_for(const TextConfig& cfg, int64_t T, int64_t num
   return shape;
 }
 
+// The full-attention layers' cuDNN SDPA plans: causal GQA over up to max_tokens in max_seqs.
+CudnnSdpaConfig cudnn_attention_config(const TextConfig& cfg, int64_t max_tokens, int64_t max_seqs) {
+  CudnnSdpaConfig c;
+  c.max_tokens = max_tokens;
+  c.max_segments = max_seqs;
+  c.num_q_heads = cfg.num_attention_heads;
+  c.num_kv_heads = cfg.num_key_value_heads;
+  c.head_dim = cfg.head_dim;
+  c.causal = true;
+  c.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cfg.head_dim)));
+  return c;
+}
+
 // The largest workspace any kernel of the step asks for (they run one at a time on one stream).
 size_t step_workspace_bytes(const TextConfig& cfg, int64_t T, int64_t num_seqs, int64_t loss_chunk_rows) {
   const int64_t C = cfg.hidden_size, E = cfg.num_experts, K = cfg.num_experts_per_tok;
@@ -47,6 +61,8 @@ size_t step_workspace_bytes(const TextConfig& cfg, int64_t T, int64_t num_seqs, 
   need(rms_norm_backward_workspace_bytes(T * Hq, D));
   need(rms_norm_backward_workspace_bytes(T * Hkv, D));
   need(attention_backward_workspace_bytes(AttentionDims{T, Hq, Hkv, D}));
+  if (cfg.num_layers_of(LayerType::full_attention) > 0)
+    need(cudnn_attention_workspace_reserve(cudnn_attention_config(cfg, T, num_seqs)));
   if (cfg.num_layers_of(LayerType::linear_attention) > 0) {
     const GatedDeltaRuleShape rule = rule_shape_for(cfg, T, num_seqs);
     need(gated_delta_rule_forward_workspace_bytes(rule));
@@ -142,6 +158,9 @@ GpuTextModel::GpuTextModel(const TextConfig& config, const TextWeights& weights,
                                                            options_.expert_recv_rows, stream_);
   }
   workspace_ = DeviceBuffer(workspace_bytes_);
+  if (config_.num_layers_of(LayerType::full_attention) > 0)
+    cudnn_attention_ = choose_cudnn_attention(cudnn_attention_config(config_, spec_.max_tokens, spec_.max_seqs),
+                                              workspace_bytes_, "gpu text model attention");
   inputs_arena_ = std::make_unique<DeviceArena>(bytes_.inputs, "gpu text model inputs");
   ArenaCarver input_carver(inputs_arena_.get());
   carve_text_inputs(input_carver, config_, spec_, &inputs_);

@@ -27,6 +27,7 @@ namespace deltamoe {
 
 class Communicator;
 class GemmContext;
+class CudnnSdpa;
 class GpuExpertParallel;
 
 // Saved activations a test can download to localise a mismatch (per decoder layer).
@@ -197,6 +198,9 @@ class GpuTextModel {
   TextInputs inputs_;
   std::vector<MoeRoutingPlan> plans_;    // per layer, laid out in its plan_memory for the batch
   std::unique_ptr<GpuExpertParallel> expert_parallel_;  // null: all experts on this rank
+  // The full-attention layers' backend, chosen at setup (cudnn_attention_choice.h): cuDNN's fused
+  // SDPA plans, or null for our flash-attention kernel. Both save lse [T, Hq] fp32.
+  std::unique_ptr<CudnnSdpa> cudnn_attention_;
 
   // Pinned staging of the batch inputs (one micro-batch ahead at most): the stream reads it, the
   // next set_batch waits for that read (an event) before refilling it.

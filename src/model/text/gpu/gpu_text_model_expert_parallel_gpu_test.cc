@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -105,6 +106,9 @@ RankRun run_rank(const TextConfig& config, const ParamMap& params, int rank, Com
 bool is_expert_tensor(const std::string& name) { return name.find("mlp.experts.") != std::string::npos; }
 
 void check_expert_parallel(int ranks) {
+  // Bitwise comparisons need our attention kernel: cuDNN's backward adds with atomics
+  // (cudnn_attention_choice.h).
+  setenv("DELTAMOE_ATTENTION", "ours", 1);
   const TextConfig config = model_config_preset("tiny").text;
   ASSERT_EQ(config.num_experts % ranks, 0);
   const ParamMap params = rounded_params(config);

@@ -9,6 +9,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "kernels/attention/attention_cuda.h"
+#include "kernels/cudnn_sdpa/gpu/cudnn_sdpa.h"
 #include "kernels/causal_conv1d/causal_conv1d_cuda.h"
 #include "kernels/cross_entropy/cross_entropy_cuda.h"
 #include "kernels/embedding/embedding_cuda.h"
@@ -326,7 +327,12 @@ void GpuTextModel::attention_forward(int64_t layer) {
   mrope_forward_cuda(rope_, s.k, inputs_.rope_cos, inputs_.rope_sin, s.k, T, Hkv, D, stream_);
   const AttentionDims dims{T, Hq, Hkv, D};
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  attention_forward_cuda(dims, s.q, s.k, s.v, inputs_.cu_seqlens, num_seqs_, scale, s.attn, s.lse, stream_);
+  if (cudnn_attention_ != nullptr) {
+    cudnn_attention_->forward(s.q, s.k, s.v, inputs_.cu_seqlens, num_seqs_, s.attn, s.lse, workspace_.data(),
+                              workspace_bytes_, stream_);
+  } else {
+    attention_forward_cuda(dims, s.q, s.k, s.v, inputs_.cu_seqlens, num_seqs_, scale, s.attn, s.lse, stream_);
+  }
   attention_gate_forward_cuda(s.attn, s.q_and_gate + D, 2 * D, s.gated, T * Hq, D, stream_);
   linear_forward_cuda(*gemm_, s.gated, W.o_proj.w, b.mixer_out, DType::bf16, T, Hq * D, C,
                       stream_);
@@ -347,8 +353,13 @@ void GpuTextModel::attention_backward(int64_t layer, const DeviceBf16* dy, float
                                T * Hq, D, stream_);
   const AttentionDims dims{T, Hq, Hkv, D};
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  attention_backward_cuda(dims, s.q, s.k, s.v, s.attn, s.lse, w.d_gated, inputs_.cu_seqlens, num_seqs_, scale, w.dq, w.dk,
-                          w.dv_attn, workspace_.data(), workspace_bytes_, stream_);
+  if (cudnn_attention_ != nullptr) {
+    cudnn_attention_->backward(s.q, s.k, s.v, s.attn, s.lse, w.d_gated, inputs_.cu_seqlens, num_seqs_, w.dq, w.dk,
+                               w.dv_attn, workspace_.data(), workspace_bytes_, stream_);
+  } else {
+    attention_backward_cuda(dims, s.q, s.k, s.v, s.attn, s.lse, w.d_gated, inputs_.cu_seqlens, num_seqs_, scale, w.dq,
+                            w.dk, w.dv_attn, workspace_.data(), workspace_bytes_, stream_);
+  }
   mrope_backward_cuda(rope_, w.dq, inputs_.rope_cos, inputs_.rope_sin, w.dq, T, Hq, D, stream_);
   mrope_backward_cuda(rope_, w.dk, inputs_.rope_cos, inputs_.rope_sin, w.dk, T, Hkv, D, stream_);
   rms_norm_backward_strided_cuda(s.q_and_gate, 2 * D, W.q_norm.f32, s.q_rstd, w.dq,

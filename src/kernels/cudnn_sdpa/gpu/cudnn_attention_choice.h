@@ -1,0 +1,28 @@
+// The one place a model picks its attention backend, once at setup: cuDNN's fused SDPA
+// (cudnn_sdpa.h) on sm_90 when cuDNN builds plans for the shape and they fit the workspace, our
+// flash-attention kernel otherwise (and always on sm_80). DELTAMOE_ATTENTION=ours forces our
+// kernel. The choice and its reason are logged.
+//
+// Reproducibility: cuDNN's backward accumulates dQ (and the grouped heads' dK/dV) with fp32
+// atomics, so its gradients may differ in the last bits from run to run; our kernel's are
+// bitwise reproducible. Runs and tests that need bitwise equal steps set DELTAMOE_ATTENTION=ours.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "kernels/cudnn_sdpa/gpu/cudnn_sdpa.h"
+
+namespace deltamoe {
+
+// Device workspace to plan for the cuDNN path (0 where it will not be tried): its fixed parts and
+// kCudnnPlanWorkspaceAllowance for the plans' own scratch, which is known only once they exist.
+constexpr size_t kCudnnPlanWorkspaceAllowance = size_t{16} << 20;
+size_t cudnn_attention_workspace_reserve(const CudnnSdpaConfig& config);
+
+// The cuDNN plans, or null for our kernel. `workspace_bytes` is what the caller's workspace holds;
+// `who` names the model part in the log line.
+std::unique_ptr<CudnnSdpa> choose_cudnn_attention(const CudnnSdpaConfig& config, size_t workspace_bytes,
+                                                  const char* who);
+
+}  // namespace deltamoe

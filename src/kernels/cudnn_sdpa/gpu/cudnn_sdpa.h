@@ -1,0 +1,90 @@
+// Fused attention forward and backward through cuDNN's SDPA (the cuDNN 9 backend graph API, no
+// frontend library): softmax(scale * Q K^T) V over packed sequences, causal (top-left, per
+// sequence) or not, grouped-query heads, bf16 in/out, fp32 softmax statistics. The same maths as
+// flash_attention_cuda.h (specs: attention_ref.cc, bidirectional_attention_ref.cc); that kernel
+// stays the fallback and the sm_80 path.
+//
+// Packing: the tensors are our [T, H, D] rows; each sequence is a "ragged" batch entry whose
+// element offset (cu_seqlens[i] * H * D) and length cuDNN reads from device arrays that
+// forward()/backward() derive from cu_seqlens on the stream. So ONE pair of plans, built at setup
+// for the run's maximum tokens and sequences per micro-batch, serves every packing: nothing is
+// compiled, autotuned or keyed on sequence lengths inside a step. Unused batch entries (fewer
+// sequences than the maximum) get length 0.
+//
+// The graphs are the composite ones cuDNN's runtime-fusion engine matches to its flash kernels
+// (the same nodes, in the same order, as cudnn-frontend's SDPA node; see cudnn_sdpa.cc).
+// Statistics: lse [T, Hq] fp32 = max + log(sum exp), natural log, the layout and meaning of our
+// kernel's lse, so the saved activation is unchanged.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace deltamoe {
+
+struct CudnnSdpaConfig {
+  int64_t max_tokens = 0;    // T: rows of q/k/v per call (cu_seqlens[n] <= T)
+  int64_t max_segments = 0;  // N: sequences per call (n <= N)
+  int64_t num_q_heads = 0;   // Hq
+  int64_t num_kv_heads = 0;  // Hkv, divides Hq
+  int64_t head_dim = 0;      // D: a multiple of 8, <= 256
+  bool causal = true;        // top-left causal within each sequence, else the whole sequence
+  float scale = 0;           // usually D^-0.5
+};
+
+class CudnnSdpa {
+ public:
+  // Builds the forward and backward plans for `config` on the current device, or returns null and
+  // says why in *why_not (not sm_90, cuDNN < 9.6, shape outside the fused kernels, no engine for
+  // the graph: the message names the graph and node cuDNN refused). Never throws for those.
+  static std::unique_ptr<CudnnSdpa> create(const CudnnSdpaConfig& config, std::string* why_not);
+  ~CudnnSdpa();
+  CudnnSdpa(const CudnnSdpa&) = delete;
+  CudnnSdpa& operator=(const CudnnSdpa&) = delete;
+
+  const CudnnSdpaConfig& config() const { return config_; }
+  // Device scratch each direction needs (256-byte aligned pointer); constant for the plan.
+  size_t forward_workspace_bytes() const;
+  size_t backward_workspace_bytes() const;
+  // The parts of the backward's workspace known before the plans exist (batch arrays, the fp32
+  // row sums and dQ accumulator): backward_workspace_bytes() = this + the plan's own scratch.
+  static size_t fixed_workspace_bytes(const CudnnSdpaConfig& config);
+
+  // q [T, Hq, D], k and v [T, Hkv, D] -> out [T, Hq, D], lse [T, Hq] fp32, written for the rows
+  // of the n sequences. cu_seqlens: DEVICE int32 [n + 1] (validated by the caller), n <= N.
+  void forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const int32_t* cu_seqlens,
+               int64_t num_segments, __nv_bfloat16* out, float* lse, void* workspace, size_t workspace_bytes,
+               cudaStream_t stream) const;
+  // d_out [T, Hq, D] -> dq [T, Hq, D], dk and dv [T, Hkv, D], written (dK/dV summed over each KV
+  // head's query heads); out and lse are the forward's (ours or cuDNN's: same meaning).
+  void backward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* out,
+                const float* lse, const __nv_bfloat16* d_out, const int32_t* cu_seqlens, int64_t num_segments,
+                __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, size_t workspace_bytes,
+                cudaStream_t stream) const;
+
+  // Plans built by this process (forward and backward count one each): tests use it to prove
+  // that steps with new packings build nothing.
+  static int64_t plans_built();
+
+  struct Impl;
+
+ private:
+  CudnnSdpa(const CudnnSdpaConfig& config, std::unique_ptr<Impl> impl);
+  CudnnSdpaConfig config_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Writes the cuDNN batch arrays for n of N sequences from cu_seqlens (device, int32 [n + 1]):
+// seq_len[N], and element offsets [N + 1] of rows of q_stride / kv_stride / stats_stride
+// elements; entries past n get length 0 and the offset of the end. One small kernel.
+void cudnn_sdpa_batch_arrays_cuda(const int32_t* cu_seqlens, int64_t num_segments, int64_t max_segments,
+                                  int64_t q_stride, int64_t kv_stride, int64_t stats_stride, int32_t* seq_len,
+                                  int32_t* q_offsets, int32_t* kv_offsets, int32_t* stats_offsets,
+                                  cudaStream_t stream);
+
+}  // namespace deltamoe

@@ -1,0 +1,323 @@
+// GPU test of cuDNN's fused SDPA (cudnn_sdpa.h) against the fp32 CPU reference on the same bf16
+// inputs, at the bounds of the attention GPU tests: causal GQA D = 256 over packed sequences of
+// uneven lengths (not multiples of 64, a length-1 sequence), non-causal D = 72 per-image lengths
+// (the vision tower), one plan serving several packings with no plan built after setup, and the
+// 2 x 4096 / 1 x 8192 shapes checked against our fp32 SIMT kernels and timed beside our kernels.
+// On a GPU other than sm_90 the cuDNN path is not used, and the tests say so and skip.
+#include <cudnn.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "core/cuda_check.h"
+#include "kernels/attention/attention.h"
+#include "kernels/attention/attention_cuda.h"
+#include "kernels/bidirectional_attention/bidirectional_attention.h"
+#include "kernels/cudnn_sdpa/gpu/cudnn_sdpa.h"
+#include "kernels/flash_attention/attention_gpu_test_util.h"
+#include "kernels/gemm/gpu_test_util.h"
+#include "kernels/gemm/gpu_timing.h"
+
+namespace deltamoe {
+namespace {
+
+bool on_hopper() {
+  int device = 0;
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.major == 9;
+}
+
+#define SKIP_UNLESS_HOPPER() \
+  if (!on_hopper()) GTEST_SKIP() << "the cuDNN SDPA path is used on sm_90 only"
+
+// Builds the plans, failing the test with cuDNN's reason when it refuses.
+std::unique_ptr<CudnnSdpa> build_plan(const CudnnSdpaConfig& config) {
+  std::string why_not;
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_ptr<CudnnSdpa> sdpa = CudnnSdpa::create(config, &why_not);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(sdpa, nullptr) << why_not;
+  if (sdpa != nullptr)
+    std::printf("cuDNN SDPA plans T=%lld N=%lld Hq=%lld Hkv=%lld D=%lld %s: built in %.2f s, workspace fwd %zu / "
+                "bwd %zu bytes\n",
+                static_cast<long long>(config.max_tokens), static_cast<long long>(config.max_segments),
+                static_cast<long long>(config.num_q_heads), static_cast<long long>(config.num_kv_heads),
+                static_cast<long long>(config.head_dim), config.causal ? "causal" : "non-causal", seconds,
+                sdpa->forward_workspace_bytes(), sdpa->backward_workspace_bytes());
+  return sdpa;
+}
+
+CudnnSdpaConfig config_for(int64_t tokens, int64_t segments, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                           bool causal) {
+  CudnnSdpaConfig c;
+  c.max_tokens = tokens;
+  c.max_segments = segments;
+  c.num_q_heads = q_heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.causal = causal;
+  c.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  return c;
+}
+
+// One packing through an existing plan, forward and backward, against the CPU reference. The
+// packing fills the plan's rows (as a training micro-batch does) with up to its sequence count.
+void check_packing(const CudnnSdpa& sdpa, const std::vector<int>& lengths, uint64_t seed) {
+  const CudnnSdpaConfig& c = sdpa.config();
+  const int64_t tokens = total_length(lengths), num_seqs = static_cast<int64_t>(lengths.size());
+  ASSERT_EQ(tokens, c.max_tokens);
+  ASSERT_LE(num_seqs, c.max_segments);
+  const int64_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, D = c.head_dim;
+  std::printf("cuDNN SDPA %s T=%lld sequences=%lld (plan N=%lld) Hq=%lld Hkv=%lld D=%lld\n",
+              c.causal ? "causal" : "non-causal", static_cast<long long>(tokens), static_cast<long long>(num_seqs),
+              static_cast<long long>(c.max_segments), static_cast<long long>(Hq), static_cast<long long>(Hkv),
+              static_cast<long long>(D));
+  HostTensor q = random_bf16_exact({tokens, Hq, D}, seed);
+  HostTensor k = random_bf16_exact({tokens, Hkv, D}, seed + 1);
+  HostTensor v = random_bf16_exact({tokens, Hkv, D}, seed + 2);
+  HostTensor d_out = random_bf16_exact({tokens, Hq, D}, seed + 3);
+  HostTensor cu = cu_seqlens_from_lengths(lengths);
+
+  HostTensor out_ref(DType::f32, {tokens, Hq, D}), lse_ref(DType::f32, {tokens, Hq});
+  HostTensor dq_ref(DType::f32, {tokens, Hq, D}), dk_ref(DType::f32, {tokens, Hkv, D});
+  HostTensor dv_ref(DType::f32, {tokens, Hkv, D});
+  const AttentionDims dims{tokens, Hq, Hkv, D};
+  if (c.causal) {
+    attention_forward_ref(dims, q.as<float>(), k.as<float>(), v.as<float>(), cu.as<int32_t>(), num_seqs, c.scale,
+                          out_ref.as<float>(), lse_ref.as<float>());
+  } else {
+    ASSERT_EQ(Hq, Hkv);
+    bidirectional_attention_forward_ref(q.as<float>(), k.as<float>(), v.as<float>(), cu.as<int32_t>(), num_seqs,
+                                        out_ref.as<float>(), lse_ref.as<float>(), tokens, Hq, D, c.scale);
+  }
+  // The backward gets the forward output as the GPU stores it (bf16) and the reference lse.
+  HostTensor out_bf16 = round_to_bf16(out_ref);
+  if (c.causal) {
+    attention_backward_ref(dims, q.as<float>(), k.as<float>(), v.as<float>(), out_bf16.as<float>(),
+                           lse_ref.as<float>(), d_out.as<float>(), cu.as<int32_t>(), num_seqs, c.scale,
+                           dq_ref.as<float>(), dk_ref.as<float>(), dv_ref.as<float>());
+  } else {
+    bidirectional_attention_backward_ref(q.as<float>(), k.as<float>(), v.as<float>(), out_bf16.as<float>(),
+                                         lse_ref.as<float>(), d_out.as<float>(), cu.as<int32_t>(), num_seqs,
+                                         dq_ref.as<float>(), dk_ref.as<float>(), dv_ref.as<float>(), tokens, Hq, D,
+                                         c.scale);
+  }
+
+  DeviceTensor q_d = to_device(q, DType::bf16), k_d = to_device(k, DType::bf16), v_d = to_device(v, DType::bf16);
+  DeviceTensor d_out_d = to_device(d_out, DType::bf16), cu_d = to_device(cu);
+  DeviceBuffer workspace(std::max(sdpa.forward_workspace_bytes(), sdpa.backward_workspace_bytes()));
+
+  DeviceTensor out_d = poisoned_device_tensor(DType::bf16, {tokens, Hq, D});
+  DeviceTensor lse_d = poisoned_device_tensor(DType::f32, {tokens, Hq});
+  sdpa.forward(bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), cu_d.view.as<int32_t>(), num_seqs, bf16_ptr(out_d),
+               f32_ptr(lse_d), workspace.data(), workspace.bytes(), nullptr);
+  device_synchronize();
+  expect_close("cuDNN out (bf16)", out_d, out_ref, 1e-2);
+  expect_close("cuDNN lse (f32)", lse_d, lse_ref, 1e-4);
+
+  DeviceTensor out_in = to_device(out_bf16, DType::bf16), lse_in = to_device(lse_ref, DType::f32);
+  DeviceTensor dq_d = poisoned_device_tensor(DType::bf16, {tokens, Hq, D});
+  DeviceTensor dk_d = poisoned_device_tensor(DType::bf16, {tokens, Hkv, D});
+  DeviceTensor dv_d = poisoned_device_tensor(DType::bf16, {tokens, Hkv, D});
+  sdpa.backward(bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), bf16_ptr(out_in), f32_ptr(lse_in), bf16_ptr(d_out_d),
+                cu_d.view.as<int32_t>(), num_seqs, bf16_ptr(dq_d), bf16_ptr(dk_d), bf16_ptr(dv_d), workspace.data(),
+                workspace.bytes(), nullptr);
+  device_synchronize();
+  // cuDNN rounds P and dS to bf16 before their products, as our tensor-core kernels do.
+  expect_close("cuDNN dq (bf16)", dq_d, dq_ref, 1e-2);
+  expect_close("cuDNN dk (bf16)", dk_d, dk_ref, 1e-2);
+  expect_close("cuDNN dv (bf16)", dv_d, dv_ref, 1e-2);
+}
+
+TEST(CudnnSdpaGpu, CausalGqaPackedD256) {
+  SKIP_UNLESS_HOPPER();
+  // Lengths off the 64-row tiles, a length-1 sequence, the Qwen3.5-35B-A3B widths.
+  const std::vector<int> lengths{300, 1, 77, 129, 64};
+  auto sdpa = build_plan(config_for(total_length(lengths), 5, 16, 2, 256, true));
+  ASSERT_NE(sdpa, nullptr);
+  check_packing(*sdpa, lengths, 10);
+}
+
+TEST(CudnnSdpaGpu, CausalOtherGroupings) {
+  SKIP_UNLESS_HOPPER();
+  auto mha = build_plan(config_for(150, 2, 4, 4, 256, true));  // no grouping: dK/dV straight from the GEMMs
+  ASSERT_NE(mha, nullptr);
+  check_packing(*mha, {149, 1}, 20);
+  auto narrow = build_plan(config_for(200, 3, 6, 2, 128, true));  // ratio 3, D = 128
+  ASSERT_NE(narrow, nullptr);
+  check_packing(*narrow, {5, 150, 45}, 30);
+}
+
+TEST(CudnnSdpaGpu, NonCausalVisionD72) {
+  SKIP_UNLESS_HOPPER();
+  // Per-image patch counts of the vision tower (16 heads of 72).
+  const std::vector<int> lengths{64, 256, 100, 36};
+  auto sdpa = build_plan(config_for(total_length(lengths), 4, 16, 16, 72, false));
+  ASSERT_NE(sdpa, nullptr);
+  check_packing(*sdpa, lengths, 40);
+}
+
+// One plan pair for (T = 512, N = 8) runs packings of 1..8 sequences of any lengths: the batch
+// entries past the sequence count are empty, and no plan is built after setup.
+TEST(CudnnSdpaGpu, OnePlanServesEveryPacking) {
+  SKIP_UNLESS_HOPPER();
+  auto causal = build_plan(config_for(512, 8, 16, 2, 256, true));
+  ASSERT_NE(causal, nullptr);
+  auto vision = build_plan(config_for(400, 6, 16, 16, 72, false));
+  ASSERT_NE(vision, nullptr);
+  const int64_t built = CudnnSdpa::plans_built();
+  check_packing(*causal, {512}, 50);
+  check_packing(*causal, {100, 1, 200, 211}, 60);
+  check_packing(*causal, {63, 65, 1, 127, 129, 64, 62, 1}, 70);
+  check_packing(*causal, {511, 1}, 80);
+  check_packing(*vision, {400}, 90);
+  check_packing(*vision, {16, 64, 100, 220}, 100);
+  check_packing(*vision, {1, 99, 100, 100, 36, 64}, 110);
+  EXPECT_EQ(CudnnSdpa::plans_built(), built) << "a step built a plan";
+}
+
+TEST(CudnnSdpaGpu, RefusesWhatItCannotRun) {
+  SKIP_UNLESS_HOPPER();
+  std::string why_not;
+  EXPECT_EQ(CudnnSdpa::create(config_for(64, 1, 16, 2, 260, true), &why_not), nullptr);
+  EXPECT_NE(why_not.find("head dim"), std::string::npos) << why_not;
+  EXPECT_EQ(CudnnSdpa::create(config_for(64, 1, 3, 2, 64, true), &why_not), nullptr);
+  EXPECT_NE(why_not.find("bad sizes"), std::string::npos) << why_not;
+  auto sdpa = build_plan(config_for(64, 2, 4, 2, 64, true));
+  ASSERT_NE(sdpa, nullptr);
+  DeviceTensor x = device_tensor(DType::bf16, {64, 4, 64});
+  DeviceTensor lse = device_tensor(DType::f32, {64, 4});
+  DeviceTensor cu = to_device(cu_seqlens_from_lengths({32, 16, 16}));
+  DeviceBuffer workspace(sdpa->backward_workspace_bytes());
+  // More sequences than the plan holds, and a workspace smaller than it needs.
+  EXPECT_THROW(sdpa->forward(bf16_ptr(x), bf16_ptr(x), bf16_ptr(x), cu.view.as<int32_t>(), 3, bf16_ptr(x),
+                             f32_ptr(lse), workspace.data(), workspace.bytes(), nullptr),
+               Error);
+  EXPECT_THROW(sdpa->forward(bf16_ptr(x), bf16_ptr(x), bf16_ptr(x), cu.view.as<int32_t>(), 2, bf16_ptr(x),
+                             f32_ptr(lse), workspace.data(), 16, nullptr),
+               Error);
+}
+
+// The model's shapes: checked against our fp32 SIMT kernels (the CPU reference is too slow here;
+// the SIMT kernels are themselves checked against it in attention_gpu_test) and timed beside our
+// dispatching kernels on the same inputs.
+void time_causal(const std::vector<int>& lengths, const char* label, double cudnn_torch_total_ms) {
+  constexpr int64_t kQHeads = 16, kKvHeads = 2, kHeadDim = 256;
+  const int64_t tokens = total_length(lengths), num_seqs = static_cast<int64_t>(lengths.size());
+  auto sdpa = build_plan(config_for(tokens, num_seqs, kQHeads, kKvHeads, kHeadDim, true));
+  ASSERT_NE(sdpa, nullptr);
+  const float scale = sdpa->config().scale;
+  const AttentionDims dims{tokens, kQHeads, kKvHeads, kHeadDim};
+  DeviceTensor q = tiled_random_device_tensor({tokens, kQHeads, kHeadDim}, 1, 1.0f);
+  DeviceTensor k = tiled_random_device_tensor({tokens, kKvHeads, kHeadDim}, 2, 1.0f);
+  DeviceTensor v = tiled_random_device_tensor({tokens, kKvHeads, kHeadDim}, 3, 1.0f);
+  DeviceTensor d_out = tiled_random_device_tensor({tokens, kQHeads, kHeadDim}, 4, 1.0f);
+  DeviceTensor cu = to_device(cu_seqlens_from_lengths(lengths));
+  const int32_t* cu_ptr = cu.view.as<int32_t>();
+  DeviceTensor out = device_tensor(DType::bf16, {tokens, kQHeads, kHeadDim});
+  DeviceTensor lse = device_tensor(DType::f32, {tokens, kQHeads});
+  DeviceTensor dq = device_tensor(DType::bf16, {tokens, kQHeads, kHeadDim});
+  DeviceTensor dk = device_tensor(DType::bf16, {tokens, kKvHeads, kHeadDim});
+  DeviceTensor dv = device_tensor(DType::bf16, {tokens, kKvHeads, kHeadDim});
+  DeviceBuffer ours_workspace(attention_backward_workspace_bytes(dims));
+  DeviceBuffer workspace(std::max(sdpa->forward_workspace_bytes(), sdpa->backward_workspace_bytes()));
+
+  // Correctness first: the SIMT forward gives out/lse (also the backward's inputs on both sides).
+  const FlashAttentionShape shape = causal_attention_shape(dims, cu_ptr, num_seqs, scale);
+  flash_attention_forward_simt_cuda(shape, bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), bf16_ptr(out), f32_ptr(lse),
+                                    nullptr);
+  flash_attention_backward_simt_cuda(shape, bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), bf16_ptr(out), f32_ptr(lse),
+                                     bf16_ptr(d_out), bf16_ptr(dq), bf16_ptr(dk), bf16_ptr(dv), ours_workspace.data(),
+                                     ours_workspace.bytes(), nullptr);
+  DeviceTensor out_c = poisoned_device_tensor(DType::bf16, {tokens, kQHeads, kHeadDim});
+  DeviceTensor lse_c = poisoned_device_tensor(DType::f32, {tokens, kQHeads});
+  DeviceTensor dq_c = poisoned_device_tensor(DType::bf16, {tokens, kQHeads, kHeadDim});
+  DeviceTensor dk_c = poisoned_device_tensor(DType::bf16, {tokens, kKvHeads, kHeadDim});
+  DeviceTensor dv_c = poisoned_device_tensor(DType::bf16, {tokens, kKvHeads, kHeadDim});
+  sdpa->forward(bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), cu_ptr, num_seqs, bf16_ptr(out_c), f32_ptr(lse_c),
+                workspace.data(), workspace.bytes(), nullptr);
+  sdpa->backward(bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), bf16_ptr(out), f32_ptr(lse), bf16_ptr(d_out), cu_ptr,
+                 num_seqs, bf16_ptr(dq_c), bf16_ptr(dk_c), bf16_ptr(dv_c), workspace.data(), workspace.bytes(),
+                 nullptr);
+  device_synchronize();
+  expect_close(std::string(label) + " cuDNN out vs simt", out_c, to_host(out.view), 1e-2);
+  expect_close(std::string(label) + " cuDNN lse vs simt", lse_c, to_host(lse.view), 1e-4);
+  expect_close(std::string(label) + " cuDNN dq vs simt", dq_c, to_host(dq.view), 1e-2);
+  expect_close(std::string(label) + " cuDNN dk vs simt", dk_c, to_host(dk.view), 1e-2);
+  expect_close(std::string(label) + " cuDNN dv vs simt", dv_c, to_host(dv.view), 1e-2);
+
+  auto ours_forward = [&](cudaStream_t stream) {
+    attention_forward_cuda(dims, bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), cu_ptr, num_seqs, scale, bf16_ptr(out),
+                           f32_ptr(lse), stream);
+  };
+  auto ours_backward = [&](cudaStream_t stream) {
+    attention_backward_cuda(dims, bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), bf16_ptr(out), f32_ptr(lse),
+                            bf16_ptr(d_out), cu_ptr, num_seqs, scale, bf16_ptr(dq), bf16_ptr(dk), bf16_ptr(dv),
+                            ours_workspace.data(), ours_workspace.bytes(), stream);
+  };
+  auto cudnn_forward = [&](cudaStream_t stream) {
+    sdpa->forward(bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), cu_ptr, num_seqs, bf16_ptr(out_c), f32_ptr(lse_c),
+                  workspace.data(), workspace.bytes(), stream);
+  };
+  auto cudnn_backward = [&](cudaStream_t stream) {
+    sdpa->backward(bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), bf16_ptr(out), f32_ptr(lse), bf16_ptr(d_out), cu_ptr,
+                   num_seqs, bf16_ptr(dq_c), bf16_ptr(dk_c), bf16_ptr(dv_c), workspace.data(), workspace.bytes(),
+                   stream);
+  };
+  const double flops = attention_forward_flops(lengths, kQHeads, kHeadDim, true);
+  const int64_t built = CudnnSdpa::plans_built();
+  std::printf("causal attention timing %s (T=%lld, Hq=16, Hkv=2, D=256), medians of CUDA-event runs\n", label,
+              static_cast<long long>(tokens));
+  const double ours_f = median_ms(ours_forward, nullptr, 2, 7), ours_b = median_ms(ours_backward, nullptr, 2, 7);
+  const double cudnn_f = median_ms(cudnn_forward, nullptr, 2, 7), cudnn_b = median_ms(cudnn_backward, nullptr, 2, 7);
+  print_flop_timing("forward, ours", ours_f, flops);
+  print_flop_timing("forward, cuDNN", cudnn_f, flops);
+  print_flop_timing("backward, ours (2.5x forward FLOPs)", ours_b, 2.5 * flops);
+  print_flop_timing("backward, cuDNN", cudnn_b, 2.5 * flops);
+  print_flop_timing("forward + backward, ours", ours_f + ours_b, 3.5 * flops);
+  print_flop_timing("forward + backward, cuDNN", cudnn_f + cudnn_b, 3.5 * flops);
+  std::printf("  anchor: cuDNN SDPA through PyTorch 2.11 on the H200, forward + backward %.2f ms\n",
+              cudnn_torch_total_ms);
+  EXPECT_EQ(CudnnSdpa::plans_built(), built) << "timing runs built a plan";
+
+  // The model's plan holds up to 64 sequences (GpuModelOptions::max_seqs): the same inputs
+  // through it, the unused entries empty. Checked, and timed to show what the padding costs.
+  auto padded = build_plan(config_for(tokens, 64, kQHeads, kKvHeads, kHeadDim, true));
+  ASSERT_NE(padded, nullptr);
+  DeviceBuffer padded_workspace(std::max(padded->forward_workspace_bytes(), padded->backward_workspace_bytes()));
+  auto padded_forward = [&](cudaStream_t stream) {
+    padded->forward(bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), cu_ptr, num_seqs, bf16_ptr(out_c), f32_ptr(lse_c),
+                    padded_workspace.data(), padded_workspace.bytes(), stream);
+  };
+  auto padded_backward = [&](cudaStream_t stream) {
+    padded->backward(bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), bf16_ptr(out), f32_ptr(lse), bf16_ptr(d_out), cu_ptr,
+                     num_seqs, bf16_ptr(dq_c), bf16_ptr(dk_c), bf16_ptr(dv_c), padded_workspace.data(),
+                     padded_workspace.bytes(), stream);
+  };
+  const double padded_f = median_ms(padded_forward, nullptr, 2, 7);
+  const double padded_b = median_ms(padded_backward, nullptr, 2, 7);
+  print_flop_timing("forward, cuDNN plan for 64 sequences", padded_f, flops);
+  print_flop_timing("backward, cuDNN plan for 64 sequences", padded_b, 2.5 * flops);
+  device_synchronize();
+  expect_close(std::string(label) + " cuDNN (N=64) dq vs ours", dq_c, to_host(dq.view), 1e-2);
+  expect_close(std::string(label) + " cuDNN (N=64) dk vs ours", dk_c, to_host(dk.view), 1e-2);
+  expect_close(std::string(label) + " cuDNN (N=64) dv vs ours", dv_c, to_host(dv.view), 1e-2);
+  padded_forward(nullptr);
+  device_synchronize();
+  expect_close(std::string(label) + " cuDNN (N=64) out vs ours", out_c, to_host(out.view), 1e-2);
+}
+
+TEST(CudnnSdpaGpu, Timing35BShapes) {
+  SKIP_UNLESS_HOPPER();
+  std::printf("cuDNN %zu loaded (built against %d)\n", cudnnGetVersion(), CUDNN_VERSION);
+  time_causal({4096, 4096}, "2 x 4096", 2 * 1.35);
+  time_causal({8192}, "1 x 8192", 4.26);
+}
+
+}  // namespace
+}  // namespace deltamoe
