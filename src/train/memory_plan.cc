@@ -118,15 +118,9 @@ ModelBytes estimate_vision_bytes(const VisionConfig& config, int64_t max_patches
   ModelBytes bytes;
   bytes.activations = vision_activation_bytes(config, spec);
   bytes.inputs = vision_input_bytes(config, spec);
-  // Column-sum partials of the bias and LayerNorm backwards, attention's lse gradient, cuBLASLt's;
-  // with at most 64 possible frames the blocks' attention may run through cuDNN's SDPA: its fp32
-  // dQ accumulator and row sums [N, H, D + 1] and 16 MiB for its plans' scratch.
-  const size_t partials = static_cast<size_t>(max_patches) * static_cast<size_t>(config.intermediate_size) * 4 / 64;
-  const size_t attention =
-      vision_max_segments(config, max_patches) <= 64
-          ? static_cast<size_t>(4 * max_patches * config.num_heads * (config.head_dim() + 1)) + (size_t{16} << 20)
-          : 0;
-  bytes.workspace = std::max(partials, attention) + (size_t{32} << 20);
+  // Column-sum partials of the bias and LayerNorm backwards, attention's lse gradient, cuBLASLt's.
+  bytes.workspace = static_cast<size_t>(max_patches) * static_cast<size_t>(config.intermediate_size) * 4 / 64 +
+                    (size_t{32} << 20);
   return bytes;
 }
 

@@ -10,10 +10,8 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
-#include "core/log.h"
 #include "kernels/bias_add/bias_add_cuda.h"
 #include "kernels/bidirectional_attention/bidirectional_attention_cuda.h"
-#include "kernels/cudnn_sdpa/gpu/cudnn_attention_choice.h"
 #include "kernels/gelu/gelu_cuda.h"
 #include "kernels/gemm/gemm_cuda.h"
 #include "kernels/layer_norm/layer_norm_cuda.h"
@@ -42,23 +40,6 @@ GeluKind block_gelu_kind(const VisionConfig& config) {
   RAISE("gpu vision model: hidden_act '", config.hidden_act, "' is not supported (gelu_pytorch_tanh or gelu)");
 }
 
-// cuDNN's plans hold every possible frame as a batch entry (max_patches / merge^2 of them);
-// past this many the empty entries' cost is unmeasured, and the tower keeps our kernel.
-constexpr int64_t kCudnnMaxSegments = 64;
-
-// The blocks' cuDNN SDPA plans: non-causal per frame over up to max_patches rows.
-CudnnSdpaConfig cudnn_attention_config(const VisionConfig& config, int64_t max_patches) {
-  CudnnSdpaConfig c;
-  c.max_tokens = max_patches;
-  c.max_segments = vision_max_segments(config, max_patches);
-  c.num_q_heads = config.num_heads;
-  c.num_kv_heads = config.num_heads;
-  c.head_dim = config.head_dim();
-  c.causal = false;
-  c.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim())));
-  return c;
-}
-
 // The largest scratch any backward kernel asks for (they run one at a time on the stream).
 size_t vision_workspace_bytes(const VisionConfig& config, int64_t N) {
   const int64_t C = config.hidden_size, I = config.intermediate_size, H = config.num_heads;
@@ -69,8 +50,6 @@ size_t vision_workspace_bytes(const VisionConfig& config, int64_t N) {
                    bias_add_backward_workspace_bytes(N, I), bias_add_backward_workspace_bytes(N, C),
                    bias_add_backward_workspace_bytes(M, O), bidirectional_attention_backward_workspace_bytes(N, H)})
     bytes = std::max(bytes, b);
-  if (vision_max_segments(config, N) <= kCudnnMaxSegments)
-    bytes = std::max(bytes, cudnn_attention_workspace_reserve(cudnn_attention_config(config, N)));
   return bytes;
 }
 
@@ -142,13 +121,6 @@ GpuVisionModel::GpuVisionModel(const VisionConfig& config, const VisionWeights& 
   carve_vision_activations(carver, config_, spec_, &acts_);
   workspace_bytes_ = bytes_.workspace - kGemmDefaultWorkspaceBytes;
   workspace_ = DeviceBuffer(workspace_bytes_);
-  if (max_segments_ <= kCudnnMaxSegments) {
-    cudnn_attention_ = choose_cudnn_attention(cudnn_attention_config(config_, max_patches_), workspace_bytes_,
-                                              "gpu vision attention");
-  } else {
-    log_info("gpu vision attention: our flash-attention kernel; ", max_segments_, " possible frames exceed the ",
-             kCudnnMaxSegments, " the cuDNN plans are used for");
-  }
   inputs_arena_ = std::make_unique<DeviceArena>(bytes_.inputs, "gpu vision inputs");
   ArenaCarver input_carver(inputs_arena_.get());
   carve_vision_inputs(input_carver, config_, spec_, &inputs_);
@@ -302,13 +274,8 @@ void GpuVisionModel::block_forward(int64_t block, const Bf16* prev_mlp_out, cons
   vision_rope_forward_cuda(acts_.qkv, 3 * C, b.q, C, inputs_.rope_cos, inputs_.rope_sin, N, H, D, stream_);
   vision_rope_forward_cuda(acts_.qkv + C, 3 * C, b.k, C, inputs_.rope_cos, inputs_.rope_sin, N, H, D, stream_);
   copy_columns(acts_.qkv + 2 * C, 3 * C, b.v, C, C, N, stream_);
-  if (cudnn_attention_ != nullptr) {
-    cudnn_attention_->forward(b.q, b.k, b.v, inputs_.cu_seqlens, num_segments_, b.attn, b.lse, workspace_.data(),
-                              workspace_bytes_, stream_);
-  } else {
-    bidirectional_attention_forward_cuda(b.q, b.k, b.v, inputs_.cu_seqlens, num_segments_, b.attn, b.lse, N, H, D,
-                                         scale, stream_);
-  }
+  bidirectional_attention_forward_cuda(b.q, b.k, b.v, inputs_.cu_seqlens, num_segments_, b.attn, b.lse, N, H, D, scale,
+                                       stream_);
   linear_forward_bias_cuda(*gemm_, b.attn, W.proj_weight.w, W.proj_bias.w, acts_.branch_out, N, C, C, stream_);
   // h1 = x_in + proj, normalised in the same pass.
   layer_norm_forward_cuda(acts_.branch_out, b.x_in, b.h1, W.norm2_weight.f32, W.norm2_bias.f32, b.ln2, b.mean2,
@@ -382,14 +349,9 @@ void GpuVisionModel::block_backward(int64_t block) {
   bias_grad(W.proj_bias, acts_.grad_h1, true, N, C);
   linear_backward_input_cuda(*gemm_, acts_.grad_h1_bf16, W.proj_weight.w, acts_.grad_attn, N, C, C, stream_);
   weight_grad(W.proj_weight, acts_.grad_h1_bf16, b.attn, N, C, C);
-  if (cudnn_attention_ != nullptr) {
-    cudnn_attention_->backward(b.q, b.k, b.v, b.attn, b.lse, acts_.grad_attn, inputs_.cu_seqlens, num_segments_,
-                               acts_.grad_q, acts_.grad_k, acts_.grad_v, ws, ws_bytes, stream_);
-  } else {
-    bidirectional_attention_backward_cuda(b.q, b.k, b.v, b.attn, b.lse, acts_.grad_attn, inputs_.cu_seqlens,
-                                          num_segments_, acts_.grad_q, acts_.grad_k, acts_.grad_v, N, H, D, scale, ws,
-                                          ws_bytes, stream_);
-  }
+  bidirectional_attention_backward_cuda(b.q, b.k, b.v, b.attn, b.lse, acts_.grad_attn, inputs_.cu_seqlens,
+                                        num_segments_, acts_.grad_q, acts_.grad_k, acts_.grad_v, N, H, D, scale, ws,
+                                        ws_bytes, stream_);
   // d_qkv [N, 3C] = [rope^-1(dq) | rope^-1(dk) | dv].
   Bf16* d_qkv = acts_.grad_wide;
   vision_rope_backward_cuda(acts_.grad_q, C, d_qkv, 3 * C, inputs_.rope_cos, inputs_.rope_sin, N, H, D, stream_);

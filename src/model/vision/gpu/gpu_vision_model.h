@@ -26,7 +26,6 @@
 namespace deltamoe {
 
 class GemmContext;
-class CudnnSdpa;
 
 struct GpuVisionBytes {
   size_t activations = 0, workspace = 0, inputs = 0;
@@ -92,9 +91,6 @@ class GpuVisionModel {
   VisionActivations acts_;
   DeviceBuffer workspace_;
   size_t workspace_bytes_ = 0;
-  // The blocks' attention backend, chosen at setup (cudnn_attention_choice.h): cuDNN's fused
-  // SDPA plans, or null for our flash-attention kernel. Both save lse [N, H] fp32.
-  std::unique_ptr<CudnnSdpa> cudnn_attention_;
   std::unique_ptr<DeviceArena> inputs_arena_;
   VisionInputs inputs_;
   struct Staging;
