@@ -74,6 +74,9 @@ for stage in ${STAGES:-kill_resume refuse vlm4 vlm4_frozen text8}; do
     $bin init --config tiny-vl --out "$work/tvl" > "$logs/kill_init.log" 2>&1
     python3 tools/demo/make_tokenizer.py "$work/qwen3_tokenizer.json" $template "$work/tvl" >> "$logs/kill_init.log"
     python3 tools/demo/make_data.py "$work/tdata" --train 96 --val 0 --seed 3 >> "$logs/kill_init.log"
+    # Byte identity needs a deterministic attention backward: cuDNN's (the default on sm_90) adds
+    # dQ with atomics, so this stage runs our kernel.
+    export DELTAMOE_ATTENTION=ours
     args=(train --model "$work/tvl" --dataset "$work/tdata/train.jsonl" --max_steps 8 --save_steps 4
           --micro_batch_tokens 512 --max_length 256 --gradient_accumulation_steps 2 --lr 1e-3 --freeze_vit false
           --freeze_aligner false --device cuda --seed 5)
@@ -93,6 +96,7 @@ for stage in ${STAGES:-kill_resume refuse vlm4 vlm4_frozen text8}; do
     done
     ;;
   refuse)
+    unset DELTAMOE_ATTENTION
     # 8 text layers at full widths with fp32 moments: 7.75 B parameters x 18 B = 130 GiB of state alone.
     $bin bench --layers 8 --optimizer_state_dtype f32 --steps 1 --warmup 0 > "$logs/refuse.log" 2>&1
     rc=$?

@@ -153,13 +153,13 @@ TEST(CudnnSdpaGpu, CausalOtherGroupings) {
   check_packing(*narrow, {5, 150, 45}, 30);
 }
 
-TEST(CudnnSdpaGpu, NonCausalVisionD72) {
+// The vision tower's shape (non-causal, 16 heads of 72) is refused: its dQ came out wrong on the
+// H200 (rel. L2 1.2), so the tower keeps our kernel until the graph is fixed.
+TEST(CudnnSdpaGpu, NonCausalVisionD72IsRefused) {
   SKIP_UNLESS_HOPPER();
-  // Per-image patch counts of the vision tower (16 heads of 72).
-  const std::vector<int> lengths{64, 256, 100, 36};
-  auto sdpa = build_plan(config_for(total_length(lengths), 4, 16, 16, 72, false));
-  ASSERT_NE(sdpa, nullptr);
-  check_packing(*sdpa, lengths, 40);
+  std::string why_not;
+  EXPECT_EQ(CudnnSdpa::create(config_for(456, 4, 16, 16, 72, false), &why_not), nullptr);
+  EXPECT_NE(why_not.find("only causal attention"), std::string::npos) << why_not;
 }
 
 // One plan pair for (T = 512, N = 8) runs packings of 1..8 sequences of any lengths: the batch
@@ -168,16 +168,11 @@ TEST(CudnnSdpaGpu, OnePlanServesEveryPacking) {
   SKIP_UNLESS_HOPPER();
   auto causal = build_plan(config_for(512, 8, 16, 2, 256, true));
   ASSERT_NE(causal, nullptr);
-  auto vision = build_plan(config_for(400, 6, 16, 16, 72, false));
-  ASSERT_NE(vision, nullptr);
   const int64_t built = CudnnSdpa::plans_built();
   check_packing(*causal, {512}, 50);
   check_packing(*causal, {100, 1, 200, 211}, 60);
   check_packing(*causal, {63, 65, 1, 127, 129, 64, 62, 1}, 70);
   check_packing(*causal, {511, 1}, 80);
-  check_packing(*vision, {400}, 90);
-  check_packing(*vision, {16, 64, 100, 220}, 100);
-  check_packing(*vision, {1, 99, 100, 100, 36, 64}, 110);
   EXPECT_EQ(CudnnSdpa::plans_built(), built) << "a step built a plan";
 }
 
