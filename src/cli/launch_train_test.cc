@@ -3,7 +3,8 @@
 // --use_distributed_optimizer true` on tiny-vl for 10 steps writes the losses of the one-rank run
 // with twice the accumulation (the same samples in the same order): the first step bitwise, every
 // step within 1e-5 relative; the same through NPROC_PER_NODE=2 (and mpirun -np 2 where built with
-// MPI). A run saved at 2 ranks resumes at 1.
+// MPI). A run saved at 2 ranks resumes at 1; one saved at 4 ranks resumes at 2 and at 1. A SIGTERM
+// that reaches one rank stops every rank after the same step with one checkpoint.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -149,6 +150,89 @@ TEST_F(LaunchTrainTest, KilledRankEndsTheRunAndResumeContinuesExactly) {
   EXPECT_NE(hang_log.find("held up by rank 1 (pid "), std::string::npos) << hang_log;
   EXPECT_NE(hang_log.find("label 'step 3'"), std::string::npos) << hang_log;
   std::printf("  hanging rank at step 3: the job ended after %.1f s\n", hang_seconds);
+}
+
+// Saved at 4 ranks (EP 4) after 4 of 10 steps, resumed through `train` at 2 ranks (EP 2) and at 1:
+// the data position is global and the checkpoint holds whole tensors, so both continue with the
+// same samples; a 2-rank run saved again after step 7 and resumed ends bitwise like the 2-rank run
+// that went through without a stop (losses and every checkpoint-10 file byte).
+TEST_F(LaunchTrainTest, SavedAtFourRanksResumesAtTwoAndAtOne) {
+  const std::string zero = " --use_distributed_optimizer true";
+  const std::string four = str_cat(binary(), " launch --nproc_per_node 4 --"),
+                    two = str_cat(binary(), " launch --nproc_per_node 2 --");
+  const std::string four_flags = "--gradient_accumulation_steps 1 --expert_model_parallel_size 4" + zero,
+                    two_flags = "--gradient_accumulation_steps 2 --expert_model_parallel_size 2" + zero,
+                    one_flags = "--gradient_accumulation_steps 4";
+  ASSERT_EQ(train("at_four", four, four_flags + " --stop_after_steps 4"), 0) << log_of("at_four");
+  ASSERT_EQ(losses("at_four").size(), 4u);
+  ASSERT_TRUE(fs::exists(*root_ / "at_four" / "checkpoint-4"));
+  for (const char* copy : {"four_to_two", "four_to_two_stopped", "four_to_one"}) {
+    fs::remove_all(*root_ / copy);
+    fs::copy(*root_ / "at_four", *root_ / copy, fs::copy_options::recursive);
+  }
+  ASSERT_EQ(train("four_to_two", two, two_flags + " --resume auto"), 0) << log_of("four_to_two");
+  ASSERT_EQ(train("four_to_two_stopped", two, two_flags + " --resume auto --stop_after_steps 3"), 0)
+      << log_of("four_to_two_stopped");
+  ASSERT_TRUE(fs::exists(*root_ / "four_to_two_stopped" / "checkpoint-7"));
+  ASSERT_EQ(train("four_to_two_stopped", two, two_flags + " --resume auto"), 0) << log_of("four_to_two_stopped");
+  ASSERT_EQ(train("four_to_one", binary(), one_flags + " --resume auto"), 0) << log_of("four_to_one");
+
+  const std::vector<double> at_two = losses("four_to_two"), stopped = losses("four_to_two_stopped"),
+                            at_one = losses("four_to_one"), before = losses("at_four");
+  ASSERT_EQ(at_two.size(), 10u) << log_of("four_to_two");
+  ASSERT_EQ(at_one.size(), 10u) << log_of("four_to_one");
+  EXPECT_EQ(stopped, at_two) << "saved and resumed again at 2 ranks: the losses of the 2-rank run without a stop";
+  for (const char* file : {"optimizer.safetensors", "model.safetensors"}) {
+    EXPECT_EQ(read_bytes(*root_ / "four_to_two_stopped" / "checkpoint-10" / file),
+              read_bytes(*root_ / "four_to_two" / "checkpoint-10" / file))
+        << file << " of the 2-rank runs with and without the stop after step 7";
+  }
+  double worst = 0;
+  for (size_t i = 0; i < at_two.size(); ++i) {
+    if (i < before.size()) {
+      EXPECT_EQ(at_two[i], before[i]);
+      EXPECT_EQ(at_one[i], before[i]);
+    }
+    const double relative = std::fabs(at_one[i] - at_two[i]) / std::fabs(at_two[i]);
+    worst = std::max(worst, relative);
+    EXPECT_LE(relative, 1e-5) << "step " << i + 1 << ": 1 rank " << at_one[i] << ", 2 ranks " << at_two[i];
+  }
+  // The first step after the resume sums the same gradients in another order at 1 and 2 ranks, so
+  // only its start is shared; the runs must not have diverged.
+  std::printf("  saved at 4 ranks after step 4; resumed at 2 and at 1: worst relative loss difference %.2e; "
+              "2 ranks stopped after step 7 and resumed: %s\n",
+              worst, stopped == at_two ? "bitwise the run without the stop" : "DIFFERENT");
+}
+
+// A SIGTERM that reaches rank 2 alone (a preemption notice for one process) during step 3 of 4: every
+// rank stops after step 3, one checkpoint-3 is saved, every rank exits with 128 + 15, and --resume
+// auto then gives the losses of the uninterrupted run bitwise.
+TEST_F(LaunchTrainTest, SigtermToOneRankStopsEveryRankAtTheSameStep) {
+  const std::string four = str_cat(binary(), " launch --nproc_per_node 4 --grace_period 3 --");
+  const std::string flags = "--gradient_accumulation_steps 1 --expert_model_parallel_size 4 "
+                            "--use_distributed_optimizer true --save_steps 2 --max_steps 4";
+  ASSERT_EQ(train("uninterrupted", four, flags), 0) << log_of("uninterrupted");
+  const auto start = std::chrono::steady_clock::now();
+  const int status = train("termed", "DELTAMOE_FAULT='rank:2,at:step 3,kind:term' " + four, flags);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string log = log_of("termed");
+  EXPECT_EQ(status, 128 + 15) << log;
+  EXPECT_NE(log.find("fault injection (DELTAMOE_FAULT): rank 2 term"), std::string::npos) << log;
+  for (int r = 0; r < 4; ++r) EXPECT_NE(log.find(str_cat("rank ", r, " exited with code 143")), std::string::npos) << log;
+  EXPECT_NE(log.find("stopped by signal 15 (received by another rank) after step 3"), std::string::npos) << log;
+  EXPECT_NE(log.find("stopped by signal 15 after step 3"), std::string::npos) << log;
+  EXPECT_EQ(log.find("job aborted"), std::string::npos) << log;
+  EXPECT_TRUE(fs::exists(*root_ / "termed" / "checkpoint-3")) << log;
+  EXPECT_FALSE(fs::exists(*root_ / "termed" / "checkpoint-4")) << log;
+  EXPECT_EQ(losses("termed").size(), 3u) << log;
+  ASSERT_EQ(train("termed", four, flags + " --resume auto"), 0) << log_of("termed");
+  const std::vector<double> want = losses("uninterrupted"), got = losses("termed");
+  ASSERT_EQ(want.size(), 4u);
+  EXPECT_EQ(got, want) << "the resumed run's losses equal the uninterrupted run's bitwise";
+  EXPECT_EQ(read_bytes(*root_ / "termed" / "checkpoint-4" / "optimizer.safetensors"),
+            read_bytes(*root_ / "uninterrupted" / "checkpoint-4" / "optimizer.safetensors"));
+  std::printf("  SIGTERM to rank 2 in step 3: all 4 ranks stopped after step 3 in %.1f s with checkpoint-3; "
+              "resumed: %s\n", seconds, got == want ? "bitwise the uninterrupted run" : "DIFFERENT");
 }
 
 TEST_F(LaunchTrainTest, BadLayoutsAreRefusedWithTheFlag) {

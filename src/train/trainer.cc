@@ -312,12 +312,23 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
   const Clock::time_point loop_start = Clock::now();
   bool saved_at_step = false;
   double run_flops = 0, run_step_s = 0;  // for the summary's MFU
-  auto stop_for_signal = [&]() {
+  // The stop signal as every rank sees it: a signal that reached one rank (a preemption notice, a
+  // kill of one process) stops all of them at the same step boundary, so that they save one
+  // consistent checkpoint together. One all-reduce of one value per check.
+  auto agreed_stop_signal = [&]() -> int {
+    const int64_t mine = StopSignalGuard::stop_signal();
+    if (!distributed) return static_cast<int>(mine);
+    int64_t agreed = 0;
+    world->all_reduce(&mine, &agreed, 1, DType::i64, ReduceOp::max);
+    return static_cast<int>(agreed);
+  };
+  auto stop_for_signal = [&](int signal) {
     if (!saved_at_step && summary.steps_this_run > 0) save();
     saved_at_step = true;
-    log_warn("train: stopped by signal ", StopSignalGuard::stop_signal(), " after step ", state.global_step,
-             "; continue with --resume auto");
-    summary.stopped_by_signal = StopSignalGuard::stop_signal();
+    log_warn("train: stopped by signal ", signal,
+             distributed && StopSignalGuard::stop_signal() == 0 ? " (received by another rank)" : "", " after step ",
+             state.global_step, "; continue with --resume auto");
+    summary.stopped_by_signal = signal;
   };
   // Reads whole global batches (every rank reads all of them and keeps its share, below).
   StepBatchReader reader(pipeline, step_micro_batches);  // after the pipeline: joins its reads before it goes
@@ -335,13 +346,15 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
     } else {
       for (int64_t i = rank; i < read; i += world_size) batches.push_back(std::move(step_batches.batches[i]));
     }
-    if (distributed && read % world_size != 0 && StopSignalGuard::stop_signal() == 0) {
+    if (distributed) world->set_activity(str_cat("step ", state.global_step + 1, " start"));
+    const int stop_signal = agreed_stop_signal();
+    if (distributed && read % world_size != 0 && stop_signal == 0) {
       log_warn("train: the data ended inside step ", state.global_step + 1, " with ", read, " micro-batches, not a ",
                "multiple of the ", world_size, " ranks; that step is dropped");
       break;
     }
-    if (StopSignalGuard::stop_signal() != 0) {  // while the step's data was read: that step is dropped
-      stop_for_signal();
+    if (stop_signal != 0) {  // while the step's data was read: that step is dropped
+      stop_for_signal(stop_signal);
       break;
     }
     if (batches.empty()) {
@@ -440,9 +453,12 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
                "--resume auto");
       break;
     }
-    if (StopSignalGuard::stop_signal() != 0 && !last) {
-      stop_for_signal();
-      break;
+    if (!last) {
+      if (distributed) world->set_activity(str_cat("step ", state.global_step, " end"));
+      if (const int signal = agreed_stop_signal(); signal != 0) {
+        stop_for_signal(signal);
+        break;
+      }
     }
   }
   if (!saved_at_step && summary.steps_this_run > 0) save();
