@@ -15,6 +15,7 @@
 
 #include "parallel/world.h"
 #include "testing/run_command.h"
+#include "train/train_checkpoint.h"
 #include "train/train_test_util.h"
 
 namespace deltamoe {
@@ -81,9 +82,9 @@ TEST_F(LaunchTrainTest, TwoRanksTrainLikeOneRankWithTwiceTheAccumulation) {
             0)
       << log_of("launch");
   expect_like_one_rank("launch");
-  // The checkpoint gathered from both ranks has the model files and optimizer state a single
-  // rank writes; the model weights differ only by the rounding of the sums.
-  EXPECT_TRUE(fs::exists(*root_ / "launch" / "checkpoint-10" / "optimizer.safetensors"));
+  // The checkpoint has the model files a single rank writes (weights gathered to rank 0) and each
+  // rank's optimizer state in its own file.
+  EXPECT_TRUE(fs::exists(*root_ / "launch" / "checkpoint-10" / optimizer_rank_file(1, 2)));
   EXPECT_TRUE(fs::exists(*root_ / "launch" / "checkpoint-10" / "model.safetensors") ||
               fs::exists(*root_ / "launch" / "checkpoint-10" / "model.safetensors.index.json"));
 
@@ -166,6 +167,18 @@ TEST_F(LaunchTrainTest, SavedAtFourRanksResumesAtTwoAndAtOne) {
   ASSERT_EQ(train("at_four", four, four_flags + " --stop_after_steps 4"), 0) << log_of("at_four");
   ASSERT_EQ(losses("at_four").size(), 4u);
   ASSERT_TRUE(fs::exists(*root_ / "at_four" / "checkpoint-4"));
+  // Each rank wrote its own optimizer state; a checkpoint that lacks one of them is not resumable.
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(fs::exists(*root_ / "at_four" / "checkpoint-4" / optimizer_rank_file(r, 4))) << r;
+  }
+  EXPECT_FALSE(fs::exists(*root_ / "at_four" / "checkpoint-4" / "optimizer.safetensors"));
+  EXPECT_EQ(checkpoint_problem((*root_ / "at_four" / "checkpoint-4").string()), "");
+  fs::remove_all(*root_ / "rank_file_missing");
+  fs::copy(*root_ / "at_four" / "checkpoint-4", *root_ / "rank_file_missing", fs::copy_options::recursive);
+  fs::remove(*root_ / "rank_file_missing" / optimizer_rank_file(1, 4));
+  EXPECT_NE(checkpoint_problem((*root_ / "rank_file_missing").string()).find("the optimizer state of rank 1 of 4"),
+            std::string::npos)
+      << checkpoint_problem((*root_ / "rank_file_missing").string());
   for (const char* copy : {"four_to_two", "four_to_two_stopped", "four_to_one"}) {
     fs::remove_all(*root_ / copy);
     fs::copy(*root_ / "at_four", *root_ / copy, fs::copy_options::recursive);
@@ -182,7 +195,7 @@ TEST_F(LaunchTrainTest, SavedAtFourRanksResumesAtTwoAndAtOne) {
   ASSERT_EQ(at_two.size(), 10u) << log_of("four_to_two");
   ASSERT_EQ(at_one.size(), 10u) << log_of("four_to_one");
   EXPECT_EQ(stopped, at_two) << "saved and resumed again at 2 ranks: the losses of the 2-rank run without a stop";
-  for (const char* file : {"optimizer.safetensors", "model.safetensors"}) {
+  for (const std::string& file : {optimizer_rank_file(0, 2), optimizer_rank_file(1, 2), std::string("model.safetensors")}) {
     EXPECT_EQ(read_bytes(*root_ / "four_to_two_stopped" / "checkpoint-10" / file),
               read_bytes(*root_ / "four_to_two" / "checkpoint-10" / file))
         << file << " of the 2-rank runs with and without the stop after step 7";
@@ -229,10 +242,31 @@ TEST_F(LaunchTrainTest, SigtermToOneRankStopsEveryRankAtTheSameStep) {
   const std::vector<double> want = losses("uninterrupted"), got = losses("termed");
   ASSERT_EQ(want.size(), 4u);
   EXPECT_EQ(got, want) << "the resumed run's losses equal the uninterrupted run's bitwise";
-  EXPECT_EQ(read_bytes(*root_ / "termed" / "checkpoint-4" / "optimizer.safetensors"),
-            read_bytes(*root_ / "uninterrupted" / "checkpoint-4" / "optimizer.safetensors"));
-  std::printf("  SIGTERM to rank 2 in step 3: all 4 ranks stopped after step 3 in %.1f s with checkpoint-3; "
-              "resumed: %s\n", seconds, got == want ? "bitwise the uninterrupted run" : "DIFFERENT");
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(read_bytes(*root_ / "termed" / "checkpoint-4" / optimizer_rank_file(r, 4)),
+              read_bytes(*root_ / "uninterrupted" / "checkpoint-4" / optimizer_rank_file(r, 4)));
+  }
+  std::printf("  SIGTERM to rank 2 in step 3: the job ended with code %d after %.1f s; resumed: %s\n", status, seconds,
+              got == want ? "bitwise the uninterrupted run" : "DIFFERENT");
+
+  // Rank 1 dies in the save of step 4 after writing its optimizer file, before the commit vote: the
+  // job fails, nothing is renamed into place, and --resume auto continues from checkpoint-2 (the
+  // half-written folder is removed) to the uninterrupted run's losses.
+  const int killed = train("killed_in_save", "DELTAMOE_COMM_TIMEOUT=10 DELTAMOE_FAULT='rank:1,at:save vote at step 4,kind:kill' " + four,
+                           flags);
+  const std::string kill_log = log_of("killed_in_save");
+  EXPECT_NE(killed, 0) << kill_log;
+  EXPECT_NE(kill_log.find("the job failed because of rank 1, which was killed by signal 9"), std::string::npos)
+      << kill_log;
+  EXPECT_NE(kill_log.find("rank 1 kill at label 'save vote at step 4'"), std::string::npos) << kill_log;
+  EXPECT_FALSE(fs::exists(*root_ / "killed_in_save" / "checkpoint-4")) << kill_log;
+  ASSERT_EQ(train("killed_in_save", four, flags + " --resume auto"), 0) << log_of("killed_in_save");
+  EXPECT_NE(log_of("killed_in_save").find("resuming from " + (*root_ / "killed_in_save" / "checkpoint-2").string()),
+            std::string::npos)
+      << log_of("killed_in_save");
+  EXPECT_EQ(losses("killed_in_save"), want);
+  EXPECT_EQ(read_bytes(*root_ / "killed_in_save" / "checkpoint-4" / optimizer_rank_file(3, 4)),
+            read_bytes(*root_ / "uninterrupted" / "checkpoint-4" / optimizer_rank_file(3, 4)));
 }
 
 TEST_F(LaunchTrainTest, BadLayoutsAreRefusedWithTheFlag) {
