@@ -7,9 +7,11 @@
 // that reaches one rank stops every rank after the same step with one checkpoint.
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <sys/wait.h>
 
 #include <chrono>
+#include <thread>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -267,6 +269,56 @@ TEST_F(LaunchTrainTest, SigtermToOneRankStopsEveryRankAtTheSameStep) {
   EXPECT_EQ(losses("killed_in_save"), want);
   EXPECT_EQ(read_bytes(*root_ / "killed_in_save" / "checkpoint-4" / optimizer_rank_file(3, 4)),
             read_bytes(*root_ / "uninterrupted" / "checkpoint-4" / optimizer_rank_file(3, 4)));
+}
+
+// SIGTERM to the launcher (a scheduler stopping the job) once step 1 is logged: it forwards the
+// signal to every rank, they agree on one step, save one checkpoint and the launcher exits 143;
+// --resume auto then finishes the run.
+TEST_F(LaunchTrainTest, SigtermToTheLauncherStopsTheJobWithOneCheckpoint) {
+  const fs::path pid_file = *root_ / "launcher.pid";
+  fs::remove(pid_file);
+  const std::string flags = "--gradient_accumulation_steps 1 --expert_model_parallel_size 2 "
+                            "--use_distributed_optimizer true --save_steps 100 --max_steps 10";
+  int status = -1;
+  std::thread job([&] {
+    // sh starts the launcher in the background and writes its pid, then waits for it.
+    status = train("launcher_termed",
+                   str_cat("sh -c '", binary(), " launch --nproc_per_node 2 -- \"$@\" & echo $! > ",
+                           pid_file.string(), "; wait $!' sh"),
+                   flags);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  pid_t launcher = 0;
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
+    if (launcher == 0 && fs::exists(pid_file)) {
+      std::ifstream(pid_file) >> launcher;
+    }
+    // A whole first line of metrics.jsonl (not parsed: the writer may be mid-line).
+    if (launcher > 0 && fs::exists(*root_ / "launcher_termed" / "metrics.jsonl") &&
+        read_bytes(*root_ / "launcher_termed" / "metrics.jsonl").find('\n') != std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GT(launcher, 0);
+  ::kill(launcher, SIGTERM);
+  job.join();
+  const std::string log = log_of("launcher_termed");
+  EXPECT_EQ(status, 128 + 15) << log;
+  EXPECT_NE(log.find("launch: every rank stopped on signal 15"), std::string::npos) << log;
+  std::vector<std::string> checkpoints;
+  for (const auto& entry : fs::directory_iterator(*root_ / "launcher_termed")) {
+    if (entry.path().filename().string().starts_with("checkpoint-")) checkpoints.push_back(entry.path().filename());
+  }
+  ASSERT_EQ(checkpoints.size(), 1u) << log;
+  const size_t stopped_at = losses("launcher_termed").size();
+  EXPECT_EQ(checkpoints[0], str_cat("checkpoint-", stopped_at)) << log;
+  EXPECT_LT(stopped_at, 10u) << log;
+  ASSERT_EQ(train("launcher_termed", str_cat(binary(), " launch --nproc_per_node 2 --"), flags + " --resume auto"), 0)
+      << log_of("launcher_termed");
+  EXPECT_EQ(losses("launcher_termed").size(), 10u);
+  std::printf("  SIGTERM to the launcher after step 1 logged: stopped with code %d at %s, resumed to step 10\n", status,
+              checkpoints[0].c_str());
 }
 
 TEST_F(LaunchTrainTest, BadLayoutsAreRefusedWithTheFlag) {
