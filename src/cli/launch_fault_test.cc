@@ -101,7 +101,7 @@ TEST(LaunchFault, MpiHangingRankIsAbortedAtTheDeadline) {
 TEST(LaunchFault, MalformedFaultVariableIsRefused) {
   const CommandResult run = run_command("DELTAMOE_FAULT='rank:1,kind:melt' " + deltamoe_binary() + " comm-selftest");
   EXPECT_NE(run.exit_code, 0);
-  EXPECT_TRUE(contains(run.output, "kind 'melt' is not one of kill, exit, hang, stop")) << run.output;
+  EXPECT_TRUE(contains(run.output, "kind 'melt' is not one of kill, exit, hang, stop, term")) << run.output;
 }
 
 }  // namespace

@@ -237,7 +237,16 @@ void save_optimizer_state(const std::string& path, const TrainStateStore& state,
   CHECK(!error, "cannot rename ", temp_path, " to ", path, ": ", error.message());
 }
 
-OptimizerProgress load_optimizer_state(const std::string& path, TrainStateStore* state, const ParamLayout* trained) {
+namespace {
+
+// Element ranges of each of state's pieces that a file's records filled (by piece index).
+using Coverage = std::vector<std::vector<std::pair<int64_t, int64_t>>>;
+
+// One file into state. covered null: the file alone must hold every tensor of state and cover every
+// piece exactly. Else (one of several files, each written by one rank): the file may hold any of
+// the trained tensors, and the ranges it filled are added to *covered for the caller's check.
+OptimizerProgress load_state_file(const std::string& path, TrainStateStore* state, const ParamLayout* trained,
+                                  Coverage* covered) {
   CHECK(state != nullptr, "load_optimizer_state: state is null");
   StateFileReader reader(path);
   std::error_code error;
@@ -311,6 +320,7 @@ OptimizerProgress load_optimizer_state(const std::string& path, TrainStateStore*
   for (const ParamEntry& e : (trained != nullptr ? *trained : layout).entries()) ours[e.name] = true;
   for (const ParamEntry& e : layout.entries()) {
     auto it = saved_tensor.find(e.name);
+    if (it == saved_tensor.end() && covered != nullptr) continue;  // another rank's file holds it
     if (it == saved_tensor.end()) {
       RAISE("optimizer state ", path, " was saved for a different model or tuner settings: it has no state for '",
             e.name, "' (resume with the same model, freeze and tuner settings)");
@@ -327,13 +337,17 @@ OptimizerProgress load_optimizer_state(const std::string& path, TrainStateStore*
             "the same freeze and tuner settings)");
     }
   }
-  for (const ParamEntry& e : layout.entries()) {
-    int64_t covered = 0;
+  for (int i = 0; i < layout.num_tensors(); ++i) {
+    const ParamEntry& e = layout.entry(i);
+    int64_t count = 0;
     for (const SavedPiece& saved : saved_by_name[e.name]) {
-      covered += std::max<int64_t>(0, std::min(saved.end, e.tensor_begin + e.numel) - std::max(saved.begin, e.tensor_begin));
+      const int64_t a = std::max(saved.begin, e.tensor_begin), b = std::min(saved.end, e.tensor_begin + e.numel);
+      if (a >= b) continue;
+      count += b - a;
+      if (covered != nullptr) (*covered)[static_cast<size_t>(i)].emplace_back(a, b);
     }
-    CHECK(covered == e.numel, "optimizer state ", path, " covers ", covered, " of the ", e.numel, " elements of '",
-          e.name, "' [", e.tensor_begin, ", ", e.tensor_begin + e.numel, ") this run needs");
+    CHECK(covered != nullptr || count == e.numel, "optimizer state ", path, " covers ", count, " of the ", e.numel,
+          " elements of '", e.name, "' [", e.tensor_begin, ", ", e.tensor_begin + e.numel, ") this run needs");
   }
 
   const int64_t adam_step = reader.meta_int(metadata, "adam_step");
@@ -409,12 +423,52 @@ OptimizerProgress load_optimizer_state(const std::string& path, TrainStateStore*
     }
   }
   state->set_adam_step(adam_step);
-  state->state_restored();
+  if (covered == nullptr) state->state_restored();
 
   warn_if_changed("--adam_beta1", reader.meta_double(metadata, "adam_beta1"), config.beta1);
   warn_if_changed("--adam_beta2", reader.meta_double(metadata, "adam_beta2"), config.beta2);
   warn_if_changed("--adam_epsilon", reader.meta_double(metadata, "adam_epsilon"), config.eps);
   warn_if_changed("--weight_decay", reader.meta_double(metadata, "weight_decay"), config.weight_decay);
+  return progress;
+}
+
+}  // namespace
+
+OptimizerProgress load_optimizer_state(const std::string& path, TrainStateStore* state, const ParamLayout* trained) {
+  return load_state_file(path, state, trained, nullptr);
+}
+
+OptimizerProgress load_optimizer_state_files(const std::vector<std::string>& paths, TrainStateStore* state,
+                                             const ParamLayout* trained) {
+  CHECK(state != nullptr && !paths.empty(), "load_optimizer_state_files: no files or no state");
+  const ParamLayout& layout = state->layout();
+  Coverage covered(static_cast<size_t>(layout.num_tensors()));
+  OptimizerProgress progress;
+  int64_t adam_step = -1;
+  for (size_t f = 0; f < paths.size(); ++f) {
+    const OptimizerProgress here = load_state_file(paths[f], state, trained, &covered);
+    CHECK(f == 0 || (here.schedule_step == progress.schedule_step && here.skipped_steps == progress.skipped_steps &&
+                     state->adam_step() == adam_step),
+          "optimizer state ", paths[f], " is at step ", here.schedule_step, " but ", paths[0], " at step ",
+          progress.schedule_step, ": the files come from different saves");
+    progress = here;
+    adam_step = state->adam_step();
+  }
+  // Replicas of an expert block write the same records; every element needs at least one.
+  for (int i = 0; i < layout.num_tensors(); ++i) {
+    const ParamEntry& e = layout.entry(i);
+    std::vector<std::pair<int64_t, int64_t>>& ranges = covered[static_cast<size_t>(i)];
+    std::sort(ranges.begin(), ranges.end());
+    int64_t reached = e.tensor_begin;
+    for (const auto& [a, b] : ranges) {
+      if (a > reached) break;
+      reached = std::max(reached, b);
+    }
+    CHECK(reached == e.tensor_begin + e.numel, "optimizer state files ", paths[0], " ... (", paths.size(),
+          " files) hold no state for elements [", reached, ", ", e.tensor_begin + e.numel, ") of '", e.name,
+          "' (a rank's file is missing or from another save)");
+  }
+  state->state_restored();
   return progress;
 }
 

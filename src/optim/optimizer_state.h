@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "optim/train_state.h"
 
@@ -35,5 +36,11 @@ void save_optimizer_state(const std::string& path, const TrainStateStore& state,
 // rank of several; the file may then hold tensors this rank does not); null: state's own layout.
 OptimizerProgress load_optimizer_state(const std::string& path, TrainStateStore* state,
                                        const ParamLayout* trained = nullptr);
+
+// The same from the files of one save on several ranks (each rank's pieces in its own file, replicas
+// possibly repeated): every piece of state is filled from whichever files hold it, all files must
+// be at the same step, and every element must be found in one of them.
+OptimizerProgress load_optimizer_state_files(const std::vector<std::string>& paths, TrainStateStore* state,
+                                             const ParamLayout* trained = nullptr);
 
 }  // namespace deltamoe

@@ -30,6 +30,7 @@ std::string_view fault_kind_name(FaultKind kind) {
     case FaultKind::exit: return "exit";
     case FaultKind::hang: return "hang";
     case FaultKind::stop: return "stop";
+    case FaultKind::term: return "term";
   }
   return "?";
 }
@@ -47,7 +48,7 @@ FaultPlan FaultPlan::parse(std::string_view text) {
     if (part.empty()) continue;
     const size_t colon = part.find(':');
     CHECK(colon != std::string_view::npos, "DELTAMOE_FAULT='", text, "': part '", part,
-          "' is not key:value (expected rank:R,at:N|LABEL,kind:kill|exit|hang|stop)");
+          "' is not key:value (expected rank:R,at:N|LABEL,kind:kill|exit|hang|stop|term)");
     const std::string_view key = part.substr(0, colon);
     const std::string_view value = part.substr(colon + 1);
     if (key == "rank") {
@@ -70,7 +71,8 @@ FaultPlan FaultPlan::parse(std::string_view text) {
       else if (value == "exit") plan.kind = FaultKind::exit;
       else if (value == "hang") plan.kind = FaultKind::hang;
       else if (value == "stop") plan.kind = FaultKind::stop;
-      else RAISE("DELTAMOE_FAULT='", text, "': kind '", value, "' is not one of kill, exit, hang, stop");
+      else if (value == "term") plan.kind = FaultKind::term;
+      else RAISE("DELTAMOE_FAULT='", text, "': kind '", value, "' is not one of kill, exit, hang, stop, term");
     } else {
       RAISE("DELTAMOE_FAULT='", text, "': unknown key '", key, "' (keys: rank, at, kind)");
     }
@@ -97,6 +99,7 @@ void inject_fault(const FaultPlan& plan, std::string_view where) {
     case FaultKind::kill: raise(SIGKILL); break;
     case FaultKind::stop: raise(SIGSTOP); break;
     case FaultKind::exit: _exit(3);
+    case FaultKind::term: raise(SIGTERM); return;
     case FaultKind::hang: break;
   }
   // hang (and anything that returns from a signal, e.g. SIGCONT after stop): sleep for good.

@@ -15,6 +15,7 @@ enum class FaultKind : uint8_t {
   exit,  // _exit(3) without goodbye, like a crash that exits
   hang,  // the calling thread sleeps forever; the process (and its heartbeats) stays alive
   stop,  // SIGSTOP itself: the whole process freezes, heartbeats stop
+  term,  // SIGTERM itself and carry on: a preemption notice that reached this rank only
 };
 
 struct FaultPlan {
@@ -25,7 +26,7 @@ struct FaultPlan {
   std::string at_label;
   FaultKind kind = FaultKind::kill;
 
-  // "rank:R,at:N|LABEL,kind:kill|exit|hang|stop" (keys in any order; kind defaults to kill).
+  // "rank:R,at:N|LABEL,kind:kill|exit|hang|stop|term" (keys in any order; kind defaults to kill).
   // Throws on a malformed value, naming the part that is wrong.
   static FaultPlan parse(std::string_view text);
   // The plan in DELTAMOE_FAULT, if set.
@@ -35,7 +36,8 @@ struct FaultPlan {
 
 std::string_view fault_kind_name(FaultKind kind);
 
-// Logs "fault injection: rank R <kind> at <where>" and carries the fault out (does not return).
-[[noreturn]] void inject_fault(const FaultPlan& plan, std::string_view where);
+// Logs "fault injection: rank R <kind> at <where>" and carries the fault out: returns only for
+// term (after raising SIGTERM, whose handler decides what happens next).
+void inject_fault(const FaultPlan& plan, std::string_view where);
 
 }  // namespace deltamoe

@@ -258,6 +258,19 @@ int run_launch(const LaunchOptions& given) {
   if (root_cause < 0) root_cause = first_failed;
   std::string all;
   for (int i = 0; i < n; ++i) all += str_cat(i ? "; " : "", "rank ", o.node_rank * n + i, " ", status_text(statuses[i]));
+  // `train` stopped by SIGTERM / SIGINT / SIGHUP on every rank (they agree on the step and save
+  // together) exits with 128 + the signal: a stop, not a failure.
+  bool stopped = true;
+  for (int i = 0; i < n; ++i) {
+    const int code = WIFEXITED(statuses[i]) ? WEXITSTATUS(statuses[i]) : -1;
+    stopped = stopped && code == WEXITSTATUS(statuses[0]) &&
+              (code == 128 + SIGTERM || code == 128 + SIGINT || code == 128 + SIGHUP);
+  }
+  if (stopped) {
+    log_warn("launch: every rank stopped on signal ", WEXITSTATUS(statuses[0]) - 128, " (exit code ",
+             WEXITSTATUS(statuses[0]), "). Ranks: ", all);
+    return WEXITSTATUS(statuses[0]);
+  }
   log_error("launch: the job failed because of rank ", o.node_rank * n + root_cause, ", which ",
             status_text(statuses[root_cause]), ". Ranks: ", all);
   return status_code(statuses[root_cause]);

@@ -1,9 +1,8 @@
-// The whole training state of a job gathered onto rank 0, so that a run on several ranks saves the
-// same files as one rank holding the same weights (the model directory byte for byte, and an
-// optimizer state of whole tensors that any world size resumes from, since a rank restores only
-// the pieces it owns). Every rank sends its pieces (tensor, element range) with their master and
-// moments; rank 0 needs memory for the full state (the CPU engine's scale; a parallel write in
-// which each rank writes its own byte ranges replaces this for large models).
+// The whole training state of a job gathered onto rank 0, so that a run on several ranks writes the
+// same model directory as one rank holding the same weights (byte for byte). Every rank sends its
+// pieces (tensor, element range) with their master and moments; rank 0 needs memory for the full
+// state (the CPU engine's scale; each rank writing its own byte ranges replaces this for large
+// models). The optimizer state itself is written per rank (train/train_checkpoint.h).
 #pragma once
 
 #include <memory>

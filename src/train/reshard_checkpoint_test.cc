@@ -151,6 +151,56 @@ TEST_F(ReshardCheckpoint, ReplicatedExpertsSaveOnceAndResumeAtTwoRanks) {
   EXPECT_GT(count_different(logical_state(initial.state()), saved), 0);
 }
 
+// The per-rank files a parallel save writes (each rank its own pieces, replicas included): read at 2
+// ranks and at 1 every logical tensor is bitwise the gathered state's; a set with a rank's file
+// missing, or with a file of another step, is refused with a message.
+TEST_F(ReshardCheckpoint, PerRankFilesResumeAtTwoAndOneBitwise) {
+  for (const int ep : {4, 2}) {
+    std::vector<std::string> files;
+    for (int r = 0; r < 4; ++r) files.push_back((dir_ / str_cat("ep", ep, "_r", r, ".safetensors")).string());
+    Logical saved;
+    run_thread_comm(4, [&](Communicator& comm) {
+      CpuEngine engine(setup_.checkpoint, setup_.options, &comm, layout(4, ep));
+      for (int step = 0; step < 2; ++step) engine.train_step(share(step, 4, comm.rank()), 1e-3, 0.5);
+      save_optimizer_state(files[comm.rank()], engine.state(), OptimizerProgress{2, 0});
+      std::unique_ptr<HostTrainState> gathered = gather_train_state(comm, engine.state(), engine.full_layout());
+      if (comm.rank() == 0) saved = logical_state(*gathered);
+    });
+    Logical at_two;
+    run_thread_comm(2, [&](Communicator& comm) {
+      CpuEngine engine(setup_.checkpoint, setup_.options, &comm, layout(2, 0));
+      EXPECT_EQ(load_optimizer_state_files(files, &engine.state(), &engine.full_layout()).schedule_step, 2);
+      std::unique_ptr<HostTrainState> gathered = gather_train_state(comm, engine.state(), engine.full_layout());
+      if (comm.rank() == 0) at_two = logical_state(*gathered);
+    });
+    CpuEngine one(setup_.checkpoint, setup_.options);
+    load_optimizer_state_files(files, &one.state());
+    const int64_t differ_two = count_different(at_two, saved), differ_one = count_different(logical_state(one.state()), saved);
+    std::printf("  EP %d of 4, per-rank files: read at 2 ranks %lld, at 1 rank %lld of %zu tensors differ\n", ep,
+                static_cast<long long>(differ_two), static_cast<long long>(differ_one), saved.size());
+    EXPECT_EQ(differ_two, 0);
+    EXPECT_EQ(differ_one, 0);
+
+    CpuEngine refused(setup_.checkpoint, setup_.options);
+    try {
+      load_optimizer_state_files({files[0], files[2], files[3]}, &refused.state());
+      ADD_FAILURE() << "a set without rank 1's file was accepted";
+    } catch (const std::exception& error) {
+      EXPECT_NE(std::string(error.what()).find("hold no state for elements"), std::string::npos) << error.what();
+    }
+  }
+  // A file of another save (step 3) among step-2 files.
+  const std::string other = (dir_ / "other_step.safetensors").string();
+  CpuEngine plain(setup_.checkpoint, setup_.options);
+  save_optimizer_state(other, plain.state(), OptimizerProgress{3, 3});  // 3 skipped steps: adam_step 0
+  try {
+    load_optimizer_state_files({(dir_ / "ep4_r0.safetensors").string(), other}, &plain.state());
+    ADD_FAILURE() << "files of two saves were accepted";
+  } catch (const std::exception& error) {
+    EXPECT_NE(std::string(error.what()).find("the files come from different saves"), std::string::npos) << error.what();
+  }
+}
+
 TEST_F(ReshardCheckpoint, TwoRanksSavedAndResumedEqualTheUninterruptedRun) {
   const std::string at_four = (dir_ / "four.safetensors").string();
   const std::string at_two = (dir_ / "two.safetensors").string();

@@ -54,7 +54,43 @@ int64_t checkpoint_step(const std::string& name) {
   return step;
 }
 
+// The per-rank optimizer files of dir (a save on several ranks), all `world` of them, in rank order;
+// empty when dir has none. Throws naming the missing rank when the set is incomplete.
+std::vector<std::string> rank_optimizer_files(const fs::path& dir) {
+  int world = 0;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    int r = 0, n = 0;
+    if (std::sscanf(name.c_str(), "optim-r%d-of-%d.safetensors", &r, &n) == 2 && n > 0) world = std::max(world, n);
+  }
+  std::vector<std::string> files;
+  for (int r = 0; r < world; ++r) {
+    const fs::path path = dir / optimizer_rank_file(r, world);
+    CHECK(fs::is_regular_file(path), dir.string(), ": the optimizer state of rank ", r, " of ", world, " (",
+          path.filename().string(), ") is missing");
+    files.push_back(path.string());
+  }
+  return files;
+}
+
 }  // namespace
+
+std::string optimizer_rank_file(int rank, int world) {
+  return str_cat("optim-r", rank, "-of-", world, ".safetensors");
+}
+
+std::string checkpoint_temp_dir(const std::string& output_dir, int64_t step) {
+  return (fs::path(output_dir) / str_cat(".checkpoint-", step, ".tmp")).string();
+}
+
+OptimizerProgress load_checkpoint_optimizer(const std::string& dir, TrainStateStore* state, const ParamLayout* trained) {
+  const fs::path single = fs::path(dir) / kOptimizerFile;
+  if (fs::is_regular_file(single)) return load_optimizer_state(single.string(), state, trained);
+  const std::vector<std::string> files = rank_optimizer_files(dir);
+  CHECK(!files.empty(), dir, ": no optimizer state (", kOptimizerFile, " or optim-r*-of-*.safetensors)");
+  return load_optimizer_state_files(files, state, trained);
+}
 
 std::string trainer_state_to_json(const TrainerState& state) {
   nlohmann::ordered_json json;
@@ -113,7 +149,7 @@ std::string save_training_checkpoint(const std::string& output_dir, const Checkp
   CHECK((payload.model != nullptr) != (payload.adapters != nullptr), "save_training_checkpoint: incomplete payload");
   const int64_t step = payload.state.global_step;
   const fs::path final_dir = fs::path(output_dir) / str_cat("checkpoint-", step);
-  const fs::path temp_dir = fs::path(output_dir) / str_cat(".checkpoint-", step, ".tmp");
+  const fs::path temp_dir = checkpoint_temp_dir(output_dir, step);
   fs::remove_all(temp_dir);  // a leftover of an earlier crash
 
   const uint64_t needed = checkpoint_bytes(payload);
@@ -129,7 +165,7 @@ std::string save_training_checkpoint(const std::string& output_dir, const Checkp
         "checkpoints (--save_total_limit)", payload.train_state != nullptr ? ", or save the model only (--save_only_model true)" : "");
 
   TrainerState state = payload.state;
-  state.model_only = payload.train_state == nullptr;
+  state.model_only = payload.state.model_only || (payload.train_state == nullptr && !payload.rank_files_commit);
   try {
     fs::create_directories(temp_dir);
     SaveOptions save_options;
@@ -151,6 +187,7 @@ std::string save_training_checkpoint(const std::string& output_dir, const Checkp
     if (payload.train_state != nullptr) {
       save_optimizer_state((temp_dir / kOptimizerFile).string(), *payload.train_state, payload.progress);
     }
+    if (payload.rank_files_commit) payload.rank_files_commit(temp_dir.string());
     kill_point("save_optimizer", step);
     write_text_file(temp_dir / kStateFile, trainer_state_to_json(state));
     fsync_tree(temp_dir.string());  // every byte on disk before the rename makes the checkpoint visible
@@ -187,7 +224,13 @@ std::string checkpoint_problem(const std::string& dir) {
       CHECK(fs::is_regular_file(fs::path(dir) / "config.json"), dir, ": config.json is missing");
       open_weights_dir(dir);  // every shard's header, its offsets against the file's size, the index
     }
-    SafetensorsFile::open((fs::path(dir) / kOptimizerFile).string());
+    if (fs::is_regular_file(fs::path(dir) / kOptimizerFile)) {
+      SafetensorsFile::open((fs::path(dir) / kOptimizerFile).string());
+    } else {
+      const std::vector<std::string> files = rank_optimizer_files(dir);
+      CHECK(!files.empty(), dir, ": no optimizer state (", kOptimizerFile, " or optim-r*-of-*.safetensors)");
+      for (const std::string& file : files) SafetensorsFile::open(file);
+    }
   } catch (const std::exception& error) {
     return error.what();
   }

@@ -43,11 +43,27 @@ struct CheckpointPayload {
   // marked in trainer_state.json so that --resume refuses it with a message.
   const TrainStateStore* train_state = nullptr;
   OptimizerProgress progress;
-  TrainerState state;
+  TrainerState state;  // state.model_only: set when rank files are committed without optimizer state
   // Writes the run's own files into the checkpoint folder before it is renamed into place (args.json,
   // generation_config.json, chat_template.jinja: train/run_args.h, train/hf_side_files.h).
   std::function<void(const std::string& dir)> write_extra_files;
+  // Several ranks: instead of train_state, every rank writes its own optimizer_rank_file into the
+  // temporary folder; this runs after the model files and before trainer_state.json, and returns
+  // only once every rank has reported its file written and synced (it throws otherwise, and nothing
+  // is renamed into place).
+  std::function<void(const std::string& dir)> rank_files_commit;
 };
+
+// The optimizer state of rank r of a save on `world` ranks: "optim-r<r>-of-<world>.safetensors".
+std::string optimizer_rank_file(int rank, int world);
+
+// The temporary folder a save of `step` writes into (renamed to checkpoint-<step> at its commit).
+std::string checkpoint_temp_dir(const std::string& output_dir, int64_t step);
+
+// Restores the optimizer state of checkpoint dir into state (optimizer.safetensors, or the
+// per-rank files of a save on several ranks); trained: as load_optimizer_state's.
+OptimizerProgress load_checkpoint_optimizer(const std::string& dir, TrainStateStore* state,
+                                            const ParamLayout* trained = nullptr);
 
 // Bytes a save of payload writes (model shards, side files, optimizer state), for the free-space
 // check before it starts.

@@ -201,15 +201,19 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
   OptimizerProgress progress;
   const bool resuming = !options.resume.empty();
   if (resuming) {
-    const std::string dir = resolve_resume_dir(options.resume, options.output_dir);
+    // Rank 0 (holding the run lock) first clears what an interrupted save left; then the others
+    // find the same checkpoint.
+    std::string dir;
+    if (leader) dir = resolve_resume_dir(options.resume, options.output_dir);
+    if (distributed) world->barrier();
+    if (!leader) dir = resolve_resume_dir(options.resume, options.output_dir);
     state = load_trainer_state(dir);
     CHECK(!state.model_only, "--resume ", dir, ": it was saved with --save_only_model (model weights only, no ",
           "optimizer state), so the run cannot continue exactly from it; start a new run with --model ", dir);
     CHECK(state.total_steps == total_steps, "--resume ", dir, ": that run had ", state.total_steps,
           " total steps, this one has ", total_steps, "; keep --max_steps / --num_train_epochs / ",
           "--global_batch_size / --micro_batch_size / --gradient_accumulation_steps as they were");
-    progress = load_optimizer_state((fs::path(dir) / "optimizer.safetensors").string(), &engine->state(),
-                                    &full_layout);
+    progress = load_checkpoint_optimizer(dir, &engine->state(), &full_layout);
     CHECK(progress.schedule_step == state.global_step, dir, ": optimizer state is at step ", progress.schedule_step,
           " but trainer_state.json at ", state.global_step);
     check_resume_args(dir, options);  // a changed --lr etc. is refused unless --ignore_args_check
@@ -267,14 +271,43 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
   if (!val_batches.empty() && !resuming) run_eval(state.global_step);
 
   NonFiniteStreak nonfinite(options.max_nonfinite_steps);
+  // Several ranks: each writes its own pieces' optimizer state into the save's temporary folder (made
+  // by rank 0 with the model files; the first barrier), syncs it and votes; rank 0 commits (renames
+  // the folder into place) only when every rank's file is on disk, so a rank that dies or fails
+  // mid-save leaves a .tmp folder that is never resumed from (and is removed by the next start).
+  auto write_rank_file_and_vote = [&](const std::string& temp_dir) {
+    world->barrier();  // rank 0 has made the folder and written the model files
+    world->set_activity(str_cat("save optimizer state at step ", state.global_step));
+    int64_t failed = 0;
+    std::string why;
+    if (!options.save_only_model) {
+      try {
+        save_optimizer_state((fs::path(temp_dir) / optimizer_rank_file(rank, world_size)).string(), engine->state(),
+                             progress);  // written to a temporary name, synced, renamed, synced
+      } catch (const std::exception& error) {
+        failed = 1;
+        why = error.what();
+        log_error("train: rank ", rank, " could not write its optimizer state: ", why);
+      }
+    }
+    world->set_activity(str_cat("save vote at step ", state.global_step));
+    int64_t any_failed = 0;
+    world->all_reduce(&failed, &any_failed, 1, DType::i64, ReduceOp::max);
+    CHECK(any_failed == 0, "save at step ", state.global_step, ": ",
+          failed ? str_cat("this rank's optimizer state could not be written (", why, ")")
+                 : std::string("another rank could not write its optimizer state (its log says why)"),
+          "; nothing was committed, the previous checkpoints are as they were");
+  };
   auto save = [&]() {
     CHECK(!nonfinite.in_streak(), nonfinite.refused_save_message());  // keep the last good checkpoint
-    // On several ranks the pieces are gathered to rank 0, which writes what one rank would.
+    // On several ranks the weights are gathered to rank 0, which writes the model directory one rank
+    // would; the optimizer state stays on its ranks (write_rank_file_and_vote).
     std::unique_ptr<HostTrainState> gathered;
     if (distributed) {
       world->set_activity(str_cat("save at step ", state.global_step));
       gathered = gather_train_state(*world, engine->state(), full_layout);
       if (!leader) {
+        write_rank_file_and_vote(checkpoint_temp_dir(options.output_dir, state.global_step));
         world->barrier();  // rank 0 has committed the checkpoint
         return;
       }
@@ -295,10 +328,12 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
       write_missing_side_files(dir, config, options.chat_format);
     };
     payload.max_shard_bytes = options.max_shard_bytes;
-    payload.train_state = options.save_only_model ? nullptr : &train_state;
+    payload.train_state = options.save_only_model || distributed ? nullptr : &train_state;
+    if (distributed) payload.rank_files_commit = write_rank_file_and_vote;
     payload.progress = progress;
     state.rng_position = rng.position();
     payload.state = state;
+    payload.state.model_only = options.save_only_model;
     summary.last_checkpoint = save_training_checkpoint(options.output_dir, payload);
     if (options.save_total_limit > 0) remove_old_checkpoints(options.output_dir, options.save_total_limit);
     std::printf("saved %s\n", summary.last_checkpoint.c_str());
@@ -312,12 +347,23 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
   const Clock::time_point loop_start = Clock::now();
   bool saved_at_step = false;
   double run_flops = 0, run_step_s = 0;  // for the summary's MFU
-  auto stop_for_signal = [&]() {
+  // The stop signal as every rank sees it: a signal that reached one rank (a preemption notice, a
+  // kill of one process) stops all of them at the same step boundary, so that they save one
+  // consistent checkpoint together. One all-reduce of one value per check.
+  auto agreed_stop_signal = [&]() -> int {
+    const int64_t mine = StopSignalGuard::stop_signal();
+    if (!distributed) return static_cast<int>(mine);
+    int64_t agreed = 0;
+    world->all_reduce(&mine, &agreed, 1, DType::i64, ReduceOp::max);
+    return static_cast<int>(agreed);
+  };
+  auto stop_for_signal = [&](int signal) {
     if (!saved_at_step && summary.steps_this_run > 0) save();
     saved_at_step = true;
-    log_warn("train: stopped by signal ", StopSignalGuard::stop_signal(), " after step ", state.global_step,
-             "; continue with --resume auto");
-    summary.stopped_by_signal = StopSignalGuard::stop_signal();
+    log_warn("train: stopped by signal ", signal,
+             distributed && StopSignalGuard::stop_signal() == 0 ? " (received by another rank)" : "", " after step ",
+             state.global_step, "; continue with --resume auto");
+    summary.stopped_by_signal = signal;
   };
   // Reads whole global batches (every rank reads all of them and keeps its share, below).
   StepBatchReader reader(pipeline, step_micro_batches);  // after the pipeline: joins its reads before it goes
@@ -335,13 +381,15 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
     } else {
       for (int64_t i = rank; i < read; i += world_size) batches.push_back(std::move(step_batches.batches[i]));
     }
-    if (distributed && read % world_size != 0 && StopSignalGuard::stop_signal() == 0) {
+    if (distributed) world->set_activity(str_cat("step ", state.global_step + 1, " start"));
+    const int stop_signal = agreed_stop_signal();
+    if (distributed && read % world_size != 0 && stop_signal == 0) {
       log_warn("train: the data ended inside step ", state.global_step + 1, " with ", read, " micro-batches, not a ",
                "multiple of the ", world_size, " ranks; that step is dropped");
       break;
     }
-    if (StopSignalGuard::stop_signal() != 0) {  // while the step's data was read: that step is dropped
-      stop_for_signal();
+    if (stop_signal != 0) {  // while the step's data was read: that step is dropped
+      stop_for_signal(stop_signal);
       break;
     }
     if (batches.empty()) {
@@ -440,9 +488,12 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
                "--resume auto");
       break;
     }
-    if (StopSignalGuard::stop_signal() != 0 && !last) {
-      stop_for_signal();
-      break;
+    if (!last) {
+      if (distributed) world->set_activity(str_cat("step ", state.global_step, " end"));
+      if (const int signal = agreed_stop_signal(); signal != 0) {
+        stop_for_signal(signal);
+        break;
+      }
     }
   }
   if (!saved_at_step && summary.steps_this_run > 0) save();
