@@ -1,7 +1,8 @@
 """Issue 22's fixes, each undone by one edit: the tests named must fail, which shows that each
 replay of a hostile input would have failed before its fix (docs/robustness.md lists the tests).
 
-Same fields as mutations.py. Left out on purpose: undoing the pixel cap in the JPEG decoder or in
+Same fields as mutations.py, plus `also`: more edits applied with the first one, where two
+guards each stop the fault (both must be undone to see it again). Left out on purpose: undoing the pixel cap in the JPEG decoder or in
 check_decoded_size (the replays would decode 30000x30000 images, over 5 GB on a shared machine),
 and the FIFO replay in fault_injection_test under the O_NONBLOCK edit (it would block until that
 test's 120 s timeout, twice).
@@ -23,6 +24,9 @@ HARDENING_MUTATIONS = [
         file="src/train/train_options.cc",
         find='check_range("--dataloader_num_workers", o.num_workers, 0, kMaxWorkers);',
         replace="(void)kMaxWorkers;",
+        also=[dict(file="src/cli/train_flags.cc",
+                   find="CHECK(num_workers >= 0 && num_workers <= 256,",
+                   replace="CHECK(num_workers >= 0,")],
         tests=["fault_injection_test"],
         device="cpu",
     ),
@@ -50,6 +54,10 @@ HARDENING_MUTATIONS = [
         file="src/train/step_batch_reader.cc",
         find="< accumulation_ && StopSignalGuard::stop_signal() == 0) {",
         replace="< accumulation_) {",
+        # The pipeline's own stop check would end the loop too (the data "ends"): both undone.
+        also=[dict(file="src/train/train_data.cc",
+                   find="pipeline.stop_requested = [] { return StopSignalGuard::stop_signal() != 0; };",
+                   replace="pipeline.stop_requested = nullptr;")],
         tests=["fault_injection_test"],
         device="cpu",
     ),
