@@ -162,10 +162,11 @@ HARDENING_MUTATIONS = [
     ),
     dict(
         name="h22_nan_flag_values_parsed",
-        why="--max_grad_norm nan (any number flag) parsed as a number",
+        why="--max_grad_norm nan (any number flag) parsed as a number, by the flag check and the getter",
         file="src/cli/args.cc",
-        find="ok = used == value.size() && std::isfinite(number);",
-        replace="ok = used == value.size() && (static_cast<void>(number), true);",
+        # Both places that parse a number flag (the check of every flag, the typed getter).
+        regex=r"std::isfinite\((number|value)\)",
+        replace=r"(static_cast<void>(\1), true)",
         tests=["args_test", "fault_injection_test"],
         device="cpu",
     ),

@@ -144,14 +144,16 @@ def cpu_mode(args, mutations):
         name = mutation["name"]
         print(f"{name}: {mutation['why']}", flush=True)
         # One edit, or several ("also": more edits, for a fault that two guards must both miss).
-        edits = []  # (path, original, mutated)
+        edits = {}  # path: [original, mutated] (edits of one file chain)
         for edit in [mutation] + mutation.get("also", []):
             path = scratch / edit["file"]
-            original = path.read_text()
-            new_text, reason = mutated_text(edit, original)
+            if path not in edits:
+                text = path.read_text()
+                edits[path] = [text, text]
+            new_text, reason = mutated_text(edit, edits[path][1])
             if new_text is None:
                 break
-            edits.append((path, original, new_text))
+            edits[path][1] = new_text
         usable = [t for t in mutation["tests"] if baseline[t]]
         if new_text is None:
             rows.append((name, "NOT APPLICABLE", f"{edit['file']}: {reason}"))
@@ -161,14 +163,14 @@ def cpu_mode(args, mutations):
                          + ", ".join(mutation["tests"])))
             continue
         try:
-            for path, _, new_text in edits:
+            for path, (_, new_text) in edits.items():
                 path.write_text(new_text)
             if not build(build_dir, usable + ["deltamoe"], args.jobs, logs / name / "build.log"):
                 rows.append((name, "BUILD FAILED", f"see {logs / name / 'build.log'}"))
                 continue
             results = run_tests(build_dir, usable, logs / name)
         finally:
-            for path, original, _ in edits:
+            for path, (original, _) in edits.items():
                 path.write_text(original)
         failed = [t for t, passed in results.items() if not passed]
         rows.append((name, "CAUGHT" if failed else "MISSED",
