@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/json_depth.h"
+#include "core/kill_point.h"
 
 namespace deltamoe {
 namespace {
@@ -228,6 +229,7 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(header_size >> (8 * i));
     write_all(fd, length, 8, tmp_path);
     write_all(fd, reinterpret_cast<const uint8_t*>(header_text.data()), header_text.size(), tmp_path);
+    kill_point("safetensors_partial");  // test hook: a kill with the file half written
     for (const NamedTensor* tensor : order) {
       tensor->tensor.for_each_piece(
           [&](const uint8_t* data, size_t n) { write_all(fd, data, n, tmp_path, tensor->name); });

@@ -7,7 +7,9 @@
 
 namespace deltamoe {
 
-// No effect unless DELTAMOE_KILL_AT names this point (and, when it gives a step, this step).
+// No effect unless DELTAMOE_KILL_AT names this point: <point> (its first call), <point>@<step>
+// (the call with this step) or <point>#<n> (the n-th call in this process, for points that know
+// no step, such as the middle of a file write).
 void kill_point(const char* point, int64_t step = -1);
 
 }  // namespace deltamoe

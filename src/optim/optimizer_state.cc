@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/json_depth.h"
+#include "core/kill_point.h"
 #include "core/log.h"
 #include "optim/checksum.h"
 
@@ -217,6 +218,7 @@ void save_optimizer_state(const std::string& path, const TrainStateStore& state,
         write_all(fd, staging.data(), static_cast<size_t>(count) * element, temp_path);
       }
       checksums[r] = checksum_hex(checksum.finish());
+      if (r == 0) kill_point("optimizer_partial");  // test hook: a kill with the file half written
     }
     const std::string header = header_text(state, progress, records, checksums);
     CHECK(header.size() == placeholder_header.size(), "optimizer state: the header changed size while writing");

@@ -177,6 +177,7 @@ std::string save_training_checkpoint(const std::string& output_dir, const Checkp
     }
     if (!payload.side_files_dir.empty()) copy_side_files(payload.side_files_dir, temp_dir.string());
     if (payload.write_extra_files) payload.write_extra_files(temp_dir.string());
+    kill_point("save_model", step);
 
     if (const char* fail_at = std::getenv("DELTAMOE_FAIL_SAVE_AT_STEP"); fail_at != nullptr && std::atoll(fail_at) == step) {
       std::fprintf(stderr, "DELTAMOE_FAIL_SAVE_AT_STEP=%s: ending the process in the middle of a save\n", fail_at);
@@ -207,6 +208,7 @@ std::string save_training_checkpoint(const std::string& output_dir, const Checkp
     kill_point("save_aside", step);
   }
   fs::rename(temp_dir, final_dir);
+  kill_point("save_renamed_unsynced", step);
   fsync_path(output_dir);  // the rename itself
   kill_point("save_renamed", step);
   fs::remove_all(old_dir);

@@ -109,7 +109,10 @@ void replace_file(const std::string& path, const std::string& text) {
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   CHECK(fd >= 0, "cannot create ", temp, ": ", std::strerror(errno));
   try {
-    write_all(fd, text, temp);
+    // In two writes, so that the kill test hook can stop the process with the file half written.
+    write_all(fd, text.substr(0, text.size() / 2), temp);
+    kill_point("metrics_rewrite_partial");
+    write_all(fd, text.substr(text.size() / 2), temp);
   } catch (...) {
     ::close(fd);
     throw;
@@ -118,6 +121,7 @@ void replace_file(const std::string& path, const std::string& text) {
   fsync_path(temp);
   kill_point("metrics_rewrite");
   std::filesystem::rename(temp, path);
+  kill_point("metrics_rewrite_renamed");
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   fsync_path(parent.empty() ? "." : parent.string());
 }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 #include <nlohmann/json.hpp>
@@ -201,11 +202,12 @@ std::vector<std::string> leftovers(const fs::path& out) {
   return names;
 }
 
-// kill -9 at every phase of a save (after the model files: the hook above; after the optimizer
-// state; after trainer_state.json, before the rename; after the rename, before the old copy of the
-// same step is deleted; in the middle of --save_total_limit's removal) and during the resume-time
-// metrics rewrite: --resume auto then finishes the run bit for bit like an uninterrupted one, with
-// every metrics step once and no checkpoint or file lost.
+// kill -9 at every phase of a save (in the middle of the model file, after the model and side
+// files, in the middle of the optimizer state, after it, after trainer_state.json and the fsyncs
+// before the rename, between the rename and the folder's fsync, after both, before the old copy of
+// the same step is deleted, in the middle of --save_total_limit's removal) and at every phase of
+// the resume-time metrics rewrite: --resume auto then finishes the run bit for bit like an
+// uninterrupted one, with every metrics step once and no checkpoint or file lost.
 TEST_F(TrainerResumeTest, KillMinusNineAtEveryPhaseThenResumeIsBitExact) {
   const fs::path reference = *root_ / "kill_reference";
   ASSERT_EQ(run_training(binary_run_options(*root_, reference), "cpu").steps_done, 6);
@@ -214,17 +216,31 @@ TEST_F(TrainerResumeTest, KillMinusNineAtEveryPhaseThenResumeIsBitExact) {
     std::string env;    // of the run that is killed
     std::string extra;  // its extra flags
   };
+  // #2: the second call of a point that knows no step, in the save of step 4 (one model file and
+  // one optimizer file per save).
   const std::vector<Phase> phases = {
+      {"safetensors_partial", "DELTAMOE_KILL_AT=safetensors_partial#2", ""},
+      {"save_model", "DELTAMOE_KILL_AT=save_model@4", ""},
+      {"optimizer_partial", "DELTAMOE_KILL_AT=optimizer_partial#2", ""},
       {"save_optimizer", "DELTAMOE_KILL_AT=save_optimizer@4", ""},
       {"save_state", "DELTAMOE_KILL_AT=save_state@4", ""},
+      {"save_renamed_unsynced", "DELTAMOE_KILL_AT=save_renamed_unsynced@4", ""},
       {"save_renamed", "DELTAMOE_KILL_AT=save_renamed@4", ""},
       {"save_total_limit", "DELTAMOE_KILL_AT=save_total_limit@2", "--save_total_limit 1"},
   };
+  const std::set<std::string> before_rename = {"safetensors_partial", "save_model", "optimizer_partial",
+                                               "save_optimizer", "save_state"};
   for (const Phase& phase : phases) {
     SCOPED_TRACE(phase.name);
     const fs::path out = *root_ / ("kill_" + phase.name);
     const fs::path log = *root_ / ("kill_" + phase.name + ".log");
     ASSERT_TRUE(killed_by_sigkill(run_binary(*root_, out, phase.env, phase.extra, log))) << read_bytes(log);
+    if (before_rename.contains(phase.name)) {  // the kill hit the save of step 4, before its rename
+      EXPECT_TRUE(fs::exists(out / ".checkpoint-4.tmp"));
+      EXPECT_FALSE(fs::exists(out / "checkpoint-4"));
+    } else if (phase.name != "save_total_limit") {
+      EXPECT_TRUE(fs::exists(out / "checkpoint-4"));
+    }
     TrainOptions resume = binary_run_options(*root_, out);
     resume.resume = "auto";
     if (phase.name == "save_total_limit") resume.save_total_limit = 1;
@@ -257,16 +273,26 @@ TEST_F(TrainerResumeTest, KillMinusNineAtEveryPhaseThenResumeIsBitExact) {
     EXPECT_EQ(leftovers(out), std::vector<std::string>{});
   }
 
-  // Killed while a resumed run rewrites metrics.jsonl: the file keeps its lines (before: 0 bytes).
-  {
-    const fs::path out = *root_ / "kill_metrics_rewrite";
-    const fs::path log = *root_ / "kill_metrics_rewrite.log";
+  // Killed while a resumed run rewrites metrics.jsonl (the temporary file half written; written and
+  // synced; renamed, before the folder's fsync): the file keeps its lines or already holds the
+  // rewritten ones (before: 0 bytes), and the next resume ends bit for bit.
+  for (const std::string point : {"metrics_rewrite_partial", "metrics_rewrite", "metrics_rewrite_renamed"}) {
+    SCOPED_TRACE(point);
+    const fs::path out = *root_ / ("kill_" + point);
+    const fs::path log = *root_ / ("kill_" + point + ".log");
     const int killed_in_save = run_binary(*root_, out, "DELTAMOE_FAIL_SAVE_AT_STEP=4", "", log);
     ASSERT_TRUE(WIFEXITED(killed_in_save) && WEXITSTATUS(killed_in_save) == 86) << read_bytes(log);
     const std::string metrics_before = read_bytes(out / "metrics.jsonl");
-    ASSERT_TRUE(killed_by_sigkill(run_binary(*root_, out, "DELTAMOE_KILL_AT=metrics_rewrite", "--resume auto", log)))
+    ASSERT_TRUE(killed_by_sigkill(run_binary(*root_, out, "DELTAMOE_KILL_AT=" + point, "--resume auto", log)))
         << read_bytes(log);
-    EXPECT_EQ(read_bytes(out / "metrics.jsonl"), metrics_before) << "the kill damaged metrics.jsonl";
+    const std::string metrics_after_kill = read_bytes(out / "metrics.jsonl");
+    if (point == "metrics_rewrite_renamed") {  // the lines up to checkpoint-2's step: a prefix
+      EXPECT_FALSE(metrics_after_kill.empty());
+      EXPECT_TRUE(metrics_before.starts_with(metrics_after_kill)) << metrics_after_kill;
+      EXPECT_LT(metrics_after_kill.size(), metrics_before.size());
+    } else {
+      EXPECT_EQ(metrics_after_kill, metrics_before) << "the kill damaged metrics.jsonl";
+    }
     TrainOptions resume = binary_run_options(*root_, out);
     resume.resume = "auto";
     EXPECT_EQ(run_training(resume, "cpu").steps_done, 6);
@@ -332,7 +358,12 @@ TEST_F(TrainerResumeTest, ASaveSyncsItsFilesAndTheRename) {
     EXPECT_TRUE(was_synced(temp / name)) << name;
   }
   EXPECT_TRUE(was_synced(temp)) << "the checkpoint folder";
-  EXPECT_TRUE(was_synced(out)) << "the output folder after the rename";
+  // The output folder after the rename, so after the checkpoint folder (the metrics rewrite at the
+  // start syncs the output folder too, so "synced at all" would not tell).
+  const auto checkpoint_synced = std::find(synced.rbegin(), synced.rend(), temp.string());
+  ASSERT_NE(checkpoint_synced, synced.rend());
+  EXPECT_NE(std::find(synced.rbegin(), checkpoint_synced, out.string()), checkpoint_synced)
+      << "the output folder after the rename";
   EXPECT_TRUE(was_synced(out / "metrics.jsonl.tmp")) << "the metrics file before its rename";
 }
 

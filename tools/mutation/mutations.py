@@ -144,3 +144,7 @@ MUTATIONS = [
         device="cpu",
     ),
 ]
+
+from mutations_hardening import HARDENING_MUTATIONS  # noqa: E402  (issue 22's fixes undone)
+
+MUTATIONS += HARDENING_MUTATIONS

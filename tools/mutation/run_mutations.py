@@ -147,25 +147,35 @@ def cpu_mode(args, mutations):
     for mutation in mutations:
         name = mutation["name"]
         print(f"{name}: {mutation['why']}", flush=True)
-        path = scratch / mutation["file"]
-        original = path.read_text()
-        new_text, reason = mutated_text(mutation, original)
+        # One edit, or several ("also": more edits, for a fault that two guards must both miss).
+        edits = {}  # path: [original, mutated] (edits of one file chain)
+        for edit in [mutation] + mutation.get("also", []):
+            path = scratch / edit["file"]
+            if path not in edits:
+                text = path.read_text()
+                edits[path] = [text, text]
+            new_text, reason = mutated_text(edit, edits[path][1])
+            if new_text is None:
+                break
+            edits[path][1] = new_text
         usable = [t for t in mutation["tests"] if baseline[t]]
         if new_text is None:
-            rows.append((name, "NOT APPLICABLE", reason))
+            rows.append((name, "NOT APPLICABLE", f"{edit['file']}: {reason}"))
             continue
         if not usable:
             rows.append((name, "UNKNOWN", "every test named fails without the mutation: "
                          + ", ".join(mutation["tests"])))
             continue
         try:
-            path.write_text(new_text)
+            for path, (_, new_text) in edits.items():
+                path.write_text(new_text)
             if not build(build_dir, usable + ["deltamoe"], args.jobs, logs / name / "build.log"):
                 rows.append((name, "BUILD FAILED", f"see {logs / name / 'build.log'}"))
                 continue
             results = run_tests(build_dir, usable, logs / name)
         finally:
-            path.write_text(original)
+            for path, (original, _) in edits.items():
+                path.write_text(original)
         failed = [t for t, passed in results.items() if not passed]
         rows.append((name, "CAUGHT" if failed else "MISSED",
                      ("by " + ", ".join(failed)) if failed else "passed: " + ", ".join(usable)))
