@@ -6,12 +6,16 @@
 // rows, rows past the plan untouched).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
+#include "core/cuda_check.h"
 #include "core/device_buffer.h"
 #include "kernels/common/tensor_compare.h"
 #include "kernels/gemm/gemm_cuda.h"
+#include "kernels/gemm/gpu_timing.h"
 #include "kernels/lora/lora_cuda.h"
 #include "model/lora/lora.h"
 
@@ -35,6 +39,18 @@ HostTensor from_f64(const std::vector<double>& v, Shape shape) {
 }
 const __nv_bfloat16* bf16p(const DeviceTensor& t) { return static_cast<const __nv_bfloat16*>(t.view.data); }
 float* f32p(const DeviceTensor& t) { return static_cast<float*>(t.view.data); }
+// A large bf16 device tensor of small random values (one host block repeated: fast to make).
+DeviceTensor tiled_random(int64_t rows, int64_t cols, uint64_t seed) {
+  const int64_t count = rows * cols, block = std::min<int64_t>(count, int64_t{1} << 20);
+  HostTensor host = random_normal_tensor({block}, seed, 0.05f).to_dtype(DType::bf16);
+  DeviceTensor out = device_tensor(DType::bf16, {rows, cols});
+  auto* dst = static_cast<uint8_t*>(out.view.data);
+  for (int64_t offset = 0; offset < count; offset += block) {
+    const int64_t n = std::min(block, count - offset);
+    CUDA_CHECK(cudaMemcpy(dst + offset * 2, host.data(), static_cast<size_t>(n) * 2, cudaMemcpyHostToDevice));
+  }
+  return out;
+}
 
 void expect_close(const std::string& name, const DeviceTensor& got, const HostTensor& ref) {
   const CompareResult r = compare_tensors(name, to_host(got.view), ref);
@@ -266,6 +282,72 @@ TEST(LoraKernelsGpu, ExpertAdaptersMatchCpuReference) {
   std::vector<int32_t> counts(64);
   for (int e = 0; e < 64; ++e) counts[e] = (e * 7) % 5;
   run_experts(64, 128, 64, 8, counts, DType::f32, 950);
+}
+
+// Timing at the Qwen3.5-35B-A3B shapes of one micro-batch (8,192 tokens, top-8 of 256 experts, rank 8):
+// what LoRA adds per layer on top of the frozen base products. Prints; asserts nothing about speed.
+TEST(LoraKernelsGpu, TimingAt35bShapes) {
+  constexpr int64_t T = 8192, C = 2048, E = 256, K = 8, I = 512, r = 8;
+  const int64_t R = T * K;
+  cudaStream_t stream = nullptr;
+  GemmContext gemm;
+  DeviceTensor x = tiled_random(T, C, 1), dy = tiled_random(T, 8192, 2);
+  DeviceTensor a = tiled_random(r, C, 3), b = tiled_random(8192, r, 4);
+  DeviceTensor ga = device_tensor(DType::f32, {r, C}), gb = device_tensor(DType::f32, {8192, r});
+  DeviceTensor y = device_tensor(DType::bf16, {T, 8192}), dx = device_tensor(DType::f32, {T, C});
+  DeviceTensor xa = device_tensor(DType::bf16, {T, r}), dxa = device_tensor(DType::bf16, {T, r});
+  device_fill_bytes(ga.view, 0);
+  device_fill_bytes(gb.view, 0);
+  device_fill_bytes(dx.view, 0);
+  LoraDeviceAdapter dense{bf16p(a), bf16p(b), f32p(ga), f32p(gb), r, 4.0f};
+  auto* xa_p = static_cast<__nv_bfloat16*>(xa.view.data);
+  auto* dxa_p = static_cast<__nv_bfloat16*>(dxa.view.data);
+  const double dense_ms = median_ms(
+      [&](cudaStream_t s) {
+        lora_linear_forward_cuda(gemm, bf16p(x), dense, xa_p, y.view.data, DType::bf16, T, C, 8192, s);
+        lora_linear_backward_cuda(gemm, bf16p(x), bf16p(dy), dense, xa_p, true, dxa_p, dx.view.data, DType::f32, T, C,
+                                  8192, s);
+      },
+      stream);
+  std::printf("  TIMING dense adapter fwd+bwd T=%lld %lldx%lld r=%lld: %.3f ms\n", (long long)T, (long long)C, 8192LL,
+              (long long)r, dense_ms);
+
+  // Routed experts: R = T K rows spread evenly (the balanced case).
+  HostTensor off_host(DType::i32, {E + 1});
+  for (int64_t e = 0; e <= E; ++e) off_host.as<int32_t>()[e] = static_cast<int32_t>(e * (R / E));
+  DeviceTensor off = to_device(off_host, DType::i32);
+  const auto* off_p = static_cast<const int32_t*>(off.view.data);
+  for (const auto& [name, in, out] : std::vector<std::tuple<const char*, int64_t, int64_t>>{
+           {"gate_up_proj", C, 2 * I}, {"down_proj", I, C}}) {
+    DeviceTensor xp = tiled_random(R, in, 5), dyp = tiled_random(R, out, 6);
+    DeviceTensor ea = tiled_random(r * E, in, 7), eb = tiled_random(out, r * E, 8);
+    DeviceTensor ega = device_tensor(DType::f32, {r * E, in}), egb = device_tensor(DType::f32, {out, r * E});
+    DeviceTensor yp = device_tensor(DType::bf16, {R, out}), dxp = device_tensor(DType::bf16, {R, in});
+    device_fill_bytes(ega.view, 0);
+    device_fill_bytes(egb.view, 0);
+    device_fill_bytes(yp.view, 0);
+    device_fill_bytes(dxp.view, 0);
+    LoraExpertDims dims{E, in, out, r, R};
+    DeviceBuffer workspace(lora_experts_workspace_bytes(dims));
+    LoraDeviceAdapter adapter{bf16p(ea), bf16p(eb), f32p(ega), f32p(egb), r, 4.0f};
+    const double fwd_ms = median_ms(
+        [&](cudaStream_t s) {
+          lora_experts_forward_cuda(bf16p(xp), adapter, off_p, yp.view.data, DType::bf16, dims, workspace.data(),
+                                    workspace.bytes(), s);
+        },
+        stream);
+    const double bwd_ms = median_ms(
+        [&](cudaStream_t s) {
+          lora_experts_backward_cuda(bf16p(xp), bf16p(dyp), adapter, off_p, dxp.view.data, DType::bf16, dims,
+                                     workspace.data(), workspace.bytes(), s);
+        },
+        stream);
+    std::printf("  TIMING experts %s adapter R=%lld in=%lld out=%lld r=%lld: forward %.3f ms, backward %.3f ms "
+                "(workspace %.0f MiB)\n",
+                name, (long long)R, (long long)in, (long long)out, (long long)r, fwd_ms, bwd_ms,
+                workspace.bytes() / 1048576.0);
+  }
+  device_synchronize();
 }
 
 }  // namespace
