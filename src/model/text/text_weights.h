@@ -39,9 +39,15 @@ struct TextWeights {
   bool any_trained() const;
 };
 
+// The LoRA adapter of a weight module (e.g. "model.layers.0.self_attn.q_proj"), rank 0 when it has none.
+using DeviceLoraLookup = std::function<DeviceLoraViews(const std::string& module)>;
+
 // Binds every tensor of text_param_table(config, prefix) to its field through lookup; throws naming
-// a tensor the table has and the binding misses (or the other way round).
-TextWeights bind_text_weights(const TextConfig& config, const std::string& prefix, const DeviceParamLookup& lookup);
+// a tensor the table has and the binding misses (or the other way round). lora (optional) attaches
+// adapters to the projections GpuTextModel applies them on (the attention and GDN projections);
+// an adapter on any other weight is refused with its name.
+TextWeights bind_text_weights(const TextConfig& config, const std::string& prefix, const DeviceParamLookup& lookup,
+                              const DeviceLoraLookup& lora = nullptr);
 
 // The names of the text tensors GpuTextModel reads in fp32 (the binding's needs_f32), so an owner
 // can keep fp32 values of those it does not train.

@@ -142,6 +142,16 @@ GpuTextModel::GpuTextModel(const TextConfig& config, const TextWeights& weights,
                                                            options_.expert_recv_rows, stream_);
   }
   workspace_ = DeviceBuffer(workspace_bytes_);
+  for (const DecoderLayerWeights& l : weights_.layers) {
+    for (const DeviceParam* p : {&l.linear_attn.in_proj_qkv, &l.linear_attn.in_proj_z, &l.linear_attn.in_proj_b,
+                                 &l.linear_attn.in_proj_a, &l.linear_attn.out_proj, &l.self_attn.q_proj,
+                                 &l.self_attn.k_proj, &l.self_attn.v_proj, &l.self_attn.o_proj}) {
+      lora_rank_ = std::max(lora_rank_, p->lora.rank);
+    }
+  }
+  if (lora_rank_ > 0) {
+    lora_scratch_ = DeviceBuffer(2 * static_cast<size_t>(spec_.max_tokens * lora_rank_) * sizeof(DeviceBf16));
+  }
   inputs_arena_ = std::make_unique<DeviceArena>(bytes_.inputs, "gpu text model inputs");
   ArenaCarver input_carver(inputs_arena_.get());
   carve_text_inputs(input_carver, config_, spec_, &inputs_);

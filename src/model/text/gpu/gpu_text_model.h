@@ -168,6 +168,14 @@ class GpuTextModel {
   // rstd_post and normed_post) and the fp32 router weight's halves. Called by the forward and again
   // by the backward (other layers reuse the scratch in between).
   void split_router_operands(int64_t layer);
+  // The projection funnel (compare llama.cpp's build_lora_mm): y [rows, out] = x W^T written as
+  // y_dtype, plus the LoRA term when w carries an adapter (kernels/lora/lora_cuda.h).
+  void project(const DeviceParam& w, const __nv_bfloat16* x, void* y, DType y_dtype, int64_t rows,
+               int64_t in_features, int64_t out_features);
+  // The adapter's share of a projection's backward, beside the base dX product (nothing without an
+  // adapter): dx [rows, in] (bf16 or f32) added to, dA and dB added to when the adapter is trained.
+  void lora_backward(const DeviceParam& w, const __nv_bfloat16* x, const __nv_bfloat16* dy, void* dx, DType dx_dtype,
+                     int64_t rows, int64_t in_features, int64_t out_features);
   // Copies a [T, C] gradient into its capture slot when capture_layer_grads is on (else nothing).
   void capture_gradient(int64_t layer, LayerGradient which, const float* source);
   // A projection's weight gradient dW [N, K] += dy^T x, skipped for a frozen weight.
@@ -203,6 +211,11 @@ class GpuTextModel {
   struct Staging;
   std::unique_ptr<Staging> staging_;
   uint64_t uploaded_bytes_ = 0;
+
+  // LoRA scratch: x A^T and s dy B [max_tokens, largest rank] bf16 (recomputed per projection, so
+  // nothing is saved per layer); empty without adapters.
+  DeviceBuffer lora_scratch_;
+  int64_t lora_rank_ = 0;
 
   int64_t num_tokens_ = 0;
   int64_t num_seqs_ = 0;
