@@ -12,6 +12,11 @@ namespace deltamoe {
 bool TextWeights::any_trained() const {
   bool trained = embed_tokens.trained() || norm.trained() || lm_head.trained();
   for (const DecoderLayerWeights& l : layers) {
+    // A trained LoRA adapter on a projection trains the text model as well (its base frozen).
+    for (const DeviceParam* p : {&l.linear_attn.in_proj_qkv, &l.linear_attn.in_proj_z, &l.linear_attn.in_proj_b,
+                                 &l.linear_attn.in_proj_a, &l.linear_attn.out_proj, &l.self_attn.q_proj,
+                                 &l.self_attn.k_proj, &l.self_attn.v_proj, &l.self_attn.o_proj})
+      trained = trained || p->lora.grad_a != nullptr;
     for (const DeviceParam* p : {&l.input_layernorm, &l.post_attention_layernorm, &l.mlp.gate,
                                  &l.mlp.experts_gate_up, &l.mlp.experts_down, &l.mlp.shared_gate_proj,
                                  &l.mlp.shared_up_proj, &l.mlp.shared_down_proj, &l.mlp.shared_expert_gate,
@@ -28,8 +33,10 @@ bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+}  // namespace
+
 // The projections GpuTextModel runs through its LoRA funnel (gpu_text_model_step.cc).
-bool gpu_applies_adapter(const std::string& module) {
+bool gpu_applies_lora_adapter(const std::string& module) {
   for (const char* name : {".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.o_proj",
                            ".linear_attn.in_proj_qkv", ".linear_attn.in_proj_z", ".linear_attn.in_proj_b",
                            ".linear_attn.in_proj_a", ".linear_attn.out_proj"}) {
@@ -37,8 +44,6 @@ bool gpu_applies_adapter(const std::string& module) {
   }
   return false;
 }
-
-}  // namespace
 
 TextWeights bind_text_weights(const TextConfig& config, const std::string& prefix, const DeviceParamLookup& lookup,
                               const DeviceLoraLookup& lora) {
@@ -51,7 +56,7 @@ TextWeights bind_text_weights(const TextConfig& config, const std::string& prefi
       const std::string module = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : name;
       const DeviceLoraViews views = lora(module);
       if (views.attached()) {
-        CHECK(gpu_applies_adapter(module), "gpu text model: a LoRA adapter on '", module, "' has no GPU kernels ",
+        CHECK(gpu_applies_lora_adapter(module), "gpu text model: a LoRA adapter on '", module, "' has no GPU kernels ",
               "yet (the GPU engine applies adapters to the attention and GDN projections: q/k/v/o_proj, ",
               "in_proj_qkv/z/b/a, out_proj); train it on the CPU reference (--device cpu) or leave it out of ",
               "--target_modules / --target_parameters");

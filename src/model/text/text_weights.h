@@ -39,6 +39,10 @@ struct TextWeights {
   bool any_trained() const;
 };
 
+// Whether GpuTextModel applies a LoRA adapter on this weight module (the attention and GDN
+// projections so far; the shared expert, the routed experts and the vision tower not yet).
+bool gpu_applies_lora_adapter(const std::string& module);
+
 // The LoRA adapter of a weight module (e.g. "model.layers.0.self_attn.q_proj"), rank 0 when it has none.
 using DeviceLoraLookup = std::function<DeviceLoraViews(const std::string& module)>;
 
