@@ -157,6 +157,7 @@ int run_bench(const ArgParser& args) {
     lora.rank = args.get_int("lora_rank");
     lora.alpha = args.get_double("lora_alpha");
     lora.target_modules = args.get_list("target_modules");
+    lora.target_parameters = args.get_list("target_parameters");
     options.lora = std::make_shared<const LoraAdapters>(
         init_lora_adapters(config, lora, static_cast<uint64_t>(args.get_int("seed"))));
   }
@@ -305,6 +306,8 @@ int cmd_bench(int argc, char** argv) {
   args.add_option("lora_alpha", "LoRA alpha (with --tuner_type lora)", "32");
   args.add_list("target_modules", "LoRA target modules (with --tuner_type lora; the GPU engine applies the attention "
                 "and GDN projections so far)");
+  args.add_list("target_parameters", "LoRA on the routed experts' fused weights (with --tuner_type lora), e.g. "
+                "mlp.experts.gate_up_proj mlp.experts.down_proj");
   args.add_flag("recompute", "rerun each GDN/attention mixer's forward before its backward (less activation memory)");
   if (!args.parse(argc, argv)) return 0;
 #if DELTAMOE_WITH_CUDA

@@ -15,7 +15,8 @@ bool TextWeights::any_trained() const {
     // A trained LoRA adapter on a projection trains the text model as well (its base frozen).
     for (const DeviceParam* p : {&l.linear_attn.in_proj_qkv, &l.linear_attn.in_proj_z, &l.linear_attn.in_proj_b,
                                  &l.linear_attn.in_proj_a, &l.linear_attn.out_proj, &l.self_attn.q_proj,
-                                 &l.self_attn.k_proj, &l.self_attn.v_proj, &l.self_attn.o_proj})
+                                 &l.self_attn.k_proj, &l.self_attn.v_proj, &l.self_attn.o_proj,
+                                 &l.mlp.experts_gate_up, &l.mlp.experts_down})
       trained = trained || p->lora.grad_a != nullptr;
     for (const DeviceParam* p : {&l.input_layernorm, &l.post_attention_layernorm, &l.mlp.gate,
                                  &l.mlp.experts_gate_up, &l.mlp.experts_down, &l.mlp.shared_gate_proj,
@@ -39,7 +40,8 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 bool gpu_applies_lora_adapter(const std::string& module) {
   for (const char* name : {".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.o_proj",
                            ".linear_attn.in_proj_qkv", ".linear_attn.in_proj_z", ".linear_attn.in_proj_b",
-                           ".linear_attn.in_proj_a", ".linear_attn.out_proj"}) {
+                           ".linear_attn.in_proj_a", ".linear_attn.out_proj", ".mlp.experts.gate_up_proj",
+                           ".mlp.experts.down_proj"}) {
     if (ends_with(module, name)) return true;
   }
   return false;
@@ -58,7 +60,7 @@ TextWeights bind_text_weights(const TextConfig& config, const std::string& prefi
       if (views.attached()) {
         CHECK(gpu_applies_lora_adapter(module), "gpu text model: a LoRA adapter on '", module, "' has no GPU kernels ",
               "yet (the GPU engine applies adapters to the attention and GDN projections: q/k/v/o_proj, ",
-              "in_proj_qkv/z/b/a, out_proj); train it on the CPU reference (--device cpu) or leave it out of ",
+              "in_proj_qkv/z/b/a, out_proj, and to the routed experts); train it on the CPU reference (--device cpu) or leave it out of ",
               "--target_modules / --target_parameters");
         CHECK(views.a != nullptr && views.b != nullptr, "gpu text model: the adapter of '", module, "' lacks A or B");
         param.lora = views;

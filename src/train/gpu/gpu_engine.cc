@@ -80,9 +80,10 @@ std::string gpu_lora_refusal(const LoraAdapters& lora) {
     if (++unsupported <= 3) examples += (examples.empty() ? "" : ", ") + target.module;
   }
   if (unsupported > 0) {
-    return str_cat("the GPU engine applies LoRA adapters to the attention and GDN projections only so far ",
-                   "(--target_modules q_proj k_proj v_proj o_proj in_proj_qkv in_proj_z in_proj_b in_proj_a ",
-                   "out_proj); ", unsupported, " of the ", lora.targets.size(), " targets have no GPU kernels yet (",
+    return str_cat("the GPU engine applies LoRA adapters to the attention and GDN projections and the routed ",
+                   "experts only so far (--target_modules q_proj k_proj v_proj o_proj in_proj_qkv in_proj_z ",
+                   "in_proj_b in_proj_a out_proj --target_parameters mlp.experts.gate_up_proj ",
+                   "mlp.experts.down_proj); ", unsupported, " of the ", lora.targets.size(), " targets have no GPU kernels yet (",
                    examples, unsupported > 3 ? ", ..." : "", ")");
   }
   return "";
@@ -201,6 +202,7 @@ struct GpuEngine::Impl {
     o.loss_chunk_rows = std::min(options.loss_chunk_rows, options.max_tokens);
     o.max_image_rows = max_image_tokens;
     o.recompute_mixers = options.recompute_mixers;
+    o.lora_rank = options.lora != nullptr ? options.lora->options.rank : 0;
     return o;
   }
 

@@ -67,6 +67,9 @@ struct GpuModelOptions {
   Communicator* expert_parallel = nullptr;
   // Rows this rank's experts may receive per micro-batch (0: the worst case, EP x max_tokens x K).
   int64_t expert_recv_rows = 0;
+  // LoRA rank of the bound adapters (0: none), so that planned_bytes counts their scratch; the
+  // model allocates what the bound weights need.
+  int64_t lora_rank = 0;
 };
 
 // Device bytes the model itself holds (its parameters belong to DeviceParams).
@@ -216,6 +219,10 @@ class GpuTextModel {
   // nothing is saved per layer); empty without adapters.
   DeviceBuffer lora_scratch_;
   int64_t lora_rank_ = 0;
+  // Routed-expert adapters' workspace (moe_experts_lora_workspace_bytes); empty without them.
+  DeviceBuffer lora_experts_workspace_;
+  // The routed experts' adapters of a layer (null when it has none).
+  const MoeExpertsLora* experts_lora(int64_t layer, MoeExpertsLora* out) const;
 
   int64_t num_tokens_ = 0;
   int64_t num_seqs_ = 0;

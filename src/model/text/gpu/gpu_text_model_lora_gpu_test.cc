@@ -1,4 +1,5 @@
-// GpuTextModel with LoRA adapters on the attention and GDN projections against the CPU reference
+// GpuTextModel with LoRA adapters on the attention and GDN projections (and on the routed experts'
+// fused weights, PEFT's target_parameters) against the CPU reference
 // TextModel with the same adapters attached (model/text/projection.h applies them): tiny config,
 // bf16-rounded base and adapters (B nonzero, so every adapter product matters), the CPU's routing
 // pinned to the GPU's. The base is frozen (no master, no gradient: DeviceParams trains only the
@@ -86,12 +87,12 @@ CpuRun run_cpu(const TextConfig& config, const ParamMap& params, const TextBatch
   return run;
 }
 
-void run_lora_case(const std::vector<int32_t>& cu_seqlens, int64_t rank) {
+void run_lora_case(const std::vector<int32_t>& cu_seqlens, int64_t rank, bool experts) {
   const ModelConfig model_config = model_config_preset("tiny");
   const TextConfig& config = model_config.text;
   const int64_t T = cu_seqlens.back();
-  std::printf("LoRA rank %lld on attention + GDN projections, %lld tokens\n", static_cast<long long>(rank),
-              static_cast<long long>(T));
+  std::printf("LoRA rank %lld on attention + GDN projections%s, %lld tokens\n", static_cast<long long>(rank),
+              experts ? " + routed experts" : "", static_cast<long long>(T));
 
   // Base weights and adapters, all rounded to bf16 (the GPU's working copies).
   ParamMap params = random_text_params(config, "model", 7, kMatrixStd);
@@ -103,11 +104,11 @@ void run_lora_case(const std::vector<int32_t>& cu_seqlens, int64_t rank) {
   options.rank = rank;
   options.alpha = 2.0 * static_cast<double>(rank);
   options.target_modules = kTargets;
+  if (experts) options.target_parameters = {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
   LoraAdapters lora = init_lora_adapters(model_config, options, 11);
   std::mt19937 rng(23);
   std::normal_distribution<float> normal(0.0f, 0.05f);
   for (const LoraTarget& target : lora.targets) {
-    ASSERT_FALSE(target.experts);
     HostTensor& a = lora.tensors.at(target.a_name());
     HostTensor& b = lora.tensors.at(target.b_name());
     for (int64_t i = 0; i < a.numel(); ++i) a.as<float>()[i] = round_to_bf16(a.as<float>()[i]);
@@ -150,6 +151,7 @@ void run_lora_case(const std::vector<int32_t>& cu_seqlens, int64_t rank) {
   cudaStream_t stream = nullptr;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   GpuModelOptions model_options;
+  model_options.lora_rank = rank;
   model_options.max_tokens = T + 5;
   model_options.max_seqs = static_cast<int64_t>(cu_seqlens.size());
   model_options.loss_chunk_rows = 16;
@@ -198,8 +200,9 @@ void run_lora_case(const std::vector<int32_t>& cu_seqlens, int64_t rank) {
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
-TEST(GpuTextModelLora, AdaptersMatchCpuReference) { run_lora_case({0, 1, 40, 150}, 8); }
-TEST(GpuTextModelLora, RankFourMatchesCpuReference) { run_lora_case({0, 64, 128}, 4); }
+TEST(GpuTextModelLora, AdaptersMatchCpuReference) { run_lora_case({0, 1, 40, 150}, 8, false); }
+TEST(GpuTextModelLora, ExpertAdaptersMatchCpuReference) { run_lora_case({0, 1, 40, 150}, 8, true); }
+TEST(GpuTextModelLora, RankFourWithExpertsMatchesCpuReference) { run_lora_case({0, 64, 128}, 4, true); }
 
 TEST(GpuTextModelLora, AdapterOnAnUnsupportedWeightIsRefused) {
   const TextConfig config = model_config_preset("tiny").text;

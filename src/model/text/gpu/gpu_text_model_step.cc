@@ -71,6 +71,19 @@ void GpuTextModel::lora_backward(const DeviceParam& w, const DeviceBf16* x, cons
                             out_features, stream_);
 }
 
+const MoeExpertsLora* GpuTextModel::experts_lora(int64_t layer, MoeExpertsLora* out) const {
+  const MoeWeights& W = weights_.layers[static_cast<size_t>(layer)].mlp;
+  if (!W.experts_gate_up.lora.attached() && !W.experts_down.lora.attached()) return nullptr;
+  auto adapter = [](const DeviceLoraViews& v) {
+    return v.attached() ? LoraDeviceAdapter{v.a, v.b, v.grad_a, v.grad_b, v.rank, v.scaling} : LoraDeviceAdapter{};
+  };
+  out->gate_up = adapter(W.experts_gate_up.lora);
+  out->down = adapter(W.experts_down.lora);
+  out->workspace = lora_experts_workspace_.data();
+  out->workspace_bytes = lora_experts_workspace_.bytes();
+  return out;
+}
+
 void GpuTextModel::linear_backward_f32_dy(const float* dy, const DeviceParam& w, const DeviceBf16* x, float* dx,
                                           bool add, int64_t rows, int64_t in_features, int64_t out_features) {
   DeviceBf16* hi = acts_.scratch.gate_grad_hi;
@@ -424,9 +437,10 @@ void GpuTextModel::moe_forward(int64_t layer) {
   } else {
     moe_routing_plan_cuda(s.topk_idx, plans_[static_cast<size_t>(layer)], T, E, K, stream_);
     const MoeExpertsDims dims{T, C, E, K, c.moe_intermediate_size};
+    MoeExpertsLora lora;
     moe_experts_forward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
                              W.experts_gate_up.w, W.experts_down.w, b.moe_out, workspace_.data(), workspace_bytes_,
-                             stream_);
+                             stream_, experts_lora(layer, &lora));
   }
   shared_expert_forward_cuda(cublas_, b.normed_post, W.shared_gate_proj.w,
                              W.shared_up_proj.w,
@@ -456,10 +470,11 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
     expert_parallel_->backward(layer, s.topk_weight, b.normed_post, W.experts_gate_up.w + first * 2 * I * C,
                                W.experts_down.w + first * C * I, dy, experts_dx, w.d_topk_weight, d_gate_up, d_down);
   } else {
+    MoeExpertsLora lora;
     moe_experts_backward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
                               W.experts_gate_up.w, W.experts_down.w, dy, experts_dx, w.d_topk_weight,
                               W.experts_gate_up.grad, W.experts_down.grad, workspace_.data(), workspace_bytes_,
-                              stream_);
+                              stream_, experts_lora(layer, &lora));
   }
   const bool with_aux = options_.aux_loss_weight != 0.0f;
   if (with_aux)
