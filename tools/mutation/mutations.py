@@ -8,7 +8,8 @@ Each mutation is one small edit a careless change could make, and the tests that
   regex    a Python regular expression, every match replaced by `replace` (\\1 etc. allowed);
            at least one match is required, else the mutation is reported as not applicable
   tests    test programs (ctest names) that should fail with the edit; caught = at least one does
-  device   "cpu" (run here) or "gpu" (patch written; the lead runs it on the GPU machine)
+  device   "cpu" (run here) or "gpu" (built here into gpu_mutants/ by --gpu; run on the GPU machine
+           by tools/gpu/mutation_check.sh)
 """
 
 MUTATIONS = [
@@ -84,36 +85,44 @@ MUTATIONS = [
         tests=["sample_builder_test", "chat_template_test"],
         device="cpu",
     ),
+    # GPU engine bugs (issue 23's acceptance), planted in the GPU text model's backward itself so that
+    # every GPU test that trains through it sees them: gpu_text_model_gpu_test (each layer alone and
+    # the whole model, tiny and text_8layer's architecture), gpu_parity_golden_gpu_test (the cases fit
+    # for a bound), gpu_engine_gpu_test (the engine on tiny-vl). Built by --gpu into gpu_mutants/,
+    # run on the GPU machine by tools/gpu/mutation_check.sh.
     dict(
-        name="gpu_gradient_sign_flipped",
-        why="the GPU parity run returns layer 1's linear-attention out_proj gradient with its sign flipped",
-        file="src/train/gpu/gpu_parity.cc",
-        find="        grads[entry.name] = host_tensor(model.read_gradient(entry.name), entry.shape);",
+        name="gpu_gdn_out_proj_grad_sign_flipped",
+        why="every GDN layer's out_proj weight gradient accumulated with alpha -1 (sign flipped)",
+        file="src/model/text/gpu/gpu_text_model_step.cc",
+        find="  weight_grad(W.out_proj, dy, s.normed, T, vd, C);",
         replace=(
-            "        {\n"
-            "          std::vector<float> mutated = model.read_gradient(entry.name);\n"
-            "          if (entry.name.find(\"layers.1.linear_attn.out_proj\") != std::string::npos)\n"
-            "            for (float& value : mutated) value = -value;\n"
-            "          grads[entry.name] = host_tensor(mutated, entry.shape);\n"
-            "        }"
+            "  if (W.out_proj.grad != nullptr)\n"
+            "    gemm_bf16_cuda(*gemm_, true, false, C, vd, T, -1.0f, dy, C, s.normed, vd, 1.0f, W.out_proj.grad,\n"
+            "                   DType::f32, vd, stream_);"
         ),
-        tests=["gpu_parity_golden_gpu_test"],
+        tests=["gpu_text_model_gpu_test", "gpu_parity_golden_gpu_test", "gpu_engine_gpu_test"],
         device="gpu",
     ),
     dict(
-        name="gpu_expert_gradient_zero",
-        why="the GPU parity run returns all-zero routed-expert gradients (mlp.experts.*)",
-        file="src/train/gpu/gpu_parity.cc",
-        find="        grads[entry.name] = host_tensor(model.read_gradient(entry.name), entry.shape);",
+        name="gpu_attention_o_proj_grad_sign_flipped",
+        why="every full-attention layer's o_proj weight gradient accumulated with alpha -1 (sign flipped)",
+        file="src/model/text/gpu/gpu_text_model_step.cc",
+        find="  weight_grad(W.o_proj, dy, s.gated, T, Hq * D, C);",
         replace=(
-            "        {\n"
-            "          std::vector<float> mutated = model.read_gradient(entry.name);\n"
-            "          if (entry.name.find(\"mlp.experts.\") != std::string::npos)\n"
-            "            std::fill(mutated.begin(), mutated.end(), 0.0f);\n"
-            "          grads[entry.name] = host_tensor(mutated, entry.shape);\n"
-            "        }"
+            "  if (W.o_proj.grad != nullptr)\n"
+            "    gemm_bf16_cuda(*gemm_, true, false, C, Hq * D, T, -1.0f, dy, C, s.gated, Hq * D, 1.0f, W.o_proj.grad,\n"
+            "                   DType::f32, Hq * D, stream_);"
         ),
-        tests=["gpu_parity_golden_gpu_test"],
+        tests=["gpu_text_model_gpu_test", "gpu_parity_golden_gpu_test", "gpu_engine_gpu_test"],
+        device="gpu",
+    ),
+    dict(
+        name="gpu_expert_weight_grads_zero",
+        why="the routed experts' weight-gradient products skipped (as if frozen): all-zero expert gradients",
+        file="src/model/text/gpu/gpu_text_model_step.cc",
+        find="W.experts_gate_up.grad, W.experts_down.grad,",
+        replace="nullptr, nullptr,",
+        tests=["gpu_text_model_gpu_test", "gpu_parity_golden_gpu_test", "gpu_engine_gpu_test"],
         device="gpu",
     ),
     dict(

@@ -8,8 +8,9 @@ then per mutation: applies the edit, rebuilds only those tests, runs them, resto
 A mutation is CAUGHT when at least one of its tests that passed at baseline fails. Exit status 0
 only if every CPU mutation was caught. Not part of CI (minutes of builds on 2 cores).
 
-GPU mode (--gpu): writes one patch per GPU mutation into --out and prints the commands that build
-the CUDA bundle with it and run its tests on the GPU machine (this machine has no GPU).
+GPU mode (--gpu): builds the tests the GPU mutations name, unmutated and once per mutation, in a
+CUDA scratch build (build/mutation_gpu) and packs them into gpu_mutants/ (git-ignored); on the GPU
+machine tools/gpu/mutation_check.sh runs them (unmutated must pass, each mutant must fail).
 
 The default scratch folder is build/mutation under the repository root: git ignores build/, and
 keeping the same depth below the ccache base dir lets unchanged files hit the cache
@@ -17,7 +18,7 @@ keeping the same depth below the ccache base dir lets unchanged files hit the ca
 
     python3 tools/mutation/run_mutations.py                   # every CPU mutation
     python3 tools/mutation/run_mutations.py --only rope_theta_1e-3 bicubic_a_minus_0.75
-    python3 tools/mutation/run_mutations.py --gpu --out /tmp/mutation_patches
+    python3 tools/mutation/run_mutations.py --gpu                      # builds gpu_mutants/
 """
 import argparse
 import difflib
@@ -68,6 +69,9 @@ def sync_tree(repo, scratch):
                 (scratch / rel).unlink()
     for rel in LINKED:
         link, source = scratch / rel, repo / rel
+        if not source.exists():
+            print(f"warning: {rel} is missing here (npm ci in tests/ref): the tests that read it fail at "
+                  "baseline and their mutations are reported UNKNOWN", flush=True)
         if source.exists() and not link.exists():
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(source)
@@ -178,38 +182,81 @@ def cpu_mode(args, mutations):
 
 
 def gpu_mode(args, mutations):
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    print("# This machine has no GPU. For each mutation, from the repository root (clean work tree):")
-    status = 0
+    """Builds the GPU mutants here (no GPU on this machine) for tools/gpu/mutation_check.sh to run.
+
+    One scratch copy (build/mutation_gpu), one CUDA build in it configured as scripts/gpu_bundle.sh
+    configures its own (Release, sm_90a): the named test programs unmutated (base/), then per
+    mutation the same programs with the edit (<name>/). Only the mutated file recompiles; every
+    other object is a ccache hit when the bundle was built before. Packed with a manifest into
+    --mutants (gpu_mutants/: git-ignored, carried to the GPU machine next to gpu_bundle/)."""
+    scratch = Path(args.gpu_scratch).resolve()
+    build_dir = scratch / "build" / "cuda"
+    logs = scratch / "logs"
+    staging = scratch / "staging"
+    print(f"scratch copy: {scratch}", flush=True)
+    sync_tree(REPO, scratch)
+    status, _ = run(["cmake", "-S", str(scratch), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                     "-DDELTAMOE_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={args.arch}"], log=logs / "configure.log")
+    if status != 0:
+        sys.exit(f"configure failed: see {logs / 'configure.log'}")
+    tests = sorted({t for m in mutations for t in m["tests"]})
+    shutil.rmtree(staging, ignore_errors=True)
+
+    def build_variant(variant, log_dir):
+        if not build(build_dir, tests, args.jobs, log_dir / "build.log"):
+            return False
+        (staging / "bin" / variant).mkdir(parents=True)
+        for test in tests:
+            shutil.copy2(build_dir / test, staging / "bin" / variant / test)
+            subprocess.run(["strip", str(staging / "bin" / variant / test)], check=True)
+        return True
+
+    print(f"building base: {' '.join(tests)}", flush=True)
+    if not build_variant("base", logs / "base"):
+        sys.exit(f"the unmutated tree does not build: see {logs / 'base' / 'build.log'}")
+    manifest = []
     for mutation in mutations:
-        path = REPO / mutation["file"]
+        name = mutation["name"]
+        path = scratch / mutation["file"]
         original = path.read_text()
         new_text, reason = mutated_text(mutation, original)
         if new_text is None:
-            print(f"# {mutation['name']}: NOT APPLICABLE ({reason})")
-            status = 1
-            continue
-        patch = out / f"{mutation['name']}.patch"
-        patch.write_text("".join(difflib.unified_diff(
-            original.splitlines(keepends=True), new_text.splitlines(keepends=True),
-            fromfile=f"a/{mutation['file']}", tofile=f"b/{mutation['file']}")))
-        tests = " ".join(mutation["tests"])
-        print(f"\n# {mutation['name']}: {mutation['why']}; expect {tests} to FAIL")
-        print(f"git apply {patch}")
-        print("bash scripts/gpu_bundle.sh                                   # builds the CUDA code here")
-        print(f"git apply -R {patch}")
-        print(f"# on the GPU machine (device tool, carrying gpu_bundle): "
-              f"GPU_TESTS=\"{tests}\" bash gpu_bundle/run_gpu_tests.sh")
-    print("\n# afterwards rebuild the bundle without patches: bash scripts/gpu_bundle.sh")
-    return status
+            sys.exit(f"{name}: NOT APPLICABLE ({reason}): update mutations.py")
+        print(f"building {name}: {mutation['why']}", flush=True)
+        try:
+            path.write_text(new_text)
+            if not build_variant(name, logs / name):
+                sys.exit(f"{name}: build failed, see {logs / name / 'build.log'}")
+        finally:
+            path.write_text(original)
+        manifest.append(f"{name}\t{' '.join(mutation['tests'])}\t{mutation['why']}")
+    build(build_dir, tests, args.jobs, logs / "restore_build.log")
+
+    out = Path(args.mutants).resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    (out / "tests.txt").write_text("\n".join(tests) + "\n")
+    (out / "mutations.tsv").write_text("\n".join(manifest) + "\n")
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    (out / "built_from.txt").write_text(f"{commit}{' (with uncommitted edits)' if dirty else ''}\n")
+    subprocess.run(["tar", "cJf", str(out / "programs.tar.xz"), "-C", str(staging), "bin"], check=True)
+    shutil.copy2(REPO / "tools" / "gpu" / "mutation_check.sh", out / "mutation_check.sh")
+    size = (out / "programs.tar.xz").stat().st_size / 2**20
+    print(f"\n{out}: {len(mutations)} mutants + base of {', '.join(tests)} ({size:.1f} MiB packed)")
+    print("run on the GPU machine from the repository root, carrying gpu_bundle and gpu_mutants: "
+          "bash gpu_mutants/mutation_check.sh")
+    return 0
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutations")
-    parser.add_argument("--gpu", action="store_true", help="write patches and commands for the GPU mutations")
-    parser.add_argument("--out", default=str(REPO / "build" / "mutation_patches"), help="patch folder for --gpu")
+    parser.add_argument("--gpu", action="store_true", help="build the GPU mutants into --mutants (no GPU needed)")
+    parser.add_argument("--mutants", default=str(REPO / "gpu_mutants"), help="output folder for --gpu")
+    parser.add_argument("--gpu-scratch", default=str(REPO / "build" / "mutation_gpu"), help="scratch copy for --gpu")
+    parser.add_argument("--arch", default="90a", help="CUDA architecture for --gpu (the H200: 90a)")
     parser.add_argument("--scratch", default=str(REPO / "build" / "mutation"), help="scratch copy folder")
     parser.add_argument("--jobs", type=int, default=2, help="parallel build jobs")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")

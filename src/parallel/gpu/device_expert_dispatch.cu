@@ -136,7 +136,7 @@ DeviceExpertDispatcher::DeviceExpertDispatcher(Communicator& ep, int64_t num_exp
   CUDA_CHECK(cudaMallocHost(&host_counts_, 4 * ep.size() * sizeof(int64_t)));
   plans_.resize(num_plans);
   for (PlanMemory& p : plans_) {
-    p.routing = DeviceBuffer(moe_routing_plan_bytes(std::max<int64_t>(capacity.max_tokens, 1), ep.size(), capacity.top_k));
+    p.routing = DeviceBuffer(moe_routing_plan_bytes(std::max<int64_t>(slots, 1), ep.size(), 1));
     p.recv_expert = DeviceBuffer(std::max<int64_t>(capacity.max_recv_rows, 1) * sizeof(int32_t));
     p.plan.recv_expert = p.recv_expert.as<int32_t>();
   }
@@ -166,12 +166,14 @@ const DeviceExpertDispatchPlan& DeviceExpertDispatcher::plan(int index, const in
   int64_t* counts = counts_.as<int64_t>();  // [2n] sent, then [2n] received
   auto* bad = reinterpret_cast<unsigned long long*>(counts + 4 * n);
   CUDA_CHECK(cudaMemsetAsync(bad, 0xff, sizeof(unsigned long long), stream_));
-  MoeRoutingPlan routing = moe_routing_plan_in(memory.routing.data(), std::max<int64_t>(num_tokens, 1), n, top_k);
+  // The routing plan's counting sort over flat slots, keyed by destination rank. Several slots of
+  // a token may go to one rank, so the slots are planned as single-slot tokens (same flat order).
+  MoeRoutingPlan routing = moe_routing_plan_in(memory.routing.data(), std::max<int64_t>(slots, 1), n, 1);
   if (slots > 0) {
     owner_kernel<<<blocks_for(slots), kThreads, 0, stream_>>>(topk_idx, slots, static_cast<int>(top_k), num_experts_,
                                                               experts_per_rank_, owner_.as<int32_t>(), bad);
     CUDA_CHECK_LAUNCH();
-    moe_routing_plan_cuda(owner_.as<int32_t>(), routing, num_tokens, n, top_k, stream_);
+    moe_routing_plan_cuda(owner_.as<int32_t>(), routing, slots, n, 1, stream_);
   }
   counts_kernel<<<1, 1024, 0, stream_>>>(slots > 0 ? routing.expert_offsets : nullptr, n, bad, counts);
   CUDA_CHECK_LAUNCH();

@@ -42,7 +42,7 @@ size_t GpuExpertParallel::planned_bytes(const TextConfig& config, int ep_size, i
   // The dispatcher: destination ranks, counts, expert ids in send order, staging, and per layer
   // its plan over ranks and the received expert ids.
   bytes += align256(slots * 4) * 2 + align256(4 * ep_size * 8 + 8) + align256(slots * C * 2);
-  bytes += L * (moe_routing_plan_bytes(max_tokens, ep_size, K) + align256(R * 4));
+  bytes += L * (moe_routing_plan_bytes(std::max<int64_t>(slots, 1), ep_size, 1) + align256(R * 4));
   // Per layer the owner's plan of its received rows; the row buffers; the experts' workspace.
   bytes += L * moe_routing_plan_bytes(R, config.num_experts / ep_size, 1);
   bytes += 3 * align256(R * C * 2) + 3 * align256(R * 4) + align256(slots * C * 2);
