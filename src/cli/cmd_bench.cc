@@ -148,6 +148,19 @@ int run_bench(const ArgParser& args) {
   for (const auto& [h, w] : grids) largest_image = std::max(largest_image, h * w);
   const int64_t token_side = config.vision.patch_size * config.vision.spatial_merge_size;
   options.max_image_pixels = largest_image * token_side * token_side;
+  const std::string tuner = args.get("tuner_type");
+  CHECK(tuner == "full" || tuner == "lora", "--tuner_type must be full or lora, got '", tuner, "'");
+  if (tuner == "lora") {
+    // PEFT's init (B zero) would give every step the same loss curve as the frozen model at first;
+    // the bench times the products, which do not depend on the values.
+    LoraOptions lora;
+    lora.rank = args.get_int("lora_rank");
+    lora.alpha = args.get_double("lora_alpha");
+    lora.target_modules = args.get_list("target_modules");
+    lora.target_parameters = args.get_list("target_parameters");
+    options.lora = std::make_shared<const LoraAdapters>(
+        init_lora_adapters(config, lora, static_cast<uint64_t>(args.get_int("seed"))));
+  }
   GpuEngine engine(config, options, static_cast<uint64_t>(args.get_int("seed")));
   engine.text_model().timer().set_enabled(true);
   cudaDeviceProp prop{};
@@ -288,6 +301,13 @@ int cmd_bench(int argc, char** argv) {
                   "0");
   args.add_option("loss_chunk", "tokens per lm_head + cross-entropy chunk", "1024");
   args.add_option("seed", "random seed of weights and tokens", "0");
+  args.add_option("tuner_type", "full, or lora: the base frozen, LoRA adapters trained (docs/lora.md)", "full");
+  args.add_option("lora_rank", "LoRA rank (with --tuner_type lora)", "8");
+  args.add_option("lora_alpha", "LoRA alpha (with --tuner_type lora)", "32");
+  args.add_list("target_modules", "LoRA target modules (with --tuner_type lora; the GPU engine applies the attention "
+                "and GDN projections so far)");
+  args.add_list("target_parameters", "LoRA on the routed experts' fused weights (with --tuner_type lora), e.g. "
+                "mlp.experts.gate_up_proj mlp.experts.down_proj");
   args.add_flag("recompute", "rerun each GDN/attention mixer's forward before its backward (less activation memory)");
   if (!args.parse(argc, argv)) return 0;
 #if DELTAMOE_WITH_CUDA

@@ -11,6 +11,18 @@
 
 namespace deltamoe {
 
+// A LoRA adapter on a projection weight (model/lora/lora.h): views of its A [r, in] and B [out, r]
+// (trained tensors of the same owner) and the scaling. rank 0: none.
+struct DeviceLoraViews {
+  const DeviceBf16* a = nullptr;
+  const DeviceBf16* b = nullptr;
+  float* grad_a = nullptr;  // null with grad_b: a frozen adapter
+  float* grad_b = nullptr;
+  int64_t rank = 0;
+  float scaling = 0;
+  bool attached() const { return rank > 0; }
+};
+
 struct DeviceParam {
   const DeviceBf16* w = nullptr;      // bf16 working weight (every parameter has one)
   // fp32 values, for the tensors the math reads in fp32 (norm weights, gates, the embedding and
@@ -19,6 +31,7 @@ struct DeviceParam {
   float* grad = nullptr;  // fp32 gradient, added to; null: frozen, so its weight-gradient work is skipped
   int64_t numel = 0;
   bool trained() const { return grad != nullptr; }
+  DeviceLoraViews lora;  // the projection's adapter, if one is attached (bind_text_weights)
 };
 
 // The lookup a binder uses: the views of `name`; needs_f32 says the model reads its fp32 values.

@@ -16,12 +16,14 @@ std::unique_ptr<TrainEngine> make_train_engine(const std::string& device, const 
         "'");
 #if DELTAMOE_WITH_CUDA
   if (device != "cpu") {
-    CHECK(options.lora == nullptr || device == "auto",
-          "--device cuda: the GPU engine has no LoRA kernels yet (--tuner_type lora runs on the CPU reference: ",
-          "--device cpu), or train all parameters with --tuner_type full");
     if (options.lora != nullptr) {
-      log_warn("train: the GPU engine has no LoRA kernels yet; --tuner_type lora trains on the CPU reference");
-      return std::make_unique<CpuEngine>(checkpoint, options);
+      const std::string why = gpu_lora_refusal(*options.lora);
+      CHECK(why.empty() || device == "auto", "--device cuda: ", why, "; train these targets on the CPU reference ",
+            "(--device cpu)");
+      if (!why.empty()) {
+        log_warn("train: ", why, "; --tuner_type lora trains on the CPU reference");
+        return std::make_unique<CpuEngine>(checkpoint, options);
+      }
     }
     if (cuda_device_available()) return std::make_unique<GpuEngine>(checkpoint, options);
     CHECK(device != "cuda", "--device cuda: no CUDA GPU answered on this machine; use --device cpu or auto");

@@ -55,16 +55,30 @@ int64_t max_image_tokens_in(int64_t tokens, int64_t max_pixels, const VisionConf
   return best;
 }
 
-void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DType moment_dtype, MemoryPlan* plan) {
+void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DType moment_dtype, MemoryPlan* plan,
+                      const LoraAdapters* lora) {
   std::set<std::string> read_in_f32 = text_params_read_in_f32(config.text, config.text_prefix());
   if (config.has_vision) {
     for (const std::string& name : vision_params_read_in_f32(config.vision, kVisionPrefix)) read_in_f32.insert(name);
   }
   size_t all = 0, trained = 0, frozen_f32 = 0;
+  std::set<std::string> saved_whole;
+  if (lora != nullptr) {
+    saved_whole.insert(lora->modules_to_save.begin(), lora->modules_to_save.end());
+    for (const LoraTarget& target : lora->targets) {
+      for (const std::vector<int64_t>& shape : {target.a_shape(lora->options.rank), target.b_shape(lora->options.rank)}) {
+        int64_t numel = 1;
+        for (int64_t d : shape) numel *= d;
+        all += aligned_elements(numel);
+        trained += aligned_elements(numel);
+      }
+    }
+  }
   for (const ParamSpec& spec : build_param_table(config)) {
     const size_t numel = aligned_elements(spec.shape.numel());
     all += numel;
-    if (!is_frozen(spec.name, freeze)) {
+    const bool frozen = lora != nullptr ? saved_whole.count(spec.name) == 0 : is_frozen(spec.name, freeze);
+    if (!frozen) {
       trained += numel;
       const ParamGroup group = param_group(spec.name);
       plan->vit_trained = plan->vit_trained || group == ParamGroup::vit;
@@ -175,7 +189,7 @@ std::string memory_refusal(const MemoryPlan& plan, size_t device_bytes, const En
 MemoryPlan plan_training_memory(const ModelConfig& config, const EngineOptions& options) {
   MemoryPlan plan;
   plan.max_tokens = options.max_tokens;
-  plan_state_bytes(config, options.freeze, options.adamw.moment_dtype, &plan);
+  plan_state_bytes(config, options.freeze, options.adamw.moment_dtype, &plan, options.lora.get());
   const int64_t merge = config.vision.spatial_merge_size * config.vision.spatial_merge_size;
   plan.max_image_tokens = config.has_vision ? max_image_tokens_in(options.max_tokens, options.max_image_pixels,
                                                                   config.vision)

@@ -55,7 +55,10 @@ int64_t max_image_tokens_in(int64_t tokens, int64_t max_pixels, const VisionConf
 
 // The state's part of the plan: element counts of the parameter table split by the freeze choice,
 // laid out as DeviceParams lays them out (tensors aligned to 64 elements).
-void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DType moment_dtype, MemoryPlan* plan);
+// With lora (non-null) the base is frozen whole (bf16 weights and the fp32 copies it is read in) and
+// the adapters' A and B (and --modules_to_save) are the trained tensors, as the engines hold them.
+void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DType moment_dtype, MemoryPlan* plan,
+                      const LoraAdapters* lora = nullptr);
 
 // Estimates of the models' bytes for builds without the GPU models: the activation and input
 // layouts are the GPU models' own (text_activations.h, vision_activations.h); the kernel

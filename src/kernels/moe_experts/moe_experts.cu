@@ -101,9 +101,24 @@ size_t moe_experts_backward_workspace_bytes(const MoeExpertsDims& d) {
          align256(rows * d.intermediate * sizeof(nvbf16));
 }
 
+namespace {
+
+// The adapter products' dims for one fused weight over the plan's T K rows.
+LoraExpertDims lora_dims(const MoeExpertsDims& d, int64_t in, int64_t out, int64_t rank) {
+  return LoraExpertDims{d.num_experts, in, out, rank, d.num_tokens * d.top_k};
+}
+
+}  // namespace
+
+size_t moe_experts_lora_workspace_bytes(const MoeExpertsDims& d, int64_t rank) {
+  return std::max(lora_experts_workspace_bytes(lora_dims(d, d.hidden, 2 * d.intermediate, rank)),
+                  lora_experts_workspace_bytes(lora_dims(d, d.intermediate, d.hidden, rank)));
+}
+
 void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
                               const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
-                              __nv_bfloat16* y, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                              __nv_bfloat16* y, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                              const MoeExpertsLora* lora) {
   check_dims(dims, "moe_experts_forward_cuda");
   if (dims.num_tokens == 0) return;
   const int64_t rows = dims.num_tokens * dims.top_k, C = dims.hidden, I = dims.intermediate, E = dims.num_experts;
@@ -117,19 +132,31 @@ void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& 
   moe_permute_cuda(x, plan.sorted_slot, xp, rows, C, dims.top_k, stream);
   grouped_gemm_rows_cuda(xp, gate_up, true, gu, DType::bf16, plan.expert_offsets, E, rows, 2 * I, C, tiles, tile_bytes,
                          stream);
+  if (lora != nullptr && lora->gate_up.attached()) {
+    lora_experts_forward_cuda(xp, lora->gate_up, plan.expert_offsets, gu, DType::bf16,
+                              lora_dims(dims, C, 2 * I, lora->gate_up.rank), lora->workspace, lora->workspace_bytes,
+                              stream);
+  }
   swiglu_forward_kernel<<<elementwise_grid(rows * I), 256, 0, stream>>>(gu, h, rows, I);
   CUDA_CHECK_LAUNCH();
   nvbf16* y_expert = xp;
   grouped_gemm_rows_cuda(h, down, true, y_expert, DType::bf16, plan.expert_offsets, E, rows, C, I, tiles, tile_bytes,
                          stream);
+  if (lora != nullptr && lora->down.attached()) {
+    lora_experts_forward_cuda(h, lora->down, plan.expert_offsets, y_expert, DType::bf16,
+                              lora_dims(dims, I, C, lora->down.rank), lora->workspace, lora->workspace_bytes, stream);
+  }
   moe_combine_cuda(y_expert, plan.row_of_slot, topk_weight, y, dims.num_tokens, C, dims.top_k, stream);
 }
 
 void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
                                const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
                                const __nv_bfloat16* dy, __nv_bfloat16* dx, float* d_topk_weight, float* d_gate_up,
-                               float* d_down, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                               float* d_down, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                               const MoeExpertsLora* lora) {
   check_dims(dims, "moe_experts_backward_cuda");
+  const bool gate_up_lora = lora != nullptr && lora->gate_up.attached();
+  const bool down_lora = lora != nullptr && lora->down.attached();
   if (dims.num_tokens == 0) return;
   const int64_t rows = dims.num_tokens * dims.top_k, C = dims.hidden, I = dims.intermediate, E = dims.num_experts;
   WorkspaceCarver carve(workspace, workspace_bytes);
@@ -145,10 +172,22 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
   moe_permute_cuda(x, plan.sorted_slot, xp, rows, C, dims.top_k, stream);
   grouped_gemm_rows_cuda(xp, gate_up, true, gu, DType::bf16, plan.expert_offsets, E, rows, 2 * I, C, tiles, tile_bytes,
                          stream);
+  if (gate_up_lora) {
+    lora_experts_forward_cuda(xp, lora->gate_up, plan.expert_offsets, gu, DType::bf16,
+                              lora_dims(dims, C, 2 * I, lora->gate_up.rank), lora->workspace, lora->workspace_bytes,
+                              stream);
+  }
   // dh_u = dy W_down (down_e stored [C, I] = [K, N]); kept in fp32 for the routing-weight gradient.
   moe_permute_cuda(dy, plan.sorted_slot, dyp, rows, C, dims.top_k, stream);
   grouped_gemm_rows_cuda(dyp, down, false, dh_u, DType::f32, plan.expert_offsets, E, rows, I, C, tiles, tile_bytes,
                          stream);
+  if (down_lora) {
+    // The down adapter's share of dh_u (its weight gradients need w h, formed below).
+    LoraDeviceAdapter input_only = lora->down;
+    input_only.grad_a = input_only.grad_b = nullptr;
+    lora_experts_backward_cuda(nullptr, dyp, input_only, plan.expert_offsets, dh_u, DType::f32,
+                               lora_dims(dims, I, C, lora->down.rank), lora->workspace, lora->workspace_bytes, stream);
+  }
   const unsigned warps_per_block = 8;
   swiglu_backward_kernel<<<static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block), 32 * warps_per_block,
                            0, stream>>>(gu, dh_u, plan.sorted_slot, topk_weight, d_topk_weight, hw, rows, I);
@@ -158,10 +197,20 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
   // Frozen experts (null gradients) skip their weight products.
   if (d_down != nullptr) grouped_gemm_weight_grad_cuda(dyp, hw, d_down, plan.expert_offsets, E, C, I, stream);
   if (d_gate_up != nullptr) grouped_gemm_weight_grad_cuda(d_gu, xp, d_gate_up, plan.expert_offsets, E, 2 * I, C, stream);
+  if (down_lora && lora->down.grad_a != nullptr) {
+    // dA, dB of the down adapter from dY and the weighted activations (as d_down above).
+    lora_experts_backward_cuda(hw, dyp, lora->down, plan.expert_offsets, nullptr, DType::f32,
+                               lora_dims(dims, I, C, lora->down.rank), lora->workspace, lora->workspace_bytes, stream);
+  }
   // dxp = d_gu W_gu (gate_up_e stored [2I, C] = [K, N]), then each token sums its K rows.
   nvbf16* dxp = dyp;
   grouped_gemm_rows_cuda(d_gu, gate_up, false, dxp, DType::bf16, plan.expert_offsets, E, rows, C, 2 * I, tiles,
                          tile_bytes, stream);
+  if (gate_up_lora) {
+    lora_experts_backward_cuda(xp, d_gu, lora->gate_up, plan.expert_offsets, dxp, DType::bf16,
+                               lora_dims(dims, C, 2 * I, lora->gate_up.rank), lora->workspace, lora->workspace_bytes,
+                               stream);
+  }
   moe_combine_cuda(dxp, plan.row_of_slot, nullptr, dx, dims.num_tokens, C, dims.top_k, stream);
 }
 

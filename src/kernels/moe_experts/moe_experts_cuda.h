@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/lora/lora_cuda.h"
 #include "kernels/moe_experts/moe_experts.h"
 #include "kernels/moe_experts/moe_routing_plan_size.h"
 
@@ -31,6 +32,16 @@ MoeRoutingPlan moe_routing_plan_in(void* memory, int64_t num_tokens, int64_t num
 void moe_routing_plan_cuda(const int32_t* topk_idx, const MoeRoutingPlan& plan, int64_t num_tokens, int64_t num_experts,
                            int64_t top_k, cudaStream_t stream);
 
+// LoRA adapters on the routed experts (kernels/lora/lora_cuda.h; an adapter not attached: none),
+// applied over the same expert-major rows as the base products, with their own workspace (at least
+// moe_experts_lora_workspace_bytes). Frozen base experts pass null weight gradients as before.
+struct MoeExpertsLora {
+  LoraDeviceAdapter gate_up, down;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+size_t moe_experts_lora_workspace_bytes(const MoeExpertsDims& dims, int64_t rank);
+
 // Workspace (bytes) of the forward and the backward.
 size_t moe_experts_forward_workspace_bytes(const MoeExpertsDims& dims);
 size_t moe_experts_backward_workspace_bytes(const MoeExpertsDims& dims);
@@ -39,7 +50,8 @@ size_t moe_experts_backward_workspace_bytes(const MoeExpertsDims& dims);
 // y [T, C] bf16 written (each token sums its K weighted expert outputs in slot order, in fp32).
 void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
                               const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
-                              __nv_bfloat16* y, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                              __nv_bfloat16* y, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                              const MoeExpertsLora* lora = nullptr);
 
 // dy [T, C] bf16 -> dx [T, C] bf16 and d_topk_weight [T, K] f32 written; d_gate_up [E, 2I, C]
 // and d_down [E, C, I] f32 added to (null: frozen, the weight products are skipped). Expert
@@ -47,7 +59,8 @@ void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& 
 void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
                                const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
                                const __nv_bfloat16* dy, __nv_bfloat16* dx, float* d_topk_weight, float* d_gate_up,
-                               float* d_down, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                               float* d_down, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                               const MoeExpertsLora* lora = nullptr);
 
 // Pieces, exposed for the tests and for fusing later. R = T*K expert-major rows.
 // xp[r] = x[sorted_slot[r] / K]: [R, C] bf16.

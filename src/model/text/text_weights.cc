@@ -1,6 +1,8 @@
 // bind_text_weights: the one place where the GPU text model's fields meet the tensor names.
 #include "model/text/text_weights.h"
 
+#include <functional>
+
 #include "core/error.h"
 #include "model/param_table.h"
 #include "model/text/text_params.h"
@@ -10,6 +12,12 @@ namespace deltamoe {
 bool TextWeights::any_trained() const {
   bool trained = embed_tokens.trained() || norm.trained() || lm_head.trained();
   for (const DecoderLayerWeights& l : layers) {
+    // A trained LoRA adapter on a projection trains the text model as well (its base frozen).
+    for (const DeviceParam* p : {&l.linear_attn.in_proj_qkv, &l.linear_attn.in_proj_z, &l.linear_attn.in_proj_b,
+                                 &l.linear_attn.in_proj_a, &l.linear_attn.out_proj, &l.self_attn.q_proj,
+                                 &l.self_attn.k_proj, &l.self_attn.v_proj, &l.self_attn.o_proj,
+                                 &l.mlp.experts_gate_up, &l.mlp.experts_down})
+      trained = trained || p->lora.grad_a != nullptr;
     for (const DeviceParam* p : {&l.input_layernorm, &l.post_attention_layernorm, &l.mlp.gate,
                                  &l.mlp.experts_gate_up, &l.mlp.experts_down, &l.mlp.shared_gate_proj,
                                  &l.mlp.shared_up_proj, &l.mlp.shared_down_proj, &l.mlp.shared_expert_gate,
@@ -20,11 +28,45 @@ bool TextWeights::any_trained() const {
   return trained;
 }
 
-TextWeights bind_text_weights(const TextConfig& config, const std::string& prefix, const DeviceParamLookup& lookup) {
+namespace {
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+// The projections GpuTextModel runs through its LoRA funnel (gpu_text_model_step.cc).
+bool gpu_applies_lora_adapter(const std::string& module) {
+  for (const char* name : {".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.o_proj",
+                           ".linear_attn.in_proj_qkv", ".linear_attn.in_proj_z", ".linear_attn.in_proj_b",
+                           ".linear_attn.in_proj_a", ".linear_attn.out_proj", ".mlp.experts.gate_up_proj",
+                           ".mlp.experts.down_proj"}) {
+    if (ends_with(module, name)) return true;
+  }
+  return false;
+}
+
+TextWeights bind_text_weights(const TextConfig& config, const std::string& prefix, const DeviceParamLookup& lookup,
+                              const DeviceLoraLookup& lora) {
   std::set<std::string> bound;
   auto get = [&](const std::string& name, bool needs_f32) {
     bound.insert(name);
-    return lookup(name, needs_f32);
+    DeviceParam param = lookup(name, needs_f32);
+    if (lora) {
+      // A Linear's adapter is keyed by its module, a fused expert weight's by the parameter itself.
+      const std::string module = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : name;
+      const DeviceLoraViews views = lora(module);
+      if (views.attached()) {
+        CHECK(gpu_applies_lora_adapter(module), "gpu text model: a LoRA adapter on '", module, "' has no GPU kernels ",
+              "yet (the GPU engine applies adapters to the attention and GDN projections: q/k/v/o_proj, ",
+              "in_proj_qkv/z/b/a, out_proj, and to the routed experts); train it on the CPU reference (--device cpu) or leave it out of ",
+              "--target_modules / --target_parameters");
+        CHECK(views.a != nullptr && views.b != nullptr, "gpu text model: the adapter of '", module, "' lacks A or B");
+        param.lora = views;
+      }
+    }
+    return param;
   };
   TextWeights w;
   w.embed_tokens = get(prefix + ".embed_tokens.weight", true);  // rows copied into the fp32 stream

@@ -39,9 +39,20 @@ struct TextWeights {
   bool any_trained() const;
 };
 
+// Whether GpuTextModel applies a LoRA adapter on this weight module (the attention and GDN
+// projections and the routed experts' fused weights so far; the shared expert and the vision tower
+// not yet).
+bool gpu_applies_lora_adapter(const std::string& module);
+
+// The LoRA adapter of a weight module (e.g. "model.layers.0.self_attn.q_proj"), rank 0 when it has none.
+using DeviceLoraLookup = std::function<DeviceLoraViews(const std::string& module)>;
+
 // Binds every tensor of text_param_table(config, prefix) to its field through lookup; throws naming
-// a tensor the table has and the binding misses (or the other way round).
-TextWeights bind_text_weights(const TextConfig& config, const std::string& prefix, const DeviceParamLookup& lookup);
+// a tensor the table has and the binding misses (or the other way round). lora (optional) attaches
+// adapters to the weights GpuTextModel applies them on (gpu_applies_lora_adapter);
+// an adapter on any other weight is refused with its name.
+TextWeights bind_text_weights(const TextConfig& config, const std::string& prefix, const DeviceParamLookup& lookup,
+                              const DeviceLoraLookup& lora = nullptr);
 
 // The names of the text tensors GpuTextModel reads in fp32 (the binding's needs_f32), so an owner
 // can keep fp32 values of those it does not train.

@@ -72,6 +72,33 @@ bool cuda_device_available() {
   return true;
 }
 
+std::string gpu_lora_refusal(const LoraAdapters& lora) {
+  std::string examples;
+  int64_t unsupported = 0;
+  for (const LoraTarget& target : lora.targets) {
+    if (gpu_applies_lora_adapter(target.module)) continue;
+    if (++unsupported <= 3) examples += (examples.empty() ? "" : ", ") + target.module;
+  }
+  if (unsupported > 0) {
+    return str_cat("the GPU engine applies LoRA adapters to the attention and GDN projections and the routed ",
+                   "experts only so far (--target_modules q_proj k_proj v_proj o_proj in_proj_qkv in_proj_z ",
+                   "in_proj_b in_proj_a out_proj --target_parameters mlp.experts.gate_up_proj ",
+                   "mlp.experts.down_proj); ", unsupported, " of the ", lora.targets.size(), " targets have no GPU kernels yet (",
+                   examples, unsupported > 3 ? ", ..." : "", ")");
+  }
+  return "";
+}
+
+namespace {
+
+void check_gpu_lora(const EngineOptions& options) {
+  if (options.lora == nullptr) return;
+  const std::string why = gpu_lora_refusal(*options.lora);
+  CHECK(why.empty(), "gpu engine: ", why, "; train them on the CPU reference (--device cpu)");
+}
+
+}  // namespace
+
 struct GpuEngine::Impl {
   ModelConfig config;
   EngineOptions options;
@@ -114,13 +141,58 @@ struct GpuEngine::Impl {
       DeviceParamSpec spec;
       spec.name = p.name;
       spec.shape = p.shape.to_vector();
-      spec.trained = !is_frozen(p.name, options.freeze);
+      spec.trained = options.lora == nullptr && !is_frozen(p.name, options.freeze);  // LoRA: the base frozen
       spec.needs_f32 = read_in_f32.count(p.name) != 0;
       spec.init = p.init;
       spec.init_std = p.component == Component::vision ? config.vision.initializer_range : config.text.initializer_range;
       specs.push_back(std::move(spec));
     }
+    if (options.lora != nullptr) {
+      // The adapters, then the --modules_to_save tensors (trained whole): lora.trained_names()
+      // order, the layout a LoRA checkpoint's state has.
+      const int64_t rank = options.lora->options.rank;
+      std::vector<DeviceParamSpec> trained;
+      for (const LoraTarget& target : options.lora->targets) {
+        trained.push_back({target.a_name(), target.a_shape(rank), true, false, InitKind::zeros, 0.0});
+        trained.push_back({target.b_name(), target.b_shape(rank), true, false, InitKind::zeros, 0.0});
+      }
+      for (const std::string& name : options.lora->modules_to_save) {
+        auto it = std::find_if(specs.begin(), specs.end(), [&](const DeviceParamSpec& spec) { return spec.name == name; });
+        CHECK(it != specs.end(), "train: --modules_to_save names '", name, "', which the model lacks");
+        it->trained = true;
+        trained.push_back(std::move(*it));
+        specs.erase(it);
+      }
+      for (DeviceParamSpec& spec : trained) specs.push_back(std::move(spec));
+    }
     return specs;
+  }
+
+  // The adapters' initial values (PEFT's init, or the values a resumed run restores over them).
+  void upload_adapters() {
+    if (options.lora == nullptr) return;
+    for (const LoraTarget& target : options.lora->targets) {
+      for (const std::string& name : {target.a_name(), target.b_name()}) {
+        const HostTensor values = options.lora->tensors.at(name).to_f32();
+        state->params().upload(name, 0, values.numel(), values.data(), DType::f32);
+      }
+    }
+  }
+
+  // The adapter views of a weight module for bind_text_weights (none without LoRA).
+  DeviceLoraLookup lora_lookup() const {
+    if (options.lora == nullptr) return nullptr;
+    return [this](const std::string& module) {
+      DeviceLoraViews views;
+      for (const LoraTarget& target : options.lora->targets) {
+        if (target.module != module) continue;
+        const DeviceParam a = state->params().param(target.a_name(), false);
+        const DeviceParam b = state->params().param(target.b_name(), false);
+        views = DeviceLoraViews{a.w, b.w, a.grad, b.grad, options.lora->options.rank,
+                                static_cast<float>(options.lora->options.scaling())};
+      }
+      return views;
+    };
   }
 
   GpuModelOptions text_options() const {
@@ -130,6 +202,7 @@ struct GpuEngine::Impl {
     o.loss_chunk_rows = std::min(options.loss_chunk_rows, options.max_tokens);
     o.max_image_rows = max_image_tokens;
     o.recompute_mixers = options.recompute_mixers;
+    o.lora_rank = options.lora != nullptr ? options.lora->options.rank : 0;
     return o;
   }
 
@@ -160,7 +233,7 @@ struct GpuEngine::Impl {
     plan.max_tokens = options.max_tokens;
     plan.max_image_tokens = max_image_tokens;
     plan.max_patches = max_patches;
-    plan_state_bytes(config, options.freeze, options.adamw.moment_dtype, &plan);
+    plan_state_bytes(config, options.freeze, options.adamw.moment_dtype, &plan, options.lora.get());
     plan.text = model_bytes(GpuTextModel::planned_bytes(config.text, text_options()));
     if (max_patches > 0) {
       plan.vision = model_bytes(GpuVisionModel::planned_bytes(config.vision, max_patches, max_image_tokens,
@@ -184,7 +257,7 @@ struct GpuEngine::Impl {
   // Binds the models to the state (after its values are in place).
   void build_models() {
     const DeviceParamLookup lookup = state->params().lookup();
-    text_weights = bind_text_weights(config.text, config.text_prefix(), lookup);
+    text_weights = bind_text_weights(config.text, config.text_prefix(), lookup, lora_lookup());
     text = std::make_unique<GpuTextModel>(config.text, text_weights, text_options(), stream);
     text_trained = text_weights.any_trained();
     if (max_patches > 0) {
@@ -282,19 +355,19 @@ struct GpuEngine::Impl {
 
 GpuEngine::GpuEngine(const ModelCheckpoint& checkpoint, const EngineOptions& options)
     : impl_(std::make_unique<Impl>()) {
-  CHECK(options.lora == nullptr, "gpu engine: LoRA (--tuner_type lora) has no GPU kernels yet; it trains on the ",
-        "CPU reference (--device cpu or auto)");
+  check_gpu_lora(options);
   impl_->plan_and_allocate(checkpoint.config, options);
   impl_->upload_checkpoint(checkpoint);
+  impl_->upload_adapters();
   impl_->build_models();
 }
 
 GpuEngine::GpuEngine(const ModelConfig& config, const EngineOptions& options, uint64_t seed)
     : impl_(std::make_unique<Impl>()) {
-  CHECK(options.lora == nullptr, "gpu engine: LoRA (--tuner_type lora) has no GPU kernels yet; it trains on the ",
-        "CPU reference (--device cpu or auto)");
+  check_gpu_lora(options);
   impl_->plan_and_allocate(config, options);
   impl_->state->params().randomize(seed);
+  impl_->upload_adapters();
   impl_->build_models();
 }
 

@@ -37,6 +37,10 @@ struct DeviceBatch {
   int64_t num_supervised() const;
 };
 
+// Empty when the GPU engine can train these LoRA adapters; else why not (targets it has no kernels
+// for yet, --modules_to_save).
+std::string gpu_lora_refusal(const LoraAdapters& lora);
+
 class GpuEngine : public TrainEngine {
  public:
   // The checkpoint's weights, streamed to the device one tensor at a time.

@@ -121,6 +121,14 @@ GpuModelBytes GpuTextModel::planned_bytes(const TextConfig& config, const GpuMod
   bytes.workspace = step_workspace_bytes(config, spec.max_tokens, spec.max_seqs, options.loss_chunk_rows) +
                     kGemmDefaultWorkspaceBytes;
   bytes.inputs = text_input_bytes(config, spec);
+  if (options.lora_rank > 0) {
+    // The dense adapters' x A^T / dy B rows and the routed-expert adapters' workspace (as the
+    // constructor allocates them when the weights carry such adapters).
+    const MoeExpertsDims dims{spec.max_tokens, config.hidden_size, config.num_experts, config.num_experts_per_tok,
+                              config.moe_intermediate_size};
+    bytes.workspace += 2 * static_cast<size_t>(spec.max_tokens * options.lora_rank) * sizeof(DeviceBf16) +
+                       moe_experts_lora_workspace_bytes(dims, options.lora_rank);
+  }
   if (options.expert_parallel != nullptr) {
     bytes.workspace += GpuExpertParallel::planned_bytes(config, options.expert_parallel->size(), spec.max_tokens,
                                                         options.expert_recv_rows);
@@ -149,6 +157,13 @@ GpuTextModel::GpuTextModel(const TextConfig& config, const TextWeights& weights,
   ArenaCarver carver(arena_.get());
   carve_text_activations(carver, config_, spec_, &acts_);
   workspace_bytes_ = bytes_.workspace - kGemmDefaultWorkspaceBytes;
+  if (options_.lora_rank > 0) {
+    // Planned above, allocated below on their own (from what the bound weights carry).
+    const MoeExpertsDims dims{spec_.max_tokens, config_.hidden_size, config_.num_experts, config_.num_experts_per_tok,
+                              config_.moe_intermediate_size};
+    workspace_bytes_ -= 2 * static_cast<size_t>(spec_.max_tokens * options_.lora_rank) * sizeof(DeviceBf16) +
+                        moe_experts_lora_workspace_bytes(dims, options_.lora_rank);
+  }
   if (options_.expert_parallel != nullptr) {
     CHECK(config_.num_experts % options_.expert_parallel->size() == 0, "gpu model: ", config_.num_experts,
           " experts do not split over ", options_.expert_parallel->size(), " expert-parallel ranks");
@@ -161,6 +176,27 @@ GpuTextModel::GpuTextModel(const TextConfig& config, const TextWeights& weights,
   if (config_.num_layers_of(LayerType::full_attention) > 0)
     cudnn_attention_ = choose_cudnn_attention(cudnn_attention_config(config_, spec_.max_tokens, spec_.max_seqs),
                                               workspace_bytes_, "gpu text model attention");
+  for (const DecoderLayerWeights& l : weights_.layers) {
+    for (const DeviceParam* p : {&l.linear_attn.in_proj_qkv, &l.linear_attn.in_proj_z, &l.linear_attn.in_proj_b,
+                                 &l.linear_attn.in_proj_a, &l.linear_attn.out_proj, &l.self_attn.q_proj,
+                                 &l.self_attn.k_proj, &l.self_attn.v_proj, &l.self_attn.o_proj}) {
+      lora_rank_ = std::max(lora_rank_, p->lora.rank);
+    }
+  }
+  if (lora_rank_ > 0) {
+    lora_scratch_ = DeviceBuffer(2 * static_cast<size_t>(spec_.max_tokens * lora_rank_) * sizeof(DeviceBf16));
+  }
+  int64_t experts_rank = 0;
+  for (const DecoderLayerWeights& l : weights_.layers) {
+    experts_rank = std::max({experts_rank, l.mlp.experts_gate_up.lora.rank, l.mlp.experts_down.lora.rank});
+  }
+  if (experts_rank > 0) {
+    CHECK(options_.expert_parallel == nullptr, "gpu model: LoRA adapters on the routed experts with expert ",
+          "parallelism are not supported yet");
+    const MoeExpertsDims dims{spec_.max_tokens, config_.hidden_size, config_.num_experts, config_.num_experts_per_tok,
+                              config_.moe_intermediate_size};
+    lora_experts_workspace_ = DeviceBuffer(moe_experts_lora_workspace_bytes(dims, experts_rank));
+  }
   inputs_arena_ = std::make_unique<DeviceArena>(bytes_.inputs, "gpu text model inputs");
   ArenaCarver input_carver(inputs_arena_.get());
   carve_text_inputs(input_carver, config_, spec_, &inputs_);

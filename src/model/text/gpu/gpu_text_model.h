@@ -68,6 +68,9 @@ struct GpuModelOptions {
   Communicator* expert_parallel = nullptr;
   // Rows this rank's experts may receive per micro-batch (0: the worst case, EP x max_tokens x K).
   int64_t expert_recv_rows = 0;
+  // LoRA rank of the bound adapters (0: none), so that planned_bytes counts their scratch; the
+  // model allocates what the bound weights need.
+  int64_t lora_rank = 0;
 };
 
 // Device bytes the model itself holds (its parameters belong to DeviceParams).
@@ -169,6 +172,14 @@ class GpuTextModel {
   // rstd_post and normed_post) and the fp32 router weight's halves. Called by the forward and again
   // by the backward (other layers reuse the scratch in between).
   void split_router_operands(int64_t layer);
+  // The projection funnel (compare llama.cpp's build_lora_mm): y [rows, out] = x W^T written as
+  // y_dtype, plus the LoRA term when w carries an adapter (kernels/lora/lora_cuda.h).
+  void project(const DeviceParam& w, const __nv_bfloat16* x, void* y, DType y_dtype, int64_t rows,
+               int64_t in_features, int64_t out_features);
+  // The adapter's share of a projection's backward, beside the base dX product (nothing without an
+  // adapter): dx [rows, in] (bf16 or f32) added to, dA and dB added to when the adapter is trained.
+  void lora_backward(const DeviceParam& w, const __nv_bfloat16* x, const __nv_bfloat16* dy, void* dx, DType dx_dtype,
+                     int64_t rows, int64_t in_features, int64_t out_features);
   // Copies a [T, C] gradient into its capture slot when capture_layer_grads is on (else nothing).
   void capture_gradient(int64_t layer, LayerGradient which, const float* source);
   // A projection's weight gradient dW [N, K] += dy^T x, skipped for a frozen weight.
@@ -207,6 +218,15 @@ class GpuTextModel {
   struct Staging;
   std::unique_ptr<Staging> staging_;
   uint64_t uploaded_bytes_ = 0;
+
+  // LoRA scratch: x A^T and s dy B [max_tokens, largest rank] bf16 (recomputed per projection, so
+  // nothing is saved per layer); empty without adapters.
+  DeviceBuffer lora_scratch_;
+  int64_t lora_rank_ = 0;
+  // Routed-expert adapters' workspace (moe_experts_lora_workspace_bytes); empty without them.
+  DeviceBuffer lora_experts_workspace_;
+  // The routed experts' adapters of a layer (null when it has none).
+  const MoeExpertsLora* experts_lora(int64_t layer, MoeExpertsLora* out) const;
 
   int64_t num_tokens_ = 0;
   int64_t num_seqs_ = 0;

@@ -20,6 +20,7 @@
 #include "kernels/gemm/f32_operand_cuda.h"
 #include "kernels/gemm/gemm_cuda.h"
 #include "kernels/l2norm/l2norm_cuda.h"
+#include "kernels/lora/lora_cuda.h"
 #include "kernels/moe_aux_loss/moe_aux_loss_cuda.h"
 #include "kernels/moe_experts/moe_experts_cuda.h"
 #include "model/text/gpu/gpu_expert_parallel.h"
@@ -52,12 +53,47 @@ void GpuTextModel::weight_grad(const DeviceParam& w, const DeviceBf16* dy, const
   linear_backward_weight_cuda(*gemm_, dy, x, w.grad, rows, in_features, out_features, stream_);
 }
 
+void GpuTextModel::project(const DeviceParam& w, const DeviceBf16* x, void* y, DType y_dtype, int64_t rows,
+                           int64_t in_features, int64_t out_features) {
+  linear_forward_cuda(*gemm_, x, w.w, y, y_dtype, rows, in_features, out_features, stream_);
+  if (!w.lora.attached()) return;
+  const LoraDeviceAdapter adapter{w.lora.a, w.lora.b, w.lora.grad_a, w.lora.grad_b, w.lora.rank, w.lora.scaling};
+  auto* xa = lora_scratch_.as<DeviceBf16>();
+  lora_linear_forward_cuda(*gemm_, x, adapter, xa, y, y_dtype, rows, in_features, out_features, stream_);
+}
+
+void GpuTextModel::lora_backward(const DeviceParam& w, const DeviceBf16* x, const DeviceBf16* dy, void* dx,
+                                 DType dx_dtype, int64_t rows, int64_t in_features, int64_t out_features) {
+  if (!w.lora.attached()) return;
+  const LoraDeviceAdapter adapter{w.lora.a, w.lora.b, w.lora.grad_a, w.lora.grad_b, w.lora.rank, w.lora.scaling};
+  auto* xa = lora_scratch_.as<DeviceBf16>();
+  DeviceBf16* dxa = xa + spec_.max_tokens * lora_rank_;
+  lora_linear_backward_cuda(*gemm_, x, dy, adapter, xa, /*recompute_xa=*/true, dxa, dx, dx_dtype, rows, in_features,
+                            out_features, stream_);
+}
+
+const MoeExpertsLora* GpuTextModel::experts_lora(int64_t layer, MoeExpertsLora* out) const {
+  const MoeWeights& W = weights_.layers[static_cast<size_t>(layer)].mlp;
+  if (!W.experts_gate_up.lora.attached() && !W.experts_down.lora.attached()) return nullptr;
+  auto adapter = [](const DeviceLoraViews& v) {
+    return v.attached() ? LoraDeviceAdapter{v.a, v.b, v.grad_a, v.grad_b, v.rank, v.scaling} : LoraDeviceAdapter{};
+  };
+  out->gate_up = adapter(W.experts_gate_up.lora);
+  out->down = adapter(W.experts_down.lora);
+  out->workspace = lora_experts_workspace_.data();
+  out->workspace_bytes = lora_experts_workspace_.bytes();
+  return out;
+}
+
 void GpuTextModel::linear_backward_f32_dy(const float* dy, const DeviceParam& w, const DeviceBf16* x, float* dx,
                                           bool add, int64_t rows, int64_t in_features, int64_t out_features) {
   DeviceBf16* hi = acts_.scratch.gate_grad_hi;
   DeviceBf16* lo = acts_.scratch.gate_grad_lo;
   split_f32_to_bf16_hi_lo_cuda(dy, hi, lo, rows * out_features, stream_);
   linear_backward_input_split_cuda(*gemm_, hi, lo, w.w, dx, add, rows, in_features, out_features, stream_);
+  // The adapter's products are linear in dy: once per half.
+  lora_backward(w, x, hi, dx, DType::f32, rows, in_features, out_features);
+  lora_backward(w, x, lo, dx, DType::f32, rows, in_features, out_features);
   if (w.grad != nullptr)
     linear_backward_weight_split_cuda(*gemm_, hi, lo, x, w.grad, rows, in_features, out_features, stream_);
 }
@@ -221,12 +257,11 @@ void GpuTextModel::gdn_forward(int64_t layer) {
   const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
   const int Dk = static_cast<int>(c.linear_key_head_dim), Dv = static_cast<int>(c.linear_value_head_dim);
   const GdnWeights& W = weights_.layers[static_cast<size_t>(layer)].linear_attn;
-  linear_forward_cuda(*gemm_, b.normed_in, W.in_proj_qkv.w, s.mixed, DType::bf16, T, C, conv,
-                      stream_);
-  linear_forward_cuda(*gemm_, b.normed_in, W.in_proj_z.w, s.z, DType::bf16, T, C, vd, stream_);
+  project(W.in_proj_qkv, b.normed_in, s.mixed, DType::bf16, T, C, conv);
+  project(W.in_proj_z, b.normed_in, s.z, DType::bf16, T, C, vd);
   // The gate pre-activations stay fp32 (GdnSaved::a): cuBLASLt writes its fp32 accumulator as is.
-  linear_forward_cuda(*gemm_, b.normed_in, W.in_proj_b.w, s.b, DType::f32, T, C, Hv, stream_);
-  linear_forward_cuda(*gemm_, b.normed_in, W.in_proj_a.w, s.a, DType::f32, T, C, Hv, stream_);
+  project(W.in_proj_b, b.normed_in, s.b, DType::f32, T, C, Hv);
+  project(W.in_proj_a, b.normed_in, s.a, DType::f32, T, C, Hv);
   causal_conv1d_forward_cuda(s.mixed, W.conv1d.w, inputs_.cu_seqlens, static_cast<int>(num_seqs_), T,
                              static_cast<int>(conv), static_cast<int>(c.linear_conv_kernel_dim), acts_.scratch.conv,
                              stream_);
@@ -251,8 +286,7 @@ void GpuTextModel::gdn_forward(int64_t layer) {
                                 workspace_.data(), workspace_bytes_, stream_);
   gated_rmsnorm_forward_cuda(s.core, s.z, W.norm.f32, T * Hv, Dv,
                              static_cast<float>(c.rms_norm_eps), s.normed, stream_);
-  linear_forward_cuda(*gemm_, s.normed, W.out_proj.w, b.mixer_out, DType::bf16, T, vd, C,
-                      stream_);
+  project(W.out_proj, s.normed, b.mixer_out, DType::bf16, T, vd, C);
 }
 
 void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, float* dx) {
@@ -265,6 +299,7 @@ void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   const int Dk = static_cast<int>(c.linear_key_head_dim), Dv = static_cast<int>(c.linear_value_head_dim);
   const GdnWeights& W = weights_.layers[static_cast<size_t>(layer)].linear_attn;
   linear_backward_input_cuda(*gemm_, dy, W.out_proj.w, w.d_normed_v, T, vd, C, stream_);
+  lora_backward(W.out_proj, s.normed, dy, w.d_normed_v, DType::bf16, T, vd, C);
   weight_grad(W.out_proj, dy, s.normed, T, vd, C);
   gated_rmsnorm_backward_cuda(s.core, s.z, W.norm.f32, w.d_normed_v, T * Hv, Dv, static_cast<float>(c.rms_norm_eps),
                               w.d_core, w.dz, W.norm.grad, workspace_.data(), workspace_bytes_, stream_);
@@ -295,8 +330,10 @@ void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   const DeviceBf16* x = b.normed_in;
   linear_backward_input_f32_cuda(*gemm_, w.d_mixed, W.in_proj_qkv.w, dx, false, T, C, conv,
                                  stream_);
+  lora_backward(W.in_proj_qkv, x, w.d_mixed, dx, DType::f32, T, C, conv);
   weight_grad(W.in_proj_qkv, w.d_mixed, x, T, C, conv);
   linear_backward_input_f32_cuda(*gemm_, w.dz, W.in_proj_z.w, dx, true, T, C, vd, stream_);
+  lora_backward(W.in_proj_z, x, w.dz, dx, DType::f32, T, C, vd);
   weight_grad(W.in_proj_z, w.dz, x, T, C, vd);
   // da, db are fp32: each product with a bf16 operand runs as two bf16 GEMMs on its hi/lo halves.
   linear_backward_f32_dy(w.db, W.in_proj_b, x, dx, true, T, C, Hv);
@@ -313,12 +350,9 @@ void GpuTextModel::attention_forward(int64_t layer) {
   const int64_t D = c.head_dim;
   const AttentionWeights& W = weights_.layers[static_cast<size_t>(layer)].self_attn;
   // q_proj rows per head h: [2hD, 2hD + D) query, [2hD + D, 2(h + 1)D) gate.
-  linear_forward_cuda(*gemm_, b.normed_in, W.q_proj.w, s.q_and_gate, DType::bf16, T, C,
-                      Hq * 2 * D, stream_);
-  linear_forward_cuda(*gemm_, b.normed_in, W.k_proj.w, s.k_raw, DType::bf16, T, C, Hkv * D,
-                      stream_);
-  linear_forward_cuda(*gemm_, b.normed_in, W.v_proj.w, s.v, DType::bf16, T, C, Hkv * D,
-                      stream_);
+  project(W.q_proj, b.normed_in, s.q_and_gate, DType::bf16, T, C, Hq * 2 * D);
+  project(W.k_proj, b.normed_in, s.k_raw, DType::bf16, T, C, Hkv * D);
+  project(W.v_proj, b.normed_in, s.v, DType::bf16, T, C, Hkv * D);
   rms_norm_forward_strided_cuda(s.q_and_gate, 2 * D, W.q_norm.f32, s.q, s.q_rstd, T * Hq, D,
                                 c.rms_norm_eps, stream_);
   rms_norm_forward_strided_cuda(s.k_raw, D, W.k_norm.f32, s.k, s.k_rstd, T * Hkv, D,
@@ -334,8 +368,7 @@ void GpuTextModel::attention_forward(int64_t layer) {
     attention_forward_cuda(dims, s.q, s.k, s.v, inputs_.cu_seqlens, num_seqs_, scale, s.attn, s.lse, stream_);
   }
   attention_gate_forward_cuda(s.attn, s.q_and_gate + D, 2 * D, s.gated, T * Hq, D, stream_);
-  linear_forward_cuda(*gemm_, s.gated, W.o_proj.w, b.mixer_out, DType::bf16, T, Hq * D, C,
-                      stream_);
+  project(W.o_proj, s.gated, b.mixer_out, DType::bf16, T, Hq * D, C);
 }
 
 void GpuTextModel::attention_backward(int64_t layer, const DeviceBf16* dy, float* dx) {
@@ -347,6 +380,7 @@ void GpuTextModel::attention_backward(int64_t layer, const DeviceBf16* dy, float
   const int64_t D = c.head_dim;
   const AttentionWeights& W = weights_.layers[static_cast<size_t>(layer)].self_attn;
   linear_backward_input_cuda(*gemm_, dy, W.o_proj.w, w.d_gated, T, Hq * D, C, stream_);
+  lora_backward(W.o_proj, s.gated, dy, w.d_gated, DType::bf16, T, Hq * D, C);
   weight_grad(W.o_proj, dy, s.gated, T, Hq * D, C);
   // d_attn overwrites d_gated in place; d_gate goes straight into the gate half of d_q_and_gate.
   attention_gate_backward_cuda(s.attn, s.q_and_gate + D, 2 * D, w.d_gated, w.d_gated, w.d_q_and_gate + D, 2 * D,
@@ -371,12 +405,15 @@ void GpuTextModel::attention_backward(int64_t layer, const DeviceBf16* dy, float
   const DeviceBf16* x = b.normed_in;
   linear_backward_input_f32_cuda(*gemm_, w.d_q_and_gate, W.q_proj.w, dx, false, T, C,
                                  Hq * 2 * D, stream_);
+  lora_backward(W.q_proj, x, w.d_q_and_gate, dx, DType::f32, T, C, Hq * 2 * D);
   weight_grad(W.q_proj, w.d_q_and_gate, x, T, C, Hq * 2 * D);
   linear_backward_input_f32_cuda(*gemm_, w.dk_raw, W.k_proj.w, dx, true, T, C, Hkv * D,
                                  stream_);
+  lora_backward(W.k_proj, x, w.dk_raw, dx, DType::f32, T, C, Hkv * D);
   weight_grad(W.k_proj, w.dk_raw, x, T, C, Hkv * D);
   linear_backward_input_f32_cuda(*gemm_, w.dv_attn, W.v_proj.w, dx, true, T, C, Hkv * D,
                                  stream_);
+  lora_backward(W.v_proj, x, w.dv_attn, dx, DType::f32, T, C, Hkv * D);
   weight_grad(W.v_proj, w.dv_attn, x, T, C, Hkv * D);
 }
 
@@ -411,9 +448,10 @@ void GpuTextModel::moe_forward(int64_t layer) {
   } else {
     moe_routing_plan_cuda(s.topk_idx, plans_[static_cast<size_t>(layer)], T, E, K, stream_);
     const MoeExpertsDims dims{T, C, E, K, c.moe_intermediate_size};
+    MoeExpertsLora lora;
     moe_experts_forward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
                              W.experts_gate_up.w, W.experts_down.w, b.moe_out, workspace_.data(), workspace_bytes_,
-                             stream_);
+                             stream_, experts_lora(layer, &lora));
   }
   shared_expert_forward_cuda(cublas_, b.normed_post, W.shared_gate_proj.w,
                              W.shared_up_proj.w,
@@ -443,10 +481,11 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
     expert_parallel_->backward(layer, s.topk_weight, b.normed_post, W.experts_gate_up.w + first * 2 * I * C,
                                W.experts_down.w + first * C * I, dy, experts_dx, w.d_topk_weight, d_gate_up, d_down);
   } else {
+    MoeExpertsLora lora;
     moe_experts_backward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
                               W.experts_gate_up.w, W.experts_down.w, dy, experts_dx, w.d_topk_weight,
                               W.experts_gate_up.grad, W.experts_down.grad, workspace_.data(), workspace_bytes_,
-                              stream_);
+                              stream_, experts_lora(layer, &lora));
   }
   const bool with_aux = options_.aux_loss_weight != 0.0f;
   if (with_aux)

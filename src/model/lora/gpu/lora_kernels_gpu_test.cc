@@ -1,0 +1,354 @@
+// GPU LoRA products (kernels/lora/lora_cuda.h) against the CPU reference of the adapter
+// (model/lora/lora.h: lora_delta, lora_delta_backward, i.e. what the CPU model's projection funnel
+// computes): a dense projection (base GEMM + adapter, forward and every gradient, fp32 and bf16
+// outputs, f32 dy split into halves) and the routed experts' grouped adapter products (PEFT 0.21's
+// fused layout, ranks 4 / 8 / 16 / 32 as the small N or K of the grouped kernels, an expert without
+// rows, rows past the plan untouched).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/device_buffer.h"
+#include "kernels/common/tensor_compare.h"
+#include "kernels/gemm/gemm_cuda.h"
+#include "kernels/gemm/gpu_timing.h"
+#include "kernels/lora/lora_cuda.h"
+#include "model/lora/lora.h"
+
+namespace deltamoe {
+namespace {
+
+// bf16 rounding leaves ~4e-3 relative error per rounded operand (x A^T and dy B are rounded once
+// each); a wrong layout, scale or missing term gives an error of order 1.
+constexpr double kBound = 2e-2;
+
+HostTensor bf16_exact(Shape shape, uint64_t seed, float scale) {
+  return random_normal_tensor(shape, seed, scale).to_dtype(DType::bf16).to_f32();
+}
+std::vector<double> as_f64(const HostTensor& t) {
+  const float* p = t.as<float>();
+  return std::vector<double>(p, p + t.numel());
+}
+HostTensor from_f64(const std::vector<double>& v, Shape shape) {
+  std::vector<float> f(v.begin(), v.end());
+  return HostTensor::from_f32(f, shape);
+}
+const __nv_bfloat16* bf16p(const DeviceTensor& t) { return static_cast<const __nv_bfloat16*>(t.view.data); }
+float* f32p(const DeviceTensor& t) { return static_cast<float*>(t.view.data); }
+// A large bf16 device tensor of small random values (one host block repeated: fast to make).
+DeviceTensor tiled_random(int64_t rows, int64_t cols, uint64_t seed) {
+  const int64_t count = rows * cols, block = std::min<int64_t>(count, int64_t{1} << 20);
+  HostTensor host = random_normal_tensor({block}, seed, 0.05f).to_dtype(DType::bf16);
+  DeviceTensor out = device_tensor(DType::bf16, {rows, cols});
+  auto* dst = static_cast<uint8_t*>(out.view.data);
+  for (int64_t offset = 0; offset < count; offset += block) {
+    const int64_t n = std::min(block, count - offset);
+    CUDA_CHECK(cudaMemcpy(dst + offset * 2, host.data(), static_cast<size_t>(n) * 2, cudaMemcpyHostToDevice));
+  }
+  return out;
+}
+
+void expect_close(const std::string& name, const DeviceTensor& got, const HostTensor& ref) {
+  const CompareResult r = compare_tensors(name, to_host(got.view), ref);
+  EXPECT_TRUE(r.all_finite) << name;
+  EXPECT_LE(r.rel_l2, kBound) << name;
+}
+
+// ---------------- dense ----------------
+
+struct DenseCase {
+  int64_t rows, in, out, rank;
+  DType out_dtype;
+  bool f32_dy;  // dy given in fp32 and passed as bf16 hi + lo halves (the GDN gates' projections)
+};
+
+void run_dense(GemmContext& gemm, const DenseCase& c, uint64_t seed) {
+  std::printf("dense T=%lld in=%lld out=%lld r=%lld %s%s\n", (long long)c.rows, (long long)c.in, (long long)c.out,
+              (long long)c.rank, c.out_dtype == DType::f32 ? "f32" : "bf16", c.f32_dy ? " f32-dy" : "");
+  LoraTarget target;
+  target.module = "layer.proj";
+  target.in_features = c.in;
+  target.out_features = c.out;
+  const double scaling = 32.0 / static_cast<double>(c.rank);
+  HostTensor x = bf16_exact({c.rows, c.in}, seed, 1.0f);
+  HostTensor w = bf16_exact({c.out, c.in}, seed + 1, 1.0f / std::sqrt(float(c.in)));
+  HostTensor a = bf16_exact({c.rank, c.in}, seed + 2, 1.0f / std::sqrt(float(c.in)));
+  HostTensor b = bf16_exact({c.out, c.rank}, seed + 3, 0.05f);  // nonzero (PEFT starts it at 0)
+  HostTensor dy_full = random_normal_tensor({c.rows, c.out}, seed + 4, 1.0f);
+  HostTensor dy_hi = dy_full.to_dtype(DType::bf16).to_f32();
+  HostTensor dy_ref = c.f32_dy ? dy_full : dy_hi;
+  HostTensor dy_lo = dy_full;
+  for (int64_t i = 0; i < dy_lo.numel(); ++i) dy_lo.as<float>()[i] -= dy_hi.as<float>()[i];
+  dy_lo = dy_lo.to_dtype(DType::bf16).to_f32();
+  HostTensor ga0 = random_normal_tensor({c.rank, c.in}, seed + 5, 0.1f);
+  HostTensor gb0 = random_normal_tensor({c.out, c.rank}, seed + 6, 0.1f);
+
+  // Reference: the adapted weight W + s B A, its products, and the adapter gradients from dW.
+  const std::vector<double> xd = as_f64(x), wd = as_f64(w), ad = as_f64(a), bd = as_f64(b), dyd = as_f64(dy_ref);
+  std::vector<double> delta(static_cast<size_t>(c.out * c.in));
+  lora_delta<double>(target, c.rank, ad.data(), bd.data(), scaling, delta.data());
+  std::vector<double> weff(delta.size());
+  for (size_t i = 0; i < weff.size(); ++i) weff[i] = wd[i] + delta[i];
+  std::vector<double> y(static_cast<size_t>(c.rows * c.out)), dx(static_cast<size_t>(c.rows * c.in)),
+      dw(static_cast<size_t>(c.out * c.in), 0.0);
+  for (int64_t t = 0; t < c.rows; ++t)
+    for (int64_t o = 0; o < c.out; ++o) {
+      double s = 0;
+      for (int64_t i = 0; i < c.in; ++i) s += xd[t * c.in + i] * weff[o * c.in + i];
+      y[t * c.out + o] = s;
+    }
+  for (int64_t t = 0; t < c.rows; ++t)
+    for (int64_t i = 0; i < c.in; ++i) {
+      double s = 0;
+      for (int64_t o = 0; o < c.out; ++o) s += dyd[t * c.out + o] * weff[o * c.in + i];
+      dx[t * c.in + i] = s;
+    }
+  for (int64_t t = 0; t < c.rows; ++t)
+    for (int64_t o = 0; o < c.out; ++o)
+      for (int64_t i = 0; i < c.in; ++i) dw[o * c.in + i] += dyd[t * c.out + o] * xd[t * c.in + i];
+  std::vector<double> ga = as_f64(ga0), gb = as_f64(gb0);
+  lora_delta_backward<double>(target, c.rank, ad.data(), bd.data(), scaling, dw.data(), ga.data(), gb.data());
+
+  DeviceTensor x_d = to_device(x, DType::bf16), w_d = to_device(w, DType::bf16), a_d = to_device(a, DType::bf16),
+               b_d = to_device(b, DType::bf16);
+  DeviceTensor hi_d = to_device(dy_hi, DType::bf16), lo_d = to_device(dy_lo, DType::bf16);
+  DeviceTensor ga_d = to_device(ga0, DType::f32), gb_d = to_device(gb0, DType::f32);
+  DeviceTensor y_d = device_tensor(c.out_dtype, {c.rows, c.out}), dx_d = device_tensor(DType::f32, {c.rows, c.in});
+  DeviceTensor xa_d = device_tensor(DType::bf16, {c.rows, c.rank}), dxa_d = device_tensor(DType::bf16, {c.rows, c.rank});
+  device_fill_bytes(y_d.view, 0xFF);
+  device_fill_bytes(dx_d.view, 0xFF);
+  device_fill_bytes(xa_d.view, 0xFF);
+
+  LoraDeviceAdapter adapter;
+  adapter.a = bf16p(a_d);
+  adapter.b = bf16p(b_d);
+  adapter.grad_a = f32p(ga_d);
+  adapter.grad_b = f32p(gb_d);
+  adapter.rank = c.rank;
+  adapter.scaling = static_cast<float>(scaling);
+  cudaStream_t stream = nullptr;
+  auto* xa = static_cast<__nv_bfloat16*>(xa_d.view.data);
+  auto* dxa = static_cast<__nv_bfloat16*>(dxa_d.view.data);
+  // The funnel's sequence: base product, adapter added; base dX, adapter's dX added; no base dW (frozen).
+  linear_forward_cuda(gemm, bf16p(x_d), bf16p(w_d), y_d.view.data, c.out_dtype, c.rows, c.in, c.out, stream);
+  lora_linear_forward_cuda(gemm, bf16p(x_d), adapter, xa, y_d.view.data, c.out_dtype, c.rows, c.in, c.out, stream);
+  linear_backward_input_f32_cuda(gemm, bf16p(hi_d), bf16p(w_d), f32p(dx_d), false, c.rows, c.in, c.out, stream);
+  if (c.f32_dy) linear_backward_input_f32_cuda(gemm, bf16p(lo_d), bf16p(w_d), f32p(dx_d), true, c.rows, c.in, c.out, stream);
+  lora_linear_backward_cuda(gemm, bf16p(x_d), bf16p(hi_d), adapter, xa, false, dxa, dx_d.view.data, DType::f32, c.rows,
+                            c.in, c.out, stream);
+  if (c.f32_dy) {
+    lora_linear_backward_cuda(gemm, bf16p(x_d), bf16p(lo_d), adapter, xa, true, dxa, dx_d.view.data, DType::f32,
+                              c.rows, c.in, c.out, stream);
+  }
+  device_synchronize();
+  expect_close("y", y_d, from_f64(y, {c.rows, c.out}));
+  expect_close("dx", dx_d, from_f64(dx, {c.rows, c.in}));
+  expect_close("lora_A grad", ga_d, from_f64(ga, {c.rank, c.in}));
+  expect_close("lora_B grad", gb_d, from_f64(gb, {c.out, c.rank}));
+
+  // A frozen adapter: the same dx, no gradient touched.
+  LoraDeviceAdapter frozen = adapter;
+  frozen.grad_a = frozen.grad_b = nullptr;
+  DeviceTensor dx2 = device_tensor(DType::f32, {c.rows, c.in});
+  device_fill_bytes(dx2.view, 0);
+  lora_linear_backward_cuda(gemm, bf16p(x_d), bf16p(hi_d), frozen, xa, true, dxa, dx2.view.data, DType::f32, c.rows,
+                            c.in, c.out, stream);
+  device_synchronize();
+  const HostTensor dx2_host = to_host(dx2.view);
+  double norm = 0;
+  for (int64_t i = 0; i < dx2_host.numel(); ++i) norm += std::fabs(dx2_host.as<float>()[i]);
+  EXPECT_GT(norm, 0.0) << "frozen adapter: no input gradient";
+}
+
+TEST(LoraKernelsGpu, DenseProjectionMatchesCpuReference) {
+  GemmContext gemm;
+  uint64_t seed = 100;
+  for (const DenseCase& c : std::vector<DenseCase>{{37, 64, 96, 8, DType::bf16, false},
+                                                    {37, 64, 96, 8, DType::f32, false},
+                                                    {64, 128, 32, 16, DType::f32, true},
+                                                    {5, 48, 8, 4, DType::bf16, false},
+                                                    {130, 256, 384, 32, DType::bf16, false},
+                                                    {1, 64, 64, 8, DType::f32, false}}) {
+    run_dense(gemm, c, seed);
+    seed += 10;
+  }
+}
+
+// ---------------- experts ----------------
+
+void run_experts(int64_t E, int64_t in, int64_t out, int64_t rank, const std::vector<int32_t>& counts, DType dtype,
+                 uint64_t seed) {
+  std::printf("experts E=%lld in=%lld out=%lld r=%lld %s\n", (long long)E, (long long)in, (long long)out,
+              (long long)rank, dtype == DType::f32 ? "f32" : "bf16");
+  std::vector<int32_t> offsets(static_cast<size_t>(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
+  const int64_t R = offsets[E], max_rows = R + 7;
+  LoraTarget target;
+  target.module = "model.layers.0.mlp.experts.gate_up_proj";
+  target.experts = true;
+  target.num_experts = E;
+  target.in_features = in;
+  target.out_features = out;
+  const double scaling = 16.0 / static_cast<double>(rank);
+  HostTensor xp = bf16_exact({max_rows, in}, seed, 1.0f);
+  HostTensor a = bf16_exact({rank * E, in}, seed + 1, 1.0f / std::sqrt(float(in)));
+  HostTensor b = bf16_exact({out, rank * E}, seed + 2, 0.05f);
+  HostTensor dy = bf16_exact({max_rows, out}, seed + 3, 1.0f);
+  HostTensor y0 = bf16_exact({max_rows, out}, seed + 4, 1.0f);
+  HostTensor dx0 = bf16_exact({max_rows, in}, seed + 5, 1.0f);
+  HostTensor ga0 = random_normal_tensor({rank * E, in}, seed + 6, 0.1f);
+  HostTensor gb0 = random_normal_tensor({out, rank * E}, seed + 7, 0.1f);
+
+  const std::vector<double> xd = as_f64(xp), ad = as_f64(a), bd = as_f64(b), dyd = as_f64(dy);
+  std::vector<double> delta(static_cast<size_t>(E * out * in)), d_delta(delta.size(), 0.0);
+  lora_delta<double>(target, rank, ad.data(), bd.data(), scaling, delta.data());
+  std::vector<double> y = as_f64(y0), dx = as_f64(dx0);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t row = offsets[e]; row < offsets[e + 1]; ++row) {
+      const double* de = delta.data() + e * out * in;
+      for (int64_t o = 0; o < out; ++o) {
+        double s = 0;
+        for (int64_t i = 0; i < in; ++i) s += xd[row * in + i] * de[o * in + i];
+        y[row * out + o] += s;
+      }
+      for (int64_t i = 0; i < in; ++i) {
+        double s = 0;
+        for (int64_t o = 0; o < out; ++o) s += dyd[row * out + o] * de[o * in + i];
+        dx[row * in + i] += s;
+      }
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i) d_delta[(e * out + o) * in + i] += dyd[row * out + o] * xd[row * in + i];
+    }
+  std::vector<double> ga = as_f64(ga0), gb = as_f64(gb0);
+  lora_delta_backward<double>(target, rank, ad.data(), bd.data(), scaling, d_delta.data(), ga.data(), gb.data());
+
+  DeviceTensor xp_d = to_device(xp, DType::bf16), a_d = to_device(a, DType::bf16), b_d = to_device(b, DType::bf16),
+               dy_d = to_device(dy, DType::bf16), y_d = to_device(y0, dtype), dx_d = to_device(dx0, dtype),
+               ga_d = to_device(ga0, DType::f32), gb_d = to_device(gb0, DType::f32);
+  HostTensor off_host(DType::i32, {E + 1});
+  for (int64_t e = 0; e <= E; ++e) off_host.as<int32_t>()[e] = offsets[e];
+  DeviceTensor off_d = to_device(off_host, DType::i32);
+  LoraExpertDims dims{E, in, out, rank, max_rows};
+  DeviceBuffer workspace(lora_experts_workspace_bytes(dims));
+  LoraDeviceAdapter adapter;
+  adapter.a = bf16p(a_d);
+  adapter.b = bf16p(b_d);
+  adapter.grad_a = f32p(ga_d);
+  adapter.grad_b = f32p(gb_d);
+  adapter.rank = rank;
+  adapter.scaling = static_cast<float>(scaling);
+  const auto* off = static_cast<const int32_t*>(off_d.view.data);
+  lora_experts_forward_cuda(bf16p(xp_d), adapter, off, y_d.view.data, dtype, dims, workspace.data(), workspace.bytes(),
+                            nullptr);
+  lora_experts_backward_cuda(bf16p(xp_d), bf16p(dy_d), adapter, off, dx_d.view.data, dtype, dims, workspace.data(),
+                             workspace.bytes(), nullptr);
+  device_synchronize();
+  // y and dx are compared as their adapter terms (base values subtracted), so the bound is not
+  // diluted by the untouched inputs; rows past the plan must come back bitwise.
+  auto term = [&](const DeviceTensor& got, const HostTensor& base, const std::vector<double>& ref, int64_t width,
+                  const std::string& name) {
+    HostTensor g = to_host(got.view).to_f32();
+    std::vector<double> got_term(static_cast<size_t>(R * width)), ref_term(got_term.size());
+    for (int64_t i = 0; i < R * width; ++i) {
+      got_term[i] = g.as<float>()[i] - base.as<float>()[i];
+      ref_term[i] = ref[i] - base.as<float>()[i];
+    }
+    const CompareResult r = compare_tensors(name, from_f64(got_term, {R, width}), from_f64(ref_term, {R, width}));
+    EXPECT_TRUE(r.all_finite) << name;
+    EXPECT_LE(r.rel_l2, dtype == DType::f32 ? kBound : 4 * kBound) << name;  // bf16 output rounds the sum
+    for (int64_t i = R * width; i < max_rows * width; ++i) {
+      ASSERT_EQ(g.as<float>()[i], base.as<float>()[i]) << name << ": row past the plan written at " << i;
+    }
+  };
+  term(y_d, y0, y, out, "experts y adapter term");
+  term(dx_d, dx0, dx, in, "experts dx adapter term");
+  expect_close("experts lora_A grad", ga_d, from_f64(ga, {rank * E, in}));
+  expect_close("experts lora_B grad", gb_d, from_f64(gb, {out, rank * E}));
+}
+
+TEST(LoraKernelsGpu, ExpertAdaptersMatchCpuReference) {
+  uint64_t seed = 500;
+  for (int64_t rank : {4, 8, 16, 32}) {
+    run_experts(4, 64, 96, rank, {13, 0, 40, 9}, DType::f32, seed);
+    run_experts(4, 64, 96, rank, {13, 0, 40, 9}, DType::bf16, seed + 20);
+    seed += 100;
+  }
+  // Odd widths (the WMMA path of the grouped kernels) and many experts with few rows each.
+  run_experts(3, 40, 24, 8, {1, 7, 3}, DType::f32, 900);
+  std::vector<int32_t> counts(64);
+  for (int e = 0; e < 64; ++e) counts[e] = (e * 7) % 5;
+  run_experts(64, 128, 64, 8, counts, DType::f32, 950);
+}
+
+// Timing at the Qwen3.5-35B-A3B shapes of one micro-batch (8,192 tokens, top-8 of 256 experts, rank 8):
+// what LoRA adds per layer on top of the frozen base products. Prints; asserts nothing about speed.
+TEST(LoraKernelsGpu, TimingAt35bShapes) {
+  constexpr int64_t T = 8192, C = 2048, E = 256, K = 8, I = 512, r = 8;
+  const int64_t R = T * K;
+  cudaStream_t stream = nullptr;
+  GemmContext gemm;
+  DeviceTensor x = tiled_random(T, C, 1), dy = tiled_random(T, 8192, 2);
+  DeviceTensor a = tiled_random(r, C, 3), b = tiled_random(8192, r, 4);
+  DeviceTensor ga = device_tensor(DType::f32, {r, C}), gb = device_tensor(DType::f32, {8192, r});
+  DeviceTensor y = device_tensor(DType::bf16, {T, 8192}), dx = device_tensor(DType::f32, {T, C});
+  DeviceTensor xa = device_tensor(DType::bf16, {T, r}), dxa = device_tensor(DType::bf16, {T, r});
+  device_fill_bytes(ga.view, 0);
+  device_fill_bytes(gb.view, 0);
+  device_fill_bytes(dx.view, 0);
+  LoraDeviceAdapter dense{bf16p(a), bf16p(b), f32p(ga), f32p(gb), r, 4.0f};
+  auto* xa_p = static_cast<__nv_bfloat16*>(xa.view.data);
+  auto* dxa_p = static_cast<__nv_bfloat16*>(dxa.view.data);
+  const double dense_ms = median_ms(
+      [&](cudaStream_t s) {
+        lora_linear_forward_cuda(gemm, bf16p(x), dense, xa_p, y.view.data, DType::bf16, T, C, 8192, s);
+        lora_linear_backward_cuda(gemm, bf16p(x), bf16p(dy), dense, xa_p, true, dxa_p, dx.view.data, DType::f32, T, C,
+                                  8192, s);
+      },
+      stream);
+  std::printf("  TIMING dense adapter fwd+bwd T=%lld %lldx%lld r=%lld: %.3f ms\n", (long long)T, (long long)C, 8192LL,
+              (long long)r, dense_ms);
+
+  // Routed experts: R = T K rows spread evenly (the balanced case).
+  HostTensor off_host(DType::i32, {E + 1});
+  for (int64_t e = 0; e <= E; ++e) off_host.as<int32_t>()[e] = static_cast<int32_t>(e * (R / E));
+  DeviceTensor off = to_device(off_host, DType::i32);
+  const auto* off_p = static_cast<const int32_t*>(off.view.data);
+  for (const auto& [name, in, out] : std::vector<std::tuple<const char*, int64_t, int64_t>>{
+           {"gate_up_proj", C, 2 * I}, {"down_proj", I, C}}) {
+    DeviceTensor xp = tiled_random(R, in, 5), dyp = tiled_random(R, out, 6);
+    DeviceTensor ea = tiled_random(r * E, in, 7), eb = tiled_random(out, r * E, 8);
+    DeviceTensor ega = device_tensor(DType::f32, {r * E, in}), egb = device_tensor(DType::f32, {out, r * E});
+    DeviceTensor yp = device_tensor(DType::bf16, {R, out}), dxp = device_tensor(DType::bf16, {R, in});
+    device_fill_bytes(ega.view, 0);
+    device_fill_bytes(egb.view, 0);
+    device_fill_bytes(yp.view, 0);
+    device_fill_bytes(dxp.view, 0);
+    LoraExpertDims dims{E, in, out, r, R};
+    DeviceBuffer workspace(lora_experts_workspace_bytes(dims));
+    LoraDeviceAdapter adapter{bf16p(ea), bf16p(eb), f32p(ega), f32p(egb), r, 4.0f};
+    const double fwd_ms = median_ms(
+        [&](cudaStream_t s) {
+          lora_experts_forward_cuda(bf16p(xp), adapter, off_p, yp.view.data, DType::bf16, dims, workspace.data(),
+                                    workspace.bytes(), s);
+        },
+        stream);
+    const double bwd_ms = median_ms(
+        [&](cudaStream_t s) {
+          lora_experts_backward_cuda(bf16p(xp), bf16p(dyp), adapter, off_p, dxp.view.data, DType::bf16, dims,
+                                     workspace.data(), workspace.bytes(), s);
+        },
+        stream);
+    std::printf("  TIMING experts %s adapter R=%lld in=%lld out=%lld r=%lld: forward %.3f ms, backward %.3f ms "
+                "(workspace %.0f MiB)\n",
+                name, (long long)R, (long long)in, (long long)out, (long long)r, fwd_ms, bwd_ms,
+                workspace.bytes() / 1048576.0);
+  }
+  device_synchronize();
+}
+
+}  // namespace
+}  // namespace deltamoe

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# LoRA on the GPU engine, in one call on the GPU machine (carry gpu_bundle): the GPU LoRA tests
+# against the CPU reference (adapter products; the text model with adapters), the LoRA demo on CUDA
+# (validation loss at most half its first value), and `deltamoe bench --tuner_type lora` on the full
+# 40-layer Qwen3.5-35B-A3B (random weights, bf16 base frozen, 8,192 tokens per step) text-only and
+# with images (vision tower frozen), each printing its memory plan. Targets: the attention and GDN
+# projections and the routed experts (what the GPU engine applies adapters to so far; not yet the
+# shared expert and the vision tower, which all-linear includes). Each stage has a timeout; the whole
+# stays under 9 minutes. Logs go to $OUT/lora_acceptance.tgz, the summary also to $OUT/lora_summary.txt.
+# Usage: STAGES="tests demo text40 vlm40 regress" bash tools/gpu/lora_acceptance.sh (regress: the
+# full-tuning gpu_text_model_gpu_test, since the funnel and the expert block changed).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+: "${OUT:?OUT must name the folder whose files come back}"
+export PYTHONUNBUFFERED=1
+source gpu_bundle/env.sh
+bin=$PWD/gpu_bundle/bin/deltamoe
+work=${WORK:-/tmp/acceptance_lora}
+logs=$work/logs
+rm -rf "$work" && mkdir -p "$logs"
+summary=$OUT/lora_summary.txt  # written as it goes: what a call cut short by its limit still returns
+: > "$summary"
+status=0
+say() { echo "$*" | tee -a "$summary"; }
+targets="q_proj k_proj v_proj o_proj in_proj_qkv in_proj_z in_proj_b in_proj_a out_proj"
+export DELTAMOE_SOURCE_DIR=$PWD DELTAMOE_BINARY=$bin
+
+bench_lines() { grep -E "memory plan|^  [a-zA-Z].*GiB|tokens/s|step time|memory:|images:|trained parameters|BENCH_JSON|error|does not fit" "$1" | tee -a "$summary"; }
+
+for stage in ${STAGES:-tests demo text40 vlm40 regress}; do
+  say "################ $stage ($(date +%T))"
+  case $stage in
+  tests)
+    for t in lora_kernels_gpu_test gpu_text_model_lora_gpu_test; do
+      if timeout 200 gpu_bundle/bin/$t > "$logs/$t.log" 2>&1; then say "PASS $t"; else say "FAIL $t (exit $?)"; status=1; fi
+      grep -E "TIMING|ce loss|FAILED|Failure|rel_l2 .*NOT|Expected|which is" "$logs/$t.log" | head -40 | tee -a "$summary"
+    done
+    ;;
+  demo)
+    gunzip -c gpu_bundle/qwen3_tokenizer.json.gz > "$work/qwen3_tokenizer.json"
+    if DEMO_DEVICE=cuda DEMO_TUNER=lora DEMO_LORA_TARGETS="$targets" DEMO_QWEN3_TOKENIZER=$work/qwen3_tokenizer.json \
+        timeout 240 bash tools/demo/run_demo.sh "$bin" "$work/demo" > "$logs/demo.log" 2>&1; then
+      say "PASS demo (LoRA, cuda)"
+    else
+      say "FAIL demo (exit $?)"; tail -20 "$logs/demo.log" | tee -a "$summary"; status=1
+    fi
+    grep -E "^demo:|GPU engine on|LoRA r|trainable tensors" "$logs/demo.log" | tee -a "$summary"
+    ;;
+  text40|vlm40)
+    args=(bench --layers 40 --tokens 8192 --steps 5 --warmup 2 --tuner_type lora --lora_rank 8 --lora_alpha 32
+          --target_modules $targets --target_parameters mlp.experts.gate_up_proj mlp.experts.down_proj)
+    if [ $stage = vlm40 ]; then
+      args+=(--seqs 16 --images 16x16,15x20,18x24,20x15 --image_fraction 0.85 --freeze_vit true --freeze_aligner true)
+    else
+      args+=(--seqs 8)
+    fi
+    timeout 200 $bin "${args[@]}" > "$logs/$stage.log" 2>&1; rc=$?
+    if [ $rc -ne 0 ] && grep -q "does not fit" "$logs/$stage.log"; then
+      say "$stage: refused by the memory plan without --recompute; rerunning with --recompute"
+      bench_lines "$logs/$stage.log"
+      timeout 200 $bin "${args[@]}" --recompute > "$logs/${stage}_recompute.log" 2>&1; rc=$?
+      mv "$logs/${stage}_recompute.log" "$logs/$stage.log"
+    fi
+    bench_lines "$logs/$stage.log"
+    if [ $rc -ne 0 ]; then say "FAIL $stage (exit $rc)"; tail -15 "$logs/$stage.log" | tee -a "$summary"; status=1; continue; fi
+    python3 - "$logs/$stage.log" <<'PY' | tee -a "$summary" || status=1
+import json, sys
+r = json.loads([l for l in open(sys.argv[1]) if l.startswith("BENCH_JSON ")][-1][len("BENCH_JSON "):])
+ok = r["tokens_per_s"] >= 4779 and r["peak_mem_gib"] <= 137
+print(f"{'PASS' if ok else 'FAIL'}: {r['tokens_per_s']:.0f} tokens/s (need >= 4779), peak {r['peak_mem_gib']:.2f} GiB "
+      f"(need <= 137), planned {r['planned_mem_gib']:.2f} GiB, {r.get('images', 0)} images, components ms {r['components_ms']}")
+sys.exit(0 if ok else 1)
+PY
+    ;;
+  regress)
+    # The full-tuning text model path through the changed projection funnel and expert block.
+    t=gpu_text_model_gpu_test
+    if timeout 150 gpu_bundle/bin/$t > "$logs/$t.log" 2>&1; then say "PASS $t"; else say "FAIL $t (exit $?)"; status=1; fi
+    grep -E "FAILED|worst" "$logs/$t.log" | head -20 | tee -a "$summary"
+    ;;
+  *) say "unknown stage $stage"; status=1 ;;
+  esac
+done
+say "lora_acceptance: exit $status"
+cp "$summary" "$logs/summary.txt"
+tar czf "$OUT/lora_acceptance.tgz" -C "$logs" .
+exit $status
