@@ -7,8 +7,8 @@
 # DEMO_TUNER (full or lora; default full): lora trains PEFT LoRA adapters (all-linear and the experts,
 # r 8, alpha 32, lm_head in --modules_to_save) on the frozen base (CPU engine only) with its own
 # default learning rate;
-# DEMO_LORA_TARGETS (with DEMO_TUNER lora): --target_modules instead of all-linear and no expert
-# adapters (e.g. the attention and GDN projections, which the GPU engine trains adapters on);
+# DEMO_LORA_TARGETS (with DEMO_TUNER lora): --target_modules instead of all-linear (e.g. the
+# attention and GDN projections, which the GPU engine applies adapters to, with the experts);
 # DEMO_QWEN3_TOKENIZER the Qwen3 tokenizer.json the demo tokenizer is cut from (default: npm's copy).
 set -euo pipefail
 bin=$1
@@ -28,7 +28,7 @@ case "$tuner" in
     if [ -n "${DEMO_LORA_TARGETS:-}" ]; then
       # shellcheck disable=SC2206  # a space-separated list of module names
       tuner_flags=(--tuner_type lora --lora_rank 8 --lora_alpha 32 --target_modules $DEMO_LORA_TARGETS
-                   --modules_to_save lm_head)
+                   --target_parameters mlp.experts.gate_up_proj mlp.experts.down_proj --modules_to_save lm_head)
     fi
     ;;
   *) echo "demo: DEMO_TUNER must be full or lora, got '$tuner'" >&2; exit 1 ;;

@@ -4,9 +4,8 @@
 # (validation loss at most half its first value), and `deltamoe bench --tuner_type lora` on the full
 # 40-layer Qwen3.5-35B-A3B (random weights, bf16 base frozen, 8,192 tokens per step) text-only and
 # with images (vision tower frozen), each printing its memory plan. Targets: the attention and GDN
-# projections (what the GPU engine trains adapters on so far: its routed-expert adapters did not match
-# the CPU reference yet, and the shared expert and the vision tower, which all-linear includes, have
-# no GPU adapters). Each stage has a timeout; the whole
+# projections and the routed experts (what the GPU engine applies adapters to so far; not yet the
+# shared expert and the vision tower, which all-linear includes). Each stage has a timeout; the whole
 # stays under 9 minutes. Logs go to $OUT/lora_acceptance.tgz, the summary also to $OUT/lora_summary.txt.
 # Usage: STAGES="tests demo text40 vlm40 regress" bash tools/gpu/lora_acceptance.sh (regress: the
 # full-tuning gpu_text_model_gpu_test, since the funnel and the expert block changed).
@@ -49,7 +48,7 @@ for stage in ${STAGES:-tests demo text40 vlm40 regress}; do
     ;;
   text40|vlm40)
     args=(bench --layers 40 --tokens 8192 --steps 5 --warmup 2 --tuner_type lora --lora_rank 8 --lora_alpha 32
-          --target_modules $targets)
+          --target_modules $targets --target_parameters mlp.experts.gate_up_proj mlp.experts.down_proj)
     if [ $stage = vlm40 ]; then
       args+=(--seqs 16 --images 16x16,15x20,18x24,20x15 --image_fraction 0.85 --freeze_vit true --freeze_aligner true)
     else

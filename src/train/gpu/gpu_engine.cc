@@ -76,16 +76,14 @@ std::string gpu_lora_refusal(const LoraAdapters& lora) {
   std::string examples;
   int64_t unsupported = 0;
   for (const LoraTarget& target : lora.targets) {
-    // The routed experts' adapters run in GpuTextModel but did not match the CPU reference on the
-    // H200 (gpu_text_model_lora_gpu_test's expert cases), so the engine does not train them yet.
-    const bool experts = target.module.find(".mlp.experts.") != std::string::npos;
-    if (gpu_applies_lora_adapter(target.module) && !experts) continue;
+    if (gpu_applies_lora_adapter(target.module)) continue;
     if (++unsupported <= 3) examples += (examples.empty() ? "" : ", ") + target.module;
   }
   if (unsupported > 0) {
-    return str_cat("the GPU engine applies LoRA adapters to the attention and GDN projections only so far ",
-                   "(--target_modules q_proj k_proj v_proj o_proj in_proj_qkv in_proj_z in_proj_b in_proj_a ",
-                   "out_proj); ", unsupported, " of the ", lora.targets.size(), " targets have no verified GPU kernels yet (",
+    return str_cat("the GPU engine applies LoRA adapters to the attention and GDN projections and the routed ",
+                   "experts only so far (--target_modules q_proj k_proj v_proj o_proj in_proj_qkv in_proj_z ",
+                   "in_proj_b in_proj_a out_proj --target_parameters mlp.experts.gate_up_proj ",
+                   "mlp.experts.down_proj); ", unsupported, " of the ", lora.targets.size(), " targets have no GPU kernels yet (",
                    examples, unsupported > 3 ? ", ..." : "", ")");
   }
   return "";

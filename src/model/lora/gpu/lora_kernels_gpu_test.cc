@@ -81,8 +81,9 @@ void run_dense(GemmContext& gemm, const DenseCase& c, uint64_t seed) {
   HostTensor dy_full = random_normal_tensor({c.rows, c.out}, seed + 4, 1.0f);
   HostTensor dy_hi = dy_full.to_dtype(DType::bf16).to_f32();
   HostTensor dy_ref = c.f32_dy ? dy_full : dy_hi;
-  HostTensor dy_lo = dy_full;
-  for (int64_t i = 0; i < dy_lo.numel(); ++i) dy_lo.as<float>()[i] -= dy_hi.as<float>()[i];
+  // A new buffer: HostTensor copies share theirs, and dy_full is the f32-dy reference.
+  HostTensor dy_lo(DType::f32, dy_full.shape());
+  for (int64_t i = 0; i < dy_lo.numel(); ++i) dy_lo.as<float>()[i] = dy_full.as<float>()[i] - dy_hi.as<float>()[i];
   dy_lo = dy_lo.to_dtype(DType::bf16).to_f32();
   HostTensor ga0 = random_normal_tensor({c.rank, c.in}, seed + 5, 0.1f);
   HostTensor gb0 = random_normal_tensor({c.out, c.rank}, seed + 6, 0.1f);

@@ -78,11 +78,19 @@ struct CpuRun {
   std::vector<DecoderLayerSaved> saved;
 };
 
-CpuRun run_cpu(const TextConfig& config, const ParamMap& params, const TextBatch& batch, const TextModelInputs& inputs) {
+// The CPU reference with only `trained` forming gradients (the adapters; the base frozen, as in the
+// engines: a stack trained whole and adapted at once is refused by the reference).
+CpuRun run_cpu(const TextConfig& config, const ParamMap& params, const TextBatch& batch, const TextModelInputs& inputs,
+               const std::vector<std::string>& trained) {
   CpuRun run;
   TextModel cpu(config, "model", &params);
   run.out = cpu.forward(batch, inputs);
-  run.grads = cpu.backward(1.0f, 0.0f);
+  for (const std::string& name : trained) {
+    ParamTensor zero = params.at(name);
+    std::fill(zero.values.begin(), zero.values.end(), 0.0f);
+    run.grads.emplace(name, std::move(zero));
+  }
+  cpu.backward_into(&run.grads, 1.0f, 0.0f);
   run.saved = cpu.saved_layers();
   return run;
 }
@@ -173,9 +181,14 @@ void run_lora_case(const std::vector<int32_t>& cu_seqlens, int64_t rank, bool ex
   inputs.input_ids = ids.data();
   inputs.shifted_labels = labels.data();
   inputs.forced_routing = &routing;
-  const CpuRun ref = run_cpu(config, params, batch, inputs);
-  const CpuRun moved = run_cpu(config, moved_params, batch, inputs);
-  const CpuRun moved2 = run_cpu(config, moved_params2, batch, inputs);
+  std::vector<std::string> adapter_names;
+  for (const LoraTarget& target : lora.targets) {
+    adapter_names.push_back(target.a_name());
+    adapter_names.push_back(target.b_name());
+  }
+  const CpuRun ref = run_cpu(config, params, batch, inputs, adapter_names);
+  const CpuRun moved = run_cpu(config, moved_params, batch, inputs, adapter_names);
+  const CpuRun moved2 = run_cpu(config, moved_params2, batch, inputs, adapter_names);
 
   const double loss_rel = std::fabs(gpu_loss - ref.out.ce_loss) / std::max(std::fabs(ref.out.ce_loss), 1e-12);
   std::printf("  ce loss gpu %.6f cpu %.6f rel %.3e\n", gpu_loss, ref.out.ce_loss, loss_rel);
