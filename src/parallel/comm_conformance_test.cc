@@ -19,24 +19,6 @@
 namespace deltamoe {
 namespace {
 
-// Job checksum per world size from the ThreadComm run, the reference for the other backends.
-uint64_t thread_checksum(int ranks) {
-  static std::mutex mutex;
-  static std::map<int, uint64_t> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(ranks);
-  if (it != cache.end()) return it->second;
-  uint64_t checksum = 0;
-  std::mutex result_mutex;
-  run_thread_comm(ranks, [&](Communicator& comm) {
-    const SelftestResult result = run_comm_selftest(comm);
-    std::lock_guard<std::mutex> result_lock(result_mutex);
-    if (comm.rank() == 0) checksum = result.checksum;
-  });
-  cache[ranks] = checksum;
-  return checksum;
-}
-
 class ThreadConformance : public ::testing::TestWithParam<int> {};
 
 TEST_P(ThreadConformance, SelftestPassesOnEveryRankWithOneChecksum) {
@@ -52,7 +34,7 @@ TEST_P(ThreadConformance, SelftestPassesOnEveryRankWithOneChecksum) {
     EXPECT_GT(results[r].checks, 20) << "rank " << r;
     EXPECT_EQ(results[r].checksum, results[0].checksum) << "rank " << r;
   }
-  EXPECT_EQ(results[0].checksum, thread_checksum(ranks));
+  EXPECT_EQ(results[0].checksum, thread_comm_selftest_checksum(ranks));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ThreadConformance, ::testing::Values(1, 2, 3, 4, 5));
@@ -71,7 +53,7 @@ TEST_P(TcpConformance, SelftestPassesWithTheThreadCommChecksum) {
   });
   for (int r = 0; r < ranks; ++r) {
     EXPECT_EQ(errors[r], "") << "rank " << r;
-    EXPECT_EQ(results[r].checksum, thread_checksum(ranks)) << "rank " << r;
+    EXPECT_EQ(results[r].checksum, thread_comm_selftest_checksum(ranks)) << "rank " << r;
   }
 }
 
@@ -92,7 +74,7 @@ TEST_P(ProcessConformance, TcpCommInProcessesMatchesThreadComm) {
                                                 " -- comm-selftest --backend tcp"));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find(str_cat("on ", ranks, " ranks (tcp)")), std::string::npos) << run.output;
-  EXPECT_EQ(printed_checksum(run.output), thread_checksum(ranks)) << run.output;
+  EXPECT_EQ(printed_checksum(run.output), thread_comm_selftest_checksum(ranks)) << run.output;
 }
 
 TEST_P(ProcessConformance, MpiCommUnderMpirunMatchesThreadComm) {
@@ -104,7 +86,7 @@ TEST_P(ProcessConformance, MpiCommUnderMpirunMatchesThreadComm) {
       run_command(str_cat(mpirun_prefix(ranks), " ", deltamoe_binary(), " comm-selftest --backend mpi"));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find(str_cat("on ", ranks, " ranks (mpi)")), std::string::npos) << run.output;
-  EXPECT_EQ(printed_checksum(run.output), thread_checksum(ranks)) << run.output;
+  EXPECT_EQ(printed_checksum(run.output), thread_comm_selftest_checksum(ranks)) << run.output;
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ProcessConformance, ::testing::Values(2, 3));

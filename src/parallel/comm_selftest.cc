@@ -6,11 +6,14 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "parallel/control_plane.h"
+#include "parallel/thread_comm.h"
 
 namespace deltamoe {
 namespace {
@@ -396,6 +399,23 @@ SelftestResult run_comm_selftest(Communicator& comm) {
   result.summary = str_cat(result.checks, " checks on ", n, " ranks (", comm.backend(), "), job checksum ",
                            std::hex, combined);
   return result;
+}
+
+uint64_t thread_comm_selftest_checksum(int ranks) {
+  static std::mutex mutex;
+  static std::map<int, uint64_t> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(ranks);
+  if (it != cache.end()) return it->second;
+  uint64_t checksum = 0;
+  std::mutex result_mutex;
+  run_thread_comm(ranks, [&](Communicator& comm) {
+    const SelftestResult result = run_comm_selftest(comm);
+    std::lock_guard<std::mutex> result_lock(result_mutex);
+    if (comm.rank() == 0) checksum = result.checksum;
+  });
+  cache[ranks] = checksum;
+  return checksum;
 }
 
 }  // namespace deltamoe

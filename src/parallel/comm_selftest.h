@@ -22,4 +22,8 @@ struct SelftestResult {
 // check, element, expected and received values on the first wrong result.
 SelftestResult run_comm_selftest(Communicator& comm);
 
+// The job checksum of run_comm_selftest on `ranks` ThreadComm ranks: the reference every other
+// backend's checksum must equal for that world size (computed once per size, then remembered).
+uint64_t thread_comm_selftest_checksum(int ranks);
+
 }  // namespace deltamoe

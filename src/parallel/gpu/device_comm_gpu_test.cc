@@ -28,17 +28,6 @@
 namespace deltamoe {
 namespace {
 
-uint64_t thread_checksum(int ranks) {
-  uint64_t checksum = 0;
-  std::mutex mutex;
-  run_thread_comm(ranks, [&](Communicator& comm) {
-    const SelftestResult result = run_comm_selftest(comm);
-    std::lock_guard<std::mutex> lock(mutex);
-    if (comm.rank() == 0) checksum = result.checksum;
-  });
-  return checksum;
-}
-
 class DeviceLoopbackConformance : public ::testing::TestWithParam<int> {};
 
 TEST_P(DeviceLoopbackConformance, SelftestOnDeviceBuffersGivesTheThreadCommChecksum) {
@@ -52,7 +41,7 @@ TEST_P(DeviceLoopbackConformance, SelftestOnDeviceBuffersGivesTheThreadCommCheck
     std::lock_guard<std::mutex> lock(mutex);
     results[device_comm.rank()] = result;
   });
-  const uint64_t want = thread_checksum(ranks);
+  const uint64_t want = thread_comm_selftest_checksum(ranks);
   for (int r = 0; r < ranks; ++r) {
     EXPECT_GT(results[r].checks, 20) << "rank " << r;
     EXPECT_EQ(results[r].checksum, want) << "rank " << r << ": " << results[r].summary;
@@ -111,7 +100,7 @@ TEST(NcclComm, OneRankPassesTheSelftestWithTheThreadCommChecksum) {
   const std::unique_ptr<Communicator> view = make_host_view_comm(*nccl);
   const SelftestResult result = run_comm_selftest(*view);
   EXPECT_GT(result.checks, 20);
-  EXPECT_EQ(result.checksum, thread_checksum(1)) << result.summary;
+  EXPECT_EQ(result.checksum, thread_comm_selftest_checksum(1)) << result.summary;
 }
 
 // abort() from another thread ends a host wait on the NCCL communicator with CommAborted instead
