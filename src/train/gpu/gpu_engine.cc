@@ -278,6 +278,7 @@ struct GpuEngine::Impl {
     o.recompute_mixers = options.recompute_mixers;
     o.lora_rank = options.lora != nullptr ? options.lora->options.rank : 0;
     o.expert_parallel = ep_comm.get();
+    o.expert_recv_rows = ep_comm != nullptr ? parallel_options.expert_recv_rows : 0;
     return o;
   }
 

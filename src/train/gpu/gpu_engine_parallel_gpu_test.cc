@@ -164,6 +164,7 @@ const Model& model(const std::string& preset) {
 
 EngineOptions engine_options() {
   EngineOptions options;
+  options.freeze = FreezeOptions{false, false, false};  // the vision tower trains too (its pieces are sharded)
   options.max_tokens = kTokenBudget;
   options.print_memory_plan = false;
   options.aux_coef = 0.01;  // the aux loss's gradient is part of the comparison
