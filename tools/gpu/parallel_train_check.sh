@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# `deltamoe train --device cuda` on 2 GPUs (one rank each, NcclComm) against one GPU with twice the
-# accumulation, on tiny-vl with the demo data: 10 steps, the first loss bitwise and every loss
+# `deltamoe train --device cuda` on N GPUs (NPROC, default 2; one rank each, NcclComm, EP = N) against
+# one GPU with N times the accumulation, on tiny-vl with the demo data: 10 steps, the first loss bitwise and every loss
 # within 1e-4 relative (NCCL reduces in its own order); the checkpoint's per-rank optimizer files;
-# saved at 2 ranks after 5 steps and resumed at 2 and at 1 rank (within 1e-4 of the straight run).
-# Needs a machine of 2 GPUs (run kind nvidia-h200-x2; carry gpu_bundle). Logs and a summary go to
+# saved at N ranks after 5 steps and resumed at N and at 1 rank (within 1e-4 of the straight run).
+# Needs a machine of N GPUs (run kind nvidia-h200-x2/x4/x8; carry gpu_bundle). Logs and a summary go to
 # $OUT/parallel_train/.
 # Usage: bash tools/gpu/parallel_train_check.sh
 set -uo pipefail
@@ -19,7 +19,8 @@ summary=$logs/summary.txt
 status=0
 say() { echo "$*" | tee -a "$summary"; }
 gpus=$(nvidia-smi -L | wc -l)
-[ "$gpus" -ge 2 ] || { say "FAIL: $gpus GPU(s); this check needs 2"; exit 1; }
+n=${NPROC:-2}
+[ "$gpus" -ge "$n" ] && [ "$n" -ge 2 ] || { say "FAIL: $gpus GPU(s); this check needs NPROC=$n >= 2 of them"; exit 1; }
 export DELTAMOE_ATTENTION=ours  # deterministic attention backward (resume comparisons)
 gunzip -c gpu_bundle/qwen3_tokenizer.json.gz > "$work/qwen3_tokenizer.json"
 $bin init --config tiny-vl --out "$work/tvl" > "$logs/init.log" 2>&1
@@ -28,20 +29,20 @@ python3 tools/demo/make_tokenizer.py "$work/qwen3_tokenizer.json" tests/tokenize
 python3 tools/demo/make_data.py "$work/data" --train 96 --val 0 --seed 3 >> "$logs/init.log"
 common=(train --device cuda --model "$work/tvl" --dataset "$work/data/train.jsonl" --max_steps 10 --save_steps 5
         --micro_batch_tokens 512 --max_length 256 --lr 1e-3 --freeze_vit false --freeze_aligner false --seed 5)
-two=(--gradient_accumulation_steps 2 --expert_model_parallel_size 2 --use_distributed_optimizer true)
+two=(--gradient_accumulation_steps 2 --expert_model_parallel_size "$n" --use_distributed_optimizer true)
 run() {  # name, then the command
   local name=$1; shift
   "$@" > "$logs/$name.log" 2>&1 || { say "FAIL $name (exit $?; $logs/$name.log)"; status=1; }
 }
-run one_gpu $bin "${common[@]}" --gradient_accumulation_steps 4 --output_dir "$work/one"
-run two_gpus $bin launch --nproc_per_node 2 -- "${common[@]}" "${two[@]}" --output_dir "$work/two"
-run two_stop $bin launch --nproc_per_node 2 -- "${common[@]}" "${two[@]}" --stop_after_steps 5 --output_dir "$work/two_resumed"
-run two_resume $bin launch --nproc_per_node 2 -- "${common[@]}" "${two[@]}" --resume auto --output_dir "$work/two_resumed"
-run two_stop_b $bin launch --nproc_per_node 2 -- "${common[@]}" "${two[@]}" --stop_after_steps 5 --output_dir "$work/one_resumed"
-run one_resume $bin "${common[@]}" --gradient_accumulation_steps 4 --resume auto --output_dir "$work/one_resumed"
+run one_gpu $bin "${common[@]}" --gradient_accumulation_steps $((2 * n)) --output_dir "$work/one"
+run two_gpus $bin launch --nproc_per_node "$n" -- "${common[@]}" "${two[@]}" --output_dir "$work/two"
+run two_stop $bin launch --nproc_per_node "$n" -- "${common[@]}" "${two[@]}" --stop_after_steps 5 --output_dir "$work/two_resumed"
+run two_resume $bin launch --nproc_per_node "$n" -- "${common[@]}" "${two[@]}" --resume auto --output_dir "$work/two_resumed"
+run two_stop_b $bin launch --nproc_per_node "$n" -- "${common[@]}" "${two[@]}" --stop_after_steps 5 --output_dir "$work/one_resumed"
+run one_resume $bin "${common[@]}" --gradient_accumulation_steps $((2 * n)) --resume auto --output_dir "$work/one_resumed"
 grep -h "GPU engine on\|ranks train on" "$logs/two_gpus.log" | head -3 | tee -a "$summary"
-ls "$work/two/checkpoint-10" | tr '\n' ' ' | sed 's/^/checkpoint-10 of 2 ranks: /' | tee -a "$summary"; echo | tee -a "$summary"
-[ -f "$work/two/checkpoint-10/optim-r1-of-2.safetensors" ] || { say "FAIL: no per-rank optimizer file"; status=1; }
+ls "$work/two/checkpoint-10" | tr '\n' ' ' | sed "s/^/checkpoint-10 of $n ranks: /" | tee -a "$summary"; echo | tee -a "$summary"
+[ -f "$work/two/checkpoint-10/optim-r1-of-$n.safetensors" ] || { say "FAIL: no per-rank optimizer file"; status=1; }
 python3 - "$work" >> "$summary" <<'PY' || status=1
 import json, sys
 work = sys.argv[1]
