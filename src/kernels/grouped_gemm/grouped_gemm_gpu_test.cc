@@ -65,7 +65,8 @@ struct GroupedShape {
 // WMMA fallback, and both block tiles of the mma.sync kernel (which fall back to WMMA at shapes
 // the mma kernel does not take).
 constexpr GroupedGemmKernel kKernels[] = {GroupedGemmKernel::automatic, GroupedGemmKernel::wmma,
-                                          GroupedGemmKernel::mma_128x128, GroupedGemmKernel::mma_128x256};
+                                          GroupedGemmKernel::mma_128x128, GroupedGemmKernel::mma_128x256,
+                                          GroupedGemmKernel::wgmma};
 
 const char* kernel_name(GroupedGemmKernel kernel) {
   switch (kernel) {
@@ -75,6 +76,8 @@ const char* kernel_name(GroupedGemmKernel kernel) {
       return "mma 128x128";
     case GroupedGemmKernel::mma_128x256:
       return "mma 128x256";
+    case GroupedGemmKernel::wgmma:
+      return "wgmma";
     default:
       return "auto";
   }
@@ -246,12 +249,15 @@ TEST(GroupedGemmGpu, Timing35B) {
   device_fill_bytes(d_down_w.view, 0);
   DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(experts));
   const double gu_flops = 2.0 * rows * (2 * inter) * hidden, down_flops = 2.0 * rows * hidden * inter;
-  // Each product timed with the WMMA kernel (the old one) and both block tiles of the mma.sync
-  // kernel, on adjacent lines; `auto` is 128x256 for the row products and 128x128 for dW
-  // (kRowsMmaTile, kWeightGradMmaTile in grouped_gemm.cu).
+  // Row products timed with the mma.sync kernel (128x256, the sm_80 path) and the wgmma kernel
+  // (what sm_90a callers get), dW with both mma.sync block tiles (128x128 is what callers get), on
+  // adjacent lines.
+  const std::vector<GroupedGemmKernel> row_kernels = {GroupedGemmKernel::mma_128x256, GroupedGemmKernel::wgmma};
+  const std::vector<GroupedGemmKernel> dw_kernels = {GroupedGemmKernel::mma_128x128, GroupedGemmKernel::mma_128x256};
+  std::printf("wgmma kernel available here: %s\n", grouped_gemm_detail::wgmma_available() ? "yes" : "no");
   auto time_kernels = [&](const char* name, double flops, auto&& launch) {
-    for (GroupedGemmKernel kernel :
-         {GroupedGemmKernel::wmma, GroupedGemmKernel::mma_128x128, GroupedGemmKernel::mma_128x256}) {
+    const bool weight_grad = std::string(name).find("dW") != std::string::npos;
+    for (GroupedGemmKernel kernel : weight_grad ? dw_kernels : row_kernels) {
       const std::string label = std::string(name) + " [" + kernel_name(kernel) + "]";
       print_flop_timing(label.c_str(), median_ms([&](cudaStream_t s) { launch(kernel, s); }, nullptr), flops);
     }
