@@ -300,5 +300,57 @@ TEST(GroupedGemmGpu, Timing35B) {
   device_synchronize();
 }
 
+// The row products that callers get (automatic), at the 35B widths under three routings of the
+// 65,536 rows: uniformly random over 256 experts (as Timing35B), balanced (256 rows each: no
+// partial tiles) and 8 experts of 8,192 rows (weights reused 64 times: the compute-bound rate).
+TEST(GroupedGemmGpu, Timing35BRouting) {
+  const int64_t rows = 8192 * 8, hidden = 2048, inter = 512;
+  DeviceTensor x = to_device(pattern_tensor({rows, hidden}, 1, 1.0f), DType::bf16);
+  DeviceTensor h = to_device(pattern_tensor({rows, 2 * inter}, 2, 1.0f), DType::bf16);
+  DeviceTensor h_i = to_device(pattern_tensor({rows, inter}, 5, 1.0f), DType::bf16);
+  DeviceTensor w_gu = to_device(pattern_tensor({256, 2 * inter, hidden}, 3, 0.02f), DType::bf16);
+  DeviceTensor w_down = to_device(pattern_tensor({256, hidden, inter}, 4, 0.02f), DType::bf16);
+  DeviceTensor gu = device_tensor(DType::bf16, {rows, 2 * inter});
+  DeviceTensor y = device_tensor(DType::bf16, {rows, hidden});
+  DeviceTensor d_h = device_tensor(DType::f32, {rows, inter});
+  DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(256));
+  const double gu_flops = 2.0 * rows * (2 * inter) * hidden, down_flops = 2.0 * rows * hidden * inter;
+  struct Routing {
+    const char* name;
+    std::vector<int32_t> offsets;
+  };
+  std::vector<int32_t> balanced(257), few(9);
+  for (int g = 0; g <= 256; ++g) balanced[g] = static_cast<int32_t>(g * (rows / 256));
+  for (int g = 0; g <= 8; ++g) few[g] = static_cast<int32_t>(g * (rows / 8));
+  const Routing routings[] = {{"random 256", random_offsets(rows, 256, 0, 77)}, {"balanced 256", balanced},
+                              {"8 experts", few}};
+  for (const Routing& routing : routings) {
+    DeviceTensor off_d = offsets_to_device(routing.offsets);
+    const int32_t* off = static_cast<const int32_t*>(off_d.view.data);
+    const int64_t experts = static_cast<int64_t>(routing.offsets.size()) - 1;
+    auto time = [&](const char* product, double flops, auto&& launch) {
+      const std::string label = std::string(product) + " " + routing.name;
+      print_flop_timing(label.c_str(), median_ms([&](cudaStream_t s) { launch(s); }, nullptr), flops);
+    };
+    time("gate_up fwd", gu_flops, [&](cudaStream_t s) {
+      grouped_gemm_rows_cuda(bf16_ptr(x), bf16_ptr(w_gu), true, gu.view.data, DType::bf16, off, experts, rows,
+                             2 * inter, hidden, workspace.data(), workspace.bytes(), s);
+    });
+    time("down fwd", down_flops, [&](cudaStream_t s) {
+      grouped_gemm_rows_cuda(bf16_ptr(h_i), bf16_ptr(w_down), true, y.view.data, DType::bf16, off, experts, rows,
+                             hidden, inter, workspace.data(), workspace.bytes(), s);
+    });
+    time("gate_up dX", gu_flops, [&](cudaStream_t s) {
+      grouped_gemm_rows_cuda(bf16_ptr(h), bf16_ptr(w_gu), false, y.view.data, DType::bf16, off, experts, rows,
+                             hidden, 2 * inter, workspace.data(), workspace.bytes(), s);
+    });
+    time("down dX f32", down_flops, [&](cudaStream_t s) {
+      grouped_gemm_rows_cuda(bf16_ptr(x), bf16_ptr(w_down), false, d_h.view.data, DType::f32, off, experts, rows,
+                             inter, hidden, workspace.data(), workspace.bytes(), s);
+    });
+  }
+  device_synchronize();
+}
+
 }  // namespace
 }  // namespace deltamoe

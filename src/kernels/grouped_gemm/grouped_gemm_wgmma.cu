@@ -8,6 +8,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "core/cuda_check.h"
 #include "kernels/grouped_gemm/grouped_gemm_cuda.h"
@@ -30,9 +31,14 @@ constexpr int kThreads = 128 * (1 + kConsumers);
 constexpr int kStageBytesA = kBlockM * kBlockK * 2;  // 16 KiB: 128 lines of 128 bytes
 constexpr int kStageBytesB = kBlockN * kBlockK * 2;  // 32 KiB
 constexpr int kStageBytes = kStageBytesA + kStageBytesB;
+// bf16 results leave through a per-consumer staging tile of 64 rows x 128 columns (16 KiB, one
+// half of the warpgroup's 64 x 256 at a time), so that global stores are whole 16-byte chunks.
+constexpr int kStagingCols = 128;
+constexpr int kStagingBytes = kConsumerRows * kStagingCols * 2;
 // The stage ring (1024-byte aligned: the swizzle pattern repeats every 8 lines of 128 bytes),
-// then the 2 x kStages mbarriers; 1 KiB slack for aligning the dynamic shared base.
-constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
+// the staging tiles, then the 2 x kStages mbarriers; 1 KiB slack for aligning the dynamic base.
+constexpr int kSmemBytes = kStages * kStageBytes + kConsumers * kStagingBytes + 2 * kStages * 8 + 1024;
+static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of an sm_90 block");
 // [K, N] weights (dX) arrive as boxes of 64 columns x 64 k lines, 8 KiB each.
 constexpr int kBoxN = 64;
 constexpr int kBoxBytesKN = kBoxN * kBlockK * 2;
@@ -47,6 +53,7 @@ struct WgmmaParams {
   int n, k;
   int n_tiles;   // ceil(n / kBlockN)
   int k_blocks;  // ceil(k / kBlockK)
+  int variant;   // EXPERIMENT: bit 0 m-major tile order, bit 1 direct bf16 stores
 };
 
 
@@ -171,7 +178,11 @@ __device__ __forceinline__ RowTile decode_tile(const WgmmaParams& p, int tile) {
   const int g = find_tile_group(p.tile_starts, p.num_groups, tile, p.n_tiles);
   const int first = p.tile_starts[g], m_tiles = p.tile_starts[g + 1] - first;
   const int local = tile - first * p.n_tiles;
-  const int n_index = local / m_tiles, m_index = local - n_index * m_tiles;
+  int n_index = local / m_tiles, m_index = local - n_index * m_tiles;
+  if (p.variant & 1) {
+    m_index = local / p.n_tiles;
+    n_index = local - m_index * p.n_tiles;
+  }
   RowTile t;
   t.g = g;
   t.m0 = p.offsets[g] + m_index * kBlockM;
@@ -204,6 +215,46 @@ __device__ __forceinline__ void store_fragment(const float (&d)[128], void* c, i
   }
 }
 
+// bf16 results through the warpgroup's staging tile: each half (128 columns) is written as bf16
+// pairs with the 16-byte chunks of row r XOR-swizzled by r % 8 (the 8 rows of one store hit 8
+// distinct chunks: no bank conflicts), then read back a chunk per thread and stored whole, a row's
+// 16 chunks by 16 consecutive threads. bar_id: the warpgroup's named barrier.
+__device__ __forceinline__ void store_fragment_staged(const float (&d)[128], nvbf16* c, int64_t ldc,
+                                                      const RowTile& t, int row_base, uint32_t staging, int n,
+                                                      int bar_id, int warp, int lane, int wg_thread) {
+#pragma unroll
+  for (int h = 0; h < kBlockN / kStagingCols; ++h) {
+    // Readers of the previous half (or tile) are done with the staging tile.
+    asm volatile("bar.sync %0, 128;\n" ::"r"(bar_id) : "memory");
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp * 16 + lane / 4 + half * 8;
+#pragma unroll
+      for (int j = 0; j < kStagingCols / 8; ++j) {
+        const int chunk = j ^ (row % 8);
+        const uint32_t at = staging + row * (kStagingCols * 2) + chunk * 16 + (lane % 4) * 4;
+        const __nv_bfloat162 v = __floats2bfloat162_rn(d[4 * (16 * h + j) + 2 * half], d[4 * (16 * h + j) + 2 * half + 1]);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
+      }
+    }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(bar_id) : "memory");
+#pragma unroll
+    for (int q = 0; q < kConsumerRows * kStagingCols / 8 / 128; ++q) {
+      const int i = wg_thread + q * 128;
+      const int row = i / (kStagingCols / 8), chunk = i % (kStagingCols / 8);
+      const int col = t.n0 + h * kStagingCols + chunk * 8;
+      if (row_base + row < t.rows_valid && col < n) {
+        uint4 v;
+        const uint32_t at = staging + row * (kStagingCols * 2) + (chunk ^ (row % 8)) * 16;
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(at));
+        *reinterpret_cast<uint4*>(c + static_cast<int64_t>(t.m0 + row_base + row) * ldc + col) = v;
+      }
+    }
+  }
+}
+
 #endif  // sm_90a
 
 // A [R, K] k-major through map_a (2D: K, rows); B_g [N, K] (kBKMajor, 3D map: K, N, G) or [K, N]
@@ -216,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t ring = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t full_bars = ring + kStages * kStageBytes;  // stage filled (producer + TMA bytes)
+  const uint32_t full_bars = ring + kStages * kStageBytes + kConsumers * kStagingBytes;  // stage filled
   const uint32_t empty_bars = full_bars + kStages * 8;      // stage consumed (every consumer warp)
   const int warpgroup = warp_uniform(static_cast<int>(threadIdx.x) / 128);
   const int warp = (static_cast<int>(threadIdx.x) % 128) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -303,8 +354,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_accumulators(acc);
     if (lane == 0) mbar_arrive(empty_bars + 8 * previous_stage);
-    if (active)
-      store_fragment<kEpilogue>(acc, p.c, p.n, t, consumer * kConsumerRows + warp * 16 + lane / 4, p.n, lane);
+    if (active) {
+      if (kEpilogue == kStoreBf16 && !(p.variant & 2))
+        store_fragment_staged(acc, static_cast<nvbf16*>(p.c), p.n, t, consumer * kConsumerRows,
+                              ring + kStages * kStageBytes + consumer * kStagingBytes, p.n, 1 + consumer, warp, lane,
+                              static_cast<int>(threadIdx.x) % 128);
+      else
+        store_fragment<kEpilogue>(acc, p.c, p.n, t, consumer * kConsumerRows + warp * 16 + lane / 4, p.n, lane);
+    }
   }
 #endif
 }
@@ -400,8 +457,9 @@ void rows_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk
     const cuuint32_t box[3] = {kBoxN, kBlockK, 1};
     map_b = bf16_tensor_map(b, 3, dims, strides, box);
   }
+  static const int variant = getenv("DELTAMOE_WGMMA_VARIANT") ? atoi(getenv("DELTAMOE_WGMMA_VARIANT")) : 0;
   WgmmaParams params{c, offsets, tile_starts, num_groups, n, k, (n + kBlockN - 1) / kBlockN,
-                     (k + kBlockK - 1) / kBlockK};
+                     (k + kBlockK - 1) / kBlockK, variant};
   // Every group wastes at most one partial tile: the device-side count is at most this.
   const int64_t max_tiles = ((max_rows + kBlockM - 1) / kBlockM + num_groups) * params.n_tiles;
   CHECK(max_tiles < (int64_t{1} << 31), "grouped GEMM (wgmma): ", max_tiles, " tiles overflow 32-bit tile indices");
