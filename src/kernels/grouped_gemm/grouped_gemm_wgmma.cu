@@ -53,7 +53,7 @@ struct WgmmaParams {
   int n, k;
   int n_tiles;   // ceil(n / kBlockN)
   int k_blocks;  // ceil(k / kBlockK)
-  int variant;   // EXPERIMENT: bit 0 m-major tile order, bit 1 direct bf16 stores
+  int variant;   // EXPERIMENT: bit 0 m-major tile order, bit 1 direct bf16 stores, bit 2 loads only
 };
 
 
@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const RowTile t = decode_tile(p, tile);
     // A group's last tile often holds fewer than 65 of its rows: the second warpgroup then only
     // keeps the stage hand-over going.
-    const bool active = warp_uniform(t.rows_valid > consumer * kConsumerRows);
+    const bool active = warp_uniform(t.rows_valid > consumer * kConsumerRows && !(p.variant & 4));
     int previous_stage = 0;
     for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
       const int s = it % kStages;
