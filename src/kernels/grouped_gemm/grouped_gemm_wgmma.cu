@@ -1,14 +1,14 @@
 // Grouped GEMM row products on Hopper (sm_90a): wgmma m64n256k16 (bf16 in, fp32 accumulate) on
 // operands that TMA loads into a 4-stage ring of 128-byte-swizzled shared tiles; one producer
 // warpgroup issues the loads, two consumer warpgroups (64 rows each of a 128 x 256 block tile)
-// issue the products; full / empty mbarriers hand stages between them. Persistent blocks walk the
-// device-side tile list (group, n-tile, m-tile) as the mma.sync kernel does (grouped_gemm_mma.cu,
-// the portable path this one replaces on sm_90a). Only the row products (forward, dX) run here.
+// issue the products; full / empty mbarriers hand stages between them; bf16 results leave through a
+// swizzled shared staging tile as 16-byte stores. Persistent blocks walk the device-side tile list
+// (group, m-tile, n-tile) built as for the mma.sync kernel (grouped_gemm_mma.cu, the portable path
+// this one replaces on sm_90a). Only the row products (forward, dX) run here; dW stays on mma.sync.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "core/cuda_check.h"
 #include "kernels/grouped_gemm/grouped_gemm_cuda.h"
@@ -53,7 +53,6 @@ struct WgmmaParams {
   int n, k;
   int n_tiles;   // ceil(n / kBlockN)
   int k_blocks;  // ceil(k / kBlockK)
-  int variant;   // EXPERIMENT: bit 0 m-major tile order, bit 1 direct bf16 stores, bit 2 loads only
 };
 
 
@@ -172,17 +171,14 @@ struct RowTile {
   int g, m0, n0, rows_valid;
 };
 
-// Tiles are numbered group by group, n-tile major and m-tile minor inside a group, so blocks
-// running together share the group's weight slices and activation rows in L2.
+// Tiles are numbered group by group, m-tile major and n-tile minor inside a group: blocks running
+// together share a 128-row slice of A across the n-tiles and the group's weights in L2 (on the
+// H200 this order beat n-major by 13-16% with 8 experts and ~2% with 256, docs/performance.md).
 __device__ __forceinline__ RowTile decode_tile(const WgmmaParams& p, int tile) {
   const int g = find_tile_group(p.tile_starts, p.num_groups, tile, p.n_tiles);
-  const int first = p.tile_starts[g], m_tiles = p.tile_starts[g + 1] - first;
+  const int first = p.tile_starts[g];
   const int local = tile - first * p.n_tiles;
-  int n_index = local / m_tiles, m_index = local - n_index * m_tiles;
-  if (p.variant & 1) {
-    m_index = local / p.n_tiles;
-    n_index = local - m_index * p.n_tiles;
-  }
+  const int m_index = local / p.n_tiles, n_index = local - m_index * p.n_tiles;
   RowTile t;
   t.g = g;
   t.m0 = p.offsets[g] + m_index * kBlockM;
@@ -191,7 +187,7 @@ __device__ __forceinline__ RowTile decode_tile(const WgmmaParams& p, int tile) {
   return t;
 }
 
-// The consumer's fragment straight to global memory: thread (warp w, lane l) holds rows
+// f32 results straight from the consumer's fragment to global memory: thread (warp w, lane l) holds rows
 // 16w + l/4 and +8, columns 8j + 2(l%4) and +1 (pairs wholly valid or not: n % 8 == 0).
 template <int kEpilogue>
 __device__ __forceinline__ void store_fragment(const float (&d)[128], void* c, int64_t ldc, const RowTile& t,
@@ -323,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const RowTile t = decode_tile(p, tile);
     // A group's last tile often holds fewer than 65 of its rows: the second warpgroup then only
     // keeps the stage hand-over going.
-    const bool active = warp_uniform(t.rows_valid > consumer * kConsumerRows && !(p.variant & 4));
+    const bool active = warp_uniform(t.rows_valid > consumer * kConsumerRows);
     int previous_stage = 0;
     for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
       const int s = it % kStages;
@@ -355,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_accumulators(acc);
     if (lane == 0) mbar_arrive(empty_bars + 8 * previous_stage);
     if (active) {
-      if (kEpilogue == kStoreBf16 && !(p.variant & 2))
+      if constexpr (kEpilogue == kStoreBf16)
         store_fragment_staged(acc, static_cast<nvbf16*>(p.c), p.n, t, consumer * kConsumerRows,
                               ring + kStages * kStageBytes + consumer * kStagingBytes, p.n, 1 + consumer, warp, lane,
                               static_cast<int>(threadIdx.x) % 128);
@@ -457,9 +453,8 @@ void rows_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk
     const cuuint32_t box[3] = {kBoxN, kBlockK, 1};
     map_b = bf16_tensor_map(b, 3, dims, strides, box);
   }
-  static const int variant = getenv("DELTAMOE_WGMMA_VARIANT") ? atoi(getenv("DELTAMOE_WGMMA_VARIANT")) : 0;
   WgmmaParams params{c, offsets, tile_starts, num_groups, n, k, (n + kBlockN - 1) / kBlockN,
-                     (k + kBlockK - 1) / kBlockK, variant};
+                     (k + kBlockK - 1) / kBlockK};
   // Every group wastes at most one partial tile: the device-side count is at most this.
   const int64_t max_tiles = ((max_rows + kBlockM - 1) / kBlockM + num_groups) * params.n_tiles;
   CHECK(max_tiles < (int64_t{1} << 31), "grouped GEMM (wgmma): ", max_tiles, " tiles overflow 32-bit tile indices");
