@@ -43,6 +43,7 @@ static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of an sm_
 constexpr int kBoxN = 64;
 constexpr int kBoxBytesKN = kBoxN * kBlockK * 2;
 static_assert(kStageBytes % 1024 == 0 && kStageBytesA % 1024 == 0, "stages keep the 1024-byte swizzle alignment");
+static_assert(kBlockN / kBoxN * kBoxBytesKN == kStageBytesB, "the [K, N] boxes fill the B stage");
 static_assert(kConsumerRows == 64, "one m64 wgmma per consumer warpgroup");
 
 struct WgmmaParams {
@@ -229,7 +230,8 @@ __device__ __forceinline__ void store_fragment_staged(const float (&d)[128], nvb
       for (int j = 0; j < kStagingCols / 8; ++j) {
         const int chunk = j ^ (row % 8);
         const uint32_t at = staging + row * (kStagingCols * 2) + chunk * 16 + (lane % 4) * 4;
-        const __nv_bfloat162 v = __floats2bfloat162_rn(d[4 * (16 * h + j) + 2 * half], d[4 * (16 * h + j) + 2 * half + 1]);
+        const int at_acc = 4 * (16 * h + j) + 2 * half;
+        const __nv_bfloat162 v = __floats2bfloat162_rn(d[at_acc], d[at_acc + 1]);
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
       }
     }
