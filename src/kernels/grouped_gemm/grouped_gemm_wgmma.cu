@@ -57,6 +57,12 @@ struct WgmmaParams {
 };
 
 
+// Plain sm_90 code would carry this kernel with an empty body, and wgmma_available() cannot tell
+// it from sm_90a code: such a build is refused here (the project builds 80 and 90a).
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && (__CUDA_ARCH__ < 1000) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "grouped_gemm_wgmma.cu: build Hopper code as sm_90a (wgmma and setmaxnreg), not sm_90"
+#endif
+
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -413,8 +419,9 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const WgmmaParam
 }  // namespace
 
 bool wgmma_available() {
-  // Per device: compute capability 9.x and a binary of this kernel built for sm_90a (an 80-only
-  // build, or an sm_80 GPU, keeps the mma.sync kernel). Host-side queries, cached.
+  // Per device: compute capability 9.x and this kernel's code compiled for sm_90a, as machine code
+  // and from sm_90a PTX (an 80-only build, compute_80 PTX compiled for the GPU at load time, or an
+  // sm_80 GPU keep the mma.sync kernel, whose copy of this kernel is empty). Host-side queries, cached.
   static int cached[64] = {};  // 0 unknown, 1 yes, 2 no
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
@@ -424,7 +431,7 @@ bool wgmma_available() {
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     cudaFuncAttributes attributes{};
     CUDA_CHECK(cudaFuncGetAttributes(&attributes, grouped_gemm_wgmma_kernel<true, kStoreBf16>));
-    cached[device] = major == 9 && attributes.binaryVersion >= 90 ? 1 : 2;
+    cached[device] = major == 9 && attributes.binaryVersion >= 90 && attributes.ptxVersion >= 90 ? 1 : 2;
   }
   return cached[device] == 1;
 }
