@@ -6,10 +6,13 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "parallel/control_plane.h"
 
 namespace deltamoe {
 namespace {
@@ -45,15 +48,36 @@ void launch_sum(const void* in, void* out, int64_t count, int copies, cudaStream
   CUDA_CHECK_LAUNCH();
 }
 
+// The control plane of the mirror world: every rank contributes what this one does.
+class MirrorControlPlane final : public ControlPlane {
+ public:
+  MirrorControlPlane(ControlPlane& host, int rank, int size) : host_(host), rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void barrier(std::string_view label) override {}
+  std::vector<std::string> all_gather(std::string_view mine, std::string_view label) override {
+    return std::vector<std::string>(static_cast<size_t>(size_), std::string(mine));
+  }
+  void abort(std::string_view reason) override { host_.abort(reason); }
+
+ private:
+  ControlPlane& host_;
+  int rank_, size_;
+};
+
 class MirrorComm final : public Communicator {
  public:
   MirrorComm(Communicator& host, int rank, int size, std::string name)
-      : Communicator(rank, size, std::move(name), host.shared_activity()), host_(host) {}
+      : Communicator(rank, size, std::move(name), host.shared_activity()),
+        host_(host),
+        control_(std::make_shared<MirrorControlPlane>(host.control(), rank, size)) {}
+  MirrorComm(Communicator& host, std::shared_ptr<MirrorControlPlane> control, int rank, int size, std::string name)
+      : Communicator(rank, size, std::move(name), host.shared_activity()), host_(host), control_(std::move(control)) {}
 
   std::string_view backend() const override { return "mirror"; }
   void abort(std::string_view reason) override { host_.abort(reason); }
   bool aborted() const override { return host_.aborted(); }
-  ControlPlane& control() override { return host_.control(); }
+  ControlPlane& control() override { return *control_; }
   void synchronize(CommStream stream) override { CUDA_CHECK(cudaStreamSynchronize(cuda_stream(stream))); }
 
  protected:
@@ -108,7 +132,7 @@ class MirrorComm final : public Communicator {
   std::unique_ptr<Communicator> do_split(int color, int key, std::string name) override {
     if (color == kSplitNoColor) return nullptr;
     (void)key;
-    return std::make_unique<MirrorComm>(host_, rank(), size(), std::move(name));
+    return std::make_unique<MirrorComm>(host_, control_, rank(), size(), std::move(name));
   }
   void check_not_aborted() const override { host_.throw_if_aborted(); }
 
@@ -147,6 +171,7 @@ class MirrorComm final : public Communicator {
   }
 
   Communicator& host_;
+  std::shared_ptr<MirrorControlPlane> control_;  // the job's, shared with splits
   std::vector<Pending> pending_;
 };
 

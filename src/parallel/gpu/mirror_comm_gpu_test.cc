@@ -7,10 +7,12 @@
 
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/cuda_check.h"
 #include "parallel/gpu/device_loopback_comm.h"
+#include "parallel/control_plane.h"
 #include "parallel/gpu/mirror_comm.h"
 #include "parallel/thread_comm.h"
 
@@ -124,6 +126,11 @@ TEST(MirrorComm, EqualsAWorldOfIdenticalRanksBitwise) {
     EXPECT_EQ(split->size(), kRanks);
     EXPECT_EQ(split->rank(), r);
     EXPECT_EQ(mirror->split(kSplitNoColor, r, "none"), nullptr);
+    // The control plane of a world of copies: N copies of this rank's contribution.
+    EXPECT_EQ(mirror->control().size(), kRanks);
+    EXPECT_EQ(mirror->control().all_gather("x" + std::to_string(r), "test"),
+              std::vector<std::string>(kRanks, "x" + std::to_string(r)));
+    EXPECT_EQ(split->control().all_gather("y", "test").size(), static_cast<size_t>(kRanks));
   }
 }
 
