@@ -3,7 +3,8 @@
 # (DeviceLoopbackComm N = 2, 4 against one rank, NcclComm with one rank, MirrorComm, the expert
 # exchange, recompute) and `deltamoe bench --simulate_expert_parallel 8` on the full 40-layer
 # Qwen3.5-35B-A3B at 8,192 tokens per GPU: the 141 GB layout (bf16 moments, no recompute), the 80 GB
-# layout (bf16 moments, full recompute), and images with the vision tower frozen and trained.
+# layout (bf16 moments, full recompute), and images with the vision tower frozen and trained (recompute
+# auto: the fewest text layers recomputed that make the run fit).
 # Usage: STAGES="tests simulate" bash tools/gpu/parallel_step_acceptance.sh   (carry gpu_bundle)
 # Results: $OUT/parallel_step/summary.txt and one log per program.
 set -uo pipefail
@@ -33,8 +34,8 @@ for stage in ${STAGES:-tests simulate}; do
       common=(bench --layers 40 --tokens 8192 --steps 5 --warmup 2 --simulate_expert_parallel 8 --optimizer_state_dtype bf16)
       images=(--seqs 16 --images 16x16,15x20,18x24,20x15 --image_fraction 0.5)
       for run in "b_141gb_text:--seqs 2 --recompute none" "a_80gb_text:--seqs 2 --recompute full" \
-                 "b_141gb_images_vit_frozen:${images[*]} --freeze_vit true --recompute none" \
-                 "b_141gb_images_vit_trained:${images[*]} --freeze_vit false --recompute none"; do
+                 "b_141gb_images_vit_frozen:${images[*]} --freeze_vit true --recompute auto" \
+                 "b_141gb_images_vit_trained:${images[*]} --freeze_vit false --recompute auto"; do
         name=${run%%:*}
         read -r -a extra <<< "${run#*:}"
         start=$SECONDS

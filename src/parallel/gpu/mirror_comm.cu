@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -110,21 +111,39 @@ class MirrorComm final : public Communicator {
   void do_recv(void* data, int64_t count, DType dtype, int peer, CommStream stream) override {
     pending_.push_back({false, data, count, dtype, peer, stream});
   }
-  // Every receive gets what this rank sends to itself; the counts must match, as they would
-  // between copies.
+  // A receive from peer p takes, in this order: what this rank sends to itself when the counts
+  // agree (the dispatch: a copy routes to this rank what this rank routes to itself), what it sends
+  // to p when they agree (a return leg, p sending back what it got), else rows repeated from the
+  // group's largest send (the return leg of an unbalanced routing, whose values a copy of this
+  // rank cannot know). The bytes moved are always the receive's.
   void do_group_end() override {
     std::vector<Pending> items = std::move(pending_);
     pending_.clear();
-    const Pending* self_send = nullptr;
+    const Pending* largest = nullptr;
     for (const Pending& item : items)
-      if (item.is_send && item.peer == rank()) self_send = &item;
+      if (item.is_send && (largest == nullptr || item.count > largest->count)) largest = &item;
     for (const Pending& item : items) {
-      if (item.is_send) continue;
-      const int64_t sent = self_send != nullptr ? self_send->count : 0;
-      CHECK(item.count == sent && (self_send == nullptr || self_send->dtype == item.dtype), "mirror comm '", name(),
-            "': a receive of ", item.count, " elements from rank ", item.peer, " where a copy of this rank sends ",
-            sent, " (what it sends to itself)");
-      if (self_send != nullptr) copy(item.data, self_send->data, item.count * dtype_size(item.dtype), item.stream);
+      if (item.is_send || item.count == 0) continue;
+      const size_t element = dtype_size(item.dtype);
+      const Pending* source = nullptr;
+      for (const int peer : {rank(), item.peer}) {
+        for (const Pending& send : items)
+          if (source == nullptr && send.is_send && send.peer == peer && send.count == item.count &&
+              send.dtype == item.dtype)
+            source = &send;
+      }
+      if (source != nullptr) {
+        copy(item.data, source->data, static_cast<size_t>(item.count) * element, item.stream);
+        continue;
+      }
+      CHECK(largest != nullptr && largest->count > 0 && dtype_size(largest->dtype) == element, "mirror comm '",
+            name(), "': a receive of ", item.count, " elements from rank ", item.peer,
+            " in a group that sends nothing of its element size");
+      for (int64_t done = 0; done < item.count; done += largest->count) {
+        const int64_t n = std::min(largest->count, item.count - done);
+        copy(static_cast<char*>(item.data) + static_cast<size_t>(done) * element, largest->data,
+             static_cast<size_t>(n) * element, item.stream);
+      }
     }
   }
 

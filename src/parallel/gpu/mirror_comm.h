@@ -5,8 +5,9 @@
 // device copies on the stream instead of NVLink transfers:
 //   all_reduce / reduce_scatter: the rank-ordered sum of N equal blocks (max: the block itself);
 //   all_gather: this rank's block in every slot;
-//   all_to_all and grouped send/recv: from every peer, what this rank sends to itself (a copy
-//   would route to this rank exactly what this rank routes to itself).
+//   all_to_all: from every peer, what this rank sends to itself (a copy would route to this rank
+//   exactly what this rank routes to itself); grouped send/recv: the same when the counts agree,
+//   else the receive's bytes from this rank's sends (mirror_comm.cu, do_group_end).
 // The control plane's all-gathers and votes return N copies of this rank's contribution. Splits
 // assume every peer chooses this rank's color (the simulated layouts have EP = world), so a
 // split is a mirror of the same size. Device buffers only. Not a communicator for real training.
