@@ -32,11 +32,12 @@ for stage in ${STAGES:-tests simulate}; do
       done ;;
     simulate)
       common=(bench --layers 40 --tokens 8192 --steps 5 --warmup 2 --simulate_expert_parallel 8 --optimizer_state_dtype bf16)
-      images=(--seqs 16 --images 16x16,15x20,18x24,20x15 --image_fraction 0.5)
+      images=(--seqs 16 --images 16x16,15x20,18x24,20x15 --image_fraction 0.85)  # one image per 512-token sample
       for run in "b_141gb_text:--seqs 2 --recompute none" "a_80gb_text:--seqs 2 --recompute full" \
                  "b_141gb_images_vit_frozen:${images[*]} --freeze_vit true --recompute auto" \
                  "b_141gb_images_vit_trained:${images[*]} --freeze_vit false --recompute auto"; do
         name=${run%%:*}
+        [[ "$name" == *"${ONLY:-}"* ]] || continue  # ONLY=images runs the image runs only
         read -r -a extra <<< "${run#*:}"
         start=$SECONDS
         $bin/deltamoe "${common[@]}" "${extra[@]}" > "$logs/$name.log" 2>&1
