@@ -356,7 +356,11 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
   };
 
   const StopSignalGuard stop_guard;  // SIGTERM / SIGINT / SIGHUP: finish the step, save, return
-  DataPipeline pipeline(train_data, tokenizer, state.data_position);
+  // The training pipeline packs measured samples (image grids from headers); the step reader loads
+  // the images of this rank's micro-batches only (step_batch_reader.h), on any number of ranks.
+  PipelineOptions packing = train_data;
+  packing.sample.measure_images_only = true;
+  DataPipeline pipeline(packing, tokenizer, state.data_position);
   const double elapsed_before = state.elapsed_s;
   const Clock::time_point loop_start = Clock::now();
   bool saved_at_step = false;
@@ -379,22 +383,16 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
              state.global_step, "; continue with --resume auto");
     summary.stopped_by_signal = signal;
   };
-  // Reads whole global batches (every rank reads all of them and keeps its share, below).
-  StepBatchReader reader(pipeline, step_micro_batches);  // after the pipeline: joins its reads before it goes
+  // Reads whole global batches and keeps this rank's micro-batches g * world + rank (all of them on one rank).
+  StepBatchReader reader(pipeline, train_data.sample, step_micro_batches, StepShare{rank, world_size},
+                         std::max(1, options.num_workers));  // after the pipeline: joins its reads before it goes
   while (state.global_step < total_steps) {
     const Clock::time_point step_start = Clock::now();
     StepBatches step_batches = reader.take(/*read_ahead=*/state.global_step + 1 < total_steps);
     const double data_wait_s = seconds_since(step_start);
-    // This rank's micro-batches of the global batch: g * world + rank (all of them on one rank).
-    const int64_t read = static_cast<int64_t>(step_batches.batches.size());
-    DataPosition position_after;
-    if (read > 0) position_after = step_batches.batches.back().position_after;
-    std::vector<MicroBatch> batches;
-    if (!distributed) {
-      batches = std::move(step_batches.batches);
-    } else {
-      for (int64_t i = rank; i < read; i += world_size) batches.push_back(std::move(step_batches.batches[i]));
-    }
+    const int64_t read = step_batches.num_read;
+    const DataPosition position_after = step_batches.position_after;
+    std::vector<MicroBatch> batches = std::move(step_batches.batches);
     if (distributed) world->set_activity(str_cat("step ", state.global_step + 1, " start"));
     const int stop_signal = agreed_stop_signal();
     if (distributed && read % world_size != 0 && stop_signal == 0) {
