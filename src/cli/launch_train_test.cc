@@ -272,6 +272,17 @@ TEST_F(LaunchTrainTest, SigtermToOneRankStopsEveryRankAtTheSameStep) {
               read_bytes(*root_ / "uninterrupted" / "checkpoint-4" / file))
         << file;
   }
+
+  // kill -9 of every rank right after it wrote and synced its byte ranges of the model files (its
+  // optimizer file not yet written): nothing is committed, --resume auto continues from
+  // checkpoint-2 to the uninterrupted run's losses and model file.
+  const int all_killed = train("killed_after_model_bytes", "DELTAMOE_KILL_AT=save_rank_files@4 " + four, flags);
+  EXPECT_NE(all_killed, 0) << log_of("killed_after_model_bytes");
+  EXPECT_FALSE(fs::exists(*root_ / "killed_after_model_bytes" / "checkpoint-4")) << log_of("killed_after_model_bytes");
+  ASSERT_EQ(train("killed_after_model_bytes", four, flags + " --resume auto"), 0) << log_of("killed_after_model_bytes");
+  EXPECT_EQ(losses("killed_after_model_bytes"), want);
+  EXPECT_EQ(read_bytes(*root_ / "killed_after_model_bytes" / "checkpoint-4" / "model.safetensors"),
+            read_bytes(*root_ / "uninterrupted" / "checkpoint-4" / "model.safetensors"));
 }
 
 // SIGTERM to the launcher (a scheduler stopping the job) once step 1 is logged: it forwards the
