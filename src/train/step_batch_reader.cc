@@ -41,6 +41,9 @@ StepBatches StepBatchReader::read() {
     ++step.num_read;
   }
   step.epoch = pipeline_.epoch();
+  // A stop while the step was read drops the step (trainer.cc): its images are not loaded, so that
+  // the stop does not wait for thousands of them (a huge accumulation).
+  if (StopSignalGuard::stop_signal() != 0) return step;
   std::vector<MicroBatch*> mine;
   for (MicroBatch& batch : step.batches) mine.push_back(&batch);
   const std::vector<DroppedSample> dropped = load_batch_images(mine, pipeline_.files(), images_, image_threads_);

@@ -23,6 +23,7 @@ namespace deltamoe {
 
 struct StepBatches {
   std::vector<MicroBatch> batches;  // this rank's micro-batches of the step, with their pixels
+                                    // (without them when a stop signal came: the step is dropped)
   int64_t num_read = 0;             // micro-batches of the global batch read (all ranks'); fewer than
                                     // world x accumulation at the end of the data or on a stop
   DataPosition position_after;      // after the last micro-batch read (valid when num_read > 0)
