@@ -255,10 +255,15 @@ ModelCheckpoint load_model_dir(const std::string& dir, CheckpointReport* report)
   return checkpoint;
 }
 
-void save_model_dir(const ModelCheckpoint& checkpoint, const std::string& dir, const SaveOptions& options) {
+ModelDirContents model_dir_contents(const ModelCheckpoint& checkpoint, const SaveOptions& options,
+                                    const std::string& dir) {
   const ModelConfig& config = checkpoint.config;
   const ExpertLayout layout = options.expert_layout.value_or(checkpoint.expert_layout);
-  std::vector<NamedTensor> tensors;
+  ModelDirContents contents;
+  auto add = [&](const std::string& name, const StoredTensor& tensor, const std::string& param, uint64_t offset) {
+    contents.tensors.push_back({name, tensor});
+    contents.sources.push_back({param, offset});
+  };
   std::set<std::string> written;
   for (const ParamSpec& spec : build_param_table(config)) {
     auto found = checkpoint.params.find(spec.name);
@@ -272,29 +277,35 @@ void save_model_dir(const ModelCheckpoint& checkpoint, const std::string& dir, c
       size_t offset = 0;
       for (const ExpertPiece& piece : pieces_of(config, spec)) {
         StoredTensor part = tensor.slice_bytes(offset, piece.shape);
+        add(disk_name(checkpoint, piece.name), part, spec.name, offset);
         offset += part.nbytes();
-        tensors.push_back({disk_name(checkpoint, piece.name), part});
       }
       continue;
     }
-    tensors.push_back({disk_name(checkpoint, spec.name), tensor});
+    add(disk_name(checkpoint, spec.name), tensor, spec.name, 0);
   }
   for (const auto& [name, tensor] : checkpoint.params) {
     CHECK(written.count(name), "saving to ", dir, ": parameter '", name, "' is not part of a ", config.model_type,
           " model with this config");
   }
-  for (const auto& [name, tensor] : checkpoint.passthrough) tensors.push_back({name, tensor});
+  for (const auto& [name, tensor] : checkpoint.passthrough) add(name, tensor, "", 0);
+  contents.config_text = config.original_json.empty() ? model_config_to_json(config) : config.original_json;
+  return contents;
+}
 
+void write_model_config(const ModelDirContents& contents, const std::string& dir) {
+  const fs::path path = fs::path(dir) / "config.json";
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  CHECK(out.good(), "cannot create ", path.string(), ": ", std::strerror(errno));
+  out << contents.config_text;
+  CHECK(out.good(), "writing ", path.string(), " failed (disk full?)");
+}
+
+void save_model_dir(const ModelCheckpoint& checkpoint, const std::string& dir, const SaveOptions& options) {
+  const ModelDirContents contents = model_dir_contents(checkpoint, options, dir);
   fs::create_directories(dir);
-  const std::string config_text = config.original_json.empty() ? model_config_to_json(config) : config.original_json;
-  {
-    const fs::path path = fs::path(dir) / "config.json";
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    CHECK(out.good(), "cannot create ", path.string(), ": ", std::strerror(errno));
-    out << config_text;
-    CHECK(out.good(), "writing ", path.string(), " failed (disk full?)");
-  }
-  write_weights_dir(dir, tensors, options.max_shard_bytes);
+  write_model_config(contents, dir);
+  write_weights_dir(dir, contents.tensors, options.max_shard_bytes);
 }
 
 void copy_side_files(const std::string& src_dir, const std::string& dst_dir) {

@@ -74,6 +74,23 @@ struct SaveOptions {
 // streaming tensor by tensor: parameters in table order, then passthrough tensors by name.
 void save_model_dir(const ModelCheckpoint& checkpoint, const std::string& dir, const SaveOptions& options = {});
 
+// What save_model_dir writes, in order: every tensor under its file name, with the parameter (its
+// fused in-memory name; "" for a passthrough tensor) and the byte offset inside that parameter its
+// bytes come from (per-expert tensors are slices of a fused parameter), and config.json's text.
+struct ModelDirContents {
+  struct Source {
+    std::string param;
+    uint64_t byte_offset = 0;
+  };
+  std::vector<NamedTensor> tensors;
+  std::vector<Source> sources;  // one per tensor
+  std::string config_text;
+};
+// `dir` names the destination in messages.
+ModelDirContents model_dir_contents(const ModelCheckpoint& checkpoint, const SaveOptions& options,
+                                    const std::string& dir);
+void write_model_config(const ModelDirContents& contents, const std::string& dir);
+
 // Copies the files of a model directory that are not weights or config.json (tokenizer,
 // preprocessor and generation configs, chat template) from src_dir to dst_dir.
 void copy_side_files(const std::string& src_dir, const std::string& dst_dir);

@@ -189,14 +189,14 @@ StoredTensor SafetensorsFile::tensor(const std::string& name) const {
   return StoredTensor::from_mapped_file(entry->dtype, entry->shape, data_ + entry->begin, shared_from_this());
 }
 
-void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+SafetensorsLayout safetensors_layout(const std::vector<NamedTensor>& tensors,
+                                     const std::map<std::string, std::string>& metadata, const std::string& path) {
   // Wider dtypes first (stable otherwise), as the reference writer does: with the header padded to
   // 8 bytes every tensor then starts at a multiple of its element size.
-  std::vector<const NamedTensor*> order;
-  for (const NamedTensor& tensor : tensors) order.push_back(&tensor);
-  std::stable_sort(order.begin(), order.end(), [](const NamedTensor* a, const NamedTensor* b) {
-    return dtype_size(a->tensor.dtype()) > dtype_size(b->tensor.dtype());
+  SafetensorsLayout layout;
+  for (size_t i = 0; i < tensors.size(); ++i) layout.order.push_back(i);
+  std::stable_sort(layout.order.begin(), layout.order.end(), [&](size_t a, size_t b) {
+    return dtype_size(tensors[a].tensor.dtype()) > dtype_size(tensors[b].tensor.dtype());
   });
 
   // The header is assembled as text: nlohmann's insertion-ordered object searches linearly, which
@@ -205,34 +205,45 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   meta["format"] = "pt";
   std::string header = "{\"__metadata__\":" + json(meta).dump();
   std::set<std::string> seen;
+  std::vector<uint64_t> data_offsets(tensors.size());
   uint64_t offset = 0;
-  for (const NamedTensor* tensor : order) {
-    CHECK(seen.insert(tensor->name).second, path, ": tensor '", tensor->name, "' given twice");
-    CHECK(tensor->name != "__metadata__", path, ": '__metadata__' is not a valid tensor name");
-    uint64_t nbytes = tensor->tensor.nbytes();
-    json entry = {{"dtype", std::string(dtype_safetensors_name(tensor->tensor.dtype()))},
-                  {"shape", tensor->tensor.shape().to_vector()},
+  for (const size_t index : layout.order) {
+    const NamedTensor& tensor = tensors[index];
+    CHECK(seen.insert(tensor.name).second, path, ": tensor '", tensor.name, "' given twice");
+    CHECK(tensor.name != "__metadata__", path, ": '__metadata__' is not a valid tensor name");
+    uint64_t nbytes = tensor.tensor.nbytes();
+    json entry = {{"dtype", std::string(dtype_safetensors_name(tensor.tensor.dtype()))},
+                  {"shape", tensor.tensor.shape().to_vector()},
                   {"data_offsets", {offset, offset + nbytes}}};
-    header += "," + json(tensor->name).dump() + ":" + entry.dump();
+    header += "," + json(tensor.name).dump() + ":" + entry.dump();
+    data_offsets[index] = offset;
     offset += nbytes;
   }
   header += "}";
-  std::string header_text = std::move(header);
-  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const uint64_t header_size = header.size();
+  layout.prefix.resize(8);
+  for (int i = 0; i < 8; ++i) layout.prefix[static_cast<size_t>(i)] = static_cast<char>(header_size >> (8 * i));
+  layout.prefix += header;
+  layout.offsets.resize(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) layout.offsets[i] = layout.prefix.size() + data_offsets[i];
+  layout.file_size = layout.prefix.size() + offset;
+  return layout;
+}
 
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const SafetensorsLayout layout = safetensors_layout(tensors, metadata, path);
   const std::string tmp_path = path + ".tmp";
   int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   CHECK(fd >= 0, "cannot create ", tmp_path, ": ", std::strerror(errno));
   try {
-    uint8_t length[8];
-    uint64_t header_size = header_text.size();
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(header_size >> (8 * i));
-    write_all(fd, length, 8, tmp_path);
-    write_all(fd, reinterpret_cast<const uint8_t*>(header_text.data()), header_text.size(), tmp_path);
+    write_all(fd, reinterpret_cast<const uint8_t*>(layout.prefix.data()), layout.prefix.size(), tmp_path);
     kill_point("safetensors_partial");  // test hook: a kill with the file half written
-    for (const NamedTensor* tensor : order) {
-      tensor->tensor.for_each_piece(
-          [&](const uint8_t* data, size_t n) { write_all(fd, data, n, tmp_path, tensor->name); });
+    for (const size_t index : layout.order) {
+      const NamedTensor& tensor = tensors[index];
+      tensor.tensor.for_each_piece(
+          [&](const uint8_t* data, size_t n) { write_all(fd, data, n, tmp_path, tensor.name); });
     }
     CHECK(::fsync(fd) == 0, "fsync of ", tmp_path, " failed: ", std::strerror(errno));
   } catch (...) {
@@ -243,6 +254,28 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   CHECK(::close(fd) == 0, "closing ", tmp_path, " failed: ", std::strerror(errno));
   CHECK(std::rename(tmp_path.c_str(), path.c_str()) == 0, "cannot rename ", tmp_path, " to ", path, ": ",
         std::strerror(errno));
+}
+
+void pwrite_tensor_bytes(int fd, const StoredTensor& tensor, uint64_t begin, uint64_t end, uint64_t file_offset,
+                         const std::string& path, const std::string& name) {
+  CHECK(begin <= end && end <= tensor.nbytes(), path, ": bytes [", begin, ", ", end, ") of tensor '", name,
+        "' are outside its ", tensor.nbytes(), " bytes");
+  const size_t element = dtype_size(tensor.dtype());
+  CHECK(begin % element == 0 && end % element == 0, path, ": bytes [", begin, ", ", end, ") of tensor '", name,
+        "' do not cover whole elements");
+  if (begin == end) return;
+  const StoredTensor range = tensor.slice_bytes(begin, Shape({static_cast<int64_t>((end - begin) / element)}));
+  uint64_t position = file_offset;
+  range.for_each_piece([&](const uint8_t* data, size_t n) {
+    while (n > 0) {
+      const ssize_t written = ::pwrite(fd, data, n, static_cast<off_t>(position));
+      if (written < 0 && errno == EINTR) continue;
+      CHECK(written > 0, "writing ", path, " (tensor '", name, "') failed: ", std::strerror(errno), " (disk full?)");
+      data += written;
+      n -= static_cast<size_t>(written);
+      position += static_cast<uint64_t>(written);
+    }
+  });
 }
 
 }  // namespace deltamoe

@@ -66,6 +66,25 @@ struct NamedTensor {
   StoredTensor tensor;
 };
 
+// Where write_safetensors puts each tensor: the file's first bytes (the 8-byte header length and
+// the JSON header padded to 8 bytes) and the file offset of each tensor's bytes. The prefix
+// followed by every tensor's bytes at its offset is write_safetensors' file byte for byte, which
+// is how several processes write parts of one file (checkpoint/model_dir_writer.h).
+struct SafetensorsLayout {
+  std::string prefix;            // length field + header
+  std::vector<size_t> order;     // input indices in data order
+  std::vector<uint64_t> offsets; // per input tensor: the file offset of its first byte
+  uint64_t file_size = 0;
+};
+// `path` names the file in messages (duplicate names are refused).
+SafetensorsLayout safetensors_layout(const std::vector<NamedTensor>& tensors,
+                                     const std::map<std::string, std::string>& metadata, const std::string& path);
+
+// Writes bytes [begin, end) of tensor (whole elements) to fd at file_offset with pwrite, streamed
+// in pieces; messages name path and the tensor.
+void pwrite_tensor_bytes(int fd, const StoredTensor& tensor, uint64_t begin, uint64_t end, uint64_t file_offset,
+                         const std::string& path, const std::string& name);
+
 // Writes `tensors` (in the given order) to `path`, streaming each tensor's bytes, so memory stays
 // bounded by one piece. `__metadata__` gets `metadata` ({"format": "pt"} is always added). The file
 // is written as path + ".tmp" and renamed at the end, so a crash never leaves a half file under

@@ -126,45 +126,66 @@ WeightsDir open_weights_dir(const std::string& dir) {
   return weights;
 }
 
-std::vector<std::string> write_weights_dir(const std::string& dir, const std::vector<NamedTensor>& tensors,
-                                           uint64_t max_shard_bytes) {
-  fs::create_directories(dir);
-  remove_old_weights(dir);
+WeightsDirPlan plan_weights_dir(const std::vector<NamedTensor>& tensors, uint64_t max_shard_bytes) {
   // Greedy split in the given order; a tensor larger than the budget gets a shard of its own.
-  std::vector<std::vector<NamedTensor>> shards(1);
+  std::vector<std::vector<size_t>> shards(1);
   uint64_t shard_bytes = 0, total_bytes = 0;
-  for (const NamedTensor& tensor : tensors) {
-    uint64_t nbytes = tensor.tensor.nbytes();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    uint64_t nbytes = tensors[i].tensor.nbytes();
     if (max_shard_bytes > 0 && !shards.back().empty() && shard_bytes + nbytes > max_shard_bytes) {
       shards.emplace_back();
       shard_bytes = 0;
     }
-    shards.back().push_back(tensor);
+    shards.back().push_back(i);
     shard_bytes += nbytes;
     total_bytes += nbytes;
   }
-  std::vector<std::string> written;
+  WeightsDirPlan plan;
   if (shards.size() == 1) {
-    write_safetensors((fs::path(dir) / kSingleWeightsFile).string(), shards[0]);
-    written.push_back(kSingleWeightsFile);
-    return written;
+    plan.files.push_back({kSingleWeightsFile, shards[0]});
+    return plan;
   }
   json weight_map = json::object();  // sorted by name, as transformers writes it
   uint64_t num_params = 0;
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string name = shard_name(i, shards.size());
-    write_safetensors((fs::path(dir) / name).string(), shards[i]);
-    for (const NamedTensor& tensor : shards[i]) {
-      weight_map[tensor.name] = name;
-      num_params += static_cast<uint64_t>(tensor.tensor.numel());
+    for (const size_t t : shards[i]) {
+      weight_map[tensors[t].name] = name;
+      num_params += static_cast<uint64_t>(tensors[t].tensor.numel());
     }
-    written.push_back(name);
+    plan.files.push_back({name, shards[i]});
   }
   nlohmann::ordered_json index;
   index["metadata"] = {{"total_size", total_bytes}, {"total_parameters", num_params}};
   index["weight_map"] = weight_map;
-  write_text_file(fs::path(dir) / kWeightsIndexFile, index.dump(2) + "\n");
-  written.push_back(kWeightsIndexFile);
+  plan.index_text = index.dump(2) + "\n";
+  return plan;
+}
+
+std::vector<NamedTensor> WeightsDirPlan::tensors_of(size_t file, const std::vector<NamedTensor>& tensors) const {
+  std::vector<NamedTensor> out;
+  for (const size_t t : files[file].tensors) out.push_back(tensors[t]);
+  return out;
+}
+
+void write_weights_index(const std::string& dir, const WeightsDirPlan& plan) {
+  if (!plan.index_text.empty()) write_text_file(fs::path(dir) / kWeightsIndexFile, plan.index_text);
+}
+
+std::vector<std::string> write_weights_dir(const std::string& dir, const std::vector<NamedTensor>& tensors,
+                                           uint64_t max_shard_bytes) {
+  fs::create_directories(dir);
+  remove_old_weights(dir);
+  const WeightsDirPlan plan = plan_weights_dir(tensors, max_shard_bytes);
+  std::vector<std::string> written;
+  for (size_t i = 0; i < plan.files.size(); ++i) {
+    write_safetensors((fs::path(dir) / plan.files[i].name).string(), plan.tensors_of(i, tensors));
+    written.push_back(plan.files[i].name);
+  }
+  if (!plan.index_text.empty()) {
+    write_weights_index(dir, plan);
+    written.push_back(kWeightsIndexFile);
+  }
   return written;
 }
 

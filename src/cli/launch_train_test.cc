@@ -84,8 +84,8 @@ TEST_F(LaunchTrainTest, TwoRanksTrainLikeOneRankWithTwiceTheAccumulation) {
             0)
       << log_of("launch");
   expect_like_one_rank("launch");
-  // The checkpoint has the model files a single rank writes (weights gathered to rank 0) and each
-  // rank's optimizer state in its own file.
+  // The checkpoint has the model files a single rank writes (each rank wrote its own byte ranges of
+  // them; byte-identical: rank_checkpoint_test) and each rank's optimizer state in its own file.
   EXPECT_TRUE(fs::exists(*root_ / "launch" / "checkpoint-10" / optimizer_rank_file(1, 2)));
   EXPECT_TRUE(fs::exists(*root_ / "launch" / "checkpoint-10" / "model.safetensors") ||
               fs::exists(*root_ / "launch" / "checkpoint-10" / "model.safetensors.index.json"));
@@ -267,8 +267,22 @@ TEST_F(LaunchTrainTest, SigtermToOneRankStopsEveryRankAtTheSameStep) {
             std::string::npos)
       << log_of("killed_in_save");
   EXPECT_EQ(losses("killed_in_save"), want);
-  EXPECT_EQ(read_bytes(*root_ / "killed_in_save" / "checkpoint-4" / optimizer_rank_file(3, 4)),
-            read_bytes(*root_ / "uninterrupted" / "checkpoint-4" / optimizer_rank_file(3, 4)));
+  for (const std::string& file : {optimizer_rank_file(3, 4), std::string("model.safetensors")}) {
+    EXPECT_EQ(read_bytes(*root_ / "killed_in_save" / "checkpoint-4" / file),
+              read_bytes(*root_ / "uninterrupted" / "checkpoint-4" / file))
+        << file;
+  }
+
+  // kill -9 of every rank right after it wrote and synced its byte ranges of the model files (its
+  // optimizer file not yet written): nothing is committed, --resume auto continues from
+  // checkpoint-2 to the uninterrupted run's losses and model file.
+  const int all_killed = train("killed_after_model_bytes", "DELTAMOE_KILL_AT=save_rank_files@4 " + four, flags);
+  EXPECT_NE(all_killed, 0) << log_of("killed_after_model_bytes");
+  EXPECT_FALSE(fs::exists(*root_ / "killed_after_model_bytes" / "checkpoint-4")) << log_of("killed_after_model_bytes");
+  ASSERT_EQ(train("killed_after_model_bytes", four, flags + " --resume auto"), 0) << log_of("killed_after_model_bytes");
+  EXPECT_EQ(losses("killed_after_model_bytes"), want);
+  EXPECT_EQ(read_bytes(*root_ / "killed_after_model_bytes" / "checkpoint-4" / "model.safetensors"),
+            read_bytes(*root_ / "uninterrupted" / "checkpoint-4" / "model.safetensors"));
 }
 
 // SIGTERM to the launcher (a scheduler stopping the job) once step 1 is logged: it forwards the

@@ -63,6 +63,7 @@ class DataPipeline {
   int64_t epoch() const { return epoch_; }
   const SkipStats& skip_stats() const { return skips_; }
   const DatasetFiles& files() const { return files_; }
+  const PipelineOptions& options() const { return options_; }
 
  private:
   struct Result {

@@ -17,6 +17,7 @@ void append_sample(MicroBatch& batch, const SftSample& sample) {
     batch.image_grid_thw.push_back(image.grid_thw);
   }
   batch.sample_indices.push_back(sample.sample_index);
+  batch.sample_num_images.push_back(static_cast<int32_t>(sample.images.size()));
   batch.num_supervised += sample.num_supervised;
   batch.num_image_tokens += sample.num_image_tokens;
 }

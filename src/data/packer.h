@@ -25,6 +25,7 @@ struct MicroBatch {
   std::vector<float> pixel_values;                // [N, patch_dim], images in token order
   std::vector<std::array<int64_t, 3>> image_grid_thw;  // [I]
   std::vector<int64_t> sample_indices;            // [S] dataset index of each sample
+  std::vector<int32_t> sample_num_images;         // [S] images of each sample (their grids in order)
   int64_t num_supervised = 0;
   int64_t num_image_tokens = 0;
   DataPosition position_after;  // resume here to continue after this batch

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -18,6 +19,8 @@
 
 namespace deltamoe {
 namespace {
+
+std::atomic<int64_t> g_images_decoded{0};
 
 const char* file_kind(mode_t mode) {
   if (S_ISDIR(mode)) return "a directory";
@@ -106,8 +109,11 @@ std::vector<uint8_t> data_url_bytes(const std::string& ref, const ImageReadLimit
 
 }  // namespace
 
+int64_t sample_images_decoded() { return g_images_decoded.load(); }
+
 ImagePatches load_sample_image(const std::string& ref, const ImagePreprocessConfig& config,
                                const ImageReadLimits& limits, const std::string& where) {
+  ++g_images_decoded;
   const bool embedded = is_data_url(ref);
   const std::string name = embedded ? where + ": data URL image" : where + ": " + ref;
   const std::vector<uint8_t> bytes =

@@ -22,6 +22,9 @@ struct ImageReadLimits {
 ImagePatches load_sample_image(const std::string& ref, const ImagePreprocessConfig& config,
                                const ImageReadLimits& limits, const std::string& where);
 
+// Calls of load_sample_image in this process so far (tests count which images a rank decodes).
+int64_t sample_images_decoded();
+
 // The same image's patch grid without its pixels: the size comes from the file's header
 // (read_image_header), so nothing is decoded; pixel_values stays empty. The same files are refused
 // as by load_sample_image, except those whose data is corrupt after a good header (the decode in

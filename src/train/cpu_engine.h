@@ -49,7 +49,7 @@ class CpuEngine : public TrainEngine {
   // Every trained tensor whole (on one rank, also the layout of state()).
   const ParamLayout& full_layout() const { return full_layout_; }
   // Null on a single rank.
-  const ParallelLayout* parallel_layout() const { return parallel_.get(); }
+  const ParallelLayout* parallel_layout() const override { return parallel_.get(); }
   // The last train_step's gradient over state()'s layout, divided by S and clipped (for tests).
   const std::vector<float>& step_gradient() const { return grad_; }
   // Test hook: the experts per decoder layer (L entries of [T, K]) that the next passes use instead

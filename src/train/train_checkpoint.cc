@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/model_dir_writer.h"
 #include "checkpoint/peft_adapter.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded.h"
@@ -127,6 +128,32 @@ TrainerState trainer_state_from_json(const std::string& text, const std::string&
   return state;
 }
 
+std::string checkpoint_free_space_problem(const std::string& output_dir, int64_t step, uint64_t needed,
+                                          bool with_optimizer) {
+  std::error_code space_error;
+  fs::space_info space = fs::space(output_dir, space_error);
+  // Test hook: pretend the file system has this many bytes free.
+  if (const char* free_bytes = std::getenv("DELTAMOE_TEST_FREE_BYTES"); free_bytes != nullptr) {
+    space.available = std::strtoull(free_bytes, nullptr, 10);
+    space_error.clear();
+  }
+  if (space_error || space.available >= needed) return "";
+  return str_cat("save: checkpoint-", step, " needs ", gib_text(needed), " but only ", gib_text(space.available),
+                 " are free in ", output_dir, "; free some space, keep fewer checkpoints (--save_total_limit)",
+                 with_optimizer ? ", or save the model only (--save_only_model true)" : "");
+}
+
+uint64_t side_files_bytes(const std::string& dir) {
+  uint64_t bytes = 0;
+  std::error_code error;
+  if (!dir.empty() && fs::is_directory(dir, error)) {
+    for (const auto& entry : fs::directory_iterator(dir, error)) {
+      if (entry.is_regular_file(error) && entry.path().extension() != ".safetensors") bytes += entry.file_size(error);
+    }
+  }
+  return bytes;
+}
+
 uint64_t checkpoint_bytes(const CheckpointPayload& payload) {
   uint64_t bytes = 1 << 20;  // config, index, trainer state
   if (payload.model != nullptr) {
@@ -135,12 +162,7 @@ uint64_t checkpoint_bytes(const CheckpointPayload& payload) {
   if (payload.adapters != nullptr) {
     for (const auto& [name, tensor] : payload.adapters->tensors) bytes += tensor.nbytes() + 256;
   }
-  std::error_code error;
-  if (!payload.side_files_dir.empty() && fs::is_directory(payload.side_files_dir, error)) {
-    for (const auto& entry : fs::directory_iterator(payload.side_files_dir, error)) {
-      if (entry.is_regular_file(error) && entry.path().extension() != ".safetensors") bytes += entry.file_size(error);
-    }
-  }
+  bytes += side_files_bytes(payload.side_files_dir);
   if (payload.train_state != nullptr) bytes += optimizer_state_file_bytes(*payload.train_state);
   return bytes;
 }
@@ -152,17 +174,12 @@ std::string save_training_checkpoint(const std::string& output_dir, const Checkp
   const fs::path temp_dir = checkpoint_temp_dir(output_dir, step);
   fs::remove_all(temp_dir);  // a leftover of an earlier crash
 
-  const uint64_t needed = checkpoint_bytes(payload);
-  std::error_code space_error;
-  fs::space_info space = fs::space(output_dir, space_error);
-  // Test hook: pretend the file system has this many bytes free.
-  if (const char* free_bytes = std::getenv("DELTAMOE_TEST_FREE_BYTES"); free_bytes != nullptr) {
-    space.available = std::strtoull(free_bytes, nullptr, 10);
-    space_error.clear();
+  // On several ranks the caller has checked every rank's part before (check_save_space_on_ranks).
+  if (!payload.rank_files_commit) {
+    const std::string problem =
+        checkpoint_free_space_problem(output_dir, step, checkpoint_bytes(payload), payload.train_state != nullptr);
+    CHECK(problem.empty(), problem);
   }
-  CHECK(space_error || space.available >= needed, "save: checkpoint-", step, " needs ", gib_text(needed),
-        " but only ", gib_text(space.available), " are free in ", output_dir, "; free some space, keep fewer ",
-        "checkpoints (--save_total_limit)", payload.train_state != nullptr ? ", or save the model only (--save_only_model true)" : "");
 
   TrainerState state = payload.state;
   state.model_only = payload.state.model_only || (payload.train_state == nullptr && !payload.rank_files_commit);
@@ -172,6 +189,8 @@ std::string save_training_checkpoint(const std::string& output_dir, const Checkp
     save_options.max_shard_bytes = payload.max_shard_bytes;
     if (payload.adapters != nullptr) {
       save_peft_adapter(temp_dir.string(), *payload.adapters, payload.adapter_base_model);
+    } else if (payload.model_layout != nullptr) {
+      create_model_dir_files(*payload.model_layout, temp_dir.string());  // the ranks write the bytes
     } else {
       save_model_dir(*payload.model, temp_dir.string(), save_options);
     }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "checkpoint/model_checkpoint.h"
+#include "checkpoint/model_dir_writer.h"
 #include "model/lora/lora_adapters.h"
 #include "data/data_position.h"
 #include "optim/optimizer_state.h"
@@ -47,10 +48,14 @@ struct CheckpointPayload {
   // Writes the run's own files into the checkpoint folder before it is renamed into place (args.json,
   // generation_config.json, chat_template.jinja: train/run_args.h, train/hf_side_files.h).
   std::function<void(const std::string& dir)> write_extra_files;
-  // Several ranks: instead of train_state, every rank writes its own optimizer_rank_file into the
-  // temporary folder; this runs after the model files and before trainer_state.json, and returns
-  // only once every rank has reported its file written and synced (it throws otherwise, and nothing
-  // is renamed into place).
+  // Several ranks: the model files are created from this layout (config, index, each safetensors
+  // file at its size with its header) instead of written from `model`, and instead of train_state
+  // every rank writes its byte ranges of them and its own optimizer_rank_file into the temporary
+  // folder in rank_files_commit; it runs after the files are created and before
+  // trainer_state.json, and returns only once every rank has reported its part written and synced
+  // (it throws otherwise, and nothing is renamed into place). The free space is then checked by
+  // the caller for every rank (train/rank_checkpoint.h), not here.
+  const ModelDirLayout* model_layout = nullptr;
   std::function<void(const std::string& dir)> rank_files_commit;
 };
 
@@ -65,9 +70,16 @@ std::string checkpoint_temp_dir(const std::string& output_dir, int64_t step);
 OptimizerProgress load_checkpoint_optimizer(const std::string& dir, TrainStateStore* state,
                                             const ParamLayout* trained = nullptr);
 
-// Bytes a save of payload writes (model shards, side files, optimizer state), for the free-space
-// check before it starts.
+// Bytes a save of payload writes on one rank (model shards, side files, optimizer state), for the
+// free-space check before it starts.
 uint64_t checkpoint_bytes(const CheckpointPayload& payload);
+// Bytes of the side files (tokenizer, processor configs: not weights) copied from dir.
+uint64_t side_files_bytes(const std::string& dir);
+// "" when output_dir's file system has `needed` bytes free, else the message refusing the save of
+// `step` (DELTAMOE_TEST_FREE_BYTES=<n> pretends n bytes are free). with_optimizer adds the hint
+// to save the model only.
+std::string checkpoint_free_space_problem(const std::string& output_dir, int64_t step, uint64_t needed,
+                                          bool with_optimizer);
 
 // Writes output_dir/checkpoint-<state.global_step> through output_dir/.checkpoint-<step>.tmp and a
 // rename; returns the final path. Files and directories are fsync'ed around the renames. Before any

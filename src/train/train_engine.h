@@ -16,6 +16,7 @@
 #include "model/lora/lora_adapters.h"
 #include "optim/adamw.h"
 #include "optim/train_state.h"
+#include "train/parallel_layout.h"
 #include "train/recompute_options.h"
 #include "train/trainable_params.h"
 
@@ -97,6 +98,9 @@ class TrainEngine {
   // The training state, for saving and resuming (the only way the trainer touches it).
   virtual TrainStateStore& state() = 0;
   const TrainStateStore& state() const { return const_cast<TrainEngine*>(this)->state(); }
+  // Who holds what on a rank of several (null on one rank): which of state()'s pieces a checkpoint
+  // takes from this rank (train/rank_checkpoint.h).
+  virtual const ParallelLayout* parallel_layout() const { return nullptr; }
 };
 
 // Labels of a packed micro-batch shifted inside each sample: shifted[i] = labels[i + 1] when token

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "core/error.h"
@@ -66,27 +67,43 @@ LoraAdapters lora_adapters_from_state(const LoraAdapters& lora, const TrainState
 ModelCheckpoint checkpoint_with_state(const ModelCheckpoint& base, const TrainStateStore& state) {
   ModelCheckpoint out = base;
   const ParamLayout& layout = state.layout();
-  for (int index = 0; index < layout.num_tensors(); ++index) {
-    const ParamEntry& entry = layout.entry(index);
-    CHECK(entry.is_whole_tensor(), "save: '", entry.name, "' is held as elements [", entry.tensor_begin, ", ",
-          entry.tensor_begin + entry.numel, ") by this engine; a model save needs every trained tensor whole");
-    auto it = out.params.find(entry.name);
-    CHECK(it != out.params.end(), "train: the checkpoint has no tensor '", entry.name, "' to save into");
+  // The state entries (pieces) of each trained tensor, in element order.
+  std::map<std::string, std::vector<int>> pieces;
+  for (int index = 0; index < layout.num_tensors(); ++index) pieces[layout.entry(index).name].push_back(index);
+  for (auto& [name, indices] : pieces) {
+    std::sort(indices.begin(), indices.end(), [&](int a, int b) {
+      return layout.entry(a).tensor_begin < layout.entry(b).tensor_begin;
+    });
+    auto it = out.params.find(name);
+    CHECK(it != out.params.end(), "train: the checkpoint has no tensor '", name, "' to save into");
     const DType disk_dtype = it->second.dtype();
-    CHECK(disk_dtype == DType::f32 || disk_dtype == DType::bf16 || disk_dtype == DType::f16, "save: '", entry.name,
+    CHECK(disk_dtype == DType::f32 || disk_dtype == DType::bf16 || disk_dtype == DType::f16, "save: '", name,
           "' is stored as ", dtype_name(disk_dtype), ", which a trained tensor cannot be written as");
     const size_t element = dtype_size(disk_dtype);
     it->second = StoredTensor::from_range_producer(
-        disk_dtype, Shape(entry.shape), [&state, index, disk_dtype, element](void* dst, size_t offset, size_t nbytes) {
-          const int64_t first = static_cast<int64_t>(offset / element);
-          const int64_t count = static_cast<int64_t>(nbytes / element);
-          if (disk_dtype == DType::f32) {
-            state.read_state(StateKind::master, index, first, count, dst);
-            return;
+        disk_dtype, it->second.shape(),
+        [&state, &layout, indices, disk_dtype, element, name](void* dst, size_t offset, size_t nbytes) {
+          int64_t first = static_cast<int64_t>(offset / element);
+          const int64_t end = first + static_cast<int64_t>(nbytes / element);
+          auto* out_bytes = static_cast<uint8_t*>(dst);
+          std::vector<float> master;
+          for (const int index : indices) {
+            const ParamEntry& piece = layout.entry(index);
+            if (first >= end) break;
+            if (piece.tensor_begin + piece.numel <= first || piece.tensor_begin > first) continue;
+            const int64_t count = std::min(end, piece.tensor_begin + piece.numel) - first;
+            uint8_t* target = out_bytes + static_cast<size_t>(first) * element - offset;
+            if (disk_dtype == DType::f32) {
+              state.read_state(StateKind::master, index, first - piece.tensor_begin, count, target);
+            } else {
+              master.resize(static_cast<size_t>(count));
+              state.read_state(StateKind::master, index, first - piece.tensor_begin, count, master.data());
+              convert_floats(master.data(), DType::f32, target, disk_dtype, count);
+            }
+            first += count;
           }
-          std::vector<float> master(static_cast<size_t>(count));
-          state.read_state(StateKind::master, index, first, count, master.data());
-          convert_floats(master.data(), DType::f32, dst, disk_dtype, count);
+          CHECK(first >= end, "save: elements [", first, ", ", end, ") of '", name,
+                "' are not held by this rank's training state");
         });
   }
   return out;

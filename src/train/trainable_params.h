@@ -37,8 +37,10 @@ LoraAdapters lora_adapters_from_state(const LoraAdapters& lora, const TrainState
 
 // A copy of base whose trained tensors read the state's master weights when written, converted to
 // the dtype each tensor had on disk (bf16 checkpoints stay bf16); frozen and passthrough tensors are
-// base's own. Every trained tensor must be held whole by the state. The copy refers to state: keep
-// it alive and unchanged until the save is done.
+// base's own. On one rank the state holds every trained tensor whole; on a rank of several it holds
+// pieces (tensor, element range), and reading elements it does not hold throws (each rank writes
+// only its own byte ranges: train/rank_checkpoint.h). The copy refers to state: keep it alive and
+// unchanged until the save is done.
 ModelCheckpoint checkpoint_with_state(const ModelCheckpoint& base, const TrainStateStore& state);
 
 }  // namespace deltamoe

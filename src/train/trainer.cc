@@ -12,6 +12,7 @@
 #include "checkpoint/model_checkpoint.h"
 #include "checkpoint/peft_adapter.h"
 #include "core/error.h"
+#include "core/kill_point.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "data/data_pipeline.h"
@@ -22,9 +23,9 @@
 #include "train/batch_plan.h"
 #include "train/dataset_split.h"
 #include "train/engine_factory.h"
-#include "train/gathered_state.h"
 #include "train/hf_side_files.h"
 #include "train/nonfinite_streak.h"
+#include "train/rank_checkpoint.h"
 #include "train/run_args.h"
 #include "train/run_lock.h"
 #include "train/run_records.h"
@@ -272,55 +273,65 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
   if (!val_batches.empty() && !resuming) run_eval(state.global_step);
 
   NonFiniteStreak nonfinite(options.max_nonfinite_steps);
-  // Several ranks: each writes its own pieces' optimizer state into the save's temporary folder (made
-  // by rank 0 with the model files; the first barrier), syncs it and votes; rank 0 commits (renames
-  // the folder into place) only when every rank's file is on disk, so a rank that dies or fails
-  // mid-save leaves a .tmp folder that is never resumed from (and is removed by the next start).
-  auto write_rank_file_and_vote = [&](const std::string& temp_dir) {
-    world->barrier();  // rank 0 has made the folder and written the model files
-    world->set_activity(str_cat("save optimizer state at step ", state.global_step));
+  SaveOptions model_save_options;
+  model_save_options.max_shard_bytes = options.max_shard_bytes;
+  // Several ranks: rank 0 creates the save's temporary folder and the model files (headers, at their
+  // final size; the first barrier); then every rank writes its own byte ranges of them and its own
+  // optimizer state, syncs both and votes; rank 0 commits (renames the folder into place) only when
+  // every rank's part is on disk, so a rank that dies or fails mid-save leaves a .tmp folder that
+  // is never resumed from (and is removed by the next start).
+  auto write_rank_files_and_vote = [&](const RankModelShare& share, const std::string& temp_dir) {
+    world->barrier();  // rank 0 has made the folder and created the model files
+    world->set_activity(str_cat("save at step ", state.global_step, ": this rank's model bytes and optimizer state"));
     int64_t failed = 0;
     std::string why;
-    if (!options.save_only_model) {
-      try {
+    try {
+      write_model_dir_ranges(share.layout, temp_dir, share.ranges);  // pwrite, then fsync of each file
+      kill_point("save_rank_files", state.global_step);
+      if (!options.save_only_model) {
         save_optimizer_state((fs::path(temp_dir) / optimizer_rank_file(rank, world_size)).string(), engine->state(),
                              progress);  // written to a temporary name, synced, renamed, synced
-      } catch (const std::exception& error) {
-        failed = 1;
-        why = error.what();
-        log_error("train: rank ", rank, " could not write its optimizer state: ", why);
       }
+    } catch (const std::exception& error) {
+      failed = 1;
+      why = error.what();
+      log_error("train: rank ", rank, " could not write its part of the checkpoint: ", why);
     }
     world->set_activity(str_cat("save vote at step ", state.global_step));
     int64_t any_failed = 0;
     world->all_reduce(&failed, &any_failed, 1, DType::i64, ReduceOp::max);
     CHECK(any_failed == 0, "save at step ", state.global_step, ": ",
-          failed ? str_cat("this rank's optimizer state could not be written (", why, ")")
-                 : std::string("another rank could not write its optimizer state (its log says why)"),
+          failed ? str_cat("this rank's part could not be written (", why, ")")
+                 : std::string("another rank could not write its part (its log says why)"),
           "; nothing was committed, the previous checkpoints are as they were");
   };
   auto save = [&]() {
     CHECK(!nonfinite.in_streak(), nonfinite.refused_save_message());  // keep the last good checkpoint
-    // On several ranks the weights are gathered to rank 0, which writes the model directory one rank
-    // would; the optimizer state stays on its ranks (write_rank_file_and_vote).
-    std::unique_ptr<HostTrainState> gathered;
+    // Several ranks: each writes the bytes of the model files it owns (rank_checkpoint.h); the
+    // layout of every file is computed by every rank alike, so nothing is gathered.
+    std::optional<RankModelShare> share;
     if (distributed) {
       world->set_activity(str_cat("save at step ", state.global_step));
-      gathered = gather_train_state(*world, engine->state(), full_layout);
+      share.emplace(plan_rank_model_share(*world, base, engine->state(), engine->parallel_layout(), model_save_options));
+      uint64_t my_bytes = share->range_bytes();
+      if (!options.save_only_model) my_bytes += optimizer_state_file_bytes(engine->state());
+      if (leader) my_bytes += (1 << 20) + share->layout.metadata_bytes() + side_files_bytes(options.model_dir);
+      check_save_space_on_ranks(*world, options.output_dir, state.global_step, my_bytes, !options.save_only_model);
       if (!leader) {
-        write_rank_file_and_vote(checkpoint_temp_dir(options.output_dir, state.global_step));
+        write_rank_files_and_vote(*share, checkpoint_temp_dir(options.output_dir, state.global_step));
         world->barrier();  // rank 0 has committed the checkpoint
         return;
       }
     }
-    const TrainStateStore& train_state = gathered ? *gathered : engine->state();
+    const TrainStateStore& train_state = engine->state();
     CheckpointPayload payload;
     // LoRA: the checkpoint is a PEFT adapter directory (the adapters' current values), full tuning a
     // whole model directory.
     const bool lora = engine_options.lora != nullptr;
-    const ModelCheckpoint weights = lora ? ModelCheckpoint{} : checkpoint_with_state(base, train_state);
+    const ModelCheckpoint weights = lora || distributed ? ModelCheckpoint{} : checkpoint_with_state(base, train_state);
     const LoraAdapters adapters = lora ? lora_adapters_from_state(*engine_options.lora, train_state) : LoraAdapters{};
-    payload.model = lora ? nullptr : &weights;
+    payload.model = lora ? nullptr : distributed ? &share->weights : &weights;
+    payload.model_layout = distributed ? &share->layout : nullptr;
     payload.adapters = lora ? &adapters : nullptr;
     payload.adapter_base_model = fs::absolute(options.model_dir).string();
     payload.side_files_dir = options.model_dir;
@@ -330,7 +341,9 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
     };
     payload.max_shard_bytes = options.max_shard_bytes;
     payload.train_state = options.save_only_model || distributed ? nullptr : &train_state;
-    if (distributed) payload.rank_files_commit = write_rank_file_and_vote;
+    if (distributed) {
+      payload.rank_files_commit = [&](const std::string& dir) { write_rank_files_and_vote(*share, dir); };
+    }
     payload.progress = progress;
     state.rng_position = rng.position();
     payload.state = state;
@@ -343,7 +356,11 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
   };
 
   const StopSignalGuard stop_guard;  // SIGTERM / SIGINT / SIGHUP: finish the step, save, return
-  DataPipeline pipeline(train_data, tokenizer, state.data_position);
+  // The training pipeline packs measured samples (image grids from headers); the step reader loads
+  // the images of this rank's micro-batches only (step_batch_reader.h), on any number of ranks.
+  PipelineOptions packing = train_data;
+  packing.sample.measure_images_only = true;
+  DataPipeline pipeline(packing, tokenizer, state.data_position);
   const double elapsed_before = state.elapsed_s;
   const Clock::time_point loop_start = Clock::now();
   bool saved_at_step = false;
@@ -366,22 +383,16 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
              state.global_step, "; continue with --resume auto");
     summary.stopped_by_signal = signal;
   };
-  // Reads whole global batches (every rank reads all of them and keeps its share, below).
-  StepBatchReader reader(pipeline, step_micro_batches);  // after the pipeline: joins its reads before it goes
+  // Reads whole global batches and keeps this rank's micro-batches g * world + rank (all of them on one rank).
+  StepBatchReader reader(pipeline, train_data.sample, step_micro_batches, StepShare{rank, world_size},
+                         std::max(1, options.num_workers));  // after the pipeline: joins its reads before it goes
   while (state.global_step < total_steps) {
     const Clock::time_point step_start = Clock::now();
     StepBatches step_batches = reader.take(/*read_ahead=*/state.global_step + 1 < total_steps);
     const double data_wait_s = seconds_since(step_start);
-    // This rank's micro-batches of the global batch: g * world + rank (all of them on one rank).
-    const int64_t read = static_cast<int64_t>(step_batches.batches.size());
-    DataPosition position_after;
-    if (read > 0) position_after = step_batches.batches.back().position_after;
-    std::vector<MicroBatch> batches;
-    if (!distributed) {
-      batches = std::move(step_batches.batches);
-    } else {
-      for (int64_t i = rank; i < read; i += world_size) batches.push_back(std::move(step_batches.batches[i]));
-    }
+    const int64_t read = step_batches.num_read;
+    const DataPosition position_after = step_batches.position_after;
+    std::vector<MicroBatch> batches = std::move(step_batches.batches);
     if (distributed) world->set_activity(str_cat("step ", state.global_step + 1, " start"));
     const int stop_signal = agreed_stop_signal();
     if (distributed && read % world_size != 0 && stop_signal == 0) {

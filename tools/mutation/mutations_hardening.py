@@ -52,8 +52,8 @@ HARDENING_MUTATIONS = [
         name="h22_accumulation_deaf_to_sigterm",
         why="the loop gathering a step's micro-batches does not look at the stop flag",
         file="src/train/step_batch_reader.cc",
-        find="< accumulation_ && StopSignalGuard::stop_signal() == 0) {",
-        replace="< accumulation_) {",
+        find="< global_micro_batches_ && StopSignalGuard::stop_signal() == 0) {",
+        replace="< global_micro_batches_) {",
         # The pipeline's own stop check would end the loop too (the data "ends"): both undone.
         also=[dict(file="src/train/train_data.cc",
                    find="pipeline.stop_requested = [] { return StopSignalGuard::stop_signal() != 0; };",

@@ -78,7 +78,7 @@ class GpuEngine : public TrainEngine {
   // The plan the engine was built from (printed before step 1 unless options say not to).
   const MemoryPlan& memory_plan() const;
   // Null on the plain one-rank engine.
-  const ParallelLayout* parallel_layout() const;
+  const ParallelLayout* parallel_layout() const override;
 
   // Parity and tests: zero the gradients; run one micro-batch's forward and backward with these
   // loss weights (d loss = ce_weight * mean CE + aux_weight * aux; gradients added to); read them.
