@@ -192,16 +192,20 @@ void run_shared_expert(GemmContext& gemm, int64_t T, int64_t C, int64_t I, int64
   std::printf("shared expert T=%lld C=%lld I=%lld r=%lld, adapters on gate/up/down_proj and the gate\n", (long long)T,
               (long long)C, (long long)I, (long long)rank);
   struct Linear {
-    const char* name;
-    int64_t in, out;
+    const char* name = nullptr;
+    int64_t in = 0, out = 0;
     HostTensor w, a, b;
     std::vector<double> weff, dw;
     DeviceTensor w_d, a_d, b_d, ga_d, gb_d;
   };
-  std::vector<Linear> linears = {{"gate_proj", C, I, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}},
-                                 {"up_proj", C, I, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}},
-                                 {"down_proj", I, C, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}},
-                                 {"shared_expert_gate", C, 1, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}}};
+  std::vector<Linear> linears(4);  // gate_proj, up_proj, down_proj, shared_expert_gate
+  const char* names[] = {"gate_proj", "up_proj", "down_proj", "shared_expert_gate"};
+  const int64_t ins[] = {C, C, I, C}, outs[] = {I, I, C, 1};
+  for (size_t k = 0; k < linears.size(); ++k) {
+    linears[k].name = names[k];
+    linears[k].in = ins[k];
+    linears[k].out = outs[k];
+  }
   const double scaling = 2.0;
   const HostTensor x = bf16_exact({T, C}, seed, 1.0f);
   const HostTensor dy = bf16_exact({T, C}, seed + 1, 1.0f);
