@@ -7,15 +7,16 @@
 # Linear of the text model and the vision tower) plus the routed experts (--target_parameters), so
 # the vlm40 stage trains the tower's adapters too (its backward runs). Each stage has a timeout; the
 # whole stays under 9 minutes. Logs go to $OUT/lora_acceptance.tgz, the summary also to $OUT/lora_summary.txt.
-# Usage: STAGES="tests demo text40 vlm40 regress" bash tools/gpu/lora_acceptance.sh (regress: the
+# Usage: [BUNDLE=gpu_bundle] STAGES="tests demo text40 vlm40 regress" bash tools/gpu/lora_acceptance.sh (regress: the
 # full-tuning gpu_text_model_gpu_test, the shared expert kernel and the vision tower without
 # adapters, since the shared expert kernel and the vision projections changed).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must name the folder whose files come back}"
 export PYTHONUNBUFFERED=1
-source gpu_bundle/env.sh
-bin=$PWD/gpu_bundle/bin/deltamoe
+bundle=${BUNDLE:-gpu_bundle}  # e.g. BUNDLE=gpu_bundle_lora for a branch's bundle carried beside main's
+source $bundle/env.sh
+bin=$PWD/$bundle/bin/deltamoe
 work=${WORK:-/tmp/acceptance_lora}
 logs=$work/logs
 rm -rf "$work" && mkdir -p "$logs"
@@ -36,13 +37,13 @@ for stage in ${STAGES:-tests demo text40 vlm40 regress}; do
     for t in lora_kernels_gpu_test gpu_text_model_lora_gpu_test "gpu_vision_model_gpu_test --gtest_filter=*Lora*" \
              gpu_engine_lora_gpu_test; do
       name=${t%% *}
-      if timeout 200 gpu_bundle/bin/$t > "$logs/$name.log" 2>&1; then say "PASS $t"; else say "FAIL $t (exit $?)"; status=1; fi
+      if timeout 200 $bundle/bin/$t > "$logs/$name.log" 2>&1; then say "PASS $t"; else say "FAIL $t (exit $?)"; status=1; fi
       grep -E "TIMING|ce loss|ce_sum|features rel|worst|adapter gradients|LoRA losses|FAILED|Failure|NOT FINITE|Expected|which is" \
         "$logs/$name.log" | head -60 | tee -a "$summary"
     done
     ;;
   demo)
-    gunzip -c gpu_bundle/qwen3_tokenizer.json.gz > "$work/qwen3_tokenizer.json"
+    gunzip -c $bundle/qwen3_tokenizer.json.gz > "$work/qwen3_tokenizer.json"
     if DEMO_DEVICE=cuda DEMO_TUNER=lora DEMO_QWEN3_TOKENIZER=$work/qwen3_tokenizer.json \
         timeout 240 bash tools/demo/run_demo.sh "$bin" "$work/demo" > "$logs/demo.log" 2>&1; then
       say "PASS demo (LoRA, cuda)"
@@ -81,7 +82,7 @@ PY
     # The full-tuning text model path through the changed projection funnel and expert block.
     for t in gpu_text_model_gpu_test shared_expert_gpu_test "gpu_vision_model_gpu_test --gtest_filter=-*Lora*"; do
       name=${t%% *}
-      if timeout 150 gpu_bundle/bin/$t > "$logs/$name.log" 2>&1; then say "PASS $t"; else say "FAIL $t (exit $?)"; status=1; fi
+      if timeout 150 $bundle/bin/$t > "$logs/$name.log" 2>&1; then say "PASS $t"; else say "FAIL $t (exit $?)"; status=1; fi
       grep -E "FAILED|worst" "$logs/$name.log" | head -20 | tee -a "$summary"
     done
     ;;
