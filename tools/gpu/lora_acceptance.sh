@@ -7,7 +7,8 @@
 # Linear of the text model and the vision tower) plus the routed experts (--target_parameters), so
 # the vlm40 stage trains the tower's adapters too (its backward runs). Each stage has a timeout; the
 # whole stays under 9 minutes. Logs go to $OUT/lora_acceptance.tgz, the summary also to $OUT/lora_summary.txt.
-# Usage: [BUNDLE=gpu_bundle] STAGES="tests demo text40 vlm40 regress" bash tools/gpu/lora_acceptance.sh (regress: the
+# resume: a GPU LoRA run killed mid-step and resumed, byte-identical to an uninterrupted one.
+# Usage: [BUNDLE=gpu_bundle] STAGES="tests resume demo text40 vlm40 regress" bash tools/gpu/lora_acceptance.sh (regress: the
 # full-tuning gpu_text_model_gpu_test, the shared expert kernel and the vision tower without
 # adapters, since the shared expert kernel and the vision projections changed).
 set -uo pipefail
@@ -28,7 +29,7 @@ export DELTAMOE_SOURCE_DIR=$PWD DELTAMOE_BINARY=$bin
 
 bench_lines() { grep -E "memory plan|^  [a-zA-Z].*GiB|tokens/s|step time|memory:|images:|trained parameters|BENCH_JSON|error|does not fit" "$1" | tee -a "$summary"; }
 
-for stage in ${STAGES:-tests demo text40 vlm40 regress}; do
+for stage in ${STAGES:-tests resume demo text40 vlm40 regress}; do
   say "################ $stage ($(date +%T))"
   case $stage in
   tests)
@@ -77,6 +78,41 @@ print(f"{'PASS' if ok else 'FAIL'}: {r['tokens_per_s']:.0f} tokens/s (need >= 47
       f"(need <= 137), planned {r['planned_mem_gib']:.2f} GiB, {r.get('images', 0)} images, components ms {r['components_ms']}")
 sys.exit(0 if ok else 1)
 PY
+    ;;
+  resume)
+    # A LoRA run (all-linear + routed experts on tiny-vl, image + text data) 8 steps straight, and
+    # killed with step 6's backward on the device (DELTAMOE_KILL_AT=mid_step@6), then --resume auto
+    # from checkpoint-4: checkpoint-8's adapter and optimizer files must be byte-identical. Our
+    # attention kernel: cuDNN's backward adds dQ with atomics.
+    gunzip -c $bundle/qwen3_tokenizer.json.gz > "$work/qwen3_tokenizer.json"
+    $bin init --config tiny-vl --out "$work/tvl" > "$logs/resume_init.log" 2>&1
+    python3 tools/demo/make_tokenizer.py "$work/qwen3_tokenizer.json" tests/tokenizer/qwen3_5_chat_template.jinja \
+      "$work/tvl" >> "$logs/resume_init.log"
+    python3 tools/gpu/make_vlm_dataset.py "$work/vdata" --samples 96 --image_sizes 64x64,96x64,128x64 \
+      >> "$logs/resume_init.log"
+    export DELTAMOE_ATTENTION=ours
+    args=(train --model "$work/tvl" --dataset "$work/vdata/train.jsonl" --max_steps 8 --save_steps 4
+          --micro_batch_tokens 512 --max_length 256 --gradient_accumulation_steps 2 --lr 1e-3 --tuner_type lora
+          --lora_rank 8 --lora_alpha 16 --target_modules all-linear
+          --target_parameters mlp.experts.gate_up_proj mlp.experts.down_proj --device cuda --seed 5)
+    $bin "${args[@]}" --output_dir "$work/l_straight" > "$logs/resume_straight.log" 2>&1 || {
+      say "FAIL straight run"; tail -15 "$logs/resume_straight.log" | tee -a "$summary"; status=1; }
+    grep -E "GPU engine on|trainable tensors" "$logs/resume_straight.log" | head -3 | tee -a "$summary"
+    DELTAMOE_KILL_AT=mid_step@6 $bin "${args[@]}" --output_dir "$work/l_killed" > "$logs/resume_killed.log" 2>&1
+    rc=$?
+    say "killed run exit $rc (137 = SIGKILL); checkpoints: $(ls "$work/l_killed" | tr '\n' ' ')"
+    [ $rc -eq 137 ] || { say "  FAIL: the run was not killed mid-step"; status=1; }
+    $bin "${args[@]}" --output_dir "$work/l_killed" --resume auto > "$logs/resume_resumed.log" 2>&1 || {
+      say "FAIL resumed run"; status=1; }
+    grep -E "resuming from" "$logs/resume_resumed.log" | tee -a "$summary"
+    for f in adapter_model.safetensors optimizer.safetensors; do
+      if cmp -s "$work/l_straight/checkpoint-8/$f" "$work/l_killed/checkpoint-8/$f"; then
+        say "  $f byte-identical ($(stat -c %s "$work/l_straight/checkpoint-8/$f") bytes)"
+      else
+        say "  FAIL $f differs (or is missing)"; status=1
+      fi
+    done
+    unset DELTAMOE_ATTENTION
     ;;
   regress)
     # The full-tuning text model path through the changed projection funnel and expert block.
