@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "cli/recompute_flags.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -143,7 +144,7 @@ int run_bench(const ArgParser& args) {
   options.max_tokens = tokens;
   options.max_samples = seqs;
   options.loss_chunk_rows = args.get_int("loss_chunk");
-  options.recompute_mixers = args.flag("recompute");
+  options.recompute = parse_recompute_flags(args);
   int64_t largest_image = 0;
   for (const auto& [h, w] : grids) largest_image = std::max(largest_image, h * w);
   const int64_t token_side = config.vision.patch_size * config.vision.spatial_merge_size;
@@ -308,7 +309,7 @@ int cmd_bench(int argc, char** argv) {
                 "and GDN projections so far)");
   args.add_list("target_parameters", "LoRA on the routed experts' fused weights (with --tuner_type lora), e.g. "
                 "mlp.experts.gate_up_proj mlp.experts.down_proj");
-  args.add_flag("recompute", "rerun each GDN/attention mixer's forward before its backward (less activation memory)");
+  declare_recompute_flags(args, "none");
   if (!args.parse(argc, argv)) return 0;
 #if DELTAMOE_WITH_CUDA
   return run_bench(args);

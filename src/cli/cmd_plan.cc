@@ -24,8 +24,8 @@ int cmd_plan(int argc, char** argv) {
   args.add_option("micro_batch_tokens", "tokens per micro-batch on each GPU", "8192");
   args.add_option("optimizer_state_dtype", "f32 or bf16 Adam moments", "f32");
   args.add_option("recompute",
-                  "none, mixers (the engine's --recompute) or full (layer inputs only: a projection, the engines do not "
-                  "have it yet)",
+                  "none, selective (one set of GDN/attention internals per layer type) or full (every decoder "
+                  "layer keeps only its input and is rerun in the backward): the engine's --recompute",
                   "none");
   args.add_bool("images", "plan the vision tower for image tokens (false: text-only micro-batches)", false);
   args.add_option("max_pixels", "largest image after resizing, with --images true", "1003520");
@@ -56,27 +56,18 @@ int cmd_plan(int argc, char** argv) {
   parallel.layout.expert_parallel_size = static_cast<int>(args.get_int("expert_model_parallel_size"));
   parallel.layout.distributed_optimizer = args.flag("use_distributed_optimizer");
   parallel.images = args.flag("images");
-  CHECK(parse_recompute_choice(args.get("recompute"), &parallel.recompute), "--recompute must be none, mixers or full, ",
+  CHECK(parse_recompute_choice(args.get("recompute"), &parallel.recompute), "--recompute must be none, selective or full, ",
         "got '", args.get("recompute"), "'");
   const ParallelMemoryPlan plan = plan_parallel_memory(config, options, parallel);
   std::printf("plan: %s on %d GPU(s), EP %d, %s, %lld tokens per micro-batch, %s moments, recompute %s\n",
               model.c_str(), parallel.world, parallel.layout.expert_parallel_size,
               parallel.layout.distributed_optimizer ? "ZeRO-2" : "dense state replicated",
               static_cast<long long>(options.max_tokens), moments.c_str(), recompute_choice_name(parallel.recompute));
-  // Full recompute is planned (the design's memory table needs it) but no engine runs it yet: the
-  // numbers say what that mode would need, not what a run can do today.
-  const bool projection = parallel.recompute == RecomputeChoice::full;
-  if (projection) {
-    std::printf("PROJECTION: --recompute full (keep only each layer's input, rerun the layer before its backward) "
-                "is not in the engines yet; it arrives with the GPU parallel step. A run today can use --recompute "
-                "none or mixers.\n");
-  }
   std::printf("%s", plan.describe().c_str());
   const double gpu_gib = args.get_double("gpu_memory_gib");
   if (gpu_gib > 0) {
     const double need = static_cast<double>(plan.total()) / (1024.0 * 1024.0 * 1024.0);
-    std::printf("%s%s: %.1f GiB of %.1f GiB\n", need <= gpu_gib ? "fits" : "does not fit",
-                projection ? " (projection: with --recompute full, which no engine has yet)" : "", need, gpu_gib);
+    std::printf("%s: %.1f GiB of %.1f GiB\n", need <= gpu_gib ? "fits" : "does not fit", need, gpu_gib);
     return need <= gpu_gib ? 0 : 3;
   }
   return 0;

@@ -99,9 +99,10 @@ void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DT
 }
 
 ModelBytes estimate_text_bytes(const TextConfig& config, int64_t max_tokens, int64_t max_seqs, int64_t max_image_rows,
-                               int64_t loss_chunk_rows, bool share_mixer_state) {
+                               int64_t loss_chunk_rows, const RecomputeOptions& recompute) {
   TextActivationSpec spec;
-  spec.share_mixer_state = share_mixer_state;
+  spec.share_mixer_state = recompute.mixers;
+  spec.recompute_layers = recompute.full_layers(config.num_hidden_layers);
   spec.max_tokens = max_tokens;
   spec.max_seqs = max_seqs;
   spec.max_image_rows = max_image_rows;
@@ -217,7 +218,7 @@ MemoryPlan plan_training_memory(const ModelConfig& config, const EngineOptions& 
                                             : 0;
   plan.max_patches = plan.max_image_tokens * merge;
   plan.text = estimate_text_bytes(config.text, options.max_tokens, planned_max_sequences(options),
-                                  plan.max_image_tokens, options.loss_chunk_rows, options.recompute_mixers);
+                                  plan.max_image_tokens, options.loss_chunk_rows, options.recompute);
   if (plan.max_patches > 0)
     plan.vision = estimate_vision_bytes(config.vision, plan.max_patches, plan.vit_trained, plan.merger_trained);
   if (options.lora != nullptr) {

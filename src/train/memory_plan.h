@@ -63,9 +63,10 @@ void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DT
 // Estimates of the models' bytes for builds without the GPU models: the activation and input
 // layouts are the GPU models' own (text_activations.h, vision_activations.h); the kernel
 // workspaces are the largest terms of the step's kernels.
-// share_mixer_state: the engine's recompute_mixers (one set of mixer internals per layer type).
+// recompute: the engine's (mixers: one set of mixer internals per layer type; layers: the first ones
+// keep only their input).
 ModelBytes estimate_text_bytes(const TextConfig& config, int64_t max_tokens, int64_t max_seqs, int64_t max_image_rows,
-                               int64_t loss_chunk_rows, bool share_mixer_state = false);
+                               int64_t loss_chunk_rows, const RecomputeOptions& recompute = {});
 ModelBytes estimate_vision_bytes(const VisionConfig& config, int64_t max_patches, bool vit_trained,
                                  bool merger_trained);
 

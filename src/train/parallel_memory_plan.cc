@@ -7,7 +7,6 @@
 
 #include "core/error.h"
 #include "model/param_table.h"
-#include "model/text/text_activations.h"
 #include "optim/param_layout.h"
 #include "train/trainable_params.h"
 
@@ -21,26 +20,18 @@ size_t aligned_elements(int64_t numel) {
 
 double gib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
-// text_activation_bytes of `config` cut to the given layer types.
-size_t activation_bytes_with_layers(TextConfig config, const std::vector<LayerType>& types,
-                                    const TextActivationSpec& spec) {
-  config.layer_types = types;
-  config.num_hidden_layers = static_cast<int64_t>(types.size());
-  return text_activation_bytes(config, spec);
-}
-
 }  // namespace
 
 bool parse_recompute_choice(const std::string& text, RecomputeChoice* out) {
   if (text == "none") *out = RecomputeChoice::none;
-  else if (text == "mixers") *out = RecomputeChoice::mixers;
+  else if (text == "selective") *out = RecomputeChoice::selective;
   else if (text == "full") *out = RecomputeChoice::full;
   else return false;
   return true;
 }
 
 const char* recompute_choice_name(RecomputeChoice choice) {
-  return choice == RecomputeChoice::none ? "none" : choice == RecomputeChoice::mixers ? "mixers" : "full";
+  return choice == RecomputeChoice::none ? "none" : choice == RecomputeChoice::selective ? "selective" : "full";
 }
 
 ParallelMemoryPlan plan_parallel_memory(const ModelConfig& config, const EngineOptions& options,
@@ -54,7 +45,9 @@ ParallelMemoryPlan plan_parallel_memory(const ModelConfig& config, const EngineO
         "plan: dense tensors replicated over ", world, " GPUs: give --use_distributed_optimizer true");
   ParallelMemoryPlan out;
   EngineOptions engine = options;
-  engine.recompute_mixers = parallel.recompute == RecomputeChoice::mixers;
+  engine.recompute = RecomputeOptions{};
+  engine.recompute.mixers = parallel.recompute == RecomputeChoice::selective;
+  if (parallel.recompute == RecomputeChoice::full) engine.recompute.layers = config.text.num_hidden_layers;
   if (!parallel.images) engine.max_image_pixels = 1;  // no image fits: text-only micro-batches
   MemoryPlan& plan = out.plan;
   plan = plan_training_memory(config, engine);
@@ -62,7 +55,7 @@ ParallelMemoryPlan plan_parallel_memory(const ModelConfig& config, const EngineO
     plan.max_image_tokens = plan.max_patches = 0;
     plan.vision = ModelBytes{};
     plan.text = estimate_text_bytes(config.text, engine.max_tokens, planned_max_sequences(engine), 0,
-                                    engine.loss_chunk_rows, engine.recompute_mixers);
+                                    engine.loss_chunk_rows, engine.recompute);
   }
   // State: experts 1/EP per rank; dense weights replicated, their fp32 state 1/world under ZeRO-2.
   size_t expert_all = 0, expert_trained = 0, dense_all = 0, dense_trained = 0;
@@ -79,23 +72,10 @@ ParallelMemoryPlan plan_parallel_memory(const ModelConfig& config, const EngineO
   plan.master = 4 * (experts_here + dense_here);
   plan.gradients = 4 * (experts_here + dense_here);
   plan.moments = moment * (experts_here + dense_here);
-  // Activations under full recompute: the fp32 input of every layer plus one layer's working set.
+  // Activations under full recompute are the engine's own layout (text_activations.h): the fp32
+  // input of every layer plus one shared set per layer type.
   const TextConfig& text = config.text;
   const int64_t T = engine.max_tokens, C = text.hidden_size, K = text.num_experts_per_tok;
-  if (parallel.recompute == RecomputeChoice::full) {
-    TextActivationSpec spec;  // as estimate_text_bytes sizes it
-    spec.max_tokens = T;
-    spec.max_seqs = planned_max_sequences(engine);
-    spec.max_image_rows = plan.max_image_tokens;
-    size_t one_layer = 0, base = SIZE_MAX;
-    for (const LayerType type : {LayerType::linear_attention, LayerType::full_attention}) {
-      const size_t one = activation_bytes_with_layers(text, {type}, spec);
-      const size_t two = activation_bytes_with_layers(text, {type, type}, spec);
-      one_layer = std::max(one_layer, two - one);
-      base = std::min(base, one - (two - one));
-    }
-    plan.text.activations = base + one_layer + static_cast<size_t>(text.num_hidden_layers * T * C) * 4;
-  }
   if (ep > 1) {
     // Rows of one layer: T x K bf16 rows of C, a receiver provisions imbalance x that.
     const double rows = static_cast<double>(T * K);

@@ -15,10 +15,10 @@ namespace deltamoe {
 
 enum class RecomputeChoice {
   none,    // every layer keeps its activations
-  mixers,  // the engine's --recompute: one set of mixer internals per layer type, rerun before backward
-  full,    // each layer keeps only its fp32 input and is rerun whole in the backward (one layer's set live)
+  selective,  // one set of mixer internals per layer type, rerun before each mixer's backward
+  full,       // each layer keeps only its fp32 input and is rerun whole in the backward (one shared set)
 };
-// "none", "mixers", "full"; false for anything else.
+// "none", "selective", "full"; false for anything else.
 bool parse_recompute_choice(const std::string& text, RecomputeChoice* out);
 const char* recompute_choice_name(RecomputeChoice choice);
 

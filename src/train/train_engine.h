@@ -16,6 +16,7 @@
 #include "model/lora/lora_adapters.h"
 #include "optim/adamw.h"
 #include "optim/train_state.h"
+#include "train/recompute_options.h"
 #include "train/trainable_params.h"
 
 namespace deltamoe {
@@ -62,9 +63,9 @@ struct EngineOptions {
   int64_t max_samples = 0;        // most samples (0: limited by tokens only)
   int64_t max_image_pixels = 0;   // largest image area after resizing (--max_pixels; 0: unknown)
   int64_t loss_chunk_rows = 1024; // lm_head + cross-entropy rows per chunk (the logits never exist whole)
-  // Keep one set of mixer internals per layer type and rerun each mixer's forward before its
-  // backward (less activation memory, ~1/3 more mixer time).
-  bool recompute_mixers = false;
+  // What the GPU engine reruns before the backward instead of keeping (docs/training.md,
+  // "Recompute"; Megatron's names in cli/recompute_flags.h).
+  RecomputeOptions recompute;
   // The device bytes the memory plan may use (0: what the device has free at start). Tests and
   // `deltamoe plan` set it to model a smaller device.
   size_t device_memory_bytes = 0;

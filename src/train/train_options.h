@@ -12,6 +12,7 @@
 #include "tokenizer/chat_template.h"
 #include "model/lora/lora.h"
 #include "train/parallel_layout.h"
+#include "train/recompute_options.h"
 #include "train/trainable_params.h"
 
 namespace deltamoe {
@@ -36,6 +37,7 @@ struct TrainOptions {
   int64_t micro_batch_tokens = 0;           // packing budget of one micro-batch; 0: max_length
   int64_t data_parallel_size = 1;           // ranks sharing the global batch (the trainer sets the world size)
   ParallelOptions parallel;                 // --expert_model_parallel_size, --use_distributed_optimizer
+  RecomputeOptions recompute;               // --recompute (auto by default), Megatron's --recompute_* flags
   int64_t max_length = 2048;
   bool truncate = false;  // --truncation_strategy right (true) or delete (false)
   int64_t save_steps = 0;     // 0: save only at the end

@@ -63,9 +63,9 @@ for stage in ${STAGES:-tests resume demo text40 vlm40 regress}; do
     fi
     timeout 200 $bin "${args[@]}" > "$logs/$stage.log" 2>&1; rc=$?
     if [ $rc -ne 0 ] && grep -q "does not fit" "$logs/$stage.log"; then
-      say "$stage: refused by the memory plan without --recompute; rerunning with --recompute"
+      say "$stage: refused by the memory plan without --recompute; rerunning with --recompute selective"
       bench_lines "$logs/$stage.log"
-      timeout 200 $bin "${args[@]}" --recompute > "$logs/${stage}_recompute.log" 2>&1; rc=$?
+      timeout 200 $bin "${args[@]}" --recompute selective > "$logs/${stage}_recompute.log" 2>&1; rc=$?
       mv "$logs/${stage}_recompute.log" "$logs/$stage.log"
     fi
     bench_lines "$logs/$stage.log"

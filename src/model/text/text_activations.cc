@@ -9,67 +9,120 @@
 
 namespace deltamoe {
 
+namespace {
+
+void carve_gdn_saved(ArenaCarver& c, const TextConfig& cfg, int64_t T, GdnSaved* g) {
+  const int64_t kd = cfg.key_dim(), vd = cfg.value_dim(), conv = cfg.conv_dim(), Hv = cfg.linear_num_value_heads;
+  g->mixed = c.take<DeviceBf16>(T * conv);
+  g->z = c.take<DeviceBf16>(T * vd);
+  g->a = c.take<float>(T * Hv);
+  g->b = c.take<float>(T * Hv);
+  g->q = c.take<DeviceBf16>(T * kd);
+  g->k = c.take<DeviceBf16>(T * kd);
+  g->v = c.take<DeviceBf16>(T * vd);
+  g->q_normed = c.take<DeviceBf16>(T * kd);
+  g->k_normed = c.take<DeviceBf16>(T * kd);
+  g->g = c.take<float>(T * Hv);
+  g->beta = c.take<float>(T * Hv);
+  g->core = c.take<DeviceBf16>(T * vd);
+  g->normed = c.take<DeviceBf16>(T * vd);
+}
+
+void carve_attention_saved(ArenaCarver& c, const TextConfig& cfg, int64_t T, AttentionSaved* a) {
+  const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, D = cfg.head_dim;
+  a->q_and_gate = c.take<DeviceBf16>(T * Hq * 2 * D);
+  a->k_raw = c.take<DeviceBf16>(T * Hkv * D);
+  a->v = c.take<DeviceBf16>(T * Hkv * D);
+  a->q = c.take<DeviceBf16>(T * Hq * D);
+  a->k = c.take<DeviceBf16>(T * Hkv * D);
+  a->q_rstd = c.take<float>(T * Hq);
+  a->k_rstd = c.take<float>(T * Hkv);
+  a->attn = c.take<DeviceBf16>(T * Hq * D);
+  a->lse = c.take<float>(T * Hq);
+  a->gated = c.take<DeviceBf16>(T * Hq * D);
+}
+
+void carve_moe_saved(ArenaCarver& c, const TextConfig& cfg, int64_t T, MoeSaved* m) {
+  const int64_t E = cfg.num_experts, K = cfg.num_experts_per_tok;
+  m->logits = c.take<float>(T * E);
+  m->probs = c.take<float>(T * E);
+  m->topk_idx = c.take<int32_t>(T * K);
+  m->topk_weight = c.take<float>(T * K);
+  m->plan_memory = c.take_bytes(moe_routing_plan_bytes(T, E, K));
+}
+
+// The one GDN set and the one attention set that layers rerunning their mixer share. Only one
+// mixer's internals are live at a time (each is refilled just before its backward), so the two
+// sets overlay one block the size of the larger.
+struct SharedMixerSets {
+  GdnSaved gdn;
+  AttentionSaved attn;
+};
+SharedMixerSets carve_shared_mixer_sets(ArenaCarver& c, const TextConfig& cfg, int64_t T) {
+  SharedMixerSets out;
+  ArenaCarver gdn_count(nullptr), attn_count(nullptr);
+  carve_gdn_saved(gdn_count, cfg, T, &out.gdn);
+  carve_attention_saved(attn_count, cfg, T, &out.attn);
+  const size_t bytes = std::max(gdn_count.used(), attn_count.used());
+  void* block = c.take_bytes(bytes);
+  ArenaCarver gdn_carver(block, bytes), attn_carver(block, bytes);
+  carve_gdn_saved(gdn_carver, cfg, T, &out.gdn);
+  carve_attention_saved(attn_carver, cfg, T, &out.attn);
+  return out;
+}
+
+}  // namespace
+
 void carve_text_activations(ArenaCarver& c, const TextConfig& cfg, const TextActivationSpec& spec,
                             TextActivations* out) {
   CHECK(spec.max_tokens >= 1, "text activations: the token budget must be positive, got ", spec.max_tokens);
+  CHECK(spec.recompute_layers >= 0 && spec.recompute_layers <= cfg.num_hidden_layers,
+        "text activations: recompute_layers must be 0..", cfg.num_hidden_layers, ", got ", spec.recompute_layers);
   const int64_t T = spec.max_tokens;
   const int64_t C = cfg.hidden_size, E = cfg.num_experts, K = cfg.num_experts_per_tok;
   const int64_t kd = cfg.key_dim(), vd = cfg.value_dim(), conv = cfg.conv_dim(), Hv = cfg.linear_num_value_heads;
   const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, D = cfg.head_dim;
-  const GdnSaved* first_gdn = nullptr;
-  const AttentionSaved* first_attn = nullptr;
+  // Layers that rerun their mixer (all under share_mixer_state, the recomputed ones otherwise) use
+  // the shared mixer sets; fully recomputed layers also share the rest of their saved state (the
+  // first one's), keeping only their input.
+  const bool any_shared_mixer = spec.share_mixer_state || spec.recompute_layers > 0;
+  SharedMixerSets shared;
+  if (any_shared_mixer) shared = carve_shared_mixer_sets(c, cfg, T);
+  LayerActivations recomputed_set;
+  if (spec.recompute_layers > 0) {
+    recomputed_set.normed_in = c.take<DeviceBf16>(T * C);
+    recomputed_set.rstd_in = c.take<float>(T);
+    recomputed_set.mixer_out = c.take<DeviceBf16>(T * C);
+    recomputed_set.h = c.take<float>(T * C);
+    recomputed_set.normed_post = c.take<DeviceBf16>(T * C);
+    recomputed_set.rstd_post = c.take<float>(T);
+    recomputed_set.moe_out = c.take<DeviceBf16>(T * C);
+    carve_moe_saved(c, cfg, T, &recomputed_set.moe);
+  }
   out->layers.assign(static_cast<size_t>(cfg.num_hidden_layers), LayerActivations{});
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     LayerActivations& b = out->layers[static_cast<size_t>(i)];
+    const bool recomputed = i < spec.recompute_layers;
+    if (recomputed) b = recomputed_set;
     b.is_gdn = cfg.layer_types[static_cast<size_t>(i)] == LayerType::linear_attention;
     b.x_in = i == 0 ? nullptr : c.take<float>(T * C);  // layer 0 reads the embedding (set below)
-    b.normed_in = c.take<DeviceBf16>(T * C);
-    b.rstd_in = c.take<float>(T);
-    b.mixer_out = c.take<DeviceBf16>(T * C);
-    b.h = c.take<float>(T * C);
-    b.normed_post = c.take<DeviceBf16>(T * C);
-    b.rstd_post = c.take<float>(T);
-    b.moe_out = c.take<DeviceBf16>(T * C);
-    if (b.is_gdn && spec.share_mixer_state && first_gdn != nullptr) {
-      b.gdn = *first_gdn;  // recomputed before the backward: every GDN layer uses one set
-    } else if (!b.is_gdn && spec.share_mixer_state && first_attn != nullptr) {
-      b.attn = *first_attn;
-    } else if (b.is_gdn) {
-      GdnSaved& g = b.gdn;
-      g.mixed = c.take<DeviceBf16>(T * conv);
-      g.z = c.take<DeviceBf16>(T * vd);
-      g.a = c.take<float>(T * Hv);
-      g.b = c.take<float>(T * Hv);
-      g.q = c.take<DeviceBf16>(T * kd);
-      g.k = c.take<DeviceBf16>(T * kd);
-      g.v = c.take<DeviceBf16>(T * vd);
-      g.q_normed = c.take<DeviceBf16>(T * kd);
-      g.k_normed = c.take<DeviceBf16>(T * kd);
-      g.g = c.take<float>(T * Hv);
-      g.beta = c.take<float>(T * Hv);
-      g.core = c.take<DeviceBf16>(T * vd);
-      g.normed = c.take<DeviceBf16>(T * vd);
-      first_gdn = &g;
-    } else {
-      AttentionSaved& a = b.attn;
-      a.q_and_gate = c.take<DeviceBf16>(T * Hq * 2 * D);
-      a.k_raw = c.take<DeviceBf16>(T * Hkv * D);
-      a.v = c.take<DeviceBf16>(T * Hkv * D);
-      a.q = c.take<DeviceBf16>(T * Hq * D);
-      a.k = c.take<DeviceBf16>(T * Hkv * D);
-      a.q_rstd = c.take<float>(T * Hq);
-      a.k_rstd = c.take<float>(T * Hkv);
-      a.attn = c.take<DeviceBf16>(T * Hq * D);
-      a.lse = c.take<float>(T * Hq);
-      a.gated = c.take<DeviceBf16>(T * Hq * D);
-      first_attn = &a;
+    if (!recomputed) {
+      b.normed_in = c.take<DeviceBf16>(T * C);
+      b.rstd_in = c.take<float>(T);
+      b.mixer_out = c.take<DeviceBf16>(T * C);
+      b.h = c.take<float>(T * C);
+      b.normed_post = c.take<DeviceBf16>(T * C);
+      b.rstd_post = c.take<float>(T);
+      b.moe_out = c.take<DeviceBf16>(T * C);
+      carve_moe_saved(c, cfg, T, &b.moe);
     }
-    MoeSaved& m = b.moe;
-    m.logits = c.take<float>(T * E);
-    m.probs = c.take<float>(T * E);
-    m.topk_idx = c.take<int32_t>(T * K);
-    m.topk_weight = c.take<float>(T * K);
-    m.plan_memory = c.take_bytes(moe_routing_plan_bytes(T, E, K));
+    if (spec.share_mixer_state || recomputed) {
+      if (b.is_gdn) b.gdn = shared.gdn; else b.attn = shared.attn;
+    } else if (b.is_gdn) {
+      carve_gdn_saved(c, cfg, T, &b.gdn);
+    } else {
+      carve_attention_saved(c, cfg, T, &b.attn);
+    }
   }
   // Temporaries of one layer at a time (forward conv output and every backward intermediate).
   const bool any_gdn = cfg.num_layers_of(LayerType::linear_attention) > 0;

@@ -95,6 +95,10 @@ struct TextActivationSpec {
   int64_t max_image_rows = 0;  // <|image_pad|> rows whose features come from the vision tower
   // Keep one set of mixer internals per layer type (recomputed before each mixer's backward).
   bool share_mixer_state = false;
+  // Full recompute of the first `recompute_layers` decoder layers: each keeps only its fp32 input
+  // (x_in); everything else they save is one set shared by them, refilled by rerunning the layer's
+  // forward just before its backward.
+  int64_t recompute_layers = 0;
   bool capture_layer_grads = false;  // tests: 3 x [T, C] fp32 per layer
 };
 

@@ -209,9 +209,26 @@ struct GpuEngine::Impl {
     o.max_seqs = max_seqs;
     o.loss_chunk_rows = std::min(options.loss_chunk_rows, options.max_tokens);
     o.max_image_rows = max_image_tokens;
-    o.recompute_mixers = options.recompute_mixers;
+    o.recompute_mixers = options.recompute.mixers;
+    o.recompute_layers = options.recompute.full_layers(config.text.num_hidden_layers);
     o.lora_rank = options.lora != nullptr ? options.lora->options.rank : 0;
     return o;
+  }
+
+  // --recompute auto: the fewest fully recomputed layers (first ones first) with which the plan
+  // fits; none when it fits as it is. Leaves the options and plan.text as chosen; a run that does
+  // not fit even with every layer recomputed is refused by the caller with that plan.
+  void choose_recompute(size_t available, const std::string& where) {
+    const int64_t layers = config.text.num_hidden_layers;
+    for (int64_t n = 0; n <= layers; ++n) {
+      options.recompute.layers = n;
+      plan.text = model_bytes(GpuTextModel::planned_bytes(config.text, text_options()));
+      if (memory_refusal(plan, available, options, where).empty()) break;
+    }
+    if (options.recompute.layers > 0) {
+      log_info("train: --recompute auto: the first ", options.recompute.layers, " of ", layers,
+               " decoder layers are recomputed in the backward (keeping their inputs only) so that the run fits");
+    }
   }
 
   // Limits, the plan, the refusal; then the state and the stream. Nothing is allocated on the
@@ -242,6 +259,10 @@ struct GpuEngine::Impl {
     plan.max_image_tokens = max_image_tokens;
     plan.max_patches = max_patches;
     plan_state_bytes(config, options.freeze, options.adamw.moment_dtype, &plan, options.lora.get());
+    const int64_t layers = config.text.num_hidden_layers;
+    CHECK(options.recompute.full_layers(layers) >= 0 && options.recompute.full_layers(layers) <= layers,
+          "train: --recompute_num_layers ", options.recompute.layers, " is more than the model's ", layers,
+          " decoder layers");
     plan.text = model_bytes(GpuTextModel::planned_bytes(config.text, text_options()));
     if (max_patches > 0) {
       plan.vision = model_bytes(GpuVisionModel::planned_bytes(config.vision, max_patches, max_image_tokens,
@@ -253,6 +274,7 @@ struct GpuEngine::Impl {
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const size_t available = options.device_memory_bytes > 0 ? options.device_memory_bytes : free_bytes;
     const std::string where = str_cat("cuda:", device, " (", gpu_name, ")");
+    if (options.recompute.automatic) choose_recompute(available, where);
     const std::string refusal = memory_refusal(plan, available, options, where);
     CHECK(refusal.empty(), refusal);
     if (options.print_memory_plan) {

@@ -93,7 +93,11 @@ TextActivationSpec activation_spec(const TextConfig& config, const GpuModelOptio
   spec.max_tokens = options.max_tokens;
   spec.max_seqs = options.max_seqs;
   spec.max_image_rows = options.max_image_rows < 0 ? options.max_tokens : options.max_image_rows;
+  CHECK(options.recompute_layers >= 0 && options.recompute_layers <= config.num_hidden_layers,
+        "gpu model: recompute_layers must be 0..", config.num_hidden_layers, " (the decoder layers), got ",
+        options.recompute_layers);
   spec.share_mixer_state = options.recompute_mixers;
+  spec.recompute_layers = options.recompute_layers;
   spec.capture_layer_grads = options.capture_layer_grads;
   return spec;
 }

@@ -58,6 +58,11 @@ struct GpuModelOptions {
   // Keep only one set of mixer internals per layer type and rerun each mixer's forward just before
   // its backward: saves the GDN/attention intermediates of all but one layer for ~1/3 more mixer time.
   bool recompute_mixers = false;
+  // Full recompute (Megatron's --recompute_granularity full, method block): the first
+  // `recompute_layers` decoder layers keep only their fp32 input and rerun their whole forward just
+  // before their backward; their other saved state is one shared set. read_layer_activation and
+  // read_topk_idx then show the last rerun's values for those layers.
+  int64_t recompute_layers = 0;
   // Tests: keep copies of every layer's residual-stream gradients (3 x [T, C] fp32 per layer).
   bool capture_layer_grads = false;
   // Most image-token rows of one micro-batch (the VLM input: vision features scattered over them);
@@ -166,7 +171,11 @@ class GpuTextModel {
   void gdn_backward(int64_t layer, const __nv_bfloat16* dy, float* dx);
   void attention_forward(int64_t layer);
   void attention_backward(int64_t layer, const __nv_bfloat16* dy, float* dx);
-  void moe_forward(int64_t layer);
+  // One decoder layer's forward. recompute: the rerun before its backward (full recompute) from the
+  // kept input, refilling the saved state without counting the layer in the aux statistics again.
+  void layer_forward(int64_t layer, bool recompute);
+  // recompute: the router (and, on one rank, the routing plan) only.
+  void moe_forward(int64_t layer, bool recompute);
   // dx [T, C] f32 written: the routed experts', router's and shared expert's input gradients summed.
   void moe_backward(int64_t layer, const __nv_bfloat16* dy, float* dx);
   // The router's hi/lo operands into scratch: the MoE input's low part (from the fp32 stream h,

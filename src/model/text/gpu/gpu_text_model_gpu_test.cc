@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <set>
@@ -501,6 +502,71 @@ TEST(GpuTextModel, BadBatchIsRejectedWithAMessage) {
   EXPECT_THROW(gpu.set_batch(ids, labels, {0, 4, 7}), Error);  // cu_seqlens does not end at T
   ids[3] = config.vocab_size;
   EXPECT_THROW(gpu.set_batch(ids, labels, {0, 8}), Error);  // token id outside the vocabulary
+}
+
+
+// Full recompute (GpuModelOptions::recompute_layers) reruns a layer's forward from its kept fp32
+// input with the same kernels on the same values, so the loss, the aux loss and every gradient are
+// bitwise those of the run that kept everything: all layers, only the first, all but the last, and
+// full + selective together. Our attention kernel is forced (cuDNN's dQ accumulates with atomics,
+// so two runs differ in the last bits whatever is recomputed). aux weight > 0: a rerun must not add
+// its layer to the aux statistics twice.
+TEST(GpuTextModel, RecomputedLayersAreBitwiseTheKeptOnes) {
+  setenv("DELTAMOE_ATTENTION", "ours", 1);
+  const char* source = std::getenv("DELTAMOE_SOURCE_DIR");
+  const std::string file =
+      std::string(source != nullptr ? source : ".") + "/tests/golden/text_8layer/model/config.json";
+  const TextConfig config = load_model_config_file(file).text;
+  const ParamMap params = rounded_params(config);
+  const std::vector<int32_t> cu_seqlens = {0, 3, 70, 160};
+  const int64_t T = cu_seqlens.back();
+  std::vector<int64_t> ids(static_cast<size_t>(T)), labels(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) ids[t] = (t * 7919 + 13) % config.vocab_size;
+  for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s)
+    for (int64_t t = cu_seqlens[s]; t < cu_seqlens[s + 1]; ++t)
+      labels[t] = t + 1 < cu_seqlens[s + 1] ? ids[t + 1] : -100;
+  struct Run {
+    float loss = 0;
+    double aux = 0;
+    std::vector<std::vector<float>> grads;
+  };
+  auto run = [&](int64_t recompute_layers, bool recompute_mixers) {
+    GpuModelOptions options;
+    options.max_tokens = T + 5;
+    options.max_seqs = static_cast<int64_t>(cu_seqlens.size());
+    options.loss_chunk_rows = 16;
+    options.aux_loss_weight = 0.01f;
+    options.recompute_layers = recompute_layers;
+    options.recompute_mixers = recompute_mixers;
+    GpuUnderTest under_test(config, params, options);
+    under_test.model->set_batch(ids, labels, cu_seqlens);
+    under_test.model->forward_backward();
+    Run out;
+    out.loss = under_test.model->read_loss();
+    out.aux = under_test.model->read_aux_loss();
+    for (const ParamEntry& entry : under_test.entries()) out.grads.push_back(under_test.read_gradient(entry.name));
+    return out;
+  };
+  const Run kept = run(0, false);
+  ASSERT_TRUE(std::isfinite(kept.loss));
+  ASSERT_GT(kept.aux, 0.0);
+  const int64_t L = config.num_hidden_layers;
+  for (const auto& [layers, mixers] : std::vector<std::pair<int64_t, bool>>{{L, false}, {1, false}, {L - 1, false},
+                                                                           {3, true}}) {
+    const Run rerun = run(layers, mixers);
+    std::printf("  recompute %lld of %lld layers%s: loss %.9g (kept %.9g), aux %.12g (kept %.12g)\n",
+                static_cast<long long>(layers), static_cast<long long>(L), mixers ? " + mixers" : "", rerun.loss,
+                kept.loss, rerun.aux, kept.aux);
+    EXPECT_EQ(rerun.loss, kept.loss);
+    EXPECT_EQ(rerun.aux, kept.aux);
+    ASSERT_EQ(rerun.grads.size(), kept.grads.size());
+    size_t differing = 0;
+    for (size_t i = 0; i < kept.grads.size(); ++i) {
+      ASSERT_EQ(rerun.grads[i].size(), kept.grads[i].size());
+      if (std::memcmp(rerun.grads[i].data(), kept.grads[i].data(), kept.grads[i].size() * sizeof(float)) != 0) ++differing;
+    }
+    EXPECT_EQ(differing, 0u) << "gradients not bitwise equal with " << layers << " recomputed layers";
+  }
 }
 
 }  // namespace

@@ -141,37 +141,43 @@ void GpuTextModel::forward() {
   if (num_image_rows_ > 0)
     token_scatter_forward_cuda(acts_.image_rows, acts_.image_embeds, num_image_rows_, acts_.embedded, T, C, stream_);
   moe_aux_stats_reset_cuda(MoeAuxDeviceStats{inputs_.aux_counts, inputs_.aux_probs}, c.num_experts, stream_);
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    LayerActivations& b = acts_.layers[static_cast<size_t>(i)];
-    timer_.mark(StepComponent::other, stream_);
-    if (i == 0) {
-      rms_norm_forward_cuda(nullptr, b.x_in, nullptr, weights_.layers[static_cast<size_t>(i)].input_layernorm.f32, b.normed_in, b.rstd_in, T,
-                            C, eps, stream_);
-    } else {
-      // x_in = previous h + previous MoE output (the previous layer's residual add).
-      const LayerActivations& prev = acts_.layers[static_cast<size_t>(i - 1)];
-      rms_norm_forward_cuda(prev.moe_out, prev.h, b.x_in, weights_.layers[static_cast<size_t>(i)].input_layernorm.f32, b.normed_in,
-                            b.rstd_in, T, C, eps, stream_);
-    }
-    if (b.is_gdn) {
-      timer_.mark(StepComponent::gdn, stream_);
-      gdn_forward(i);
-    } else {
-      timer_.mark(StepComponent::attention, stream_);
-      attention_forward(i);
-    }
-    timer_.mark(StepComponent::other, stream_);
-    rms_norm_forward_cuda(b.mixer_out, b.x_in, b.h, weights_.layers[static_cast<size_t>(i)].post_attention_layernorm.f32, b.normed_post,
-                          b.rstd_post, T, C, eps, stream_);
-    timer_.mark(StepComponent::moe, stream_);
-    moe_forward(i);
-  }
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layer_forward(i, /*recompute=*/false);
   timer_.mark(StepComponent::other, stream_);
   const LayerActivations& last = acts_.layers.back();
   rms_norm_forward_cuda(last.moe_out, last.h, acts_.final_hidden, weights_.norm.f32, acts_.final_normed,
                         acts_.final_rstd, T, C, eps, stream_);
   moe_aux_loss_value_cuda(MoeAuxDeviceStats{inputs_.aux_counts, inputs_.aux_probs}, c.num_experts, T * c.num_hidden_layers,
                           inputs_.aux_loss, stream_);
+}
+
+void GpuTextModel::layer_forward(int64_t i, bool recompute) {
+  const TextConfig& c = config_;
+  const int64_t T = num_tokens_, C = c.hidden_size;
+  const double eps = c.rms_norm_eps;
+  LayerActivations& b = acts_.layers[static_cast<size_t>(i)];
+  const DecoderLayerWeights& W = weights_.layers[static_cast<size_t>(i)];
+  timer_.mark(StepComponent::other, stream_);
+  if (i == 0 || recompute) {
+    // A rerun starts from the layer's kept fp32 input (the same values the first pass normalised).
+    rms_norm_forward_cuda(nullptr, b.x_in, nullptr, W.input_layernorm.f32, b.normed_in, b.rstd_in, T, C, eps, stream_);
+  } else {
+    // x_in = previous h + previous MoE output (the previous layer's residual add).
+    const LayerActivations& prev = acts_.layers[static_cast<size_t>(i - 1)];
+    rms_norm_forward_cuda(prev.moe_out, prev.h, b.x_in, W.input_layernorm.f32, b.normed_in, b.rstd_in, T, C, eps,
+                          stream_);
+  }
+  if (b.is_gdn) {
+    timer_.mark(StepComponent::gdn, stream_);
+    gdn_forward(i);
+  } else {
+    timer_.mark(StepComponent::attention, stream_);
+    attention_forward(i);
+  }
+  timer_.mark(StepComponent::other, stream_);
+  rms_norm_forward_cuda(b.mixer_out, b.x_in, b.h, W.post_attention_layernorm.f32, b.normed_post, b.rstd_post, T, C,
+                        eps, stream_);
+  timer_.mark(StepComponent::moe, stream_);
+  moe_forward(i, recompute);
 }
 
 void GpuTextModel::forward_loss() {
@@ -227,6 +233,10 @@ void GpuTextModel::backward() {
                          workspace_bytes_, stream_);
   for (int64_t i = c.num_hidden_layers - 1; i >= 0; --i) {
     const LayerActivations& b = acts_.layers[static_cast<size_t>(i)];
+    // A fully recomputed layer kept only its input: rerun its forward (router included, experts
+    // not: their backward recomputes their activations anyway) into the shared set.
+    const bool recomputed = i < options_.recompute_layers;
+    if (recomputed) layer_forward(i, /*recompute=*/true);
     capture_gradient(i, LayerGradient::output, d_stream);
     timer_.mark(StepComponent::moe, stream_);
     moe_backward(i, acts_.grad_stream_bf16, d_mixer_input);  // the MoE block's input gradient, fp32
@@ -238,11 +248,11 @@ void GpuTextModel::backward() {
     capture_gradient(i, LayerGradient::after_mixer, acts_.grad_mixer);
     if (b.is_gdn) {
       timer_.mark(StepComponent::gdn, stream_);
-      if (options_.recompute_mixers) gdn_forward(i);  // refills the shared intermediates (and mixer_out, unused now)
+      if (options_.recompute_mixers && !recomputed) gdn_forward(i);  // refills the shared intermediates (and mixer_out, unused now)
       gdn_backward(i, acts_.grad_mixer_bf16, d_mixer_input);
     } else {
       timer_.mark(StepComponent::attention, stream_);
-      if (options_.recompute_mixers) attention_forward(i);
+      if (options_.recompute_mixers && !recomputed) attention_forward(i);
       attention_backward(i, acts_.grad_mixer_bf16, d_mixer_input);
     }
     timer_.mark(StepComponent::other, stream_);
@@ -444,7 +454,7 @@ void GpuTextModel::split_router_operands(int64_t layer) {
   split_f32_to_bf16_hi_lo_cuda(weights_.layers[static_cast<size_t>(layer)].mlp.gate.f32, w.router_w_hi, w.router_w_lo, E * C, stream_);
 }
 
-void GpuTextModel::moe_forward(int64_t layer) {
+void GpuTextModel::moe_forward(int64_t layer, bool recompute) {
   const TextConfig& c = config_;
   LayerActivations& b = acts_.layers[static_cast<size_t>(layer)];
   MoeSaved& s = b.moe;
@@ -455,14 +465,19 @@ void GpuTextModel::moe_forward(int64_t layer) {
   moe_router_logits_split_cuda(cublas_, b.normed_post, acts_.scratch.router_x_lo, acts_.scratch.router_w_hi,
                                acts_.scratch.router_w_lo, s.logits, T, C, E, stream_);
   moe_router_forward_cuda(s.logits, s.probs, s.topk_idx, s.topk_weight, T, E, K, stream_);
-  moe_aux_loss_accumulate_cuda(s.probs, s.topk_idx, T, E, K, MoeAuxDeviceStats{inputs_.aux_counts, inputs_.aux_probs},
-                               workspace_.data(), workspace_bytes_, stream_);
+  // A rerun refills the router's outputs only: the aux statistics already count this layer, the
+  // expert-parallel plan of the layer is kept, and the experts' backward recomputes their rows.
+  if (!recompute)
+    moe_aux_loss_accumulate_cuda(s.probs, s.topk_idx, T, E, K, MoeAuxDeviceStats{inputs_.aux_counts, inputs_.aux_probs},
+                                 workspace_.data(), workspace_bytes_, stream_);
   if (expert_parallel_ != nullptr) {
+    if (recompute) return;
     const int64_t first = expert_parallel_->first_local_expert(), I = c.moe_intermediate_size;
     expert_parallel_->forward(layer, T, s.topk_idx, s.topk_weight, b.normed_post, W.experts_gate_up.w + first * 2 * I * C,
                               W.experts_down.w + first * C * I, b.moe_out);
   } else {
     moe_routing_plan_cuda(s.topk_idx, plans_[static_cast<size_t>(layer)], T, E, K, stream_);
+    if (recompute) return;
     const MoeExpertsDims dims{T, C, E, K, c.moe_intermediate_size};
     MoeExpertsLora lora;
     moe_experts_forward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,

@@ -1,0 +1,25 @@
+// What the GPU engine reruns in the backward instead of keeping it from the forward (activation
+// recompute; flags in cli/recompute_flags.h, docs/training.md "Recompute").
+#pragma once
+
+#include <cstdint>
+
+namespace deltamoe {
+
+// Activation recompute: granularity selective keeps one set of mixer internals per layer type and
+// reruns each mixer's forward before its backward (~1/3 more mixer time); full keeps only the fp32
+// input of the first `layers` decoder layers and reruns those layers whole.
+inline constexpr int64_t kRecomputeAllLayers = -1;
+struct RecomputeOptions {
+  bool mixers = false;     // selective
+  int64_t layers = 0;      // full: the first `layers` decoder layers (kRecomputeAllLayers: every one)
+  // The engine picks `layers` when it plans its memory: none when everything fits, else the fewest
+  // layers with which the plan fits (a run that does not fit even then is refused as before).
+  bool automatic = false;
+  // Decoder layers recomputed whole in a model of num_layers.
+  int64_t full_layers(int64_t num_layers) const {
+    return layers == kRecomputeAllLayers ? num_layers : layers;
+  }
+};
+
+}  // namespace deltamoe
