@@ -82,11 +82,11 @@ TEST(MemoryPlanLora, The35bHeadlineRunFitsOneH200) {
   std::printf("35B LoRA (all-linear + routed experts, r 8), 8192 text tokens:\n%s", text_plan.describe().c_str());
   EXPECT_LE(text_plan.total(), size_t{137} << 30);
   // With images, the tower's adapters keep its backward state for a micro-batch that could be all
-  // image tokens (the plan's worst case): that fits with the mixers recomputed (--recompute).
+  // image tokens (the plan's worst case): that fits with the mixers recomputed (--recompute selective).
   const MemoryPlan plan = plan_training_memory(config, options);
-  options.recompute_mixers = true;
+  options.recompute.mixers = true;  // --recompute selective
   const MemoryPlan recompute = plan_training_memory(config, options);
-  std::printf("with images up to 20x24 merged tokens: %.2f GiB; with --recompute:\n%s",
+  std::printf("with images up to 20x24 merged tokens: %.2f GiB; with --recompute selective:\n%s",
               static_cast<double>(plan.total()) / (1 << 30), recompute.describe().c_str());
   EXPECT_TRUE(plan.vit_trained);
   EXPECT_LE(recompute.total(), size_t{137} << 30);
