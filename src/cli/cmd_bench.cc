@@ -2,7 +2,9 @@
 // device optimizer step) at the Qwen3.5-35B-A3B widths with reduced depth and random weights, on
 // synthetic packed micro-batches; with --images the samples carry images of the given sizes through
 // the vision tower. Prints step time, tokens/s, model TFLOP/s, MFU, the memory plan and time by
-// component (CUDA events). Needs a CUDA build.
+// component (CUDA events). With --simulate_expert_parallel N it runs rank 0 of an N-GPU job (MirrorComm:
+// the exchange as device copies) and prints the N-GPU step the exchange model predicts. Needs a CUDA
+// build.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -26,7 +28,16 @@
 #include <nlohmann/json.hpp>
 
 #include "core/cuda_check.h"
+#include "model/param_table.h"
+#include "parallel/comm_options.h"
+#include "parallel/exchange_model.h"
+#include "parallel/gpu/mirror_comm.h"
+#include "parallel/gpu/nccl_comm.h"
+#include "parallel/launch_env.h"
+#include "parallel/thread_comm.h"
+#include "parallel/world.h"
 #include "train/gpu/gpu_engine.h"
+#include "train/parallel_layout.h"
 #endif
 
 namespace deltamoe {
@@ -162,12 +173,64 @@ int run_bench(const ArgParser& args) {
     options.lora = std::make_shared<const LoraAdapters>(
         init_lora_adapters(config, lora, static_cast<uint64_t>(args.get_int("seed"))));
   }
-  GpuEngine engine(config, options, static_cast<uint64_t>(args.get_int("seed")));
+  // --simulate_expert_parallel N: this process is rank 0 of N identical ranks (MirrorComm): its own
+  // experts (1/N of each layer's) receive the rows of all N ranks, the dense state is its ZeRO-2
+  // piece, and every exchange is a same-size copy on the device (design §4.4).
+  const int simulated_ranks = static_cast<int>(args.get_int("simulate_expert_parallel"));
+  CHECK(simulated_ranks >= 0, "--simulate_expert_parallel must be 0 (off) or the GPUs to simulate, got ",
+        simulated_ranks);
+  std::unique_ptr<Communicator> solo, mirror, host_world, device_world;
+  std::unique_ptr<GpuEngine> engine_holder;
+  // Launched as N ranks (deltamoe launch, torchrun, srun, mpirun): one GPU per rank by its local
+  // rank, NcclComm over the job, EP = --expert_model_parallel_size (default: every rank), ZeRO-2;
+  // each rank times its own step on its own synthetic batches (design §4.5 item 4).
+  const LaunchEnv launch = read_launch_env();
+  int rank = 0;
+  const uint64_t seed = static_cast<uint64_t>(args.get_int("seed"));
+  const double recv_headroom = args.get_double("expert_recv_headroom");
+  if (simulated_ranks > 0) {
+    CHECK(tuner == "full", "--simulate_expert_parallel: LoRA trains on one rank; use --tuner_type full");
+    CHECK(config.text.num_experts % simulated_ranks == 0, "--simulate_expert_parallel ", simulated_ranks,
+          " does not divide the ", config.text.num_experts, " routed experts");
+    CHECK(recv_headroom >= 1.0, "--expert_recv_headroom must be at least 1, got ", recv_headroom);
+    solo = make_solo_comm();
+    mirror = make_mirror_comm(*solo, 0, simulated_ranks);
+    ParallelOptions parallel;
+    parallel.expert_parallel_size = simulated_ranks;
+    parallel.distributed_optimizer = true;
+    // A copy of this rank sends it what it routes to itself: about tokens x K rows in all, the
+    // headroom above that covers the random router's imbalance.
+    parallel.expert_recv_rows =
+        static_cast<int64_t>(recv_headroom * static_cast<double>(tokens * config.text.num_experts_per_tok));
+    engine_holder = std::make_unique<GpuEngine>(config, options, seed, *mirror, parallel);
+  } else if (launch.world_size > 1) {
+    CHECK(tuner == "full", "bench on ", launch.world_size, " ranks: LoRA trains on one rank; use --tuner_type full");
+    int devices = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&devices));
+    CHECK(launch.local_rank < devices, "bench: rank ", launch.rank, " has local rank ", launch.local_rank,
+          " but this node shows ", devices, " GPU(s); each rank needs its own GPU");
+    CUDA_CHECK(cudaSetDevice(launch.local_rank));
+    host_world = connect_world(launch, CommOptions::from_env());
+    device_world = make_nccl_comm(*host_world, launch.local_rank, CommOptions::from_env());
+    rank = host_world->rank();
+    ParallelOptions parallel;
+    const int64_t ep = args.get_int("expert_model_parallel_size");
+    parallel.expert_parallel_size = ep > 0 ? static_cast<int>(ep) : launch.world_size;
+    parallel.distributed_optimizer = true;
+    parallel.expert_recv_rows = static_cast<int64_t>(
+        recv_headroom * static_cast<double>(tokens * config.text.num_experts_per_tok));
+    engine_holder = std::make_unique<GpuEngine>(config, options, seed, *device_world, parallel);
+  } else {
+    engine_holder = std::make_unique<GpuEngine>(config, options, seed);
+  }
+  GpuEngine& engine = *engine_holder;
   engine.text_model().timer().set_enabled(true);
   cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
 
-  Rng rng(static_cast<uint64_t>(args.get_int("seed")), 1);
+  Rng rng(static_cast<uint64_t>(args.get_int("seed")), 1 + static_cast<uint64_t>(rank));  // each rank its own tokens
   size_t next_grid = 0;
   std::vector<std::vector<MicroBatch>> step_batches;
   // Two different steps' worth of batches, alternated, so no step reuses the previous one's inputs.
@@ -201,9 +264,11 @@ int run_bench(const ArgParser& args) {
     last_loss = loss;
     CHECK(std::isfinite(loss) && !last.skipped, "bench: the loss or the gradient norm is not finite at step ",
           step + 1, " (loss ", loss, ", norm ", last.grad_norm, ")");
-    std::printf("step %3lld %s %8.2f ms  loss %.4f  grad_norm %.3f\n", static_cast<long long>(step + 1),
-                measured ? "    " : "warm", ms, loss, last.grad_norm);
-    std::fflush(stdout);
+    if (rank == 0) {
+      std::printf("step %3lld %s %8.2f ms  loss %.4f  grad_norm %.3f\n", static_cast<long long>(step + 1),
+                  measured ? "    " : "warm", ms, loss, last.grad_norm);
+      std::fflush(stdout);
+    }
     if (measured) step_ms.push_back(ms);
     flops = last.flops;
   }
@@ -213,6 +278,17 @@ int run_bench(const ArgParser& args) {
   const double tflops = flops / (step_median_ms / 1e3) / 1e12;
   const MemoryPlan& plan = engine.memory_plan();
   const TextConfig& text = config.text;
+  if (host_world != nullptr) {
+    // Every rank's step time and peak, in rank order on rank 0 (the slowest rank sets the pace).
+    const std::vector<std::string> rows = host_world->control().all_gather(
+        str_cat("  rank ", rank, " (GPU ", device, "): step median ", step_median_ms, " ms, peak ",
+                gib(engine.peak_memory_bytes()), " GiB"),
+        "bench rank summary");
+    if (rank != 0) return 0;
+    std::printf("\n%d ranks, EP %lld, ZeRO-2 over NCCL; per rank:\n", launch.world_size,
+                static_cast<long long>(engine.parallel_layout()->expert_parallel_size()));
+    for (const std::string& row : rows) std::printf("%s\n", row.c_str());
+  }
 
   std::printf("\n== deltamoe bench: %s, %lld layers (%lld GDN + %lld attention), %lld x %lld tokens as %lld x %lld ==\n",
               prop.name, static_cast<long long>(layers),
@@ -274,6 +350,37 @@ int run_bench(const ArgParser& args) {
                            {"loss_first", first_loss},
                            {"loss_last", last_loss},
                            {"components_ms", components}};
+  if (simulated_ranks > 0) {
+    // The N-GPU step this rank's measured step predicts: the exchange and the ZeRO-2 traffic at the
+    // link's effective rate, nothing overlapped (the engine's schedule), the busiest rank's share.
+    ExchangeModelInput model_input;
+    model_input.ranks = simulated_ranks;
+    model_input.tokens_per_rank = tokens;
+    model_input.top_k = text.num_experts_per_tok;
+    model_input.hidden = text.hidden_size;
+    model_input.layers = text.num_hidden_layers;
+    model_input.micro_batches = micro_batches;
+    model_input.link_bytes_per_s = args.get_double("link_gbps") * 1e9;
+    model_input.imbalance = args.get_double("imbalance");
+    double dense = 0;
+    for (const ParamSpec& spec : build_param_table(config))
+      if (!is_routed_expert_tensor(spec.name) && !is_frozen(spec.name, options.freeze))
+        dense += static_cast<double>(spec.shape.numel());
+    model_input.dense_trained_elements = dense;
+    const ExchangeModel model = model_exchange(model_input);
+    const double predicted_s = model.predicted_step_seconds(step_median_ms / 1e3, micro_batches);
+    const double predicted_tokens_per_s = static_cast<double>(step_tokens) / predicted_s;
+    std::printf("simulated: rank 0 of %d (EP %d, ZeRO-2): %lld local experts per layer, exchanges as device copies\n",
+                simulated_ranks, simulated_ranks, static_cast<long long>(text.num_experts / simulated_ranks));
+    std::printf("predicted %d-GPU step: %.2f ms = %.2f ms x %.2f imbalance + %s at %.0f GB/s -> %.0f tokens/s per GPU, "
+                "%.0f per node\n",
+                simulated_ranks, predicted_s * 1e3, step_median_ms, model_input.imbalance, model.describe().c_str(),
+                args.get_double("link_gbps"), predicted_tokens_per_s, predicted_tokens_per_s * simulated_ranks);
+    result["simulated_ranks"] = simulated_ranks;
+    result["predicted_step_ms"] = predicted_s * 1e3;
+    result["predicted_tokens_per_s"] = predicted_tokens_per_s;
+    result["exchange_gb_per_micro_batch"] = model.exchange_bytes / 1e9;
+  }
   std::printf("BENCH_JSON %s\n", result.dump().c_str());
   return 0;
 }
@@ -310,6 +417,16 @@ int cmd_bench(int argc, char** argv) {
   args.add_list("target_parameters", "LoRA on the routed experts' fused weights (with --tuner_type lora), e.g. "
                 "mlp.experts.gate_up_proj mlp.experts.down_proj");
   declare_recompute_flags(args, "none");
+  args.add_option("expert_model_parallel_size", "launched as several ranks: GPUs the experts are split over (0: all)",
+                  "0");
+  args.add_option("simulate_expert_parallel", "run rank 0 of this many GPUs (EP = world, ZeRO-2) with the exchange "
+                  "as device copies, and predict that many GPUs' step (0: one GPU, every expert)", "0");
+  args.add_option("expert_recv_headroom", "with --simulate_expert_parallel: received-row capacity over tokens x "
+                  "top-k", "2");
+  args.add_option("link_gbps", "with --simulate_expert_parallel: effective per-GPU link rate of the prediction "
+                  "(350: H100/H200 NVLink, 150: A800)", "350");
+  args.add_option("imbalance", "with --simulate_expert_parallel: max / mean work over ranks in the prediction",
+                  "1.0");
   if (!args.parse(argc, argv)) return 0;
 #if DELTAMOE_WITH_CUDA
   return run_bench(args);

@@ -15,8 +15,9 @@ namespace deltamoe {
 // Throws, naming --device, for a device this build or machine cannot run on.
 std::unique_ptr<TrainEngine> make_train_engine(const std::string& device, const ModelCheckpoint& checkpoint,
                                                const EngineOptions& options);
-// One rank of a job over `world` (several ranks): the CPU engine with this layout (the GPU engine
-// has no parallel step yet: --device cuda is refused).
+// One rank of a job over `world` (several ranks, a host communicator): with --device cuda (or auto
+// where every local rank has a GPU) the GPU engine on GPU LOCAL_RANK over an NcclComm made from
+// world; else the CPU engine with this layout. LoRA on several ranks runs on the CPU only.
 std::unique_ptr<TrainEngine> make_train_engine(const std::string& device, const ModelCheckpoint& checkpoint,
                                                const EngineOptions& options, Communicator& world,
                                                const ParallelOptions& parallel);

@@ -33,11 +33,14 @@ struct MemoryPlan {
   size_t master = 0;      // fp32 master weights of the trained tensors
   size_t gradients = 0;   // fp32 gradients of the trained tensors
   size_t moments = 0;     // AdamW m and v
-  size_t frozen_f32 = 0;  // fp32 copies of frozen tensors the math reads in fp32
+  size_t frozen_f32 = 0;  // fp32 copies of frozen tensors the math reads in fp32 (sharded: of trained ones too)
+  // One rank of a parallel job (ZeRO-2 on the device): its reduced gradient pieces, its pieces'
+  // bf16 staging and one bucket's collective buffers (0 on one rank).
+  size_t sharding = 0;
   ModelBytes text, vision;
   size_t reserve = 0;     // CUDA context, cuBLAS/cuDNN handles, allocator headroom
 
-  size_t state() const { return weights + master + gradients + moments + frozen_f32; }
+  size_t state() const { return weights + master + gradients + moments + frozen_f32 + sharding; }
   size_t total() const { return state() + text.total() + vision.total() + reserve; }
   // The plan as lines of "kind  GiB" (printed before step 1).
   std::string describe() const;

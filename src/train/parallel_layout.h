@@ -22,6 +22,9 @@ struct ParallelOptions {
   bool distributed_optimizer = false;  // --use_distributed_optimizer: ZeRO-2 for the dense parameters
   // Most elements of one dense gradient bucket (Megatron's default is max(40M, 1M x dp) parameters).
   int64_t bucket_elements = 40'000'000;
+  // GPU engine: rows this rank's experts may receive per micro-batch and layer, the exchange's
+  // buffers (0: the worst case, EP x tokens x top-k; a run past it aborts the job).
+  int64_t expert_recv_rows = 0;
 };
 
 // A routed-expert stack ("...mlp.experts.gate_up_proj" / "down_proj", leading dimension = experts).

@@ -4,11 +4,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
 
 #include "core/error.h"
 #include "model/param_table.h"
 #include "optim/param_layout.h"
 #include "train/trainable_params.h"
+#include "model/text/text_weights.h"
+#include "model/vision/vision_weights.h"
+#include "model/vision/vision_tower.h"
 
 namespace deltamoe {
 
@@ -32,6 +36,40 @@ bool parse_recompute_choice(const std::string& text, RecomputeChoice* out) {
 
 const char* recompute_choice_name(RecomputeChoice choice) {
   return choice == RecomputeChoice::none ? "none" : choice == RecomputeChoice::selective ? "selective" : "full";
+}
+
+void plan_rank_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DType moment_dtype, int world,
+                           const ParallelOptions& layout, MemoryPlan* plan) {
+  const int ep = layout.expert_parallel_size;
+  CHECK(world >= 1 && ep >= 1 && world % ep == 0, "plan: --expert_model_parallel_size ", ep, " must divide the ",
+        world, " ranks");
+  std::set<std::string> read_in_f32 = text_params_read_in_f32(config.text, config.text_prefix());
+  if (config.has_vision)
+    for (const std::string& name : vision_params_read_in_f32(config.vision, kVisionPrefix)) read_in_f32.insert(name);
+  size_t all = 0, expert_trained = 0, dense_trained = 0, f32_copies = 0;
+  for (const ParamSpec& spec : build_param_table(config)) {
+    const bool expert = ep > 1 && is_routed_expert_tensor(spec.name);
+    const size_t numel = aligned_elements(spec.shape.numel() / (expert ? ep : 1));
+    const bool trained = !is_frozen(spec.name, freeze);
+    all += numel;
+    if (trained) {
+      (expert ? expert_trained : dense_trained) += numel;
+      const ParamGroup group = param_group(spec.name);
+      plan->vit_trained = plan->vit_trained || group == ParamGroup::vit;
+      plan->merger_trained = plan->merger_trained || group == ParamGroup::aligner;
+    }
+    if (read_in_f32.count(spec.name) != 0) f32_copies += numel;  // frozen, or trained with the master elsewhere
+  }
+  const size_t w = static_cast<size_t>(world);
+  const size_t dense_here = (dense_trained + w - 1) / w;
+  const size_t bucket = std::min<size_t>(static_cast<size_t>(layout.bucket_elements), dense_trained);
+  plan->weights = 2 * all;
+  plan->master = 4 * (expert_trained + dense_here);
+  plan->gradients = 4 * (expert_trained + dense_trained);
+  plan->moments = 2 * dtype_size(moment_dtype) * (expert_trained + dense_here);
+  plan->frozen_f32 = 4 * f32_copies;
+  // Reduced pieces (fp32) and their bf16 staging; one bucket of fp32 and of bf16 for the collectives.
+  plan->sharding = (4 + 2) * dense_here + (4 + 2) * ((bucket + w - 1) / w) * w;
 }
 
 ParallelMemoryPlan plan_parallel_memory(const ModelConfig& config, const EngineOptions& options,

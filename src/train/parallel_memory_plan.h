@@ -38,6 +38,15 @@ struct ParallelMemoryPlan {
   std::string describe() const;
 };
 
+// The training state of one rank as the GPU engine holds it (DeviceTrainState's sharded form):
+// its own routed experts' slices (EP > 1) with their master, gradient and moments; every other
+// tensor's bf16 weight in full; under ZeRO-2 the dense fp32 gradient in full (accumulated over the
+// step's micro-batches, reduce-scattered per bucket at the step end) but the dense master and
+// moments only for this rank's 1/world piece; fp32 working copies of trained tensors read in fp32;
+// and the reduce-scatter / all-gather buffers (plan->sharding). Sets the state fields of plan.
+void plan_rank_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DType moment_dtype, int world,
+                           const ParallelOptions& layout, MemoryPlan* plan);
+
 // options: the single-GPU engine options (token budget, freeze, moments, image pixels). Checks the
 // layout against the model (EP divides the experts and the world) naming the flags.
 ParallelMemoryPlan plan_parallel_memory(const ModelConfig& config, const EngineOptions& options,

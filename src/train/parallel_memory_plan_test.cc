@@ -11,6 +11,10 @@
 
 #include <cmath>
 
+#include "model/param_table.h"
+#include "optim/param_layout.h"
+#include "train/parallel_layout.h"
+
 namespace deltamoe {
 namespace {
 
@@ -95,6 +99,44 @@ TEST(ParallelMemoryPlan, OneGpuIsTheSingleGpuPlanner) {
   bad.world = 8;
   bad.layout.expert_parallel_size = 3;
   EXPECT_THROW(plan_parallel_memory(config, options, bad), Error);
+}
+
+// The GPU engine's own plan of a rank (plan_rank_state_bytes): experts 1/EP with their whole
+// state, dense bf16 weights and fp32 gradients in full, dense master and moments 1/N, and it agrees
+// with the ParallelLayout the engine holds (tiny, 4 ranks, EP 4 and EP 2).
+TEST(ParallelMemoryPlan, RankStateIsWhatTheGpuEngineHolds) {
+  const ModelConfig big = model_config_preset("qwen3.5-35b-a3b");
+  const FreezeOptions none{false, false, false};
+  ParallelOptions ep8;
+  ep8.expert_parallel_size = 8;
+  ep8.distributed_optimizer = true;
+  MemoryPlan rank;
+  plan_rank_state_bytes(big, none, DType::f32, 8, ep8, &rank);
+  const ParallelMemoryPlan design = plan_35b(true, DType::f32, RecomputeChoice::none);
+  EXPECT_EQ(rank.weights, design.plan.weights);  // own experts + every dense tensor, bf16
+  EXPECT_NEAR(gib(rank.master), gib(design.plan.master), 0.01);
+  EXPECT_NEAR(gib(rank.moments), gib(design.plan.moments), 0.01);
+  // The full dense fp32 gradient stays (reduce-scatter at the step end): 7/8 of it more than the design.
+  const double dense_grad_piece = gib(design.plan.gradients) - 15.0;  // the design's experts: 15 GiB
+  EXPECT_NEAR(gib(rank.gradients) - gib(design.plan.gradients), 7.0 * dense_grad_piece, 0.2);
+  EXPECT_GT(rank.sharding, 0u);
+
+  ModelConfig tiny = model_config_preset("tiny");
+  ParamLayout full;
+  for (const ParamSpec& spec : build_param_table(tiny)) full.add(spec.name, spec.shape.to_vector());
+  for (const int ep : {4, 2}) {
+    ParallelOptions layout_options;
+    layout_options.expert_parallel_size = ep;
+    layout_options.distributed_optimizer = true;
+    const ParallelLayout layout(full, 1, 4, tiny.text.num_experts, layout_options);
+    MemoryPlan plan;
+    plan_rank_state_bytes(tiny, none, DType::f32, 4, layout_options, &plan);
+    // Masters: the rank's pieces (the plan rounds per tensor and per rank, the layout per piece).
+    const double pieces = static_cast<double>(layout.state().total_numel());
+    EXPECT_NEAR(static_cast<double>(plan.master) / 4.0, pieces, 64.0 * layout.state().num_tensors() + 64.0 * 4)
+        << "EP " << ep;
+    EXPECT_EQ(plan.moments, 2 * plan.master);
+  }
 }
 
 }  // namespace

@@ -31,7 +31,8 @@ uint64_t name_stream(const std::string& name) {
 
 }  // namespace
 
-DeviceParams::DeviceParams(const std::vector<DeviceParamSpec>& specs) {
+DeviceParams::DeviceParams(const std::vector<DeviceParamSpec>& specs, bool master_elsewhere)
+    : master_elsewhere_(master_elsewhere) {
   for (const DeviceParamSpec& spec : specs) {
     CHECK(index_.count(spec.name) == 0, "device params: '", spec.name, "' is listed twice");
     Slot slot;
@@ -39,16 +40,22 @@ DeviceParams::DeviceParams(const std::vector<DeviceParamSpec>& specs) {
     const int w = weights_layout_.add(spec.name, spec.shape);
     slot.numel = weights_layout_.entry(w).numel;
     slot.weight_offset = weights_layout_.entry(w).offset;
-    if (spec.trained) {
-      slot.trained_index = trained_.add(spec.name, spec.shape);
-    } else if (spec.needs_f32) {
+    if (spec.full_numel > 0) {
+      CHECK(spec.full_first >= 0 && spec.full_first + slot.numel <= spec.full_numel, "device params: '", spec.name,
+            "' slice [", spec.full_first, ", ", spec.full_first + slot.numel, ") is outside its ", spec.full_numel,
+            " elements");
+    } else {
+      CHECK(spec.full_first == 0, "device params: '", spec.name, "' has a slice start but no whole size");
+    }
+    if (spec.trained) slot.trained_index = trained_.add(spec.name, spec.shape);
+    if ((!spec.trained || master_elsewhere) && spec.needs_f32) {
       slot.frozen_offset = frozen_layout_.entry(frozen_layout_.add(spec.name, spec.shape)).offset;
     }
     index_[spec.name] = static_cast<int>(slots_.size());
     slots_.push_back(std::move(slot));
   }
   weights_ = DeviceBuffer(static_cast<size_t>(weights_layout_.total_numel()) * 2);
-  master_ = DeviceBuffer(static_cast<size_t>(trained_.total_numel()) * 4);
+  master_ = DeviceBuffer(master_elsewhere ? 0 : static_cast<size_t>(trained_.total_numel()) * 4);
   grads_ = DeviceBuffer(static_cast<size_t>(trained_.total_numel()) * 4);
   frozen_f32_ = DeviceBuffer(static_cast<size_t>(frozen_layout_.total_numel()) * 4);
   for (DeviceBuffer* buffer : {&weights_, &master_, &grads_, &frozen_f32_})
@@ -70,11 +77,10 @@ DeviceParam DeviceParams::param(const std::string& name, bool needs_f32) const {
   p.numel = s.numel;
   if (s.trained_index >= 0) {
     const int64_t offset = trained_.entry(s.trained_index).offset;
-    p.f32 = master_.as<float>() + offset;
+    if (!master_elsewhere_) p.f32 = master_.as<float>() + offset;
     p.grad = grads_.as<float>() + offset;
-  } else if (s.frozen_offset >= 0) {
-    p.f32 = frozen_f32_.as<float>() + s.frozen_offset;
   }
+  if (s.frozen_offset >= 0) p.f32 = frozen_f32_.as<float>() + s.frozen_offset;
   CHECK(!needs_f32 || p.f32 != nullptr, "device params: '", name, "' is read in fp32 but has no fp32 values ",
         "(a frozen tensor must be listed with needs_f32)");
   return p;
@@ -82,19 +88,26 @@ DeviceParam DeviceParams::param(const std::string& name, bool needs_f32) const {
 
 void DeviceParams::upload(const std::string& name, int64_t first, int64_t count, const void* host, DType dtype) {
   const Slot& s = slot(name);
-  CHECK(first >= 0 && count >= 0 && first + count <= s.numel, "device params: elements [", first, ", ", first + count,
-        ") are outside '", name, "' of ", s.numel);
+  const int64_t whole = s.spec.full_numel > 0 ? s.spec.full_numel : s.numel;
+  CHECK(first >= 0 && count >= 0 && first + count <= whole, "device params: elements [", first, ", ", first + count,
+        ") are outside '", name, "' of ", whole);
+  const size_t element = dtype_size(dtype);
+  // The part that falls in this slice, in the slice's element indices.
+  const int64_t lo = std::max(first, s.spec.full_first), hi = std::min(first + count, s.spec.full_first + s.numel);
+  if (lo >= hi) return;
+  host = static_cast<const uint8_t*>(host) + static_cast<size_t>(lo - first) * element;
+  first = lo - s.spec.full_first;
+  count = hi - lo;
   static thread_local std::unique_ptr<PinnedBuffer> staging;
   if (!staging) staging = std::make_unique<PinnedBuffer>(static_cast<size_t>(kStagingElements) * 4);
   auto* f32 = static_cast<float*>(staging->data);
-  const size_t element = dtype_size(dtype);
   for (int64_t done = 0; done < count; done += kStagingElements) {
     const int64_t n = std::min(kStagingElements, count - done);
     const void* src = static_cast<const uint8_t*>(host) + static_cast<size_t>(done) * element;
     convert_floats(src, dtype, f32, DType::f32, n);
     const int64_t at = first + done;
     __nv_bfloat16* weight = weights_.as<__nv_bfloat16>() + s.weight_offset + at;
-    if (s.trained_index >= 0) {
+    if (s.trained_index >= 0 && !master_elsewhere_) {
       float* master = master_.as<float>() + trained_.entry(s.trained_index).offset + at;
       CUDA_CHECK(cudaMemcpy(master, f32, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
       convert_f32_to_bf16_cuda(master, weight, n, nullptr);
@@ -112,19 +125,25 @@ void DeviceParams::upload(const std::string& name, int64_t first, int64_t count,
 }
 
 void DeviceParams::randomize(uint64_t seed) {
+  const auto has_master = [&](const Slot& s) { return s.trained_index >= 0 && !master_elsewhere_; };
   int64_t largest_frozen = 0;
   for (const Slot& s : slots_)
-    if (s.trained_index < 0) largest_frozen = std::max(largest_frozen, s.numel);
+    if (!has_master(s)) largest_frozen = std::max(largest_frozen, s.numel);
   DeviceBuffer temp(static_cast<size_t>(std::max<int64_t>(largest_frozen, 1)) * 4);
   for (const Slot& s : slots_) {
-    const bool trained = s.trained_index >= 0;
-    float* values = trained ? master_.as<float>() + trained_.entry(s.trained_index).offset
-                            : (s.frozen_offset >= 0 ? frozen_f32_.as<float>() + s.frozen_offset : temp.as<float>());
+    float* values = has_master(s) ? master_.as<float>() + trained_.entry(s.trained_index).offset
+                                  : (s.frozen_offset >= 0 ? frozen_f32_.as<float>() + s.frozen_offset : temp.as<float>());
     init_param_cuda(s.spec.init, static_cast<float>(s.spec.init_std), values, s.numel, seed, name_stream(s.spec.name),
-                    nullptr);
+                    nullptr, s.spec.full_first);
     convert_f32_to_bf16_cuda(values, weights_.as<__nv_bfloat16>() + s.weight_offset, s.numel, nullptr);
   }
   CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void DeviceParams::init_values(const std::string& name, int64_t first, int64_t count, uint64_t seed, float* out,
+                               cudaStream_t stream) const {
+  const DeviceParamSpec& spec = slot(name).spec;
+  init_param_cuda(spec.init, static_cast<float>(spec.init_std), out, count, seed, name_stream(name), stream, first);
 }
 
 std::vector<__nv_bfloat16*> DeviceParams::trained_weights_bf16() const {
@@ -135,6 +154,7 @@ std::vector<__nv_bfloat16*> DeviceParams::trained_weights_bf16() const {
 }
 
 void DeviceParams::refresh_trained_weights(cudaStream_t stream) const {
+  CHECK(!master_elsewhere_, "device params: the master of these weights is kept by the sharded training state");
   for (const ParamEntry& e : trained_.entries())
     convert_f32_to_bf16_cuda(master_.as<float>() + e.offset, weights_.as<__nv_bfloat16>() + slot(e.name).weight_offset,
                              e.numel, stream);

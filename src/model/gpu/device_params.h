@@ -3,6 +3,10 @@
 // frozen tensors the math reads in fp32. Frozen tensors have no master and no gradient. The GPU
 // models read it through typed views (DeviceParam) bound once; the engine's training state adds the
 // optimizer moments on top.
+// On one rank of a parallel job (master_elsewhere): a tensor may be a slice of the model's (the
+// rank's own routed experts, [E_local, ...]), and the fp32 master lives with the sharded training
+// state (DeviceTrainState) instead: trained tensors keep their full fp32 gradient here, and an fp32
+// working copy when the math reads them in fp32.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,19 +33,25 @@ struct DeviceParamSpec {
   bool needs_f32 = false;  // a frozen tensor keeps an fp32 copy (trained ones read their master)
   InitKind init = InitKind::normal;
   double init_std = 0.02;  // for InitKind::normal
+  // A slice of the model's tensor (a rank's own experts): this tensor (`shape`) is elements
+  // [full_first, full_first + numel) of the model's tensor of full_numel elements (0: whole).
+  // upload() takes the model tensor's element indices and keeps the slice's.
+  int64_t full_first = 0;
+  int64_t full_numel = 0;
 };
 
 struct DeviceParamBytes {
   size_t weights = 0;     // bf16, every tensor
   size_t master = 0;      // fp32, trained tensors
   size_t gradients = 0;   // fp32, trained tensors
-  size_t frozen_f32 = 0;  // fp32 copies of frozen tensors read in fp32
+  size_t frozen_f32 = 0;  // fp32 copies of frozen tensors read in fp32 (and, master_elsewhere, of trained ones)
 };
 
 class DeviceParams {
  public:
-  // Allocates every buffer (zeros). Names must be unique.
-  explicit DeviceParams(const std::vector<DeviceParamSpec>& specs);
+  // Allocates every buffer (zeros). Names must be unique. master_elsewhere: no fp32 master here
+  // (master() is null); trained tensors read in fp32 get an fp32 working copy instead.
+  explicit DeviceParams(const std::vector<DeviceParamSpec>& specs, bool master_elsewhere = false);
   DeviceParams(const DeviceParams&) = delete;
   DeviceParams& operator=(const DeviceParams&) = delete;
 
@@ -53,12 +63,18 @@ class DeviceParams {
   bool has(const std::string& name) const { return index_.count(name) != 0; }
   const DeviceParamSpec& spec(const std::string& name) const;
 
-  // Host values (any float dtype) for elements [first, first + count) of tensor `name`: into the
-  // master and the bf16 weight of a trained tensor, into the bf16 weight (and the fp32 copy) of a
-  // frozen one. Synchronous; staged through pinned memory of `staging_bytes`.
+  // Host values (any float dtype) for elements [first, first + count) of tensor `name` (of the
+  // model's whole tensor; a slice keeps what falls in it): into the master and the bf16 weight of a
+  // trained tensor, into the bf16 weight (and the fp32 copy) of a frozen one or of a trained one
+  // whose master is elsewhere. Synchronous; staged through pinned memory.
   void upload(const std::string& name, int64_t first, int64_t count, const void* host, DType dtype);
   // Every tensor by its init rule on the device, seeded (the benchmark's random weights). Synchronous.
   void randomize(uint64_t seed);
+  // The init rule's values of elements [first, first + count) of the model's tensor `name` into
+  // the device buffer out (what randomize gives those elements), queued on stream.
+  void init_values(const std::string& name, int64_t first, int64_t count, uint64_t seed, float* out,
+                   cudaStream_t stream) const;
+  bool master_elsewhere() const { return master_elsewhere_; }
 
   // The trained tensors' flat layout (master and gradients share it) and buffers.
   const ParamLayout& trained_layout() const { return trained_; }
@@ -66,7 +82,8 @@ class DeviceParams {
   float* gradients() const { return grads_.as<float>(); }
   // Per trained piece, where its bf16 working weight lives (AdamW writes bf16(master) there).
   std::vector<__nv_bfloat16*> trained_weights_bf16() const;
-  // Rebuilds every trained tensor's bf16 weight from its master (after a restore).
+  // Rebuilds every trained tensor's bf16 weight from its master (after a restore; not with
+  // master_elsewhere).
   void refresh_trained_weights(cudaStream_t stream) const;
   void zero_gradients(cudaStream_t stream) const;
 
@@ -86,6 +103,7 @@ class DeviceParams {
   };
   const Slot& slot(const std::string& name) const;
 
+  bool master_elsewhere_ = false;
   std::vector<Slot> slots_;
   std::unordered_map<std::string, int> index_;
   ParamLayout weights_layout_, trained_, frozen_layout_;

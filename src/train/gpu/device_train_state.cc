@@ -1,5 +1,5 @@
 // DeviceTrainState: moments beside the parameters, the device optimizer step, and the range copies
-// a checkpoint save or resume makes.
+// a checkpoint save or resume makes (the sharded step's parts: device_sharded_state.cc).
 #include "train/gpu/device_train_state.h"
 
 #include "core/cuda_check.h"
@@ -19,15 +19,21 @@ DeviceTrainState::DeviceTrainState(const std::vector<DeviceParamSpec>& specs, co
   CUDA_CHECK(cudaMemset(exp_avg_.data(), 0, exp_avg_.bytes()));
   CUDA_CHECK(cudaMemset(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes()));
   norm_scratch_ = DeviceBuffer(grad_sum_of_squares_workspace_bytes() + 256);
-  CUDA_CHECK(cudaMallocHost(&norm_host_, sizeof(double)));
+  CUDA_CHECK(cudaMallocHost(&norm_host_, 2 * sizeof(double)));
   weights_of_pieces_ = params_->trained_weights_bf16();
 }
+
+size_t DeviceTrainState::master_bytes() const { return sharded() ? master_.bytes() : params_->bytes().master; }
 
 DeviceTrainState::~DeviceTrainState() {
   if (norm_host_ != nullptr) cudaFreeHost(norm_host_);
 }
 
 void DeviceTrainState::start_sum_of_squares(double divisor) {
+  if (sharded()) {
+    start_sharded_sum_of_squares(divisor);
+    return;
+  }
   double* result = reinterpret_cast<double*>(norm_scratch_.as<char>() + grad_sum_of_squares_workspace_bytes());
   grad_sum_of_squares_cuda(params_->gradients(), params_->trained_layout().total_numel(), divisor, result,
                            norm_scratch_.data(), stream_);
@@ -36,10 +42,14 @@ void DeviceTrainState::start_sum_of_squares(double divisor) {
 
 double DeviceTrainState::finish_sum_of_squares() {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return *norm_host_;
+  return sharded() ? norm_host_[0] + norm_host_[1] : norm_host_[0];
 }
 
 void DeviceTrainState::adamw_step(double lr, const GradientScaling& scaling) {
+  if (sharded()) {
+    sharded_adamw_step(lr, scaling);
+    return;
+  }
   adamw_step_cuda(params_->trained_layout(), adamw_, lr, adam_step_ + 1, scaling, params_->master(),
                   params_->gradients(), exp_avg_.data(), exp_avg_sq_.data(), weights_of_pieces_, stream_);
   ++adam_step_;
@@ -56,7 +66,7 @@ void* DeviceTrainState::address(StateKind kind, int index, int64_t first, int64_
         first + count, ") are outside piece '", entry.name, "' of ", entry.numel);
   const int64_t element = entry.offset + first;
   switch (kind) {
-    case StateKind::master: return params_->master() + element;
+    case StateKind::master: return master_data() + element;
     case StateKind::exp_avg:
       return exp_avg_.as<char>() + element * static_cast<int64_t>(dtype_size(adamw_.moment_dtype));
     case StateKind::exp_avg_sq:
@@ -78,8 +88,26 @@ void DeviceTrainState::write_state(StateKind kind, int index, int64_t first, int
 }
 
 void DeviceTrainState::state_restored() {
-  params_->refresh_trained_weights(stream_);
+  if (sharded()) {
+    restore_sharded_weights();
+  } else {
+    params_->refresh_trained_weights(stream_);
+  }
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+float* DeviceTrainState::master_data() const { return sharded() ? master_.as<float>() : params_->master(); }
+
+std::vector<float> DeviceTrainState::read_piece_gradient(int index) const {
+  const ParamEntry& entry = layout().entry(index);
+  const float* source = params_->gradients() + entry.offset;
+  if (sharded() && entry.offset >= dense_base_ && index >= experts_.num_tensors()) {
+    source = piece_grads_.as<float>() + (entry.offset - dense_base_);
+  }
+  std::vector<float> host(static_cast<size_t>(entry.numel));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  CUDA_CHECK(cudaMemcpy(host.data(), source, host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  return host;
 }
 
 }  // namespace deltamoe

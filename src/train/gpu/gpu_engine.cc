@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <utility>
 
@@ -20,7 +21,9 @@
 #include "model/vision/vision_tower.h"
 #include "model/vision/vision_weights.h"
 #include "optim/grad_clip.h"
+#include "parallel/control_plane.h"
 #include "train/batch_plan.h"
+#include "train/parallel_memory_plan.h"
 #include "train/model_flops.h"
 #include "train/trainable_params.h"
 
@@ -115,11 +118,20 @@ struct GpuEngine::Impl {
   bool text_trained = false, vision_trained = false;
   LossSlot* loss_slots = nullptr;  // pinned, kLossSlots
   size_t peak_used_bytes = 0;
+  // One rank of a parallel job (null world: the plain engine).
+  Communicator* world = nullptr;
+  ParallelOptions parallel_options;
+  ParamLayout full_layout;                   // every trained tensor whole (the checkpoint's view)
+  std::unique_ptr<ParallelLayout> parallel;  // this rank's pieces
+  std::unique_ptr<Communicator> ep_comm;     // expert parallel only
+  std::unique_ptr<Communicator> expert_dp_comm;  // replicas of this rank's expert block (EP < world)
 
   ~Impl() {
     text.reset();
     vision.reset();
     state.reset();
+    ep_comm.reset();
+    expert_dp_comm.reset();
     if (loss_slots != nullptr) cudaFreeHost(loss_slots);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
@@ -165,7 +177,69 @@ struct GpuEngine::Impl {
       }
       for (DeviceParamSpec& spec : trained) specs.push_back(std::move(spec));
     }
+    if (parallel != nullptr && parallel->expert_parallel_size() > 1) return local_expert_specs(std::move(specs));
     return specs;
+  }
+
+  // One rank of an expert-parallel job: each routed-expert stack becomes this rank's slice
+  // [E_local, ...], and the trained slices go first, in the full layout's order (where
+  // DeviceTrainState finds their gradients: the front of the state).
+  std::vector<DeviceParamSpec> local_expert_specs(std::vector<DeviceParamSpec> specs) const {
+    const int64_t E = config.text.num_experts, local = parallel->experts_per_rank();
+    std::vector<DeviceParamSpec> experts, rest;
+    for (DeviceParamSpec& spec : specs) {
+      if (!is_routed_expert_tensor(spec.name)) {
+        rest.push_back(std::move(spec));
+        continue;
+      }
+      CHECK(!spec.shape.empty() && spec.shape[0] == E, "train: '", spec.name, "' does not lead with the ", E,
+            " experts");
+      int64_t numel = 1;
+      for (const int64_t d : spec.shape) numel *= d;
+      spec.full_numel = numel;
+      spec.full_first = parallel->first_local_expert() * (numel / E);
+      spec.shape[0] = local;
+      (spec.trained ? experts : rest).push_back(std::move(spec));
+    }
+    std::vector<DeviceParamSpec> ordered;
+    for (const auto& [state_index, full_index] : parallel->expert_pieces()) {
+      const std::string& name = full_layout.entry(full_index).name;
+      auto it = std::find_if(experts.begin(), experts.end(), [&](const DeviceParamSpec& x) { return x.name == name; });
+      CHECK(it != experts.end(), "train: the layout's expert tensor '", name, "' is not trained on the device");
+      ordered.push_back(std::move(*it));
+      experts.erase(it);
+    }
+    CHECK(experts.empty(), "train: ", experts.size(), " trained expert tensors are missing from the layout");
+    for (DeviceParamSpec& spec : rest) ordered.push_back(std::move(spec));
+    return ordered;
+  }
+
+  // Every trained tensor whole, in the checkpoint's order (the CPU engine's full layout), or the
+  // parameter table's for random weights.
+  ParamLayout trained_full_layout(const ModelCheckpoint* checkpoint) const {
+    if (checkpoint != nullptr) return trainable_layout(*checkpoint, options.freeze);
+    ParamLayout layout;
+    for (const ParamSpec& p : build_param_table(config))
+      if (!is_frozen(p.name, options.freeze)) layout.add(p.name, p.shape.to_vector());
+    CHECK(layout.num_tensors() > 0, "train: every parameter is frozen; nothing would be trained");
+    return layout;
+  }
+
+  // The rank's layout and its communicators (before the plan: the text model's exchange buffers
+  // depend on the expert-parallel group).
+  void setup_parallel(const ModelCheckpoint* checkpoint) {
+    CHECK(options.lora == nullptr, "train: --tuner_type lora on ", world->size(), " ranks is not supported by the ",
+          "GPU engine (LoRA trains on one rank: the adapters are small enough for one device)");
+    full_layout = trained_full_layout(checkpoint);
+    parallel = std::make_unique<ParallelLayout>(full_layout, world->rank(), world->size(), config.text.num_experts,
+                                                parallel_options);
+    const int ep = parallel->expert_parallel_size(), rank = world->rank();
+    if (ep > 1) {
+      // Consecutive groups of EP ranks exchange tokens; the replicas of one expert block (same rank
+      // mod EP) all-reduce its gradient (as CpuEngine).
+      ep_comm = world->split(rank / ep, rank, "ep");
+      if (parallel->expert_replicas() > 1) expert_dp_comm = world->split(rank % ep, rank, "expert_dp");
+    }
   }
 
   // The adapters' initial values (PEFT's init, or the values a resumed run restores over them).
@@ -212,6 +286,8 @@ struct GpuEngine::Impl {
     o.recompute_mixers = options.recompute.mixers;
     o.recompute_layers = options.recompute.full_layers(config.text.num_hidden_layers);
     o.lora_rank = options.lora != nullptr ? options.lora->options.rank : 0;
+    o.expert_parallel = ep_comm.get();
+    o.expert_recv_rows = ep_comm != nullptr ? parallel_options.expert_recv_rows : 0;
     return o;
   }
 
@@ -233,7 +309,8 @@ struct GpuEngine::Impl {
 
   // Limits, the plan, the refusal; then the state and the stream. Nothing is allocated on the
   // device before the plan has been checked.
-  void plan_and_allocate(const ModelConfig& model_config, const EngineOptions& engine_options) {
+  void plan_and_allocate(const ModelConfig& model_config, const EngineOptions& engine_options,
+                         const ModelCheckpoint* checkpoint = nullptr) {
     config = model_config;
     options = engine_options;
     CHECK(!config.tie_word_embeddings && !config.text.tie_word_embeddings,
@@ -258,7 +335,12 @@ struct GpuEngine::Impl {
     plan.max_tokens = options.max_tokens;
     plan.max_image_tokens = max_image_tokens;
     plan.max_patches = max_patches;
-    plan_state_bytes(config, options.freeze, options.adamw.moment_dtype, &plan, options.lora.get());
+    if (world != nullptr) {
+      setup_parallel(checkpoint);
+      plan_rank_state_bytes(config, options.freeze, options.adamw.moment_dtype, world->size(), parallel_options, &plan);
+    } else {
+      plan_state_bytes(config, options.freeze, options.adamw.moment_dtype, &plan, options.lora.get());
+    }
     const int64_t layers = config.text.num_hidden_layers;
     CHECK(options.recompute.full_layers(layers) >= 0 && options.recompute.full_layers(layers) <= layers,
           "train: --recompute_num_layers ", options.recompute.layers, " is more than the model's ", layers,
@@ -281,7 +363,9 @@ struct GpuEngine::Impl {
       log_info("train: memory plan on ", where, ", ", gib(available), " GiB available:\n", plan.describe());
     }
 
-    state = std::make_unique<DeviceTrainState>(param_specs(), options.adamw, stream);
+    state = world != nullptr ? std::make_unique<DeviceTrainState>(param_specs(), options.adamw, stream, *parallel, *world,
+                                                                  expert_dp_comm.get())
+                             : std::make_unique<DeviceTrainState>(param_specs(), options.adamw, stream);
     CUDA_CHECK(cudaMallocHost(&loss_slots, sizeof(LossSlot) * kLossSlots));
   }
 
@@ -299,9 +383,14 @@ struct GpuEngine::Impl {
     CUDA_CHECK(cudaStreamSynchronize(stream));
     note_memory();
     const DeviceParamBytes bytes = state->params().bytes();
-    log_info("train: GPU engine on cuda:", device, " (", gpu_name, "): ", state->layout().num_tensors(),
-             " trained tensors; weights ", gib(bytes.weights), " GiB, master ", gib(bytes.master), ", gradients ",
-             gib(bytes.gradients), ", moments ", gib(state->moment_bytes()), ", frozen fp32 ", gib(bytes.frozen_f32),
+    const std::string rank_note =
+        world != nullptr ? str_cat(" (rank ", world->rank(), " of ", world->size(), ", expert parallel ",
+                                   parallel->expert_parallel_size(), ", ZeRO-2 step buffers ",
+                                   gib(state->sharded_step_bytes()), " GiB)")
+                         : std::string();
+    log_info("train: GPU engine on cuda:", device, " (", gpu_name, ")", rank_note, ": ", state->layout().num_tensors(),
+             " trained tensors; weights ", gib(bytes.weights), " GiB, master ", gib(state->master_bytes()), ", gradients ",
+             gib(bytes.gradients), ", moments ", gib(state->moment_bytes()), ", fp32 copies ", gib(bytes.frozen_f32),
              ", text ", gib(text->bytes().total()), ", vision ", vision ? gib(vision->bytes().total()) : 0.0,
              " GiB; ", gib(peak_used_bytes), " GiB in use");
   }
@@ -325,6 +414,7 @@ struct GpuEngine::Impl {
         CHECK(nbytes % element == 0, "train: tensor '", spec.name, "' streams in pieces that split an element");
         const int64_t count = static_cast<int64_t>(nbytes / element);
         state->params().upload(spec.name, first, count, bytes, dtype);
+        if (state->sharded()) state->upload_master(spec.name, first, count, bytes, dtype);
         first += count;
         done += nbytes;
         if (std::chrono::steady_clock::now() - last_report > std::chrono::seconds(5)) {
@@ -402,6 +492,27 @@ GpuEngine::GpuEngine(const ModelConfig& config, const EngineOptions& options, ui
   impl_->build_models();
 }
 
+GpuEngine::GpuEngine(const ModelCheckpoint& checkpoint, const EngineOptions& options, Communicator& world,
+                     const ParallelOptions& parallel)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->world = &world;
+  impl_->parallel_options = parallel;
+  impl_->plan_and_allocate(checkpoint.config, options, &checkpoint);
+  impl_->upload_checkpoint(checkpoint);
+  impl_->build_models();
+}
+
+GpuEngine::GpuEngine(const ModelConfig& config, const EngineOptions& options, uint64_t seed, Communicator& world,
+                     const ParallelOptions& parallel)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->world = &world;
+  impl_->parallel_options = parallel;
+  impl_->plan_and_allocate(config, options);
+  impl_->state->params().randomize(seed);
+  impl_->state->randomize_master(seed);
+  impl_->build_models();
+}
+
 GpuEngine::~GpuEngine() = default;
 
 std::string GpuEngine::device_name() const { return str_cat("cuda:", impl_->device); }
@@ -409,6 +520,7 @@ std::string GpuEngine::accelerator_name() const { return impl_->gpu_name; }
 size_t GpuEngine::peak_memory_bytes() const { return impl_->peak_used_bytes; }
 DeviceTrainState& GpuEngine::state() { return *impl_->state; }
 const MemoryPlan& GpuEngine::memory_plan() const { return impl_->plan; }
+const ParallelLayout* GpuEngine::parallel_layout() const { return impl_->parallel.get(); }
 GpuTextModel& GpuEngine::text_model() { return *impl_->text; }
 
 DeviceBatch GpuEngine::device_batch(const MicroBatch& batch) const {
@@ -445,6 +557,7 @@ DeviceBatch GpuEngine::device_batch(const MicroBatch& batch) const {
 }
 
 StepResult GpuEngine::train_step(const std::vector<MicroBatch>& batches, double lr, double max_grad_norm) {
+  if (impl_->world != nullptr) return train_step_parallel(batches, lr, max_grad_norm);
   Impl& s = *impl_;
   CHECK(!batches.empty(), "train: a step needs at least one micro-batch");
   StepResult result;
@@ -491,6 +604,109 @@ StepResult GpuEngine::train_step(const std::vector<MicroBatch>& batches, double 
   if (clip.finite) s.state->adamw_step(lr, GradientScaling{weights.gradient_divisor, clip.clip_coef});
   result.host_to_device_bytes = s.uploaded() - uploaded_before;
   result.device_to_host_bytes = batches.size() * (sizeof(float) + sizeof(double)) + sizeof(double);
+  s.note_memory();
+  return result;
+}
+
+StepResult GpuEngine::train_step_parallel(const std::vector<MicroBatch>& batches, double lr, double max_grad_norm) {
+  Impl& s = *impl_;
+  Communicator& world = *s.world;
+  const int ranks = world.size();
+  const int64_t step = s.state->adam_step() + 1;
+  // The step's sizes over the ranks through the host control plane (no device sync): every rank
+  // must take the same number of micro-batches, and the per-token seeding and divisor are those
+  // of one rank taking all of them (S and the micro-batch count of the whole step).
+  const int64_t local = static_cast<int64_t>(batches.size());
+  int64_t mine[2] = {local, 0};
+  for (const MicroBatch& batch : batches) mine[1] += batch.num_supervised;
+  world.set_activity(str_cat("train step ", step, ": micro-batch counts"));
+  const std::vector<std::string> sizes =
+      world.control().all_gather(std::string(reinterpret_cast<const char*>(mine), sizeof(mine)),
+                                 str_cat("train step ", step, " micro-batch counts"));
+  CHECK(static_cast<int>(sizes.size()) == ranks, "train: ", sizes.size(), " ranks answered, the world has ", ranks);
+  StepResult result;
+  int64_t fewest = local, most = local;
+  for (const std::string& bytes : sizes) {
+    CHECK(bytes.size() == sizeof(mine), "train: a rank sent ", bytes.size(), " bytes of step sizes");
+    int64_t theirs[2];
+    std::memcpy(theirs, bytes.data(), sizeof(theirs));
+    fewest = std::min(fewest, theirs[0]);
+    most = std::max(most, theirs[0]);
+    result.num_supervised += theirs[1];
+  }
+  CHECK(fewest == most, "train: the ranks hold different numbers of micro-batches for this step (", fewest, " to ",
+        most, "); each rank must take micro-batches g * world + rank of the global batch");
+  CHECK(local > 0, "train: a step needs at least one micro-batch on every rank");
+  result.num_micro_batches = local * ranks;
+  const MicroBatchWeights weights =
+      micro_batch_weights(result.num_supervised, result.num_micro_batches, s.options.aux_coef);
+  const uint64_t uploaded_before = s.uploaded();
+  s.state->params().zero_gradients(s.stream);
+  std::vector<int64_t> supervised(batches.size()), tokens(batches.size());
+  // Per local micro-batch: ce_sum, aux (gathered over the ranks after the step's sync).
+  std::vector<double> parts(static_cast<size_t>(2 * local));
+  auto collect = [&](size_t first, size_t end) {
+    for (size_t i = first; i < end; ++i) {
+      const LossSlot& slot = s.loss_slots[i % kLossSlots];
+      parts[2 * i] = static_cast<double>(slot.ce_mean) * static_cast<double>(supervised[i]);
+      parts[2 * i + 1] = slot.aux;
+    }
+  };
+  size_t collected = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (i > collected && (i - collected) % kLossSlots == 0) {
+      CUDA_CHECK(cudaStreamSynchronize(s.stream));
+      collect(collected, i);
+      collected = i;
+    }
+    world.set_activity(str_cat("train step ", step, ": micro-batch ", i, " forward/backward"));
+    const DeviceBatch batch = device_batch(batches[i]);
+    supervised[i] = batch.num_supervised();
+    tokens[i] = batches[i].num_tokens();
+    s.run_batch(batch, weights.ce_token_weight * static_cast<double>(supervised[i]), weights.aux_weight, true,
+                static_cast<int>(i % kLossSlots));
+    result.flops += training_step_flops(s.config.text, batches[i].cu_seqlens);  // this rank's share
+  }
+  kill_point("mid_step", step);
+  s.text->timer().mark(StepComponent::optimizer, s.stream);
+  world.set_activity(str_cat("train step ", step, ": gradient reduce-scatter"));
+  s.state->reduce_gradients();
+  world.set_activity(str_cat("train step ", step, ": gradient norm"));
+  s.state->start_sum_of_squares(weights.gradient_divisor);
+  const double sum_of_squares = s.state->finish_sum_of_squares();  // the step's host sync
+  collect(collected, batches.size());
+  // Losses and tokens in the order one rank would add them: micro-batch g * world + r.
+  std::vector<double> mine_parts(parts);
+  for (int64_t g = 0; g < local; ++g) mine_parts.push_back(static_cast<double>(tokens[g]));
+  const std::vector<std::string> all_parts = world.control().all_gather(
+      std::string(reinterpret_cast<const char*>(mine_parts.data()), mine_parts.size() * sizeof(double)),
+      str_cat("train step ", step, " losses"));
+  std::vector<std::vector<double>> by_rank(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    const std::string& bytes = all_parts[static_cast<size_t>(r)];
+    CHECK(bytes.size() == mine_parts.size() * sizeof(double), "train: rank ", r, " sent ", bytes.size(),
+          " bytes of losses, expected ", mine_parts.size() * sizeof(double));
+    by_rank[static_cast<size_t>(r)].resize(mine_parts.size());
+    std::memcpy(by_rank[static_cast<size_t>(r)].data(), bytes.data(), bytes.size());
+  }
+  for (int64_t g = 0; g < local; ++g) {
+    for (int r = 0; r < ranks; ++r) {
+      const std::vector<double>& part = by_rank[static_cast<size_t>(r)];
+      result.ce_sum += part[2 * g];
+      result.aux_loss_sum += part[2 * g + 1];
+      result.num_tokens += static_cast<int64_t>(part[2 * local + g]);
+    }
+  }
+  const GradClipResult clip = grad_clip_from_sum_of_squares(sum_of_squares, max_grad_norm);
+  result.grad_norm = clip.grad_norm;
+  result.clip_coef = clip.clip_coef;
+  result.skipped = !clip.finite;
+  if (clip.finite) {
+    world.set_activity(str_cat("train step ", step, ": AdamW and weight all-gather"));
+    s.state->adamw_step(lr, GradientScaling{weights.gradient_divisor, clip.clip_coef});
+  }
+  result.host_to_device_bytes = s.uploaded() - uploaded_before;
+  result.device_to_host_bytes = batches.size() * (sizeof(float) + sizeof(double)) + 2 * sizeof(double);
   s.note_memory();
   return result;
 }

@@ -3,6 +3,11 @@
 // optimizer step on the device: micro-batches accumulate gradients, the step reads back the losses
 // and the gradient norm (its one host sync), then clips and updates. `train`, `parity --device
 // cuda` and `bench` all run this engine.
+// Built over a world (a device communicator) it is one rank of a parallel job, as CpuEngine is on
+// the host: routed experts split over --expert_model_parallel_size ranks (each rank binds and
+// trains its own experts only; tokens exchanged per layer), the dense parameters under ZeRO-2
+// (gradients reduce-scattered per bucket at the step end, master and moments sharded, updated
+// bf16 weights all-gathered), losses and counts combined over the ranks as CpuEngine does.
 #pragma once
 
 #include <array>
@@ -14,8 +19,10 @@
 #include "checkpoint/model_checkpoint.h"
 #include "model/text/gpu/gpu_text_model.h"
 #include "model/vision/gpu/gpu_vision_model.h"
+#include "parallel/communicator.h"
 #include "train/gpu/device_train_state.h"
 #include "train/memory_plan.h"
+#include "train/parallel_layout.h"
 #include "train/train_engine.h"
 
 namespace deltamoe {
@@ -47,6 +54,16 @@ class GpuEngine : public TrainEngine {
   GpuEngine(const ModelCheckpoint& checkpoint, const EngineOptions& options);
   // Random weights by the parameter table's init rules, made on the device (the benchmark).
   GpuEngine(const ModelConfig& config, const EngineOptions& options, uint64_t seed);
+  // One rank of a job over `world`: a device communicator (NcclComm, DeviceLoopbackComm, or any
+  // backend taking device buffers on the engine's stream) that must outlive the engine. state()
+  // holds this rank's pieces (ParallelLayout); train_step and evaluate are collectives over world
+  // (every rank calls them, rank r with micro-batches g * world + r of the step one rank would
+  // take). A world of one rank runs the same sharded path (NcclComm with one rank tests it).
+  // LoRA is refused (it trains on one rank).
+  GpuEngine(const ModelCheckpoint& checkpoint, const EngineOptions& options, Communicator& world,
+            const ParallelOptions& parallel);
+  GpuEngine(const ModelConfig& config, const EngineOptions& options, uint64_t seed, Communicator& world,
+            const ParallelOptions& parallel);
   ~GpuEngine() override;
 
   std::string device_name() const override;
@@ -60,6 +77,8 @@ class GpuEngine : public TrainEngine {
 
   // The plan the engine was built from (printed before step 1 unless options say not to).
   const MemoryPlan& memory_plan() const;
+  // Null on the plain one-rank engine.
+  const ParallelLayout* parallel_layout() const;
 
   // Parity and tests: zero the gradients; run one micro-batch's forward and backward with these
   // loss weights (d loss = ce_weight * mean CE + aux_weight * aux; gradients added to); read them.
@@ -74,6 +93,9 @@ class GpuEngine : public TrainEngine {
   DeviceBatch device_batch(const MicroBatch& batch) const;
 
  private:
+  // train_step on one rank of a parallel job.
+  StepResult train_step_parallel(const std::vector<MicroBatch>& batches, double lr, double max_grad_norm);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -175,6 +175,17 @@ GpuTextModel::GpuTextModel(const TextConfig& config, const TextWeights& weights,
                                                          options_.expert_recv_rows);
     expert_parallel_ = std::make_unique<GpuExpertParallel>(*options_.expert_parallel, config_, spec_.max_tokens,
                                                            options_.expert_recv_rows, stream_);
+    // The expert stacks are bound as this rank's experts only ([E_local, 2I, C], [E_local, C, I]).
+    const int64_t local = config_.num_experts / options_.expert_parallel->size();
+    const int64_t C = config_.hidden_size, I = config_.moe_intermediate_size;
+    for (size_t l = 0; l < weights_.layers.size(); ++l) {
+      const MoeWeights& mlp = weights_.layers[l].mlp;
+      CHECK(mlp.experts_gate_up.numel == local * 2 * I * C && mlp.experts_down.numel == local * C * I,
+            "gpu model: layer ", l, "'s routed experts are bound with ", mlp.experts_gate_up.numel, " + ",
+            mlp.experts_down.numel, " elements; with ", options_.expert_parallel->size(),
+            " expert-parallel ranks each rank binds its ", local, " own experts only (", local * 2 * I * C, " + ",
+            local * C * I, ")");
+    }
   }
   workspace_ = DeviceBuffer(workspace_bytes_);
   if (config_.num_layers_of(LayerType::full_attention) > 0)

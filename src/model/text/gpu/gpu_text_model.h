@@ -69,8 +69,9 @@ struct GpuModelOptions {
   // -1: max_tokens; 0: text only (no image slots are allocated).
   int64_t max_image_rows = -1;
   // Expert parallelism: the group the routed experts are split over (not owned; null: every expert
-  // on this rank). The bound expert tensors still hold all experts; this rank computes and forms
-  // gradients for its block only (gpu_expert_parallel.h).
+  // on this rank). The bound expert tensors hold this rank's block only ([E / EP, ...], its local
+  // expert 0 first; checked at construction): the rank computes and forms gradients for them
+  // (gpu_expert_parallel.h).
   Communicator* expert_parallel = nullptr;
   // Rows this rank's experts may receive per micro-batch (0: the worst case, EP x max_tokens x K).
   int64_t expert_recv_rows = 0;

@@ -472,9 +472,9 @@ void GpuTextModel::moe_forward(int64_t layer, bool recompute) {
                                  workspace_.data(), workspace_bytes_, stream_);
   if (expert_parallel_ != nullptr) {
     if (recompute) return;
-    const int64_t first = expert_parallel_->first_local_expert(), I = c.moe_intermediate_size;
-    expert_parallel_->forward(layer, T, s.topk_idx, s.topk_weight, b.normed_post, W.experts_gate_up.w + first * 2 * I * C,
-                              W.experts_down.w + first * C * I, b.moe_out);
+    // The bound expert stacks hold this rank's experts only, local expert 0 first.
+    expert_parallel_->forward(layer, T, s.topk_idx, s.topk_weight, b.normed_post, W.experts_gate_up.w,
+                              W.experts_down.w, b.moe_out);
   } else {
     moe_routing_plan_cuda(s.topk_idx, plans_[static_cast<size_t>(layer)], T, E, K, stream_);
     if (recompute) return;
@@ -507,11 +507,8 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   DeviceBf16* experts_dx = acts_.grad_normed;
   DeviceBf16* shared_dx = acts_.grad_mixer_bf16;
   if (expert_parallel_ != nullptr) {
-    const int64_t first = expert_parallel_->first_local_expert(), I = c.moe_intermediate_size;
-    float* d_gate_up = W.experts_gate_up.grad != nullptr ? W.experts_gate_up.grad + first * 2 * I * C : nullptr;
-    float* d_down = W.experts_down.grad != nullptr ? W.experts_down.grad + first * C * I : nullptr;
-    expert_parallel_->backward(layer, s.topk_weight, b.normed_post, W.experts_gate_up.w + first * 2 * I * C,
-                               W.experts_down.w + first * C * I, dy, experts_dx, w.d_topk_weight, d_gate_up, d_down);
+    expert_parallel_->backward(layer, s.topk_weight, b.normed_post, W.experts_gate_up.w, W.experts_down.w, dy,
+                               experts_dx, w.d_topk_weight, W.experts_gate_up.grad, W.experts_down.grad);
   } else {
     MoeExpertsLora lora;
     moe_experts_backward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
