@@ -30,6 +30,7 @@
 #include "core/cuda_check.h"
 #include "model/param_table.h"
 #include "parallel/comm_options.h"
+#include "parallel/control_plane.h"
 #include "parallel/exchange_model.h"
 #include "parallel/gpu/mirror_comm.h"
 #include "parallel/gpu/nccl_comm.h"

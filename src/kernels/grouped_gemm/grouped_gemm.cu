@@ -357,7 +357,14 @@ void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* 
   build_tile_starts_kernel<<<1, 32, 0, stream>>>(offsets, static_cast<int>(num_groups), tile_starts);
   CUDA_CHECK_LAUNCH();
 
-  if (kernel != GroupedGemmKernel::wmma && grouped_gemm_detail::mma_applies(a, b, c, n, k)) {
+  const bool mma_aligned = grouped_gemm_detail::mma_applies(a, b, c, n, k);
+  if ((kernel == GroupedGemmKernel::automatic || kernel == GroupedGemmKernel::wgmma) && mma_aligned &&
+      grouped_gemm_detail::wgmma_available()) {
+    grouped_gemm_detail::rows_wgmma(a, b, b_stored_nk, c, c_dtype, offsets, tile_starts, static_cast<int>(num_groups),
+                                    max_rows, static_cast<int>(n), static_cast<int>(k), stream);
+    return;
+  }
+  if (kernel != GroupedGemmKernel::wmma && mma_aligned) {
     grouped_gemm_detail::rows_mma(mma_tile(kernel, kRowsMmaTile), a, b, b_stored_nk, c, c_dtype, offsets, tile_starts,
                                   static_cast<int>(num_groups), max_rows, static_cast<int>(n), static_cast<int>(k),
                                   stream);

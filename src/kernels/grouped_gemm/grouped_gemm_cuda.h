@@ -1,8 +1,8 @@
 // CUDA grouped products over device-side group offsets (no host synchronisation): bf16 operands,
-// fp32 accumulation on the tensor cores (mma.sync where extents are multiples of 8 and operands
-// 16-byte aligned, else WMMA; sm_80 and sm_90). The spec is grouped_gemm.h.
-// Own kernel rather than cublasGemmGroupedBatchedEx, which takes group sizes on the host (a sync
-// per layer to read the routing counts) and measured at 34-42% of dense; wgmma comes later.
+// fp32 accumulation on the tensor cores (where extents are multiples of 8 and operands 16-byte
+// aligned: wgmma + TMA for the row products on sm_90a, mma.sync otherwise; else WMMA). The spec
+// is grouped_gemm.h. Own kernels rather than cublasGemmGroupedBatchedEx, which takes group sizes
+// on the host (a sync per layer to read the routing counts) and measured at 34-42% of dense.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,7 +23,8 @@ size_t grouped_gemm_rows_workspace_bytes(int64_t num_groups);
 
 // The row-grouped product of grouped_gemm.h on the device. offsets int32 [G+1] is read on the
 // device only; max_rows (>= offsets[G], e.g. T*K) sizes the launch, which covers
-// ceil(max_rows / 128) + G row tiles; tiles past a group's end exit at once.
+// ceil(max_rows / 128) + G row tiles; tiles past a group's end exit at once. a must hold max_rows
+// readable rows (the sm_90a kernel loads whole 128-row boxes; rows past offsets[G] are never used).
 // c [R, N] written as bf16 or f32 (c_dtype). Rows past offsets[G] are not written.
 void grouped_gemm_rows_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk, void* c, DType c_dtype,
                             const int32_t* offsets, int64_t num_groups, int64_t max_rows, int64_t n, int64_t k,

@@ -1,8 +1,8 @@
-// GPU test of the grouped GEMM against its CPU reference, for both kernels (the mma.sync one that
-// callers get where it applies, and the original WMMA fallback): row-grouped products (weights
-// [N, K] and [K, N], bf16 and f32 outputs) and weight gradients, over empty groups, single rows,
-// odd sizes, K not a multiple of the 32-wide k-step and the Qwen3.5-35B-A3B expert widths; then
-// timing of both kernels side by side at 8192 tokens x 8 experts.
+// GPU test of the grouped GEMM against its CPU reference, for every kernel (wgmma, which sm_90a
+// callers get for the row products; mma.sync, the sm_80 path and dW; the WMMA fallback):
+// row-grouped products (weights [N, K] and [K, N], bf16 and f32 outputs) and weight gradients, over
+// empty groups, single rows, odd sizes, K not a multiple of the k-step and the Qwen3.5-35B-A3B
+// expert widths; then timing side by side at 8192 tokens x 8 experts, and under three routings.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -65,7 +65,8 @@ struct GroupedShape {
 // WMMA fallback, and both block tiles of the mma.sync kernel (which fall back to WMMA at shapes
 // the mma kernel does not take).
 constexpr GroupedGemmKernel kKernels[] = {GroupedGemmKernel::automatic, GroupedGemmKernel::wmma,
-                                          GroupedGemmKernel::mma_128x128, GroupedGemmKernel::mma_128x256};
+                                          GroupedGemmKernel::mma_128x128, GroupedGemmKernel::mma_128x256,
+                                          GroupedGemmKernel::wgmma};
 
 const char* kernel_name(GroupedGemmKernel kernel) {
   switch (kernel) {
@@ -75,6 +76,8 @@ const char* kernel_name(GroupedGemmKernel kernel) {
       return "mma 128x128";
     case GroupedGemmKernel::mma_128x256:
       return "mma 128x256";
+    case GroupedGemmKernel::wgmma:
+      return "wgmma";
     default:
       return "auto";
   }
@@ -246,19 +249,22 @@ TEST(GroupedGemmGpu, Timing35B) {
   device_fill_bytes(d_down_w.view, 0);
   DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(experts));
   const double gu_flops = 2.0 * rows * (2 * inter) * hidden, down_flops = 2.0 * rows * hidden * inter;
-  // Each product timed with the WMMA kernel (the old one) and both block tiles of the mma.sync
-  // kernel, on adjacent lines; `auto` is 128x256 for the row products and 128x128 for dW
-  // (kRowsMmaTile, kWeightGradMmaTile in grouped_gemm.cu).
+  // Row products timed with the mma.sync kernel (128x256, the sm_80 path) and the wgmma kernel
+  // (what sm_90a callers get), dW with both mma.sync block tiles (128x128 is what callers get), on
+  // adjacent lines.
+  const std::vector<GroupedGemmKernel> row_kernels = {GroupedGemmKernel::mma_128x256, GroupedGemmKernel::wgmma};
+  const std::vector<GroupedGemmKernel> dw_kernels = {GroupedGemmKernel::mma_128x128, GroupedGemmKernel::mma_128x256};
+  std::printf("wgmma kernel available here: %s\n", grouped_gemm_detail::wgmma_available() ? "yes" : "no");
   auto time_kernels = [&](const char* name, double flops, auto&& launch) {
-    for (GroupedGemmKernel kernel :
-         {GroupedGemmKernel::wmma, GroupedGemmKernel::mma_128x128, GroupedGemmKernel::mma_128x256}) {
+    const bool weight_grad = std::string(name).find("dW") != std::string::npos;
+    for (GroupedGemmKernel kernel : weight_grad ? dw_kernels : row_kernels) {
       const std::string label = std::string(name) + " [" + kernel_name(kernel) + "]";
       print_flop_timing(label.c_str(), median_ms([&](cudaStream_t s) { launch(kernel, s); }, nullptr), flops);
     }
   };
   std::printf(
-      "grouped GEMM, T=8192 K=8 E=256 H=2048 I=512 (floor = FLOPs at 790 TFLOP/s; targets: >= 350 "
-      "TFLOP/s forward, >= 250 dW)\n");
+      "grouped GEMM, T=8192 K=8 E=256 H=2048 I=512 (floor = FLOPs at 790 TFLOP/s; targets (issue 20): "
+      ">= 600 TFLOP/s gate_up, >= 480 down, >= 250 dW)\n");
   std::printf("  the forward reads every expert's weights once: gate_up %.2f GB, down %.2f GB of bf16\n",
               2.0 * experts * 2 * inter * hidden * 1e-9, 2.0 * experts * hidden * inter * 1e-9);
   time_kernels("gate_up fwd  [R,H]x[E,2I,H]^T", gu_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
@@ -291,6 +297,58 @@ TEST(GroupedGemmGpu, Timing35B) {
     grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(x), bf16_ptr(h), static_cast<float*>(d_down_w.view.data), off,
                                        experts, hidden, inter, s);
   });
+  device_synchronize();
+}
+
+// The row products that callers get (automatic), at the 35B widths under three routings of the
+// 65,536 rows: uniformly random over 256 experts (as Timing35B), balanced (256 rows each: no
+// partial tiles) and 8 experts of 8,192 rows (weights reused 64 times: the compute-bound rate).
+TEST(GroupedGemmGpu, Timing35BRouting) {
+  const int64_t rows = 8192 * 8, hidden = 2048, inter = 512;
+  DeviceTensor x = to_device(pattern_tensor({rows, hidden}, 1, 1.0f), DType::bf16);
+  DeviceTensor h = to_device(pattern_tensor({rows, 2 * inter}, 2, 1.0f), DType::bf16);
+  DeviceTensor h_i = to_device(pattern_tensor({rows, inter}, 5, 1.0f), DType::bf16);
+  DeviceTensor w_gu = to_device(pattern_tensor({256, 2 * inter, hidden}, 3, 0.02f), DType::bf16);
+  DeviceTensor w_down = to_device(pattern_tensor({256, hidden, inter}, 4, 0.02f), DType::bf16);
+  DeviceTensor gu = device_tensor(DType::bf16, {rows, 2 * inter});
+  DeviceTensor y = device_tensor(DType::bf16, {rows, hidden});
+  DeviceTensor d_h = device_tensor(DType::f32, {rows, inter});
+  DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(256));
+  const double gu_flops = 2.0 * rows * (2 * inter) * hidden, down_flops = 2.0 * rows * hidden * inter;
+  struct Routing {
+    const char* name;
+    std::vector<int32_t> offsets;
+  };
+  std::vector<int32_t> balanced(257), few(9);
+  for (int g = 0; g <= 256; ++g) balanced[g] = static_cast<int32_t>(g * (rows / 256));
+  for (int g = 0; g <= 8; ++g) few[g] = static_cast<int32_t>(g * (rows / 8));
+  const Routing routings[] = {{"random 256", random_offsets(rows, 256, 0, 77)}, {"balanced 256", balanced},
+                              {"8 experts", few}};
+  for (const Routing& routing : routings) {
+    DeviceTensor off_d = offsets_to_device(routing.offsets);
+    const int32_t* off = static_cast<const int32_t*>(off_d.view.data);
+    const int64_t experts = static_cast<int64_t>(routing.offsets.size()) - 1;
+    auto time = [&](const char* product, double flops, auto&& launch) {
+      const std::string label = std::string(product) + " " + routing.name;
+      print_flop_timing(label.c_str(), median_ms([&](cudaStream_t s) { launch(s); }, nullptr), flops);
+    };
+    time("gate_up fwd", gu_flops, [&](cudaStream_t s) {
+      grouped_gemm_rows_cuda(bf16_ptr(x), bf16_ptr(w_gu), true, gu.view.data, DType::bf16, off, experts, rows,
+                             2 * inter, hidden, workspace.data(), workspace.bytes(), s);
+    });
+    time("down fwd", down_flops, [&](cudaStream_t s) {
+      grouped_gemm_rows_cuda(bf16_ptr(h_i), bf16_ptr(w_down), true, y.view.data, DType::bf16, off, experts, rows,
+                             hidden, inter, workspace.data(), workspace.bytes(), s);
+    });
+    time("gate_up dX", gu_flops, [&](cudaStream_t s) {
+      grouped_gemm_rows_cuda(bf16_ptr(h), bf16_ptr(w_gu), false, y.view.data, DType::bf16, off, experts, rows,
+                             hidden, 2 * inter, workspace.data(), workspace.bytes(), s);
+    });
+    time("down dX f32", down_flops, [&](cudaStream_t s) {
+      grouped_gemm_rows_cuda(bf16_ptr(x), bf16_ptr(w_down), false, d_h.view.data, DType::f32, off, experts, rows,
+                             inter, hidden, workspace.data(), workspace.bytes(), s);
+    });
+  }
   device_synchronize();
 }
 

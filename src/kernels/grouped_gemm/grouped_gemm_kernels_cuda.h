@@ -1,4 +1,5 @@
-// The grouped GEMM's two kernel families behind grouped_gemm_cuda.h: the portable mma.sync kernel
+// The grouped GEMM's kernel families behind grouped_gemm_cuda.h: the Hopper wgmma + TMA kernel
+// (grouped_gemm_wgmma.cu, row products on sm_90a), the portable mma.sync kernel
 // (grouped_gemm_mma.cu, taken where its alignment rules hold) and the WMMA kernel
 // (grouped_gemm.cu, any shape). Tests and benchmarks pick one explicitly; callers use the public header.
 #pragma once
@@ -13,10 +14,12 @@
 
 namespace deltamoe {
 
-// automatic: the mma.sync kernel where it applies, with the block tile chosen in grouped_gemm.cu
-// per product kind, else WMMA. wmma: always the WMMA kernel (the fallback and the speed baseline). mma_128x128 / mma_128x256: the mma.sync kernel
-// with that block tile where it applies, else WMMA (for tests and benchmarks).
-enum class GroupedGemmKernel { automatic, wmma, mma_128x128, mma_128x256 };
+// automatic: for row products on an sm_90 GPU with an sm_90a build, the wgmma kernel where the
+// mma.sync alignment rules hold; otherwise the mma.sync kernel where they hold, with the block tile
+// chosen in grouped_gemm.cu per product kind, else WMMA. wmma: always the WMMA kernel (the
+// fallback). mma_128x128 / mma_128x256: the mma.sync kernel (the sm_80 path) with that block tile
+// where it applies, else WMMA. wgmma: as automatic (dW has no wgmma kernel yet).
+enum class GroupedGemmKernel { automatic, wmma, mma_128x128, mma_128x256, wgmma };
 
 // grouped_gemm_rows_cuda / grouped_gemm_weight_grad_cuda with the kernel chosen by the caller.
 void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b,
@@ -49,6 +52,16 @@ void rows_mma(MmaTile tile, const __nv_bfloat16* a, const __nv_bfloat16* b, bool
 // Weight-gradient product (c [G, M, N] f32 added to) with the mma.sync kernel.
 void weight_grad_mma(MmaTile tile, const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
                      int num_groups, int m, int n, cudaStream_t stream);
+
+// Whether the current device runs the wgmma kernel: compute capability 9.x and sm_90a code in
+// this build (host-side queries, cached per device).
+bool wgmma_available();
+
+// Row-grouped product with the wgmma kernel (needs wgmma_available() and mma_applies). a holds
+// max_rows readable rows: rows past offsets[G] may be loaded, never used.
+void rows_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk, void* c, DType c_dtype,
+                const int32_t* offsets, const int32_t* tile_starts, int num_groups, int64_t max_rows, int n, int k,
+                cudaStream_t stream);
 
 }  // namespace grouped_gemm_detail
 }  // namespace deltamoe

@@ -6,10 +6,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "parallel/control_plane.h"
 
 namespace deltamoe {
 namespace {
@@ -45,15 +49,36 @@ void launch_sum(const void* in, void* out, int64_t count, int copies, cudaStream
   CUDA_CHECK_LAUNCH();
 }
 
+// The control plane of the mirror world: every rank contributes what this one does.
+class MirrorControlPlane final : public ControlPlane {
+ public:
+  MirrorControlPlane(ControlPlane& host, int rank, int size) : host_(host), rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void barrier(std::string_view label) override {}
+  std::vector<std::string> all_gather(std::string_view mine, std::string_view label) override {
+    return std::vector<std::string>(static_cast<size_t>(size_), std::string(mine));
+  }
+  void abort(std::string_view reason) override { host_.abort(reason); }
+
+ private:
+  ControlPlane& host_;
+  int rank_, size_;
+};
+
 class MirrorComm final : public Communicator {
  public:
   MirrorComm(Communicator& host, int rank, int size, std::string name)
-      : Communicator(rank, size, std::move(name), host.shared_activity()), host_(host) {}
+      : Communicator(rank, size, std::move(name), host.shared_activity()),
+        host_(host),
+        control_(std::make_shared<MirrorControlPlane>(host.control(), rank, size)) {}
+  MirrorComm(Communicator& host, std::shared_ptr<MirrorControlPlane> control, int rank, int size, std::string name)
+      : Communicator(rank, size, std::move(name), host.shared_activity()), host_(host), control_(std::move(control)) {}
 
   std::string_view backend() const override { return "mirror"; }
   void abort(std::string_view reason) override { host_.abort(reason); }
   bool aborted() const override { return host_.aborted(); }
-  ControlPlane& control() override { return host_.control(); }
+  ControlPlane& control() override { return *control_; }
   void synchronize(CommStream stream) override { CUDA_CHECK(cudaStreamSynchronize(cuda_stream(stream))); }
 
  protected:
@@ -86,21 +111,39 @@ class MirrorComm final : public Communicator {
   void do_recv(void* data, int64_t count, DType dtype, int peer, CommStream stream) override {
     pending_.push_back({false, data, count, dtype, peer, stream});
   }
-  // Every receive gets what this rank sends to itself; the counts must match, as they would
-  // between copies.
+  // A receive from peer p takes, in this order: what this rank sends to itself when the counts
+  // agree (the dispatch: a copy routes to this rank what this rank routes to itself), what it sends
+  // to p when they agree (a return leg, p sending back what it got), else rows repeated from the
+  // group's largest send (the return leg of an unbalanced routing, whose values a copy of this
+  // rank cannot know). The bytes moved are always the receive's.
   void do_group_end() override {
     std::vector<Pending> items = std::move(pending_);
     pending_.clear();
-    const Pending* self_send = nullptr;
+    const Pending* largest = nullptr;
     for (const Pending& item : items)
-      if (item.is_send && item.peer == rank()) self_send = &item;
+      if (item.is_send && (largest == nullptr || item.count > largest->count)) largest = &item;
     for (const Pending& item : items) {
-      if (item.is_send) continue;
-      const int64_t sent = self_send != nullptr ? self_send->count : 0;
-      CHECK(item.count == sent && (self_send == nullptr || self_send->dtype == item.dtype), "mirror comm '", name(),
-            "': a receive of ", item.count, " elements from rank ", item.peer, " where a copy of this rank sends ",
-            sent, " (what it sends to itself)");
-      if (self_send != nullptr) copy(item.data, self_send->data, item.count * dtype_size(item.dtype), item.stream);
+      if (item.is_send || item.count == 0) continue;
+      const size_t element = dtype_size(item.dtype);
+      const Pending* source = nullptr;
+      for (const int peer : {rank(), item.peer}) {
+        for (const Pending& send : items)
+          if (source == nullptr && send.is_send && send.peer == peer && send.count == item.count &&
+              send.dtype == item.dtype)
+            source = &send;
+      }
+      if (source != nullptr) {
+        copy(item.data, source->data, static_cast<size_t>(item.count) * element, item.stream);
+        continue;
+      }
+      CHECK(largest != nullptr && largest->count > 0 && dtype_size(largest->dtype) == element, "mirror comm '",
+            name(), "': a receive of ", item.count, " elements from rank ", item.peer,
+            " in a group that sends nothing of its element size");
+      for (int64_t done = 0; done < item.count; done += largest->count) {
+        const int64_t n = std::min(largest->count, item.count - done);
+        copy(static_cast<char*>(item.data) + static_cast<size_t>(done) * element, largest->data,
+             static_cast<size_t>(n) * element, item.stream);
+      }
     }
   }
 
@@ -108,7 +151,7 @@ class MirrorComm final : public Communicator {
   std::unique_ptr<Communicator> do_split(int color, int key, std::string name) override {
     if (color == kSplitNoColor) return nullptr;
     (void)key;
-    return std::make_unique<MirrorComm>(host_, rank(), size(), std::move(name));
+    return std::make_unique<MirrorComm>(host_, control_, rank(), size(), std::move(name));
   }
   void check_not_aborted() const override { host_.throw_if_aborted(); }
 
@@ -147,6 +190,7 @@ class MirrorComm final : public Communicator {
   }
 
   Communicator& host_;
+  std::shared_ptr<MirrorControlPlane> control_;  // the job's, shared with splits
   std::vector<Pending> pending_;
 };
 

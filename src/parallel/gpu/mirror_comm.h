@@ -5,9 +5,11 @@
 // device copies on the stream instead of NVLink transfers:
 //   all_reduce / reduce_scatter: the rank-ordered sum of N equal blocks (max: the block itself);
 //   all_gather: this rank's block in every slot;
-//   all_to_all and grouped send/recv: from every peer, what this rank sends to itself (a copy
-//   would route to this rank exactly what this rank routes to itself).
-// Splits assume every peer chooses this rank's color (the simulated layouts have EP = world), so a
+//   all_to_all: from every peer, what this rank sends to itself (a copy would route to this rank
+//   exactly what this rank routes to itself); grouped send/recv: the same when the counts agree,
+//   else the receive's bytes from this rank's sends (mirror_comm.cu, do_group_end).
+// The control plane's all-gathers and votes return N copies of this rank's contribution. Splits
+// assume every peer chooses this rank's color (the simulated layouts have EP = world), so a
 // split is a mirror of the same size. Device buffers only. Not a communicator for real training.
 #pragma once
 
@@ -18,7 +20,7 @@
 namespace deltamoe {
 
 // A mirror world of `size` ranks seen from rank `rank`; `host` (a one-rank host world, not owned,
-// outliving the result) provides the control plane, the activity record and abort.
+// outliving the result) provides the activity record and abort.
 std::unique_ptr<Communicator> make_mirror_comm(Communicator& host, int rank, int size);
 
 }  // namespace deltamoe

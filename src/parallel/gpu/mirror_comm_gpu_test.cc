@@ -7,10 +7,12 @@
 
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/cuda_check.h"
 #include "parallel/gpu/device_loopback_comm.h"
+#include "parallel/control_plane.h"
 #include "parallel/gpu/mirror_comm.h"
 #include "parallel/thread_comm.h"
 
@@ -124,20 +126,41 @@ TEST(MirrorComm, EqualsAWorldOfIdenticalRanksBitwise) {
     EXPECT_EQ(split->size(), kRanks);
     EXPECT_EQ(split->rank(), r);
     EXPECT_EQ(mirror->split(kSplitNoColor, r, "none"), nullptr);
+    // The control plane of a world of copies: N copies of this rank's contribution.
+    EXPECT_EQ(mirror->control().size(), kRanks);
+    EXPECT_EQ(mirror->control().all_gather("x" + std::to_string(r), "test"),
+              std::vector<std::string>(kRanks, "x" + std::to_string(r)));
+    EXPECT_EQ(split->control().all_gather("y", "test").size(), static_cast<size_t>(kRanks));
   }
 }
 
-// A receive whose count differs from what a copy of this rank sends to itself is refused.
-TEST(MirrorComm, MismatchedReceiveIsRefused) {
+// The combine's return leg of an unbalanced routing: from peer p, as many rows as this rank sent
+// p (not what it sends itself). The receive is filled with the right number of bytes from this
+// rank's sends; a group that sends nothing cannot fill one and is refused.
+TEST(MirrorComm, ReturnLegGetsItsBytes) {
   const std::unique_ptr<Communicator> solo = make_solo_comm();
-  const std::unique_ptr<Communicator> mirror = make_mirror_comm(*solo, 1, 2);
-  void* buffer = nullptr;
-  CUDA_CHECK(cudaMalloc(&buffer, 64));
+  const std::unique_ptr<Communicator> mirror = make_mirror_comm(*solo, 1, 3);
+  const std::vector<float> rows = {1, 2, 3, 4, 5};
+  float* send = nullptr;
+  float* recv = nullptr;
+  CUDA_CHECK(cudaMalloc(&send, 5 * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&recv, 16 * sizeof(float)));
+  CUDA_CHECK(cudaMemcpy(send, rows.data(), 5 * sizeof(float), cudaMemcpyHostToDevice));
   mirror->group_start();
-  mirror->send(buffer, 3, DType::f32, 1);
-  mirror->recv(static_cast<char*>(buffer) + 32, 4, DType::f32, 0);
+  mirror->send(send, 2, DType::f32, 0);      // rows 1, 2 back to rank 0
+  mirror->send(send + 2, 3, DType::f32, 1);  // rows 3..5 to itself
+  mirror->recv(recv, 7, DType::f32, 0);      // rank 0 returns 7 rows
+  mirror->recv(recv + 8, 3, DType::f32, 2);  // rank 2 returns 3: the self send's count
+  mirror->group_end();
+  std::vector<float> got(16);
+  CUDA_CHECK(cudaMemcpy(got.data(), recv, 16 * sizeof(float), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + 7), (std::vector<float>{3, 4, 5, 3, 4, 5, 3}));
+  EXPECT_EQ(std::vector<float>(got.begin() + 8, got.begin() + 11), (std::vector<float>{3, 4, 5}));
+  mirror->group_start();
+  mirror->recv(recv, 4, DType::f32, 0);
   EXPECT_THROW(mirror->group_end(), Error);
-  CUDA_CHECK(cudaFree(buffer));
+  CUDA_CHECK(cudaFree(send));
+  CUDA_CHECK(cudaFree(recv));
 }
 
 }  // namespace

@@ -1,0 +1,483 @@
+// Grouped GEMM row products on Hopper (sm_90a): wgmma m64n256k16 (bf16 in, fp32 accumulate) on
+// operands that TMA loads into a 4-stage ring of 128-byte-swizzled shared tiles; one producer
+// warpgroup issues the loads, two consumer warpgroups (64 rows each of a 128 x 256 block tile)
+// issue the products; full / empty mbarriers hand stages between them; bf16 results leave through a
+// swizzled shared staging tile as 16-byte stores. Persistent blocks walk the device-side tile list
+// (group, m-tile, n-tile) built as for the mma.sync kernel (grouped_gemm_mma.cu, the portable path
+// this one replaces on sm_90a). Only the row products (forward, dX) run here; dW stays on mma.sync.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+
+#include "core/cuda_check.h"
+#include "kernels/grouped_gemm/grouped_gemm_cuda.h"
+#include "kernels/grouped_gemm/grouped_gemm_device.cuh"
+#include "kernels/grouped_gemm/grouped_gemm_kernels_cuda.h"
+
+namespace deltamoe::grouped_gemm_detail {
+
+namespace {
+
+using nvbf16 = __nv_bfloat16;
+
+constexpr int kBlockM = kGroupedGemmTileRows;  // tile_starts counts tiles of this many rows
+constexpr int kBlockN = 256;
+constexpr int kBlockK = 64;  // one 128-byte swizzle line of bf16
+constexpr int kStages = 4;
+constexpr int kConsumers = 2;  // warpgroups of 64 rows each
+constexpr int kConsumerRows = kBlockM / kConsumers;
+constexpr int kThreads = 128 * (1 + kConsumers);
+constexpr int kStageBytesA = kBlockM * kBlockK * 2;  // 16 KiB: 128 lines of 128 bytes
+constexpr int kStageBytesB = kBlockN * kBlockK * 2;  // 32 KiB
+constexpr int kStageBytes = kStageBytesA + kStageBytesB;
+// bf16 results leave through a per-consumer staging tile of 64 rows x 128 columns (16 KiB, one
+// half of the warpgroup's 64 x 256 at a time), so that global stores are whole 16-byte chunks.
+constexpr int kStagingCols = 128;
+constexpr int kStagingBytes = kConsumerRows * kStagingCols * 2;
+// The stage ring (1024-byte aligned: the swizzle pattern repeats every 8 lines of 128 bytes),
+// the staging tiles, then the 2 x kStages mbarriers; 1 KiB slack for aligning the dynamic base.
+constexpr int kSmemBytes = kStages * kStageBytes + kConsumers * kStagingBytes + 2 * kStages * 8 + 1024;
+static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of an sm_90 block");
+// [K, N] weights (dX) arrive as boxes of 64 columns x 64 k lines, 8 KiB each.
+constexpr int kBoxN = 64;
+constexpr int kBoxBytesKN = kBoxN * kBlockK * 2;
+static_assert(kStageBytes % 1024 == 0 && kStageBytesA % 1024 == 0, "stages keep the 1024-byte swizzle alignment");
+static_assert(kBlockN / kBoxN * kBoxBytesKN == kStageBytesB, "the [K, N] boxes fill the B stage");
+static_assert(kConsumerRows == 64, "one m64 wgmma per consumer warpgroup");
+
+struct WgmmaParams {
+  void* c;
+  const int32_t* offsets;
+  const int32_t* tile_starts;
+  int num_groups;
+  int n, k;
+  int n_tiles;   // ceil(n / kBlockN)
+  int k_blocks;  // ceil(k / kBlockK)
+};
+
+
+// Plain sm_90 code would carry this kernel with an empty body, and wgmma_available() cannot tell
+// it from sm_90a code: such a build is refused here (the project builds 80 and 90a).
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && (__CUDA_ARCH__ < 1000) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "grouped_gemm_wgmma.cu: build Hopper code as sm_90a (wgmma and setmaxnreg), not sm_90"
+#endif
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// The producer's arrival on a full barrier, announcing the bytes its copies will complete.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of the given parity has completed. The retry loop stays inside the asm
+// (block-local labels): a loop the compiler sees would make the products after it look divergent,
+// and ptxas would serialise them.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// A value the compiler then knows to be the same in every lane (what the warp reads from the same
+// address anyway): branches on it are not divergent.
+__device__ __forceinline__ int warp_uniform(int value) { return __shfl_sync(0xffffffffu, value, 0); }
+
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte
+// offsets (all in 16-byte units), swizzle mode 1 in bits 62-63.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
+         (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across the asynchronous products.
+__device__ __forceinline__ void fence_accumulators(float (&d)[128]) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// D (64 x 256, f32, the warpgroup's fragment) = A (64 x 16) * B (16 x 256) + (scale_d ? D : 0).
+// A k-major; B k-major (kTransB 0: weights [N, K]) or n-major (kTransB 1: weights [K, N]).
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
+                                                 int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p, 1, 1, 0, %131;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));
+}
+
+// One tile of the list: its group, first row and column, and how many of its 128 rows are the group's.
+struct RowTile {
+  int g, m0, n0, rows_valid;
+};
+
+// Tiles are numbered group by group, m-tile major and n-tile minor inside a group: blocks running
+// together share a 128-row slice of A across the n-tiles and the group's weights in L2 (on the
+// H200 this order beat n-major by 13-16% with 8 experts and ~2% with 256, docs/performance.md).
+__device__ __forceinline__ RowTile decode_tile(const WgmmaParams& p, int tile) {
+  const int g = find_tile_group(p.tile_starts, p.num_groups, tile, p.n_tiles);
+  const int first = p.tile_starts[g];
+  const int local = tile - first * p.n_tiles;
+  const int m_index = local / p.n_tiles, n_index = local - m_index * p.n_tiles;
+  RowTile t;
+  t.g = g;
+  t.m0 = p.offsets[g] + m_index * kBlockM;
+  t.n0 = n_index * kBlockN;
+  t.rows_valid = p.offsets[g + 1] - t.m0;
+  return t;
+}
+
+// f32 results straight from the consumer's fragment to global memory: thread (warp w, lane l) holds rows
+// 16w + l/4 and +8, columns 8j + 2(l%4) and +1 (pairs wholly valid or not: n % 8 == 0).
+template <int kEpilogue>
+__device__ __forceinline__ void store_fragment(const float (&d)[128], void* c, int64_t ldc, const RowTile& t,
+                                               int row_first, int n, int lane) {
+  const int col0 = t.n0 + 2 * (lane % 4);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row_first + half * 8;
+    if (row >= t.rows_valid) continue;
+    const int64_t line = static_cast<int64_t>(t.m0 + row) * ldc;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      const int col = col0 + 8 * j;
+      if (col >= n) continue;
+      const float v0 = d[4 * j + 2 * half], v1 = d[4 * j + 2 * half + 1];
+      if constexpr (kEpilogue == kStoreBf16)
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<nvbf16*>(c) + line + col) = __floats2bfloat162_rn(v0, v1);
+      else
+        *reinterpret_cast<float2*>(static_cast<float*>(c) + line + col) = make_float2(v0, v1);
+    }
+  }
+}
+
+// bf16 results through the warpgroup's staging tile: each half (128 columns) is written as bf16
+// pairs with the 16-byte chunks of row r XOR-swizzled by r % 8 (the 8 rows of one store hit 8
+// distinct chunks: no bank conflicts), then read back a chunk per thread and stored whole, a row's
+// 16 chunks by 16 consecutive threads. bar_id: the warpgroup's named barrier.
+__device__ __forceinline__ void store_fragment_staged(const float (&d)[128], nvbf16* c, int64_t ldc,
+                                                      const RowTile& t, int row_base, uint32_t staging, int n,
+                                                      int bar_id, int warp, int lane, int wg_thread) {
+#pragma unroll
+  for (int h = 0; h < kBlockN / kStagingCols; ++h) {
+    // Readers of the previous half (or tile) are done with the staging tile.
+    asm volatile("bar.sync %0, 128;\n" ::"r"(bar_id) : "memory");
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp * 16 + lane / 4 + half * 8;
+#pragma unroll
+      for (int j = 0; j < kStagingCols / 8; ++j) {
+        const int chunk = j ^ (row % 8);
+        const uint32_t at = staging + row * (kStagingCols * 2) + chunk * 16 + (lane % 4) * 4;
+        const int at_acc = 4 * (16 * h + j) + 2 * half;
+        const __nv_bfloat162 v = __floats2bfloat162_rn(d[at_acc], d[at_acc + 1]);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
+      }
+    }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(bar_id) : "memory");
+#pragma unroll
+    for (int q = 0; q < kConsumerRows * kStagingCols / 8 / 128; ++q) {
+      const int i = wg_thread + q * 128;
+      const int row = i / (kStagingCols / 8), chunk = i % (kStagingCols / 8);
+      const int col = t.n0 + h * kStagingCols + chunk * 8;
+      if (row_base + row < t.rows_valid && col < n) {
+        uint4 v;
+        const uint32_t at = staging + row * (kStagingCols * 2) + (chunk ^ (row % 8)) * 16;
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(at));
+        *reinterpret_cast<uint4*>(c + static_cast<int64_t>(t.m0 + row_base + row) * ldc + col) = v;
+      }
+    }
+  }
+}
+
+#endif  // sm_90a
+
+// A [R, K] k-major through map_a (2D: K, rows); B_g [N, K] (kBKMajor, 3D map: K, N, G) or [K, N]
+// (3D map: N, K, G); C [R, N] bf16 or f32. Rows and k past the maps' extents arrive as zeros;
+// rows of a tile past its group's end are computed but not stored.
+template <bool kBKMajor, int kEpilogue>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                              const WgmmaParams p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t ring = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t full_bars = ring + kStages * kStageBytes + kConsumers * kStagingBytes;  // stage filled
+  const uint32_t empty_bars = full_bars + kStages * 8;      // stage consumed (every consumer warp)
+  const int warpgroup = warp_uniform(static_cast<int>(threadIdx.x) / 128);
+  const int warp = (static_cast<int>(threadIdx.x) % 128) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_bars + 8 * s, 1);
+      mbar_init(empty_bars + 8 * s, kConsumers * 4);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();  // the only block-wide barrier: the producer's idle warps leave after it
+
+  const int total_tiles = warp_uniform(p.tile_starts[p.num_groups] * p.n_tiles);
+  if (warpgroup == 0) {
+    // Producer: one thread issues every copy; the warpgroup gives its registers to the consumers.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (warp != 0 || lane != 0) return;
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
+    int it = 0;  // k-blocks issued so far: stage it % kStages, its (it / kStages)-th use
+    for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles; tile += static_cast<int>(gridDim.x)) {
+      const RowTile t = decode_tile(p, tile);
+      for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+        const int s = it % kStages;
+        // A fresh barrier counts as having completed the phase before its first: the first round
+        // of stages does not wait.
+        mbar_wait(empty_bars + 8 * s, ((it / kStages) & 1) ^ 1);
+        const uint32_t full = full_bars + 8 * s, a_dst = ring + s * kStageBytes, b_dst = a_dst + kStageBytesA;
+        // Boxes partly or wholly outside the tensor still deliver their full size (as zeros).
+        mbar_arrive_expect_tx(full, kStageBytes);
+        tma_load_2d(a_dst, &map_a, full, kb * kBlockK, t.m0);
+        if constexpr (kBKMajor) {
+          tma_load_3d(b_dst, &map_b, full, kb * kBlockK, t.n0, t.g);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kBlockN / kBoxN; ++j)
+            tma_load_3d(b_dst + j * kBoxBytesKN, &map_b, full, t.n0 + j * kBoxN, kb * kBlockK, t.g);
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumers: warpgroup 1 takes rows 0-63 of each tile, warpgroup 2 rows 64-127.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  const int consumer = warpgroup - 1;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  int it = 0;
+  for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles; tile += static_cast<int>(gridDim.x)) {
+    const RowTile t = decode_tile(p, tile);
+    // A group's last tile often holds fewer than 65 of its rows: the second warpgroup then only
+    // keeps the stage hand-over going.
+    const bool active = warp_uniform(t.rows_valid > consumer * kConsumerRows);
+    int previous_stage = 0;
+    for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+      const int s = it % kStages;
+      mbar_wait(full_bars + 8 * s, (it / kStages) & 1);
+      if (active) {
+        const uint32_t a_stage = ring + s * kStageBytes + consumer * kConsumerRows * 128;
+        const uint32_t b_stage = ring + s * kStageBytes + kStageBytesA;
+        fence_accumulators(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockK / 16; ++kk) {
+          // k-major: the next 16 k are 32 bytes further along each swizzled line, lines 128 bytes
+          // apart, 8-line groups 1024. n-major B: 16 k lines further (2048 bytes); 64-column
+          // boxes kBoxBytesKN apart.
+          const uint64_t desc_a = smem_desc(a_stage + kk * 32, 16, 1024);
+          const uint64_t desc_b = kBKMajor ? smem_desc(b_stage + kk * 32, 16, 1024)
+                                           : smem_desc(b_stage + kk * 16 * 128, kBoxBytesKN, 1024);
+          wgmma_m64n256k16<kBKMajor ? 0 : 1>(acc, desc_a, desc_b, (kb > 0 || kk > 0) ? 1 : 0);
+        }
+        wgmma_commit();
+        // The previous k-block's products are done: its stage may be refilled.
+        wgmma_wait<1>();
+        fence_accumulators(acc);
+      }
+      if (kb > 0 && lane == 0) mbar_arrive(empty_bars + 8 * previous_stage);
+      previous_stage = s;
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    if (lane == 0) mbar_arrive(empty_bars + 8 * previous_stage);
+    if (active) {
+      if constexpr (kEpilogue == kStoreBf16)
+        store_fragment_staged(acc, static_cast<nvbf16*>(p.c), p.n, t, consumer * kConsumerRows,
+                              ring + kStages * kStageBytes + consumer * kStagingBytes, p.n, 1 + consumer, warp, lane,
+                              static_cast<int>(threadIdx.x) % 128);
+      else
+        store_fragment<kEpilogue>(acc, p.c, p.n, t, consumer * kConsumerRows + warp * 16 + lane / 4, p.n, lane);
+    }
+  }
+#endif
+}
+
+// cuTensorMapEncodeTiled from the driver, found through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault, &found));
+    CHECK(found == cudaDriverEntryPointSuccess && entry != nullptr,
+          "grouped GEMM (wgmma): the driver has no cuTensorMapEncodeTiled");
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(entry);
+  }
+  return encode;
+}
+
+// A bf16 tensor map with 128-byte swizzled boxes; dims innermost first, strides in bytes for
+// dims 1.. (the launcher checked 16-byte alignment of base and strides).
+CUtensorMap bf16_tensor_map(const void* base, cuuint32_t rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                            const cuuint32_t* box) {
+  CUtensorMap map;
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult result = tensor_map_encoder()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CHECK(result == CUDA_SUCCESS, "grouped GEMM (wgmma): cuTensorMapEncodeTiled failed (", static_cast<int>(result),
+        ") for a rank-", rank, " map of ", dims[0], " x ", dims[1], rank > 2 ? " x " : "", rank > 2 ? dims[2] : 0);
+  return map;
+}
+
+template <bool kBKMajor, int kEpilogue>
+void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const WgmmaParams& params, int64_t max_tiles,
+            cudaStream_t stream) {
+  auto kernel = grouped_gemm_wgmma_kernel<kBKMajor, kEpilogue>;
+  static bool attribute_set = false;  // a host-side attribute, no sync
+  if (!attribute_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    attribute_set = true;
+  }
+  int device = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(max_tiles, sms)));
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, params);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool wgmma_available() {
+  // Per device: compute capability 9.x and this kernel's code compiled for sm_90a, as machine code
+  // and from sm_90a PTX (an 80-only build, compute_80 PTX compiled for the GPU at load time, or an
+  // sm_80 GPU keep the mma.sync kernel, whose copy of this kernel is empty). Host-side queries, cached.
+  static int cached[64] = {};  // 0 unknown, 1 yes, 2 no
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= 64) return false;
+  if (cached[device] == 0) {
+    int major = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    cudaFuncAttributes attributes{};
+    CUDA_CHECK(cudaFuncGetAttributes(&attributes, grouped_gemm_wgmma_kernel<true, kStoreBf16>));
+    cached[device] = major == 9 && attributes.binaryVersion >= 90 && attributes.ptxVersion >= 90 ? 1 : 2;
+  }
+  return cached[device] == 1;
+}
+
+void rows_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk, void* c, DType c_dtype,
+                const int32_t* offsets, const int32_t* tile_starts, int num_groups, int64_t max_rows, int n, int k,
+                cudaStream_t stream) {
+  CHECK(mma_applies(a, b, c, n, k), "grouped GEMM (wgmma): n=", n, " and k=", k,
+        " must be multiples of 8 and the operands 16-byte aligned");
+  CHECK(wgmma_available(), "grouped GEMM (wgmma): needs an sm_90 GPU and a build for sm_90a");
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(k) * 2;
+  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(max_rows)};
+  const cuuint64_t a_strides[1] = {row_bytes};
+  const cuuint32_t a_box[2] = {kBlockK, kBlockM};
+  const CUtensorMap map_a = bf16_tensor_map(a, 2, a_dims, a_strides, a_box);
+  const cuuint64_t group_bytes = static_cast<cuuint64_t>(n) * k * 2;
+  CUtensorMap map_b;
+  if (b_stored_nk) {
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(n),
+                                static_cast<cuuint64_t>(num_groups)};
+    const cuuint64_t strides[2] = {row_bytes, group_bytes};
+    const cuuint32_t box[3] = {kBlockK, kBlockN, 1};
+    map_b = bf16_tensor_map(b, 3, dims, strides, box);
+  } else {
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(n), static_cast<cuuint64_t>(k),
+                                static_cast<cuuint64_t>(num_groups)};
+    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(n) * 2, group_bytes};
+    const cuuint32_t box[3] = {kBoxN, kBlockK, 1};
+    map_b = bf16_tensor_map(b, 3, dims, strides, box);
+  }
+  WgmmaParams params{c, offsets, tile_starts, num_groups, n, k, (n + kBlockN - 1) / kBlockN,
+                     (k + kBlockK - 1) / kBlockK};
+  // Every group wastes at most one partial tile: the device-side count is at most this.
+  const int64_t max_tiles = ((max_rows + kBlockM - 1) / kBlockM + num_groups) * params.n_tiles;
+  CHECK(max_tiles < (int64_t{1} << 31), "grouped GEMM (wgmma): ", max_tiles, " tiles overflow 32-bit tile indices");
+  if (b_stored_nk) {
+    if (c_dtype == DType::bf16)
+      launch<true, kStoreBf16>(map_a, map_b, params, max_tiles, stream);
+    else
+      launch<true, kStoreF32>(map_a, map_b, params, max_tiles, stream);
+  } else {
+    if (c_dtype == DType::bf16)
+      launch<false, kStoreBf16>(map_a, map_b, params, max_tiles, stream);
+    else
+      launch<false, kStoreF32>(map_a, map_b, params, max_tiles, stream);
+  }
+}
+
+}  // namespace deltamoe::grouped_gemm_detail

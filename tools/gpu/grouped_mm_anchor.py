@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""The anchor for the grouped expert GEMM: torch._grouped_mm on the shapes of grouped_gemm_gpu_test's
+Timing35B (8,192 tokens x top-8 = 65,536 rows over E = 256 experts, H = 2048, I = 512), bf16, timed
+with CUDA events (median of 20 after 5 warm-ups). Routing as in the test: each row to a uniformly
+random expert; also the balanced case (256 rows per expert). Prints one TIMING line per product."""
+import torch
+
+E, H, I, ROWS = 256, 2048, 512, 8192 * 8
+
+
+def median_ms(fn, warmup=5, repeats=20):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main():
+    torch.manual_seed(0)
+    dev = "cuda"
+    x = torch.randn(ROWS, H, device=dev, dtype=torch.bfloat16)
+    h = torch.randn(ROWS, 2 * I, device=dev, dtype=torch.bfloat16)
+    h_i = torch.randn(ROWS, I, device=dev, dtype=torch.bfloat16)
+    w_gu = torch.randn(E, 2 * I, H, device=dev, dtype=torch.bfloat16) * 0.02  # [E, N, K] as the engine stores it
+    w_down = torch.randn(E, H, I, device=dev, dtype=torch.bfloat16) * 0.02
+    counts = {
+        "random": torch.bincount(torch.randint(0, E, (ROWS,), device=dev), minlength=E),
+        "balanced": torch.full((E,), ROWS // E, device=dev, dtype=torch.int64),
+    }
+    for routing, count in counts.items():
+        offs = torch.cumsum(count, 0).to(torch.int32)
+        products = [
+            ("gate_up fwd  [R,H]x[E,2I,H]^T", x, w_gu.transpose(-2, -1), 2.0 * ROWS * 2 * I * H),
+            ("down fwd     [R,I]x[E,H,I]^T", h_i, w_down.transpose(-2, -1), 2.0 * ROWS * H * I),
+            ("gate_up dX   [R,2I]x[E,2I,H]", h, w_gu, 2.0 * ROWS * 2 * I * H),
+            ("down dX      [R,H]x[E,H,I]", x, w_down, 2.0 * ROWS * H * I),
+        ]
+        for name, a, b, flops in products:
+            ms = median_ms(lambda: torch._grouped_mm(a, b, offs=offs))
+            print(f"  TIMING torch._grouped_mm {routing:8s} {name:32s} {ms:8.3f} ms  {flops / ms / 1e9:7.1f} TFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
