@@ -37,4 +37,8 @@ struct DeviceParam {
 // The lookup a binder uses: the views of `name`; needs_f32 says the model reads its fp32 values.
 using DeviceParamLookup = std::function<DeviceParam(const std::string& name, bool needs_f32)>;
 
+// The LoRA adapter of a weight module (e.g. "model.layers.0.self_attn.q_proj"), rank 0 when it has
+// none; a binder attaches it to the module's weight.
+using DeviceLoraLookup = std::function<DeviceLoraViews(const std::string& module)>;
+
 }  // namespace deltamoe

@@ -66,6 +66,10 @@ void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DT
   if (lora != nullptr) {
     saved_whole.insert(lora->modules_to_save.begin(), lora->modules_to_save.end());
     for (const LoraTarget& target : lora->targets) {
+      // An adapter in the vision tower makes its part run a backward, as a trained tensor there does.
+      const ParamGroup group = param_group(target.weight_name());
+      plan->vit_trained = plan->vit_trained || group == ParamGroup::vit;
+      plan->merger_trained = plan->merger_trained || group == ParamGroup::aligner;
       for (const std::vector<int64_t>& shape : {target.a_shape(lora->options.rank), target.b_shape(lora->options.rank)}) {
         int64_t numel = 1;
         for (int64_t d : shape) numel *= d;
@@ -122,6 +126,23 @@ ModelBytes estimate_text_bytes(const TextConfig& config, int64_t max_tokens, int
                                : 0;
   bytes.workspace = std::max({experts, logits, gdn, attention}) + (size_t{32} << 20);  // + cuBLASLt's workspace
   return bytes;
+}
+
+size_t estimate_text_lora_bytes(const TextConfig& config, int64_t max_tokens, int64_t rank) {
+  if (rank <= 0) return 0;
+  auto a256 = [](int64_t bytes) { return static_cast<size_t>((bytes + 255) / 256 * 256); };
+  const int64_t T = max_tokens, r = rank, E = config.num_experts, R = T * config.num_experts_per_tok;
+  const int64_t C = config.hidden_size, I = config.moe_intermediate_size;
+  const size_t dense = 2 * a256(T * r * 2) + 2 * a256(T * 2);
+  auto experts = [&](int64_t in, int64_t out) {
+    return a256(E * out * r * 2) + 2 * a256(R * r * 2) + a256(R * std::max(in, out) * 4) + a256(E * out * r * 4) +
+           a256((E + 1) * 4);
+  };
+  return dense + std::max(experts(C, 2 * I), experts(I, C));
+}
+
+size_t estimate_vision_lora_bytes(int64_t max_patches, int64_t rank) {
+  return rank > 0 ? 2 * static_cast<size_t>(max_patches * rank) * 2 : 0;
 }
 
 ModelBytes estimate_vision_bytes(const VisionConfig& config, int64_t max_patches, bool vit_trained,
@@ -201,6 +222,15 @@ MemoryPlan plan_training_memory(const ModelConfig& config, const EngineOptions& 
                                   plan.max_image_tokens, options.loss_chunk_rows, options.recompute);
   if (plan.max_patches > 0)
     plan.vision = estimate_vision_bytes(config.vision, plan.max_patches, plan.vit_trained, plan.merger_trained);
+  if (options.lora != nullptr) {
+    const int64_t rank = options.lora->options.rank;
+    plan.text.workspace += estimate_text_lora_bytes(config.text, options.max_tokens, rank);
+    bool vision_adapters = false;
+    for (const LoraTarget& target : options.lora->targets)
+      vision_adapters = vision_adapters || param_group(target.weight_name()) != ParamGroup::llm;
+    if (plan.max_patches > 0 && vision_adapters)
+      plan.vision.workspace += estimate_vision_lora_bytes(plan.max_patches, rank);
+  }
   plan.reserve = kReserveBytes;
   return plan;
 }

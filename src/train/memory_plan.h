@@ -73,6 +73,16 @@ ModelBytes estimate_text_bytes(const TextConfig& config, int64_t max_tokens, int
 ModelBytes estimate_vision_bytes(const VisionConfig& config, int64_t max_patches, bool vit_trained,
                                  bool merger_trained);
 
+// The LoRA adapters' scratch of the GPU text model at rank r (GpuTextModel::planned_bytes with
+// lora_rank r adds exactly this): the dense and shared-expert adapters' x A^T / dy B rows
+// (shared_expert_lora_scratch_bytes) and the routed experts' adapter workspace, the larger of
+// gate_up's and down's (moe_experts_lora_workspace_bytes: per-expert B copy, rank rows, the wide
+// fp32 low-rank product, dB, the grouped GEMM's tile prefix). The formulas are restated here
+// because CPU builds have no kernels; the GPU test checks both agree.
+size_t estimate_text_lora_bytes(const TextConfig& config, int64_t max_tokens, int64_t rank);
+// The vision tower's adapter scratch (GpuVisionModel::lora_scratch_bytes).
+size_t estimate_vision_lora_bytes(int64_t max_patches, int64_t rank);
+
 // "" when plan.total() fits in device_bytes; otherwise the refusal: the plan, both numbers and
 // what to change (with what each change saves).
 std::string memory_refusal(const MemoryPlan& plan, size_t device_bytes, const EngineOptions& options,

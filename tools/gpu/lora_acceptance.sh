@@ -3,18 +3,21 @@
 # against the CPU reference (adapter products; the text model with adapters), the LoRA demo on CUDA
 # (validation loss at most half its first value), and `deltamoe bench --tuner_type lora` on the full
 # 40-layer Qwen3.5-35B-A3B (random weights, bf16 base frozen, 8,192 tokens per step) text-only and
-# with images (vision tower frozen), each printing its memory plan. Targets: the attention and GDN
-# projections and the routed experts (what the GPU engine applies adapters to so far; not yet the
-# shared expert and the vision tower, which all-linear includes). Each stage has a timeout; the whole
-# stays under 9 minutes. Logs go to $OUT/lora_acceptance.tgz, the summary also to $OUT/lora_summary.txt.
-# Usage: STAGES="tests demo text40 vlm40 regress" bash tools/gpu/lora_acceptance.sh (regress: the
-# full-tuning gpu_text_model_gpu_test, since the funnel and the expert block changed).
+# with images, each printing its memory plan. Targets: ms-swift's `--target_modules all-linear` (every
+# Linear of the text model and the vision tower) plus the routed experts (--target_parameters), so
+# the vlm40 stage trains the tower's adapters too (its backward runs). Each stage has a timeout; the
+# whole stays under 9 minutes. Logs go to $OUT/lora_acceptance.tgz, the summary also to $OUT/lora_summary.txt.
+# resume: a GPU LoRA run killed mid-step and resumed, byte-identical to an uninterrupted one.
+# Usage: [BUNDLE=gpu_bundle] STAGES="tests resume demo text40 vlm40 regress" bash tools/gpu/lora_acceptance.sh (regress: the
+# full-tuning gpu_text_model_gpu_test, the shared expert kernel and the vision tower without
+# adapters, since the shared expert kernel and the vision projections changed).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must name the folder whose files come back}"
 export PYTHONUNBUFFERED=1
-source gpu_bundle/env.sh
-bin=$PWD/gpu_bundle/bin/deltamoe
+bundle=${BUNDLE:-gpu_bundle}  # e.g. BUNDLE=gpu_bundle_lora for a branch's bundle carried beside main's
+source $bundle/env.sh
+bin=$PWD/$bundle/bin/deltamoe
 work=${WORK:-/tmp/acceptance_lora}
 logs=$work/logs
 rm -rf "$work" && mkdir -p "$logs"
@@ -22,23 +25,27 @@ summary=$OUT/lora_summary.txt  # written as it goes: what a call cut short by it
 : > "$summary"
 status=0
 say() { echo "$*" | tee -a "$summary"; }
-targets="q_proj k_proj v_proj o_proj in_proj_qkv in_proj_z in_proj_b in_proj_a out_proj"
 export DELTAMOE_SOURCE_DIR=$PWD DELTAMOE_BINARY=$bin
 
 bench_lines() { grep -E "memory plan|^  [a-zA-Z].*GiB|tokens/s|step time|memory:|images:|trained parameters|BENCH_JSON|error|does not fit" "$1" | tee -a "$summary"; }
 
-for stage in ${STAGES:-tests demo text40 vlm40 regress}; do
+for stage in ${STAGES:-tests resume demo text40 vlm40 regress}; do
   say "################ $stage ($(date +%T))"
   case $stage in
   tests)
-    for t in lora_kernels_gpu_test gpu_text_model_lora_gpu_test; do
-      if timeout 200 gpu_bundle/bin/$t > "$logs/$t.log" 2>&1; then say "PASS $t"; else say "FAIL $t (exit $?)"; status=1; fi
-      grep -E "TIMING|ce loss|FAILED|Failure|rel_l2 .*NOT|Expected|which is" "$logs/$t.log" | head -40 | tee -a "$summary"
+    # The vision tower's LoRA cases only (its other cases run in regress); the engine test holds the
+    # VLM all-linear comparison with CpuEngine and the bit-exact LoRA resume.
+    for t in lora_kernels_gpu_test gpu_text_model_lora_gpu_test "gpu_vision_model_gpu_test --gtest_filter=*Lora*" \
+             gpu_engine_lora_gpu_test; do
+      name=${t%% *}
+      if timeout 200 $bundle/bin/$t > "$logs/$name.log" 2>&1; then say "PASS $t"; else say "FAIL $t (exit $?)"; status=1; fi
+      grep -E "TIMING|ce loss|ce_sum|features rel|worst|adapter gradients|LoRA losses|FAILED|Failure|NOT FINITE|Expected|which is" \
+        "$logs/$name.log" | head -60 | tee -a "$summary"
     done
     ;;
   demo)
-    gunzip -c gpu_bundle/qwen3_tokenizer.json.gz > "$work/qwen3_tokenizer.json"
-    if DEMO_DEVICE=cuda DEMO_TUNER=lora DEMO_LORA_TARGETS="$targets" DEMO_QWEN3_TOKENIZER=$work/qwen3_tokenizer.json \
+    gunzip -c $bundle/qwen3_tokenizer.json.gz > "$work/qwen3_tokenizer.json"
+    if DEMO_DEVICE=cuda DEMO_TUNER=lora DEMO_QWEN3_TOKENIZER=$work/qwen3_tokenizer.json \
         timeout 240 bash tools/demo/run_demo.sh "$bin" "$work/demo" > "$logs/demo.log" 2>&1; then
       say "PASS demo (LoRA, cuda)"
     else
@@ -48,9 +55,9 @@ for stage in ${STAGES:-tests demo text40 vlm40 regress}; do
     ;;
   text40|vlm40)
     args=(bench --layers 40 --tokens 8192 --steps 5 --warmup 2 --tuner_type lora --lora_rank 8 --lora_alpha 32
-          --target_modules $targets --target_parameters mlp.experts.gate_up_proj mlp.experts.down_proj)
+          --target_modules all-linear --target_parameters mlp.experts.gate_up_proj mlp.experts.down_proj)
     if [ $stage = vlm40 ]; then
-      args+=(--seqs 16 --images 16x16,15x20,18x24,20x15 --image_fraction 0.85 --freeze_vit true --freeze_aligner true)
+      args+=(--seqs 16 --images 16x16,15x20,18x24,20x15 --image_fraction 0.85)
     else
       args+=(--seqs 8)
     fi
@@ -72,11 +79,48 @@ print(f"{'PASS' if ok else 'FAIL'}: {r['tokens_per_s']:.0f} tokens/s (need >= 47
 sys.exit(0 if ok else 1)
 PY
     ;;
+  resume)
+    # A LoRA run (all-linear + routed experts on tiny-vl, image + text data) 8 steps straight, and
+    # killed with step 6's backward on the device (DELTAMOE_KILL_AT=mid_step@6), then --resume auto
+    # from checkpoint-4: checkpoint-8's adapter and optimizer files must be byte-identical. Our
+    # attention kernel: cuDNN's backward adds dQ with atomics.
+    gunzip -c $bundle/qwen3_tokenizer.json.gz > "$work/qwen3_tokenizer.json"
+    $bin init --config tiny-vl --out "$work/tvl" > "$logs/resume_init.log" 2>&1
+    python3 tools/demo/make_tokenizer.py "$work/qwen3_tokenizer.json" tests/tokenizer/qwen3_5_chat_template.jinja \
+      "$work/tvl" >> "$logs/resume_init.log"
+    python3 tools/gpu/make_vlm_dataset.py "$work/vdata" --samples 96 --image_sizes 64x64,96x64,128x64 \
+      >> "$logs/resume_init.log"
+    export DELTAMOE_ATTENTION=ours
+    args=(train --model "$work/tvl" --dataset "$work/vdata/train.jsonl" --max_steps 8 --save_steps 4
+          --micro_batch_tokens 512 --max_length 256 --gradient_accumulation_steps 2 --lr 1e-3 --tuner_type lora
+          --lora_rank 8 --lora_alpha 16 --target_modules all-linear
+          --target_parameters mlp.experts.gate_up_proj mlp.experts.down_proj --device cuda --seed 5)
+    $bin "${args[@]}" --output_dir "$work/l_straight" > "$logs/resume_straight.log" 2>&1 || {
+      say "FAIL straight run"; tail -15 "$logs/resume_straight.log" | tee -a "$summary"; status=1; }
+    grep -E "GPU engine on|trainable tensors" "$logs/resume_straight.log" | head -3 | tee -a "$summary"
+    DELTAMOE_KILL_AT=mid_step@6 $bin "${args[@]}" --output_dir "$work/l_killed" > "$logs/resume_killed.log" 2>&1
+    rc=$?
+    say "killed run exit $rc (137 = SIGKILL); checkpoints: $(ls "$work/l_killed" | tr '\n' ' ')"
+    [ $rc -eq 137 ] || { say "  FAIL: the run was not killed mid-step"; status=1; }
+    $bin "${args[@]}" --output_dir "$work/l_killed" --resume auto > "$logs/resume_resumed.log" 2>&1 || {
+      say "FAIL resumed run"; status=1; }
+    grep -E "resuming from" "$logs/resume_resumed.log" | tee -a "$summary"
+    for f in adapter_model.safetensors optimizer.safetensors; do
+      if cmp -s "$work/l_straight/checkpoint-8/$f" "$work/l_killed/checkpoint-8/$f"; then
+        say "  $f byte-identical ($(stat -c %s "$work/l_straight/checkpoint-8/$f") bytes)"
+      else
+        say "  FAIL $f differs (or is missing)"; status=1
+      fi
+    done
+    unset DELTAMOE_ATTENTION
+    ;;
   regress)
     # The full-tuning text model path through the changed projection funnel and expert block.
-    t=gpu_text_model_gpu_test
-    if timeout 150 gpu_bundle/bin/$t > "$logs/$t.log" 2>&1; then say "PASS $t"; else say "FAIL $t (exit $?)"; status=1; fi
-    grep -E "FAILED|worst" "$logs/$t.log" | head -20 | tee -a "$summary"
+    for t in gpu_text_model_gpu_test shared_expert_gpu_test "gpu_vision_model_gpu_test --gtest_filter=-*Lora*"; do
+      name=${t%% *}
+      if timeout 150 $bundle/bin/$t > "$logs/$name.log" 2>&1; then say "PASS $t"; else say "FAIL $t (exit $?)"; status=1; fi
+      grep -E "FAILED|worst" "$logs/$name.log" | head -20 | tee -a "$summary"
+    done
     ;;
   *) say "unknown stage $stage"; status=1 ;;
   esac

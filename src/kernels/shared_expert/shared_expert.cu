@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/cuda_check.h"
+#include "kernels/gemm/f32_operand_cuda.h"
 #include "kernels/shared_expert/shared_expert_cuda.h"
 
 namespace deltamoe {
@@ -156,20 +157,70 @@ size_t forward_buffer_bytes(int64_t T, int64_t C, int64_t I) {
   return 3 * align256(T * I * sizeof(nvbf16)) + align256(T * C * sizeof(float)) + align256(T * sizeof(float));
 }
 
-// gate, up, h = silu(gate) up, out = h W_down^T (f32), logit = x . w_gate (f32).
+// The adapters' scratch, carved from SharedExpertLora::scratch.
+struct LoraScratch {
+  nvbf16 *xa, *dxa, *hi, *lo;
+};
+
+LoraScratch lora_scratch(const SharedExpertLora& lora, int64_t T) {
+  int64_t rank = 0;
+  for (const LoraDeviceAdapter* a : {&lora.gate_proj, &lora.up_proj, &lora.down_proj, &lora.expert_gate})
+    if (a->attached()) rank = std::max(rank, a->rank);
+  CHECK(lora.gemm != nullptr, "shared_expert: LoRA adapters need a GemmContext");
+  CHECK(lora.scratch_bytes >= shared_expert_lora_scratch_bytes(T, rank), "shared_expert: LoRA scratch of ",
+        lora.scratch_bytes, " bytes, ", T, " tokens at rank ", rank, " need ", shared_expert_lora_scratch_bytes(T, rank));
+  WorkspaceCarver carve(lora.scratch, lora.scratch_bytes);
+  LoraScratch s;
+  s.xa = carve.take<nvbf16>(T * rank);
+  s.dxa = carve.take<nvbf16>(T * rank);
+  s.hi = carve.take<nvbf16>(T);
+  s.lo = carve.take<nvbf16>(T);
+  return s;
+}
+
+// y (+)= the adapter's term s (x A^T) B^T on top of the base product already in y.
+void lora_forward(const SharedExpertLora* lora, const LoraDeviceAdapter& adapter, const nvbf16* x, void* y,
+                  DType y_dtype, int64_t T, int64_t in, int64_t out, cudaStream_t stream) {
+  if (lora == nullptr || !adapter.attached()) return;
+  const LoraScratch s = lora_scratch(*lora, T);
+  lora_linear_forward_cuda(*lora->gemm, x, adapter, s.xa, y, y_dtype, T, in, out, stream);
+}
+
+// The adapter's backward for dy [T, out] bf16: dA, dB added to, dx (f32) added to.
+void lora_backward(const SharedExpertLora* lora, const LoraDeviceAdapter& adapter, const nvbf16* x, const nvbf16* dy,
+                   float* dx, int64_t T, int64_t in, int64_t out, cudaStream_t stream) {
+  if (lora == nullptr || !adapter.attached()) return;
+  const LoraScratch s = lora_scratch(*lora, T);
+  lora_linear_backward_cuda(*lora->gemm, x, dy, adapter, s.xa, /*recompute_xa=*/true, s.dxa, dx, DType::f32, T, in,
+                            out, stream);
+}
+
+// gate, up, h = silu(gate) up, out = h W_down^T (f32), logit = x . w_gate (f32), each product with
+// its adapter's term added.
 void run_forward(cublasHandle_t handle, const nvbf16* x, const nvbf16* gate_proj, const nvbf16* up_proj,
                  const nvbf16* down_proj, const nvbf16* expert_gate, const ForwardBuffers& b, int64_t T, int64_t C,
-                 int64_t I, cudaStream_t stream) {
+                 int64_t I, cudaStream_t stream, const SharedExpertLora* lora) {
   CUBLAS_CHECK(cublasSetStream(handle, stream));
   gemm_row_major(handle, false, true, T, I, C, x, C, gate_proj, C, 0.0f, b.gate, CUDA_R_16BF, I);
   gemm_row_major(handle, false, true, T, I, C, x, C, up_proj, C, 0.0f, b.up, CUDA_R_16BF, I);
   gemm_row_major(handle, false, true, T, 1, C, x, C, expert_gate, C, 0.0f, b.logit, CUDA_R_32F, 1);
+  if (lora != nullptr) {
+    lora_forward(lora, lora->gate_proj, x, b.gate, DType::bf16, T, C, I, stream);
+    lora_forward(lora, lora->up_proj, x, b.up, DType::bf16, T, C, I, stream);
+    lora_forward(lora, lora->expert_gate, x, b.logit, DType::f32, T, C, 1, stream);
+  }
   swiglu_kernel<<<elementwise_grid(T * I), 256, 0, stream>>>(b.gate, b.up, b.h, T * I);
   CUDA_CHECK_LAUNCH();
   gemm_row_major(handle, false, true, T, C, I, b.h, I, down_proj, I, 0.0f, b.out, CUDA_R_32F, C);
+  if (lora != nullptr) lora_forward(lora, lora->down_proj, b.h, b.out, DType::f32, T, I, C, stream);
 }
 
 }  // namespace
+
+size_t shared_expert_lora_scratch_bytes(int64_t num_tokens, int64_t rank) {
+  return 2 * align256(static_cast<size_t>(num_tokens * rank) * sizeof(nvbf16)) +
+         2 * align256(static_cast<size_t>(num_tokens) * sizeof(nvbf16));
+}
 
 size_t shared_expert_forward_workspace_bytes(int64_t num_tokens, int64_t hidden, int64_t intermediate) {
   return forward_buffer_bytes(num_tokens, hidden, intermediate);
@@ -186,13 +237,14 @@ void shared_expert_forward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
                                 const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
                                 const __nv_bfloat16* expert_gate, __nv_bfloat16* y, bool accumulate, int64_t num_tokens,
                                 int64_t hidden, int64_t intermediate, void* workspace, size_t workspace_bytes,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, const SharedExpertLora* lora) {
   check_sizes("shared_expert_forward_cuda", num_tokens, hidden, intermediate);
   if (num_tokens == 0) return;
   const int64_t T = num_tokens, C = hidden, I = intermediate;
   WorkspaceCarver carve(workspace, workspace_bytes);
   const ForwardBuffers b = take_forward_buffers(carve, T, C, I);
-  run_forward(handle, x, gate_proj, up_proj, down_proj, expert_gate, b, T, C, I, stream);
+  if (lora != nullptr && !lora->any()) lora = nullptr;
+  run_forward(handle, x, gate_proj, up_proj, down_proj, expert_gate, b, T, C, I, stream, lora);
   scale_output_kernel<<<elementwise_grid(T * C), 256, 0, stream>>>(b.out, b.logit, y, accumulate, C, T * C);
   CUDA_CHECK_LAUNCH();
 }
@@ -202,7 +254,8 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
                                  const __nv_bfloat16* expert_gate, const __nv_bfloat16* dy, __nv_bfloat16* dx,
                                  bool accumulate_dx, float* d_gate_proj, float* d_up_proj, float* d_down_proj,
                                  float* d_expert_gate, int64_t num_tokens, int64_t hidden, int64_t intermediate,
-                                 void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                                 void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                                 const SharedExpertLora* lora) {
   check_sizes("shared_expert_backward_cuda", num_tokens, hidden, intermediate);
   if (num_tokens == 0) return;
   const int64_t T = num_tokens, C = hidden, I = intermediate;
@@ -214,11 +267,13 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
   const int64_t chunks = (T + kTokensPerChunk - 1) / kTokensPerChunk;
   float* partial = carve.take<float>(chunks * C);
 
-  run_forward(handle, x, gate_proj, up_proj, down_proj, expert_gate, b, T, C, I, stream);
+  if (lora != nullptr && !lora->any()) lora = nullptr;
+  run_forward(handle, x, gate_proj, up_proj, down_proj, expert_gate, b, T, C, I, stream, lora);
   scale_backward_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(b.out, b.logit, dy, d_logit, d_out, C);
   CUDA_CHECK_LAUNCH();
-  // d_h = d_out W_down; d_down += d_out^T h.
+  // d_h = d_out W_down (+ the down adapter's term); d_down += d_out^T h.
   gemm_row_major(handle, false, false, T, I, C, d_out, C, down_proj, I, 0.0f, d_h, CUDA_R_32F, I);
+  if (lora != nullptr) lora_backward(lora, lora->down_proj, b.h, d_out, d_h, T, I, C, stream);
   if (d_down_proj != nullptr) gemm_row_major(handle, true, false, C, I, T, d_out, C, b.h, I, 1.0f, d_down_proj, CUDA_R_32F, I);
   swiglu_backward_kernel<<<elementwise_grid(T * I), 256, 0, stream>>>(b.gate, b.up, d_h, T * I);
   CUDA_CHECK_LAUNCH();
@@ -228,6 +283,18 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
   float* dx32 = b.out;
   gemm_row_major(handle, false, false, T, C, I, d_gate, I, gate_proj, C, 0.0f, dx32, CUDA_R_32F, C);
   gemm_row_major(handle, false, false, T, C, I, d_up, I, up_proj, C, 1.0f, dx32, CUDA_R_32F, C);
+  if (lora != nullptr) {
+    lora_backward(lora, lora->gate_proj, x, d_gate, dx32, T, C, I, stream);
+    lora_backward(lora, lora->up_proj, x, d_up, dx32, T, C, I, stream);
+    if (lora->expert_gate.attached()) {
+      // The gate logit's gradient is fp32: its adapter's products run once per bf16 half (they are
+      // linear in dy), as the router's do.
+      const LoraScratch s = lora_scratch(*lora, T);
+      split_f32_to_bf16_hi_lo_cuda(d_logit, s.hi, s.lo, T, stream);
+      lora_backward(lora, lora->expert_gate, x, s.hi, dx32, T, C, 1, stream);
+      lora_backward(lora, lora->expert_gate, x, s.lo, dx32, T, C, 1, stream);
+    }
+  }
   finish_dx_kernel<<<elementwise_grid(T * C), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx, C,
                                                                 T * C);
   CUDA_CHECK_LAUNCH();

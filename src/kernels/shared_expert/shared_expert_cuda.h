@@ -1,5 +1,8 @@
 // CUDA shared expert with its sigmoid gate (the spec is shared_expert.h): dense products through
-// cuBLAS (bf16 operands, fp32 accumulation), SiLU gate and scaling kernels in fp32.
+// cuBLAS (bf16 operands, fp32 accumulation), SiLU gate and scaling kernels in fp32. LoRA adapters
+// on its four Linears (gate_proj, up_proj, down_proj, shared_expert_gate) add their low-rank terms
+// where each base product is issued (kernels/lora/lora_cuda.h), forward and in the backward's
+// recompute; their backward forms dA, dB and the input-gradient terms, never a base dW.
 #pragma once
 
 #include <cublas_v2.h>
@@ -9,7 +12,24 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/lora/lora_cuda.h"
+
 namespace deltamoe {
+
+class GemmContext;
+
+// The shared expert's adapters (one not attached: none) and the scratch their products use (at
+// least shared_expert_lora_scratch_bytes for the call's tokens and the largest rank). gemm issues
+// the adapter products on the same stream as the base ones.
+struct SharedExpertLora {
+  GemmContext* gemm = nullptr;
+  LoraDeviceAdapter gate_proj, up_proj, down_proj, expert_gate;
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
+  bool any() const { return gate_proj.attached() || up_proj.attached() || down_proj.attached() || expert_gate.attached(); }
+};
+// x A^T and dy B rows [T, r] and the bf16 hi/lo halves of the fp32 gate-logit gradient [T].
+size_t shared_expert_lora_scratch_bytes(int64_t num_tokens, int64_t rank);
 
 size_t shared_expert_forward_workspace_bytes(int64_t num_tokens, int64_t hidden, int64_t intermediate);
 size_t shared_expert_backward_workspace_bytes(int64_t num_tokens, int64_t hidden, int64_t intermediate);
@@ -20,16 +40,18 @@ void shared_expert_forward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
                                 const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
                                 const __nv_bfloat16* expert_gate, __nv_bfloat16* y, bool accumulate, int64_t num_tokens,
                                 int64_t hidden, int64_t intermediate, void* workspace, size_t workspace_bytes,
-                                cudaStream_t stream);
+                                cudaStream_t stream, const SharedExpertLora* lora = nullptr);
 
 // dy [T, C] bf16 -> dx [T, C] bf16 written (accumulate_dx false) or added to; d_gate_proj,
 // d_up_proj [I, C], d_down_proj [C, I], d_expert_gate [1, C] f32 added to (each may be null: a
-// frozen weight, its product skipped). Recomputes activations.
+// frozen weight, its product skipped). Recomputes activations (with the adapters' terms); the
+// adapters' gradients are added to their own grad_a / grad_b.
 void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
                                  const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
                                  const __nv_bfloat16* expert_gate, const __nv_bfloat16* dy, __nv_bfloat16* dx,
                                  bool accumulate_dx, float* d_gate_proj, float* d_up_proj, float* d_down_proj,
                                  float* d_expert_gate, int64_t num_tokens, int64_t hidden, int64_t intermediate,
-                                 void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                                 void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                                 const SharedExpertLora* lora = nullptr);
 
 }  // namespace deltamoe

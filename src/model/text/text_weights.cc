@@ -16,7 +16,8 @@ bool TextWeights::any_trained() const {
     for (const DeviceParam* p : {&l.linear_attn.in_proj_qkv, &l.linear_attn.in_proj_z, &l.linear_attn.in_proj_b,
                                  &l.linear_attn.in_proj_a, &l.linear_attn.out_proj, &l.self_attn.q_proj,
                                  &l.self_attn.k_proj, &l.self_attn.v_proj, &l.self_attn.o_proj,
-                                 &l.mlp.experts_gate_up, &l.mlp.experts_down})
+                                 &l.mlp.experts_gate_up, &l.mlp.experts_down, &l.mlp.shared_gate_proj,
+                                 &l.mlp.shared_up_proj, &l.mlp.shared_down_proj, &l.mlp.shared_expert_gate})
       trained = trained || p->lora.grad_a != nullptr;
     for (const DeviceParam* p : {&l.input_layernorm, &l.post_attention_layernorm, &l.mlp.gate,
                                  &l.mlp.experts_gate_up, &l.mlp.experts_down, &l.mlp.shared_gate_proj,
@@ -36,12 +37,15 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 
 }  // namespace
 
-// The projections GpuTextModel runs through its LoRA funnel (gpu_text_model_step.cc).
+// The weights GpuTextModel applies adapters on: its projection funnel (gpu_text_model_step.cc), the
+// shared expert's kernel and the routed experts' grouped products. Every nn.Linear of the text
+// model (all-linear) and the fused expert weights; the router, conv1d, embeddings and norms have none.
 bool gpu_applies_lora_adapter(const std::string& module) {
   for (const char* name : {".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.o_proj",
                            ".linear_attn.in_proj_qkv", ".linear_attn.in_proj_z", ".linear_attn.in_proj_b",
                            ".linear_attn.in_proj_a", ".linear_attn.out_proj", ".mlp.experts.gate_up_proj",
-                           ".mlp.experts.down_proj"}) {
+                           ".mlp.experts.down_proj", ".mlp.shared_expert.gate_proj", ".mlp.shared_expert.up_proj",
+                           ".mlp.shared_expert.down_proj", ".mlp.shared_expert_gate"}) {
     if (ends_with(module, name)) return true;
   }
   return false;
@@ -58,10 +62,10 @@ TextWeights bind_text_weights(const TextConfig& config, const std::string& prefi
       const std::string module = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : name;
       const DeviceLoraViews views = lora(module);
       if (views.attached()) {
-        CHECK(gpu_applies_lora_adapter(module), "gpu text model: a LoRA adapter on '", module, "' has no GPU kernels ",
-              "yet (the GPU engine applies adapters to the attention and GDN projections: q/k/v/o_proj, ",
-              "in_proj_qkv/z/b/a, out_proj, and to the routed experts); train it on the CPU reference (--device cpu) or leave it out of ",
-              "--target_modules / --target_parameters");
+        CHECK(gpu_applies_lora_adapter(module), "gpu text model: a LoRA adapter on '", module, "', which is not a ",
+              "Linear of the text model nor a routed experts' fused weight (the GPU model applies adapters to ",
+              "q/k/v/o_proj, in_proj_qkv/z/b/a, out_proj, the shared expert's gate/up/down_proj, ",
+              "shared_expert_gate and mlp.experts.gate_up_proj / down_proj)");
         CHECK(views.a != nullptr && views.b != nullptr, "gpu text model: the adapter of '", module, "' lacks A or B");
         param.lora = views;
       }

@@ -39,13 +39,9 @@ struct TextWeights {
   bool any_trained() const;
 };
 
-// Whether GpuTextModel applies a LoRA adapter on this weight module (the attention and GDN
-// projections and the routed experts' fused weights so far; the shared expert and the vision tower
-// not yet).
+// Whether GpuTextModel applies a LoRA adapter on this weight module: every Linear of the text
+// model (attention, GDN, shared expert and its gate) and the routed experts' fused weights.
 bool gpu_applies_lora_adapter(const std::string& module);
-
-// The LoRA adapter of a weight module (e.g. "model.layers.0.self_attn.q_proj"), rank 0 when it has none.
-using DeviceLoraLookup = std::function<DeviceLoraViews(const std::string& module)>;
 
 // Binds every tensor of text_param_table(config, prefix) to its field through lookup; throws naming
 // a tensor the table has and the binding misses (or the other way round). lora (optional) attaches

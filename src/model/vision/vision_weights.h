@@ -22,13 +22,23 @@ struct VisionWeights {
   std::vector<VisionBlockWeights> blocks;
   DeviceParam merger_norm_weight, merger_norm_bias, merger_fc1_weight, merger_fc1_bias, merger_fc2_weight,
       merger_fc2_bias;
-  bool vit_trained() const;     // any block, the patch embedding or the position table trains
-  bool merger_trained() const;  // any merger (aligner) tensor trains
+  // Any block, the patch embedding or the position table trains, or a block's Linear carries a
+  // trained LoRA adapter (the blocks' backward runs either way).
+  bool vit_trained() const;
+  bool merger_trained() const;  // any merger (aligner) tensor trains, or a trained adapter on its Linears
+  int64_t lora_rank() const;    // the largest adapter rank on the tower's Linears (0: none)
 };
 
+// Whether GpuVisionModel applies a LoRA adapter on this module (model.visual.*): the blocks'
+// attn.qkv, attn.proj, mlp.linear_fc1/fc2 and the merger's linear_fc1/fc2.
+bool gpu_vision_applies_lora_adapter(const std::string& module);
+
 // Binds every tensor of vision_param_table(config, prefix); throws naming a tensor the binding misses.
+// lora (optional) attaches adapters to the Linears GpuVisionModel projects through its funnel
+// (blocks' attn.qkv, attn.proj, mlp.linear_fc1/fc2, merger.linear_fc1/fc2); one on any other weight
+// is refused with its name.
 VisionWeights bind_vision_weights(const VisionConfig& config, const std::string& prefix,
-                                  const DeviceParamLookup& lookup);
+                                  const DeviceParamLookup& lookup, const DeviceLoraLookup& lora = nullptr);
 
 // The vision tensors GpuVisionModel reads in fp32 (LayerNorms, the position table).
 std::set<std::string> vision_params_read_in_f32(const VisionConfig& config, const std::string& prefix);

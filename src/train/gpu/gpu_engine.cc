@@ -79,15 +79,15 @@ std::string gpu_lora_refusal(const LoraAdapters& lora) {
   std::string examples;
   int64_t unsupported = 0;
   for (const LoraTarget& target : lora.targets) {
-    if (gpu_applies_lora_adapter(target.module)) continue;
+    if (gpu_applies_lora_adapter(target.module) || gpu_vision_applies_lora_adapter(target.module)) continue;
     if (++unsupported <= 3) examples += (examples.empty() ? "" : ", ") + target.module;
   }
   if (unsupported > 0) {
-    return str_cat("the GPU engine applies LoRA adapters to the attention and GDN projections and the routed ",
-                   "experts only so far (--target_modules q_proj k_proj v_proj o_proj in_proj_qkv in_proj_z ",
-                   "in_proj_b in_proj_a out_proj --target_parameters mlp.experts.gate_up_proj ",
-                   "mlp.experts.down_proj); ", unsupported, " of the ", lora.targets.size(), " targets have no GPU kernels yet (",
-                   examples, unsupported > 3 ? ", ..." : "", ")");
+    return str_cat("the GPU engine applies LoRA adapters to every Linear of the text model and the vision tower ",
+                   "but the output layer, and to the routed experts (all-linear and --target_parameters ",
+                   "mlp.experts.gate_up_proj mlp.experts.down_proj); ", unsupported, " of the ", lora.targets.size(),
+                   " targets have no GPU kernels (", examples, unsupported > 3 ? ", ..." : "",
+                   "; --modules_to_save lm_head trains the output layer whole)");
   }
   return "";
 }
@@ -269,6 +269,14 @@ struct GpuEngine::Impl {
     };
   }
 
+  // The largest adapter rank on the vision tower (0: no adapter there, e.g. LoRA on the LLM only).
+  int64_t vision_lora_rank() const {
+    if (options.lora == nullptr) return 0;
+    for (const LoraTarget& target : options.lora->targets)
+      if (param_group(target.module + ".weight") != ParamGroup::llm) return options.lora->options.rank;
+    return 0;
+  }
+
   GpuModelOptions text_options() const {
     GpuModelOptions o;
     o.max_tokens = options.max_tokens;
@@ -340,7 +348,8 @@ struct GpuEngine::Impl {
     plan.text = model_bytes(GpuTextModel::planned_bytes(config.text, text_options()));
     if (max_patches > 0) {
       plan.vision = model_bytes(GpuVisionModel::planned_bytes(config.vision, max_patches, max_image_tokens,
-                                                              plan.vit_trained, plan.merger_trained));
+                                                              plan.vit_trained, plan.merger_trained,
+                                                              vision_lora_rank()));
     }
     plan.reserve = size_t{1} << 30;
     size_t free_bytes = 0, total_bytes = 0;
@@ -367,7 +376,7 @@ struct GpuEngine::Impl {
     text = std::make_unique<GpuTextModel>(config.text, text_weights, text_options(), stream);
     text_trained = text_weights.any_trained();
     if (max_patches > 0) {
-      vision_weights = bind_vision_weights(config.vision, kVisionPrefix, lookup);
+      vision_weights = bind_vision_weights(config.vision, kVisionPrefix, lookup, lora_lookup());
       vision = std::make_unique<GpuVisionModel>(config.vision, vision_weights, max_patches, max_image_tokens, stream);
       vision_trained = vision_weights.vit_trained() || vision_weights.merger_trained();
     }

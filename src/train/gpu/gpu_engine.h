@@ -44,8 +44,8 @@ struct DeviceBatch {
   int64_t num_supervised() const;
 };
 
-// Empty when the GPU engine can train these LoRA adapters; else why not (targets it has no kernels
-// for yet, --modules_to_save).
+// Empty when the GPU engine can train these LoRA adapters; else why not (a target it has no
+// kernels for: lm_head named in --target_modules).
 std::string gpu_lora_refusal(const LoraAdapters& lora);
 
 class GpuEngine : public TrainEngine {

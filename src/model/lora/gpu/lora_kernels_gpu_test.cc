@@ -3,7 +3,7 @@
 // computes): a dense projection (base GEMM + adapter, forward and every gradient, fp32 and bf16
 // outputs, f32 dy split into halves) and the routed experts' grouped adapter products (PEFT 0.21's
 // fused layout, ranks 4 / 8 / 16 / 32 as the small N or K of the grouped kernels, an expert without
-// rows, rows past the plan untouched).
+// rows, rows past the plan untouched); the shared expert kernel with adapters on its four Linears.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +17,8 @@
 #include "kernels/gemm/gemm_cuda.h"
 #include "kernels/gemm/gpu_timing.h"
 #include "kernels/lora/lora_cuda.h"
+#include "kernels/shared_expert/shared_expert.h"
+#include "kernels/shared_expert/shared_expert_cuda.h"
 #include "model/lora/lora.h"
 
 namespace deltamoe {
@@ -173,10 +175,118 @@ TEST(LoraKernelsGpu, DenseProjectionMatchesCpuReference) {
                                                     {64, 128, 32, 16, DType::f32, true},
                                                     {5, 48, 8, 4, DType::bf16, false},
                                                     {130, 256, 384, 32, DType::bf16, false},
-                                                    {1, 64, 64, 8, DType::f32, false}}) {
+                                                    {1, 64, 64, 8, DType::f32, false},
+                                                    // shared_expert_gate: one output, fp32 dy in halves
+                                                    {150, 64, 1, 8, DType::f32, true}}) {
     run_dense(gemm, c, seed);
     seed += 10;
   }
+}
+
+// ---------------- shared expert ----------------
+
+// The shared expert kernel with adapters on all four of its Linears against the reference shared
+// expert run on the adapted weights W + s B A (fp64), the adapters' gradients formed from those
+// weights' gradients (lora_delta_backward): y, dx and every dA / dB.
+void run_shared_expert(GemmContext& gemm, int64_t T, int64_t C, int64_t I, int64_t rank, uint64_t seed) {
+  std::printf("shared expert T=%lld C=%lld I=%lld r=%lld, adapters on gate/up/down_proj and the gate\n", (long long)T,
+              (long long)C, (long long)I, (long long)rank);
+  struct Linear {
+    const char* name = nullptr;
+    int64_t in = 0, out = 0;
+    HostTensor w, a, b;
+    std::vector<double> weff, dw;
+    DeviceTensor w_d, a_d, b_d, ga_d, gb_d;
+  };
+  std::vector<Linear> linears(4);  // gate_proj, up_proj, down_proj, shared_expert_gate
+  const char* names[] = {"gate_proj", "up_proj", "down_proj", "shared_expert_gate"};
+  const int64_t ins[] = {C, C, I, C}, outs[] = {I, I, C, 1};
+  for (size_t k = 0; k < linears.size(); ++k) {
+    linears[k].name = names[k];
+    linears[k].in = ins[k];
+    linears[k].out = outs[k];
+  }
+  const double scaling = 2.0;
+  const HostTensor x = bf16_exact({T, C}, seed, 1.0f);
+  const HostTensor dy = bf16_exact({T, C}, seed + 1, 1.0f);
+  for (Linear& l : linears) {
+    l.w = bf16_exact({l.out, l.in}, ++seed * 7, 1.0f / std::sqrt(float(l.in)));
+    l.a = bf16_exact({rank, l.in}, ++seed * 7, 1.0f / std::sqrt(float(l.in)));
+    l.b = bf16_exact({l.out, rank}, ++seed * 7, 0.1f);
+    LoraTarget target;
+    target.module = l.name;
+    target.in_features = l.in;
+    target.out_features = l.out;
+    const std::vector<double> wd = as_f64(l.w), ad = as_f64(l.a), bd = as_f64(l.b);
+    l.weff.resize(wd.size());
+    lora_delta<double>(target, rank, ad.data(), bd.data(), scaling, l.weff.data());
+    for (size_t i = 0; i < wd.size(); ++i) l.weff[i] += wd[i];
+    l.dw.assign(wd.size(), 0.0);
+  }
+  const std::vector<double> xd = as_f64(x), dyd = as_f64(dy);
+  std::vector<double> y(static_cast<size_t>(T * C)), dx(static_cast<size_t>(T * C));
+  shared_expert_forward_ref<double>(xd.data(), linears[0].weff.data(), linears[1].weff.data(), linears[2].weff.data(),
+                                    linears[3].weff.data(), y.data(), T, C, I);
+  shared_expert_backward_ref<double>(xd.data(), linears[0].weff.data(), linears[1].weff.data(), linears[2].weff.data(),
+                                     linears[3].weff.data(), dyd.data(), dx.data(), linears[0].dw.data(),
+                                     linears[1].dw.data(), linears[2].dw.data(), linears[3].dw.data(), T, C, I);
+
+  SharedExpertLora lora;
+  lora.gemm = &gemm;
+  LoraDeviceAdapter* adapters[] = {&lora.gate_proj, &lora.up_proj, &lora.down_proj, &lora.expert_gate};
+  for (size_t k = 0; k < linears.size(); ++k) {
+    Linear& l = linears[k];
+    l.w_d = to_device(l.w, DType::bf16);
+    l.a_d = to_device(l.a, DType::bf16);
+    l.b_d = to_device(l.b, DType::bf16);
+    l.ga_d = device_tensor(DType::f32, {rank, l.in});
+    l.gb_d = device_tensor(DType::f32, {l.out, rank});
+    device_fill_bytes(l.ga_d.view, 0);
+    device_fill_bytes(l.gb_d.view, 0);
+    *adapters[k] = LoraDeviceAdapter{bf16p(l.a_d), bf16p(l.b_d), f32p(l.ga_d), f32p(l.gb_d), rank,
+                                     static_cast<float>(scaling)};
+  }
+  DeviceBuffer scratch(shared_expert_lora_scratch_bytes(T, rank));
+  lora.scratch = scratch.data();
+  lora.scratch_bytes = scratch.bytes();
+  const size_t ws_bytes = std::max(shared_expert_forward_workspace_bytes(T, C, I),
+                                   shared_expert_backward_workspace_bytes(T, C, I));
+  DeviceBuffer workspace(ws_bytes);
+  cublasHandle_t handle = nullptr;
+  CUBLAS_CHECK(cublasCreate(&handle));
+  DeviceTensor x_d = to_device(x, DType::bf16), dy_d = to_device(dy, DType::bf16);
+  DeviceTensor y_d = device_tensor(DType::bf16, {T, C}), dx_d = device_tensor(DType::bf16, {T, C});
+  device_fill_bytes(y_d.view, 0xFF);
+  device_fill_bytes(dx_d.view, 0xFF);
+  auto* y_p = static_cast<__nv_bfloat16*>(y_d.view.data);
+  auto* dx_p = static_cast<__nv_bfloat16*>(dx_d.view.data);
+  // The base frozen: null weight gradients, so only the adapters' products form gradients.
+  shared_expert_forward_cuda(handle, bf16p(x_d), bf16p(linears[0].w_d), bf16p(linears[1].w_d), bf16p(linears[2].w_d),
+                             bf16p(linears[3].w_d), y_p, false, T, C, I, workspace.data(), ws_bytes, nullptr, &lora);
+  shared_expert_backward_cuda(handle, bf16p(x_d), bf16p(linears[0].w_d), bf16p(linears[1].w_d), bf16p(linears[2].w_d),
+                              bf16p(linears[3].w_d), bf16p(dy_d), dx_p, false, nullptr, nullptr, nullptr, nullptr, T, C,
+                              I, workspace.data(), ws_bytes, nullptr, &lora);
+  device_synchronize();
+  CUBLAS_CHECK(cublasDestroy(handle));
+  expect_close("shared expert y", y_d, from_f64(y, {T, C}));
+  expect_close("shared expert dx", dx_d, from_f64(dx, {T, C}));
+  for (Linear& l : linears) {
+    LoraTarget target;
+    target.module = l.name;
+    target.in_features = l.in;
+    target.out_features = l.out;
+    std::vector<double> ga(static_cast<size_t>(rank * l.in), 0.0), gb(static_cast<size_t>(l.out * rank), 0.0);
+    const std::vector<double> ad = as_f64(l.a), bd = as_f64(l.b);
+    lora_delta_backward<double>(target, rank, ad.data(), bd.data(), scaling, l.dw.data(), ga.data(), gb.data());
+    expect_close(std::string(l.name) + " lora_A grad", l.ga_d, from_f64(ga, {rank, l.in}));
+    expect_close(std::string(l.name) + " lora_B grad", l.gb_d, from_f64(gb, {l.out, rank}));
+  }
+}
+
+TEST(LoraKernelsGpu, SharedExpertAdaptersMatchCpuReference) {
+  GemmContext gemm;
+  run_shared_expert(gemm, 150, 64, 48, 8, 500);
+  run_shared_expert(gemm, 37, 128, 96, 4, 600);
 }
 
 // ---------------- experts ----------------

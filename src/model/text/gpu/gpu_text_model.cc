@@ -130,7 +130,7 @@ GpuModelBytes GpuTextModel::planned_bytes(const TextConfig& config, const GpuMod
     // constructor allocates them when the weights carry such adapters).
     const MoeExpertsDims dims{spec.max_tokens, config.hidden_size, config.num_experts, config.num_experts_per_tok,
                               config.moe_intermediate_size};
-    bytes.workspace += 2 * static_cast<size_t>(spec.max_tokens * options.lora_rank) * sizeof(DeviceBf16) +
+    bytes.workspace += shared_expert_lora_scratch_bytes(spec.max_tokens, options.lora_rank) +
                        moe_experts_lora_workspace_bytes(dims, options.lora_rank);
   }
   if (options.expert_parallel != nullptr) {
@@ -165,7 +165,7 @@ GpuTextModel::GpuTextModel(const TextConfig& config, const TextWeights& weights,
     // Planned above, allocated below on their own (from what the bound weights carry).
     const MoeExpertsDims dims{spec_.max_tokens, config_.hidden_size, config_.num_experts, config_.num_experts_per_tok,
                               config_.moe_intermediate_size};
-    workspace_bytes_ -= 2 * static_cast<size_t>(spec_.max_tokens * options_.lora_rank) * sizeof(DeviceBf16) +
+    workspace_bytes_ -= shared_expert_lora_scratch_bytes(spec_.max_tokens, options_.lora_rank) +
                         moe_experts_lora_workspace_bytes(dims, options_.lora_rank);
   }
   if (options_.expert_parallel != nullptr) {
@@ -194,12 +194,18 @@ GpuTextModel::GpuTextModel(const TextConfig& config, const TextWeights& weights,
   for (const DecoderLayerWeights& l : weights_.layers) {
     for (const DeviceParam* p : {&l.linear_attn.in_proj_qkv, &l.linear_attn.in_proj_z, &l.linear_attn.in_proj_b,
                                  &l.linear_attn.in_proj_a, &l.linear_attn.out_proj, &l.self_attn.q_proj,
-                                 &l.self_attn.k_proj, &l.self_attn.v_proj, &l.self_attn.o_proj}) {
+                                 &l.self_attn.k_proj, &l.self_attn.v_proj, &l.self_attn.o_proj,
+                                 &l.mlp.shared_gate_proj, &l.mlp.shared_up_proj, &l.mlp.shared_down_proj,
+                                 &l.mlp.shared_expert_gate}) {
       lora_rank_ = std::max(lora_rank_, p->lora.rank);
     }
   }
   if (lora_rank_ > 0) {
-    lora_scratch_ = DeviceBuffer(2 * static_cast<size_t>(spec_.max_tokens * lora_rank_) * sizeof(DeviceBf16));
+    CHECK(lora_rank_ <= options_.lora_rank, "gpu model: adapters of rank ", lora_rank_, " on a model planned for rank ",
+          options_.lora_rank, " (GpuModelOptions::lora_rank)");
+    // The dense funnel's x A^T and dy B rows [T, r] (the first two parts); the shared expert's
+    // adapters use the same buffer.
+    lora_scratch_ = DeviceBuffer(shared_expert_lora_scratch_bytes(spec_.max_tokens, lora_rank_));
   }
   int64_t experts_rank = 0;
   for (const DecoderLayerWeights& l : weights_.layers) {

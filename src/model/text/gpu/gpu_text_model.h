@@ -18,6 +18,7 @@
 #include "core/device_buffer.h"
 #include "kernels/moe_experts/moe_experts_cuda.h"
 #include "kernels/mrope/mrope.h"
+#include "kernels/shared_expert/shared_expert_cuda.h"
 #include "model/config.h"
 #include "model/gpu/component_timer.h"
 #include "model/text/text_weights.h"
@@ -230,13 +231,16 @@ class GpuTextModel {
   uint64_t uploaded_bytes_ = 0;
 
   // LoRA scratch: x A^T and s dy B [max_tokens, largest rank] bf16 (recomputed per projection, so
-  // nothing is saved per layer); empty without adapters.
+  // nothing is saved per layer), shared with the shared expert's adapters
+  // (shared_expert_lora_scratch_bytes); empty without adapters.
   DeviceBuffer lora_scratch_;
   int64_t lora_rank_ = 0;
   // Routed-expert adapters' workspace (moe_experts_lora_workspace_bytes); empty without them.
   DeviceBuffer lora_experts_workspace_;
   // The routed experts' adapters of a layer (null when it has none).
   const MoeExpertsLora* experts_lora(int64_t layer, MoeExpertsLora* out) const;
+  // The shared expert's adapters of a layer in *out, or null when it has none.
+  const SharedExpertLora* shared_expert_lora(int64_t layer, SharedExpertLora* out) const;
 
   int64_t num_tokens_ = 0;
   int64_t num_seqs_ = 0;

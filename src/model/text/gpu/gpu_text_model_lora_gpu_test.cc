@@ -1,5 +1,6 @@
-// GpuTextModel with LoRA adapters on the attention and GDN projections (and on the routed experts'
-// fused weights, PEFT's target_parameters) against the CPU reference
+// GpuTextModel with LoRA adapters on the attention and GDN projections, the shared expert and its
+// gate (every Linear of the text model: all-linear) and on the routed experts' fused weights (PEFT's
+// target_parameters) against the CPU reference
 // TextModel with the same adapters attached (model/text/projection.h applies them): tiny config,
 // bf16-rounded base and adapters (B nonzero, so every adapter product matters), the CPU's routing
 // pinned to the GPU's. The base is frozen (no master, no gradient: DeviceParams trains only the
@@ -40,6 +41,8 @@ constexpr double kMaxBound = 0.3;
 
 const std::vector<std::string> kTargets = {"q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv",
                                            "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"};
+// The shared expert's Linears (mlp.shared_expert.gate/up/down_proj) and its sigmoid gate.
+const std::vector<std::string> kSharedExpertTargets = {"gate_proj", "up_proj", "down_proj", "shared_expert_gate"};
 
 bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -95,11 +98,12 @@ CpuRun run_cpu(const TextConfig& config, const ParamMap& params, const TextBatch
   return run;
 }
 
-void run_lora_case(const std::vector<int32_t>& cu_seqlens, int64_t rank, bool experts) {
+void run_lora_case(const std::vector<int32_t>& cu_seqlens, int64_t rank, bool experts,
+                   const std::vector<std::string>& targets = kTargets) {
   const ModelConfig model_config = model_config_preset("tiny");
   const TextConfig& config = model_config.text;
   const int64_t T = cu_seqlens.back();
-  std::printf("LoRA rank %lld on attention + GDN projections%s, %lld tokens\n", static_cast<long long>(rank),
+  std::printf("LoRA rank %lld on %zu target names%s, %lld tokens\n", static_cast<long long>(rank), targets.size(),
               experts ? " + routed experts" : "", static_cast<long long>(T));
 
   // Base weights and adapters, all rounded to bf16 (the GPU's working copies).
@@ -111,7 +115,7 @@ void run_lora_case(const std::vector<int32_t>& cu_seqlens, int64_t rank, bool ex
   LoraOptions options;
   options.rank = rank;
   options.alpha = 2.0 * static_cast<double>(rank);
-  options.target_modules = kTargets;
+  options.target_modules = targets;
   if (experts) options.target_parameters = {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
   LoraAdapters lora = init_lora_adapters(model_config, options, 11);
   std::mt19937 rng(23);
@@ -217,19 +221,36 @@ TEST(GpuTextModelLora, AdaptersMatchCpuReference) { run_lora_case({0, 1, 40, 150
 TEST(GpuTextModelLora, ExpertAdaptersMatchCpuReference) { run_lora_case({0, 1, 40, 150}, 8, true); }
 TEST(GpuTextModelLora, RankFourWithExpertsMatchesCpuReference) { run_lora_case({0, 64, 128}, 4, true); }
 
-TEST(GpuTextModelLora, AdapterOnAnUnsupportedWeightIsRefused) {
+// Every Linear of the text model (all-linear on a text model) plus the routed experts: the shared
+// expert's three projections and its gate go through the shared expert kernel's adapter hooks.
+std::vector<std::string> all_text_linears() {
+  std::vector<std::string> targets = kTargets;
+  targets.insert(targets.end(), kSharedExpertTargets.begin(), kSharedExpertTargets.end());
+  return targets;
+}
+
+TEST(GpuTextModelLora, SharedExpertAdaptersMatchCpuReference) {
+  run_lora_case({0, 1, 40, 150}, 8, false, kSharedExpertTargets);
+}
+TEST(GpuTextModelLora, AllTextLinearsWithExpertsMatchCpuReference) {
+  run_lora_case({0, 64, 128}, 4, true, all_text_linears());
+}
+
+// The router (mlp.gate) is not an nn.Linear in transformers: an adapter there has no GPU path and is
+// refused by name at binding.
+TEST(GpuTextModelLora, AdapterOnTheRouterIsRefused) {
   const TextConfig config = model_config_preset("tiny").text;
   auto lookup = [](const std::string&, bool) { return DeviceParam{}; };
   auto lora = [](const std::string& module) {
     DeviceLoraViews views;
-    if (ends_with(module, "shared_expert.gate_proj")) views.rank = 8;
+    if (ends_with(module, "layers.0.mlp.gate")) views.rank = 8;
     return views;
   };
   try {
     bind_text_weights(config, "model", lookup, lora);
-    ADD_FAILURE() << "an adapter on the shared expert was accepted";
+    ADD_FAILURE() << "an adapter on the router was accepted";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("shared_expert.gate_proj"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("mlp.gate"), std::string::npos) << e.what();
   }
 }
 

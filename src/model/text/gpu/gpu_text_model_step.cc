@@ -85,6 +85,22 @@ const MoeExpertsLora* GpuTextModel::experts_lora(int64_t layer, MoeExpertsLora* 
   return out;
 }
 
+const SharedExpertLora* GpuTextModel::shared_expert_lora(int64_t layer, SharedExpertLora* out) const {
+  const MoeWeights& W = weights_.layers[static_cast<size_t>(layer)].mlp;
+  auto adapter = [](const DeviceLoraViews& v) {
+    return v.attached() ? LoraDeviceAdapter{v.a, v.b, v.grad_a, v.grad_b, v.rank, v.scaling} : LoraDeviceAdapter{};
+  };
+  out->gate_proj = adapter(W.shared_gate_proj.lora);
+  out->up_proj = adapter(W.shared_up_proj.lora);
+  out->down_proj = adapter(W.shared_down_proj.lora);
+  out->expert_gate = adapter(W.shared_expert_gate.lora);
+  if (!out->any()) return nullptr;
+  out->gemm = gemm_.get();
+  out->scratch = lora_scratch_.data();
+  out->scratch_bytes = lora_scratch_.bytes();
+  return out;
+}
+
 void GpuTextModel::linear_backward_f32_dy(const float* dy, const DeviceParam& w, const DeviceBf16* x, float* dx,
                                           bool add, int64_t rows, int64_t in_features, int64_t out_features) {
   DeviceBf16* hi = acts_.scratch.gate_grad_hi;
@@ -468,11 +484,12 @@ void GpuTextModel::moe_forward(int64_t layer, bool recompute) {
                              W.experts_gate_up.w, W.experts_down.w, b.moe_out, workspace_.data(), workspace_bytes_,
                              stream_, experts_lora(layer, &lora));
   }
+  SharedExpertLora shared_lora;
   shared_expert_forward_cuda(cublas_, b.normed_post, W.shared_gate_proj.w,
                              W.shared_up_proj.w,
                              W.shared_down_proj.w,
                              W.shared_expert_gate.w, b.moe_out, true, T, C, Is,
-                             workspace_.data(), workspace_bytes_, stream_);
+                             workspace_.data(), workspace_bytes_, stream_, shared_expert_lora(layer, &shared_lora));
 }
 
 void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) {
@@ -519,6 +536,7 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
     linear_backward_weight_cuda(*gemm_, dl_hi, w.router_x_lo, d_router, T, C, E, stream_);
   }
   add_bf16_to_f32_cuda(experts_dx, dx, T * C, stream_);
+  SharedExpertLora shared_lora;
   shared_expert_backward_cuda(cublas_, b.normed_post, W.shared_gate_proj.w,
                               W.shared_up_proj.w,
                               W.shared_down_proj.w,
@@ -527,7 +545,7 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
                               W.shared_up_proj.grad,
                               W.shared_down_proj.grad,
                               W.shared_expert_gate.grad, T, C, Is, workspace_.data(),
-                              workspace_bytes_, stream_);
+                              workspace_bytes_, stream_, shared_expert_lora(layer, &shared_lora));
   add_bf16_to_f32_cuda(shared_dx, dx, T * C, stream_);
 }
 

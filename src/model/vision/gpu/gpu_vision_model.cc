@@ -15,6 +15,7 @@
 #include "kernels/gelu/gelu_cuda.h"
 #include "kernels/gemm/gemm_cuda.h"
 #include "kernels/layer_norm/layer_norm_cuda.h"
+#include "kernels/lora/lora_cuda.h"
 #include "kernels/vision_grid/vision_grid.h"
 #include "kernels/vision_pos_embed/vision_pos_embed.h"
 #include "kernels/vision_pos_embed/vision_pos_embed_cuda.h"
@@ -83,12 +84,17 @@ struct GpuVisionModel::Staging {
   }
 };
 
+size_t GpuVisionModel::lora_scratch_bytes(int64_t max_patches, int64_t lora_rank) {
+  return 2 * static_cast<size_t>(max_patches * lora_rank) * sizeof(Bf16);
+}
+
 GpuVisionBytes GpuVisionModel::planned_bytes(const VisionConfig& config, int64_t max_patches, int64_t max_images,
-                                             bool vit_trained, bool merger_trained) {
+                                             bool vit_trained, bool merger_trained, int64_t lora_rank) {
   const VisionActivationSpec spec = activation_spec(max_patches, max_images, vit_trained, merger_trained);
   GpuVisionBytes bytes;
   bytes.activations = vision_activation_bytes(config, spec);
-  bytes.workspace = vision_workspace_bytes(config, max_patches) + kGemmDefaultWorkspaceBytes;
+  bytes.workspace = vision_workspace_bytes(config, max_patches) + kGemmDefaultWorkspaceBytes +
+                    lora_scratch_bytes(max_patches, lora_rank);
   bytes.inputs = vision_input_bytes(config, spec);
   return bytes;
 }
@@ -115,12 +121,15 @@ GpuVisionModel::GpuVisionModel(const VisionConfig& config, const VisionWeights& 
   max_segments_ = vision_max_segments(config_, max_patches_);
   gemm_ = std::make_unique<GemmContext>();
   spec_ = activation_spec(max_patches_, max_images_, weights_.vit_trained(), weights_.merger_trained());
-  bytes_ = planned_bytes(config_, max_patches_, max_images_, weights_.vit_trained(), weights_.merger_trained());
+  lora_rank_ = weights_.lora_rank();
+  bytes_ = planned_bytes(config_, max_patches_, max_images_, weights_.vit_trained(), weights_.merger_trained(),
+                         lora_rank_);
   arena_ = std::make_unique<DeviceArena>(bytes_.activations, "gpu vision activations");
   ArenaCarver carver(arena_.get());
   carve_vision_activations(carver, config_, spec_, &acts_);
-  workspace_bytes_ = bytes_.workspace - kGemmDefaultWorkspaceBytes;
+  workspace_bytes_ = bytes_.workspace - kGemmDefaultWorkspaceBytes - lora_scratch_bytes(max_patches_, lora_rank_);
   workspace_ = DeviceBuffer(workspace_bytes_);
+  if (lora_rank_ > 0) lora_scratch_ = DeviceBuffer(lora_scratch_bytes(max_patches_, lora_rank_));
   inputs_arena_ = std::make_unique<DeviceArena>(bytes_.inputs, "gpu vision inputs");
   ArenaCarver input_carver(inputs_arena_.get());
   carve_vision_inputs(input_carver, config_, spec_, &inputs_);
@@ -205,6 +214,25 @@ void GpuVisionModel::set_images(const float* pixel_values, int64_t num_patches,
   num_segments_ = segments;
 }
 
+void GpuVisionModel::project(const DeviceParam& w, const DeviceParam& bias, const Bf16* x, Bf16* y, int64_t rows,
+                             int64_t in_features, int64_t out_features) {
+  linear_forward_bias_cuda(*gemm_, x, w.w, bias.w, y, rows, in_features, out_features, stream_);
+  if (!w.lora.attached()) return;
+  const LoraDeviceAdapter adapter{w.lora.a, w.lora.b, w.lora.grad_a, w.lora.grad_b, w.lora.rank, w.lora.scaling};
+  lora_linear_forward_cuda(*gemm_, x, adapter, lora_scratch_.as<Bf16>(), y, DType::bf16, rows, in_features,
+                           out_features, stream_);
+}
+
+void GpuVisionModel::lora_backward(const DeviceParam& w, const Bf16* x, const Bf16* dy, void* dx, DType dx_dtype,
+                                   int64_t rows, int64_t in_features, int64_t out_features) {
+  if (!w.lora.attached()) return;
+  const LoraDeviceAdapter adapter{w.lora.a, w.lora.b, w.lora.grad_a, w.lora.grad_b, w.lora.rank, w.lora.scaling};
+  Bf16* xa = lora_scratch_.as<Bf16>();
+  Bf16* dxa = xa + max_patches_ * lora_rank_;
+  lora_linear_backward_cuda(*gemm_, x, dy, adapter, xa, /*recompute_xa=*/true, dxa, dx, dx_dtype, rows, in_features,
+                            out_features, stream_);
+}
+
 void GpuVisionModel::weight_grad(const DeviceParam& w, const Bf16* dy, const Bf16* x, int64_t rows,
                                  int64_t in_features, int64_t out_features) {
   if (w.grad == nullptr) return;
@@ -248,11 +276,9 @@ void GpuVisionModel::forward(Bf16* merged_out) {
                             acts_.merger_norm, acts_.merger_mean, acts_.merger_rstd, N, C, kLayerNormEps, stream_);
   }
   // Every linear with a bias rounds x W^T + b once (linear_forward_bias_cuda), as autocast does.
-  linear_forward_bias_cuda(*gemm_, acts_.merger_norm, W.merger_fc1_weight.w, W.merger_fc1_bias.w, acts_.merger_fc1, M,
-                           wide, wide, stream_);
+  project(W.merger_fc1_weight, W.merger_fc1_bias, acts_.merger_norm, acts_.merger_fc1, M, wide, wide);
   gelu_forward_cuda(GeluKind::exact, acts_.merger_fc1, nullptr, nullptr, acts_.merger_act, M, wide, stream_);
-  linear_forward_bias_cuda(*gemm_, acts_.merger_act, W.merger_fc2_weight.w, W.merger_fc2_bias.w, merged_out, M, wide, O,
-                           stream_);
+  project(W.merger_fc2_weight, W.merger_fc2_bias, acts_.merger_act, merged_out, M, wide, O);
 }
 
 void GpuVisionModel::block_forward(int64_t block, const Bf16* prev_mlp_out, const float* prev_h1) {
@@ -269,20 +295,20 @@ void GpuVisionModel::block_forward(int64_t block, const Bf16* prev_mlp_out, cons
     layer_norm_forward_cuda(prev_mlp_out, prev_h1, b.x_in, W.norm1_weight.f32, W.norm1_bias.f32, b.ln1, b.mean1,
                             b.rstd1, N, C, kLayerNormEps, stream_);
   }
-  linear_forward_bias_cuda(*gemm_, b.ln1, W.qkv_weight.w, W.qkv_bias.w, acts_.qkv, N, C, 3 * C, stream_);
+  project(W.qkv_weight, W.qkv_bias, b.ln1, acts_.qkv, N, C, 3 * C);
   // qkv rows are [q | k | v]; q and k are rotated out into the contiguous layout attention reads.
   vision_rope_forward_cuda(acts_.qkv, 3 * C, b.q, C, inputs_.rope_cos, inputs_.rope_sin, N, H, D, stream_);
   vision_rope_forward_cuda(acts_.qkv + C, 3 * C, b.k, C, inputs_.rope_cos, inputs_.rope_sin, N, H, D, stream_);
   copy_columns(acts_.qkv + 2 * C, 3 * C, b.v, C, C, N, stream_);
   bidirectional_attention_forward_cuda(b.q, b.k, b.v, inputs_.cu_seqlens, num_segments_, b.attn, b.lse, N, H, D, scale,
                                        stream_);
-  linear_forward_bias_cuda(*gemm_, b.attn, W.proj_weight.w, W.proj_bias.w, acts_.branch_out, N, C, C, stream_);
+  project(W.proj_weight, W.proj_bias, b.attn, acts_.branch_out, N, C, C);
   // h1 = x_in + proj, normalised in the same pass.
   layer_norm_forward_cuda(acts_.branch_out, b.x_in, b.h1, W.norm2_weight.f32, W.norm2_bias.f32, b.ln2, b.mean2,
                           b.rstd2, N, C, kLayerNormEps, stream_);
-  linear_forward_bias_cuda(*gemm_, b.ln2, W.fc1_weight.w, W.fc1_bias.w, b.fc1, N, C, I, stream_);
+  project(W.fc1_weight, W.fc1_bias, b.ln2, b.fc1, N, C, I);
   gelu_forward_cuda(block_gelu_kind(config_), b.fc1, nullptr, nullptr, b.act, N, I, stream_);
-  linear_forward_bias_cuda(*gemm_, b.act, W.fc2_weight.w, W.fc2_bias.w, acts_.branch_out, N, I, C, stream_);
+  project(W.fc2_weight, W.fc2_bias, b.act, acts_.branch_out, N, I, C);
   // (branch_out + h1 is the next block's norm1 input, or the merger's.)
 }
 
@@ -300,12 +326,17 @@ void GpuVisionModel::backward(const Bf16* d_merged) {
   weight_grad(W.merger_fc2_weight, d_merged, acts_.merger_act, M, wide, O);
   Bf16* d_wide = acts_.grad_wide;
   linear_backward_input_cuda(*gemm_, d_merged, W.merger_fc2_weight.w, d_wide, M, wide, O, stream_);
+  lora_backward(W.merger_fc2_weight, acts_.merger_act, d_merged, d_wide, DType::bf16, M, wide, O);
   gelu_backward_cuda(GeluKind::exact, acts_.merger_fc1, d_wide, d_wide, W.merger_fc1_bias.grad, M, wide, ws, ws_bytes,
                      stream_);
   weight_grad(W.merger_fc1_weight, d_wide, acts_.merger_norm, M, wide, wide);
-  if (!spec_.blocks_backward && W.merger_norm_weight.grad == nullptr && W.merger_norm_bias.grad == nullptr) return;
+  if (!spec_.blocks_backward && W.merger_norm_weight.grad == nullptr && W.merger_norm_bias.grad == nullptr) {
+    lora_backward(W.merger_fc1_weight, acts_.merger_norm, d_wide, nullptr, DType::f32, M, wide, wide);
+    return;
+  }
   // The LayerNorm backward reads this product's fp32 accumulator unrounded.
   linear_backward_input_f32_cuda(*gemm_, d_wide, W.merger_fc1_weight.w, acts_.grad_norm, false, M, wide, wide, stream_);
+  lora_backward(W.merger_fc1_weight, acts_.merger_norm, d_wide, acts_.grad_norm, DType::f32, M, wide, wide);
   const float* merger_x = config_.depth > 0 ? acts_.merger_in : acts_.embedded;
   layer_norm_backward_cuda(merger_x, W.merger_norm_weight.f32, acts_.merger_mean, acts_.merger_rstd, acts_.grad_norm,
                            nullptr, acts_.grad_stream, acts_.grad_stream_bf16, W.merger_norm_weight.grad,
@@ -336,11 +367,13 @@ void GpuVisionModel::block_backward(int64_t block) {
   // Biases whose output joins the stream take their gradient from the fp32 stream gradient.
   bias_grad(W.fc2_bias, acts_.grad_stream, true, N, C);
   linear_backward_input_cuda(*gemm_, d_out, W.fc2_weight.w, acts_.grad_wide, N, I, C, stream_);
+  lora_backward(W.fc2_weight, b.act, d_out, acts_.grad_wide, DType::bf16, N, I, C);
   weight_grad(W.fc2_weight, d_out, b.act, N, I, C);
   gelu_backward_cuda(block_gelu_kind(config_), b.fc1, acts_.grad_wide, acts_.grad_wide, W.fc1_bias.grad, N, I, ws,
                      ws_bytes, stream_);
   // The LayerNorm backward reads this product's fp32 accumulator unrounded.
   linear_backward_input_f32_cuda(*gemm_, acts_.grad_wide, W.fc1_weight.w, acts_.grad_norm, false, N, C, I, stream_);
+  lora_backward(W.fc1_weight, b.ln2, acts_.grad_wide, acts_.grad_norm, DType::f32, N, C, I);
   weight_grad(W.fc1_weight, acts_.grad_wide, b.ln2, N, C, I);
   layer_norm_backward_cuda(b.h1, W.norm2_weight.f32, b.mean2, b.rstd2, acts_.grad_norm, acts_.grad_stream,
                            acts_.grad_h1, acts_.grad_h1_bf16, W.norm2_weight.grad, W.norm2_bias.grad, N, C, ws, ws_bytes,
@@ -348,6 +381,7 @@ void GpuVisionModel::block_backward(int64_t block) {
   // Attention branch: the gradient reaching h1 reaches both proj and, through the residual, x_in.
   bias_grad(W.proj_bias, acts_.grad_h1, true, N, C);
   linear_backward_input_cuda(*gemm_, acts_.grad_h1_bf16, W.proj_weight.w, acts_.grad_attn, N, C, C, stream_);
+  lora_backward(W.proj_weight, b.attn, acts_.grad_h1_bf16, acts_.grad_attn, DType::bf16, N, C, C);
   weight_grad(W.proj_weight, acts_.grad_h1_bf16, b.attn, N, C, C);
   bidirectional_attention_backward_cuda(b.q, b.k, b.v, b.attn, b.lse, acts_.grad_attn, inputs_.cu_seqlens,
                                         num_segments_, acts_.grad_q, acts_.grad_k, acts_.grad_v, N, H, D, scale, ws,
@@ -360,6 +394,7 @@ void GpuVisionModel::block_backward(int64_t block) {
   bias_grad(W.qkv_bias, d_qkv, false, N, 3 * C);
   // The LayerNorm backward reads this product's fp32 accumulator unrounded.
   linear_backward_input_f32_cuda(*gemm_, d_qkv, W.qkv_weight.w, acts_.grad_norm, false, N, C, 3 * C, stream_);
+  lora_backward(W.qkv_weight, b.ln1, d_qkv, acts_.grad_norm, DType::f32, N, C, 3 * C);
   weight_grad(W.qkv_weight, d_qkv, b.ln1, N, C, 3 * C);
   // The stream gradient is free again (norm2's backward consumed it): it now receives the input's.
   layer_norm_backward_cuda(b.x_in, W.norm1_weight.f32, b.mean1, b.rstd1, acts_.grad_norm, acts_.grad_h1,

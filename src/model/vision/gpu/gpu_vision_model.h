@@ -4,7 +4,8 @@
 // autocast with fp32 parameters: bf16 GEMM operands and branch activations, an fp32 residual stream
 // and stream gradient, norm parameters and the position table read in fp32; fp32 accumulation and
 // reductions. Parameters are typed views (VisionWeights; the owner is DeviceParams); gradients of
-// trained ones are ADDED to. Activations are planned once for (max_patches, max_images) and for
+// trained ones are ADDED to. Every Linear goes through one funnel (project / lora_backward) that
+// adds a LoRA adapter's term when the weight carries one (kernels/lora/lora_cuda.h). Activations are planned once for (max_patches, max_images) and for
 // what trains: a frozen ViT keeps nothing for a backward. No allocation or host sync in a step.
 #pragma once
 
@@ -19,6 +20,7 @@
 
 #include "core/arena.h"
 #include "core/device_buffer.h"
+#include "core/dtype.h"
 #include "model/config.h"
 #include "model/vision/vision_weights.h"
 #include "model/vision/vision_activations.h"
@@ -43,8 +45,11 @@ class GpuVisionModel {
   GpuVisionModel& operator=(const GpuVisionModel&) = delete;
 
   // The bytes such a model allocates, without allocating (memory planning).
+  // lora_rank: the largest adapter rank on the tower's Linears (0: none).
   static GpuVisionBytes planned_bytes(const VisionConfig& config, int64_t max_patches, int64_t max_images,
-                                      bool vit_trained, bool merger_trained);
+                                      bool vit_trained, bool merger_trained, int64_t lora_rank = 0);
+  // The adapters' scratch: x A^T and s dy B rows [max_patches, rank] bf16.
+  static size_t lora_scratch_bytes(int64_t max_patches, int64_t lora_rank);
 
   const VisionConfig& config() const { return config_; }
   cudaStream_t stream() const { return stream_; }
@@ -74,6 +79,14 @@ class GpuVisionModel {
   // On entry grad_stream (and its bf16 copy) holds the gradient reaching the block's output
   // (x_out = h1 + mlp); on return, the gradient reaching its input.
   void block_backward(int64_t block);
+  // The projection funnel (compare llama.cpp's build_lora_mm): y [rows, out] bf16 = x W^T + b
+  // rounded once, plus the LoRA term when w carries an adapter.
+  void project(const DeviceParam& w, const DeviceParam& bias, const __nv_bfloat16* x, __nv_bfloat16* y, int64_t rows,
+               int64_t in_features, int64_t out_features);
+  // The adapter's backward for dy [rows, out] (nothing without one): dA, dB added to when trained,
+  // and its input-gradient term added to dx (bf16 or f32, dx_dtype; null: skipped).
+  void lora_backward(const DeviceParam& w, const __nv_bfloat16* x, const __nv_bfloat16* dy, void* dx, DType dx_dtype,
+                     int64_t rows, int64_t in_features, int64_t out_features);
   // dW += dy^T x for a trained weight; nothing for a frozen one.
   void weight_grad(const DeviceParam& w, const __nv_bfloat16* dy, const __nv_bfloat16* x, int64_t rows,
                    int64_t in_features, int64_t out_features);
@@ -91,6 +104,8 @@ class GpuVisionModel {
   VisionActivations acts_;
   DeviceBuffer workspace_;
   size_t workspace_bytes_ = 0;
+  DeviceBuffer lora_scratch_;  // lora_scratch_bytes; empty without adapters
+  int64_t lora_rank_ = 0;
   std::unique_ptr<DeviceArena> inputs_arena_;
   VisionInputs inputs_;
   struct Staging;

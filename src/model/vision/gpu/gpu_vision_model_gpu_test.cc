@@ -1,7 +1,8 @@
 // GpuVisionModel against the CPU reference vision tower (fp32) on the same bf16-rounded weights and
 // pixels: merged features and every parameter gradient, on the tiny-vl tower and at the real
 // Qwen3.5 vision widths (2 blocks, small images); the freezing cases (frozen ViT, frozen merger,
-// both); bad image input; and the timing of the full 27-block tower at 8 images of 448x448.
+// both); LoRA adapters on every Linear of the tower (all-linear) with the base frozen, and on the
+// merger only; bad image input; and the timing of the full 27-block tower at 8 images of 448x448.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -23,6 +25,7 @@
 #include "model/vision/vision_tower.h"
 #include "model/vision/gpu/gpu_vision_model.h"
 #include "model/gpu/device_params.h"
+#include "model/lora/lora_adapters.h"
 #include "model/param_table.h"
 #include "model/text/text_params.h"
 #include "model/vision/vision_weights.h"
@@ -204,6 +207,161 @@ TEST(GpuVisionModel, MatchesCpuTowerAtQwen35Widths) {
   config.depth = 2;
   TowerCase c{"qwen3.5 widths, 2 blocks", config, {{1, 8, 8}, {1, 4, 12}}, 0.02f};
   check_tower(c);
+}
+
+// An adapter's A gradient passes one more bf16 rounding than a base weight's (dy B is rounded to
+// bf16 before dA = (dy B)^T x), so its bound is 1.5 x the tower's.
+constexpr double kAdapterGradRel = 3e-2;
+
+// LoRA on the tower: the base frozen (bf16 weights, fp32 copies of what is read in fp32, no
+// gradients), the adapters of `targets` (module suffixes as --target_modules; all-linear resolved on
+// tiny-vl, its vision part kept) trained, B random so every adapter product matters. Features and
+// every adapter gradient against the CPU reference with the same adapters attached
+// (vision_projection.h); the base weights bitwise unchanged; the activations kept for a backward
+// follow what the adapters need (the blocks' only when a block carries one).
+void check_tower_lora(const std::vector<std::string>& target_modules, int64_t rank) {
+  const ModelConfig model_config = model_config_preset("tiny-vl");
+  const VisionConfig& config = model_config.vision;
+  const std::vector<std::array<int64_t, 3>> grids = {{1, 4, 6}, {1, 6, 2}, {2, 2, 4}};
+  std::vector<int64_t> grid_values;
+  for (const auto& g : grids) grid_values.insert(grid_values.end(), g.begin(), g.end());
+  const int64_t num_images = static_cast<int64_t>(grids.size()), m = config.spatial_merge_size;
+  const int64_t N = vision_num_patches(grid_values.data(), num_images), M = N / (m * m), O = config.out_hidden_size;
+
+  LoraOptions options;
+  options.rank = rank;
+  options.alpha = 2.0 * static_cast<double>(rank);
+  options.target_modules = target_modules;
+  LoraAdapters lora = init_lora_adapters(model_config, options, 5);
+  std::vector<LoraTarget> vision_targets;
+  for (const LoraTarget& t : lora.targets)
+    if (t.module.starts_with("model.visual.")) vision_targets.push_back(t);
+  lora.targets = vision_targets;
+  ASSERT_FALSE(lora.targets.empty());
+  bool blocks_adapted = false;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  for (const LoraTarget& t : lora.targets) {
+    blocks_adapted = blocks_adapted || !t.module.starts_with(std::string(kVisionPrefix) + ".merger.");
+    HostTensor& a = lora.tensors.at(t.a_name());
+    HostTensor& b = lora.tensors.at(t.b_name());
+    for (int64_t i = 0; i < a.numel(); ++i) a.as<float>()[i] = round_to_bf16(a.as<float>()[i]);
+    for (int64_t i = 0; i < b.numel(); ++i) b.as<float>()[i] = round_to_bf16(normal(rng));
+  }
+  std::printf("tiny-vl tower, LoRA r %lld on %zu Linears (%s), N=%lld patches\n", static_cast<long long>(rank),
+              lora.targets.size(), blocks_adapted ? "blocks and merger" : "merger only", static_cast<long long>(N));
+
+  const ParamMap params = random_vision_params(config, 0.1f, 100);
+  VisionParams cpu_params = to_vision_params(params);
+  attach_lora_adapters(lora, nullptr, &cpu_params);
+  const HostTensor pixels = rounded_random(Shape{N, config.patch_dim()}, 7, 1.0f);
+  HostTensor grid_thw(DType::i64, Shape{num_images, 3});
+  std::copy(grid_values.begin(), grid_values.end(), grid_thw.as<int64_t>());
+  const HostTensor d_features = rounded_random(Shape{M, O}, 8, 1.0f);
+  const VisionTowerOutput cpu = vision_tower_forward(cpu_params, config, pixels, grid_thw);
+  VisionParams cpu_grads;
+  for (const LoraTarget& t : lora.targets)
+    for (const std::string& name : {t.a_name(), t.b_name()})
+      cpu_grads.emplace(name, HostTensor(DType::f32, lora.tensors.at(name).shape()));
+  for (auto& [name, tensor] : cpu_grads) std::fill(tensor.as<float>(), tensor.as<float>() + tensor.numel(), 0.0f);
+  vision_tower_backward(cpu_params, config, cpu.saved, d_features, &cpu_grads, kVisionPrefix,
+                        TrainableParts{true, true, false, /*base_weights=*/false});
+
+  const std::set<std::string> read_in_f32 = vision_params_read_in_f32(config, kVisionPrefix);
+  std::vector<DeviceParamSpec> specs;
+  std::vector<std::string> base_names;
+  for (const ParamSpec& p : vision_param_table(config, kVisionPrefix)) {
+    specs.push_back({p.name, p.shape.to_vector(), false, read_in_f32.count(p.name) != 0, p.init, 0.02});
+    base_names.push_back(p.name);
+  }
+  for (const LoraTarget& t : lora.targets) {
+    specs.push_back({t.a_name(), t.a_shape(rank), true, false, InitKind::zeros, 0});
+    specs.push_back({t.b_name(), t.b_shape(rank), true, false, InitKind::zeros, 0});
+  }
+  DeviceParams device(specs);
+  for (const auto& [name, tensor] : params)
+    device.upload(name, 0, static_cast<int64_t>(tensor.values.size()), tensor.values.data(), DType::f32);
+  for (const LoraTarget& t : lora.targets)
+    for (const std::string& name : {t.a_name(), t.b_name()})
+      device.upload(name, 0, lora.tensors.at(name).numel(), lora.tensors.at(name).as<float>(), DType::f32);
+  const float scaling = static_cast<float>(options.scaling());
+  auto lora_lookup = [&](const std::string& module) {
+    DeviceLoraViews views;
+    for (const LoraTarget& t : lora.targets) {
+      if (t.module != module) continue;
+      const DeviceParam a = device.param(t.a_name(), false), b = device.param(t.b_name(), false);
+      views = DeviceLoraViews{a.w, b.w, a.grad, b.grad, rank, scaling};
+    }
+    return views;
+  };
+  std::vector<std::vector<float>> base_before;
+  for (const std::string& name : base_names) base_before.push_back(device.read_values(name));
+  const VisionWeights weights = bind_vision_weights(config, kVisionPrefix, device.lookup(), lora_lookup);
+  EXPECT_EQ(weights.vit_trained(), blocks_adapted) << "adapters in the blocks make the blocks run a backward";
+  EXPECT_TRUE(weights.merger_trained() || blocks_adapted);
+  EXPECT_EQ(weights.lora_rank(), rank);
+  GpuVisionModel model(config, weights, N + 4 * m * m, num_images + 1, nullptr);
+  const GpuVisionBytes frozen_bytes = GpuVisionModel::planned_bytes(config, N + 4 * m * m, num_images + 1, false, false);
+  if (blocks_adapted) {
+    EXPECT_GT(model.bytes().activations, frozen_bytes.activations);
+  }
+  model.set_images(pixels.as<float>(), N, grids);
+  DeviceTensor merged = device_tensor(DType::bf16, Shape{M, O});
+  device_fill_bytes(merged.view, 0xFF);
+  model.forward(bf16_ptr(merged));
+  device_synchronize();
+  const std::vector<float> got_features = download_bf16(merged);
+  const CompareResult features =
+      compare_values(got_features.data(), cpu.features.as<float>(), static_cast<int64_t>(got_features.size()));
+  std::printf("  features rel_l2 %.3e%s\n", features.rel_l2, features.all_finite ? "" : " NOT FINITE");
+  EXPECT_TRUE(features.all_finite);
+  EXPECT_LE(features.rel_l2, kFeatureRel);
+  const DeviceTensor d_merged = to_device(d_features, DType::bf16);
+  model.backward(bf16_ptr(d_merged));
+  device_synchronize();
+  double worst = 0;
+  std::string worst_name = "(none)";
+  for (const LoraTarget& t : lora.targets) {
+    for (const std::string& name : {t.a_name(), t.b_name()}) {
+      const std::vector<float> got = device.read_gradient(name);
+      const HostTensor& ref = cpu_grads.at(name);
+      const CompareResult r = compare_values(got.data(), ref.as<float>(), ref.numel());
+      EXPECT_TRUE(r.all_finite) << name;
+      EXPECT_GT(r.max_abs_ref, 0.0) << name << ": the reference gradient is zero (the case tests nothing)";
+      EXPECT_LE(r.rel_l2, kAdapterGradRel) << name << " max|diff| " << r.max_abs_diff << " max|ref| " << r.max_abs_ref;
+      if (!(r.rel_l2 <= worst)) {
+        worst = r.rel_l2;
+        worst_name = name;
+      }
+    }
+  }
+  std::printf("  %zu adapter gradients compared, worst rel_l2 %.3e (%s)\n", 2 * lora.targets.size(), worst,
+              worst_name.c_str());
+  for (size_t k = 0; k < base_names.size(); ++k) {
+    EXPECT_TRUE(device.read_values(base_names[k]) == base_before[k]) << base_names[k] << " changed";
+    EXPECT_EQ(device.param(base_names[k], false).grad, nullptr) << base_names[k] << " holds a gradient";
+  }
+}
+
+TEST(GpuVisionModel, LoraOnEveryLinearMatchesCpuTower) { check_tower_lora({"all-linear"}, 8); }
+TEST(GpuVisionModel, LoraOnTheMergerOnlyMatchesCpuTower) {
+  check_tower_lora({"merger.linear_fc1", "merger.linear_fc2"}, 4);
+}
+
+TEST(GpuVisionModel, LoraOnThePatchEmbeddingIsRefused) {
+  const VisionConfig config = model_config_preset("tiny-vl").vision;
+  auto lookup = [](const std::string&, bool) { return DeviceParam{}; };
+  auto lora = [](const std::string& module) {
+    DeviceLoraViews views;
+    if (module.ends_with("patch_embed.proj")) views.rank = 8;
+    return views;
+  };
+  try {
+    bind_vision_weights(config, kVisionPrefix, lookup, lora);
+    ADD_FAILURE() << "an adapter on the patch embedding (a Conv3d) was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("patch_embed.proj"), std::string::npos) << e.what();
+  }
 }
 
 TEST(GpuVisionModel, RejectsBadImages) {
