@@ -29,6 +29,7 @@
 #include "optim/optimizer_state.h"
 #include "train/batch_plan.h"
 #include "train/cpu_engine.h"
+#include "train/gpu/engine_test_batches.h"
 #include "train/gpu/gpu_engine.h"
 #include "train/memory_plan.h"
 
@@ -82,43 +83,8 @@ EngineOptions lora_engine_options(std::shared_ptr<const LoraAdapters> lora) {
   return options;
 }
 
-// Samples with images, packed as the data pipeline packs them (gpu_engine_gpu_test's layout):
-// prompt tokens, per image <|vision_start|> + its <|image_pad|> rows + <|vision_end|>, the answer.
 MicroBatch image_batch(const std::vector<std::vector<GridThw>>& grids, uint32_t seed) {
-  const ModelConfig& config = base_checkpoint().config;
-  const int64_t merge = config.vision.spatial_merge_size;
-  const int32_t ordinary = static_cast<int32_t>(config.text.vocab_size) - 64;
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> token(0, ordinary - 1);
-  std::normal_distribution<float> pixel(0.0f, 1.0f);
-  MicroBatch batch;
-  batch.cu_seqlens.push_back(0);
-  std::vector<GridThw> all_grids;
-  auto add = [&](int32_t id, bool supervised) {
-    batch.input_ids.push_back(id);
-    batch.labels.push_back(supervised ? id : -100);
-    batch.num_supervised += supervised;
-  };
-  for (size_t s = 0; s < grids.size(); ++s) {
-    for (int i = 0; i < 5; ++i) add(token(rng), false);
-    for (const GridThw& grid : grids[s]) {
-      add(static_cast<int32_t>(config.vision_start_token_id), false);
-      const int64_t patches = grid[0] * grid[1] * grid[2];
-      for (int64_t i = 0; i < patches / (merge * merge); ++i) add(static_cast<int32_t>(config.image_token_id), false);
-      add(static_cast<int32_t>(config.vision_end_token_id), false);
-      for (int64_t i = 0; i < patches * config.vision.patch_dim(); ++i) batch.pixel_values.push_back(pixel(rng));
-      batch.image_grid_thw.push_back(grid);
-      all_grids.push_back(grid);
-      batch.num_image_tokens += patches / (merge * merge);
-    }
-    for (int i = 0; i < 23; ++i) add(token(rng), true);
-    batch.cu_seqlens.push_back(static_cast<int32_t>(batch.input_ids.size()));
-    batch.sample_indices.push_back(static_cast<int64_t>(s));
-  }
-  const std::vector<int64_t> ids(batch.input_ids.begin(), batch.input_ids.end());
-  batch.positions = compute_mrope_positions(ids.data(), batch.num_tokens(), batch.cu_seqlens, all_grids, {}, merge,
-                                            config.image_token_id, config.video_token_id);
-  return batch;
+  return synthetic_image_batch(base_checkpoint().config, grids, seed);
 }
 
 // The base checkpoint with every tensor scaled by (1 + u 2^-9), about one bf16 rounding.

@@ -42,6 +42,7 @@
 #include "parallel/gpu/nccl_comm.h"
 #include "parallel/thread_comm.h"
 #include "train/cpu_engine.h"
+#include "train/gpu/engine_test_batches.h"
 #include "train/gpu/gpu_engine.h"
 #include "train/parallel_layout.h"
 #include "train/train_checkpoint.h"
@@ -78,66 +79,7 @@ struct Model {
   std::vector<MicroBatch> batches;  // the global step
 };
 
-MicroBatch text_batch(const ModelConfig& config, const std::vector<int32_t>& lengths, uint32_t seed) {
-  const int32_t ordinary = static_cast<int32_t>(config.text.vocab_size) - 64;  // below the special tokens
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> token(0, ordinary - 1);
-  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
-  MicroBatch batch;
-  batch.cu_seqlens.push_back(0);
-  std::vector<int64_t> position;
-  for (size_t s = 0; s < lengths.size(); ++s) {
-    for (int32_t i = 0; i < lengths[s]; ++i) {
-      const int32_t id = token(rng);
-      batch.input_ids.push_back(id);
-      batch.labels.push_back(unit(rng) < 0.3f ? -100 : id);
-      if (batch.labels.back() != -100) ++batch.num_supervised;
-      position.push_back(i);
-    }
-    batch.cu_seqlens.push_back(static_cast<int32_t>(batch.input_ids.size()));
-    batch.sample_indices.push_back(static_cast<int64_t>(s));
-  }
-  for (int row = 0; row < 3; ++row) batch.positions.insert(batch.positions.end(), position.begin(), position.end());
-  return batch;
-}
 
-// Samples with images as the data pipeline packs them (prompt, <|vision_start|>, the image's pad
-// tokens, <|vision_end|>, a supervised answer); grids[s]: sample s's images.
-MicroBatch image_batch(const ModelConfig& config, const std::vector<std::vector<GridThw>>& grids, uint32_t seed) {
-  const int64_t merge = config.vision.spatial_merge_size;
-  const int32_t ordinary = static_cast<int32_t>(config.text.vocab_size) - 64;
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> token(0, ordinary - 1);
-  std::normal_distribution<float> pixel(0.0f, 1.0f);
-  MicroBatch batch;
-  batch.cu_seqlens.push_back(0);
-  std::vector<GridThw> all_grids;
-  auto add = [&](int32_t id, bool supervised) {
-    batch.input_ids.push_back(id);
-    batch.labels.push_back(supervised ? id : -100);
-    batch.num_supervised += supervised;
-  };
-  for (size_t s = 0; s < grids.size(); ++s) {
-    for (int i = 0; i < 5; ++i) add(token(rng), false);
-    for (const GridThw& grid : grids[s]) {
-      add(static_cast<int32_t>(config.vision_start_token_id), false);
-      const int64_t patches = grid[0] * grid[1] * grid[2];
-      for (int64_t i = 0; i < patches / (merge * merge); ++i) add(static_cast<int32_t>(config.image_token_id), false);
-      add(static_cast<int32_t>(config.vision_end_token_id), false);
-      for (int64_t i = 0; i < patches * config.vision.patch_dim(); ++i) batch.pixel_values.push_back(pixel(rng));
-      batch.image_grid_thw.push_back(grid);
-      all_grids.push_back(grid);
-      batch.num_image_tokens += patches / (merge * merge);
-    }
-    for (int i = 0; i < 23; ++i) add(token(rng), true);
-    batch.cu_seqlens.push_back(static_cast<int32_t>(batch.input_ids.size()));
-    batch.sample_indices.push_back(static_cast<int64_t>(s));
-  }
-  const std::vector<int64_t> ids(batch.input_ids.begin(), batch.input_ids.end());
-  batch.positions = compute_mrope_positions(ids.data(), batch.num_tokens(), batch.cu_seqlens, all_grids, {}, merge,
-                                            config.image_token_id, config.video_token_id);
-  return batch;
-}
 
 const Model& model(const std::string& preset) {
   static std::map<std::string, Model> models;
@@ -149,15 +91,15 @@ const Model& model(const std::string& preset) {
   const ModelConfig& config = m.checkpoint.config;
   if (config.has_vision) {
     // Images on micro-batches 0 and 2 (so with 4 ranks two run no vision tower), text on 1 and 3.
-    m.batches.push_back(image_batch(config, {{{1, 4, 4}}, {}, {{1, 8, 4}}}, 11));
-    m.batches.push_back(text_batch(config, {30, 7, 19}, 12));
-    m.batches.push_back(image_batch(config, {{{1, 4, 8}, {1, 4, 4}}}, 13));
-    m.batches.push_back(text_batch(config, {3, 40}, 14));
+    m.batches.push_back(synthetic_image_batch(config, {{{1, 4, 4}}, {}, {{1, 8, 4}}}, 11));
+    m.batches.push_back(synthetic_text_batch(config, {30, 7, 19}, 12));
+    m.batches.push_back(synthetic_image_batch(config, {{{1, 4, 8}, {1, 4, 4}}}, 13));
+    m.batches.push_back(synthetic_text_batch(config, {3, 40}, 14));
   } else {
-    m.batches.push_back(text_batch(config, {9, 14, 5}, 1));
-    m.batches.push_back(text_batch(config, {3, 20}, 2));
-    m.batches.push_back(text_batch(config, {21, 1, 8}, 3));
-    m.batches.push_back(text_batch(config, {12, 12, 30}, 4));
+    m.batches.push_back(synthetic_text_batch(config, {9, 14, 5}, 1));
+    m.batches.push_back(synthetic_text_batch(config, {3, 20}, 2));
+    m.batches.push_back(synthetic_text_batch(config, {21, 1, 8}, 3));
+    m.batches.push_back(synthetic_text_batch(config, {12, 12, 30}, 4));
   }
   return models.emplace(preset, std::move(m)).first->second;
 }
