@@ -107,7 +107,9 @@ TEST(MemoryPlan, RecomputedVisionBlocksKeepOnlyTheirInput) {
     const ModelBytes bytes = estimate_vision_bytes(vision, N, true, true, r);
     // r recomputed blocks give up r sets of activations and hold one shared set.
     EXPECT_EQ(bytes.activations + static_cast<size_t>(r - 1) * block, kept) << r;
-    if (r > 1) EXPECT_LT(bytes.activations, previous) << r;
+    if (r > 1) {
+      EXPECT_LT(bytes.activations, previous) << r;
+    }
     previous = bytes.activations;
     // The estimate is the carve the model makes.
     VisionActivationSpec spec;
