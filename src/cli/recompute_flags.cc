@@ -9,8 +9,9 @@ namespace deltamoe {
 
 void declare_recompute_flags(ArgParser& args, const char* default_choice) {
   args.add_option("recompute", "activation recompute: none, selective (GDN/attention internals), full (whole "
-                  "decoder layers; --recompute_num_layers of them) or auto (only when the run would not fit "
-                  "otherwise: the fewest full layers that make it fit)", default_choice);
+                  "decoder layers, --recompute_num_layers of them, and every vision block) or auto (only when the "
+                  "run would not fit otherwise: the fewest vision blocks, then decoder layers, that make it fit)",
+                  default_choice);
   args.allow_values("recompute", {"none", "selective", "full", "auto"}, "is not a recompute choice: use none, "
                     "selective, full or auto");
   args.add_option("recompute_granularity", "Megatron's name: selective or full (same as --recompute)", "");
@@ -48,6 +49,8 @@ RecomputeOptions parse_recompute_flags(const ArgParser& args) {
   out.mixers = choice == "selective";
   out.automatic = choice == "auto";
   if (full) out.layers = args.get("recompute_method") == "uniform" || num_layers == 0 ? kRecomputeAllLayers : num_layers;
+  // The ViT's blocks are cheap to rerun for the memory they hold: full recompute takes all of them.
+  if (full) out.vision_blocks = kRecomputeAllLayers;
   return out;
 }
 

@@ -1,7 +1,8 @@
 // The activation-recompute flags of `train` and `bench`, with Megatron's names:
 // --recompute_granularity selective|full, --recompute_method block|uniform, --recompute_num_layers N,
 // and --recompute none|selective|full|auto as one word (auto: the engine recomputes only when the
-// run would not fit otherwise, the fewest layers that make it fit). docs/training.md, "Recompute".
+// run would not fit otherwise, the fewest layers that make it fit). Full recompute also reruns every
+// vision block. docs/training.md, "Recompute".
 #pragma once
 
 #include "cli/args.h"

@@ -53,6 +53,13 @@ TEST(RecomputeFlags, MegatronNamesAndTheOneWordFormAgree) {
   EXPECT_EQ(parse_flags({"--recompute_granularity", "full", "--recompute_method", "uniform", "--recompute_num_layers",
                          "1"}).layers, kRecomputeAllLayers);
   EXPECT_EQ(parse_flags({"--recompute", "full", "--recompute_granularity", "full"}).layers, kRecomputeAllLayers);
+  // Full recompute also reruns every vision block; the other choices keep them.
+  EXPECT_EQ(parse_flags({"--recompute", "full", "--recompute_num_layers", "3"}).vision_blocks, kRecomputeAllLayers);
+  EXPECT_EQ(parse_flags({"--recompute_granularity", "full"}).vision_blocks, kRecomputeAllLayers);
+  for (const char* choice : {"none", "selective", "auto"})
+    EXPECT_EQ(parse_flags({"--recompute", choice}).vision_blocks, 0) << choice;
+  EXPECT_EQ(RecomputeOptions{.vision_blocks = kRecomputeAllLayers}.full_vision_blocks(27), 27);
+  EXPECT_EQ(RecomputeOptions{.vision_blocks = 5}.full_vision_blocks(27), 5);
   EXPECT_EQ(RecomputeOptions{.layers = kRecomputeAllLayers}.full_layers(40), 40);
   EXPECT_EQ(RecomputeOptions{.layers = 7}.full_layers(40), 7);
 }

@@ -146,10 +146,11 @@ size_t estimate_vision_lora_bytes(int64_t max_patches, int64_t rank) {
 }
 
 ModelBytes estimate_vision_bytes(const VisionConfig& config, int64_t max_patches, bool vit_trained,
-                                 bool merger_trained) {
+                                 bool merger_trained, int64_t recompute_blocks) {
   VisionActivationSpec spec;
   spec.max_patches = max_patches;
   spec.blocks_backward = vit_trained;
+  spec.recompute_blocks = vit_trained ? recompute_blocks : 0;
   spec.any_backward = vit_trained || merger_trained;
   ModelBytes bytes;
   bytes.activations = vision_activation_bytes(config, spec);
@@ -221,7 +222,8 @@ MemoryPlan plan_training_memory(const ModelConfig& config, const EngineOptions& 
   plan.text = estimate_text_bytes(config.text, options.max_tokens, planned_max_sequences(options),
                                   plan.max_image_tokens, options.loss_chunk_rows, options.recompute);
   if (plan.max_patches > 0)
-    plan.vision = estimate_vision_bytes(config.vision, plan.max_patches, plan.vit_trained, plan.merger_trained);
+    plan.vision = estimate_vision_bytes(config.vision, plan.max_patches, plan.vit_trained, plan.merger_trained,
+                                        options.recompute.full_vision_blocks(config.vision.depth));
   if (options.lora != nullptr) {
     const int64_t rank = options.lora->options.rank;
     plan.text.workspace += estimate_text_lora_bytes(config.text, options.max_tokens, rank);

@@ -67,11 +67,11 @@ void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DT
 // layouts are the GPU models' own (text_activations.h, vision_activations.h); the kernel
 // workspaces are the largest terms of the step's kernels.
 // recompute: the engine's (mixers: one set of mixer internals per layer type; layers: the first ones
-// keep only their input).
+// keep only their input); recompute_blocks: the first ViT blocks that keep only their input.
 ModelBytes estimate_text_bytes(const TextConfig& config, int64_t max_tokens, int64_t max_seqs, int64_t max_image_rows,
                                int64_t loss_chunk_rows, const RecomputeOptions& recompute = {});
 ModelBytes estimate_vision_bytes(const VisionConfig& config, int64_t max_patches, bool vit_trained,
-                                 bool merger_trained);
+                                 bool merger_trained, int64_t recompute_blocks = 0);
 
 // The LoRA adapters' scratch of the GPU text model at rank r (GpuTextModel::planned_bytes with
 // lora_rank r adds exactly this): the dense and shared-expert adapters' x A^T / dy B rows

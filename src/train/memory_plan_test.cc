@@ -1,11 +1,14 @@
 // The memory planner on the CPU: the state's bytes follow the parameter table and the freeze
 // choice exactly, the vision tower is sized from the token budget and --max_pixels, a frozen ViT
-// keeps no backward state, and a run that does not fit is refused with the plan and what to change.
+// keeps no backward state, recomputed ViT blocks keep only their input, and a run that does not fit
+// is refused with the plan and what to change.
 #include "train/memory_plan.h"
 
 #include <gtest/gtest.h>
 
+#include "core/error.h"
 #include "model/param_table.h"
+#include "model/vision/vision_activations.h"
 #include "model/vision/vision_tower.h"
 
 namespace deltamoe {
@@ -84,6 +87,62 @@ TEST(MemoryPlan, ImageTokensFollowTheTokenBudgetAndMaxPixels) {
     return config;
   }();
   EXPECT_EQ(plan_training_memory(text_only, run_options(false)).vision.total(), 0u);
+}
+
+// Bytes of one vision block's kept activations besides its input, as vision_activations.h lists
+// them, each piece 256-byte aligned.
+size_t vision_block_bytes(const VisionConfig& v, int64_t N) {
+  auto a256 = [](int64_t bytes) { return static_cast<size_t>((bytes + 255) / 256 * 256); };
+  const int64_t C = v.hidden_size, I = v.intermediate_size, H = v.num_heads;
+  return 6 * a256(N * C * 2) + 4 * a256(N * 4) + a256(N * H * 4) + a256(N * C * 4) + 2 * a256(N * I * 2);
+}
+
+TEST(MemoryPlan, RecomputedVisionBlocksKeepOnlyTheirInput) {
+  const VisionConfig vision = model_config_preset("qwen3.5-35b-a3b").vision;
+  const int64_t N = 4096;
+  const size_t block = vision_block_bytes(vision, N);
+  const size_t kept = estimate_vision_bytes(vision, N, true, true, 0).activations;
+  size_t previous = kept;
+  for (int64_t r = 1; r <= vision.depth; ++r) {
+    const ModelBytes bytes = estimate_vision_bytes(vision, N, true, true, r);
+    // r recomputed blocks give up r sets of activations and hold one shared set.
+    EXPECT_EQ(bytes.activations + static_cast<size_t>(r - 1) * block, kept) << r;
+    if (r > 1) {
+      EXPECT_LT(bytes.activations, previous) << r;
+    }
+    previous = bytes.activations;
+    // The estimate is the carve the model makes.
+    VisionActivationSpec spec;
+    spec.max_patches = N;
+    spec.recompute_blocks = r;
+    EXPECT_EQ(bytes.activations, vision_activation_bytes(vision, spec)) << r;
+  }
+  std::printf("vision activations at %lld patches: %.2f GiB kept, %.2f GiB with all %lld blocks recomputed\n",
+              static_cast<long long>(N), kept / 1073741824.0, previous / 1073741824.0,
+              static_cast<long long>(vision.depth));
+  EXPECT_LT(previous * 4, kept);  // a whole recomputed tower holds under a quarter of the kept one
+  // A frozen ViT keeps nothing anyway; a count beyond the tower is refused.
+  EXPECT_EQ(estimate_vision_bytes(vision, N, false, true, vision.depth).activations,
+            estimate_vision_bytes(vision, N, false, true, 0).activations);
+  EXPECT_THROW(estimate_vision_bytes(vision, N, true, true, vision.depth + 1), Error);
+}
+
+TEST(MemoryPlan, FullRecomputeTakesEveryVisionBlock) {
+  const ModelConfig config = four_layer_model();
+  EngineOptions options = run_options(false);
+  const MemoryPlan none = plan_training_memory(config, options);
+  options.recompute.layers = kRecomputeAllLayers;
+  options.recompute.vision_blocks = kRecomputeAllLayers;
+  const MemoryPlan full = plan_training_memory(config, options);
+  EXPECT_EQ(full.vision.activations,
+            estimate_vision_bytes(config.vision, full.max_patches, true, true, config.vision.depth).activations);
+  EXPECT_LT(full.vision.activations, none.vision.activations);
+  EXPECT_LT(full.text.activations, none.text.activations);
+  // With the ViT frozen the vision count changes nothing.
+  EngineOptions frozen = run_options(true);
+  const size_t frozen_bytes = plan_training_memory(config, frozen).vision.activations;
+  frozen.recompute.vision_blocks = kRecomputeAllLayers;
+  EXPECT_EQ(plan_training_memory(config, frozen).vision.activations, frozen_bytes);
 }
 
 TEST(MemoryPlan, ARunThatDoesNotFitIsRefusedWithThePlanAndWhatToChange) {

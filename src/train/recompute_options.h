@@ -8,17 +8,26 @@ namespace deltamoe {
 
 // Activation recompute: granularity selective keeps one set of mixer internals per layer type and
 // reruns each mixer's forward before its backward (~1/3 more mixer time); full keeps only the fp32
-// input of the first `layers` decoder layers and reruns those layers whole.
+// input of the first `layers` decoder layers and reruns those layers whole; the vision tower's
+// blocks likewise (`vision_blocks`; full recompute takes every one when the tower trains).
 inline constexpr int64_t kRecomputeAllLayers = -1;
 struct RecomputeOptions {
   bool mixers = false;     // selective
   int64_t layers = 0;      // full: the first `layers` decoder layers (kRecomputeAllLayers: every one)
-  // The engine picks `layers` when it plans its memory: none when everything fits, else the fewest
-  // layers with which the plan fits (a run that does not fit even then is refused as before).
+  // The first `vision_blocks` ViT blocks (kRecomputeAllLayers: every one) keep only their fp32
+  // input; nothing when the ViT is frozen (it then keeps nothing for a backward anyway).
+  int64_t vision_blocks = 0;
+  // The engine picks `vision_blocks` and then `layers` when it plans its memory: none when
+  // everything fits, else the fewest ViT blocks, then (all of those and) the fewest decoder layers
+  // with which the plan fits (a run that does not fit even then is refused as before).
   bool automatic = false;
   // Decoder layers recomputed whole in a model of num_layers.
   int64_t full_layers(int64_t num_layers) const {
     return layers == kRecomputeAllLayers ? num_layers : layers;
+  }
+  // ViT blocks recomputed whole in a tower of `depth` blocks.
+  int64_t full_vision_blocks(int64_t depth) const {
+    return vision_blocks == kRecomputeAllLayers ? depth : vision_blocks;
   }
 };
 

@@ -38,11 +38,18 @@ void carve_vision_activations(ArenaCarver& c, const VisionConfig& config, const 
   out->embedded = c.take<float>(N * C);
   out->blocks.assign(static_cast<size_t>(config.depth), VisionBlockActivations{});
   if (spec.blocks_backward) {
+    CHECK(spec.recompute_blocks >= 0 && spec.recompute_blocks <= config.depth, "vision activations: ",
+          spec.recompute_blocks, " recomputed blocks in a tower of ", config.depth);
+    // Recomputed blocks compute in one shared set (each block's rerun refills it before that
+    // block's backward); the block after them reads the shared h1 before it writes anything shared.
+    VisionBlockActivations shared;
+    if (spec.recompute_blocks > 0) carve_block(c, N, C, I, H, &shared);
     for (int64_t j = 0; j < config.depth; ++j) {
       VisionBlockActivations& b = out->blocks[static_cast<size_t>(j)];
+      if (j < spec.recompute_blocks) b = shared;
       // Block 0 normalises the embedding itself; later blocks keep the fused residual sum.
       b.x_in = j == 0 ? out->embedded : c.take<float>(N * C);
-      carve_block(c, N, C, I, H, &b);
+      if (j >= spec.recompute_blocks) carve_block(c, N, C, I, H, &b);
     }
   } else if (config.depth > 0) {
     // Nothing is kept for a backward: every block computes in one set of buffers (block 0 reads the

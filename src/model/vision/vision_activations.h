@@ -1,7 +1,9 @@
 // The activation layout of the vision tower on the GPU (patch embedding, blocks, merger) and its
 // batch inputs. One function lays it out over an ArenaCarver, so it both sizes (also in CPU builds,
 // for the memory planner) and carves (GpuVisionModel). A frozen ViT saves nothing for a backward:
-// its blocks then share one set of buffers. Legend: N patches, M = N / merge^2 merged rows,
+// its blocks then share one set of buffers. Recomputed blocks (the first recompute_blocks of a
+// trained ViT) keep only their fp32 input and share one set of everything else, refilled by the
+// rerun of each one's forward just before its backward. Legend: N patches, M = N / merge^2 merged rows,
 // C hidden, H heads, I MLP width.
 #pragma once
 
@@ -38,6 +40,8 @@ struct VisionActivationSpec {
   int64_t max_images = 1;
   bool blocks_backward = true;  // the ViT trains: every block saves its activations
   bool any_backward = true;     // the ViT or the merger trains: backward scratch is needed
+  // With blocks_backward: the first recompute_blocks blocks (0..depth) keep only x_in.
+  int64_t recompute_blocks = 0;
 };
 
 struct VisionActivations {

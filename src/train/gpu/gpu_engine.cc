@@ -291,15 +291,41 @@ struct GpuEngine::Impl {
     return o;
   }
 
-  // --recompute auto: the fewest fully recomputed layers (first ones first) with which the plan
-  // fits; none when it fits as it is. Leaves the options and plan.text as chosen; a run that does
-  // not fit even with every layer recomputed is refused by the caller with that plan.
+  // ViT blocks recomputed in the backward: none unless the ViT trains (a frozen one keeps nothing).
+  int64_t vision_recompute_blocks() const {
+    return plan.vit_trained ? options.recompute.full_vision_blocks(config.vision.depth) : 0;
+  }
+
+  ModelBytes vision_plan() const {
+    return model_bytes(GpuVisionModel::planned_bytes(config.vision, max_patches, max_image_tokens, plan.vit_trained,
+                                                     plan.merger_trained, vision_lora_rank(),
+                                                     vision_recompute_blocks()));
+  }
+
+  // --recompute auto: the fewest fully recomputed ViT blocks, then (with all of those) the fewest
+  // decoder layers, first ones first, with which the plan fits; none when it fits as it is. A ViT
+  // block holds much for the little it costs to rerun (design §1.4), so the tower goes first.
+  // Leaves the options and plan.text / plan.vision as chosen; a run that does not fit even with
+  // everything recomputed is refused by the caller with that plan.
   void choose_recompute(size_t available, const std::string& where) {
     const int64_t layers = config.text.num_hidden_layers;
-    for (int64_t n = 0; n <= layers; ++n) {
+    const int64_t blocks = max_patches > 0 && plan.vit_trained ? config.vision.depth : 0;
+    options.recompute.layers = 0;
+    plan.text = model_bytes(GpuTextModel::planned_bytes(config.text, text_options()));
+    bool fits = false;
+    for (int64_t n = 0; n <= blocks && !fits; ++n) {
+      options.recompute.vision_blocks = n;
+      if (max_patches > 0) plan.vision = vision_plan();
+      fits = memory_refusal(plan, available, options, where).empty();
+    }
+    for (int64_t n = 1; n <= layers && !fits; ++n) {
       options.recompute.layers = n;
       plan.text = model_bytes(GpuTextModel::planned_bytes(config.text, text_options()));
-      if (memory_refusal(plan, available, options, where).empty()) break;
+      fits = memory_refusal(plan, available, options, where).empty();
+    }
+    if (options.recompute.vision_blocks > 0) {
+      log_info("train: --recompute auto: the first ", options.recompute.vision_blocks, " of ", config.vision.depth,
+               " vision blocks are recomputed in the backward (keeping their inputs only) so that the run fits");
     }
     if (options.recompute.layers > 0) {
       log_info("train: --recompute auto: the first ", options.recompute.layers, " of ", layers,
@@ -346,11 +372,7 @@ struct GpuEngine::Impl {
           "train: --recompute_num_layers ", options.recompute.layers, " is more than the model's ", layers,
           " decoder layers");
     plan.text = model_bytes(GpuTextModel::planned_bytes(config.text, text_options()));
-    if (max_patches > 0) {
-      plan.vision = model_bytes(GpuVisionModel::planned_bytes(config.vision, max_patches, max_image_tokens,
-                                                              plan.vit_trained, plan.merger_trained,
-                                                              vision_lora_rank()));
-    }
+    if (max_patches > 0) plan.vision = vision_plan();
     plan.reserve = size_t{1} << 30;
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -377,7 +399,8 @@ struct GpuEngine::Impl {
     text_trained = text_weights.any_trained();
     if (max_patches > 0) {
       vision_weights = bind_vision_weights(config.vision, kVisionPrefix, lookup, lora_lookup());
-      vision = std::make_unique<GpuVisionModel>(config.vision, vision_weights, max_patches, max_image_tokens, stream);
+      vision = std::make_unique<GpuVisionModel>(config.vision, vision_weights, max_patches, max_image_tokens, stream,
+                                                vision_recompute_blocks());
       vision_trained = vision_weights.vit_trained() || vision_weights.merger_trained();
     }
     CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -54,8 +54,10 @@ size_t vision_workspace_bytes(const VisionConfig& config, int64_t N) {
   return bytes;
 }
 
-VisionActivationSpec activation_spec(int64_t max_patches, int64_t max_images, bool vit_trained, bool merger_trained) {
+VisionActivationSpec activation_spec(int64_t max_patches, int64_t max_images, bool vit_trained, bool merger_trained,
+                                     int64_t recompute_blocks) {
   VisionActivationSpec spec;
+  spec.recompute_blocks = vit_trained ? recompute_blocks : 0;
   spec.max_patches = max_patches;
   spec.max_images = max_images;
   spec.blocks_backward = vit_trained;
@@ -89,8 +91,10 @@ size_t GpuVisionModel::lora_scratch_bytes(int64_t max_patches, int64_t lora_rank
 }
 
 GpuVisionBytes GpuVisionModel::planned_bytes(const VisionConfig& config, int64_t max_patches, int64_t max_images,
-                                             bool vit_trained, bool merger_trained, int64_t lora_rank) {
-  const VisionActivationSpec spec = activation_spec(max_patches, max_images, vit_trained, merger_trained);
+                                             bool vit_trained, bool merger_trained, int64_t lora_rank,
+                                             int64_t recompute_blocks) {
+  const VisionActivationSpec spec =
+      activation_spec(max_patches, max_images, vit_trained, merger_trained, recompute_blocks);
   GpuVisionBytes bytes;
   bytes.activations = vision_activation_bytes(config, spec);
   bytes.workspace = vision_workspace_bytes(config, max_patches) + kGemmDefaultWorkspaceBytes +
@@ -100,7 +104,7 @@ GpuVisionBytes GpuVisionModel::planned_bytes(const VisionConfig& config, int64_t
 }
 
 GpuVisionModel::GpuVisionModel(const VisionConfig& config, const VisionWeights& weights, int64_t max_patches,
-                               int64_t max_images, cudaStream_t stream)
+                               int64_t max_images, cudaStream_t stream, int64_t recompute_blocks)
     : config_(config), weights_(weights), max_patches_(max_patches), max_images_(max_images), stream_(stream) {
   const int64_t m = config_.spatial_merge_size;
   CHECK(config_.deepstack_visual_indexes.empty(), "gpu vision model: deepstack features are not part of Qwen3.5");
@@ -112,6 +116,8 @@ GpuVisionModel::GpuVisionModel(const VisionConfig& config, const VisionWeights& 
   CHECK(max_patches_ >= m * m, "gpu vision model: max_patches must hold at least one merge block (", m * m,
         " patches), got ", max_patches_);
   CHECK(max_images_ >= 1, "gpu vision model: max_images must be positive, got ", max_images_);
+  CHECK(recompute_blocks >= 0 && recompute_blocks <= config_.depth, "gpu vision model: ", recompute_blocks,
+        " recomputed blocks, the tower has ", config_.depth);
   CHECK(static_cast<int64_t>(weights_.blocks.size()) == config_.depth, "gpu vision model: ", weights_.blocks.size(),
         " bound blocks for depth ", config_.depth);
   block_gelu_kind(config_);  // rejects an unknown activation now rather than in the first forward
@@ -120,10 +126,11 @@ GpuVisionModel::GpuVisionModel(const VisionConfig& config, const VisionWeights& 
         config_.num_position_embeddings, " is not a square");
   max_segments_ = vision_max_segments(config_, max_patches_);
   gemm_ = std::make_unique<GemmContext>();
-  spec_ = activation_spec(max_patches_, max_images_, weights_.vit_trained(), weights_.merger_trained());
+  spec_ = activation_spec(max_patches_, max_images_, weights_.vit_trained(), weights_.merger_trained(),
+                          recompute_blocks);
   lora_rank_ = weights_.lora_rank();
   bytes_ = planned_bytes(config_, max_patches_, max_images_, weights_.vit_trained(), weights_.merger_trained(),
-                         lora_rank_);
+                         lora_rank_, recompute_blocks);
   arena_ = std::make_unique<DeviceArena>(bytes_.activations, "gpu vision activations");
   ArenaCarver carver(arena_.get());
   carve_vision_activations(carver, config_, spec_, &acts_);
@@ -281,13 +288,15 @@ void GpuVisionModel::forward(Bf16* merged_out) {
   project(W.merger_fc2_weight, W.merger_fc2_bias, acts_.merger_act, merged_out, M, wide, O);
 }
 
-void GpuVisionModel::block_forward(int64_t block, const Bf16* prev_mlp_out, const float* prev_h1) {
+void GpuVisionModel::block_forward(int64_t block, const Bf16* prev_mlp_out, const float* prev_h1, bool rerun) {
   VisionBlockActivations& b = acts_.blocks[static_cast<size_t>(block)];
   const VisionBlockWeights& W = weights_.blocks[static_cast<size_t>(block)];
   const int64_t N = num_patches_, C = config_.hidden_size, I = config_.intermediate_size;
   const int64_t H = config_.num_heads, D = config_.head_dim();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   if (prev_mlp_out == nullptr) {
+    // The kept fp32 sum normalised from memory gives the fused pass's values bit for bit (the same
+    // kernel, the same s in fp32).
     layer_norm_forward_cuda(nullptr, b.x_in, nullptr, W.norm1_weight.f32, W.norm1_bias.f32, b.ln1, b.mean1, b.rstd1, N,
                             C, kLayerNormEps, stream_);
   } else {
@@ -308,6 +317,7 @@ void GpuVisionModel::block_forward(int64_t block, const Bf16* prev_mlp_out, cons
                           b.rstd2, N, C, kLayerNormEps, stream_);
   project(W.fc1_weight, W.fc1_bias, b.ln2, b.fc1, N, C, I);
   gelu_forward_cuda(block_gelu_kind(config_), b.fc1, nullptr, nullptr, b.act, N, I, stream_);
+  if (rerun) return;
   project(W.fc2_weight, W.fc2_bias, b.act, acts_.branch_out, N, I, C);
   // (branch_out + h1 is the next block's norm1 input, or the merger's.)
 }
@@ -343,7 +353,12 @@ void GpuVisionModel::backward(const Bf16* d_merged) {
                            W.merger_norm_bias.grad, N, C, ws, ws_bytes, stream_);
   if (!spec_.blocks_backward) return;  // nothing below the merger is trained
 
-  for (int64_t j = config_.depth - 1; j >= 0; --j) block_backward(j);
+  for (int64_t j = config_.depth - 1; j >= 0; --j) {
+    // A recomputed block reruns its forward from its kept input into the shared set first; the
+    // rerun touches no gradient buffer (grad_stream holds the gradient reaching its output).
+    if (j < spec_.recompute_blocks) block_forward(j, nullptr, nullptr, /*rerun=*/true);
+    block_backward(j);
+  }
   // grad_stream: the gradient of the embedding (patch projection + bias + position embedding); the
   // fp32 table and the bias take it in fp32, the bf16 projection's weight its bf16 copy.
   if (W.pos_embed.grad != nullptr) {

@@ -6,7 +6,9 @@
 // reductions. Parameters are typed views (VisionWeights; the owner is DeviceParams); gradients of
 // trained ones are ADDED to. Every Linear goes through one funnel (project / lora_backward) that
 // adds a LoRA adapter's term when the weight carries one (kernels/lora/lora_cuda.h). Activations are planned once for (max_patches, max_images) and for
-// what trains: a frozen ViT keeps nothing for a backward. No allocation or host sync in a step.
+// what trains: a frozen ViT keeps nothing for a backward; recomputed blocks (the first
+// recompute_blocks of a trained ViT) keep only their fp32 input and rerun their forward, adapter
+// products included, just before their backward. No allocation or host sync in a step.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -37,17 +39,20 @@ struct GpuVisionBytes {
 class GpuVisionModel {
  public:
   // Every later set_images() must fit max_patches patch rows and max_images images. weights must
-  // stay valid for the model's life; all work goes to `stream` (not owned).
+  // stay valid for the model's life; all work goes to `stream` (not owned). recompute_blocks
+  // (0..depth): how many first blocks are recomputed in the backward (ignored for a frozen ViT).
   GpuVisionModel(const VisionConfig& config, const VisionWeights& weights, int64_t max_patches, int64_t max_images,
-                 cudaStream_t stream);
+                 cudaStream_t stream, int64_t recompute_blocks = 0);
   ~GpuVisionModel();
   GpuVisionModel(const GpuVisionModel&) = delete;
   GpuVisionModel& operator=(const GpuVisionModel&) = delete;
 
   // The bytes such a model allocates, without allocating (memory planning).
-  // lora_rank: the largest adapter rank on the tower's Linears (0: none).
+  // lora_rank: the largest adapter rank on the tower's Linears (0: none); recompute_blocks as in
+  // the constructor.
   static GpuVisionBytes planned_bytes(const VisionConfig& config, int64_t max_patches, int64_t max_images,
-                                      bool vit_trained, bool merger_trained, int64_t lora_rank = 0);
+                                      bool vit_trained, bool merger_trained, int64_t lora_rank = 0,
+                                      int64_t recompute_blocks = 0);
   // The adapters' scratch: x A^T and s dy B rows [max_patches, rank] bf16.
   static size_t lora_scratch_bytes(int64_t max_patches, int64_t lora_rank);
 
@@ -75,7 +80,9 @@ class GpuVisionModel {
   uint64_t uploaded_bytes() const { return uploaded_bytes_; }
 
  private:
-  void block_forward(int64_t block, const __nv_bfloat16* prev_mlp_out, const float* prev_h1);
+  // prev_mlp_out null: the block normalises its kept x_in (block 0, and every rerun). A rerun
+  // (recompute) refills what the backward reads and skips fc2, whose output nothing reads then.
+  void block_forward(int64_t block, const __nv_bfloat16* prev_mlp_out, const float* prev_h1, bool rerun = false);
   // On entry grad_stream (and its bf16 copy) holds the gradient reaching the block's output
   // (x_out = h1 + mlp); on return, the gradient reaching its input.
   void block_backward(int64_t block);

@@ -2,17 +2,20 @@
 // pixels: merged features and every parameter gradient, on the tiny-vl tower and at the real
 // Qwen3.5 vision widths (2 blocks, small images); the freezing cases (frozen ViT, frozen merger,
 // both); LoRA adapters on every Linear of the tower (all-linear) with the base frozen, and on the
-// merger only; bad image input; and the timing of the full 27-block tower at 8 images of 448x448.
+// merger only; block recompute bitwise equal to keeping every block's activations (with and without
+// adapters); bad image input; and the timing of the full 27-block tower at 8 images of 448x448.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cuda_check.h"
@@ -84,7 +87,8 @@ std::vector<float> download_bf16(const DeviceTensor& t) {
 struct TowerUnderTest {
   std::unique_ptr<DeviceParams> params;
   std::unique_ptr<GpuVisionModel> model;
-  TowerUnderTest(const VisionConfig& config, const TrainableParts& trainable, int64_t max_patches, int64_t max_images) {
+  TowerUnderTest(const VisionConfig& config, const TrainableParts& trainable, int64_t max_patches, int64_t max_images,
+                 int64_t recompute_blocks = 0) {
     const std::set<std::string> read_in_f32 = vision_params_read_in_f32(config, kVisionPrefix);
     const std::string merger_prefix = std::string(kVisionPrefix) + ".merger.";
     std::vector<DeviceParamSpec> specs;
@@ -94,7 +98,7 @@ struct TowerUnderTest {
     }
     params = std::make_unique<DeviceParams>(specs);
     model = std::make_unique<GpuVisionModel>(config, bind_vision_weights(config, kVisionPrefix, params->lookup()),
-                                             max_patches, max_images, nullptr);
+                                             max_patches, max_images, nullptr, recompute_blocks);
   }
   void upload(const ParamMap& values) {
     for (const auto& [name, tensor] : values)
@@ -346,6 +350,150 @@ void check_tower_lora(const std::vector<std::string>& target_modules, int64_t ra
 TEST(GpuVisionModel, LoraOnEveryLinearMatchesCpuTower) { check_tower_lora({"all-linear"}, 8); }
 TEST(GpuVisionModel, LoraOnTheMergerOnlyMatchesCpuTower) {
   check_tower_lora({"merger.linear_fc1", "merger.linear_fc2"}, 4);
+}
+
+// What one training run of the tower produced: the features of each forward and every trained
+// tensor's gradient after the last backward (gradients accumulate over the steps).
+struct TowerRun {
+  std::vector<std::vector<float>> features;
+  std::vector<std::pair<std::string, std::vector<float>>> grads;
+  GpuVisionBytes bytes;
+};
+
+// Two forward+backward steps of a 4-block tiny-vl tower with its first recompute_blocks blocks
+// recomputed: the base trained, or (lora) frozen with rank-4 adapters on every Linear of the tower,
+// B random so each adapter product matters in the rerun.
+TowerRun run_recomputed_tower(int64_t recompute_blocks, bool lora) {
+  ModelConfig model_config = model_config_preset("tiny-vl");
+  model_config.vision.depth = 4;
+  const VisionConfig& config = model_config.vision;
+  const std::vector<std::array<int64_t, 3>> grids = {{1, 4, 6}, {1, 6, 2}, {2, 2, 4}};
+  std::vector<int64_t> grid_values;
+  for (const auto& g : grids) grid_values.insert(grid_values.end(), g.begin(), g.end());
+  const int64_t num_images = static_cast<int64_t>(grids.size()), m = config.spatial_merge_size;
+  const int64_t N = vision_num_patches(grid_values.data(), num_images), M = N / (m * m), O = config.out_hidden_size;
+  const int64_t rank = 4;
+
+  LoraAdapters adapters;
+  if (lora) {
+    LoraOptions options;
+    options.rank = rank;
+    options.alpha = 8.0;
+    options.target_modules = {"all-linear"};
+    adapters = init_lora_adapters(model_config, options, 5);
+    std::vector<LoraTarget> vision_targets;
+    for (const LoraTarget& t : adapters.targets)
+      if (t.module.starts_with("model.visual.")) vision_targets.push_back(t);
+    adapters.targets = vision_targets;
+    std::mt19937 rng(31);
+    std::normal_distribution<float> normal(0.0f, 0.05f);
+    for (const LoraTarget& t : adapters.targets) {
+      HostTensor& b = adapters.tensors.at(t.b_name());
+      for (int64_t i = 0; i < b.numel(); ++i) b.as<float>()[i] = normal(rng);
+    }
+  }
+  const std::set<std::string> read_in_f32 = vision_params_read_in_f32(config, kVisionPrefix);
+  std::vector<DeviceParamSpec> specs;
+  std::vector<std::string> trained;
+  for (const ParamSpec& p : vision_param_table(config, kVisionPrefix)) {
+    specs.push_back({p.name, p.shape.to_vector(), !lora, read_in_f32.count(p.name) != 0, p.init, 0.02});
+    if (!lora) trained.push_back(p.name);
+  }
+  for (const LoraTarget& t : adapters.targets) {
+    specs.push_back({t.a_name(), t.a_shape(rank), true, false, InitKind::zeros, 0});
+    specs.push_back({t.b_name(), t.b_shape(rank), true, false, InitKind::zeros, 0});
+    trained.push_back(t.a_name());
+    trained.push_back(t.b_name());
+  }
+  DeviceParams device(specs);
+  for (const auto& [name, tensor] : random_vision_params(config, 0.1f, 100))
+    device.upload(name, 0, static_cast<int64_t>(tensor.values.size()), tensor.values.data(), DType::f32);
+  for (const LoraTarget& t : adapters.targets)
+    for (const std::string& name : {t.a_name(), t.b_name()})
+      device.upload(name, 0, adapters.tensors.at(name).numel(), adapters.tensors.at(name).as<float>(), DType::f32);
+  auto lora_lookup = [&](const std::string& module) {
+    DeviceLoraViews views;
+    for (const LoraTarget& t : adapters.targets) {
+      if (t.module != module) continue;
+      const DeviceParam a = device.param(t.a_name(), false), b = device.param(t.b_name(), false);
+      views = DeviceLoraViews{a.w, b.w, a.grad, b.grad, rank, 2.0f};
+    }
+    return views;
+  };
+  const VisionWeights weights = bind_vision_weights(config, kVisionPrefix, device.lookup(), lora_lookup);
+  EXPECT_TRUE(weights.vit_trained());
+  GpuVisionModel model(config, weights, N + 4 * m * m, num_images + 1, nullptr, recompute_blocks);
+  TowerRun run;
+  run.bytes = model.bytes();
+  const HostTensor pixels = rounded_random(Shape{N, config.patch_dim()}, 7, 1.0f);
+  model.set_images(pixels.as<float>(), N, grids);
+  for (int step = 0; step < 2; ++step) {
+    const DeviceTensor d_merged = to_device(rounded_random(Shape{M, O}, 8 + step, 1.0f), DType::bf16);
+    DeviceTensor merged = device_tensor(DType::bf16, Shape{M, O});
+    device_fill_bytes(merged.view, 0xFF);
+    model.forward(bf16_ptr(merged));
+    model.backward(bf16_ptr(d_merged));
+    device_synchronize();
+    run.features.push_back(download_bf16(merged));
+  }
+  for (const std::string& name : trained) run.grads.emplace_back(name, device.read_gradient(name));
+  return run;
+}
+
+// Bitwise: the rerun reads the kept fp32 input with the same kernels (our own attention, which is
+// deterministic), so features and every gradient equal those of the run that kept everything.
+void check_recompute_is_bitwise(bool lora) {
+  const int64_t depth = 4;
+  const TowerRun kept = run_recomputed_tower(0, lora);
+  size_t previous_bytes = kept.bytes.activations;
+  bool any_nonzero = false;
+  for (const auto& [name, grad] : kept.grads)
+    any_nonzero = any_nonzero || std::any_of(grad.begin(), grad.end(), [](float v) { return v != 0.0f; });
+  EXPECT_TRUE(any_nonzero) << "the reference run has only zero gradients (the case tests nothing)";
+  for (const int64_t blocks : {int64_t{1}, depth - 1, depth}) {
+    const TowerRun run = run_recomputed_tower(blocks, lora);
+    std::printf("  lora=%d recompute_blocks=%lld: activations %.3f MiB (kept: %.3f MiB)\n", lora,
+                static_cast<long long>(blocks), run.bytes.activations / 1048576.0, kept.bytes.activations / 1048576.0);
+    // One recomputed block holds its input and the shared set, as much as keeping it; each further
+    // one saves a block's activations.
+    if (blocks == 1) {
+      EXPECT_EQ(run.bytes.activations, kept.bytes.activations);
+    } else {
+      EXPECT_LT(run.bytes.activations, previous_bytes) << blocks << " recomputed blocks";
+    }
+    previous_bytes = run.bytes.activations;
+    ASSERT_EQ(run.features.size(), kept.features.size());
+    for (size_t step = 0; step < kept.features.size(); ++step) {
+      EXPECT_TRUE(run.features[step] == kept.features[step]) << blocks << " recomputed blocks: features of step "
+                                                             << step << " differ";
+    }
+    ASSERT_EQ(run.grads.size(), kept.grads.size());
+    for (size_t k = 0; k < kept.grads.size(); ++k) {
+      const std::vector<float>& a = run.grads[k].second;
+      const std::vector<float>& b = kept.grads[k].second;
+      ASSERT_EQ(a.size(), b.size());
+      const bool bitwise = std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+      EXPECT_TRUE(bitwise) << blocks << " recomputed blocks: gradient of " << kept.grads[k].first << " differs";
+    }
+  }
+}
+
+TEST(GpuVisionModel, RecomputedBlocksAreBitwiseTheKeptOnes) { check_recompute_is_bitwise(false); }
+TEST(GpuVisionModel, RecomputedBlocksWithLoraAreBitwiseTheKeptOnes) { check_recompute_is_bitwise(true); }
+
+TEST(GpuVisionModel, RecomputeIsPlannedAsAllocatedAndRefusedOutOfRange) {
+  VisionConfig config = model_config_preset("tiny-vl").vision;
+  config.depth = 3;
+  for (const int64_t blocks : {0, 1, 3}) {
+    TowerUnderTest tower(config, TrainableParts{true, true, true}, 64, 2, blocks);
+    const GpuVisionBytes planned = GpuVisionModel::planned_bytes(config, 64, 2, true, true, 0, blocks);
+    EXPECT_EQ(tower.model->bytes().total(), planned.total()) << blocks;
+  }
+  // A frozen ViT keeps nothing for a backward: recompute changes nothing there.
+  EXPECT_EQ(GpuVisionModel::planned_bytes(config, 64, 2, false, true, 0, 3).total(),
+            GpuVisionModel::planned_bytes(config, 64, 2, false, true, 0, 0).total());
+  EXPECT_THROW({ TowerUnderTest tower(config, TrainableParts{true, true, true}, 64, 2, 4); }, Error);
+  EXPECT_THROW({ TowerUnderTest tower(config, TrainableParts{true, true, true}, 64, 2, -1); }, Error);
 }
 
 TEST(GpuVisionModel, LoraOnThePatchEmbeddingIsRefused) {
