@@ -4,7 +4,7 @@
 # exchange, recompute) and `deltamoe bench --simulate_expert_parallel 8` on the full 40-layer
 # Qwen3.5-35B-A3B at 8,192 tokens per GPU: the 141 GB layout (bf16 moments, no recompute), the 80 GB
 # layout (bf16 moments, full recompute), and images with the vision tower frozen and trained (recompute
-# auto: the fewest text layers recomputed that make the run fit).
+# auto: the fewest vision blocks, then text layers, recomputed that make the run fit).
 # Usage: STAGES="tests simulate" bash tools/gpu/parallel_step_acceptance.sh   (carry gpu_bundle)
 # Results: $OUT/parallel_step/summary.txt and one log per program.
 set -uo pipefail
