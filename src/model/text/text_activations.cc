@@ -51,6 +51,19 @@ void carve_moe_saved(ArenaCarver& c, const TextConfig& cfg, int64_t T, MoeSaved*
   m->plan_memory = c.take_bytes(moe_routing_plan_bytes(T, E, K));
 }
 
+// A layer's saved state besides its input and its mixer internals: norms, streams, router outputs.
+void carve_layer_state(ArenaCarver& c, const TextConfig& cfg, int64_t T, LayerActivations* b) {
+  const int64_t C = cfg.hidden_size;
+  b->normed_in = c.take<DeviceBf16>(T * C);
+  b->rstd_in = c.take<float>(T);
+  b->mixer_out = c.take<DeviceBf16>(T * C);
+  b->h = c.take<float>(T * C);
+  b->normed_post = c.take<DeviceBf16>(T * C);
+  b->rstd_post = c.take<float>(T);
+  b->moe_out = c.take<DeviceBf16>(T * C);
+  carve_moe_saved(c, cfg, T, &b->moe);
+}
+
 // The one GDN set and the one attention set that layers rerunning their mixer share. Only one
 // mixer's internals are live at a time (each is refilled just before its backward), so the two
 // sets overlay one block the size of the larger.
@@ -89,16 +102,7 @@ void carve_text_activations(ArenaCarver& c, const TextConfig& cfg, const TextAct
   SharedMixerSets shared;
   if (any_shared_mixer) shared = carve_shared_mixer_sets(c, cfg, T);
   LayerActivations recomputed_set;
-  if (spec.recompute_layers > 0) {
-    recomputed_set.normed_in = c.take<DeviceBf16>(T * C);
-    recomputed_set.rstd_in = c.take<float>(T);
-    recomputed_set.mixer_out = c.take<DeviceBf16>(T * C);
-    recomputed_set.h = c.take<float>(T * C);
-    recomputed_set.normed_post = c.take<DeviceBf16>(T * C);
-    recomputed_set.rstd_post = c.take<float>(T);
-    recomputed_set.moe_out = c.take<DeviceBf16>(T * C);
-    carve_moe_saved(c, cfg, T, &recomputed_set.moe);
-  }
+  if (spec.recompute_layers > 0) carve_layer_state(c, cfg, T, &recomputed_set);
   out->layers.assign(static_cast<size_t>(cfg.num_hidden_layers), LayerActivations{});
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     LayerActivations& b = out->layers[static_cast<size_t>(i)];
@@ -106,16 +110,7 @@ void carve_text_activations(ArenaCarver& c, const TextConfig& cfg, const TextAct
     if (recomputed) b = recomputed_set;
     b.is_gdn = cfg.layer_types[static_cast<size_t>(i)] == LayerType::linear_attention;
     b.x_in = i == 0 ? nullptr : c.take<float>(T * C);  // layer 0 reads the embedding (set below)
-    if (!recomputed) {
-      b.normed_in = c.take<DeviceBf16>(T * C);
-      b.rstd_in = c.take<float>(T);
-      b.mixer_out = c.take<DeviceBf16>(T * C);
-      b.h = c.take<float>(T * C);
-      b.normed_post = c.take<DeviceBf16>(T * C);
-      b.rstd_post = c.take<float>(T);
-      b.moe_out = c.take<DeviceBf16>(T * C);
-      carve_moe_saved(c, cfg, T, &b.moe);
-    }
+    if (!recomputed) carve_layer_state(c, cfg, T, &b);
     if (spec.share_mixer_state || recomputed) {
       if (b.is_gdn) b.gdn = shared.gdn; else b.attn = shared.attn;
     } else if (b.is_gdn) {
