@@ -579,6 +579,41 @@ DeviceBatch GpuEngine::device_batch(const MicroBatch& batch) const {
   return out;
 }
 
+GpuEngine::MicroBatchRun GpuEngine::run_micro_batches(const std::vector<MicroBatch>& batches, double ce_token_weight,
+                                                      double aux_weight, int64_t step) {
+  Impl& s = *impl_;
+  MicroBatchRun run;
+  run.supervised.resize(batches.size());
+  run.tokens.resize(batches.size());
+  run.losses.resize(2 * batches.size());
+  for (size_t i = 0; i < batches.size(); ++i) {
+    // More micro-batches than loss slots: wait for the stream once per kLossSlots to reuse them.
+    if (i > run.collected && (i - run.collected) % kLossSlots == 0) {
+      CUDA_CHECK(cudaStreamSynchronize(s.stream));
+      collect_losses(run, i);
+    }
+    if (s.world != nullptr) s.world->set_activity(str_cat("train step ", step, ": micro-batch ", i, " forward/backward"));
+    const DeviceBatch batch = device_batch(batches[i]);
+    run.supervised[i] = batch.num_supervised();
+    run.tokens[i] = batches[i].num_tokens();
+    // The model differentiates ce_weight * (mean CE); the contract's ce_token_weight * CE sum is
+    // (ce_token_weight * supervised) * mean, as the CPU engine seeds it.
+    s.run_batch(batch, ce_token_weight * static_cast<double>(run.supervised[i]), aux_weight, true,
+                static_cast<int>(i % kLossSlots));
+    run.flops += training_step_flops(s.config.text, batches[i].cu_seqlens);
+  }
+  return run;
+}
+
+void GpuEngine::collect_losses(MicroBatchRun& run, size_t end) const {
+  for (size_t i = run.collected; i < end; ++i) {
+    const LossSlot& slot = impl_->loss_slots[i % kLossSlots];
+    run.losses[2 * i] = static_cast<double>(slot.ce_mean) * static_cast<double>(run.supervised[i]);
+    run.losses[2 * i + 1] = slot.aux;
+  }
+  run.collected = end;
+}
+
 StepResult GpuEngine::train_step(const std::vector<MicroBatch>& batches, double lr, double max_grad_norm) {
   if (impl_->world != nullptr) return train_step_parallel(batches, lr, max_grad_norm);
   Impl& s = *impl_;
@@ -590,36 +625,19 @@ StepResult GpuEngine::train_step(const std::vector<MicroBatch>& batches, double 
                                                         s.options.aux_coef);
   const uint64_t uploaded_before = s.uploaded();
   s.state->params().zero_gradients(s.stream);
-  std::vector<int64_t> supervised(batches.size());
-  auto collect = [&](size_t first, size_t end) {  // the slots of micro-batches [first, end), read after a sync
-    for (size_t i = first; i < end; ++i) {
-      const LossSlot& slot = s.loss_slots[i % kLossSlots];
-      result.ce_sum += static_cast<double>(slot.ce_mean) * static_cast<double>(supervised[i]);
-      result.aux_loss_sum += slot.aux;
-    }
-  };
-  size_t collected = 0;
-  for (size_t i = 0; i < batches.size(); ++i) {
-    if (i > collected && (i - collected) % kLossSlots == 0) {
-      CUDA_CHECK(cudaStreamSynchronize(s.stream));
-      collect(collected, i);
-      collected = i;
-    }
-    const DeviceBatch batch = device_batch(batches[i]);
-    supervised[i] = batch.num_supervised();
-    // The model differentiates ce_weight * (mean CE); the contract's ce_token_weight * CE sum is
-    // (ce_token_weight * supervised) * mean, as the CPU engine seeds it.
-    s.run_batch(batch, weights.ce_token_weight * static_cast<double>(supervised[i]), weights.aux_weight, true,
-                static_cast<int>(i % kLossSlots));
-    result.num_tokens += batches[i].num_tokens();
-    result.flops += training_step_flops(s.config.text, batches[i].cu_seqlens);
-  }
+  MicroBatchRun run = run_micro_batches(batches, weights.ce_token_weight, weights.aux_weight, s.state->adam_step() + 1);
+  for (const MicroBatch& batch : batches) result.num_tokens += batch.num_tokens();
+  result.flops = run.flops;
   // Test hook (DELTAMOE_KILL_AT=mid_step@N): a kill -9 with step N's backward queued on the device.
   kill_point("mid_step", s.state->adam_step() + 1);
   s.text->timer().mark(StepComponent::optimizer, s.stream);
   s.state->start_sum_of_squares(weights.gradient_divisor);
   const double sum_of_squares = s.state->finish_sum_of_squares();  // the step's host sync
-  collect(collected, batches.size());
+  collect_losses(run, batches.size());
+  for (size_t i = 0; i < batches.size(); ++i) {
+    result.ce_sum += run.losses[2 * i];
+    result.aux_loss_sum += run.losses[2 * i + 1];
+  }
   const GradClipResult clip = grad_clip_from_sum_of_squares(sum_of_squares, max_grad_norm);
   result.grad_norm = clip.grad_norm;
   result.clip_coef = clip.clip_coef;
@@ -665,31 +683,8 @@ StepResult GpuEngine::train_step_parallel(const std::vector<MicroBatch>& batches
       micro_batch_weights(result.num_supervised, result.num_micro_batches, s.options.aux_coef);
   const uint64_t uploaded_before = s.uploaded();
   s.state->params().zero_gradients(s.stream);
-  std::vector<int64_t> supervised(batches.size()), tokens(batches.size());
-  // Per local micro-batch: ce_sum, aux (gathered over the ranks after the step's sync).
-  std::vector<double> parts(static_cast<size_t>(2 * local));
-  auto collect = [&](size_t first, size_t end) {
-    for (size_t i = first; i < end; ++i) {
-      const LossSlot& slot = s.loss_slots[i % kLossSlots];
-      parts[2 * i] = static_cast<double>(slot.ce_mean) * static_cast<double>(supervised[i]);
-      parts[2 * i + 1] = slot.aux;
-    }
-  };
-  size_t collected = 0;
-  for (size_t i = 0; i < batches.size(); ++i) {
-    if (i > collected && (i - collected) % kLossSlots == 0) {
-      CUDA_CHECK(cudaStreamSynchronize(s.stream));
-      collect(collected, i);
-      collected = i;
-    }
-    world.set_activity(str_cat("train step ", step, ": micro-batch ", i, " forward/backward"));
-    const DeviceBatch batch = device_batch(batches[i]);
-    supervised[i] = batch.num_supervised();
-    tokens[i] = batches[i].num_tokens();
-    s.run_batch(batch, weights.ce_token_weight * static_cast<double>(supervised[i]), weights.aux_weight, true,
-                static_cast<int>(i % kLossSlots));
-    result.flops += training_step_flops(s.config.text, batches[i].cu_seqlens);  // this rank's share
-  }
+  MicroBatchRun run = run_micro_batches(batches, weights.ce_token_weight, weights.aux_weight, step);
+  result.flops = run.flops;  // this rank's share
   kill_point("mid_step", step);
   s.text->timer().mark(StepComponent::optimizer, s.stream);
   world.set_activity(str_cat("train step ", step, ": gradient reduce-scatter"));
@@ -697,10 +692,10 @@ StepResult GpuEngine::train_step_parallel(const std::vector<MicroBatch>& batches
   world.set_activity(str_cat("train step ", step, ": gradient norm"));
   s.state->start_sum_of_squares(weights.gradient_divisor);
   const double sum_of_squares = s.state->finish_sum_of_squares();  // the step's host sync
-  collect(collected, batches.size());
+  collect_losses(run, batches.size());
   // Losses and tokens in the order one rank would add them: micro-batch g * world + r.
-  std::vector<double> mine_parts(parts);
-  for (int64_t g = 0; g < local; ++g) mine_parts.push_back(static_cast<double>(tokens[g]));
+  std::vector<double> mine_parts(run.losses);
+  for (int64_t g = 0; g < local; ++g) mine_parts.push_back(static_cast<double>(run.tokens[g]));
   const std::vector<std::string> all_parts = world.control().all_gather(
       std::string(reinterpret_cast<const char*>(mine_parts.data()), mine_parts.size() * sizeof(double)),
       str_cat("train step ", step, " losses"));

@@ -95,6 +95,20 @@ class GpuEngine : public TrainEngine {
  private:
   // train_step on one rank of a parallel job.
   StepResult train_step_parallel(const std::vector<MicroBatch>& batches, double lr, double max_grad_norm);
+  // The step's micro-batches, forward and backward, gradients accumulated on the device. Per
+  // micro-batch i: supervised[i], tokens[i], and after the step's sync losses[2i] (its CE sum) and
+  // losses[2i + 1] (its aux loss), read through collect_losses. `world` (null: one rank) gets the
+  // activity labels.
+  struct MicroBatchRun {
+    std::vector<int64_t> supervised, tokens;
+    std::vector<double> losses;
+    double flops = 0;
+    size_t collected = 0;  // loss slots read so far
+  };
+  MicroBatchRun run_micro_batches(const std::vector<MicroBatch>& batches, double ce_token_weight, double aux_weight,
+                                  int64_t step);
+  // Reads the loss slots of micro-batches [run.collected, end) (the stream must have passed them).
+  void collect_losses(MicroBatchRun& run, size_t end) const;
 
   struct Impl;
   std::unique_ptr<Impl> impl_;
