@@ -27,7 +27,8 @@ void declare_train_flags(ArgParser& args) {
   args.add_option("lora_rank", "LoRA rank r", "8", kInt);
   args.add_option("lora_alpha", "LoRA alpha: the adapters are scaled by alpha / r (alpha / sqrt(r) with --use_rslora)",
                   "32", kNum);
-  args.add_option("lora_dropout", "dropout on the adapters' input (only 0 is supported)", "0", kNum);
+  args.add_option("lora_dropout", "dropout probability on the adapters' input while training, in [0, 1) (PEFT's "
+                  "lora_dropout; not with --target_parameters, which PEFT refuses too)", "0", kNum);
   args.add_bool("use_rslora", "rank-stabilised scaling alpha / sqrt(r)", false);
   args.add_list("target_modules", "Linear modules that get an adapter: all-linear (every nn.Linear of the "
                 "transformers model except lm_head, vision tower included, as PEFT resolves it) or module names "

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "optim/grad_clip.h"
 #include "train/batch_plan.h"
+#include "model/lora/lora_dropout.h"
 #include "model/text/text_batch.h"
 #include "model/text/text_model.h"
 #include "train/trainable_params.h"
@@ -106,6 +107,7 @@ CpuEngine::CpuEngine(const ModelCheckpoint& checkpoint, const EngineOptions& opt
       vision_params_[name] = it->second.to_host().to_f32();
     }
   }
+  lora_ = options.lora;
   if (options.lora != nullptr) attach_lora_adapters(*options.lora, &text_params_, config_.has_vision ? &vision_params_ : nullptr);
   trainable_ = TrainableParts{false, false, false};
   trainable_.base_weights = options.lora == nullptr;
@@ -253,8 +255,9 @@ StepResult CpuEngine::train_step(const std::vector<MicroBatch>& batches, double 
   const MicroBatchWeights weights = micro_batch_weights(result.num_supervised, result.num_micro_batches, aux_coef_);
   std::fill(grad_.begin(), grad_.end(), 0.0f);
   result.num_correct = 0;
-  for (const MicroBatch& batch : batches) {
-    const MicroBatchLoss part = forward_backward(batch, weights.ce_token_weight, weights.aux_weight, grad_.data());
+  for (size_t m = 0; m < batches.size(); ++m) {
+    const MicroBatchLoss part = forward_backward(batches[m], weights.ce_token_weight, weights.aux_weight, grad_.data(),
+                                                 static_cast<int64_t>(m));
     result.ce_sum += part.ce_sum;
     result.aux_loss_sum += part.aux_loss;
     result.num_tokens += part.num_tokens;
@@ -304,7 +307,8 @@ StepResult CpuEngine::train_step_parallel(const std::vector<MicroBatch>& batches
     }
     world_->set_activity(str_cat("train step: micro-batch ", g, " forward/backward"));
     const MicroBatchLoss part =
-        forward_backward(batches[g], weights.ce_token_weight, weights.aux_weight, micro_grad_.data());
+        forward_backward(batches[g], weights.ce_token_weight, weights.aux_weight, micro_grad_.data(),
+                         g * world_->size() + world_->rank());
     parts[4 * g] = part.ce_sum;
     parts[4 * g + 1] = part.aux_loss;
     parts[4 * g + 2] = static_cast<double>(part.num_tokens);
@@ -368,7 +372,13 @@ StepResult CpuEngine::train_step_parallel(const std::vector<MicroBatch>& batches
 }
 
 MicroBatchLoss CpuEngine::forward_backward(const MicroBatch& batch, double ce_token_weight, double aux_weight,
-                                           float* grad) {
+                                           float* grad, int64_t micro_batch) {
+  // LoRA dropout drops in this training pass only (evaluate opens no scope); its masks are keyed by
+  // the run's seed, the updates applied so far and the micro-batch, so --resume needs no RNG state.
+  const double dropout = lora_ != nullptr ? lora_->options.dropout : 0.0;
+  const LoraDropoutScope dropout_scope(dropout, lora_ != nullptr ? lora_->seed : 0,
+                                       static_cast<uint64_t>(state_.optimizer().adam_step()),
+                                       static_cast<uint64_t>(micro_batch));
   Pass pass;
   const MicroBatchLoss loss = run_forward(batch, &pass, nullptr);
   // The model's CE is a mean over this micro-batch's supervised tokens; the gradient of

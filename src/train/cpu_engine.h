@@ -44,8 +44,11 @@ class CpuEngine : public TrainEngine {
   // The building block of train_step, public for the accumulation tests: forward and backward of
   // one micro-batch; the gradient of ce_token_weight * CE_sum + aux_weight * aux is ADDED to grad
   // (full_layout().total_numel() values; on a rank of an expert-parallel job only its own experts'
-  // ranges are touched). A collective with expert parallelism.
-  MicroBatchLoss forward_backward(const MicroBatch& batch, double ce_token_weight, double aux_weight, float* grad);
+  // ranges are touched). A collective with expert parallelism. micro_batch is the micro-batch's index
+  // in the step over all ranks (g * world + rank): with --lora_dropout it keys the dropout masks,
+  // together with the optimizer's step count (model/lora/lora_dropout.h).
+  MicroBatchLoss forward_backward(const MicroBatch& batch, double ce_token_weight, double aux_weight, float* grad,
+                                  int64_t micro_batch = 0);
   // Every trained tensor whole (on one rank, also the layout of state()).
   const ParamLayout& full_layout() const { return full_layout_; }
   // Null on a single rank.
@@ -85,6 +88,7 @@ class CpuEngine : public TrainEngine {
   VisionParams vision_params_;  // fp32; empty for a text-only model
   TrainableParts trainable_;    // which parts have tensors in the layout: frozen parts skip their weight products
   std::vector<std::vector<int32_t>> forced_routing_;  // set_forced_routing; empty: none
+  std::shared_ptr<const LoraAdapters> lora_;  // the run's LoRA settings (dropout p, seed); null: full tuning
 };
 
 }  // namespace deltamoe

@@ -1,7 +1,8 @@
 // LoRA training on the CPU engine (tiny-vl, all-linear + the experts): only the adapters are in the
 // training state, a checkpoint is a PEFT adapter directory that loads back to the state's values,
 // 8 steps straight equal 4 + --resume + 4 bit for bit, and `deltamoe export --merge_lora` writes
-// the merged model, whose logits equal the adapter model's (f32 base).
+// the merged model, whose logits equal the adapter model's (f32 base); with --lora_dropout, resume
+// stays bit-exact.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -102,6 +103,42 @@ TEST_F(LoraTrainTest, CheckpointsArePeftAdaptersAndResumeIsBitExact) {
   for (const char* file : {"adapter_model.safetensors", "optimizer.safetensors", "adapter_config.json"}) {
     EXPECT_TRUE(read_bytes(ckpt / file) == read_bytes(resumed / file)) << file << " differs after --resume";
   }
+}
+
+// --lora_dropout > 0 (all-linear; PEFT refuses dropout on the experts): the masks come from (seed,
+// optimizer step, micro-batch, adapter, row, column), so 6 steps straight equal 3 + --resume + 3 bit
+// for bit with no RNG state saved, and the dropout changes what is learned.
+TEST_F(LoraTrainTest, DropoutRunsResumeBitExact) {
+  auto dropout_options = [&](const std::string& out, double p) {
+    TrainOptions options = lora_options(*root_, out);
+    options.lora.target_parameters.clear();
+    options.lora.dropout = p;
+    options.max_steps = 6;
+    options.save_steps = 3;
+    return options;
+  };
+  const TrainSummary full = run_training(dropout_options("dropout_straight", 0.2), "cpu");
+  EXPECT_EQ(full.steps_done, 6);
+  std::printf("  dropout 0.2: loss %.4f -> %.4f\n", full.first_loss, full.last_loss);
+  EXPECT_LT(full.last_loss, full.first_loss);
+  const fs::path ckpt = *root_ / "dropout_straight" / "checkpoint-6";
+  EXPECT_NE(read_bytes(ckpt / "adapter_config.json").find("\"lora_dropout\": 0.2"), std::string::npos);
+
+  TrainOptions first = dropout_options("dropout_split", 0.2);
+  first.stop_after_steps = 3;
+  EXPECT_EQ(run_training(first, "cpu").steps_done, 3);
+  TrainOptions second = first;
+  second.stop_after_steps = 0;
+  second.resume = "auto";
+  EXPECT_EQ(run_training(second, "cpu").steps_this_run, 3);
+  const fs::path resumed = *root_ / "dropout_split" / "checkpoint-6";
+  for (const char* file : {"adapter_model.safetensors", "optimizer.safetensors"}) {
+    EXPECT_TRUE(read_bytes(ckpt / file) == read_bytes(resumed / file)) << file << " differs after --resume";
+  }
+  run_training(dropout_options("dropout_none", 0.0), "cpu");
+  EXPECT_FALSE(read_bytes(ckpt / "adapter_model.safetensors") ==
+               read_bytes(*root_ / "dropout_none" / "checkpoint-6" / "adapter_model.safetensors"))
+      << "--lora_dropout 0.2 trained the same adapters as 0";
 }
 
 TEST_F(LoraTrainTest, MergedExportGivesTheAdapterModelsLogits) {

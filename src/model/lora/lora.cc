@@ -54,8 +54,12 @@ double LoraOptions::scaling() const {
 void LoraOptions::validate() const {
   CHECK(rank > 0, "--lora_rank must be a positive integer, got ", rank);
   CHECK(std::isfinite(alpha) && alpha > 0, "--lora_alpha must be a positive number, got ", alpha);
-  CHECK(dropout == 0, "--lora_dropout ", dropout, " is not supported: deltamoe's adapters have no dropout (PEFT ",
-        "refuses it for --target_parameters too); use --lora_dropout 0");
+  CHECK(std::isfinite(dropout) && dropout >= 0 && dropout < 1, "--lora_dropout must be in [0, 1), got ", dropout);
+  // PEFT's ParamWrapper raises for lora_dropout != 0: x cannot be factored out of B(A(dropout(x))) for
+  // a wrapped parameter, so PEFT (and ms-swift through it) never trains the experts with dropout.
+  CHECK(dropout == 0 || target_parameters.empty(), "--lora_dropout ", dropout, " cannot be combined with ",
+        "--target_parameters (", joined(target_parameters), "): PEFT's ParamWrapper refuses lora_dropout != 0 for ",
+        "targeted parameters (the routed experts); use --lora_dropout 0 or drop --target_parameters");
   CHECK(dtype.empty() || dtype == "float32" || dtype == "fp32" || dtype == "None" || dtype == "none",
         "--lora_dtype ", dtype, " is not supported: adapters are trained in float32 (the default; PEFT's autocast ",
         "does the same); drop the flag or use --lora_dtype float32");

@@ -4,7 +4,8 @@
 // kernels), and the names PEFT saves them under.
 //
 // In the fp32 parameter maps of the CPU model an adapter of weight module M is three entries next to
-// M's own: M.lora_A.weight, M.lora_B.weight (trained) and M.lora_scaling (one value, never trained).
+// M's own: M.lora_A.weight, M.lora_B.weight (trained), M.lora_scaling (one value, never trained) and,
+// with --lora_dropout > 0, M.lora_index (the target's index, which keys its dropout mask).
 // For a routed-expert weight M is the fused parameter itself (e.g. "...mlp.experts.gate_up_proj").
 // Shapes (r rank, E experts): Linear weight [out, in]: A [r, in], B [out, r], delta = s B A.
 // Fused expert weight [E, out, in] (each expert's weight in torch's Linear order, as PEFT 0.21's
@@ -25,7 +26,7 @@ namespace deltamoe {
 struct LoraOptions {
   int64_t rank = 8;                                      // --lora_rank
   double alpha = 32;                                     // --lora_alpha
-  double dropout = 0;                                    // --lora_dropout (only 0 is supported)
+  double dropout = 0;                                    // --lora_dropout, in [0, 1) (not with target_parameters)
   bool use_rslora = false;                               // --use_rslora: scaling alpha / sqrt(r)
   std::vector<std::string> target_modules{"all-linear"};  // --target_modules
   std::vector<std::string> target_parameters;            // --target_parameters (fused 3-D expert weights)
@@ -50,6 +51,7 @@ struct LoraTarget {
   std::string a_name() const { return module + ".lora_A.weight"; }
   std::string b_name() const { return module + ".lora_B.weight"; }
   std::string scaling_name() const { return module + ".lora_scaling"; }
+  std::string index_name() const { return module + ".lora_index"; }  // with dropout: the mask's adapter index
   std::vector<int64_t> a_shape(int64_t rank) const { return {rank * num_experts, in_features}; }
   std::vector<int64_t> b_shape(int64_t rank) const { return {out_features, rank * num_experts}; }
 };

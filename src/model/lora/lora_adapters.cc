@@ -20,6 +20,7 @@ std::vector<std::string> LoraAdapters::trained_names() const {
 LoraAdapters init_lora_adapters(const ModelConfig& config, const LoraOptions& options, uint64_t seed) {
   LoraAdapters adapters;
   adapters.options = options;
+  adapters.seed = seed;
   adapters.targets = resolve_lora_targets(config, options);
   adapters.modules_to_save = resolve_modules_to_save(config, options);
   const int64_t rank = options.rank;
@@ -39,7 +40,8 @@ LoraAdapters init_lora_adapters(const ModelConfig& config, const LoraOptions& op
 
 void attach_lora_adapters(const LoraAdapters& lora, ParamMap* text, VisionParams* vision) {
   const float scaling = static_cast<float>(lora.options.scaling());
-  for (const LoraTarget& target : lora.targets) {
+  for (size_t index = 0; index < lora.targets.size(); ++index) {
+    const LoraTarget& target = lora.targets[index];
     const bool in_vision = target.module.starts_with("model.visual.");
     CHECK(in_vision ? vision != nullptr && vision->count(target.weight_name()) != 0
                     : text->count(target.weight_name()) != 0,
@@ -61,6 +63,18 @@ void attach_lora_adapters(const LoraAdapters& lora, ParamMap* text, VisionParams
       (*vision)[target.scaling_name()] = std::move(value);
     } else {
       (*text)[target.scaling_name()] = {{1}, {scaling}};
+    }
+    // The adapter's index keys its dropout mask (model/lora/lora_dropout.h); none without dropout,
+    // so that p = 0 leaves the maps (and every path) as they are.
+    if (lora.options.dropout > 0 && !target.experts) {
+      CHECK(index < (1u << 24), "LoRA: more than 2^24 adapters");
+      if (in_vision) {
+        HostTensor value(DType::f32, Shape{1});
+        *value.as<float>() = static_cast<float>(index);
+        (*vision)[target.index_name()] = std::move(value);
+      } else {
+        (*text)[target.index_name()] = {{1}, {static_cast<float>(index)}};
+      }
     }
   }
 }

@@ -1,7 +1,10 @@
 // LoRA on the CPU reference: PEFT's target resolution on the tiny VLM, the expert delta against
 // PEFT's reshapes written out literally, B = 0 leaves the model unchanged, and the adapters'
 // gradients (text model in fp32 against directional finite differences with the routing pinned;
-// vision tower in fp64 against central differences) while the base weights get none.
+// vision tower in fp64 against central differences) while the base weights get none; with LoRA
+// dropout: refused with the experts as PEFT does, the same gradient checks inside a training pass's
+// masks, p = 0 bitwise the plain path, no dropping outside a training pass, and the unmerged shared
+// expert (taken when an adapter of it drops) equal to the merged one.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +15,7 @@
 #include "kernels/cross_entropy/cross_entropy.h"
 #include "kernels/gradcheck/gradcheck.h"
 #include "model/lora/lora_adapters.h"
+#include "model/lora/lora_dropout.h"
 #include "model/text/text_model.h"
 #include "model/vision/vision_tower.h"
 
@@ -201,11 +205,10 @@ TEST(Lora, ZeroBLeavesTheTextModelUnchanged) {
   EXPECT_LT(worst, 1e-5);  // A x is added as exact zeros times B; only the merged expert sums may round
 }
 
-TEST(Lora, TextAdapterGradientsMatchDirectionalFiniteDifferences) {
-  const ModelConfig config = text_model_config();
-  ParamMap params = random_text_params(config.text, "model", 7);
-  const LoraAdapters adapters = random_adapters(config, true);
-  attach_lora_adapters(adapters, &params, nullptr);
+// Worst relative error of the directional derivative of ce + 0.5 aux along each adapter tensor's
+// gradient (fp32 model, routing pinned to the first forward's), over every trained tensor of
+// adapters attached to params. Runs inside whatever LoRA dropout scope the caller opened.
+double worst_text_adapter_fd_error(const ModelConfig& config, ParamMap& params, const LoraAdapters& adapters) {
   Rng rng(8);
   const int64_t T = 16;
   std::vector<int64_t> ids(T), labels(T), shifted(T);
@@ -229,7 +232,8 @@ TEST(Lora, TextAdapterGradientsMatchDirectionalFiniteDifferences) {
     const std::vector<float>& grad = grads.at(name).values;
     double norm = 0;
     for (float g : grad) norm += double(g) * g;
-    ASSERT_GT(norm, 0) << name << " got no gradient";
+    EXPECT_GT(norm, 0) << name << " got no gradient";
+    if (norm == 0) return 1.0;
     norm = std::sqrt(norm);
     auto loss_at = [&](double offset) {
       const std::vector<float> saved = values;
@@ -248,10 +252,140 @@ TEST(Lora, TextAdapterGradientsMatchDirectionalFiniteDifferences) {
   }
   std::printf("  %zu adapter tensors, worst directional-derivative rel error %.3e (%s)\n",
               adapters.trained_names().size(), worst, worst_name.c_str());
-  EXPECT_LT(worst, 1e-2);
+  return worst;
 }
 
-TEST(Lora, VisionAdapterGradientsMatchFiniteDifferencesInFloat64) {
+TEST(Lora, TextAdapterGradientsMatchDirectionalFiniteDifferences) {
+  const ModelConfig config = text_model_config();
+  ParamMap params = random_text_params(config.text, "model", 7);
+  const LoraAdapters adapters = random_adapters(config, true);
+  attach_lora_adapters(adapters, &params, nullptr);
+  EXPECT_LT(worst_text_adapter_fd_error(config, params, adapters), 1e-2);
+}
+
+// Adapters on every text Linear (lm_head and the shared expert included) with LoRA dropout p; no
+// expert adapters (PEFT refuses dropout there).
+LoraAdapters dropout_adapters(const ModelConfig& config, double p) {
+  LoraAdapters adapters = random_adapters(config, true);
+  LoraOptions options = adapters.options;
+  options.target_parameters.clear();
+  options.dropout = p;
+  LoraAdapters with_dropout = init_lora_adapters(config, options, 11);
+  for (auto& [name, tensor] : with_dropout.tensors) tensor = adapters.tensors.at(name);
+  return with_dropout;
+}
+
+TEST(Lora, DropoutWithTargetParametersIsRefusedAsPeftDoes) {
+  LoraOptions options = all_options();
+  options.dropout = 0.05;
+  try {
+    options.validate();
+    ADD_FAILURE() << "--lora_dropout with --target_parameters must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ParamWrapper"), std::string::npos) << e.what();
+  }
+  options.target_parameters.clear();
+  EXPECT_NO_THROW(options.validate());
+  options.dropout = 1.0;
+  EXPECT_THROW(options.validate(), Error);
+}
+
+TEST(Lora, TextDropoutGradientsMatchDirectionalFiniteDifferences) {
+  const ModelConfig config = text_model_config();
+  ParamMap params = random_text_params(config.text, "model", 7);
+  const LoraAdapters adapters = dropout_adapters(config, 0.3);
+  attach_lora_adapters(adapters, &params, nullptr);
+  // Every forward of the check (the probes too) sees this pass's masks.
+  const LoraDropoutScope scope(0.3, 11, 5, 2);
+  EXPECT_LT(worst_text_adapter_fd_error(config, params, adapters), 1e-2);
+}
+
+// Logits, ce and every adapter gradient of one forward + backward.
+struct TextPass {
+  std::vector<float> logits;
+  ParamMap grads;
+};
+
+TextPass text_pass(const ModelConfig& config, const ParamMap& params, const LoraAdapters& adapters) {
+  Rng rng(21);
+  const int64_t T = 16;
+  std::vector<int64_t> ids(T), labels(T), shifted(T);
+  for (auto& id : ids) id = static_cast<int64_t>(rng.below(config.text.vocab_size));
+  for (auto& id : labels) id = static_cast<int64_t>(rng.below(config.text.vocab_size));
+  shift_labels_ref(labels.data(), shifted.data(), 1, T);
+  const TextBatch batch = make_text_batch(config.text, T, {0, 9, static_cast<int32_t>(T)});
+  TextModel model(config.text, "model", &params);
+  TextPass pass;
+  pass.logits = model.forward(batch, {ids.data(), nullptr, shifted.data()}).logits;
+  for (const std::string& name : adapters.trained_names()) {
+    pass.grads[name] = {params.at(name).shape, std::vector<float>(params.at(name).values.size(), 0.0f)};
+  }
+  model.backward_into(&pass.grads, 1.0f, 0.5f);
+  return pass;
+}
+
+bool bitwise_equal(const TextPass& a, const TextPass& b) {
+  if (a.logits != b.logits || a.grads.size() != b.grads.size()) return false;
+  for (const auto& [name, grad] : a.grads) {
+    if (grad.values != b.grads.at(name).values) return false;
+  }
+  return true;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]));
+  return worst;
+}
+
+TEST(Lora, DropoutZeroIsThePlainPathAndEvaluationNeverDrops) {
+  const ModelConfig config = text_model_config();
+  const ParamMap base = random_text_params(config.text, "model", 7);
+  const LoraAdapters zero = dropout_adapters(config, 0.0), some = dropout_adapters(config, 0.3);
+  ParamMap plain = base, with_p = base;
+  attach_lora_adapters(zero, &plain, nullptr);
+  attach_lora_adapters(some, &with_p, nullptr);
+  for (const auto& [name, tensor] : plain) EXPECT_FALSE(name.ends_with(".lora_index")) << "p = 0 adds " << name;
+  EXPECT_EQ(with_p.size(), plain.size() + some.targets.size()) << "p > 0: one index entry per adapter";
+  const TextPass reference = text_pass(config, plain, zero);
+  {
+    const LoraDropoutScope scope(0.0, 11, 5, 2);
+    EXPECT_TRUE(bitwise_equal(text_pass(config, plain, zero), reference)) << "p = 0 in a training pass";
+  }
+  // Outside a training pass (evaluation, export, parity) adapters with p > 0 drop nothing.
+  EXPECT_TRUE(bitwise_equal(text_pass(config, with_p, some), reference)) << "p > 0 outside a training pass";
+  // In one they drop, and the same counters give the same pass.
+  const LoraDropoutScope scope(0.3, 11, 5, 2);
+  const TextPass dropped = text_pass(config, with_p, some);
+  EXPECT_GT(max_abs_diff(dropped.logits, reference.logits), 1e-3);
+  EXPECT_TRUE(bitwise_equal(text_pass(config, with_p, some), dropped));
+}
+
+// p = 1e-9 makes the mask active (the shared expert runs unmerged through the funnel) while dropping
+// nothing with keep_scale 1.0f exactly: the unmerged shared expert must equal the merged one.
+TEST(Lora, UnmergedSharedExpertEqualsTheMergedOne) {
+  const ModelConfig config = text_model_config();
+  const ParamMap base = random_text_params(config.text, "model", 7);
+  const LoraAdapters tiny = dropout_adapters(config, 1e-9);
+  ParamMap params = base;
+  attach_lora_adapters(tiny, &params, nullptr);
+  const TextPass merged = text_pass(config, params, tiny);
+  const LoraDropoutScope scope(1e-9, 11, 5, 2);
+  ASSERT_TRUE(lora_dropout_for(0).active());
+  ASSERT_EQ(lora_dropout_for(0).keep_scale, 1.0f);
+  const TextPass unmerged = text_pass(config, params, tiny);
+  EXPECT_FALSE(bitwise_equal(unmerged, merged)) << "the shared expert did not take the unmerged path";
+  EXPECT_LT(max_abs_diff(unmerged.logits, merged.logits), 1e-4);
+  for (const auto& [name, grad] : merged.grads) {
+    double scale = 0;
+    for (float g : grad.values) scale = std::max(scale, double(std::abs(g)));
+    EXPECT_LT(max_abs_diff(unmerged.grads.at(name).values, grad.values), 1e-4 * std::max(scale, 1.0)) << name;
+  }
+}
+
+// The vision tower's adapters against central differences in fp64, with LoRA dropout p on every
+// adapter when p > 0 (in a training pass's scope).
+void check_vision_adapter_gradients(double p) {
   VisionConfig config;
   config.depth = 1;
   config.hidden_size = 8;
@@ -286,6 +420,11 @@ TEST(Lora, VisionAdapterGradientsMatchFiniteDifferencesInFloat64) {
     HostTensor scale(DType::f64, Shape{1});
     *scale.as<double>() = 1.25;
     params.emplace(m + ".lora_scaling", scale);
+    if (p > 0) {
+      HostTensor index(DType::f64, Shape{1});
+      *index.as<double>() = static_cast<double>(trained.size() / 2 - 1);
+      params.emplace(m + ".lora_index", index);
+    }
   }
   HostTensor grid(DType::i64, Shape{1, 3});
   grid.as<int64_t>()[0] = 1, grid.as<int64_t>()[1] = 2, grid.as<int64_t>()[2] = 4;
@@ -293,6 +432,17 @@ TEST(Lora, VisionAdapterGradientsMatchFiniteDifferencesInFloat64) {
   for (int64_t i = 0; i < pixels.numel(); ++i) pixels.as<double>()[i] = rng.normal();
   for (int64_t i = 0; i < d_features.numel(); ++i) d_features.as<double>()[i] = rng.normal();
   auto to_vector = [](const HostTensor& t) { return std::vector<double>(t.as<double>(), t.as<double>() + t.numel()); };
+  const std::vector<double> plain = to_vector(vision_tower_forward(params, config, pixels, grid).features);
+  // Every forward of the check sees this training pass's masks, which do change the features.
+  const LoraDropoutScope scope(p, 13, 2, 0);
+  const std::vector<double> in_pass = to_vector(vision_tower_forward(params, config, pixels, grid).features);
+  double change = 0;
+  for (size_t i = 0; i < plain.size(); ++i) change = std::max(change, std::abs(plain[i] - in_pass[i]));
+  if (p > 0) {
+    EXPECT_GT(change, 1e-3) << "dropout left the features unchanged";
+  } else {
+    EXPECT_EQ(change, 0.0);
+  }
   auto loss = [&] {
     return gradcheck::dot(to_vector(vision_tower_forward(params, config, pixels, grid).features), to_vector(d_features));
   };
@@ -319,7 +469,13 @@ TEST(Lora, VisionAdapterGradientsMatchFiniteDifferencesInFloat64) {
     worst = std::max(worst, error);
     EXPECT_LT(error, gradcheck::kGradTolerance) << name;
   }
-  std::printf("  worst vision adapter gradient relative error %.3e\n", worst);
+  std::printf("  worst vision adapter gradient relative error %.3e (dropout %.2f)\n", worst, p);
+}
+
+TEST(Lora, VisionAdapterGradientsMatchFiniteDifferencesInFloat64) { check_vision_adapter_gradients(0.0); }
+
+TEST(Lora, VisionDropoutGradientsMatchFiniteDifferencesInFloat64) {
+  check_vision_adapter_gradients(0.4);
 }
 
 }  // namespace

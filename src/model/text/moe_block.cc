@@ -3,6 +3,8 @@
 #include "model/text/moe_block.h"
 
 #include <algorithm>
+#include <cmath>
+#include <string>
 
 #include "kernels/linear/linear.h"
 #include "kernels/moe_experts/moe_experts.h"
@@ -84,6 +86,64 @@ void routed_experts_backward_ep(const ExpertDispatcher& ep, const MoeExpertsDims
   }
 }
 
+// The shared expert's four Linears of block p ("...mlp.").
+struct SharedNames {
+  std::string gate, up, down, expert_gate;
+  explicit SharedNames(const std::string& p)
+      : gate(p + "shared_expert.gate_proj"), up(p + "shared_expert.up_proj"), down(p + "shared_expert.down_proj"),
+        expert_gate(p + "shared_expert_gate") {}
+  bool any_drops(const ParamMap& params) const {
+    return adapter_drops(params, gate) || adapter_drops(params, up) || adapter_drops(params, down) ||
+           adapter_drops(params, expert_gate);
+  }
+};
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// The shared expert written out through the projection funnel (shared_expert_ref's arithmetic), for
+// a pass where an adapter of it drops its input: gate, up, hidden [T, I], out [T, C], logit [T].
+struct SharedUnmerged {
+  Activation gate, up, hidden, out, logit;
+};
+
+SharedUnmerged shared_unmerged_forward(const ParamMap& params, const SharedNames& n, const float* x, int64_t T,
+                                       int64_t C, int64_t I) {
+  SharedUnmerged a{Activation(T * I), Activation(T * I), Activation(T * I), Activation(T * C), Activation(T)};
+  project_forward(params, n.gate, x, a.gate.data(), T, C, I);
+  project_forward(params, n.up, x, a.up.data(), T, C, I);
+  for (int64_t i = 0; i < T * I; ++i) a.hidden[i] = a.gate[i] * sigmoid(a.gate[i]) * a.up[i];
+  project_forward(params, n.down, a.hidden.data(), a.out.data(), T, I, C);
+  project_forward(params, n.expert_gate, x, a.logit.data(), T, C, 1);
+  return a;
+}
+
+void shared_unmerged_backward(const ParamMap& params, const LayerGrads& grad, const SharedNames& n, const float* x,
+                              const float* dy, float* dx, int64_t T, int64_t C, int64_t I) {
+  const SharedUnmerged a = shared_unmerged_forward(params, n, x, T, C, I);
+  Activation d_out(T * C), d_logit(T);
+  for (int64_t t = 0; t < T; ++t) {
+    const float scale = sigmoid(a.logit[t]);
+    float d_scale = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      d_out[t * C + c] = dy[t * C + c] * scale;
+      d_scale += dy[t * C + c] * a.out[t * C + c];
+    }
+    d_logit[t] = d_scale * scale * (1.0f - scale);
+  }
+  Activation d_hidden(T * I), d_gate(T * I), d_up(T * I), dx_part(T * C);
+  project_backward(params, grad, n.down, a.hidden.data(), d_out.data(), d_hidden.data(), T, I, C);
+  for (int64_t i = 0; i < T * I; ++i) {
+    const float g = a.gate[i], s = sigmoid(g);
+    d_gate[i] = d_hidden[i] * a.up[i] * s * (1.0f + g * (1.0f - s));
+    d_up[i] = d_hidden[i] * g * s;
+  }
+  project_backward(params, grad, n.gate, x, d_gate.data(), dx, T, C, I);
+  project_backward(params, grad, n.up, x, d_up.data(), dx_part.data(), T, C, I);
+  for (int64_t i = 0; i < T * C; ++i) dx[i] += dx_part[i];
+  project_backward(params, grad, n.expert_gate, x, d_logit.data(), dx_part.data(), T, C, 1);
+  for (int64_t i = 0; i < T * C; ++i) dx[i] += dx_part[i];
+}
+
 }  // namespace
 
 Activation moe_block_forward(const TextConfig& c, const ParamMap& params, const std::string& names, int64_t num_tokens,
@@ -115,10 +175,21 @@ Activation moe_block_forward(const TextConfig& c, const ParamMap& params, const 
     moe_experts_forward_ref(experts_dims(c, T), x.data(), s->topk_idx.data(), s->topk_weight.data(), gate_up.value(),
                             down.value(), y.data());
   }
-  const FusedWeight sg(params, nullptr, p + "shared_expert.gate_proj.weight");
-  const FusedWeight su(params, nullptr, p + "shared_expert.up_proj.weight");
-  const FusedWeight sd(params, nullptr, p + "shared_expert.down_proj.weight");
-  const FusedWeight sgate(params, nullptr, p + "shared_expert_gate.weight");
+  const SharedNames shared_names(p);
+  if (shared_names.any_drops(params)) {
+    // LoRA dropout on an adapter's input: the unmerged Linears (y = sigmoid(logit) * out).
+    const SharedUnmerged a = shared_unmerged_forward(params, shared_names, x.data(), T, C, Is);
+    for (int64_t t = 0; t < T; ++t) {
+      const float scale = sigmoid(a.logit[t]);
+      for (int64_t i = 0; i < C; ++i) shared[t * C + i] = scale * a.out[t * C + i];
+    }
+    add_into(y, shared);
+    return y;
+  }
+  const FusedWeight sg(params, nullptr, shared_names.gate + ".weight");
+  const FusedWeight su(params, nullptr, shared_names.up + ".weight");
+  const FusedWeight sd(params, nullptr, shared_names.down + ".weight");
+  const FusedWeight sgate(params, nullptr, shared_names.expert_gate + ".weight");
   shared_expert_forward_ref(x.data(), sg.value(), su.value(), sd.value(), sgate.value(), shared.data(), T, C, Is);
   add_into(y, shared);
   return y;
@@ -152,10 +223,16 @@ Activation moe_block_backward(const TextConfig& c, const ParamMap& params, Param
   }
   project_backward(params, grad, p + "gate", s.x.data(), d_logits.data(), dx_part.data(), T, C, E);
   add_into(dx, dx_part);
-  FusedWeight sg(params, &grad, p + "shared_expert.gate_proj.weight");
-  FusedWeight su(params, &grad, p + "shared_expert.up_proj.weight");
-  FusedWeight sd(params, &grad, p + "shared_expert.down_proj.weight");
-  FusedWeight sgate(params, &grad, p + "shared_expert_gate.weight");
+  const SharedNames shared_names(p);
+  if (shared_names.any_drops(params)) {
+    shared_unmerged_backward(params, grad, shared_names, s.x.data(), dy.data(), dx_part.data(), T, C, Is);
+    add_into(dx, dx_part);
+    return dx;
+  }
+  FusedWeight sg(params, &grad, shared_names.gate + ".weight");
+  FusedWeight su(params, &grad, shared_names.up + ".weight");
+  FusedWeight sd(params, &grad, shared_names.down + ".weight");
+  FusedWeight sgate(params, &grad, shared_names.expert_gate + ".weight");
   shared_expert_backward_ref(s.x.data(), sg.value(), su.value(), sd.value(), sgate.value(), dy.data(), dx_part.data(),
                              sg.grad(), su.grad(), sd.grad(), sgate.grad(), T, C, Is);
   for (FusedWeight* weight : {&sg, &su, &sd, &sgate}) weight->finish_backward();

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "kernels/linear/linear.h"
 #include "model/lora/lora.h"
+#include "model/lora/lora_dropout.h"
 
 namespace deltamoe {
 
@@ -20,6 +21,7 @@ struct Adapter {
   double scaling = 0;
   const float* a = nullptr;
   const float* b = nullptr;
+  LoraDropoutMask dropout;  // of the open training pass (model/lora/lora_dropout.h); inactive: none
 };
 
 // The adapter of module as stored in params (shapes checked against the weight's).
@@ -46,7 +48,21 @@ Adapter adapter_of(const ParamMap& params, const std::string& module, const std:
   adapter.scaling = scaling->second.values[0];
   adapter.a = a.values.data();
   adapter.b = b.values.data();
+  auto index = params.find(module + ".lora_index");
+  if (index != params.end()) {
+    CHECK(index->second.values.size() == 1, "LoRA: '", module, ".lora_index' must hold one value");
+    adapter.dropout = lora_dropout_for(static_cast<int64_t>(index->second.values[0]));
+  }
   return adapter;
+}
+
+// x itself, or dropout(x) in *storage when the mask is active.
+const float* dropped_input(const LoraDropoutMask& mask, const float* x, int64_t rows, int64_t cols,
+                           std::vector<float>* storage) {
+  if (!mask.active()) return x;
+  storage->resize(static_cast<size_t>(rows * cols));
+  lora_dropout_apply_ref(mask, x, storage->data(), rows, cols);
+  return storage->data();
 }
 
 }  // namespace
@@ -55,13 +71,23 @@ bool has_adapter(const ParamMap& params, const std::string& module) {
   return params.count(module + ".lora_A.weight") != 0;
 }
 
+bool adapter_drops(const ParamMap& params, const std::string& module) {
+  if (!has_adapter(params, module)) return false;
+  auto index = params.find(module + ".lora_index");
+  return index != params.end() && !index->second.values.empty() &&
+         lora_dropout_for(static_cast<int64_t>(index->second.values[0])).active();
+}
+
 void project_forward(const ParamMap& params, const std::string& module, const float* x, float* y, int64_t rows,
                      int64_t in_features, int64_t out_features) {
   linear_forward_ref(x, param_values(params, module + ".weight"), y, rows, in_features, out_features);
   if (!has_adapter(params, module)) return;
   const Adapter ad = adapter_of(params, module, {out_features, in_features}, false);
   std::vector<float> xa(static_cast<size_t>(rows * ad.rank)), lora(static_cast<size_t>(rows * out_features));
-  linear_forward_ref(x, ad.a, xa.data(), rows, in_features, ad.rank);
+  // PEFT's B(A(dropout(x))): only the adapter's input is dropped.
+  std::vector<float> x_dropped;
+  const float* x_lora = dropped_input(ad.dropout, x, rows, in_features, &x_dropped);
+  linear_forward_ref(x_lora, ad.a, xa.data(), rows, in_features, ad.rank);
   linear_forward_ref(xa.data(), ad.b, lora.data(), rows, ad.rank, out_features);
   const float s = static_cast<float>(ad.scaling);
   for (int64_t i = 0; i < rows * out_features; ++i) y[i] += lora[i] * s;
@@ -76,17 +102,21 @@ void project_backward(const ParamMap& params, const LayerGrads& grad, const std:
   float* d_a = grad.of(ad.target.a_name());
   float* d_b = grad.of(ad.target.b_name());
   if (dx == nullptr && d_a == nullptr && d_b == nullptr) return;
-  // y += s * (x A^T) B^T: d(xA^T) = s * dy B, dB += s * dy^T (x A^T), dA += d(xA^T)^T x, dx += d(xA^T) A.
+  // y += s * (x' A^T) B^T with x' = dropout(x) (x itself without dropout): d(x'A^T) = s * dy B,
+  // dB += s * dy^T (x' A^T), dA += d(x'A^T)^T x', dx += dropout'(d(x'A^T) A) (the same mask and scale).
   const float s = static_cast<float>(ad.scaling);
+  std::vector<float> x_dropped;
+  const float* x_lora = dropped_input(ad.dropout, x, rows, in_features, &x_dropped);
   std::vector<float> xa(static_cast<size_t>(rows * ad.rank)), dy_s(static_cast<size_t>(rows * out_features));
-  linear_forward_ref(x, ad.a, xa.data(), rows, in_features, ad.rank);
+  linear_forward_ref(x_lora, ad.a, xa.data(), rows, in_features, ad.rank);
   for (int64_t i = 0; i < rows * out_features; ++i) dy_s[i] = dy[i] * s;
   std::vector<float> d_xa(static_cast<size_t>(rows * ad.rank));
   linear_backward_ref(xa.data(), ad.b, dy_s.data(), d_xa.data(), d_b, rows, ad.rank, out_features);
   std::vector<float> dx_part(dx != nullptr ? static_cast<size_t>(rows * in_features) : 0);
-  linear_backward_ref(x, ad.a, d_xa.data(), dx != nullptr ? dx_part.data() : nullptr, d_a, rows, in_features,
+  linear_backward_ref(x_lora, ad.a, d_xa.data(), dx != nullptr ? dx_part.data() : nullptr, d_a, rows, in_features,
                       ad.rank);
   if (dx != nullptr) {
+    if (ad.dropout.active()) lora_dropout_apply_ref(ad.dropout, dx_part.data(), dx_part.data(), rows, in_features);
     for (int64_t i = 0; i < rows * in_features; ++i) dx[i] += dx_part[i];
   }
 }
@@ -100,6 +130,8 @@ FusedWeight::FusedWeight(const ParamMap& params, const LayerGrads* grad, const s
   grad_ = grad != nullptr ? grad->of(weight_name) : nullptr;
   adapted_ = has_adapter(params, module_);
   if (!adapted_) return;
+  CHECK(!adapter_drops(params, module_), "LoRA: '", module_, "' has LoRA dropout, which a merged weight cannot ",
+        "express (PEFT refuses lora_dropout for --target_parameters; the shared expert runs unmerged)");
   const Adapter ad = adapter_of(params, module_, weight.shape, !linear);
   merged_.resize(weight.values.size());
   lora_delta(ad.target, ad.rank, ad.a, ad.b, ad.scaling, merged_.data());

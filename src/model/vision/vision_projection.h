@@ -1,6 +1,8 @@
 // The vision tower's one way to apply a Linear (blocks' attn.qkv / attn.proj / mlp.linear_fc1 /
 // linear_fc2 and the merger's linear_fc1 / linear_fc2): y = x W^T + b, plus the module's LoRA adapter
-// (x A^T) B^T * scale when the parameter map holds one (entries named as in model/lora/lora.h).
+// (x' A^T) B^T * scale when the parameter map holds one (entries named as in model/lora/lora.h), x' =
+// dropout(x) in a training pass with LoRA dropout (model/lora/lora_dropout.h; the mask's rows are
+// the call's rows 0 .. rows - 1: all patches of the batch, or the merged rows in the merger), else x.
 // Templated on the scalar (float, double for finite-difference tests).
 #pragma once
 
