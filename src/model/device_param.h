@@ -20,6 +20,7 @@ struct DeviceLoraViews {
   float* grad_b = nullptr;
   int64_t rank = 0;
   float scaling = 0;
+  int64_t index = -1;  // the target's index in LoraAdapters::targets: keys its dropout mask (-1: none)
   bool attached() const { return rank > 0; }
 };
 

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "kernels/lora/lora_dropout_mask.h"
 #include "model/param_table.h"
 #include "model/text/text_activations.h"
 #include "model/text/text_weights.h"
@@ -232,6 +233,15 @@ MemoryPlan plan_training_memory(const ModelConfig& config, const EngineOptions& 
       vision_adapters = vision_adapters || param_group(target.weight_name()) != ParamGroup::llm;
     if (plan.max_patches > 0 && vision_adapters)
       plan.vision.workspace += estimate_vision_lora_bytes(plan.max_patches, rank);
+    if (options.lora->options.dropout > 0) {
+      // Dropping adapters: x' and the masked input gradient, [rows, widest input] fp32 (as the GPU
+      // models' enable_lora_dropout allocates).
+      const int64_t text_in = lora_dense_max_in_features(options.lora->targets, false);
+      const int64_t vision_in = lora_dense_max_in_features(options.lora->targets, true);
+      if (text_in > 0) plan.text.workspace += lora_dropout_scratch_bytes(options.max_tokens, text_in);
+      if (plan.max_patches > 0 && vision_in > 0)
+        plan.vision.workspace += lora_dropout_scratch_bytes(plan.max_patches, vision_in);
+    }
   }
   plan.reserve = kReserveBytes;
   return plan;

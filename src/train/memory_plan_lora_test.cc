@@ -5,10 +5,12 @@
 // and the tower's backward planned.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
 #include "checkpoint/random_init.h"
+#include "kernels/lora/lora_dropout_mask.h"
 #include "model/lora/lora_adapters.h"
 #include "model/param_table.h"
 #include "train/memory_plan.h"
@@ -141,6 +143,30 @@ TEST(MemoryPlanLora, CountsTheAdaptersScratch) {
   ASSERT_GT(lora.max_patches, 0);
   EXPECT_EQ(lora.vision.workspace, full.vision.workspace + estimate_vision_lora_bytes(lora.max_patches, 8));
   EXPECT_EQ(estimate_vision_lora_bytes(lora.max_patches, 8), static_cast<size_t>(2 * lora.max_patches * 8 * 2));
+
+  // LoRA dropout (all-linear, no experts): each side's dropping adapters' scratch, [rows, widest
+  // dense input] fp32: the text model's widest input is one of hidden, GDN value width, attention
+  // heads x head_dim, shared expert width; the tower's the merger's merged width.
+  LoraOptions dropout_options = lora_options;
+  dropout_options.target_parameters.clear();
+  const MemoryPlan no_dropout = plan_training_memory(
+      config, [&] {
+        EngineOptions o = options;
+        o.lora = std::make_shared<const LoraAdapters>(init_lora_adapters(config, dropout_options, 1));
+        return o;
+      }());
+  dropout_options.dropout = 0.1;
+  EngineOptions dropping = options;
+  dropping.lora = std::make_shared<const LoraAdapters>(init_lora_adapters(config, dropout_options, 1));
+  const MemoryPlan with_dropout = plan_training_memory(config, dropping);
+  const int64_t text_in = std::max({text.hidden_size, text.linear_num_value_heads * text.linear_value_head_dim,
+                                    text.num_attention_heads * text.head_dim, text.shared_expert_intermediate_size});
+  EXPECT_EQ(lora_dense_max_in_features(dropping.lora->targets, false), text_in);
+  EXPECT_EQ(lora_dense_max_in_features(dropping.lora->targets, true), config.vision.merged_dim());
+  EXPECT_EQ(with_dropout.text.workspace,
+            no_dropout.text.workspace + lora_dropout_scratch_bytes(options.max_tokens, text_in));
+  EXPECT_EQ(with_dropout.vision.workspace,
+            no_dropout.vision.workspace + lora_dropout_scratch_bytes(with_dropout.max_patches, config.vision.merged_dim()));
 
   lora_options.target_modules = {"q_proj", "v_proj"};
   options.lora = std::make_shared<const LoraAdapters>(init_lora_adapters(config, lora_options, 1));

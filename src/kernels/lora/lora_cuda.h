@@ -6,6 +6,8 @@
 // Dense projection, W [out, in], A [r, in], B [out, r], s the scaling:
 //   forward   y  (+)= x W^T (caller)  +  s (x A^T) B^T
 //   backward  dxa = s dy B  [T, r] (bf16), dB += s dy^T (x A^T), dA += dxa^T x, dx += dxa A
+// With LoRA dropout (PEFT's B(A(dropout(x))), a LoraDropoutPass given) x above is x' = dropout(x)
+// (bf16, formed in the pass's scratch) and dx += dropout'(dxa A) through the same mask.
 // Routed experts (fused [E, out, in], PEFT 0.21's ParamWrapper layout): A [r E, in] (expert e's
 // rows e r .. e r + r - 1, contiguous), B [out, r E] (expert e's column j at j E + e, strided).
 // The grouped products read B through a per-expert copy [E, out, r] (B_e contiguous), refreshed
@@ -20,6 +22,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/lora/lora_dropout_mask.h"
 
 namespace deltamoe {
 
@@ -36,13 +39,30 @@ struct LoraDeviceAdapter {
   bool attached() const { return a != nullptr; }
 };
 
+// LoRA dropout of one dense adapter in one training pass: the mask (lora_dropout_mask.h; inactive:
+// nothing is dropped and the scratch is not used) and lora_dropout_scratch_bytes(rows, in) of scratch.
+struct LoraDropoutPass {
+  LoraDropoutMask mask;
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
+};
+
+// out [rows, cols] bf16 = x * the mask's factor (rows 0 .. rows - 1 of the mask); out may be x.
+void lora_dropout_apply_cuda(const LoraDropoutMask& mask, const __nv_bfloat16* x, __nv_bfloat16* out, int64_t rows,
+                             int64_t cols, cudaStream_t stream);
+
+// dst [rows, cols] (f32 or bf16) added to with src [rows, cols] f32 times the mask's factor.
+void lora_dropout_add_cuda(const LoraDropoutMask& mask, const float* src, void* dst, DType dst_dtype, int64_t rows,
+                           int64_t cols, cudaStream_t stream);
+
 // ---- dense projections (cuBLASLt through GemmContext) ----
 
 // xa [T, r] bf16 written with x A^T (kept by the caller for the backward, or recomputed there), then
 // y [T, out] (bf16 or f32, y_dtype) added to with s xa B^T (beta = 1: y holds the base product).
+// dropout: null or inactive for none; the backward must get the same one.
 void lora_linear_forward_cuda(GemmContext& gemm, const __nv_bfloat16* x, const LoraDeviceAdapter& adapter,
                               __nv_bfloat16* xa, void* y, DType y_dtype, int64_t rows, int64_t in_features,
-                              int64_t out_features, cudaStream_t stream);
+                              int64_t out_features, cudaStream_t stream, const LoraDropoutPass* dropout = nullptr);
 
 // x [T, in], dy [T, out] bf16. xa [T, r] holds x A^T from the forward (recompute_xa false) or is
 // scratch that is refilled here (recompute_xa true). dxa [T, r] bf16 scratch. dx [T, in] (bf16 or
@@ -52,7 +72,7 @@ void lora_linear_forward_cuda(GemmContext& gemm, const __nv_bfloat16* x, const L
 void lora_linear_backward_cuda(GemmContext& gemm, const __nv_bfloat16* x, const __nv_bfloat16* dy,
                                const LoraDeviceAdapter& adapter, __nv_bfloat16* xa, bool recompute_xa,
                                __nv_bfloat16* dxa, void* dx, DType dx_dtype, int64_t rows, int64_t in_features,
-                               int64_t out_features, cudaStream_t stream);
+                               int64_t out_features, cudaStream_t stream, const LoraDropoutPass* dropout = nullptr);
 
 // ---- routed experts (grouped products over the expert-major rows of a routing plan) ----
 

@@ -11,6 +11,7 @@
 // core/rng.h's (lora_dropout_mask_test checks the two agree).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -66,6 +67,20 @@ DELTAMOE_LORA_HD float lora_dropout_factor(const LoraDropoutMask& m, int64_t row
 // The mask of adapter `adapter` (p in [0, 1)) in micro-batch `micro_batch` of the step after `step`
 // optimizer updates of a run seeded `seed`. p = 0 gives an inactive mask.
 LoraDropoutMask lora_dropout_mask(double p, uint64_t seed, uint64_t step, uint64_t micro_batch, uint64_t adapter);
+
+// One training pass's counters: the run's p and seed, the optimizer updates applied so far, the
+// micro-batch's index in the step. p = 0: no dropout.
+struct LoraDropoutKey {
+  double p = 0;
+  uint64_t seed = 0, step = 0, micro_batch = 0;
+};
+
+// The mask of adapter adapter_index in that pass; inactive when p = 0 or adapter_index < 0.
+LoraDropoutMask lora_dropout_mask(const LoraDropoutKey& key, int64_t adapter_index);
+
+// Scratch a dropping dense adapter of the GPU needs (kernels/lora/lora_cuda.h): rows * in fp32
+// (x' in bf16, then the adapter's input gradient in fp32 before its mask).
+size_t lora_dropout_scratch_bytes(int64_t rows, int64_t in_features);
 
 // CPU reference: out [rows, cols] = dropout(x) (x's rows are rows row_offset .. of the mask), written;
 // out may be x. Also the backward: d(dropout(x))/dx is the same elementwise factor.

@@ -25,6 +25,15 @@ LoraDropoutMask lora_dropout_mask(double p, uint64_t seed, uint64_t step, uint64
   return mask;
 }
 
+LoraDropoutMask lora_dropout_mask(const LoraDropoutKey& key, int64_t adapter_index) {
+  if (key.p == 0 || adapter_index < 0) return LoraDropoutMask{};
+  return lora_dropout_mask(key.p, key.seed, key.step, key.micro_batch, static_cast<uint64_t>(adapter_index));
+}
+
+size_t lora_dropout_scratch_bytes(int64_t rows, int64_t in_features) {
+  return sizeof(float) * static_cast<size_t>(rows) * static_cast<size_t>(in_features);
+}
+
 template <typename T>
 void lora_dropout_apply_ref(const LoraDropoutMask& mask, const T* x, T* out, int64_t rows, int64_t cols,
                             int64_t row_offset) {

@@ -178,21 +178,29 @@ LoraScratch lora_scratch(const SharedExpertLora& lora, int64_t T) {
   return s;
 }
 
-// y (+)= the adapter's term s (x A^T) B^T on top of the base product already in y.
-void lora_forward(const SharedExpertLora* lora, const LoraDeviceAdapter& adapter, const nvbf16* x, void* y,
-                  DType y_dtype, int64_t T, int64_t in, int64_t out, cudaStream_t stream) {
+// The dropout of one adapter of the shared expert (its mask and the shared scratch).
+LoraDropoutPass dropout_pass(const SharedExpertLora* lora, const LoraDropoutMask& mask) {
+  return LoraDropoutPass{mask, lora->dropout_scratch, lora->dropout_scratch_bytes};
+}
+
+// y (+)= the adapter's term s (x' A^T) B^T on top of the base product already in y (x' = dropout(x)).
+void lora_forward(const SharedExpertLora* lora, const LoraDeviceAdapter& adapter, const LoraDropoutMask& mask,
+                  const nvbf16* x, void* y, DType y_dtype, int64_t T, int64_t in, int64_t out, cudaStream_t stream) {
   if (lora == nullptr || !adapter.attached()) return;
   const LoraScratch s = lora_scratch(*lora, T);
-  lora_linear_forward_cuda(*lora->gemm, x, adapter, s.xa, y, y_dtype, T, in, out, stream);
+  const LoraDropoutPass dropout = dropout_pass(lora, mask);
+  lora_linear_forward_cuda(*lora->gemm, x, adapter, s.xa, y, y_dtype, T, in, out, stream, &dropout);
 }
 
 // The adapter's backward for dy [T, out] bf16: dA, dB added to, dx (f32) added to.
-void lora_backward(const SharedExpertLora* lora, const LoraDeviceAdapter& adapter, const nvbf16* x, const nvbf16* dy,
-                   float* dx, int64_t T, int64_t in, int64_t out, cudaStream_t stream) {
+void lora_backward(const SharedExpertLora* lora, const LoraDeviceAdapter& adapter, const LoraDropoutMask& mask,
+                   const nvbf16* x, const nvbf16* dy, float* dx, int64_t T, int64_t in, int64_t out,
+                   cudaStream_t stream) {
   if (lora == nullptr || !adapter.attached()) return;
   const LoraScratch s = lora_scratch(*lora, T);
+  const LoraDropoutPass dropout = dropout_pass(lora, mask);
   lora_linear_backward_cuda(*lora->gemm, x, dy, adapter, s.xa, /*recompute_xa=*/true, s.dxa, dx, DType::f32, T, in,
-                            out, stream);
+                            out, stream, &dropout);
 }
 
 // gate, up, h = silu(gate) up, out = h W_down^T (f32), logit = x . w_gate (f32), each product with
@@ -205,14 +213,14 @@ void run_forward(cublasHandle_t handle, const nvbf16* x, const nvbf16* gate_proj
   gemm_row_major(handle, false, true, T, I, C, x, C, up_proj, C, 0.0f, b.up, CUDA_R_16BF, I);
   gemm_row_major(handle, false, true, T, 1, C, x, C, expert_gate, C, 0.0f, b.logit, CUDA_R_32F, 1);
   if (lora != nullptr) {
-    lora_forward(lora, lora->gate_proj, x, b.gate, DType::bf16, T, C, I, stream);
-    lora_forward(lora, lora->up_proj, x, b.up, DType::bf16, T, C, I, stream);
-    lora_forward(lora, lora->expert_gate, x, b.logit, DType::f32, T, C, 1, stream);
+    lora_forward(lora, lora->gate_proj, lora->gate_proj_dropout, x, b.gate, DType::bf16, T, C, I, stream);
+    lora_forward(lora, lora->up_proj, lora->up_proj_dropout, x, b.up, DType::bf16, T, C, I, stream);
+    lora_forward(lora, lora->expert_gate, lora->expert_gate_dropout, x, b.logit, DType::f32, T, C, 1, stream);
   }
   swiglu_kernel<<<elementwise_grid(T * I), 256, 0, stream>>>(b.gate, b.up, b.h, T * I);
   CUDA_CHECK_LAUNCH();
   gemm_row_major(handle, false, true, T, C, I, b.h, I, down_proj, I, 0.0f, b.out, CUDA_R_32F, C);
-  if (lora != nullptr) lora_forward(lora, lora->down_proj, b.h, b.out, DType::f32, T, I, C, stream);
+  if (lora != nullptr) lora_forward(lora, lora->down_proj, lora->down_proj_dropout, b.h, b.out, DType::f32, T, I, C, stream);
 }
 
 }  // namespace
@@ -273,7 +281,7 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
   CUDA_CHECK_LAUNCH();
   // d_h = d_out W_down (+ the down adapter's term); d_down += d_out^T h.
   gemm_row_major(handle, false, false, T, I, C, d_out, C, down_proj, I, 0.0f, d_h, CUDA_R_32F, I);
-  if (lora != nullptr) lora_backward(lora, lora->down_proj, b.h, d_out, d_h, T, I, C, stream);
+  if (lora != nullptr) lora_backward(lora, lora->down_proj, lora->down_proj_dropout, b.h, d_out, d_h, T, I, C, stream);
   if (d_down_proj != nullptr) gemm_row_major(handle, true, false, C, I, T, d_out, C, b.h, I, 1.0f, d_down_proj, CUDA_R_32F, I);
   swiglu_backward_kernel<<<elementwise_grid(T * I), 256, 0, stream>>>(b.gate, b.up, d_h, T * I);
   CUDA_CHECK_LAUNCH();
@@ -284,15 +292,15 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
   gemm_row_major(handle, false, false, T, C, I, d_gate, I, gate_proj, C, 0.0f, dx32, CUDA_R_32F, C);
   gemm_row_major(handle, false, false, T, C, I, d_up, I, up_proj, C, 1.0f, dx32, CUDA_R_32F, C);
   if (lora != nullptr) {
-    lora_backward(lora, lora->gate_proj, x, d_gate, dx32, T, C, I, stream);
-    lora_backward(lora, lora->up_proj, x, d_up, dx32, T, C, I, stream);
+    lora_backward(lora, lora->gate_proj, lora->gate_proj_dropout, x, d_gate, dx32, T, C, I, stream);
+    lora_backward(lora, lora->up_proj, lora->up_proj_dropout, x, d_up, dx32, T, C, I, stream);
     if (lora->expert_gate.attached()) {
       // The gate logit's gradient is fp32: its adapter's products run once per bf16 half (they are
       // linear in dy), as the router's do.
       const LoraScratch s = lora_scratch(*lora, T);
       split_f32_to_bf16_hi_lo_cuda(d_logit, s.hi, s.lo, T, stream);
-      lora_backward(lora, lora->expert_gate, x, s.hi, dx32, T, C, 1, stream);
-      lora_backward(lora, lora->expert_gate, x, s.lo, dx32, T, C, 1, stream);
+      lora_backward(lora, lora->expert_gate, lora->expert_gate_dropout, x, s.hi, dx32, T, C, 1, stream);
+      lora_backward(lora, lora->expert_gate, lora->expert_gate_dropout, x, s.lo, dx32, T, C, 1, stream);
     }
   }
   finish_dx_kernel<<<elementwise_grid(T * C), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx, C,

@@ -20,12 +20,16 @@ class GemmContext;
 
 // The shared expert's adapters (one not attached: none) and the scratch their products use (at
 // least shared_expert_lora_scratch_bytes for the call's tokens and the largest rank). gemm issues
-// the adapter products on the same stream as the base ones.
+// the adapter products on the same stream as the base ones. With LoRA dropout each adapter's mask
+// (inactive: none) and dropout_scratch of lora_dropout_scratch_bytes(T, max(C, I)) bytes.
 struct SharedExpertLora {
   GemmContext* gemm = nullptr;
   LoraDeviceAdapter gate_proj, up_proj, down_proj, expert_gate;
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
+  LoraDropoutMask gate_proj_dropout, up_proj_dropout, down_proj_dropout, expert_gate_dropout;
+  void* dropout_scratch = nullptr;
+  size_t dropout_scratch_bytes = 0;
   bool any() const { return gate_proj.attached() || up_proj.attached() || down_proj.attached() || expert_gate.attached(); }
 };
 // x A^T and dy B rows [T, r] and the bf16 hi/lo halves of the fp32 gate-logit gradient [T].

@@ -47,6 +47,15 @@ std::string joined(const std::vector<std::string>& values) {
 
 }  // namespace
 
+int64_t lora_dense_max_in_features(const std::vector<LoraTarget>& targets, bool vision) {
+  int64_t widest = 0;
+  for (const LoraTarget& target : targets) {
+    if (target.experts || target.module.starts_with("model.visual.") != vision) continue;
+    widest = std::max(widest, target.in_features);
+  }
+  return widest;
+}
+
 double LoraOptions::scaling() const {
   return use_rslora ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank);
 }

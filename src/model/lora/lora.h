@@ -75,6 +75,10 @@ std::vector<LoraTarget> resolve_lora_targets(const ModelConfig& config, const Lo
 // like target_modules, over every module of the model); throws naming an entry that matches none.
 std::vector<std::string> resolve_modules_to_save(const ModelConfig& config, const LoraOptions& options);
 
+// The widest input of the dense (non-expert) targets in the vision tower (vision true: modules under
+// "model.visual.") or in the text model: what one row of a dropping adapter's GPU scratch holds.
+int64_t lora_dense_max_in_features(const std::vector<LoraTarget>& targets, bool vision);
+
 // PEFT's initialisation of A, seeded (one Philox stream per target): Kaiming-uniform with a = sqrt(5),
 // i.e. uniform in +-1/sqrt(in_features). B starts at zero.
 void init_lora_a(const LoraTarget& target, int64_t rank, uint64_t seed, uint64_t stream, std::vector<float>* a);

@@ -19,9 +19,8 @@ LoraDropoutScope::~LoraDropoutScope() { g_scope = outer_; }
 
 LoraDropoutMask lora_dropout_for(int64_t adapter_index) {
   const LoraDropoutScope* scope = g_scope;
-  if (scope == nullptr || scope->p_ == 0 || adapter_index < 0) return LoraDropoutMask{};
-  return lora_dropout_mask(scope->p_, scope->seed_, scope->step_, scope->micro_batch_,
-                           static_cast<uint64_t>(adapter_index));
+  if (scope == nullptr) return LoraDropoutMask{};
+  return lora_dropout_mask(LoraDropoutKey{scope->p_, scope->seed_, scope->step_, scope->micro_batch_}, adapter_index);
 }
 
 }  // namespace deltamoe

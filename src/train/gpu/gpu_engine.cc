@@ -258,15 +258,24 @@ struct GpuEngine::Impl {
     if (options.lora == nullptr) return nullptr;
     return [this](const std::string& module) {
       DeviceLoraViews views;
-      for (const LoraTarget& target : options.lora->targets) {
+      for (size_t index = 0; index < options.lora->targets.size(); ++index) {
+        const LoraTarget& target = options.lora->targets[index];
         if (target.module != module) continue;
         const DeviceParam a = state->params().param(target.a_name(), false);
         const DeviceParam b = state->params().param(target.b_name(), false);
         views = DeviceLoraViews{a.w, b.w, a.grad, b.grad, options.lora->options.rank,
                                 static_cast<float>(options.lora->options.scaling())};
+        views.index = static_cast<int64_t>(index);  // keys the adapter's dropout mask, as on the CPU
       }
       return views;
     };
+  }
+
+  // LoRA dropout: the widest input of a dense adapter in the tower or the text model (its scratch
+  // rows); 0 without dropout.
+  int64_t lora_dropout_max_in(bool vision) const {
+    if (options.lora == nullptr || options.lora->options.dropout == 0) return 0;
+    return lora_dense_max_in_features(options.lora->targets, vision);
   }
 
   // The largest adapter rank on the vision tower (0: no adapter there, e.g. LoRA on the LLM only).
@@ -286,6 +295,7 @@ struct GpuEngine::Impl {
     o.recompute_mixers = options.recompute.mixers;
     o.recompute_layers = options.recompute.full_layers(config.text.num_hidden_layers);
     o.lora_rank = options.lora != nullptr ? options.lora->options.rank : 0;
+    o.lora_dropout_max_in = lora_dropout_max_in(false);
     o.expert_parallel = ep_comm.get();
     o.expert_recv_rows = ep_comm != nullptr ? parallel_options.expert_recv_rows : 0;
     return o;
@@ -299,7 +309,7 @@ struct GpuEngine::Impl {
   ModelBytes vision_plan() const {
     return model_bytes(GpuVisionModel::planned_bytes(config.vision, max_patches, max_image_tokens, plan.vit_trained,
                                                      plan.merger_trained, vision_lora_rank(),
-                                                     vision_recompute_blocks()));
+                                                     vision_recompute_blocks(), lora_dropout_max_in(true)));
   }
 
   // --recompute auto: the fewest fully recomputed ViT blocks, then (with all of those) the fewest
@@ -400,9 +410,10 @@ struct GpuEngine::Impl {
     if (max_patches > 0) {
       vision_weights = bind_vision_weights(config.vision, kVisionPrefix, lookup, lora_lookup());
       vision = std::make_unique<GpuVisionModel>(config.vision, vision_weights, max_patches, max_image_tokens, stream,
-                                                vision_recompute_blocks());
+                                                vision_recompute_blocks(), lora_dropout_max_in(true));
       vision_trained = vision_weights.vit_trained() || vision_weights.merger_trained();
     }
+
     CUDA_CHECK(cudaStreamSynchronize(stream));
     note_memory();
     const DeviceParamBytes bytes = state->params().bytes();
@@ -452,7 +463,12 @@ struct GpuEngine::Impl {
 
   // Copies one micro-batch to the device and runs it: vision forward, text forward, then (when
   // anything of it trains) the backward, or the loss alone. The loss scalars go to a pinned slot.
-  void run_batch(const DeviceBatch& batch, double ce_mean_weight, double aux_weight, bool backward, int slot) {
+  double lora_dropout() const { return options.lora != nullptr ? options.lora->options.dropout : 0.0; }
+
+  // micro_batch: the index in the step that keys LoRA dropout's masks with the run's seed and the
+  // updates applied so far (the CPU engine's counters); -1 (evaluation): nothing is dropped.
+  void run_batch(const DeviceBatch& batch, double ce_mean_weight, double aux_weight, bool backward, int slot,
+                 int64_t micro_batch) {
     const int64_t T = static_cast<int64_t>(batch.ids.size());
     CHECK(T > 0, "train: empty micro-batch");
     CHECK(T <= options.max_tokens, "train: a micro-batch of ", T, " tokens, the GPU engine was planned for at most ",
@@ -473,6 +489,15 @@ struct GpuEngine::Impl {
     text->set_image_rows(batch.image_rows);
     text->set_batch(batch.ids, batch.shifted_labels, batch.cu_seqlens, batch.positions);
     text->set_loss_weights(static_cast<float>(ce_mean_weight), static_cast<float>(aux_weight));
+    if (lora_dropout() > 0) {
+      LoraDropoutKey key;
+      if (backward && micro_batch >= 0) {
+        key = LoraDropoutKey{lora_dropout(), options.lora->seed, static_cast<uint64_t>(state->adam_step()),
+                             static_cast<uint64_t>(micro_batch)};
+      }
+      if (lora_dropout_max_in(false) > 0) text->set_lora_dropout(key);
+      if (vision != nullptr && lora_dropout_max_in(true) > 0) vision->set_lora_dropout(key);
+    }
     ComponentTimer& timer = text->timer();
     if (has_images) {
       timer.mark(StepComponent::vision, stream);
@@ -599,7 +624,7 @@ GpuEngine::MicroBatchRun GpuEngine::run_micro_batches(const std::vector<MicroBat
     // The model differentiates ce_weight * (mean CE); the contract's ce_token_weight * CE sum is
     // (ce_token_weight * supervised) * mean, as the CPU engine seeds it.
     s.run_batch(batch, ce_token_weight * static_cast<double>(run.supervised[i]), aux_weight, true,
-                static_cast<int>(i % kLossSlots));
+                static_cast<int>(i % kLossSlots), static_cast<int64_t>(i));
     run.flops += training_step_flops(s.config.text, batches[i].cu_seqlens);
   }
   return run;
@@ -732,7 +757,7 @@ StepResult GpuEngine::train_step_parallel(const std::vector<MicroBatch>& batches
 MicroBatchLoss GpuEngine::evaluate(const MicroBatch& batch, std::vector<float>* logits) {
   Impl& s = *impl_;
   const DeviceBatch device = device_batch(batch);
-  s.run_batch(device, 0.0, 0.0, false, 0);
+  s.run_batch(device, 0.0, 0.0, false, 0, -1);
   CUDA_CHECK(cudaStreamSynchronize(s.stream));
   MicroBatchLoss loss;
   loss.num_tokens = batch.num_tokens();
@@ -753,7 +778,7 @@ void GpuEngine::zero_gradients() { impl_->state->params().zero_gradients(impl_->
 
 MicroBatchLoss GpuEngine::forward_backward(const DeviceBatch& batch, double ce_mean_weight, double aux_weight) {
   Impl& s = *impl_;
-  s.run_batch(batch, ce_mean_weight, aux_weight, true, 0);
+  s.run_batch(batch, ce_mean_weight, aux_weight, true, 0, 0);
   CUDA_CHECK(cudaStreamSynchronize(s.stream));
   MicroBatchLoss loss;
   loss.num_tokens = static_cast<int64_t>(batch.ids.size());

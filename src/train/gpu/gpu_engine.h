@@ -81,7 +81,8 @@ class GpuEngine : public TrainEngine {
   const ParallelLayout* parallel_layout() const override;
 
   // Parity and tests: zero the gradients; run one micro-batch's forward and backward with these
-  // loss weights (d loss = ce_weight * mean CE + aux_weight * aux; gradients added to); read them.
+  // loss weights (d loss = ce_weight * mean CE + aux_weight * aux; gradients added to; LoRA dropout
+  // as micro-batch 0 of the step); read them.
   void zero_gradients();
   MicroBatchLoss forward_backward(const DeviceBatch& batch, double ce_mean_weight, double aux_weight);
   std::vector<float> read_gradient(const std::string& name) const;

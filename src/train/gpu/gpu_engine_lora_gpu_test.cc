@@ -56,10 +56,11 @@ const ModelCheckpoint& base_checkpoint() {
 // random (PEFT's zero B would leave every A gradient zero), both rounded to bf16 so that the GPU's
 // working copies hold the CPU's values.
 std::shared_ptr<const LoraAdapters> adapters(const std::vector<std::string>& target_modules, bool experts,
-                                             uint64_t seed) {
+                                             uint64_t seed, double dropout = 0) {
   LoraOptions options;
   options.rank = 4;
   options.alpha = 8;
+  options.dropout = dropout;
   options.target_modules = target_modules;
   if (experts) options.target_parameters = {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
   LoraAdapters lora = init_lora_adapters(base_checkpoint().config, options, seed);
@@ -191,6 +192,26 @@ TEST(GpuEngineLora, VlmAllLinearMatchesCpuEngine) {
   compare_lora_engines(adapters({"all-linear"}, true, 3), true);
 }
 
+// --lora_dropout 0.2 on all-linear (PEFT refuses it on the experts): both engines draw the masks from
+// the same counters (seed, optimizer step 0, micro-batch 0, adapter, row, column), so the GPU's
+// gradients match the CPU's within the same bounds; and the masks matter: the CPU's gradients
+// without dropout are far from those with it.
+TEST(GpuEngineLora, VlmAllLinearDropoutMatchesCpuEngine) {
+  const auto dropping = adapters({"all-linear"}, false, 3, 0.2);
+  EXPECT_EQ(gpu_lora_refusal(*dropping), "") << "LoRA dropout runs on the GPU";
+  compare_lora_engines(dropping, true);
+  const MicroBatch batch = image_batch({{{1, 4, 6}, {1, 2, 2}}, {{1, 2, 4}}, {}}, 5);
+  CpuEngine with(base_checkpoint(), lora_engine_options(dropping));
+  CpuEngine without(base_checkpoint(), lora_engine_options(adapters({"all-linear"}, false, 3, 0.0)));
+  const size_t n = static_cast<size_t>(with.state().layout().total_numel());
+  std::vector<float> grad_with(n, 0.0f), grad_without(n, 0.0f);
+  with.forward_backward(batch, 1e-2, 0.01, grad_with.data());
+  without.forward_backward(batch, 1e-2, 0.01, grad_without.data());
+  const double moved = compare_values(grad_without.data(), grad_with.data(), static_cast<int64_t>(n)).rel_l2;
+  std::printf("dropout 0.2 moves the CPU's adapter gradients by rel_l2 %.3e\n", moved);
+  EXPECT_GT(moved, 5 * kGradRelL2) << "the masks change too little for the comparison above to catch a missing mask";
+}
+
 // Adapters on the LLM only (attention, GDN, shared expert): the vision tower stays frozen and runs
 // no backward, the image rows still reach the text model.
 TEST(GpuEngineLora, LlmOnlyAdaptersWithFrozenVisionMatchCpuEngine) {
@@ -286,6 +307,14 @@ TEST(GpuEngineLora, PlannerCountsTheAdaptersScratchExactly) {
       const size_t v0 = GpuVisionModel::planned_bytes(config.vision, patches, 8, true, true).workspace;
       const size_t v1 = GpuVisionModel::planned_bytes(config.vision, patches, 8, true, true, rank).workspace;
       EXPECT_EQ(v1 - v0, estimate_vision_lora_bytes(patches, rank));
+      // LoRA dropout: [rows, widest dense input] fp32 more, as memory_plan.cc counts it.
+      model_options.lora_dropout_max_in = config.text.hidden_size;
+      EXPECT_EQ(GpuTextModel::planned_bytes(config.text, model_options).workspace - with,
+                lora_dropout_scratch_bytes(model_options.max_tokens, config.text.hidden_size));
+      model_options.lora_dropout_max_in = 0;
+      const int64_t wide = config.vision.merged_dim();
+      EXPECT_EQ(GpuVisionModel::planned_bytes(config.vision, patches, 8, true, true, rank, 0, wide).workspace - v1,
+                lora_dropout_scratch_bytes(patches, wide));
     }
   }
 }

@@ -3,7 +3,8 @@
 // computes): a dense projection (base GEMM + adapter, forward and every gradient, fp32 and bf16
 // outputs, f32 dy split into halves) and the routed experts' grouped adapter products (PEFT 0.21's
 // fused layout, ranks 4 / 8 / 16 / 32 as the small N or K of the grouped kernels, an expert without
-// rows, rows past the plan untouched); the shared expert kernel with adapters on its four Linears.
+// rows, rows past the plan untouched); the shared expert kernel with adapters on its four Linears;
+// the dense products with LoRA dropout against the CPU model's funnel with the same mask.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,10 +17,13 @@
 #include "kernels/common/tensor_compare.h"
 #include "kernels/gemm/gemm_cuda.h"
 #include "kernels/gemm/gpu_timing.h"
+#include "kernels/linear/linear.h"
 #include "kernels/lora/lora_cuda.h"
 #include "kernels/shared_expert/shared_expert.h"
 #include "kernels/shared_expert/shared_expert_cuda.h"
 #include "model/lora/lora.h"
+#include "model/lora/lora_dropout.h"
+#include "model/text/projection.h"
 
 namespace deltamoe {
 namespace {
@@ -181,6 +185,138 @@ TEST(LoraKernelsGpu, DenseProjectionMatchesCpuReference) {
     run_dense(gemm, c, seed);
     seed += 10;
   }
+}
+
+// ---------------- dense with LoRA dropout ----------------
+
+struct DropoutCase {
+  int64_t rows, in, out, rank;
+  double p;
+  DType out_dtype, dx_dtype;
+  bool recompute_xa;
+};
+
+// The dense products with LoRA dropout against the CPU model's projection funnel
+// (model/text/projection.cc: project_forward / project_backward) in the same training pass's scope:
+// the GPU mask comes from the same counters (seed, step, micro-batch, adapter index) through
+// lora_dropout_mask.h. Also checks that the mask matters (the result without it is far off).
+void run_dense_dropout(GemmContext& gemm, const DropoutCase& c, uint64_t seed) {
+  std::printf("dense dropout p=%.2f T=%lld in=%lld out=%lld r=%lld y %s dx %s%s\n", c.p, (long long)c.rows,
+              (long long)c.in, (long long)c.out, (long long)c.rank, c.out_dtype == DType::f32 ? "f32" : "bf16",
+              c.dx_dtype == DType::f32 ? "f32" : "bf16", c.recompute_xa ? " recompute-xa" : "");
+  const uint64_t run_seed = 77, step = 3, micro_batch = 1, adapter_index = 5;
+  const float scaling = static_cast<float>(32.0 / static_cast<double>(c.rank));
+  HostTensor x = bf16_exact({c.rows, c.in}, seed, 1.0f);
+  HostTensor w = bf16_exact({c.out, c.in}, seed + 1, 1.0f / std::sqrt(float(c.in)));
+  HostTensor a = bf16_exact({c.rank, c.in}, seed + 2, 1.0f / std::sqrt(float(c.in)));
+  HostTensor b = bf16_exact({c.out, c.rank}, seed + 3, 0.05f);
+  HostTensor dy = bf16_exact({c.rows, c.out}, seed + 4, 1.0f);
+  HostTensor ga0 = random_normal_tensor({c.rank, c.in}, seed + 5, 0.1f);
+  HostTensor gb0 = random_normal_tensor({c.out, c.rank}, seed + 6, 0.1f);
+  auto values = [](const HostTensor& t) { return std::vector<float>(t.as<float>(), t.as<float>() + t.numel()); };
+
+  // CPU reference: the funnel in a training pass's scope.
+  ParamMap params;
+  params["layer.proj.weight"] = {{c.out, c.in}, values(w)};
+  params["layer.proj.lora_A.weight"] = {{c.rank, c.in}, values(a)};
+  params["layer.proj.lora_B.weight"] = {{c.out, c.rank}, values(b)};
+  params["layer.proj.lora_scaling"] = {{1}, {scaling}};
+  params["layer.proj.lora_index"] = {{1}, {static_cast<float>(adapter_index)}};
+  ParamMap grads;
+  grads["layer.proj.lora_A.weight"] = {{c.rank, c.in}, values(ga0)};
+  grads["layer.proj.lora_B.weight"] = {{c.out, c.rank}, values(gb0)};
+  std::vector<float> y_ref(static_cast<size_t>(c.rows * c.out)), dx_ref(static_cast<size_t>(c.rows * c.in));
+  std::vector<float> y_plain(y_ref.size());
+  project_forward(params, "layer.proj", x.as<float>(), y_plain.data(), c.rows, c.in, c.out);  // no scope: no dropout
+  {
+    const LoraDropoutScope scope(c.p, run_seed, step, micro_batch);
+    project_forward(params, "layer.proj", x.as<float>(), y_ref.data(), c.rows, c.in, c.out);
+    project_backward(params, LayerGrads(params, &grads), "layer.proj", x.as<float>(), dy.as<float>(), dx_ref.data(),
+                     c.rows, c.in, c.out);
+  }
+
+  const LoraDropoutMask mask = lora_dropout_mask(c.p, run_seed, step, micro_batch, adapter_index);
+  DeviceTensor x_d = to_device(x, DType::bf16), w_d = to_device(w, DType::bf16), a_d = to_device(a, DType::bf16),
+               b_d = to_device(b, DType::bf16), dy_d = to_device(dy, DType::bf16);
+  DeviceTensor ga_d = to_device(ga0, DType::f32), gb_d = to_device(gb0, DType::f32);
+  DeviceTensor y_d = device_tensor(c.out_dtype, {c.rows, c.out}), dx_d = device_tensor(c.dx_dtype, {c.rows, c.in});
+  DeviceTensor xa_d = device_tensor(DType::bf16, {c.rows, c.rank}), dxa_d = device_tensor(DType::bf16, {c.rows, c.rank});
+  DeviceBuffer scratch(lora_dropout_scratch_bytes(c.rows, c.in));
+  device_fill_bytes(y_d.view, 0xFF);
+  device_fill_bytes(xa_d.view, 0xFF);
+  LoraDeviceAdapter adapter;
+  adapter.a = bf16p(a_d);
+  adapter.b = bf16p(b_d);
+  adapter.grad_a = f32p(ga_d);
+  adapter.grad_b = f32p(gb_d);
+  adapter.rank = c.rank;
+  adapter.scaling = scaling;
+  LoraDropoutPass pass;
+  pass.mask = mask;
+  pass.scratch = scratch.data();
+  pass.scratch_bytes = scratch.bytes();
+  cudaStream_t stream = nullptr;
+  auto* xa = static_cast<__nv_bfloat16*>(xa_d.view.data);
+  auto* dxa = static_cast<__nv_bfloat16*>(dxa_d.view.data);
+  linear_forward_cuda(gemm, bf16p(x_d), bf16p(w_d), y_d.view.data, c.out_dtype, c.rows, c.in, c.out, stream);
+  lora_linear_forward_cuda(gemm, bf16p(x_d), adapter, xa, y_d.view.data, c.out_dtype, c.rows, c.in, c.out, stream,
+                           &pass);
+  if (c.recompute_xa) device_fill_bytes(xa_d.view, 0xFF);  // the backward must refill it from x'
+  // Base dX: dy W, written (bf16 output through the generic GEMM, f32 through the funnel's).
+  gemm_bf16_cuda(gemm, false, false, c.rows, c.in, c.out, 1.0f, bf16p(dy_d), c.out, bf16p(w_d), c.in, 0.0f,
+                 dx_d.view.data, c.dx_dtype, c.in, stream);
+  lora_linear_backward_cuda(gemm, bf16p(x_d), bf16p(dy_d), adapter, xa, c.recompute_xa, dxa, dx_d.view.data,
+                            c.dx_dtype, c.rows, c.in, c.out, stream, &pass);
+  device_synchronize();
+  expect_close("y (dropout)", y_d, HostTensor::from_f32(y_ref, {c.rows, c.out}));
+  expect_close("dx (dropout)", dx_d, HostTensor::from_f32(dx_ref, {c.rows, c.in}));
+  expect_close("lora_A grad (dropout)", ga_d, HostTensor::from_f32(grads.at("layer.proj.lora_A.weight").values, {c.rank, c.in}));
+  expect_close("lora_B grad (dropout)", gb_d,
+               HostTensor::from_f32(grads.at("layer.proj.lora_B.weight").values, {c.out, c.rank}));
+  // The mask matters: the adapter's term without it is well outside the bound.
+  std::vector<float> base(y_ref.size());
+  linear_forward_ref(x.as<float>(), w.as<float>(), base.data(), c.rows, c.in, c.out);
+  for (size_t i = 0; i < base.size(); ++i) y_plain[i] -= base[i], y_ref[i] -= base[i];
+  const CompareResult off = compare_tensors("adapter term without dropout", HostTensor::from_f32(y_plain, {c.rows, c.out}),
+                                            HostTensor::from_f32(y_ref, {c.rows, c.out}));
+  EXPECT_GT(off.rel_l2, 5 * kBound) << "dropout changed the adapter's term too little for this check to catch a missing mask";
+}
+
+TEST(LoraKernelsGpu, DenseDropoutMatchesCpuFunnel) {
+  GemmContext gemm;
+  uint64_t seed = 500;
+  for (const DropoutCase& c : std::vector<DropoutCase>{{37, 64, 96, 8, 0.1, DType::bf16, DType::f32, false},
+                                                       {37, 66, 96, 8, 0.5, DType::f32, DType::f32, true},
+                                                       {64, 128, 32, 16, 0.3, DType::f32, DType::bf16, true},
+                                                       {130, 256, 384, 32, 0.05, DType::bf16, DType::bf16, false},
+                                                       {150, 64, 1, 8, 0.2, DType::f32, DType::f32, true}}) {
+    run_dense_dropout(gemm, c, seed);
+    seed += 10;
+  }
+}
+
+// The GPU mask is the CPU one, element for element (the kernel's x' read back against
+// lora_dropout_apply_ref on the same bf16 values), over a width that is not a multiple of 4.
+TEST(LoraKernelsGpu, DropoutMaskMatchesCpu) {
+  const int64_t rows = 301, cols = 1027;
+  const LoraDropoutMask mask = lora_dropout_mask(0.3, 9, 12, 4, 17);
+  HostTensor x = bf16_exact({rows, cols}, 31, 1.0f);
+  DeviceTensor x_d = to_device(x, DType::bf16), out_d = device_tensor(DType::bf16, {rows, cols});
+  lora_dropout_apply_cuda(mask, bf16p(x_d), static_cast<__nv_bfloat16*>(out_d.view.data), rows, cols, nullptr);
+  device_synchronize();
+  const HostTensor got = to_host(out_d.view).to_f32();
+  std::vector<float> want(static_cast<size_t>(rows * cols));
+  lora_dropout_apply_ref(mask, x.as<float>(), want.data(), rows, cols);
+  const HostTensor want_bf16 = HostTensor::from_f32(want, {rows, cols}).to_dtype(DType::bf16).to_f32();
+  int64_t mismatches = 0, dropped = 0;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    mismatches += got.as<float>()[i] != want_bf16.as<float>()[i];
+    dropped += (want[static_cast<size_t>(i)] == 0.0f) && x.as<float>()[i] != 0.0f;
+  }
+  std::printf("  %lld of %lld dropped, %lld mismatches\n", (long long)dropped, (long long)(rows * cols),
+              (long long)mismatches);
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_NEAR(static_cast<double>(dropped) / (rows * cols), 0.3, 0.01);
 }
 
 // ---------------- shared expert ----------------

@@ -133,6 +133,9 @@ GpuModelBytes GpuTextModel::planned_bytes(const TextConfig& config, const GpuMod
     bytes.workspace += shared_expert_lora_scratch_bytes(spec.max_tokens, options.lora_rank) +
                        moe_experts_lora_workspace_bytes(dims, options.lora_rank);
   }
+  if (options.lora_dropout_max_in > 0) {
+    bytes.workspace += lora_dropout_scratch_bytes(spec.max_tokens, options.lora_dropout_max_in);
+  }
   if (options.expert_parallel != nullptr) {
     bytes.workspace += GpuExpertParallel::planned_bytes(config, options.expert_parallel->size(), spec.max_tokens,
                                                         options.expert_recv_rows);
@@ -167,6 +170,12 @@ GpuTextModel::GpuTextModel(const TextConfig& config, const TextWeights& weights,
                               config_.moe_intermediate_size};
     workspace_bytes_ -= shared_expert_lora_scratch_bytes(spec_.max_tokens, options_.lora_rank) +
                         moe_experts_lora_workspace_bytes(dims, options_.lora_rank);
+  }
+  if (options_.lora_dropout_max_in > 0) {
+    // Planned above, allocated on its own: dropping adapters' x' and masked input gradient.
+    const size_t dropout_bytes = lora_dropout_scratch_bytes(spec_.max_tokens, options_.lora_dropout_max_in);
+    workspace_bytes_ -= dropout_bytes;
+    lora_dropout_scratch_ = DeviceBuffer(dropout_bytes);
   }
   if (options_.expert_parallel != nullptr) {
     CHECK(config_.num_experts % options_.expert_parallel->size() == 0, "gpu model: ", config_.num_experts,

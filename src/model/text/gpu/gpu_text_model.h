@@ -78,6 +78,9 @@ struct GpuModelOptions {
   // LoRA rank of the bound adapters (0: none), so that planned_bytes counts their scratch; the
   // model allocates what the bound weights need.
   int64_t lora_rank = 0;
+  // LoRA dropout: the widest input of a dense adapter that drops (0: no dropout). planned_bytes
+  // counts, and the model allocates, its scratch (lora_dropout_scratch_bytes(max_tokens, it)).
+  int64_t lora_dropout_max_in = 0;
 };
 
 // Device bytes the model itself holds (its parameters belong to DeviceParams).
@@ -139,6 +142,10 @@ class GpuTextModel {
     options_.ce_loss_weight = ce_weight;
     options_.aux_loss_weight = aux_weight;
   }
+  // LoRA dropout (PEFT's B(A(dropout(x))), kernels/lora/lora_dropout_mask.h): the counters of the
+  // next forward and backward (one micro-batch: a recomputed layer sees the mask of its first
+  // forward). A key with p 0 (the default) drops nothing; p > 0 needs options.lora_dropout_max_in.
+  void set_lora_dropout(const LoraDropoutKey& key);
   // Device scalars of the last forward: mean CE over the supervised tokens (f32), aux loss (f64).
   const float* device_loss() const { return inputs_.loss; }
   const double* device_aux_loss() const { return inputs_.aux_loss; }
@@ -241,6 +248,11 @@ class GpuTextModel {
   const MoeExpertsLora* experts_lora(int64_t layer, MoeExpertsLora* out) const;
   // The shared expert's adapters of a layer in *out, or null when it has none.
   const SharedExpertLora* shared_expert_lora(int64_t layer, SharedExpertLora* out) const;
+  // LoRA dropout: the scratch (options.lora_dropout_max_in; empty without dropout) and this pass's key.
+  DeviceBuffer lora_dropout_scratch_;
+  LoraDropoutKey lora_dropout_;
+  // The dropout of adapter views in this pass (an inactive mask: none).
+  LoraDropoutPass lora_dropout_pass(const DeviceLoraViews& views) const;
 
   int64_t num_tokens_ = 0;
   int64_t num_seqs_ = 0;

@@ -53,13 +53,25 @@ void GpuTextModel::weight_grad(const DeviceParam& w, const DeviceBf16* dy, const
   linear_backward_weight_cuda(*gemm_, dy, x, w.grad, rows, in_features, out_features, stream_);
 }
 
+void GpuTextModel::set_lora_dropout(const LoraDropoutKey& key) {
+  CHECK(key.p == 0 || lora_dropout_scratch_.bytes() > 0, "gpu model: LoRA dropout ", key.p,
+        " on a model planned without it (GpuModelOptions::lora_dropout_max_in)");
+  lora_dropout_ = key;
+}
+
+LoraDropoutPass GpuTextModel::lora_dropout_pass(const DeviceLoraViews& views) const {
+  return LoraDropoutPass{lora_dropout_mask(lora_dropout_, views.index), lora_dropout_scratch_.data(),
+                         lora_dropout_scratch_.bytes()};
+}
+
 void GpuTextModel::project(const DeviceParam& w, const DeviceBf16* x, void* y, DType y_dtype, int64_t rows,
                            int64_t in_features, int64_t out_features) {
   linear_forward_cuda(*gemm_, x, w.w, y, y_dtype, rows, in_features, out_features, stream_);
   if (!w.lora.attached()) return;
   const LoraDeviceAdapter adapter{w.lora.a, w.lora.b, w.lora.grad_a, w.lora.grad_b, w.lora.rank, w.lora.scaling};
   auto* xa = lora_scratch_.as<DeviceBf16>();
-  lora_linear_forward_cuda(*gemm_, x, adapter, xa, y, y_dtype, rows, in_features, out_features, stream_);
+  const LoraDropoutPass dropout = lora_dropout_pass(w.lora);
+  lora_linear_forward_cuda(*gemm_, x, adapter, xa, y, y_dtype, rows, in_features, out_features, stream_, &dropout);
 }
 
 void GpuTextModel::lora_backward(const DeviceParam& w, const DeviceBf16* x, const DeviceBf16* dy, void* dx,
@@ -68,8 +80,9 @@ void GpuTextModel::lora_backward(const DeviceParam& w, const DeviceBf16* x, cons
   const LoraDeviceAdapter adapter{w.lora.a, w.lora.b, w.lora.grad_a, w.lora.grad_b, w.lora.rank, w.lora.scaling};
   auto* xa = lora_scratch_.as<DeviceBf16>();
   DeviceBf16* dxa = xa + spec_.max_tokens * lora_rank_;
+  const LoraDropoutPass dropout = lora_dropout_pass(w.lora);
   lora_linear_backward_cuda(*gemm_, x, dy, adapter, xa, /*recompute_xa=*/true, dxa, dx, dx_dtype, rows, in_features,
-                            out_features, stream_);
+                            out_features, stream_, &dropout);
 }
 
 const MoeExpertsLora* GpuTextModel::experts_lora(int64_t layer, MoeExpertsLora* out) const {
@@ -98,6 +111,12 @@ const SharedExpertLora* GpuTextModel::shared_expert_lora(int64_t layer, SharedEx
   out->gemm = gemm_.get();
   out->scratch = lora_scratch_.data();
   out->scratch_bytes = lora_scratch_.bytes();
+  out->gate_proj_dropout = lora_dropout_pass(W.shared_gate_proj.lora).mask;
+  out->up_proj_dropout = lora_dropout_pass(W.shared_up_proj.lora).mask;
+  out->down_proj_dropout = lora_dropout_pass(W.shared_down_proj.lora).mask;
+  out->expert_gate_dropout = lora_dropout_pass(W.shared_expert_gate.lora).mask;
+  out->dropout_scratch = lora_dropout_scratch_.data();
+  out->dropout_scratch_bytes = lora_dropout_scratch_.bytes();
   return out;
 }
 

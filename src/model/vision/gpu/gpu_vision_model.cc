@@ -92,19 +92,21 @@ size_t GpuVisionModel::lora_scratch_bytes(int64_t max_patches, int64_t lora_rank
 
 GpuVisionBytes GpuVisionModel::planned_bytes(const VisionConfig& config, int64_t max_patches, int64_t max_images,
                                              bool vit_trained, bool merger_trained, int64_t lora_rank,
-                                             int64_t recompute_blocks) {
+                                             int64_t recompute_blocks, int64_t lora_dropout_max_in) {
   const VisionActivationSpec spec =
       activation_spec(max_patches, max_images, vit_trained, merger_trained, recompute_blocks);
   GpuVisionBytes bytes;
   bytes.activations = vision_activation_bytes(config, spec);
   bytes.workspace = vision_workspace_bytes(config, max_patches) + kGemmDefaultWorkspaceBytes +
-                    lora_scratch_bytes(max_patches, lora_rank);
+                    lora_scratch_bytes(max_patches, lora_rank) +
+                    (lora_dropout_max_in > 0 ? lora_dropout_scratch_bytes(max_patches, lora_dropout_max_in) : 0);
   bytes.inputs = vision_input_bytes(config, spec);
   return bytes;
 }
 
 GpuVisionModel::GpuVisionModel(const VisionConfig& config, const VisionWeights& weights, int64_t max_patches,
-                               int64_t max_images, cudaStream_t stream, int64_t recompute_blocks)
+                               int64_t max_images, cudaStream_t stream, int64_t recompute_blocks,
+                               int64_t lora_dropout_max_in)
     : config_(config), weights_(weights), max_patches_(max_patches), max_images_(max_images), stream_(stream) {
   const int64_t m = config_.spatial_merge_size;
   CHECK(config_.deepstack_visual_indexes.empty(), "gpu vision model: deepstack features are not part of Qwen3.5");
@@ -130,11 +132,15 @@ GpuVisionModel::GpuVisionModel(const VisionConfig& config, const VisionWeights& 
                           recompute_blocks);
   lora_rank_ = weights_.lora_rank();
   bytes_ = planned_bytes(config_, max_patches_, max_images_, weights_.vit_trained(), weights_.merger_trained(),
-                         lora_rank_, recompute_blocks);
+                         lora_rank_, recompute_blocks, lora_dropout_max_in);
   arena_ = std::make_unique<DeviceArena>(bytes_.activations, "gpu vision activations");
   ArenaCarver carver(arena_.get());
   carve_vision_activations(carver, config_, spec_, &acts_);
-  workspace_bytes_ = bytes_.workspace - kGemmDefaultWorkspaceBytes - lora_scratch_bytes(max_patches_, lora_rank_);
+  const size_t dropout_bytes =
+      lora_dropout_max_in > 0 ? lora_dropout_scratch_bytes(max_patches_, lora_dropout_max_in) : 0;
+  workspace_bytes_ =
+      bytes_.workspace - kGemmDefaultWorkspaceBytes - lora_scratch_bytes(max_patches_, lora_rank_) - dropout_bytes;
+  if (dropout_bytes > 0) lora_dropout_scratch_ = DeviceBuffer(dropout_bytes);
   workspace_ = DeviceBuffer(workspace_bytes_);
   if (lora_rank_ > 0) lora_scratch_ = DeviceBuffer(lora_scratch_bytes(max_patches_, lora_rank_));
   inputs_arena_ = std::make_unique<DeviceArena>(bytes_.inputs, "gpu vision inputs");
@@ -221,13 +227,25 @@ void GpuVisionModel::set_images(const float* pixel_values, int64_t num_patches,
   num_segments_ = segments;
 }
 
+void GpuVisionModel::set_lora_dropout(const LoraDropoutKey& key) {
+  CHECK(key.p == 0 || lora_dropout_scratch_.bytes() > 0, "gpu vision model: LoRA dropout ", key.p,
+        " on a model planned without it (lora_dropout_max_in)");
+  lora_dropout_ = key;
+}
+
+LoraDropoutPass GpuVisionModel::lora_dropout_pass(const DeviceLoraViews& views) const {
+  return LoraDropoutPass{lora_dropout_mask(lora_dropout_, views.index), lora_dropout_scratch_.data(),
+                         lora_dropout_scratch_.bytes()};
+}
+
 void GpuVisionModel::project(const DeviceParam& w, const DeviceParam& bias, const Bf16* x, Bf16* y, int64_t rows,
                              int64_t in_features, int64_t out_features) {
   linear_forward_bias_cuda(*gemm_, x, w.w, bias.w, y, rows, in_features, out_features, stream_);
   if (!w.lora.attached()) return;
   const LoraDeviceAdapter adapter{w.lora.a, w.lora.b, w.lora.grad_a, w.lora.grad_b, w.lora.rank, w.lora.scaling};
+  const LoraDropoutPass dropout = lora_dropout_pass(w.lora);
   lora_linear_forward_cuda(*gemm_, x, adapter, lora_scratch_.as<Bf16>(), y, DType::bf16, rows, in_features,
-                           out_features, stream_);
+                           out_features, stream_, &dropout);
 }
 
 void GpuVisionModel::lora_backward(const DeviceParam& w, const Bf16* x, const Bf16* dy, void* dx, DType dx_dtype,
@@ -236,8 +254,9 @@ void GpuVisionModel::lora_backward(const DeviceParam& w, const Bf16* x, const Bf
   const LoraDeviceAdapter adapter{w.lora.a, w.lora.b, w.lora.grad_a, w.lora.grad_b, w.lora.rank, w.lora.scaling};
   Bf16* xa = lora_scratch_.as<Bf16>();
   Bf16* dxa = xa + max_patches_ * lora_rank_;
+  const LoraDropoutPass dropout = lora_dropout_pass(w.lora);
   lora_linear_backward_cuda(*gemm_, x, dy, adapter, xa, /*recompute_xa=*/true, dxa, dx, dx_dtype, rows, in_features,
-                            out_features, stream_);
+                            out_features, stream_, &dropout);
 }
 
 void GpuVisionModel::weight_grad(const DeviceParam& w, const Bf16* dy, const Bf16* x, int64_t rows,

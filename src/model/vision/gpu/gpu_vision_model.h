@@ -23,6 +23,7 @@
 #include "core/arena.h"
 #include "core/device_buffer.h"
 #include "core/dtype.h"
+#include "kernels/lora/lora_cuda.h"
 #include "model/config.h"
 #include "model/vision/vision_weights.h"
 #include "model/vision/vision_activations.h"
@@ -41,8 +42,9 @@ class GpuVisionModel {
   // Every later set_images() must fit max_patches patch rows and max_images images. weights must
   // stay valid for the model's life; all work goes to `stream` (not owned). recompute_blocks
   // (0..depth): how many first blocks are recomputed in the backward (ignored for a frozen ViT).
+  // lora_dropout_max_in: the widest input of a dense adapter that drops (0: no LoRA dropout).
   GpuVisionModel(const VisionConfig& config, const VisionWeights& weights, int64_t max_patches, int64_t max_images,
-                 cudaStream_t stream, int64_t recompute_blocks = 0);
+                 cudaStream_t stream, int64_t recompute_blocks = 0, int64_t lora_dropout_max_in = 0);
   ~GpuVisionModel();
   GpuVisionModel(const GpuVisionModel&) = delete;
   GpuVisionModel& operator=(const GpuVisionModel&) = delete;
@@ -52,7 +54,7 @@ class GpuVisionModel {
   // the constructor.
   static GpuVisionBytes planned_bytes(const VisionConfig& config, int64_t max_patches, int64_t max_images,
                                       bool vit_trained, bool merger_trained, int64_t lora_rank = 0,
-                                      int64_t recompute_blocks = 0);
+                                      int64_t recompute_blocks = 0, int64_t lora_dropout_max_in = 0);
   // The adapters' scratch: x A^T and s dy B rows [max_patches, rank] bf16.
   static size_t lora_scratch_bytes(int64_t max_patches, int64_t lora_rank);
 
@@ -75,6 +77,10 @@ class GpuVisionModel {
   // trained parts' gradients are added to: a frozen merger gets none (its input gradient is still
   // formed when the ViT trains); a frozen ViT stops after the merger; with both frozen nothing runs.
   void backward(const __nv_bfloat16* d_merged);
+
+  // LoRA dropout, as GpuTextModel's: the counters of the next forward and backward (p 0: none;
+  // p > 0 needs lora_dropout_max_in at construction).
+  void set_lora_dropout(const LoraDropoutKey& key);
 
   GpuVisionBytes bytes() const { return bytes_; }
   uint64_t uploaded_bytes() const { return uploaded_bytes_; }
@@ -113,6 +119,9 @@ class GpuVisionModel {
   size_t workspace_bytes_ = 0;
   DeviceBuffer lora_scratch_;  // lora_scratch_bytes; empty without adapters
   int64_t lora_rank_ = 0;
+  DeviceBuffer lora_dropout_scratch_;  // [max_patches, lora_dropout_max_in] f32; empty without dropout
+  LoraDropoutKey lora_dropout_;        // this pass's counters (p 0: nothing dropped)
+  LoraDropoutPass lora_dropout_pass(const DeviceLoraViews& views) const;
   std::unique_ptr<DeviceArena> inputs_arena_;
   VisionInputs inputs_;
   struct Staging;
