@@ -3,7 +3,8 @@
 // (every Linear of the text model and the vision tower), and adapters on the LLM only with the vision
 // tower frozen, on a micro-batch with images; then determinism and a bit-exact resume of a LoRA run
 // through the optimizer-state file (adapters' masters and moments compared bitwise with an
-// uninterrupted run); and the CPU planner's count of the adapters' scratch against the GPU models'.
+// uninterrupted run), also with LoRA dropout (the same masks as the CPU's, recomputed after a resume);
+// and the CPU planner's count of the adapters' (and dropout's) scratch against the GPU models'.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -242,15 +243,17 @@ std::vector<uint8_t> read_state_bytes(const TrainStateStore& state) {
 
 // Two LoRA engines, the same steps: the same bits. A third saved after two steps and restored from
 // the optimizer-state file into an engine whose adapters started elsewhere (another seed) continues
-// to the same losses, adapter masters and moments, bit for bit.
-TEST(GpuEngineLora, StepsAreDeterministicAndResumeExactly) {
+// to the same losses, adapter masters and moments, bit for bit. With LoRA dropout (all-linear only,
+// as PEFT allows) the masks are recomputed from the run's seed and the restored step count.
+void check_steps_deterministic_and_resume(double dropout) {
   setenv("DELTAMOE_ATTENTION", "ours", 1);  // cuDNN's attention backward adds dQ with atomics
   const std::vector<std::vector<MicroBatch>> steps = {
       {image_batch({{{1, 4, 6}}, {}}, 21), image_batch({{{1, 2, 2}}}, 22)},
       {image_batch({{{1, 2, 4}}, {}}, 23)},
       {image_batch({{}, {}}, 24)},
       {image_batch({{{1, 4, 4}}}, 25), image_batch({{{1, 2, 2}}, {{1, 2, 2}}}, 26)}};
-  EngineOptions options = lora_engine_options(adapters({"all-linear"}, true, 7));
+  const bool experts = dropout == 0;
+  EngineOptions options = lora_engine_options(adapters({"all-linear"}, experts, 7, dropout));
   options.adamw.moment_dtype = DType::bf16;
   auto run = [&](GpuEngine& engine, size_t first, size_t end) {
     std::vector<double> losses;
@@ -272,7 +275,11 @@ TEST(GpuEngineLora, StepsAreDeterministicAndResumeExactly) {
   run(first, 0, 2);
   save_optimizer_state(file.string(), first.state(), OptimizerProgress{2, 0});
   EngineOptions other = options;
-  other.lora = adapters({"all-linear"}, true, 99);  // other adapters: everything must come from the file
+  // Other adapters: everything must come from the file (but the run's seed, which keys dropout's
+  // masks and comes from --seed on a resume too).
+  LoraAdapters moved = *adapters({"all-linear"}, experts, 99, dropout);
+  moved.seed = options.lora->seed;
+  other.lora = std::make_shared<const LoraAdapters>(std::move(moved));
   GpuEngine resumed(base_checkpoint(), other);
   load_optimizer_state(file.string(), &resumed.state());
   std::filesystem::remove(file);
@@ -286,6 +293,10 @@ TEST(GpuEngineLora, StepsAreDeterministicAndResumeExactly) {
   EXPECT_GT(std::fabs(losses_a[3] - losses_a[0]), 0.0);
   unsetenv("DELTAMOE_ATTENTION");
 }
+
+TEST(GpuEngineLora, StepsAreDeterministicAndResumeExactly) { check_steps_deterministic_and_resume(0.0); }
+
+TEST(GpuEngineLora, StepsWithDropoutAreDeterministicAndResumeExactly) { check_steps_deterministic_and_resume(0.3); }
 
 // The CPU planner's LoRA scratch (memory_plan.h) is the GPU models' own, byte for byte: the
 // workspace a rank-r text model plans minus one without adapters; the tower's adapter scratch.
