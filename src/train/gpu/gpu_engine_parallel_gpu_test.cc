@@ -180,6 +180,7 @@ struct Reference {
   std::vector<MicroBatchLoss> eval;
   std::vector<StepResult> steps;
   std::map<std::string, std::vector<float>> master0, grad1, master3;
+  size_t gradient_bytes = 0;  // every trained tensor's fp32 gradient
 };
 
 // The plain one-rank engine over the whole step, 20 steps.
@@ -196,6 +197,7 @@ const Reference& reference(const std::string& preset) {
     ref.logits.push_back(std::move(logits));
   }
   ref.master0 = by_name(read_masters(engine.state()));
+  ref.gradient_bytes = engine.state().params().bytes().gradients;
   for (int step = 0; step < kSteps; ++step) {
     ref.steps.push_back(engine.train_step(m.batches, kLr, kNoClip));
     if (step == 0) ref.grad1 = by_name(read_gradients(engine.state()));
@@ -209,6 +211,7 @@ struct RankRecord {
   std::vector<MicroBatchLoss> eval;
   std::vector<StepResult> steps;
   Pieces grad1, master3;
+  size_t gradient_bytes = 0;  // its expert slices' and the shared dense-group region's
 };
 
 std::vector<MicroBatch> rank_batches(const Model& m, int rank, int ranks) {
@@ -227,6 +230,7 @@ std::vector<RankRecord> run_ranks(const std::string& preset, int ranks, int ep, 
       [&](Communicator& comm) {
         RankRecord record;
         GpuEngine engine(m.checkpoint, engine_options(), comm, parallel_options(ep));
+        record.gradient_bytes = engine.state().params().bytes().gradients;
         const std::vector<MicroBatch> mine = rank_batches(m, comm.rank(), ranks);
         for (const MicroBatch& batch : mine) {
           std::vector<float> logits;
@@ -250,6 +254,9 @@ void check_against_one_rank(const std::string& preset, int ranks, int ep) {
   setenv("DELTAMOE_ATTENTION", "ours", 1);
   const Reference& ref = reference(preset);
   const std::vector<RankRecord> got = run_ranks(preset, ranks, ep, kSteps);
+  // The dense gradients are reduce-scattered group by group during the backward: no rank holds
+  // them whole (1-rank: every trained tensor's gradient).
+  for (int r = 0; r < ranks; ++r) EXPECT_LT(got[r].gradient_bytes, ref.gradient_bytes) << "rank " << r;
   // Evaluation: bitwise, micro-batch g * N + r on rank r.
   for (int r = 0; r < ranks; ++r) {
     for (size_t g = 0; g < got[r].logits.size(); ++g) {

@@ -20,6 +20,7 @@
 #include "kernels/mrope/mrope.h"
 #include "kernels/shared_expert/shared_expert_cuda.h"
 #include "model/config.h"
+#include "model/gradient_phases.h"
 #include "model/gpu/component_timer.h"
 #include "model/text/text_weights.h"
 #include "model/text/text_activations.h"
@@ -129,6 +130,9 @@ class GpuTextModel {
   void backward();
   // Forward and the loss only (evaluation): no gradient is formed. No host sync.
   void forward_loss();
+  // Called by backward() as each gradient phase is finished (the loss head, each layer from the
+  // last, the token embedding), with that phase's work queued on stream(); none by default.
+  void set_gradient_ready_hook(GradientReadyHook hook) { gradient_ready_ = std::move(hook); }
   void forward_backward() {
     forward();
     backward();
@@ -209,6 +213,7 @@ class GpuTextModel {
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<GemmContext> gemm_;
   ComponentTimer timer_;
+  GradientReadyHook gradient_ready_;
   GpuModelBytes bytes_;
 
   TextActivationSpec spec_;

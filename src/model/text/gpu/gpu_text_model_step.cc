@@ -231,6 +231,7 @@ void GpuTextModel::backward() {
   rms_norm_backward_cuda(acts_.final_hidden, weights_.norm.f32, acts_.final_rstd, acts_.grad_normed, nullptr,
                          d_stream, acts_.grad_stream_bf16, weights_.norm.grad, T, C, workspace_.data(),
                          workspace_bytes_, stream_);
+  if (gradient_ready_) gradient_ready_({GradientPhaseKind::text_head, 0});
   for (int64_t i = c.num_hidden_layers - 1; i >= 0; --i) {
     const LayerActivations& b = acts_.layers[static_cast<size_t>(i)];
     // A fully recomputed layer kept only its input: rerun its forward (router included, experts
@@ -262,6 +263,7 @@ void GpuTextModel::backward() {
                            d_stream, acts_.grad_stream_bf16, weights_.layers[static_cast<size_t>(i)].input_layernorm.grad, T, C, workspace_.data(),
                            workspace_bytes_, stream_);
     capture_gradient(i, LayerGradient::input, d_stream);
+    if (gradient_ready_) gradient_ready_({GradientPhaseKind::text_layer, i});
   }
   // The image rows' gradient belongs to the vision features, not to the <|image_pad|> table row:
   // gather it, then zero those rows before the table's backward (multimodal_embed_backward).
@@ -271,6 +273,7 @@ void GpuTextModel::backward() {
     embedding_backward_cuda(inputs_.embed_sorted_tokens, inputs_.embed_segment_offsets, inputs_.embed_segment_ids,
                             num_embed_segments_, d_stream, weights_.embed_tokens.grad, C, stream_);
   }
+  if (gradient_ready_) gradient_ready_({GradientPhaseKind::text_embedding, 0});
 }
 
 // ---- Gated DeltaNet (gdn_layer.cc) ----
