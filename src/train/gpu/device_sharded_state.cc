@@ -324,9 +324,14 @@ void DeviceTrainState::gather_weights() {
   const int rank = layout_->rank();
   __nv_bfloat16* gathered = bucket_bf16_;
   float* gathered_f32 = bucket_f32_;
+  // A mirrored world (the simulator) returns this rank's block in every slot: the other pieces keep
+  // their weights (their owners' update is not known here) instead of taking copies of this one's.
+  const bool own_only = world_->mirrored();
   for (const Bucket& bucket : buckets_) {
     world_->all_gather(piece_bf16_ + bucket.piece_bf16_at, gathered, bucket.piece, DType::bf16, on);
-    for (const BucketSegment& s : bucket.segments) copy_async(s.weight, gathered + s.at, s.count * 2, stream_);
+    for (const BucketSegment& s : bucket.segments) {
+      if (!own_only || s.rank == rank) copy_async(s.weight, gathered + s.at, s.count * 2, stream_);
+    }
     if (bucket.f32_count == 0) continue;
     // The fp32 values of the tensors read in fp32: each rank's run of them, packed, in place.
     float* mine = gathered_f32 + rank * bucket.f32_count;
@@ -336,7 +341,7 @@ void DeviceTrainState::gather_weights() {
     }
     world_->all_gather(mine, gathered_f32, bucket.f32_count, DType::f32, on);
     for (const BucketSegment& s : bucket.segments) {
-      if (s.f32 != nullptr)
+      if (s.f32 != nullptr && (!own_only || s.rank == rank))
         copy_async(s.f32, gathered_f32 + s.rank * bucket.f32_count + s.f32_at, s.count * 4, stream_);
     }
   }
