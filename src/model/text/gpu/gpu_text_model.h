@@ -225,6 +225,10 @@ class GpuTextModel {
   TextInputs inputs_;
   std::vector<MoeRoutingPlan> plans_;    // per layer, laid out in its plan_memory for the batch
   std::unique_ptr<GpuExpertParallel> expert_parallel_;  // null: all experts on this rank
+  // With expert parallelism: the shared expert's fp32 output and gate logit, computed while the
+  // host waits for the exchanged counts and added to the routed output after the combine
+  // (SharedExpertPending, shared_expert_pending_bytes); empty without.
+  DeviceBuffer shared_expert_pending_;
   // The full-attention layers' backend, chosen at setup (cudnn_attention_choice.h): cuDNN's fused
   // SDPA plans, or null for our flash-attention kernel. Both save lse [T, Hq] fp32.
   std::unique_ptr<CudnnSdpa> cudnn_attention_;
