@@ -1,6 +1,6 @@
 // CUDA forward of the chunked gated delta rule: chunk table, per-chunk UT/WY preparation
 // (A = (I + L)^-1, W, U, P), the sequential state scan over chunks (64-column slices of the state
-// in parallel) and the chunk outputs; the products run on tensor cores (gdn_mma.cuh, TF32 with
+// in parallel) and the chunk outputs; the products run on tensor cores (gdn_mma.cuh, bf16 with
 // fp32 operands split in two), the triangular inverse and the gates in fp32.
 #include <algorithm>
 #include <cstdlib>
@@ -99,7 +99,7 @@ __device__ void invert_unit_lower(const float* l, float* a, float* scratch) {
 // Grid (max_chunks, Hv). Builds gamma, P = (scale q_i . k_j) e^(gamma_i - gamma_j) (j <= i),
 // A = (I + L)^-1 with L_ij = beta_i (k_i . k_j) e^(gamma_i - gamma_j) (j < i), W = A diag(beta
 // e^gamma) K and U = A diag(beta) V of one chunk and head. K K^T and Q K^T run on tensor cores
-// with exact bf16 operands; the inverse is fp32 FMA; W and U split A into two TF32 parts.
+// with exact bf16 operands; the inverse is fp32 FMA; W and U split A into two bf16 parts.
 __global__ void __launch_bounds__(kThreads, 2)
     prepare_chunks_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
                           const __nv_bfloat16* k, const __nv_bfloat16* v, const float* g,
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 // sm_80's 163 KB). Each half of a chunk's work runs while the other half's inputs are copied in;
 // on the H200 this measured faster than double-buffering all inputs (0.62 against 0.64 ms).
 struct ScanSmem {
-  static constexpr int kStride = kScanCols + 8;
+  static constexpr int kStride = kColStride;
   float h[kD * kStride];              // state columns [col0, col0 + 64) of H
   float w[kChunk * kF32Stride];       // W of the chunk
   __nv_bfloat16 k[kChunk * kBf16Stride];
