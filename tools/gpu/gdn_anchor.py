@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.abspath(".anchors_src"))
+sys.path.insert(0, os.path.abspath(os.environ.get("FLA_SRC", ".anchors_src")))
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # noqa: E402
 import fla.ops.common.chunk_o as fla_chunk_o  # noqa: E402
 
