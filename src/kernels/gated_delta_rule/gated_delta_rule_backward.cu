@@ -158,13 +158,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// Shared tiles of the state-gradient kernel (~154 KB).
+// Shared tiles of the state-gradient kernel (~103 KB: two blocks per SM, so that one block's
+// copies overlap the other's products). x holds d_o and q (two bf16 tiles), then dV_new, then V_new.
 struct StatesSmem {
   float h[kD * kF32Stride];  // H, then dH (rows d, read transposed as B)
-  float x[kChunk * kF32Stride];  // dV_new, then V_new
-  __nv_bfloat16 d_o[kChunk * kBf16Stride];
-  __nv_bfloat16 q[kChunk * kBf16Stride];
-  __nv_bfloat16 k[kChunk * kBf16Stride];
+  float x[kChunk * kF32Stride];
   float gamma[kChunk];
   float s_q[kChunk], s_k[kChunk];
   float h_dot_dh[kThreads / 32];  // per warp, summed in warp order (deterministic)
@@ -175,7 +173,7 @@ struct StatesSmem {
 //   dk_j = e^(gamma_last - gamma_j) dH v_new_j  (into dk_acc)
 //   dW_i = -H dV_new_i                          (overwrites W)
 // and the matching d gamma parts (into ws.dgamma).
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 2)
     grads_states_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
                         const __nv_bfloat16* k, const __nv_bfloat16* d_o, Workspace ws) {
   const int chunk = blockIdx.x, h = blockIdx.y;
@@ -188,13 +186,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
   const int64_t qk_first = (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk;
   const int64_t state_first = (static_cast<int64_t>(chunk) * Hv + h) * Dk * Dv;
+  static_assert(2 * kChunk * kBf16Stride * sizeof(__nv_bfloat16) <= sizeof(StatesSmem::x),
+                "d_o and q must fit the x tile");
+  auto* d_o_tile = reinterpret_cast<__nv_bfloat16*>(sm.x);
+  auto* q_tile = d_o_tile + kChunk * kBf16Stride;
   load_tile(sm.h, kF32Stride, kD, kD, ws.h + state_first, Dv, Dk, Dv);
-  load_tile(sm.x, kF32Stride, kChunk, kD, ws.dv_new + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
+  load_tile(d_o_tile, kBf16Stride, kChunk, kD, d_o + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
             len, Dv);
-  load_tile(sm.d_o, kBf16Stride, kChunk, kD, d_o + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
-            len, Dv);
-  load_tile(sm.q, kBf16Stride, kChunk, kD, q + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
-  load_tile(sm.k, kBf16Stride, kChunk, kD, k + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
+  load_tile(q_tile, kBf16Stride, kChunk, kD, q + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
   if (tid < kChunk) {
     sm.gamma[tid] = tid < len ? ws.gamma[row_first + static_cast<int64_t>(tid) * Hv] : 0.0f;
     sm.s_q[tid] = sm.s_k[tid] = 0.0f;
@@ -206,16 +205,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc[1][8][4], part[1][8][4];
   // dq_i = e^gamma_i sum_e do_ie H_de.
   zero_acc(acc);
-  warp_mma<1, 8, kD>(acc, rows_of<kBf16Stride>(sm.d_o), m0, transposed<kF32Stride>(sm.h), n0);
+  warp_mma<1, 8, kD>(acc, rows_of<kBf16Stride>(d_o_tile), m0, transposed<kF32Stride>(sm.h), n0);
   for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
     const float value = expf(sm.gamma[i]) * acc[mt][nt][r];
     part[mt][nt][r] = 0.0f;
     if (i < len && d < Dk) {
       ws.dq_acc[(row_first + static_cast<int64_t>(i) * Hv) * Dk + d] = value;
-      part[mt][nt][r] = scale * __bfloat162float(sm.q[i * kBf16Stride + d]) * value;
+      part[mt][nt][r] = scale * __bfloat162float(q_tile[i * kBf16Stride + d]) * value;
     }
   });
   add_row_sums(part, m0, sm.s_q);
+  __syncthreads();  // d_o and q are done: dV_new takes their place
+  load_tile(sm.x, kF32Stride, kChunk, kD, ws.dv_new + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
+            len, Dv);
+  wait_tile_loads();
+  __syncthreads();
   // dW_i = -sum_e dV_new_ie H_de.
   zero_acc(acc);
   warp_mma<1, 8, kD>(acc, rows_of<kF32Stride>(sm.x), m0, transposed<kF32Stride>(sm.h), n0);
@@ -264,7 +268,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             len, Dv);
   wait_tile_loads();
   __syncthreads();
-  // dk_j = e^(gamma_last - gamma_j) sum_e v_new_je dH_de.
+  // dk_j = e^(gamma_last - gamma_j) sum_e v_new_je dH_de. k has no shared tile here (two blocks
+  // per SM leave no room): its values come from global memory (L2), the two of a pair at once.
   zero_acc(acc);
   warp_mma<1, 8, kD>(acc, rows_of<kF32Stride>(sm.x), m0, transposed<kF32Stride>(sm.h), n0);
   for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int j, int d) {
@@ -272,7 +277,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (j < len && d < Dk) {
       const float value = expf(g_last - sm.gamma[j]) * acc[mt][nt][r];
       ws.dk_acc[(row_first + static_cast<int64_t>(j) * Hv) * Dk + d] = value;
-      part[mt][nt][r] = __bfloat162float(sm.k[j * kBf16Stride + d]) * value;
+      const __nv_bfloat16 k_value = k[qk_first + static_cast<int64_t>(j) * Hk * Dk + d];
+      part[mt][nt][r] = __bfloat162float(k_value) * value;
     }
   });
   add_row_sums(part, m0, sm.s_k);
