@@ -37,6 +37,19 @@ def time_ms(fn, iters=20, warmup=5):
     return times[len(times) // 2]
 
 
+def kernel_ms(fn, iters=5):
+    """Sum of the GPU kernel times of one call of fn (mean over iters), from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(event.self_device_time_total for event in prof.key_averages())
+    return total_us / 1000.0 / iters
+
+
 def main():
     seqs, seq_len, hk, hv, dk, dv = 2, 4096, 16, 32, 128, 128
     tokens = seqs * seq_len
@@ -65,12 +78,19 @@ def main():
 
     fwd = time_ms(forward)
     fwd_bwd = time_ms(forward_backward)
+    try:
+        kernels = {"kernel_forward_ms": round(kernel_ms(forward), 4),
+                   "kernel_forward_backward_ms": round(kernel_ms(forward_backward), 4)}
+        kernels["kernel_backward_ms"] = round(kernels["kernel_forward_backward_ms"] -
+                                              kernels["kernel_forward_ms"], 4)
+    except Exception as error:  # the event times above still stand
+        kernels = {"kernel_times_error": repr(error)}
     print("ANCHOR " + json.dumps({
         "op": "fla chunk_gated_delta_rule", "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__, "triton": __import__("triton").__version__,
         "shape": f"{seqs}x{seq_len} tokens, Hk {hk}, Hv {hv}, Dk {dk}, Dv {dv}",
         "forward_ms": round(fwd, 4), "forward_backward_ms": round(fwd_bwd, 4),
-        "backward_ms": round(fwd_bwd - fwd, 4)}), flush=True)
+        "backward_ms": round(fwd_bwd - fwd, 4), **kernels}), flush=True)
 
 
 if __name__ == "__main__":
