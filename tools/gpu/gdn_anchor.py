@@ -3,7 +3,9 @@ and forward + backward on the shape gated_delta_rule_gpu_test times (2 x 4096 to
 cu_seqlens, 16 key heads, 32 value heads, Dk = Dv = 128; bf16 q/k/v, fp32 g/beta, no initial
 state, no final state), timed with CUDA events. q and k enter already unit-norm and
 use_qk_l2norm_in_kernel is off, as in our op (the layer's l2norm runs before it). FLA's source goes
-under .anchors_src/fla (an ignored folder, carried to the GPU machine and put on PYTHONPATH). Run in
+under .anchors_src/fla (an ignored folder, carried to the GPU machine; FLA_SRC names another folder
+holding fla/): `git --git-dir=<FLA mirror> archive HEAD fla | tar -x -C .anchors_src/`. Triton's
+autotuning makes a first run take ~2 min. Run in
 the same call as `gated_delta_rule_gpu_test --gtest_filter='*Qwen35BShapeTimed*'` so both rows come
 from one run. Prints one `ANCHOR {...}` JSON line."""
 import json
