@@ -22,6 +22,10 @@ int cmd_plan(int argc, char** argv) {
   args.add_option("expert_model_parallel_size", "GPUs the routed experts of each layer are split over", "1");
   args.add_bool("use_distributed_optimizer", "ZeRO-2: non-expert gradients, master and moments sharded", false);
   args.add_option("micro_batch_tokens", "tokens per micro-batch on each GPU", "8192");
+  args.add_option("micro_batch_size",
+                  "most samples packed into one micro-batch (0: any number, sized for one sample per 8 tokens; "
+                  "the GDN chunk states grow with it)",
+                  "0");
   args.add_option("optimizer_state_dtype", "f32 or bf16 Adam moments", "f32");
   args.add_option("recompute",
                   "none, selective (one set of GDN/attention internals per layer type) or full (every decoder "
@@ -48,6 +52,8 @@ int cmd_plan(int argc, char** argv) {
   options.max_tokens = args.get_int("micro_batch_tokens");
   CHECK(options.max_tokens > 0, "--micro_batch_tokens must be positive");
   options.max_image_pixels = args.get_int("max_pixels");
+  options.max_samples = args.get_int("micro_batch_size");
+  CHECK(options.max_samples >= 0, "--micro_batch_size must be >= 0, got ", options.max_samples);
   const std::string moments = args.get("optimizer_state_dtype");
   CHECK(moments == "f32" || moments == "bf16", "--optimizer_state_dtype must be f32 or bf16, got '", moments, "'");
   options.adamw.moment_dtype = moments == "bf16" ? DType::bf16 : DType::f32;
@@ -59,10 +65,12 @@ int cmd_plan(int argc, char** argv) {
   CHECK(parse_recompute_choice(args.get("recompute"), &parallel.recompute), "--recompute must be none, selective or full, ",
         "got '", args.get("recompute"), "'");
   const ParallelMemoryPlan plan = plan_parallel_memory(config, options, parallel);
-  std::printf("plan: %s on %d GPU(s), EP %d, %s, %lld tokens per micro-batch, %s moments, recompute %s\n",
+  std::printf("plan: %s on %d GPU(s), EP %d, %s, %lld tokens (at most %lld samples) per micro-batch, %s moments, "
+              "recompute %s\n",
               model.c_str(), parallel.world, parallel.layout.expert_parallel_size,
               parallel.layout.distributed_optimizer ? "ZeRO-2" : "dense state replicated",
-              static_cast<long long>(options.max_tokens), moments.c_str(), recompute_choice_name(parallel.recompute));
+              static_cast<long long>(options.max_tokens), static_cast<long long>(planned_max_sequences(options)),
+              moments.c_str(), recompute_choice_name(parallel.recompute));
   std::printf("%s", plan.describe().c_str());
   const double gpu_gib = args.get_double("gpu_memory_gib");
   if (gpu_gib > 0) {

@@ -109,6 +109,11 @@ class Communicator {
   // Host backends: returns at once.
   virtual void synchronize(CommStream stream = {}) {}
 
+  // A simulated world whose other ranks are copies of this one (MirrorComm, the one-GPU simulator):
+  // an all-gather's other slots hold this rank's own block, not the peers' pieces, so a ZeRO rank
+  // keeps the other pieces of its weights as they were rather than take those copies.
+  virtual bool mirrored() const { return false; }
+
   // Ends the job on every rank: their current and later operations throw CommAborted with a
   // message naming this rank and `reason`. Idempotent; callable from any thread.
   virtual void abort(std::string_view reason) = 0;

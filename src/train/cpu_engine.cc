@@ -167,18 +167,16 @@ void CpuEngine::gather_dense_weights() {
   for (int b = 0; b < layout.num_buckets(); ++b) {
     const int64_t n = layout.piece_elements(b);
     piece.assign(static_cast<size_t>(n), 0.0f);
-    int64_t at = 0;
-    for (const auto& [offset, count] : layout.own_piece_in_state(b)) {
-      std::memcpy(piece.data() + at, state_.master().data() + offset, static_cast<size_t>(count) * sizeof(float));
-      at += count;
+    for (const ParallelLayout::OwnSegment& own : layout.own_piece_in_state(b)) {
+      std::memcpy(piece.data() + own.in_piece, state_.master().data() + own.state_offset,
+                  static_cast<size_t>(own.count) * sizeof(float));
     }
     gathered.resize(static_cast<size_t>(n * world));
     world_->all_gather(piece.data(), gathered.data(), n, DType::f32);
     for (int r = 0; r < world; ++r) {
-      const float* values = gathered.data() + r * n;
       for (const ParallelLayout::Segment& segment : layout.piece_segments(b, r)) {
-        set_working_weights(segment.full_entry, segment.tensor_begin, segment.count, values);
-        values += segment.count;
+        set_working_weights(segment.full_entry, segment.tensor_begin, segment.count,
+                            gathered.data() + r * n + segment.in_piece);
       }
     }
   }
@@ -320,10 +318,8 @@ StepResult CpuEngine::train_step_parallel(const std::vector<MicroBatch>& batches
       reduced.resize(static_cast<size_t>(n));
       layout.pack_bucket(b, micro_grad_.data(), padded.data());
       world_->reduce_scatter(padded.data(), reduced.data(), n, DType::f32, ReduceOp::sum);
-      int64_t at = 0;
-      for (const auto& [offset, count] : layout.own_piece_in_state(b)) {
-        for (int64_t i = 0; i < count; ++i) grad_[offset + i] += reduced[at + i];
-        at += count;
+      for (const ParallelLayout::OwnSegment& own : layout.own_piece_in_state(b)) {
+        for (int64_t i = 0; i < own.count; ++i) grad_[own.state_offset + i] += reduced[own.in_piece + i];
       }
     }
   }

@@ -150,10 +150,8 @@ class DataParallelEmulation {
           std::vector<float> sum(packed[0].begin() + p * n, packed[0].begin() + (p + 1) * n);
           for (int r = 1; r < world_; ++r)
             for (int64_t i = 0; i < n; ++i) sum[i] += packed[r][p * n + i];
-          int64_t at = 0;
-          for (const auto& [offset, count] : layouts_[p]->own_piece_in_state(b)) {
-            for (int64_t i = 0; i < count; ++i) grads_[p][offset + i] += sum[at + i];
-            at += count;
+          for (const auto& own : layouts_[p]->own_piece_in_state(b)) {
+            for (int64_t i = 0; i < own.count; ++i) grads_[p][own.state_offset + i] += sum[own.in_piece + i];
           }
         }
       }

@@ -1,8 +1,12 @@
 // Who holds which training state when the CPU engine runs on several ranks:
 // routed experts split over --expert_model_parallel_size ranks (each expert's master, gradient and
 // moments only on its owner), everything else ("dense") data-parallel over all ranks with ZeRO-2
-// (--use_distributed_optimizer true): the dense elements, tensor after tensor in the full layout's
-// order, are cut into buckets of at most bucket_elements, and rank r owns piece r of every bucket.
+// (--use_distributed_optimizer true). The dense tensors form gradient groups, one per backward phase
+// (model/gradient_phases.h: a decoder layer, the loss head, a vision block, ...) when the phases are
+// given, else one group; each group is cut into buckets of about bucket_elements, every bucket but
+// a group's last a multiple of the world size, and rank r owns piece r of every bucket. So a
+// group's buckets, padded, lie back to back: one reduce-scatter per bucket straight from the
+// group's gradient memory as soon as the backward has finished the phase.
 // A rank's training state is therefore a list of (tensor, element range) pieces: its experts, then
 // its piece of each bucket. The same object tells the engine how to reduce-scatter a bucket, where
 // the reduced piece lands, and how to all-gather the updated weights; tests use it to emulate N
@@ -13,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "model/gradient_phases.h"
 #include "optim/param_layout.h"
 
 namespace deltamoe {
@@ -20,7 +25,7 @@ namespace deltamoe {
 struct ParallelOptions {
   int expert_parallel_size = 1;        // --expert_model_parallel_size: divides the world size
   bool distributed_optimizer = false;  // --use_distributed_optimizer: ZeRO-2 for the dense parameters
-  // Most elements of one dense gradient bucket (Megatron's default is max(40M, 1M x dp) parameters).
+  // Elements of one dense gradient bucket, about (Megatron's default is max(40M, 1M x dp) parameters).
   int64_t bucket_elements = 40'000'000;
   // GPU engine: rows this rank's experts may receive per micro-batch and layer, the exchange's
   // buffers (0: the worst case, EP x tokens x top-k; a run past it aborts the job).
@@ -33,17 +38,30 @@ bool is_routed_expert_tensor(const std::string& name);
 class ParallelLayout {
  public:
   // A run of consecutive elements of one tensor: entry `full_entry` of the full layout, elements
-  // [tensor_begin, tensor_begin + count) of it, at `full_offset` in a full-layout flat buffer.
+  // [tensor_begin, tensor_begin + count) of it, at `full_offset` in a full-layout flat buffer and at
+  // `in_piece` in the piece (or bucket) it was listed for. Every tensor starts at a multiple of
+  // kFlatAlignmentElements of the dense stream (gradients placed by the stream stay aligned for
+  // vector loads and GEMMs), so a piece may hold zero gaps between its segments.
   struct Segment {
     int full_entry = 0;
     int64_t tensor_begin = 0;
     int64_t count = 0;
     int64_t full_offset = 0;
+    int64_t in_piece = 0;
+  };
+  // One segment of this rank's piece of a bucket: where it is in the state buffer and in the piece.
+  struct OwnSegment {
+    int64_t state_offset = 0;
+    int64_t count = 0;
+    int64_t in_piece = 0;
   };
 
   // full: every trained tensor whole (trainable_layout). Checks the options against the world size
   // and the expert count (num_experts: routed experts per layer) with messages naming the flags.
-  ParallelLayout(const ParamLayout& full, int rank, int world, int64_t num_experts, const ParallelOptions& options);
+  // phases: the model's backward phases (backward_gradient_phases), one gradient group each; dense
+  // tensors of no phase form a last group. Null: one group of every dense tensor.
+  ParallelLayout(const ParamLayout& full, int rank, int world, int64_t num_experts, const ParallelOptions& options,
+                 const std::vector<GradientPhase>* phases = nullptr);
 
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -67,8 +85,22 @@ class ParallelLayout {
   // State entries that are this rank's expert pieces and the full entries they come from.
   const std::vector<std::pair<int, int>>& expert_pieces() const { return expert_pieces_; }  // (state, full)
 
-  // Full-layout entries of the dense tensors, in order.
+  // Full-layout entries of the dense tensors, in stream order (group after group).
   const std::vector<int>& dense_entries() const { return dense_entries_; }
+
+  // Gradient groups, in backward order. A group's buckets are [group_first_bucket, group_end_bucket).
+  int num_groups() const { return static_cast<int>(group_bucket_.size()) - 1; }
+  int group_first_bucket(int group) const { return group_bucket_[group]; }
+  int group_end_bucket(int group) const { return group_bucket_[group + 1]; }
+  // The group of phase p of the constructor's list, or -1 when it holds no dense trained tensor.
+  int group_of_phase(int phase) const;
+  // Values of a group's padded buckets back to back (world * piece_elements of each).
+  int64_t group_padded_elements(int group) const;
+  // Where bucket b starts in its group's padded region.
+  int64_t bucket_offset_in_group(int bucket) const;
+  // Group and element offset in the group's padded region of a dense tensor (full-layout entry);
+  // {-1, -1} for an expert tensor.
+  std::pair<int, int64_t> group_position(int full_entry) const;
 
   int num_buckets() const { return static_cast<int>(bucket_begin_.size()) - 1; }
   // Elements of every rank's piece of bucket b (the last rank's may hold padding past the end).
@@ -78,26 +110,30 @@ class ParallelLayout {
   // Bucket b of a full-layout buffer as world * piece_elements(b) values (zero past its end): the
   // reduce-scatter input.
   void pack_bucket(int bucket, const float* full, float* padded) const;
-  // Where this rank's piece of bucket b lives in its state buffer: pairs (state offset, count) in
-  // element order, piece_elements(b) values in all plus padding at the end.
-  const std::vector<std::pair<int64_t, int64_t>>& own_piece_in_state(int bucket) const {
+  // Where this rank's piece of bucket b lives in its state buffer, segment by segment in element
+  // order (the piece's other values are alignment gaps and padding, zero in every gradient).
+  const std::vector<OwnSegment>& own_piece_in_state(int bucket) const {
     return own_piece_state_[bucket];
   }
 
  private:
-  // Dense stream: the dense entries of the full layout in order; stream offset of each.
+  // The tensors' runs in stream range [begin, end), in_piece relative to begin.
   std::vector<Segment> stream_segments(int64_t begin, int64_t end) const;
 
   const ParamLayout& full_;
   int rank_, world_, ep_;
   int64_t experts_per_rank_ = 0;
   std::vector<int> dense_entries_;        // full entry index of each dense tensor, in order
-  std::vector<int64_t> dense_stream_;     // stream offset of each (size + 1)
+  std::vector<int64_t> dense_stream_;     // stream offset of each (aligned), then the stream's end
   std::vector<int64_t> bucket_begin_;     // stream offsets of bucket starts (size num_buckets + 1)
+  std::vector<int> group_bucket_;         // first bucket of each group (size num_groups + 1)
+  std::vector<int> phase_group_;          // group of each phase, or -1
+  std::vector<int> group_of_entry_;       // per full entry: its group, or -1
+  std::vector<int64_t> stream_of_entry_;  // per full entry: its stream offset, or -1
   ParamLayout state_;
   std::vector<std::pair<int, int>> expert_pieces_;
   int64_t dense_state_begin_ = 0;
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> own_piece_state_;
+  std::vector<std::vector<OwnSegment>> own_piece_state_;
 };
 
 }  // namespace deltamoe

@@ -47,7 +47,7 @@ TEST(ParallelLayout, EveryElementBelongsToExactlyOneRank) {
           // The rank's bucket pieces in state order are what reduce-scatter hands it.
           for (int b = 0; b < layout.num_buckets(); ++b) {
             int64_t in_state = 0;
-            for (const auto& [offset, count] : layout.own_piece_in_state(b)) in_state += count;
+            for (const auto& own : layout.own_piece_in_state(b)) in_state += own.count;
             int64_t in_segments = 0;
             for (const auto& segment : layout.piece_segments(b, r)) in_segments += segment.count;
             EXPECT_EQ(in_state, in_segments);
@@ -79,14 +79,21 @@ TEST(ParallelLayout, PackedBucketsHoldTheDenseElementsInOrder) {
   for (int b = 0; b < layout.num_buckets(); ++b) {
     std::vector<float> padded(static_cast<size_t>(2 * layout.piece_elements(b)));
     layout.pack_bucket(b, values.data(), padded.data());
+    std::vector<bool> covered(padded.size(), false);
     for (int r = 0; r < 2; ++r) {
-      int64_t at = r * layout.piece_elements(b);
       for (const auto& segment : layout.piece_segments(b, r)) {
-        for (int64_t i = 0; i < segment.count; ++i) EXPECT_EQ(padded[at + i], values[segment.full_offset + i]);
+        const int64_t at = r * layout.piece_elements(b) + segment.in_piece;
+        for (int64_t i = 0; i < segment.count; ++i) {
+          EXPECT_EQ(padded[at + i], values[segment.full_offset + i]);
+          covered[at + i] = true;
+        }
         dense.insert(dense.end(), padded.begin() + at, padded.begin() + at + segment.count);
-        at += segment.count;
       }
-      for (; at < (r + 1) * layout.piece_elements(b); ++at) EXPECT_EQ(padded[at], 0.0f) << "padding";
+    }
+    for (size_t i = 0; i < padded.size(); ++i) {
+      if (!covered[i]) {
+        EXPECT_EQ(padded[i], 0.0f) << "alignment gap or padding at " << i;
+      }
     }
   }
   std::vector<float> want;
@@ -95,6 +102,64 @@ TEST(ParallelLayout, PackedBucketsHoldTheDenseElementsInOrder) {
     want.insert(want.end(), values.begin() + entry.offset, values.begin() + entry.offset + entry.numel);
   }
   EXPECT_EQ(dense, want);
+}
+
+// With the backward phases given, each phase's dense tensors form one group, groups in phase order,
+// and a tensor's elements sit in its group's padded region exactly where the reduce-scatter of
+// their bucket reads them: the property that lets a rank reduce a phase's gradients in place.
+TEST(ParallelLayout, GroupsFollowTheBackwardPhasesAndLieBackToBack) {
+  ParamLayout full;
+  full.add("lm_head.weight", {5, 7});
+  full.add("model.embed_tokens.weight", {7, 5});
+  full.add("model.layers.0.input_layernorm.weight", {13});
+  full.add("model.layers.0.mlp.experts.gate_up_proj", {4, 6, 3});
+  full.add("model.layers.1.input_layernorm.weight", {13});
+  full.add("model.layers.1.linear_attn.in_proj.weight", {10, 10});
+  full.add("model.norm.weight", {13});
+  full.add("other.weight", {3});
+  const std::vector<GradientPhase> phases = {
+      {{GradientPhaseKind::text_head, 0}, {"lm_head.", "model.norm."}},
+      {{GradientPhaseKind::text_layer, 1}, {"model.layers.1."}},
+      {{GradientPhaseKind::text_layer, 0}, {"model.layers.0."}},
+      {{GradientPhaseKind::vision_merger, 0}, {"model.visual.merger."}},
+      {{GradientPhaseKind::text_embedding, 0}, {"model.embed_tokens."}},
+  };
+  for (const int world : {1, 2, 3, 8}) {
+    for (const int64_t bucket : {16, 50, 1000}) {
+      SCOPED_TRACE(str_cat("world ", world, " bucket ", bucket));
+      ParallelOptions options;
+      options.distributed_optimizer = true;
+      options.expert_parallel_size = world % 2 == 0 ? 2 : 1;
+      options.bucket_elements = bucket;
+      const ParallelLayout layout(full, 0, world, 4, options, &phases);
+      ASSERT_EQ(layout.num_groups(), 5);  // four phases with tensors and the rest ("other.weight")
+      EXPECT_EQ(layout.group_of_phase(0), 0);
+      EXPECT_EQ(layout.group_of_phase(2), 2);
+      EXPECT_EQ(layout.group_of_phase(3), -1);
+      EXPECT_EQ(layout.group_of_phase(4), 3);
+      EXPECT_EQ(layout.group_position(full.find("model.norm.weight")).first, 0);
+      EXPECT_EQ(layout.group_position(full.find("model.layers.1.linear_attn.in_proj.weight")).first, 1);
+      EXPECT_EQ(layout.group_position(full.find("other.weight")).first, 4);
+      for (int g = 0; g < layout.num_groups(); ++g) {
+        int64_t at = 0;
+        for (int b = layout.group_first_bucket(g); b < layout.group_end_bucket(g); ++b) {
+          EXPECT_EQ(layout.bucket_offset_in_group(b), at);
+          for (int r = 0; r < world; ++r) {
+            for (const auto& segment : layout.piece_segments(b, r)) {
+              const auto [group, position] = layout.group_position(segment.full_entry);
+              EXPECT_EQ(group, g);
+              EXPECT_EQ(position % kFlatAlignmentElements, 0);
+              EXPECT_EQ(position + segment.tensor_begin, at + r * layout.piece_elements(b) + segment.in_piece);
+            }
+          }
+          at += world * layout.piece_elements(b);
+        }
+        EXPECT_EQ(layout.group_padded_elements(g), at);
+      }
+      EXPECT_EQ(layout.group_position(full.find("model.layers.0.mlp.experts.gate_up_proj")).first,
+                options.expert_parallel_size > 1 ? -1 : 2);
+    }
+  }
 }
 
 TEST(ParallelLayout, BadLayoutsAreRefusedNamingTheFlag) {

@@ -7,8 +7,10 @@
 #include <set>
 
 #include "core/error.h"
+#include "model/gradient_phases.h"
 #include "model/param_table.h"
 #include "optim/param_layout.h"
+#include "train/sharded_region.h"
 #include "train/trainable_params.h"
 #include "model/text/text_weights.h"
 #include "model/vision/vision_weights.h"
@@ -46,30 +48,36 @@ void plan_rank_state_bytes(const ModelConfig& config, const FreezeOptions& freez
   std::set<std::string> read_in_f32 = text_params_read_in_f32(config.text, config.text_prefix());
   if (config.has_vision)
     for (const std::string& name : vision_params_read_in_f32(config.vision, kVisionPrefix)) read_in_f32.insert(name);
-  size_t all = 0, expert_trained = 0, dense_trained = 0, f32_copies = 0;
+  // The rank's layout as the engine builds it (rank 0; every rank's pieces differ by a few
+  // elements of padding at most).
+  ParamLayout full;
+  size_t all = 0, f32_copies = 0;
   for (const ParamSpec& spec : build_param_table(config)) {
     const bool expert = ep > 1 && is_routed_expert_tensor(spec.name);
     const size_t numel = aligned_elements(spec.shape.numel() / (expert ? ep : 1));
-    const bool trained = !is_frozen(spec.name, freeze);
     all += numel;
-    if (trained) {
-      (expert ? expert_trained : dense_trained) += numel;
-      const ParamGroup group = param_group(spec.name);
-      plan->vit_trained = plan->vit_trained || group == ParamGroup::vit;
-      plan->merger_trained = plan->merger_trained || group == ParamGroup::aligner;
-    }
     if (read_in_f32.count(spec.name) != 0) f32_copies += numel;  // frozen, or trained with the master elsewhere
+    if (is_frozen(spec.name, freeze)) continue;
+    full.add(spec.name, spec.shape.to_vector());
+    const ParamGroup group = param_group(spec.name);
+    plan->vit_trained = plan->vit_trained || group == ParamGroup::vit;
+    plan->merger_trained = plan->merger_trained || group == ParamGroup::aligner;
   }
-  const size_t w = static_cast<size_t>(world);
-  const size_t dense_here = (dense_trained + w - 1) / w;
-  const size_t bucket = std::min<size_t>(static_cast<size_t>(layout.bucket_elements), dense_trained);
+  CHECK(full.num_tensors() > 0, "plan: every parameter is frozen; nothing would be trained");
+  const std::vector<GradientPhase> phases = backward_gradient_phases(config);
+  const ParallelLayout rank(full, 0, world, config.text.num_experts, layout, &phases);
+  const size_t state = static_cast<size_t>(rank.state().total_numel());
+  const size_t experts = static_cast<size_t>(rank.dense_state_begin());
+  const ShardedRegion region =
+      plan_sharded_region(rank, [&](const std::string& name) { return read_in_f32.count(name) != 0; });
   plan->weights = 2 * all;
-  plan->master = 4 * (expert_trained + dense_here);
-  plan->gradients = 4 * (expert_trained + dense_trained);
-  plan->moments = 2 * dtype_size(moment_dtype) * (expert_trained + dense_here);
+  plan->master = 4 * state;
+  // The expert slices' gradients, then the region every dense gradient group takes in turn (and the
+  // weight all-gather stages in at the step end).
+  plan->gradients = 4 * aligned_elements(static_cast<int64_t>(experts)) + static_cast<size_t>(region.bytes());
+  plan->moments = 2 * dtype_size(moment_dtype) * state;
   plan->frozen_f32 = 4 * f32_copies;
-  // Reduced pieces (fp32) and their bf16 staging; one bucket of fp32 and of bf16 for the collectives.
-  plan->sharding = (4 + 2) * dense_here + (4 + 2) * ((bucket + w - 1) / w) * w;
+  plan->sharding = 4 * (state - experts);  // the reduced dense pieces, summed over the micro-batches
 }
 
 ParallelMemoryPlan plan_parallel_memory(const ModelConfig& config, const EngineOptions& options,
@@ -95,21 +103,25 @@ ParallelMemoryPlan plan_parallel_memory(const ModelConfig& config, const EngineO
     plan.text = estimate_text_bytes(config.text, engine.max_tokens, planned_max_sequences(engine), 0,
                                     engine.loss_chunk_rows, engine.recompute);
   }
-  // State: experts 1/EP per rank; dense weights replicated, their fp32 state 1/world under ZeRO-2.
-  size_t expert_all = 0, expert_trained = 0, dense_all = 0, dense_trained = 0;
-  for (const ParamSpec& spec : build_param_table(config)) {
-    const size_t numel = aligned_elements(spec.shape.numel());
-    const bool expert = is_routed_expert_tensor(spec.name), trained = !is_frozen(spec.name, options.freeze);
-    (expert ? expert_all : dense_all) += numel;
-    if (trained) (expert ? expert_trained : dense_trained) += numel;
+  if (parallel.layout.distributed_optimizer) {
+    // State: the GPU engine's own plan of a rank (its layout, its gradient region, its buffers).
+    plan_rank_state_bytes(config, options.freeze, options.adamw.moment_dtype, world, parallel.layout, &plan);
+  } else if (world > 1 || ep > 1) {
+    // Replicated dense state (layout (c) of the design: the engine refuses it; planned to compare):
+    // experts 1/EP with their whole state, every dense tensor's state on every rank.
+    size_t expert_all = 0, expert_trained = 0, dense_all = 0, dense_trained = 0;
+    for (const ParamSpec& spec : build_param_table(config)) {
+      const size_t numel = aligned_elements(spec.shape.numel());
+      const bool expert = is_routed_expert_tensor(spec.name), trained = !is_frozen(spec.name, options.freeze);
+      (expert ? expert_all : dense_all) += numel;
+      if (trained) (expert ? expert_trained : dense_trained) += numel;
+    }
+    const size_t here = expert_trained / static_cast<size_t>(ep) + dense_trained;
+    plan.weights = 2 * (expert_all / static_cast<size_t>(ep) + dense_all);
+    plan.master = 4 * here;
+    plan.gradients = 4 * here;
+    plan.moments = 2 * dtype_size(options.adamw.moment_dtype) * here;
   }
-  const size_t dense_shards = parallel.layout.distributed_optimizer ? static_cast<size_t>(world) : 1;
-  const size_t moment = 2 * dtype_size(options.adamw.moment_dtype);
-  const size_t experts_here = expert_trained / static_cast<size_t>(ep), dense_here = dense_trained / dense_shards;
-  plan.weights = 2 * (expert_all / static_cast<size_t>(ep) + dense_all);
-  plan.master = 4 * (experts_here + dense_here);
-  plan.gradients = 4 * (experts_here + dense_here);
-  plan.moments = moment * (experts_here + dense_here);
   // Activations under full recompute are the engine's own layout (text_activations.h): the fp32
   // input of every layer plus one shared set per layer type.
   const TextConfig& text = config.text;

@@ -1,10 +1,13 @@
 // The layout-aware planner against the hand-computed per-GPU totals of the layout study for
 // Qwen3.5-35B-A3B on 8 GPUs at 8192 tokens per GPU (text micro-batches; states + activations at
-// ~0.9 GiB per layer + EP rows and buffers + 3.8 GiB of workspace and reserve): every total of (a)
-// EP8 + ZeRO-2 and (c) EP8 with replicated dense state within 5% (7% under full recompute: fp32 layer
-// inputs, see below), the state rows to 1%, and the
-// conclusion that on 80 GB parts (78 GiB usable) only bf16 moments with full recompute fit. One GPU
-// without a layout is the single-GPU planner unchanged.
+// ~0.9 GiB per layer + EP rows and buffers + 3.8 GiB of workspace and reserve; its workspace was
+// measured on 2 x 4,096-token samples): the totals of (a) EP8 + ZeRO-2 within 5% without recompute
+// and with full recompute, within 6% with selective recompute, (c) EP8 with replicated dense state
+// (planned to compare; the engine refuses it) within 8% — the reasons are written at the check —
+// the state rows as the study counts them plus the two terms it left out (the fp32 copy of the
+// token embedding and the gradient region), and the conclusion that on 80 GB parts (78 GiB usable)
+// only bf16 moments with full recompute fit. One GPU without a layout is the single-GPU planner
+// unchanged.
 #include "train/parallel_memory_plan.h"
 
 #include <gtest/gtest.h>
@@ -24,6 +27,7 @@ ParallelMemoryPlan plan_35b(bool zero2, DType moments, RecomputeChoice recompute
   EngineOptions options;
   options.freeze = FreezeOptions{false, false, false};
   options.max_tokens = 8192;
+  options.max_samples = 2;  // the study's workspace (1.3 GiB) was measured on 2 x 4,096-token samples
   options.adamw.moment_dtype = moments;
   ParallelPlanOptions parallel;
   parallel.world = 8;
@@ -56,11 +60,16 @@ TEST(ParallelMemoryPlan, ReproducesTheDesignTable) {
     std::printf("  (%s) %s moments, recompute %-6s: %6.1f GiB, study %6.1f (%+.1f%%)%s\n", cell.zero2 ? "a" : "c",
                 cell.moments == DType::bf16 ? "bf16" : "fp32", recompute_choice_name(cell.recompute), got,
                 cell.study_gib, 100 * relative, got <= 78 ? "  fits 80 GB" : "");
-    // Full recompute is planned from the engine's own layout (text_activations.h), which keeps each
-    // layer's input in fp32 (the residual stream's precision, so that a recomputed layer is bitwise
-    // the kept one): 39 x 64 MiB where the study counted bf16 checkpoints, +1.2 GiB (+1.7% at 71 GiB)
-    // on top of the GDN chunk-state workspace the planner sizes for 1,024 packed sequences.
-    EXPECT_LE(std::fabs(relative), cell.recompute == RecomputeChoice::full ? 0.07 : 0.05);
+    // The planner is the engine's (its activation layout matched measured peaks at 8 layers to
+    // 0.4 GiB, docs/performance.md); the study rounds activations up: 0.9 GiB per layer (36 GiB)
+    // where its own breakdown (GDN 0.77, attention 0.60) gives ~30.6 like the engine, and ~0.5 GiB
+    // per layer under selective recompute where its breakdown drops 0.38 of a GDN layer's 0.77.
+    // So the no-recompute and selective totals come out lower (more so for (c), whose study row
+    // adds the same rounding to a different state); full recompute is higher by the two state terms
+    // the study left out (StatesSplitAsTheDesignCountsThem) and the engine's one shared set per
+    // layer type beside the fp32 layer inputs.
+    const double tolerance = !cell.zero2 ? 0.08 : cell.recompute == RecomputeChoice::selective ? 0.06 : 0.05;
+    EXPECT_LE(std::fabs(relative), tolerance);
     // 80 GB parts: only layout (a) with bf16 moments and full recompute.
     const bool should_fit = cell.zero2 && cell.moments == DType::bf16 && cell.recompute == RecomputeChoice::full;
     EXPECT_EQ(got <= 78, should_fit);
@@ -71,8 +80,16 @@ TEST(ParallelMemoryPlan, StatesSplitAsTheDesignCountsThem) {
   // The study's state rows. (a) fp32: experts 67.5 GiB (w 7.5, master 15, grad 15, m+v 30) + dense 10.8 = 78.3; bf16: 61.9.
   const ParallelMemoryPlan fp32 = plan_35b(true, DType::f32, RecomputeChoice::none);
   const ParallelMemoryPlan bf16 = plan_35b(true, DType::bf16, RecomputeChoice::none);
-  EXPECT_NEAR(gib(fp32.plan.state()), 78.3, 0.8);
-  EXPECT_NEAR(gib(bf16.plan.state()), 61.9, 0.6);
+  // Beyond the study's rows, a rank holds the fp32 working copy of the token embedding (its rows
+  // enter the fp32 residual stream; the master is sharded) and the region the dense gradient groups
+  // take in turn, as large as the largest group: lm_head's 248,320 x 2,048 fp32 gradient.
+  const double embedding = 248320.0 * 2048 * 4 / (1024.0 * 1024 * 1024);
+  // (with the routers, norms and position table, also read in fp32: 0.09 GiB)
+  EXPECT_NEAR(gib(fp32.plan.frozen_f32), embedding + 0.09, 0.01);
+  const double region = gib(fp32.plan.gradients) - gib(4 * size_t{32} * 40 * 3 * 512 * 2048);
+  EXPECT_NEAR(region, embedding, 0.01);
+  EXPECT_NEAR(gib(fp32.plan.state()) - gib(fp32.plan.frozen_f32) - region, 78.3, 0.8);
+  EXPECT_NEAR(gib(bf16.plan.state()) - gib(bf16.plan.frozen_f32) - region, 61.9, 0.6);
   EXPECT_NEAR(gib(fp32.plan.weights), 7.5 + 5.4, 0.13);
   // (c): dense state replicated: 116.0 / 90.2 minus activations is what the state adds.
   const ParallelMemoryPlan replicated = plan_35b(false, DType::f32, RecomputeChoice::none);
@@ -102,8 +119,9 @@ TEST(ParallelMemoryPlan, OneGpuIsTheSingleGpuPlanner) {
 }
 
 // The GPU engine's own plan of a rank (plan_rank_state_bytes): experts 1/EP with their whole
-// state, dense bf16 weights and fp32 gradients in full, dense master and moments 1/N, and it agrees
-// with the ParallelLayout the engine holds (tiny, 4 ranks, EP 4 and EP 2).
+// state, dense bf16 weights in full, dense master, moments and reduced gradient 1/N, and one
+// gradient region for the dense groups instead of the whole dense gradient; and it agrees with the
+// ParallelLayout the engine holds (tiny, 4 ranks, EP 4 and EP 2).
 TEST(ParallelMemoryPlan, RankStateIsWhatTheGpuEngineHolds) {
   const ModelConfig big = model_config_preset("qwen3.5-35b-a3b");
   const FreezeOptions none{false, false, false};
@@ -112,14 +130,12 @@ TEST(ParallelMemoryPlan, RankStateIsWhatTheGpuEngineHolds) {
   ep8.distributed_optimizer = true;
   MemoryPlan rank;
   plan_rank_state_bytes(big, none, DType::f32, 8, ep8, &rank);
-  const ParallelMemoryPlan design = plan_35b(true, DType::f32, RecomputeChoice::none);
-  EXPECT_EQ(rank.weights, design.plan.weights);  // own experts + every dense tensor, bf16
-  EXPECT_NEAR(gib(rank.master), gib(design.plan.master), 0.01);
-  EXPECT_NEAR(gib(rank.moments), gib(design.plan.moments), 0.01);
-  // The full dense fp32 gradient stays (reduce-scatter at the step end): 7/8 of it more than the design.
-  const double dense_grad_piece = gib(design.plan.gradients) - 15.0;  // the design's experts: 15 GiB
-  EXPECT_NEAR(gib(rank.gradients) - gib(design.plan.gradients), 7.0 * dense_grad_piece, 0.2);
-  EXPECT_GT(rank.sharding, 0u);
+  const double experts = gib(4 * size_t{32} * 40 * 3 * 512 * 2048);  // this rank's 32 experts per layer, fp32
+  const double dense = 2.895e9 * 4 / (1024.0 * 1024 * 1024);          // every other trained parameter, fp32
+  EXPECT_NEAR(gib(rank.master), experts + dense / 8, 0.02);
+  EXPECT_NEAR(gib(rank.sharding), dense / 8, 0.02);  // the reduced pieces
+  // The whole dense gradient (10.8 GiB) never exists: one group at a time, the largest lm_head's.
+  EXPECT_NEAR(gib(rank.gradients) - experts, 248320.0 * 2048 * 4 / (1024.0 * 1024 * 1024), 0.01);
 
   ModelConfig tiny = model_config_preset("tiny");
   ParamLayout full;

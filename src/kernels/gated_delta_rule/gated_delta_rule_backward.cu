@@ -1,6 +1,6 @@
 // CUDA backward of the chunked gated delta rule, following chunk_backward in the chunked CPU
 // reference: recompute the forward chunk quantities and states, a reverse scan over chunks for
-// dL/dH and dV_new, then chunk-local gradients; products on tensor cores (gdn_mma.cuh, TF32 with
+// dL/dH and dV_new, then chunk-local gradients; products on tensor cores (gdn_mma.cuh, bf16 with
 // fp32 operands split in two), gates and reductions in fp32.
 #include <algorithm>
 
@@ -13,21 +13,25 @@ namespace deltamoe {
 namespace gdn_cuda {
 namespace {
 
-// Shared tiles of the reverse state scan carrying kCols state columns per block: 64 (~172 KB,
-// Hopper) or 32 (~135 KB, fits sm_80's 163 KB).
+// Shared tiles of the reverse state scan carrying kCols = kScanCols state columns per block
+// (~161 KB: fits sm_80's 163 KB, so one variant serves both).
 template <int kCols>
 struct DScanSmem {
-  static constexpr int kStride = kCols + 8;  // rows of the column slices (fp32 or bf16)
+  static constexpr int kStride = kCols + 4;      // rows of the fp32 column slices (row-major B)
+  static constexpr int kBf16ColStride = kCols + 8;  // bf16 rows: 16-byte aligned for the copies
   float dh[kD * kStride];         // columns [col0, col0 + kCols) of dL/dH
   float w[kChunk * kF32StrideT];  // W of the chunk (read transposed)
   __nv_bfloat16 q[kChunk * kBf16Stride];
   __nv_bfloat16 k[kChunk * kBf16Stride];
   float p[kChunk * kSqStrideT];   // P (read transposed)
-  __nv_bfloat16 d_o[kChunk * kStride];
+  __nv_bfloat16 d_o[kChunk * kBf16ColStride];
   float d_o_scaled[kChunk * kStride];  // scale e^gamma_i do_i
   float dvn[kChunk * kStride];
   float gamma[kChunk];
 };
+
+static_assert(sizeof(DScanSmem<kScanCols>) <= 163 * 1024,
+              "the reverse scan's shared tiles must fit sm_80's 163 KB per block");
 
 // Grid (N, Hv, ceil(Dv / kCols)). Reverse scan over the chunks of one sequence carrying kCols
 // columns of dL/dH. Per chunk (last first): stores dH leaving the chunk, then
@@ -39,6 +43,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                        const __nv_bfloat16* k, const __nv_bfloat16* d_o,
                        const float* d_final_state, float* d_initial_state, Workspace ws) {
   constexpr int kStride = DScanSmem<kCols>::kStride;
+  constexpr int kBf16ColStride = DScanSmem<kCols>::kBf16ColStride;
   const int n = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kCols;
   const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
   const int kh = key_head_of(s, h), tid = threadIdx.x, warp = tid >> 5;
@@ -63,7 +68,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               static_cast<int64_t>(Hk) * Dk, ci.len, Dk);
     load_tile(sm.p, kSqStrideT, kChunk, kChunk,
               ws.p + (static_cast<int64_t>(c) * Hv + h) * kChunk * kChunk, kChunk, kChunk, kChunk);
-    load_tile(sm.d_o, kStride, kChunk, kCols, d_o + row_first * Dv + col0,
+    load_tile(sm.d_o, kBf16ColStride, kChunk, kCols, d_o + row_first * Dv + col0,
               static_cast<int64_t>(Hv) * Dv, ci.len, cols);
     for (int i = tid; i < kChunk; i += kThreads) {
       const bool valid = i < ci.len;
@@ -98,7 +103,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int idx = tid; idx < kChunk * kCols; idx += kThreads) {
       const int i = idx / kCols, e = idx % kCols;
       sm.d_o_scaled[i * kStride + e] =
-          scale * expf(sm.gamma[i]) * __bfloat162float(sm.d_o[i * kStride + e]);
+          scale * expf(sm.gamma[i]) * __bfloat162float(sm.d_o[i * kBf16ColStride + e]);
     }
     {
       // dV_new: 64 x kCols, warp tile rows 16 (warp % 4), columns kCols / 2 (warp / 4).
@@ -110,7 +115,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for_each_acc<1, NT>(m0, n0, [&](int mt, int nt, int r, int j, int) {
         acc[mt][nt][r] *= j < len ? expf(g_last - sm.gamma[j]) : 0.0f;
       });
-      warp_mma<1, NT, kChunk>(acc, transposed<kSqStrideT>(sm.p), m0, rows_of<kStride>(sm.d_o), n0);
+      warp_mma<1, NT, kChunk>(acc, transposed<kSqStrideT>(sm.p), m0, rows_of<kBf16ColStride>(sm.d_o), n0);
       for_each_acc<1, NT>(m0, n0, [&](int mt, int nt, int r, int j, int e) {
         if (j < len && e < cols)
           ws.dv_new[(row_first + static_cast<int64_t>(j) * Hv) * Dv + col0 + e] = acc[mt][nt][r];
@@ -153,13 +158,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// Shared tiles of the state-gradient kernel (~154 KB).
+// Shared tiles of the state-gradient kernel (~103 KB: two blocks per SM, so that one block's
+// copies overlap the other's products). x holds d_o and q (two bf16 tiles), then dV_new, then V_new.
 struct StatesSmem {
   float h[kD * kF32Stride];  // H, then dH (rows d, read transposed as B)
-  float x[kChunk * kF32Stride];  // dV_new, then V_new
-  __nv_bfloat16 d_o[kChunk * kBf16Stride];
-  __nv_bfloat16 q[kChunk * kBf16Stride];
-  __nv_bfloat16 k[kChunk * kBf16Stride];
+  float x[kChunk * kF32Stride];
   float gamma[kChunk];
   float s_q[kChunk], s_k[kChunk];
   float h_dot_dh[kThreads / 32];  // per warp, summed in warp order (deterministic)
@@ -170,7 +173,7 @@ struct StatesSmem {
 //   dk_j = e^(gamma_last - gamma_j) dH v_new_j  (into dk_acc)
 //   dW_i = -H dV_new_i                          (overwrites W)
 // and the matching d gamma parts (into ws.dgamma).
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 2)
     grads_states_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
                         const __nv_bfloat16* k, const __nv_bfloat16* d_o, Workspace ws) {
   const int chunk = blockIdx.x, h = blockIdx.y;
@@ -183,13 +186,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
   const int64_t qk_first = (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk;
   const int64_t state_first = (static_cast<int64_t>(chunk) * Hv + h) * Dk * Dv;
+  static_assert(2 * kChunk * kBf16Stride * sizeof(__nv_bfloat16) <= sizeof(StatesSmem::x),
+                "d_o and q must fit the x tile");
+  auto* d_o_tile = reinterpret_cast<__nv_bfloat16*>(sm.x);
+  auto* q_tile = d_o_tile + kChunk * kBf16Stride;
   load_tile(sm.h, kF32Stride, kD, kD, ws.h + state_first, Dv, Dk, Dv);
-  load_tile(sm.x, kF32Stride, kChunk, kD, ws.dv_new + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
+  load_tile(d_o_tile, kBf16Stride, kChunk, kD, d_o + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
             len, Dv);
-  load_tile(sm.d_o, kBf16Stride, kChunk, kD, d_o + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
-            len, Dv);
-  load_tile(sm.q, kBf16Stride, kChunk, kD, q + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
-  load_tile(sm.k, kBf16Stride, kChunk, kD, k + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
+  load_tile(q_tile, kBf16Stride, kChunk, kD, q + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
   if (tid < kChunk) {
     sm.gamma[tid] = tid < len ? ws.gamma[row_first + static_cast<int64_t>(tid) * Hv] : 0.0f;
     sm.s_q[tid] = sm.s_k[tid] = 0.0f;
@@ -201,16 +205,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc[1][8][4], part[1][8][4];
   // dq_i = e^gamma_i sum_e do_ie H_de.
   zero_acc(acc);
-  warp_mma<1, 8, kD>(acc, rows_of<kBf16Stride>(sm.d_o), m0, transposed<kF32Stride>(sm.h), n0);
+  warp_mma<1, 8, kD>(acc, rows_of<kBf16Stride>(d_o_tile), m0, transposed<kF32Stride>(sm.h), n0);
   for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
     const float value = expf(sm.gamma[i]) * acc[mt][nt][r];
     part[mt][nt][r] = 0.0f;
     if (i < len && d < Dk) {
       ws.dq_acc[(row_first + static_cast<int64_t>(i) * Hv) * Dk + d] = value;
-      part[mt][nt][r] = scale * __bfloat162float(sm.q[i * kBf16Stride + d]) * value;
+      part[mt][nt][r] = scale * __bfloat162float(q_tile[i * kBf16Stride + d]) * value;
     }
   });
   add_row_sums(part, m0, sm.s_q);
+  __syncthreads();  // d_o and q are done: dV_new takes their place
+  load_tile(sm.x, kF32Stride, kChunk, kD, ws.dv_new + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
+            len, Dv);
+  wait_tile_loads();
+  __syncthreads();
   // dW_i = -sum_e dV_new_ie H_de.
   zero_acc(acc);
   warp_mma<1, 8, kD>(acc, rows_of<kF32Stride>(sm.x), m0, transposed<kF32Stride>(sm.h), n0);
@@ -259,7 +268,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             len, Dv);
   wait_tile_loads();
   __syncthreads();
-  // dk_j = e^(gamma_last - gamma_j) sum_e v_new_je dH_de.
+  // dk_j = e^(gamma_last - gamma_j) sum_e v_new_je dH_de. k has no shared tile here (two blocks
+  // per SM leave no room): its values come from global memory (L2), the two of a pair at once.
   zero_acc(acc);
   warp_mma<1, 8, kD>(acc, rows_of<kF32Stride>(sm.x), m0, transposed<kF32Stride>(sm.h), n0);
   for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int j, int d) {
@@ -267,7 +277,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (j < len && d < Dk) {
       const float value = expf(g_last - sm.gamma[j]) * acc[mt][nt][r];
       ws.dk_acc[(row_first + static_cast<int64_t>(j) * Hv) * Dk + d] = value;
-      part[mt][nt][r] = __bfloat162float(sm.k[j * kBf16Stride + d]) * value;
+      const __nv_bfloat16 k_value = k[qk_first + static_cast<int64_t>(j) * Hk * Dk + d];
+      part[mt][nt][r] = __bfloat162float(k_value) * value;
     }
   });
   add_row_sums(part, m0, sm.s_k);
@@ -544,15 +555,11 @@ void run_backward(const GatedDeltaRuleShape& shape, float scale, const __nv_bflo
   launch_state_scan(shape, k, initial_state, nullptr, ws, stream);
   mark_stage(marks, "backward recompute state scan", stream);
   // Reverse scan: dH per chunk, dV_new, and d_initial_state (= d_final_state without tokens).
-  if (sizeof(DScanSmem<64>) <= device_smem_limit()) {
-    const dim3 grid(shape.num_seqs, shape.num_value_heads, (shape.value_dim + 63) / 64);
-    allow_smem(dstate_scan_kernel<64>, sizeof(DScanSmem<64>));
-    dstate_scan_kernel<64><<<grid, kThreads, sizeof(DScanSmem<64>), stream>>>(
-        shape, scale, q, k, d_o, d_final_state, d_initial_state, ws);
-  } else {
-    const dim3 grid(shape.num_seqs, shape.num_value_heads, (shape.value_dim + 31) / 32);
-    allow_smem(dstate_scan_kernel<32>, sizeof(DScanSmem<32>));
-    dstate_scan_kernel<32><<<grid, kThreads, sizeof(DScanSmem<32>), stream>>>(
+  {
+    // 64 state columns per block fit sm_80's 163 KB too (checked at compile time above).
+    const dim3 grid(shape.num_seqs, shape.num_value_heads, (shape.value_dim + kScanCols - 1) / kScanCols);
+    allow_smem(dstate_scan_kernel<kScanCols>, sizeof(DScanSmem<kScanCols>));
+    dstate_scan_kernel<kScanCols><<<grid, kThreads, sizeof(DScanSmem<kScanCols>), stream>>>(
         shape, scale, q, k, d_o, d_final_state, d_initial_state, ws);
   }
   CUDA_CHECK_LAUNCH();

@@ -1,6 +1,6 @@
 // CUDA forward of the chunked gated delta rule: chunk table, per-chunk UT/WY preparation
-// (A = (I + L)^-1, W, U, P), the sequential state scan over chunks (64-column slices of the state
-// in parallel) and the chunk outputs; the products run on tensor cores (gdn_mma.cuh, TF32 with
+// (A = (I + L)^-1, W, U, P), the sequential state scan over chunks (32-column slices of the state
+// in parallel) and the chunk outputs; the products run on tensor cores (gdn_mma.cuh, bf16 with
 // fp32 operands split in two), the triangular inverse and the gates in fp32.
 #include <algorithm>
 #include <cstdlib>
@@ -99,7 +99,7 @@ __device__ void invert_unit_lower(const float* l, float* a, float* scratch) {
 // Grid (max_chunks, Hv). Builds gamma, P = (scale q_i . k_j) e^(gamma_i - gamma_j) (j <= i),
 // A = (I + L)^-1 with L_ij = beta_i (k_i . k_j) e^(gamma_i - gamma_j) (j < i), W = A diag(beta
 // e^gamma) K and U = A diag(beta) V of one chunk and head. K K^T and Q K^T run on tensor cores
-// with exact bf16 operands; the inverse is fp32 FMA; W and U split A into two TF32 parts.
+// with exact bf16 operands; the inverse is fp32 FMA; W and U split A into two bf16 parts.
 __global__ void __launch_bounds__(kThreads, 2)
     prepare_chunks_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
                           const __nv_bfloat16* k, const __nv_bfloat16* v, const float* g,
@@ -171,12 +171,17 @@ __global__ void __launch_bounds__(kThreads, 2)
   });
 }
 
-// Shared tiles of the forward state scan carrying kScanCols = 64 state columns (~125 KB, fits
-// sm_80's 163 KB). Each half of a chunk's work runs while the other half's inputs are copied in;
+// State columns one forward-scan block carries. The scan is a chain of dependent steps per
+// block, bound by latency rather than issue: 32 columns (4 blocks per head) halve each block's
+// step and let two blocks share an SM, against one block of 64 columns.
+constexpr int kStateScanCols = 32;
+
+// Shared tiles of the forward state scan carrying kStateScanCols state columns (~87 KB: two
+// blocks per SM). Each half of a chunk's work runs while the other half's inputs are copied in;
 // on the H200 this measured faster than double-buffering all inputs (0.62 against 0.64 ms).
 struct ScanSmem {
-  static constexpr int kStride = kScanCols + 8;
-  float h[kD * kStride];              // state columns [col0, col0 + 64) of H
+  static constexpr int kStride = kStateScanCols + 4;  // row-major B (see gdn_mma.cuh)
+  float h[kD * kStride];              // state columns [col0, col0 + kStateScanCols) of H
   float w[kChunk * kF32Stride];       // W of the chunk
   __nv_bfloat16 k[kChunk * kBf16Stride];
   float u[kChunk * kStride];          // U, same columns
@@ -191,7 +196,7 @@ __device__ void issue_vnew_inputs(ScanSmem& sm, const GatedDeltaRuleShape& s, co
   const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
   load_tile(sm.w, kF32Stride, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
             ci.len, Dk);
-  load_tile(sm.u, ScanSmem::kStride, kChunk, kScanCols, ws.v_new + row_first * Dv + col0,
+  load_tile(sm.u, ScanSmem::kStride, kChunk, kStateScanCols, ws.v_new + row_first * Dv + col0,
             static_cast<int64_t>(Hv) * Dv, ci.len, cols);
   for (int i = threadIdx.x; i < kChunk; i += blockDim.x) {
     const bool valid = i < ci.len;
@@ -211,13 +216,14 @@ __device__ void issue_state_input(ScanSmem& sm, const GatedDeltaRuleShape& s,
   cp_async_commit();
 }
 
-// Grid (N, Hv, ceil(Dv / 64)). Carries 64 columns of one head's state through the chunks of one
-// sequence (state columns evolve independently): stores the state entering each chunk, turns U
-// into V_new = U - W H and advances H <- e^gamma_last H + K^T diag(e^(gamma_last - gamma)) V_new.
-__global__ void __launch_bounds__(kThreads, 1)
+// Grid (N, Hv, ceil(Dv / kStateScanCols)). Carries kStateScanCols columns of one head's state
+// through the chunks of one sequence (state columns evolve independently): stores the state
+// entering each chunk, turns U into V_new = U - W H and advances
+// H <- e^gamma_last H + K^T diag(e^(gamma_last - gamma)) V_new.
+__global__ void __launch_bounds__(kThreads, 2)
     state_scan_kernel(GatedDeltaRuleShape s, const __nv_bfloat16* k, const float* initial_state,
                       float* final_state, Workspace ws) {
-  constexpr int kCols = kScanCols, kStride = ScanSmem::kStride;
+  constexpr int kCols = kStateScanCols, kStride = ScanSmem::kStride;
   const int n = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kCols;
   const int Dk = s.key_dim, Dv = s.value_dim, Hv = s.num_value_heads;
   const int tid = threadIdx.x, warp = tid >> 5;
@@ -242,22 +248,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // chunk c's V_new inputs are in; everybody is done with chunk c - 1
     issue_state_input(sm, s, k, ci, h);
     float* h_out = ws.h + (static_cast<int64_t>(c) * Hv + h) * Dk * Dv + col0;
-    for (int idx = tid; idx < Dk * kCols; idx += kThreads) {
-      const int d = idx / kCols, e = idx % kCols;
-      if (e < cols) h_out[static_cast<int64_t>(d) * Dv + e] = sm.h[d * kStride + e];
+    if (Dv % 4 == 0) {
+      // cols and col0 are multiples of 4 here, so are the rows of h_out: 16-byte stores.
+      for (int idx = tid; idx < Dk * kCols / 4; idx += kThreads) {
+        const int d = idx / (kCols / 4), e = 4 * (idx % (kCols / 4));
+        if (e < cols)
+          *reinterpret_cast<float4*>(h_out + static_cast<int64_t>(d) * Dv + e) =
+              *reinterpret_cast<const float4*>(&sm.h[d * kStride + e]);
+      }
+    } else {
+      for (int idx = tid; idx < Dk * kCols; idx += kThreads) {
+        const int d = idx / kCols, e = idx % kCols;
+        if (e < cols) h_out[static_cast<int64_t>(d) * Dv + e] = sm.h[d * kStride + e];
+      }
     }
     const float g_last = sm.gamma[len - 1];
     {
-      // V_new = U - W H: 64 x 64, warp tile rows 16 (warp % 4), columns 32 (warp / 4).
-      const int m0 = 16 * (warp & 3), n0 = 32 * (warp >> 2);
-      float acc[1][4][4];
+      // V_new = U - W H: 64 x 32, warp tile rows 16 (warp % 4), columns 16 (warp / 4).
+      constexpr int kNT = kCols / 16;
+      const int m0 = 16 * (warp & 3), n0 = (kCols / 2) * (warp >> 2);
+      float acc[1][kNT][4];
       zero_acc(acc);
-      warp_mma<1, 4, kD>(acc, rows_of<kF32Stride>(sm.w), m0, rows_of<kStride>(sm.h), n0);
-      for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
+      warp_mma<1, kNT, kD>(acc, rows_of<kF32Stride>(sm.w), m0, rows_of<kStride>(sm.h), n0);
+      // This lane's rows are m0 + g and m0 + g + 8: their decays once, not per element.
+      const int row0 = m0 + ((tid & 31) >> 2);
+      const float decay[2] = {row0 < len ? expf(g_last - sm.gamma[row0]) : 0.0f,
+                              row0 + 8 < len ? expf(g_last - sm.gamma[row0 + 8]) : 0.0f};
+      for_each_acc<1, kNT>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
         const float value = sm.u[i * kStride + e] - acc[mt][nt][r];
         if (i < len && e < cols)
           ws.v_new[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = value;
-        sm.vn[i * kStride + e] = i < len ? expf(g_last - sm.gamma[i]) * value : 0.0f;
+        sm.vn[i * kStride + e] = decay[r >> 1] * value;
       });
     }
     __syncthreads();  // W, U, gamma are free; V_new is complete
@@ -269,15 +290,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
     {
-      // H: 128 x 64, warp tile rows 16 warp, all 64 columns.
+      // H: 128 x kCols, warp tile rows 16 warp, all kCols columns.
+      constexpr int kNT = kCols / 8;
       const int m0 = 16 * warp;
       const float chunk_decay = expf(g_last);
-      float acc[1][8][4];
-      for_each_acc<1, 8>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
+      float acc[1][kNT][4];
+      for_each_acc<1, kNT>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
         acc[mt][nt][r] = chunk_decay * sm.h[d * kStride + e];
       });
-      warp_mma<1, 8, kChunk>(acc, transposed<kBf16Stride>(sm.k), m0, rows_of<kStride>(sm.vn), 0);
-      for_each_acc<1, 8>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
+      warp_mma<1, kNT, kChunk>(acc, transposed<kBf16Stride>(sm.k), m0, rows_of<kStride>(sm.vn), 0);
+      for_each_acc<1, kNT>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
         sm.h[d * kStride + e] = acc[mt][nt][r];
       });
     }
@@ -420,7 +442,8 @@ void launch_prepare_chunks(const GatedDeltaRuleShape& s, float scale, const __nv
 void launch_state_scan(const GatedDeltaRuleShape& s, const __nv_bfloat16* k,
                        const float* initial_state, float* final_state, const Workspace& ws,
                        cudaStream_t stream) {
-  const dim3 grid(s.num_seqs, s.num_value_heads, (s.value_dim + kScanCols - 1) / kScanCols);
+  const dim3 grid(s.num_seqs, s.num_value_heads,
+                  (s.value_dim + kStateScanCols - 1) / kStateScanCols);
   allow_smem(state_scan_kernel, sizeof(ScanSmem));
   state_scan_kernel<<<grid, kThreads, sizeof(ScanSmem), stream>>>(s, k, initial_state, final_state,
                                                                   ws);

@@ -1,7 +1,7 @@
 // GPU test of the chunked gated delta rule kernels (forward and backward) against both CPU
 // references (chunked and recurrent) on the same bf16-rounded inputs: packed 1/63/64/65/130-token
 // sequences, odd head dims, initial/final states, many short sequences, T=1, an empty sequence,
-// the sm_80 (163 KB shared memory) kernel variants, and the Qwen3.5-35B head shape at
+// every kernel within sm_80's 163 KB of shared memory, and the Qwen3.5-35B head shape at
 // T = 2 x 4096 (checked on one key head's slice) with whole and per-stage timing.
 #include <gtest/gtest.h>
 
@@ -282,9 +282,6 @@ void run_case(const GdnCase& c) {
         std::printf("  STAGE%s %-40s %8.3f ms\n", variant, stage.name.c_str(), stage.ms);
     };
     print_stages("");
-    setenv("DELTAMOE_GDN_SMALL_SMEM", "1", 1);
-    print_stages(" (sm_80 variants)");
-    unsetenv("DELTAMOE_GDN_SMALL_SMEM");
   }
 }
 
@@ -310,8 +307,8 @@ TEST(GatedDeltaRuleGpu, ManyShortSequences) {
   run_case({lengths, 2, 4, 32, 32, false});
 }
 
-// The kernel variants chosen where a block may use at most 163 KB of shared memory (sm_80:
-// the 32-column reverse scan), forced on this GPU.
+// Every kernel within the 163 KB of shared memory a block may use on sm_80, forced on this GPU
+// (a kernel asking for more fails its launch check).
 TEST(GatedDeltaRuleGpu, Sm80SharedMemoryVariants) {
   setenv("DELTAMOE_GDN_SMALL_SMEM", "1", 1);
   run_case({{1, 63, 64, 65, 130}, 1, 3, 37, 45, true});

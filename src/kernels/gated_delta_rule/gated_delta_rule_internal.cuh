@@ -19,13 +19,15 @@ constexpr int kChunk = kGatedDeltaRuleChunkSize;  // 64 tokens
 constexpr int kThreads = 256;                     // threads of every block (8 warps)
 constexpr int kD = kGatedDeltaRuleCudaMaxHeadDim;  // every head dim is zero-padded to 128 in shared
 constexpr int kScanCols = 64;  // state columns one scan block carries (Dv / 64 blocks per head)
-// Shared row strides (elements), chosen so that the mma fragment reads hit distinct banks:
+// Shared row strides (elements), chosen so that the mma fragment reads (gdn_mma.cuh, warp_mma)
+// hit distinct banks: fp32 tiles whose k-adjacent pairs lie side by side in a row (row-major A,
+// transposed B) take 8 (mod 32) words per row, those whose pairs lie one row apart 4 (mod 32).
 constexpr int kBf16Stride = kD + 8;       // [64][128] bf16 tiles (q, k, v, d_o)
-constexpr int kF32Stride = kD + 4;        // [rows][128] fp32 tiles read as row-major A
-constexpr int kF32StrideT = kD + 8;       // [rows][128] fp32 tiles read transposed or as B
-constexpr int kSqStride = kChunk + 4;     // [64][64] fp32 (A, L, P, dA, ...)
-constexpr int kSqStrideT = kChunk + 8;    // [64][64] fp32 read transposed
-constexpr int kColStride = kScanCols + 8;  // [rows][64] column slices (fp32 or bf16)
+constexpr int kF32Stride = kD + 8;        // [rows][128] fp32 tiles read as row-major A / transposed B
+constexpr int kF32StrideT = kD + 4;       // [rows][128] fp32 tiles read as transposed A / row-major B
+constexpr int kSqStride = kChunk + 8;     // [64][64] fp32 (A, L, P, dA, ...) read as row-major A
+constexpr int kSqStrideT = kChunk + 4;    // [64][64] fp32 read as transposed A
+constexpr int kColStride = kScanCols + 4;  // [rows][64] column slices (fp32 or bf16), row-major B
 
 // One chunk: tokens [t0, t0 + len) of sequence `seq`.
 struct ChunkInfo {
@@ -66,9 +68,9 @@ size_t carve_workspace(const GatedDeltaRuleShape& shape, bool backward, void* ba
 
 void check_shape(const char* op, const GatedDeltaRuleShape& shape);
 
-// Shared memory one block may opt into on the current device; the kernels that have a
-// wider Hopper variant (the reverse scan) pick the variant that fits. DELTAMOE_GDN_SMALL_SMEM=1
-// pretends sm_80's 163 KB so that the H200 can test the sm_80 variants.
+// Shared memory one block may opt into on the current device. Every kernel here fits sm_80's
+// 163 KB (one kernel per stage for both architectures); DELTAMOE_GDN_SMALL_SMEM=1 pretends that
+// limit so that the H200 proves it (allow_smem fails loudly past it).
 size_t device_smem_limit();
 
 // Optional CUDA events between stages, for the stage-time benchmark (null everywhere else).
@@ -143,10 +145,8 @@ __device__ inline void load_chunk_gates(const float* g, const float* beta, int64
 // Raises a kernel's dynamic shared memory limit (the big tiles need more than the default 48 KB).
 template <typename Kernel>
 void allow_smem(Kernel kernel, size_t bytes) {
-  int device = 0, limit = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  CHECK(bytes <= static_cast<size_t>(limit), "gated_delta_rule_cuda: needs ", bytes,
+  const size_t limit = device_smem_limit();
+  CHECK(bytes <= limit, "gated_delta_rule_cuda: needs ", bytes,
         " bytes of shared memory per block, the device allows ", limit);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(bytes)));

@@ -1,8 +1,9 @@
-// Tensor-core building blocks of the gated delta rule kernels: warp tiles of mma.sync m16n8k8 TF32
-// (sm_80 and newer) over shared-memory views, with fp32 operands split into hi + lo TF32 parts so
-// that products keep ~fp32 accuracy (bf16 operands are exact in TF32 and are never split).
-// Fragment coordinates (lane = 4 g + t): A (g | g+8, t | t+4); B (k = t | t+4, n = g);
-// C (g | g+8, 2t | 2t+1).
+// Tensor-core building blocks of the gated delta rule kernels: warp tiles of mma.sync m16n8k16
+// bf16 (sm_80 and newer) over shared-memory views, with fp32 operands split into hi + lo bf16
+// parts so that products keep ~fp32 accuracy (bf16 operands are exact and are never split).
+// Fragment coordinates (lane = 4 g + t): A (g | g+8, k 2t,2t+1 | 2t+8,2t+9); B (k 2t,2t+1 |
+// 2t+8,2t+9, n = g); C (g | g+8, 2t | 2t+1). Each register holds two k-adjacent elements, the
+// lower k in the low half.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,14 +17,57 @@ namespace deltamoe::gdn_cuda {
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
+__device__ __forceinline__ uint32_t bits_of(__nv_bfloat162 x) {
+  return *reinterpret_cast<const uint32_t*>(&x);
+}
+
+// (x0, x1) = hi + lo with hi the nearest bf16 pair (x - hi is exact in fp32) and lo the nearest
+// bf16 pair to the rest: ~16 significant bits, an error of <= 2^-18 |x| (the lo * lo product the
+// warp tile drops is of the same order).
+__device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const float2 hf = __bfloat1622float2(h);
+  hi = bits_of(h);
+  lo = bits_of(__floats2bfloat162_rn(x0 - hf.x, x1 - hf.y));
+}
+
 // A shared-memory matrix view: element (r, c) at ptr[r * kRowStride + c * kColStride]. fp32
-// views are split into two TF32 parts in the products; bf16 views are exact as they are.
+// views are split into two bf16 parts in the products; bf16 views are exact as they are.
 template <typename T, int kRowStride, int kColStride>
 struct SmemView {
   const T* ptr;
   static constexpr bool kSplit = std::is_same_v<T, float>;
   __device__ __forceinline__ float operator()(int r, int c) const {
     return to_float(ptr[r * kRowStride + c * kColStride]);
+  }
+  // Elements (r, c) and (r + kDr, c + kDc) (k-adjacent: kDr + kDc == 1) as one fragment
+  // register pair (hi, lo); lo is 0 for bf16 views. A pair that is adjacent in memory is read
+  // with one access (the offsets used by warp_mma keep it aligned).
+  template <int kDr, int kDc>
+  __device__ __forceinline__ void pair(int r, int c, uint32_t& hi, uint32_t& lo) const {
+    const T* at = ptr + r * kRowStride + c * kColStride;
+    constexpr int kStep = kDr * kRowStride + kDc * kColStride;
+    if constexpr (kSplit) {
+      float x0, x1;
+      if constexpr (kStep == 1) {
+        const float2 x = *reinterpret_cast<const float2*>(at);
+        x0 = x.x;
+        x1 = x.y;
+      } else {
+        x0 = at[0];
+        x1 = at[kStep];
+      }
+      split_bf16(x0, x1, hi, lo);
+    } else {
+      if constexpr (kStep == 1) {
+        hi = *reinterpret_cast<const uint32_t*>(at);
+      } else {
+        const uint32_t x0 = *reinterpret_cast<const uint16_t*>(at);
+        const uint32_t x1 = *reinterpret_cast<const uint16_t*>(at + kStep);
+        hi = x0 | (x1 << 16);
+      }
+      lo = 0;
+    }
   }
 };
 
@@ -38,28 +82,9 @@ __device__ __forceinline__ SmemView<T, 1, kStride> transposed(const T* p) {
   return {p};
 }
 
-// x rounded to TF32 (10 mantissa bits, ties away from zero) with two integer operations: adding
-// half a TF32 ulp to the magnitude bits carries into the kept bits exactly when rounding up.
-__device__ __forceinline__ uint32_t round_to_tf32(float x) {
-  return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-}
-
-// x = hi + lo with hi the nearest TF32 value (x - hi is exact in fp32); lo keeps the next 11
-// bits (its own low bits are dropped by the tensor core, an error of ~2^-21 |x|).
-template <bool kSplit>
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  if constexpr (kSplit) {
-    hi = round_to_tf32(x);
-    lo = __float_as_uint(x - __uint_as_float(hi));
-  } else {
-    hi = __float_as_uint(x);  // bf16 values: exact
-    lo = 0;
-  }
-}
-
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -76,45 +101,48 @@ __device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
 }
 
 // acc[MT x 16 rows][NT x 8 cols] += A[m0.., 0..kK) B[0..kK, n0..) for one warp. kK is a multiple
-// of 8; the views must hold zeros wherever the math has no entry (padding rows and columns).
-// Split operands cost one more mma each: hi*hi + lo*hi + hi*lo (lo*lo ~2^-22 is dropped).
+// of 16; the views must hold zeros wherever the math has no entry (padding rows and columns).
+// Split operands cost one more mma each: hi*hi + lo*hi + hi*lo (lo*lo ~2^-18 is dropped).
+// Strides: a pair adjacent in memory (row-major A, transposed B) reads conflict-free with a row
+// stride of 8 (mod 32) words, a pair one row apart (transposed A, row-major B) with 4 (mod 32).
 template <int MT, int NT, int kK, typename ViewA, typename ViewB>
 __device__ __forceinline__ void warp_mma(float (&acc)[MT][NT][4], ViewA a, int m0, ViewB b, int n0) {
+  static_assert(kK % 16 == 0, "warp_mma: kK must be a multiple of 16");
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll 2
-  for (int k0 = 0; k0 < kK; k0 += 8) {
+  for (int k0 = 0; k0 < kK; k0 += 16) {
     uint32_t a_hi[MT][4], a_lo[MT][4], b_hi[NT][2], b_lo[NT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      const int row = m0 + 16 * mt + g;
-      split_tf32<ViewA::kSplit>(a(row, k0 + t), a_hi[mt][0], a_lo[mt][0]);
-      split_tf32<ViewA::kSplit>(a(row + 8, k0 + t), a_hi[mt][1], a_lo[mt][1]);
-      split_tf32<ViewA::kSplit>(a(row, k0 + t + 4), a_hi[mt][2], a_lo[mt][2]);
-      split_tf32<ViewA::kSplit>(a(row + 8, k0 + t + 4), a_hi[mt][3], a_lo[mt][3]);
+      const int row = m0 + 16 * mt + g, k = k0 + 2 * t;
+      a.template pair<0, 1>(row, k, a_hi[mt][0], a_lo[mt][0]);
+      a.template pair<0, 1>(row + 8, k, a_hi[mt][1], a_lo[mt][1]);
+      a.template pair<0, 1>(row, k + 8, a_hi[mt][2], a_lo[mt][2]);
+      a.template pair<0, 1>(row + 8, k + 8, a_hi[mt][3], a_lo[mt][3]);
     }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const int col = n0 + 8 * nt + g;
-      split_tf32<ViewB::kSplit>(b(k0 + t, col), b_hi[nt][0], b_lo[nt][0]);
-      split_tf32<ViewB::kSplit>(b(k0 + t + 4, col), b_hi[nt][1], b_lo[nt][1]);
+      const int col = n0 + 8 * nt + g, k = k0 + 2 * t;
+      b.template pair<1, 0>(k, col, b_hi[nt][0], b_lo[nt][0]);
+      b.template pair<1, 0>(k + 8, col, b_hi[nt][1], b_lo[nt][1]);
     }
     // Pass by pass over the tiles, so that back-to-back mmas go to different accumulators.
     if constexpr (ViewA::kSplit) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a_lo[mt], b_hi[nt][0], b_hi[nt][1]);
+        for (int nt = 0; nt < NT; ++nt) mma_bf16(acc[mt][nt], a_lo[mt], b_hi[nt][0], b_hi[nt][1]);
     }
     if constexpr (ViewB::kSplit) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a_hi[mt], b_lo[nt][0], b_lo[nt][1]);
+        for (int nt = 0; nt < NT; ++nt) mma_bf16(acc[mt][nt], a_hi[mt], b_lo[nt][0], b_lo[nt][1]);
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[mt][nt], a_hi[mt], b_hi[nt][0], b_hi[nt][1]);
+      for (int nt = 0; nt < NT; ++nt) mma_bf16(acc[mt][nt], a_hi[mt], b_hi[nt][0], b_hi[nt][1]);
   }
 }
 

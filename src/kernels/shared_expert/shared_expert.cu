@@ -253,7 +253,51 @@ void shared_expert_forward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
   const ForwardBuffers b = take_forward_buffers(carve, T, C, I);
   if (lora != nullptr && !lora->any()) lora = nullptr;
   run_forward(handle, x, gate_proj, up_proj, down_proj, expert_gate, b, T, C, I, stream, lora);
-  scale_output_kernel<<<elementwise_grid(T * C), 256, 0, stream>>>(b.out, b.logit, y, accumulate, C, T * C);
+  shared_expert_forward_apply_cuda(SharedExpertPending{b.out, b.logit}, y, accumulate, T, C, stream);
+}
+
+size_t shared_expert_pending_bytes(int64_t num_tokens, int64_t hidden) {
+  return align256(static_cast<size_t>(num_tokens * hidden) * sizeof(float)) +
+         align256(static_cast<size_t>(num_tokens) * sizeof(float));
+}
+
+SharedExpertPending shared_expert_pending_in(void* memory, size_t bytes, int64_t num_tokens, int64_t hidden) {
+  CHECK(num_tokens >= 0 && hidden >= 1, "shared_expert: pending output for T=", num_tokens, " C=", hidden);
+  CHECK(memory != nullptr && bytes >= shared_expert_pending_bytes(num_tokens, hidden), "shared_expert: pending output of ",
+        bytes, " bytes", memory == nullptr ? " (null)" : "", " for T=", num_tokens, " C=", hidden, ", need ",
+        shared_expert_pending_bytes(num_tokens, hidden));
+  WorkspaceCarver carve(memory, bytes);
+  SharedExpertPending pending;
+  pending.out = carve.take<float>(num_tokens * hidden);
+  pending.logit = carve.take<float>(num_tokens);
+  return pending;
+}
+
+void shared_expert_forward_products_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
+                                         const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
+                                         const __nv_bfloat16* expert_gate, const SharedExpertPending& pending,
+                                         int64_t num_tokens, int64_t hidden, int64_t intermediate, void* workspace,
+                                         size_t workspace_bytes, cudaStream_t stream, const SharedExpertLora* lora) {
+  check_sizes("shared_expert_forward_products_cuda", num_tokens, hidden, intermediate);
+  if (num_tokens == 0) return;
+  CHECK(pending.out != nullptr && pending.logit != nullptr, "shared_expert_forward_products_cuda: no pending output");
+  const int64_t T = num_tokens, C = hidden, I = intermediate;
+  // The same carving as the fused call (out and logit carved but unused), so the products see
+  // identically aligned operands.
+  WorkspaceCarver carve(workspace, workspace_bytes);
+  ForwardBuffers b = take_forward_buffers(carve, T, C, I);
+  b.out = pending.out;
+  b.logit = pending.logit;
+  if (lora != nullptr && !lora->any()) lora = nullptr;
+  run_forward(handle, x, gate_proj, up_proj, down_proj, expert_gate, b, T, C, I, stream, lora);
+}
+
+void shared_expert_forward_apply_cuda(const SharedExpertPending& pending, __nv_bfloat16* y, bool accumulate,
+                                      int64_t num_tokens, int64_t hidden, cudaStream_t stream) {
+  CHECK(num_tokens >= 0 && hidden >= 1, "shared_expert_forward_apply_cuda: bad sizes T=", num_tokens, " C=", hidden);
+  if (num_tokens == 0) return;
+  const int64_t T = num_tokens, C = hidden;
+  scale_output_kernel<<<elementwise_grid(T * C), 256, 0, stream>>>(pending.out, pending.logit, y, accumulate, C, T * C);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -46,6 +46,30 @@ void shared_expert_forward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
                                 int64_t hidden, int64_t intermediate, void* workspace, size_t workspace_bytes,
                                 cudaStream_t stream, const SharedExpertLora* lora = nullptr);
 
+// The forward in two calls, for a caller that runs other work between the shared expert's
+// products and their sum with y (the expert-parallel MoE block computes the shared expert while
+// the host waits for the exchanged row counts, before the routed experts' y exists).
+// shared_expert_forward_products_cuda leaves the ungated fp32 output out [T, C] and the fp32 gate
+// logit [T] in `pending`; shared_expert_forward_apply_cuda then adds sigmoid(logit) out to y (or
+// writes it) with the kernel shared_expert_forward_cuda ends with, so the result is bitwise that
+// of the fused call. The workspace is shared_expert_forward_workspace_bytes' size; `pending` must
+// stay untouched between the two calls.
+struct SharedExpertPending {
+  float* out = nullptr;    // [T, C]
+  float* logit = nullptr;  // [T]
+};
+size_t shared_expert_pending_bytes(int64_t num_tokens, int64_t hidden);
+// Carves the two arrays for `num_tokens` tokens from `memory` (shared_expert_pending_bytes).
+SharedExpertPending shared_expert_pending_in(void* memory, size_t bytes, int64_t num_tokens, int64_t hidden);
+void shared_expert_forward_products_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
+                                         const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
+                                         const __nv_bfloat16* expert_gate, const SharedExpertPending& pending,
+                                         int64_t num_tokens, int64_t hidden, int64_t intermediate, void* workspace,
+                                         size_t workspace_bytes, cudaStream_t stream,
+                                         const SharedExpertLora* lora = nullptr);
+void shared_expert_forward_apply_cuda(const SharedExpertPending& pending, __nv_bfloat16* y, bool accumulate,
+                                      int64_t num_tokens, int64_t hidden, cudaStream_t stream);
+
 // dy [T, C] bf16 -> dx [T, C] bf16 written (accumulate_dx false) or added to; d_gate_proj,
 // d_up_proj [I, C], d_down_proj [C, I], d_expert_gate [1, C] f32 added to (each may be null: a
 // frozen weight, its product skipped). Recomputes activations (with the adapters' terms); the

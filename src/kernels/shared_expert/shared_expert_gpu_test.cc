@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/cuda_check.h"
@@ -114,6 +115,45 @@ TEST(SharedExpertGpu, MatchesReference) {
   check_shared(handle.get(), 37, 53, 19, 20);      // odd everything
   check_shared(handle.get(), 600, 96, 40, 30);     // more than two token chunks of the gate gradient
   check_shared(handle.get(), 128, 2048, 512, 40);  // Qwen3.5-35B-A3B widths
+}
+
+// The forward in two calls (products into a pending buffer, other work, then apply) gives the
+// fused call's y bitwise, written and added to: the expert-parallel MoE block relies on it to stay
+// bitwise equal to one rank.
+void check_split_forward(cublasHandle_t handle, int64_t T, int64_t C, int64_t I, uint64_t seed) {
+  const float wc = 1.0f / std::sqrt(static_cast<float>(C)), wi = 1.0f / std::sqrt(static_cast<float>(I));
+  DeviceTensor x_d = to_device(random_bf16_exact({T, C}, seed), DType::bf16);
+  DeviceTensor gate_d = to_device(random_bf16_exact({I, C}, seed + 1, wc), DType::bf16);
+  DeviceTensor up_d = to_device(random_bf16_exact({I, C}, seed + 2, wc), DType::bf16);
+  DeviceTensor down_d = to_device(random_bf16_exact({C, I}, seed + 3, wi), DType::bf16);
+  DeviceTensor eg_d = to_device(random_bf16_exact({1, C}, seed + 4, wc), DType::bf16);
+  const HostTensor y_init = random_bf16_exact({T, C}, seed + 6, 0.5f);
+  DeviceBuffer ws(shared_expert_forward_workspace_bytes(T, C, I));
+  DeviceBuffer pending_memory(shared_expert_pending_bytes(T, C));
+  const SharedExpertPending pending = shared_expert_pending_in(pending_memory.data(), pending_memory.bytes(), T, C);
+  for (bool accumulate : {false, true}) {
+    DeviceTensor fused = to_device(y_init, DType::bf16), split = to_device(y_init, DType::bf16);
+    shared_expert_forward_cuda(handle, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d),
+                               bf16_ptr(eg_d), bf16_mut(fused), accumulate, T, C, I, ws.data(), ws.bytes(), nullptr);
+    shared_expert_forward_products_cuda(handle, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d),
+                                        bf16_ptr(eg_d), pending, T, C, I, ws.data(), ws.bytes(), nullptr);
+    // Other work reusing the workspace in between must not matter.
+    device_fill_bytes(TensorView(ws.data(), DType::u8, {static_cast<int64_t>(ws.bytes())}, Device::cuda), 0xFF);
+    shared_expert_forward_apply_cuda(pending, bf16_mut(split), accumulate, T, C, nullptr);
+    device_synchronize();
+    const HostTensor want = to_host(fused.view), got = to_host(split.view);
+    ASSERT_EQ(want.numel(), got.numel());
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), static_cast<size_t>(want.numel()) * 2), 0)
+        << "T=" << T << " C=" << C << " I=" << I << " accumulate=" << accumulate;
+  }
+}
+
+TEST(SharedExpertGpu, SplitForwardIsTheFusedForwardBitwise) {
+  CublasHandle handle;
+  check_split_forward(handle.get(), 1, 64, 32, 50);
+  check_split_forward(handle.get(), 37, 53, 19, 60);
+  check_split_forward(handle.get(), 512, 2048, 512, 70);  // Qwen3.5-35B-A3B widths
+  EXPECT_THROW(shared_expert_pending_in(nullptr, 0, 4, 8), Error);
 }
 
 TEST(SharedExpertGpu, BadSizesAreRefused) {

@@ -31,7 +31,8 @@ uint64_t name_stream(const std::string& name) {
 
 }  // namespace
 
-DeviceParams::DeviceParams(const std::vector<DeviceParamSpec>& specs, bool master_elsewhere)
+DeviceParams::DeviceParams(const std::vector<DeviceParamSpec>& specs, bool master_elsewhere,
+                           const GradientPlacement* gradients)
     : master_elsewhere_(master_elsewhere) {
   for (const DeviceParamSpec& spec : specs) {
     CHECK(index_.count(spec.name) == 0, "device params: '", spec.name, "' is listed twice");
@@ -47,7 +48,19 @@ DeviceParams::DeviceParams(const std::vector<DeviceParamSpec>& specs, bool maste
     } else {
       CHECK(spec.full_first == 0, "device params: '", spec.name, "' has a slice start but no whole size");
     }
-    if (spec.trained) slot.trained_index = trained_.add(spec.name, spec.shape);
+    if (spec.trained) {
+      slot.trained_index = trained_.add(spec.name, spec.shape);
+      slot.grad_offset = trained_.entry(slot.trained_index).offset;
+      if (gradients != nullptr) {
+        const auto at = gradients->offset.find(spec.name);
+        CHECK(at != gradients->offset.end(), "device params: no gradient place for trained '", spec.name, "'");
+        CHECK(at->second >= 0 && at->second + slot.numel <= gradients->elements, "device params: the gradient of '",
+              spec.name, "' at ", at->second, " overruns the ", gradients->elements, " placed elements");
+        slot.grad_offset = at->second;
+        const auto aliased = gradients->aliased.find(spec.name);
+        slot.grad_aliased = aliased != gradients->aliased.end() && aliased->second;
+      }
+    }
     if ((!spec.trained || master_elsewhere) && spec.needs_f32) {
       slot.frozen_offset = frozen_layout_.entry(frozen_layout_.add(spec.name, spec.shape)).offset;
     }
@@ -56,7 +69,7 @@ DeviceParams::DeviceParams(const std::vector<DeviceParamSpec>& specs, bool maste
   }
   weights_ = DeviceBuffer(static_cast<size_t>(weights_layout_.total_numel()) * 2);
   master_ = DeviceBuffer(master_elsewhere ? 0 : static_cast<size_t>(trained_.total_numel()) * 4);
-  grads_ = DeviceBuffer(static_cast<size_t>(trained_.total_numel()) * 4);
+  grads_ = DeviceBuffer(static_cast<size_t>(gradients != nullptr ? gradients->elements : trained_.total_numel()) * 4);
   frozen_f32_ = DeviceBuffer(static_cast<size_t>(frozen_layout_.total_numel()) * 4);
   for (DeviceBuffer* buffer : {&weights_, &master_, &grads_, &frozen_f32_})
     CUDA_CHECK(cudaMemset(buffer->data(), 0, buffer->bytes()));
@@ -78,7 +91,7 @@ DeviceParam DeviceParams::param(const std::string& name, bool needs_f32) const {
   if (s.trained_index >= 0) {
     const int64_t offset = trained_.entry(s.trained_index).offset;
     if (!master_elsewhere_) p.f32 = master_.as<float>() + offset;
-    p.grad = grads_.as<float>() + offset;
+    p.grad = grads_.as<float>() + s.grad_offset;
   }
   if (s.frozen_offset >= 0) p.f32 = frozen_f32_.as<float>() + s.frozen_offset;
   CHECK(!needs_f32 || p.f32 != nullptr, "device params: '", name, "' is read in fp32 but has no fp32 values ",
@@ -167,10 +180,11 @@ void DeviceParams::zero_gradients(cudaStream_t stream) const {
 std::vector<float> DeviceParams::read_gradient(const std::string& name) const {
   const Slot& s = slot(name);
   CHECK(s.trained_index >= 0, "device params: '", name, "' is frozen and has no gradient");
+  CHECK(!s.grad_aliased, "device params: the gradient of '", name, "' is reduce-scattered during the backward and ",
+        "shares its memory; read this rank's reduced piece instead");
   std::vector<float> host(static_cast<size_t>(s.numel));
   CUDA_CHECK(cudaDeviceSynchronize());
-  CUDA_CHECK(cudaMemcpy(host.data(), grads_.as<float>() + trained_.entry(s.trained_index).offset, host.size() * 4,
-                        cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(host.data(), grads_.as<float>() + s.grad_offset, host.size() * 4, cudaMemcpyDeviceToHost));
   return host;
 }
 

@@ -40,6 +40,16 @@ struct DeviceParamSpec {
   int64_t full_numel = 0;
 };
 
+// Where the trained tensors' gradients live when the gradient buffer is not simply the trained
+// layout: its size and every trained tensor's offset. Tensors marked aliased share memory with
+// others (a parallel rank's dense gradients, reduce-scattered phase by phase during the backward,
+// device_train_state.h): their full gradient never exists at once and cannot be read back.
+struct GradientPlacement {
+  int64_t elements = 0;
+  std::unordered_map<std::string, int64_t> offset;
+  std::unordered_map<std::string, bool> aliased;
+};
+
 struct DeviceParamBytes {
   size_t weights = 0;     // bf16, every tensor
   size_t master = 0;      // fp32, trained tensors
@@ -51,7 +61,9 @@ class DeviceParams {
  public:
   // Allocates every buffer (zeros). Names must be unique. master_elsewhere: no fp32 master here
   // (master() is null); trained tensors read in fp32 get an fp32 working copy instead.
-  explicit DeviceParams(const std::vector<DeviceParamSpec>& specs, bool master_elsewhere = false);
+  // gradients: where each trained tensor's gradient lives (null: the trained layout).
+  explicit DeviceParams(const std::vector<DeviceParamSpec>& specs, bool master_elsewhere = false,
+                        const GradientPlacement* gradients = nullptr);
   DeviceParams(const DeviceParams&) = delete;
   DeviceParams& operator=(const DeviceParams&) = delete;
 
@@ -76,7 +88,8 @@ class DeviceParams {
                    cudaStream_t stream) const;
   bool master_elsewhere() const { return master_elsewhere_; }
 
-  // The trained tensors' flat layout (master and gradients share it) and buffers.
+  // The trained tensors' flat layout (master and, unless placed otherwise, gradients share it) and
+  // buffers.
   const ParamLayout& trained_layout() const { return trained_; }
   float* master() const { return master_.as<float>(); }
   float* gradients() const { return grads_.as<float>(); }
@@ -98,7 +111,9 @@ class DeviceParams {
     DeviceParamSpec spec;
     int64_t numel = 0;
     int64_t weight_offset = 0;  // in weights_ (bf16 elements)
-    int trained_index = -1;     // in trained_ (master, gradients)
+    int trained_index = -1;     // in trained_ (master; gradients unless placed elsewhere)
+    int64_t grad_offset = -1;   // in grads_ (fp32 elements), trained tensors
+    bool grad_aliased = false;  // shares its gradient memory with other tensors
     int64_t frozen_offset = -1;  // in frozen_f32_ (fp32 elements), or -1
   };
   const Slot& slot(const std::string& name) const;

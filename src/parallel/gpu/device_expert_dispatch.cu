@@ -134,6 +134,8 @@ DeviceExpertDispatcher::DeviceExpertDispatcher(Communicator& ep, int64_t num_exp
   send_expert_ = DeviceBuffer(std::max<int64_t>(slots, 1) * sizeof(int32_t));
   staging_ = DeviceBuffer(std::max<int64_t>(slots, 1) * capacity.max_row_bytes);
   CUDA_CHECK(cudaMallocHost(&host_counts_, 4 * ep.size() * sizeof(int64_t)));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&counts_stream_, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaEventCreateWithFlags(&counts_exchanged_, cudaEventDisableTiming));
   plans_.resize(num_plans);
   for (PlanMemory& p : plans_) {
     p.routing = DeviceBuffer(moe_routing_plan_bytes(std::max<int64_t>(slots, 1), ep.size(), 1));
@@ -149,14 +151,27 @@ void DeviceExpertDispatcher::check_row_bytes(DType dtype, int64_t width) const {
 }
 
 DeviceExpertDispatcher::~DeviceExpertDispatcher() {
+  // A started plan's copy may still be in flight into host_counts_: let it land first.
+  if (counts_stream_ != nullptr) {
+    cudaStreamSynchronize(counts_stream_);
+    cudaStreamDestroy(counts_stream_);
+  }
+  if (counts_exchanged_ != nullptr) cudaEventDestroy(counts_exchanged_);
   if (host_counts_ != nullptr) cudaFreeHost(host_counts_);
 }
 
 const DeviceExpertDispatchPlan& DeviceExpertDispatcher::plan(int index, const int32_t* topk_idx, int64_t num_tokens) {
+  start_plan(index, topk_idx, num_tokens);
+  return finish_plan(index);
+}
+
+void DeviceExpertDispatcher::start_plan(int index, const int32_t* topk_idx, int64_t num_tokens) {
   CHECK(index >= 0 && index < static_cast<int>(plans_.size()), "expert dispatch: plan ", index, " of ",
         plans_.size());
+  // counts_ and host_counts_ hold one plan's counts: the previous plan must be finished.
+  CHECK(started_.index < 0, "expert dispatch: plan ", index, " started while plan ", started_.index,
+        " is not finished");
   PlanMemory& memory = plans_[index];
-  DeviceExpertDispatchPlan& result = memory.plan;
   const int n = ep_.size();
   const int64_t top_k = capacity_.top_k;
   CHECK(num_tokens >= 0 && num_tokens <= capacity_.max_tokens, "expert dispatch: ", num_tokens,
@@ -178,10 +193,29 @@ const DeviceExpertDispatchPlan& DeviceExpertDispatcher::plan(int index, const in
   counts_kernel<<<1, 1024, 0, stream_>>>(slots > 0 ? routing.expert_offsets : nullptr, n, bad, counts);
   CUDA_CHECK_LAUNCH();
   ep_.all_to_all(counts, counts + 2 * n, 2, DType::i64, CommStream{stream_});
-  CUDA_CHECK(cudaMemcpyAsync(host_counts_, counts, 4 * n * sizeof(int64_t), cudaMemcpyDeviceToHost, stream_));
-  // The plan's one host sync: the counts size every transfer that follows.
-  ep_.synchronize(CommStream{stream_});
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  // The copy waits for the exchange, not for what the caller enqueues on stream_ next.
+  CUDA_CHECK(cudaEventRecord(counts_exchanged_, stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(counts_stream_, counts_exchanged_, 0));
+  CUDA_CHECK(cudaMemcpyAsync(host_counts_, counts, 4 * n * sizeof(int64_t), cudaMemcpyDeviceToHost, counts_stream_));
+  started_ = StartedPlan{index, topk_idx, num_tokens};
+}
+
+const DeviceExpertDispatchPlan& DeviceExpertDispatcher::finish_plan(int index) {
+  CHECK(started_.index == index, "expert dispatch: finishing plan ", index, " but ",
+        started_.index < 0 ? std::string("none") : str_cat("plan ", started_.index), " was started");
+  const StartedPlan started = started_;
+  started_ = StartedPlan{};
+  PlanMemory& memory = plans_[index];
+  DeviceExpertDispatchPlan& result = memory.plan;
+  const int n = ep_.size();
+  const int64_t top_k = capacity_.top_k;
+  const int64_t num_tokens = started.num_tokens, slots = num_tokens * top_k;
+  const MoeRoutingPlan routing = moe_routing_plan_in(memory.routing.data(), std::max<int64_t>(slots, 1), n, 1);
+  // The plan's one host sync: the counts size every transfer that follows. The communicator's
+  // wait polls with its abort and deadline checks; the stream sync after it returns at once then
+  // (it covers communicators whose synchronize does not wait).
+  ep_.synchronize(CommStream{counts_stream_});
+  CUDA_CHECK(cudaStreamSynchronize(counts_stream_));
 
   // Every rank sees every rank's first invalid slot, so all refuse together with one message.
   for (int p = 0; p < n; ++p) {
@@ -211,7 +245,7 @@ const DeviceExpertDispatchPlan& DeviceExpertDispatcher::plan(int index, const in
     throw CommAborted(reason);
   }
   // The expert id of every row travels with the plan.
-  gather_rows(topk_idx, routing.sorted_slot, 1, send_expert_.data(), slots, sizeof(int32_t), stream_);
+  gather_rows(started.topk_idx, routing.sorted_slot, 1, send_expert_.data(), slots, sizeof(int32_t), stream_);
   exchange_rows(send_expert_.data(), result.send_counts, memory.recv_expert.data(), result.recv_counts, DType::i32, 1);
   return result;
 }

@@ -1,8 +1,11 @@
 // Expert-parallel token exchange on device buffers: the device form of ExpertDispatcher
 // (parallel/expert_dispatch.h) with the same plan, row orders and results, over any Communicator
 // with device buffers (NcclComm, DeviceLoopbackComm). The plan costs one host sync per layer per
-// micro-batch (the exchanged row counts size the transfers, design §2.6 backend 1); dispatch and
-// combine only enqueue. All memory is taken once at construction for the capacity given.
+// micro-batch (the exchanged row counts size the transfers, design §2.6 backend 1), split in two so
+// that the stream has work while the host waits: start_plan enqueues the plan over ranks, the count
+// exchange and the counts' copy to the host (on a side stream); finish_plan waits for that copy
+// only, through the communicator's poll loop (abort flag, deadline). Dispatch and combine only
+// enqueue. All memory is taken once at construction for the capacity given.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -55,8 +58,16 @@ class DeviceExpertDispatcher {
   // Collective over `ep`: topk_idx int32 [T, K] on the device -> plan `index` (replacing the one
   // there). Exchanges the row counts together with each rank's first invalid routing (expert id
   // outside [0, E) or chosen twice by a token), so every rank refuses a bad routing with the same
-  // message, naming the rank and token.
+  // message, naming the rank and token. start_plan + finish_plan.
   const DeviceExpertDispatchPlan& plan(int index, const int32_t* topk_idx, int64_t num_tokens);
+  // The plan in two calls. start_plan only enqueues (the plan over ranks, the count exchange, the
+  // counts' copy to pinned host memory on a side stream) and returns without waiting; work the
+  // caller enqueues on the stream before finish_plan runs while the host waits there. finish_plan
+  // (the one host sync: it waits for the counts' copy only) checks the routing, sizes the
+  // transfers and enqueues the exchange of the rows' expert ids. One plan at a time is started;
+  // topk_idx must hold its values until finish_plan has returned.
+  void start_plan(int index, const int32_t* topk_idx, int64_t num_tokens);
+  const DeviceExpertDispatchPlan& finish_plan(int index);
 
   // Collective: rows [T*K or T, width] of `dtype` (per_slot: one row per routed slot, else one per
   // token sent to each of its experts) -> recv [recv_rows, width] in receive order.
@@ -80,6 +91,12 @@ class DeviceExpertDispatcher {
     DeviceBuffer recv_expert;  // [max_recv_rows]
     DeviceExpertDispatchPlan plan;
   };
+  // What start_plan leaves for finish_plan.
+  struct StartedPlan {
+    int index = -1;  // -1: none started
+    const int32_t* topk_idx = nullptr;
+    int64_t num_tokens = 0;
+  };
   void exchange_rows(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                      const std::vector<int64_t>& recv_counts, DType dtype, int64_t width);
   void check_row_bytes(DType dtype, int64_t width) const;
@@ -95,6 +112,11 @@ class DeviceExpertDispatcher {
   DeviceBuffer send_expert_;    // [T*K] global expert id in send order
   DeviceBuffer staging_;        // [T*K rows] send order rows (dispatch) / returned rows (combine)
   int64_t* host_counts_ = nullptr;  // pinned [4 * EP]: sent then received (rows, bad) pairs
+  // The counts' device-to-host copy runs here, after counts_exchanged_, so that the host waits for
+  // it alone and not for the work enqueued on stream_ after start_plan.
+  cudaStream_t counts_stream_ = nullptr;
+  cudaEvent_t counts_exchanged_ = nullptr;
+  StartedPlan started_;
 
  public:
   ~DeviceExpertDispatcher();

@@ -1,20 +1,27 @@
 // DeviceExpertDispatcher over DeviceLoopbackComm against ExpertDispatcher over ThreadComm at the
 // same world sizes and inputs: plan (send order, counts, received expert ids), dispatched rows per
 // token and per slot (f32 and bf16), and combined rows, all bitwise; a bad routing refused on every
-// rank with one message; a plan over the receive capacity aborting the job.
+// rank with one message; a plan over the receive capacity aborting the job. The plan in two calls
+// (start_plan, finish_plan) over NcclComm (one rank) and MirrorComm: finish_plan waits for the
+// counts only, not for work enqueued on the stream after start_plan.
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "core/cuda_check.h"
 #include "parallel/expert_dispatch.h"
 #include "parallel/gpu/device_expert_dispatch.h"
 #include "parallel/gpu/device_loopback_comm.h"
+#include "parallel/gpu/mirror_comm.h"
+#include "parallel/gpu/nccl_comm.h"
 #include "parallel/thread_comm.h"
 
 namespace deltamoe {
@@ -227,6 +234,80 @@ TEST(DeviceDispatchRefusals, APlanOverTheReceiveCapacityAbortsTheJob) {
     error = e.what();
   }
   EXPECT_NE(error.find("over its capacity of 10"), std::string::npos) << error;
+}
+
+// Holds a stream until released (or 20 s, then records that it was not released in time).
+struct StreamHold {
+  std::atomic<bool> release{false};
+  std::atomic<bool> timed_out{false};
+  static void CUDART_CB wait(void* self) {
+    auto* hold = static_cast<StreamHold*>(self);
+    const auto start = std::chrono::steady_clock::now();
+    while (!hold->release.load()) {
+      if (std::chrono::steady_clock::now() - start > std::chrono::seconds(20)) {
+        hold->timed_out.store(true);
+        return;
+      }
+      std::this_thread::yield();
+    }
+  }
+};
+
+// start_plan, then work on the stream that only ends once finish_plan has returned: finish_plan
+// must wait for the counts alone. The plan then equals the one-call plan of the same routing.
+void check_finish_waits_for_the_counts_only(Communicator& comm) {
+  const int r = comm.rank();
+  const int64_t T = tokens_of(r);
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    const DeviceBuffer idx = upload(routing_of(r));
+    DeviceExpertDispatcher reference(comm, kExperts, capacity_for(comm.size()), 1, stream);
+    const DeviceExpertDispatchPlan& want = reference.plan(0, idx.as<int32_t>(), T);
+    const std::vector<int32_t> want_recv_expert = download<int32_t>(want.recv_expert, want.recv_rows);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+
+    DeviceExpertDispatcher dispatcher(comm, kExperts, capacity_for(comm.size()), 2, stream);
+    StreamHold hold;
+    dispatcher.start_plan(1, idx.as<int32_t>(), T);
+    CUDA_CHECK(cudaLaunchHostFunc(stream, &StreamHold::wait, &hold));
+    const auto start = std::chrono::steady_clock::now();
+    const DeviceExpertDispatchPlan& got = dispatcher.finish_plan(1);
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    hold.release.store(true);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    EXPECT_FALSE(hold.timed_out.load()) << "finish_plan waited for the work enqueued after start_plan";
+    EXPECT_LT(waited, 10.0);
+    EXPECT_EQ(got.send_counts, want.send_counts);
+    EXPECT_EQ(got.recv_counts, want.recv_counts);
+    EXPECT_EQ(got.recv_rows, want.recv_rows);
+    EXPECT_EQ(download<int32_t>(got.send_slot, T * kTopK), download<int32_t>(want.send_slot, T * kTopK));
+    EXPECT_EQ(download<int32_t>(got.recv_expert, got.recv_rows), want_recv_expert);
+    EXPECT_GT(got.recv_rows, 0);
+
+    // One plan at a time, finished by its own index.
+    EXPECT_THROW(dispatcher.finish_plan(1), Error);
+    dispatcher.start_plan(0, idx.as<int32_t>(), T);
+    EXPECT_THROW(dispatcher.start_plan(1, idx.as<int32_t>(), T), Error);
+    EXPECT_THROW(dispatcher.finish_plan(1), Error);
+    dispatcher.finish_plan(0);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST(DeviceDispatchOverlap, FinishPlanWaitsForTheCountsOnlyOnNccl) {
+  std::unique_ptr<Communicator> host = make_solo_comm();
+  CommOptions options;
+  options.timeout_seconds = 60;
+  std::unique_ptr<Communicator> nccl = make_nccl_comm(*host, 0, options);
+  check_finish_waits_for_the_counts_only(*nccl);
+}
+
+TEST(DeviceDispatchOverlap, FinishPlanWaitsForTheCountsOnlyOnAMirrorWorld) {
+  std::unique_ptr<Communicator> host = make_solo_comm();
+  std::unique_ptr<Communicator> mirror = make_mirror_comm(*host, 2, 4);
+  check_finish_waits_for_the_counts_only(*mirror);
 }
 
 }  // namespace

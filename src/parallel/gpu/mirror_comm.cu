@@ -76,6 +76,7 @@ class MirrorComm final : public Communicator {
       : Communicator(rank, size, std::move(name), host.shared_activity()), host_(host), control_(std::move(control)) {}
 
   std::string_view backend() const override { return "mirror"; }
+  bool mirrored() const override { return true; }
   void abort(std::string_view reason) override { host_.abort(reason); }
   bool aborted() const override { return host_.aborted(); }
   ControlPlane& control() override { return *control_; }

@@ -4,7 +4,8 @@
 // would return in such a world, and moves the bytes a real rank would receive with same-size
 // device copies on the stream instead of NVLink transfers:
 //   all_reduce / reduce_scatter: the rank-ordered sum of N equal blocks (max: the block itself);
-//   all_gather: this rank's block in every slot;
+//   all_gather: this rank's block in every slot (mirrored() is true: a ZeRO rank takes only its own
+//   slot back into its weights, the other pieces stay as they were);
 //   all_to_all: from every peer, what this rank sends to itself (a copy would route to this rank
 //   exactly what this rank routes to itself); grouped send/recv: the same when the counts agree,
 //   else the receive's bytes from this rank's sends (mirror_comm.cu, do_group_end).

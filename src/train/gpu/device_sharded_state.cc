@@ -1,18 +1,22 @@
-// DeviceTrainState on one rank of a parallel job (device_train_state.h): the pieces' buffers, the
-// bucket tables built once, and the step's collectives — the gradient reduce-scatter per dense
-// bucket at the step end (in bucket order, after the last micro-batch's backward), the global sum
-// of squares, AdamW on the own pieces (one call for the expert pieces, one for the dense pieces),
-// and the all-gather per bucket of the updated bf16 weights plus, for the tensors the math reads
-// in fp32, of their fp32 values. Every copy and collective is queued on the engine's stream.
+// DeviceTrainState on one rank of a parallel job (device_train_state.h): where the gradients live
+// (the expert slices first, then one region every dense gradient group shares), the pieces'
+// buffers, the bucket tables built once, and the step's collectives — each group's in-place
+// reduce-scatter per bucket as the backward finishes its phase, the global sum of squares, AdamW on
+// the own pieces (one call for the expert pieces, one for the dense pieces), and the all-gather per
+// bucket of the updated bf16 weights plus, for the tensors the math reads in fp32, of their fp32
+// values. Every copy and collective is queued on the engine's stream.
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "model/gpu/param_init.h"
+#include "optim/grad_accumulate_cuda.h"
 #include "optim/grad_norm_cuda.h"
 #include "train/gpu/device_train_state.h"
+#include "train/sharded_region.h"
 
 namespace deltamoe {
 
@@ -24,13 +28,47 @@ void copy_async(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
 
 __nv_bfloat16* weight_of(const DeviceParam& p) { return const_cast<__nv_bfloat16*>(p.w); }
 
+int64_t align_up(int64_t elements) {
+  return (elements + kFlatAlignmentElements - 1) / kFlatAlignmentElements * kFlatAlignmentElements;
+}
+
+// The gradient buffer of a rank: its trained expert slices where the trained layout puts them (the
+// front: AdamW reads them in place), then the shared region (sharded_region.h), where every dense
+// tensor sits at its position in its group (the reduce-scatter's input order).
+GradientPlacement sharded_gradients(const std::vector<DeviceParamSpec>& specs, const ParallelLayout& layout,
+                                    const ShardedRegion& region, int64_t* region_begin) {
+  ParamLayout trained;
+  for (const DeviceParamSpec& spec : specs)
+    if (spec.trained) trained.add(spec.name, spec.shape);
+  GradientPlacement placement;
+  int64_t experts_end = 0;
+  for (const auto& [state_index, full_index] : layout.expert_pieces()) {
+    const std::string& name = layout.full().entry(full_index).name;
+    const int at = trained.find(name);
+    CHECK(at >= 0, "train state: this rank's expert slice '", name, "' is not trained on the device");
+    placement.offset[name] = trained.entry(at).offset;
+    experts_end = std::max(experts_end, trained.entry(at).offset + trained.entry(at).numel);
+  }
+  *region_begin = align_up(experts_end);
+  for (const ParamEntry& entry : trained.entries()) {
+    if (placement.offset.count(entry.name) != 0) continue;
+    const int full = layout.full().find(entry.name);
+    CHECK(full >= 0, "train state: trained tensor '", entry.name, "' is not in the parallel layout");
+    const auto [group, position] = layout.group_position(full);
+    CHECK(group >= 0, "train state: '", entry.name, "' is in no dense gradient group");
+    placement.offset[entry.name] = *region_begin + position;
+    placement.aliased[entry.name] = true;
+  }
+  placement.elements = *region_begin + (region.bytes() + 3) / 4;
+  return placement;
+}
+
 }  // namespace
 
 DeviceTrainState::DeviceTrainState(const std::vector<DeviceParamSpec>& specs, const AdamWConfig& adamw,
                                    cudaStream_t stream, const ParallelLayout& layout, Communicator& world,
-                                   Communicator* expert_replicas)
-    : params_(std::make_unique<DeviceParams>(specs, /*master_elsewhere=*/true)),
-      adamw_(adamw),
+                                   Communicator* expert_replicas, const std::vector<GradientPhase>& phases)
+    : adamw_(adamw),
       stream_(stream),
       layout_(&layout),
       world_(&world),
@@ -38,6 +76,16 @@ DeviceTrainState::DeviceTrainState(const std::vector<DeviceParamSpec>& specs, co
   validate_adamw_config(adamw_);
   CHECK(world.size() == layout.world() && world.rank() == layout.rank(), "train state: the layout is rank ",
         layout.rank(), " of ", layout.world(), ", the communicator rank ", world.rank(), " of ", world.size());
+  std::unordered_map<std::string, bool> read_in_f32;
+  for (const DeviceParamSpec& spec : specs) read_in_f32[spec.name] = spec.needs_f32;
+  region_ = plan_sharded_region(layout, [&](const std::string& name) {
+    const auto it = read_in_f32.find(name);
+    return it != read_in_f32.end() && it->second;
+  });
+  int64_t region_begin = 0;
+  const GradientPlacement placement = sharded_gradients(specs, layout, region_, &region_begin);
+  params_ = std::make_unique<DeviceParams>(specs, /*master_elsewhere=*/true, &placement);
+  group_region_ = params_->gradients() + region_begin;
   const int64_t total = layout.state().total_numel();
   master_ = DeviceBuffer(static_cast<size_t>(std::max<int64_t>(total, 1)) * 4);
   const size_t moment_bytes = static_cast<size_t>(std::max<int64_t>(total, 1)) * dtype_size(adamw_.moment_dtype);
@@ -46,10 +94,10 @@ DeviceTrainState::DeviceTrainState(const std::vector<DeviceParamSpec>& specs, co
   for (DeviceBuffer* buffer : {&master_, &exp_avg_, &exp_avg_sq_}) CUDA_CHECK(cudaMemset(buffer->data(), 0, buffer->bytes()));
   norm_scratch_ = DeviceBuffer(grad_sum_of_squares_workspace_bytes() + 256);
   CUDA_CHECK(cudaMallocHost(&norm_host_, 2 * sizeof(double)));
-  setup_sharded();
+  setup_sharded(phases);
 }
 
-void DeviceTrainState::setup_sharded() {
+void DeviceTrainState::setup_sharded(const std::vector<GradientPhase>& phases) {
   const ParamLayout& state = layout_->state();
   const ParamLayout& trained = params_->trained_layout();
   const int num_expert = static_cast<int>(layout_->expert_pieces().size());
@@ -81,29 +129,28 @@ void DeviceTrainState::setup_sharded() {
   piece_grads_ = DeviceBuffer(static_cast<size_t>(std::max<int64_t>(dense_.total_numel(), 1)) * 4);
   CUDA_CHECK(cudaMemset(piece_grads_.data(), 0, piece_grads_.bytes()));
 
-  // The buckets: every segment of the full gradient / weights with the rank whose piece it is in.
+  // The buckets: every segment of the full weights with the rank whose piece it is in.
   const int world = layout_->world(), rank = layout_->rank();
-  int64_t piece_total = 0, largest = 1;
+  int64_t piece_total = 0;
   std::vector<int64_t> dense_weight_at;  // per dense piece: its position in piece_bf16_
   for (int b = 0; b < layout_->num_buckets(); ++b) {
     Bucket bucket;
     bucket.piece = layout_->piece_elements(b);
+    bucket.grad = group_region_ + layout_->bucket_offset_in_group(b);
     bucket.piece_bf16_at = piece_total;
     piece_total += bucket.piece;
     const auto& own = layout_->own_piece_in_state(b);
     size_t own_index = 0;
     std::vector<int64_t> f32_run(static_cast<size_t>(world), 0);
     for (int r = 0; r < world; ++r) {
-      int64_t position = 0;
       for (const ParallelLayout::Segment& segment : layout_->piece_segments(b, r)) {
         const std::string& name = layout_->full().entry(segment.full_entry).name;
         const DeviceParam p = params_->param(name, false);
         CHECK(p.grad != nullptr, "train state: dense tensor '", name, "' of the layout is not trained on the device");
         BucketSegment s;
         s.rank = r;
-        s.at = r * bucket.piece + position;
+        s.at = r * bucket.piece + segment.in_piece;
         s.count = segment.count;
-        s.grad = p.grad + segment.tensor_begin;
         s.weight = weight_of(p) + segment.tensor_begin;
         if (params_->spec(name).needs_f32) {
           s.f32 = const_cast<float*>(p.f32) + segment.tensor_begin;
@@ -111,33 +158,48 @@ void DeviceTrainState::setup_sharded() {
           f32_run[static_cast<size_t>(r)] += segment.count;
         }
         if (r == rank) {
-          CHECK(own_index < own.size() && own[own_index].second == segment.count,
+          CHECK(own_index < own.size() && own[own_index].count == segment.count &&
+                    own[own_index].in_piece == segment.in_piece,
                 "train state: bucket ", b, "'s own piece does not match its segments");
-          s.state_offset = own[own_index].first;
-          dense_weight_at.push_back(bucket.piece_bf16_at + position);
+          s.state_offset = own[own_index].state_offset;
+          dense_weight_at.push_back(bucket.piece_bf16_at + segment.in_piece);
           ++own_index;
         }
-        position += segment.count;
-        bucket.elements += segment.count;
+        // The reduce-scatter reads the gradient in place: it must be where the layout says.
+        CHECK(p.grad + segment.tensor_begin == bucket.grad + s.at, "train state: the gradient of '", name,
+              "' is not at its place in bucket ", b);
         bucket.segments.push_back(s);
       }
     }
     bucket.f32_count = *std::max_element(f32_run.begin(), f32_run.end());
-    largest = std::max(largest, bucket.piece * world);
+    CHECK(bucket.piece * world <= region_.bucket_bf16_elements && bucket.f32_count * world <= region_.bucket_f32_elements,
+          "train state: bucket ", b, " does not fit the planned all-gather staging");
     buckets_.push_back(std::move(bucket));
   }
   CHECK(static_cast<int>(dense_weight_at.size()) == dense_.num_tensors(), "train state: ", dense_weight_at.size(),
         " own bucket segments for ", dense_.num_tensors(), " dense pieces");
-  piece_bf16_ = DeviceBuffer(static_cast<size_t>(std::max<int64_t>(piece_total, 1)) * 2);
-  CUDA_CHECK(cudaMemset(piece_bf16_.data(), 0, piece_bf16_.bytes()));
-  bucket_f32_ = DeviceBuffer(static_cast<size_t>(largest) * 4);
-  bucket_bf16_ = DeviceBuffer(static_cast<size_t>(largest) * 2);
-  for (const int64_t at : dense_weight_at) dense_weights_.push_back(piece_bf16_.as<__nv_bfloat16>() + at);
+  CHECK(piece_total == region_.piece_bf16_elements, "train state: ", piece_total, " piece elements, the region plans ",
+        region_.piece_bf16_elements);
+  // The all-gather stages in the gradient region, idle at the step end (every group reduced) and
+  // zeroed again at the next step's start.
+  char* region = reinterpret_cast<char*>(group_region_);
+  piece_bf16_ = reinterpret_cast<__nv_bfloat16*>(region + region_.piece_bf16_at);
+  bucket_bf16_ = reinterpret_cast<__nv_bfloat16*>(region + region_.bucket_bf16_at);
+  bucket_f32_ = reinterpret_cast<float*>(region + region_.bucket_f32_at);
+  for (const int64_t at : dense_weight_at) dense_weights_.push_back(piece_bf16_ + at);
+
+  // The phases in backward order and, for each, how many groups are complete once it is.
+  CHECK(layout_->num_groups() == 0 || !phases.empty() || layout_->num_groups() == 1,
+        "train state: the layout has ", layout_->num_groups(), " gradient groups but no phases were given");
+  int done = 0;
+  for (int p = 0; p < static_cast<int>(phases.size()); ++p) {
+    phase_ids_.push_back(phases[static_cast<size_t>(p)].id);
+    done = std::max(done, layout_->group_of_phase(p) + 1);
+    groups_done_after_.push_back(done);
+  }
 }
 
-size_t DeviceTrainState::sharded_step_bytes() const {
-  return piece_grads_.bytes() + piece_bf16_.bytes() + bucket_f32_.bytes() + bucket_bf16_.bytes();
-}
+size_t DeviceTrainState::sharded_step_bytes() const { return piece_grads_.bytes(); }
 
 void DeviceTrainState::upload_master(const std::string& name, int64_t first, int64_t count, const void* host,
                                      DType dtype) {
@@ -164,26 +226,62 @@ void DeviceTrainState::randomize_master(uint64_t seed) {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+void DeviceTrainState::zero_gradients() {
+  params_->zero_gradients(stream_);
+  if (sharded()) CUDA_CHECK(cudaMemsetAsync(piece_grads_.data(), 0, piece_grads_.bytes(), stream_));
+}
+
+void DeviceTrainState::begin_backward() {
+  next_group_ = 0;
+  last_phase_ = -1;
+}
+
+void DeviceTrainState::gradients_ready(GradientPhaseId phase) {
+  if (!sharded()) return;
+  int p = last_phase_ + 1;
+  while (p < static_cast<int>(phase_ids_.size()) && !(phase_ids_[static_cast<size_t>(p)] == phase)) ++p;
+  CHECK(p < static_cast<int>(phase_ids_.size()), "train state: the backward reported ", gradient_phase_name(phase),
+        (last_phase_ >= 0 ? str_cat(" after ", gradient_phase_name(phase_ids_[static_cast<size_t>(last_phase_)]))
+                          : std::string()),
+        ", out of the backward order of the layout's gradient groups");
+  for (int q = last_phase_ + 1; q < p; ++q) {
+    CHECK(layout_->group_of_phase(q) < 0, "train state: the backward reported ", gradient_phase_name(phase),
+          " before ", gradient_phase_name(phase_ids_[static_cast<size_t>(q)]),
+          ", whose trained gradients share memory with it");
+  }
+  last_phase_ = p;
+  reduce_groups_before(groups_done_after_[static_cast<size_t>(p)]);
+}
+
+void DeviceTrainState::end_backward() {
+  if (!sharded()) return;
+  reduce_groups_before(layout_->num_groups());
+}
+
+void DeviceTrainState::reduce_groups_before(int end_group) {
+  const CommStream on{stream_};
+  const int rank = layout_->rank();
+  for (; next_group_ < end_group; ++next_group_) {
+    const int g = next_group_;
+    for (int b = layout_->group_first_bucket(g); b < layout_->group_end_bucket(g); ++b) {
+      const Bucket& bucket = buckets_[static_cast<size_t>(b)];
+      float* mine = bucket.grad + rank * bucket.piece;
+      world_->reduce_scatter(bucket.grad, mine, bucket.piece, DType::f32, ReduceOp::sum, on);
+      for (const BucketSegment& s : bucket.segments) {
+        if (s.rank == rank)
+          add_f32_cuda(bucket.grad + s.at, piece_grads_.as<float>() + (s.state_offset - dense_base_), s.count, stream_);
+      }
+    }
+    // The region is all zeros between groups: the next phase accumulates into it from zero.
+    CUDA_CHECK(cudaMemsetAsync(group_region_, 0, static_cast<size_t>(layout_->group_padded_elements(g)) * 4, stream_));
+  }
+}
+
 void DeviceTrainState::reduce_gradients() {
   if (!sharded()) return;
-  const CommStream on{stream_};
-  const int world = layout_->world(), rank = layout_->rank();
-  float* staging = bucket_f32_.as<float>();
-  for (const Bucket& bucket : buckets_) {
-    for (const BucketSegment& s : bucket.segments) copy_async(staging + s.at, s.grad, s.count * 4, stream_);
-    const int64_t padded = bucket.piece * world;
-    if (padded > bucket.elements) {
-      CUDA_CHECK(cudaMemsetAsync(staging + bucket.elements, 0, static_cast<size_t>(padded - bucket.elements) * 4, stream_));
-    }
-    world_->reduce_scatter(staging, staging + rank * bucket.piece, bucket.piece, DType::f32, ReduceOp::sum, on);
-    for (const BucketSegment& s : bucket.segments) {
-      if (s.rank != rank) continue;
-      copy_async(piece_grads_.as<float>() + (s.state_offset - dense_base_), staging + s.at, s.count * 4, stream_);
-    }
-  }
   if (expert_replicas_ != nullptr && expert_replicas_->size() > 1 && expert_elements_ > 0) {
     expert_replicas_->all_reduce(params_->gradients(), params_->gradients(), expert_elements_, DType::f32,
-                                 ReduceOp::sum, on);
+                                 ReduceOp::sum, CommStream{stream_});
   }
 }
 
@@ -224,11 +322,16 @@ void DeviceTrainState::sharded_adamw_step(double lr, const GradientScaling& scal
 void DeviceTrainState::gather_weights() {
   const CommStream on{stream_};
   const int rank = layout_->rank();
-  auto* gathered = bucket_bf16_.as<__nv_bfloat16>();
-  float* gathered_f32 = bucket_f32_.as<float>();
+  __nv_bfloat16* gathered = bucket_bf16_;
+  float* gathered_f32 = bucket_f32_;
+  // A mirrored world (the simulator) returns this rank's block in every slot: the other pieces keep
+  // their weights (their owners' update is not known here) instead of taking copies of this one's.
+  const bool own_only = world_->mirrored();
   for (const Bucket& bucket : buckets_) {
-    world_->all_gather(piece_bf16_.as<__nv_bfloat16>() + bucket.piece_bf16_at, gathered, bucket.piece, DType::bf16, on);
-    for (const BucketSegment& s : bucket.segments) copy_async(s.weight, gathered + s.at, s.count * 2, stream_);
+    world_->all_gather(piece_bf16_ + bucket.piece_bf16_at, gathered, bucket.piece, DType::bf16, on);
+    for (const BucketSegment& s : bucket.segments) {
+      if (!own_only || s.rank == rank) copy_async(s.weight, gathered + s.at, s.count * 2, stream_);
+    }
     if (bucket.f32_count == 0) continue;
     // The fp32 values of the tensors read in fp32: each rank's run of them, packed, in place.
     float* mine = gathered_f32 + rank * bucket.f32_count;
@@ -238,7 +341,7 @@ void DeviceTrainState::gather_weights() {
     }
     world_->all_gather(mine, gathered_f32, bucket.f32_count, DType::f32, on);
     for (const BucketSegment& s : bucket.segments) {
-      if (s.f32 != nullptr)
+      if (s.f32 != nullptr && (!own_only || s.rank == rank))
         copy_async(s.f32, gathered_f32 + s.rank * bucket.f32_count + s.f32_at, s.count * 4, stream_);
     }
   }

@@ -5,11 +5,14 @@
 // only to save or resume.
 // On one rank of a parallel job (the sharded constructor) it holds this rank's pieces of the
 // ParallelLayout: its own routed experts whole (bf16 weights, master, gradient, moments) and, under
-// ZeRO-2, only its piece of each dense bucket's fp32 master and moments; the dense bf16 weights
-// and fp32 gradients stay full on every rank. The step end reduce-scatters each bucket's gradient
-// (reduce_gradients), the norm sums every rank's pieces, AdamW updates the own pieces and writes
-// their bf16 values, and an all-gather per bucket brings everyone's updated weights
-// (device_sharded_state.cc).
+// ZeRO-2, only its piece of each dense bucket's fp32 master, moments and reduced gradient; the
+// dense bf16 weights stay full on every rank. The dense gradients never exist whole: every gradient
+// group (one backward phase: a decoder layer, the loss head, a vision block) is placed at the start
+// of one shared region, and as the backward reports a phase finished (gradients_ready) its buckets
+// are reduce-scattered in place, this rank's sums added to its pieces, and the region zeroed for the
+// next phase — one phase's gradient resident instead of the whole model's. The norm sums every
+// rank's pieces, AdamW updates the own pieces and writes their bf16 values, and an all-gather per
+// bucket brings everyone's updated weights (device_sharded_state.cc).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,7 +27,9 @@
 #include "optim/adamw_cuda.h"
 #include "optim/train_state.h"
 #include "parallel/communicator.h"
+#include "model/gradient_phases.h"
 #include "train/parallel_layout.h"
+#include "train/sharded_region.h"
 
 namespace deltamoe {
 
@@ -35,9 +40,11 @@ class DeviceTrainState : public TrainStateStore {
   // One rank of `world` (a device communicator) holding layout.state()'s pieces. specs: the
   // routed-expert stacks this rank owns as slices ([E_local, ...]), trained ones first and in
   // layout.full()'s order (checked); every other tensor whole. expert_replicas: the ranks holding
-  // the same expert block (null: one each). layout and the communicators must outlive this.
+  // the same expert block (null: one each). phases: the list the layout's groups were made from
+  // (backward_gradient_phases). layout and the communicators must outlive this.
   DeviceTrainState(const std::vector<DeviceParamSpec>& specs, const AdamWConfig& adamw, cudaStream_t stream,
-                   const ParallelLayout& layout, Communicator& world, Communicator* expert_replicas);
+                   const ParallelLayout& layout, Communicator& world, Communicator* expert_replicas,
+                   const std::vector<GradientPhase>& phases);
   ~DeviceTrainState() override;
   DeviceTrainState(const DeviceTrainState&) = delete;
   DeviceTrainState& operator=(const DeviceTrainState&) = delete;
@@ -46,8 +53,8 @@ class DeviceTrainState : public TrainStateStore {
   const DeviceParams& params() const { return *params_; }
   size_t moment_bytes() const { return exp_avg_.bytes() + exp_avg_sq_.bytes(); }
   bool sharded() const { return layout_ != nullptr; }
-  // Device bytes of the fp32 master (sharded: this rank's pieces) and of the sharded step's
-  // buffers (reduced gradient pieces, the bucket staging); 0 for the latter on one rank.
+  // Device bytes of the fp32 master (sharded: this rank's pieces) and of the sharded step's own
+  // buffer (the reduced gradient pieces; the staging shares the gradient region); 0 on one rank.
   size_t master_bytes() const;
   size_t sharded_step_bytes() const;
 
@@ -58,9 +65,20 @@ class DeviceTrainState : public TrainStateStore {
   // Sharded: every piece's master by its tensor's init rule (DeviceParams::randomize's values).
   void randomize_master(uint64_t seed);
 
-  // Sharded, at the step end after the last micro-batch's backward: each dense bucket's gradient
-  // reduce-scattered over the world in bucket order (this rank keeps the sum of its piece), and
-  // the expert gradients summed over their replicas. Queued on the stream; no host sync.
+  // Zeroes every gradient (and, sharded, the reduced pieces): the step's start.
+  void zero_gradients();
+  // Sharded, around each training micro-batch's backward (no-ops on one rank): begin_backward,
+  // then gradients_ready(phase) as the models finish each phase, in backward order, then
+  // end_backward. Each reduce-scatters, in group order, the groups finished so far and not yet
+  // reduced; end_backward the rest (all of them when the micro-batch ran no backward), so every
+  // rank issues the same collectives in the same order. A phase whose gradients were written but
+  // never reported would have shared memory with the next: a phase reported after a later one, or
+  // one skipped while holding trained tensors, is refused. Queued on the stream; no host sync.
+  void begin_backward();
+  void gradients_ready(GradientPhaseId phase);
+  void end_backward();
+  // Sharded, at the step end: the expert gradients summed over their replicas (the dense ones were
+  // reduced during the backward). Queued on the stream; no host sync.
   void reduce_gradients();
   // Queues the gradient's sum of squares (divided by divisor first) into a device double and
   // starts its copy to pinned host memory; finish_sum_of_squares() waits for it (the step's one
@@ -88,27 +106,27 @@ class DeviceTrainState : public TrainStateStore {
   void state_restored() override;
 
  private:
-  // A run of one dense tensor inside a bucket of the full gradient/weights.
+  // A run of one dense tensor inside a bucket of the full weights.
   struct BucketSegment {
     int rank = 0;              // whose piece it lies in
     int64_t at = 0;            // element of the bucket (= rank * piece + position in that piece)
     int64_t count = 0;
-    float* grad = nullptr;     // the full fp32 gradient of these elements
     __nv_bfloat16* weight = nullptr;
     float* f32 = nullptr;      // their fp32 working copy (tensors read in fp32), else null
     int64_t f32_at = -1;       // position in its rank's packed fp32 run of the bucket
     int64_t state_offset = -1;  // own segments: where they are in layout().state()
   };
   struct Bucket {
-    int64_t elements = 0;  // of the bucket (before padding)
     int64_t piece = 0;     // elements of every rank's piece
+    float* grad = nullptr;  // its gradient: world * piece values in the shared group region
     int64_t piece_bf16_at = 0;  // where this rank's piece lies in piece_bf16_
     int64_t f32_count = 0;  // most fp32-read elements any rank's piece holds (0: none)
     std::vector<BucketSegment> segments;
   };
   void* address(StateKind kind, int index, int64_t first, int64_t count) const;
   float* master_data() const;
-  void setup_sharded();
+  void setup_sharded(const std::vector<GradientPhase>& phases);
+  void reduce_groups_before(int end_group);
   void start_sharded_sum_of_squares(double divisor);
   void sharded_adamw_step(double lr, const GradientScaling& scaling);
   void restore_sharded_weights();
@@ -128,15 +146,24 @@ class DeviceTrainState : public TrainStateStore {
   Communicator* world_ = nullptr;
   Communicator* expert_replicas_ = nullptr;
   DeviceBuffer master_;        // layout().state(), fp32
-  DeviceBuffer piece_grads_;   // dense_ layout, fp32: this rank's reduced pieces
-  DeviceBuffer piece_bf16_;    // every bucket's own piece, bf16 (AdamW's output, the all-gather input)
-  DeviceBuffer bucket_f32_;    // one bucket, world x piece fp32 (reduce-scatter; the fp32 all-gather)
-  DeviceBuffer bucket_bf16_;   // one bucket, world x piece bf16 (the all-gather's output)
+  DeviceBuffer piece_grads_;   // dense_ layout, fp32: this rank's reduced pieces, summed over micro-batches
+  // The all-gather's staging, in the gradient region at the step end (sharded_region.h): every
+  // bucket's own piece in bf16 (AdamW's output, the all-gather input), one gathered bf16 bucket, and
+  // world x the largest fp32-read run of a piece (the fp32 all-gather).
+  ShardedRegion region_;
+  __nv_bfloat16* piece_bf16_ = nullptr;
+  __nv_bfloat16* bucket_bf16_ = nullptr;
+  float* bucket_f32_ = nullptr;
   ParamLayout experts_, dense_;  // the expert pieces and the dense pieces of the state, each from 0
   int64_t dense_base_ = 0;       // state offset of dense_'s element 0
   int64_t expert_elements_ = 0;  // expert pieces' span at the front of the state and of the gradients
   std::vector<__nv_bfloat16*> expert_weights_, dense_weights_;  // AdamW's bf16 outputs per piece
   std::vector<Bucket> buckets_;
+  float* group_region_ = nullptr;   // where every dense gradient group lives while it is being built
+  std::vector<GradientPhaseId> phase_ids_;  // the layout's phases, in backward order
+  std::vector<int> groups_done_after_;      // per phase: groups complete once it is (group index + 1)
+  int next_group_ = 0;                      // the first group not yet reduced in this micro-batch
+  int last_phase_ = -1;                     // the last phase reported in this micro-batch
   std::unordered_multimap<std::string, int> pieces_of_;  // tensor name -> state entries
 };
 

@@ -16,6 +16,7 @@
 #include "core/kill_point.h"
 #include "core/log.h"
 #include "kernels/token_scatter/token_scatter_cuda.h"
+#include "model/gradient_phases.h"
 #include "model/param_table.h"
 #include "model/text/text_weights.h"
 #include "model/vision/vision_tower.h"
@@ -122,6 +123,7 @@ struct GpuEngine::Impl {
   Communicator* world = nullptr;
   ParallelOptions parallel_options;
   ParamLayout full_layout;                   // every trained tensor whole (the checkpoint's view)
+  std::vector<GradientPhase> phases;         // the backward's gradient phases (the layout's groups)
   std::unique_ptr<ParallelLayout> parallel;  // this rank's pieces
   std::unique_ptr<Communicator> ep_comm;     // expert parallel only
   std::unique_ptr<Communicator> expert_dp_comm;  // replicas of this rank's expert block (EP < world)
@@ -231,8 +233,9 @@ struct GpuEngine::Impl {
     CHECK(options.lora == nullptr, "train: --tuner_type lora on ", world->size(), " ranks is not supported by the ",
           "GPU engine (LoRA trains on one rank: the adapters are small enough for one device)");
     full_layout = trained_full_layout(checkpoint);
+    phases = backward_gradient_phases(config);
     parallel = std::make_unique<ParallelLayout>(full_layout, world->rank(), world->size(), config.text.num_experts,
-                                                parallel_options);
+                                                parallel_options, &phases);
     const int ep = parallel->expert_parallel_size(), rank = world->rank();
     if (ep > 1) {
       // Consecutive groups of EP ranks exchange tokens; the replicas of one expert block (same rank
@@ -396,7 +399,7 @@ struct GpuEngine::Impl {
     }
 
     state = world != nullptr ? std::make_unique<DeviceTrainState>(param_specs(), options.adamw, stream, *parallel, *world,
-                                                                  expert_dp_comm.get())
+                                                                  expert_dp_comm.get(), phases)
                              : std::make_unique<DeviceTrainState>(param_specs(), options.adamw, stream);
     CUDA_CHECK(cudaMallocHost(&loss_slots, sizeof(LossSlot) * kLossSlots));
   }
@@ -407,11 +410,14 @@ struct GpuEngine::Impl {
     text_weights = bind_text_weights(config.text, config.text_prefix(), lookup, lora_lookup());
     text = std::make_unique<GpuTextModel>(config.text, text_weights, text_options(), stream);
     text_trained = text_weights.any_trained();
+    const GradientReadyHook gradients_ready = [this](GradientPhaseId phase) { state->gradients_ready(phase); };
+    if (state->sharded()) text->set_gradient_ready_hook(gradients_ready);
     if (max_patches > 0) {
       vision_weights = bind_vision_weights(config.vision, kVisionPrefix, lookup, lora_lookup());
       vision = std::make_unique<GpuVisionModel>(config.vision, vision_weights, max_patches, max_image_tokens, stream,
                                                 vision_recompute_blocks(), lora_dropout_max_in(true));
       vision_trained = vision_weights.vit_trained() || vision_weights.merger_trained();
+      if (state->sharded()) vision->set_gradient_ready_hook(gradients_ready);
     }
 
     CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -504,6 +510,10 @@ struct GpuEngine::Impl {
       vision->forward(text->image_embeddings());
     }
     const bool vision_backward = has_images && vision_trained;
+    // A parallel rank reduce-scatters each phase's gradients as the models report it finished
+    // (gradients_ready), and whatever was not reported at the end: the same collectives on every
+    // rank, whether or not this micro-batch had images or anything to differentiate.
+    if (backward) state->begin_backward();
     if (backward && (text_trained || vision_backward)) {
       text->forward();
       text->backward();
@@ -514,6 +524,7 @@ struct GpuEngine::Impl {
     } else {
       text->forward_loss();
     }
+    if (backward) state->end_backward();
     LossSlot* out = loss_slots + slot;
     CUDA_CHECK(cudaMemcpyAsync(&out->ce_mean, text->device_loss(), sizeof(float), cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaMemcpyAsync(&out->aux, text->device_aux_loss(), sizeof(double), cudaMemcpyDeviceToHost, stream));
@@ -649,7 +660,7 @@ StepResult GpuEngine::train_step(const std::vector<MicroBatch>& batches, double 
   const MicroBatchWeights weights = micro_batch_weights(result.num_supervised, result.num_micro_batches,
                                                         s.options.aux_coef);
   const uint64_t uploaded_before = s.uploaded();
-  s.state->params().zero_gradients(s.stream);
+  s.state->zero_gradients();
   MicroBatchRun run = run_micro_batches(batches, weights.ce_token_weight, weights.aux_weight, s.state->adam_step() + 1);
   for (const MicroBatch& batch : batches) result.num_tokens += batch.num_tokens();
   result.flops = run.flops;
@@ -707,7 +718,7 @@ StepResult GpuEngine::train_step_parallel(const std::vector<MicroBatch>& batches
   const MicroBatchWeights weights =
       micro_batch_weights(result.num_supervised, result.num_micro_batches, s.options.aux_coef);
   const uint64_t uploaded_before = s.uploaded();
-  s.state->params().zero_gradients(s.stream);
+  s.state->zero_gradients();
   MicroBatchRun run = run_micro_batches(batches, weights.ce_token_weight, weights.aux_weight, step);
   result.flops = run.flops;  // this rank's share
   kill_point("mid_step", step);
@@ -774,7 +785,7 @@ MicroBatchLoss GpuEngine::evaluate(const MicroBatch& batch, std::vector<float>* 
   return loss;
 }
 
-void GpuEngine::zero_gradients() { impl_->state->params().zero_gradients(impl_->stream); }
+void GpuEngine::zero_gradients() { impl_->state->zero_gradients(); }
 
 MicroBatchLoss GpuEngine::forward_backward(const DeviceBatch& batch, double ce_mean_weight, double aux_weight) {
   Impl& s = *impl_;

@@ -79,12 +79,20 @@ MoeExpertsDims GpuExpertParallel::local_dims(int64_t rows) const {
   return MoeExpertsDims{rows, config_.hidden_size, local_experts(), 1, config_.moe_intermediate_size};
 }
 
-void GpuExpertParallel::forward(int64_t layer, int64_t num_tokens, const int32_t* topk_idx, const float* topk_weight,
-                                const __nv_bfloat16* x, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
-                                __nv_bfloat16* y) {
+void GpuExpertParallel::start_forward(int64_t layer, int64_t num_tokens, const int32_t* topk_idx) {
+  CHECK(layer >= 0 && layer < static_cast<int64_t>(layer_plans_.size()), "expert parallel: layer ", layer, " of ",
+        layer_plans_.size());
+  // The plan being replaced is no longer the backward's.
+  layer_plans_[layer] = nullptr;
+  dispatcher_.start_plan(static_cast<int>(layer), topk_idx, num_tokens);
+}
+
+void GpuExpertParallel::forward(int64_t layer, const float* topk_weight, const __nv_bfloat16* x,
+                                const __nv_bfloat16* gate_up, const __nv_bfloat16* down, __nv_bfloat16* y) {
   const int64_t C = config_.hidden_size, K = config_.num_experts_per_tok;
-  const DeviceExpertDispatchPlan& plan = dispatcher_.plan(static_cast<int>(layer), topk_idx, num_tokens);
+  const DeviceExpertDispatchPlan& plan = dispatcher_.finish_plan(static_cast<int>(layer));
   layer_plans_[layer] = &plan;
+  const int64_t num_tokens = plan.num_tokens;
   const int64_t R = plan.recv_rows;
   auto* recv_x = recv_x_.as<__nv_bfloat16>();
   auto* recv_out = recv_out_.as<__nv_bfloat16>();

@@ -4,7 +4,9 @@
 // weights and sums its tokens' K rows in slot order, as one rank does, so forward outputs and
 // input gradients are bitwise those of the same rank computing all experts itself. The plan of a
 // layer (its one host sync) is made in the forward and reused by that layer's backward, which
-// dispatches the layer input again instead of keeping the received rows.
+// dispatches the layer input again instead of keeping the received rows. The forward is two calls
+// (start_forward, forward) so that the caller can enqueue independent work (the shared expert)
+// for the GPU to run while the host waits for the exchanged counts.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -39,9 +41,13 @@ class GpuExpertParallel {
   // Layer `layer`'s routed experts: x [T, C], topk_idx [T, K], topk_weight [T, K] -> y [T, C]
   // written (the K weighted outputs summed in slot order, fp32, like moe_experts_forward_cuda).
   // gate_up / down hold this rank's local experts only ([E_local, 2I, C], [E_local, C, I]).
-  // Collective over the group; one host sync (the plan).
-  void forward(int64_t layer, int64_t num_tokens, const int32_t* topk_idx, const float* topk_weight,
-               const __nv_bfloat16* x, const __nv_bfloat16* gate_up, const __nv_bfloat16* down, __nv_bfloat16* y);
+  // Collective over the group, in two calls: start_forward enqueues the layer's plan over ranks and
+  // the count exchange and returns at once; forward waits for the counts (the one host sync) and
+  // enqueues the rest. What the caller enqueues on the stream between the two runs while the host
+  // waits. topk_idx must keep its values until forward has returned.
+  void start_forward(int64_t layer, int64_t num_tokens, const int32_t* topk_idx);
+  void forward(int64_t layer, const float* topk_weight, const __nv_bfloat16* x, const __nv_bfloat16* gate_up,
+               const __nv_bfloat16* down, __nv_bfloat16* y);
 
   // The backward of the same layer's forward (its plan): dy [T, C] -> dx [T, C] bf16 and
   // d_topk_weight [T, K] f32 written; d_gate_up / d_down (local experts; null: frozen) added to.

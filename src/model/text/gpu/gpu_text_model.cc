@@ -138,7 +138,8 @@ GpuModelBytes GpuTextModel::planned_bytes(const TextConfig& config, const GpuMod
   }
   if (options.expert_parallel != nullptr) {
     bytes.workspace += GpuExpertParallel::planned_bytes(config, options.expert_parallel->size(), spec.max_tokens,
-                                                        options.expert_recv_rows);
+                                                        options.expert_recv_rows) +
+                       shared_expert_pending_bytes(spec.max_tokens, config.hidden_size);
   }
   return bytes;
 }
@@ -181,9 +182,11 @@ GpuTextModel::GpuTextModel(const TextConfig& config, const TextWeights& weights,
     CHECK(config_.num_experts % options_.expert_parallel->size() == 0, "gpu model: ", config_.num_experts,
           " experts do not split over ", options_.expert_parallel->size(), " expert-parallel ranks");
     workspace_bytes_ -= GpuExpertParallel::planned_bytes(config_, options_.expert_parallel->size(), spec_.max_tokens,
-                                                         options_.expert_recv_rows);
+                                                         options_.expert_recv_rows) +
+                        shared_expert_pending_bytes(spec_.max_tokens, config_.hidden_size);
     expert_parallel_ = std::make_unique<GpuExpertParallel>(*options_.expert_parallel, config_, spec_.max_tokens,
                                                            options_.expert_recv_rows, stream_);
+    shared_expert_pending_ = DeviceBuffer(shared_expert_pending_bytes(spec_.max_tokens, config_.hidden_size));
     // The expert stacks are bound as this rank's experts only ([E_local, 2I, C], [E_local, C, I]).
     const int64_t local = config_.num_experts / options_.expert_parallel->size();
     const int64_t C = config_.hidden_size, I = config_.moe_intermediate_size;

@@ -20,6 +20,7 @@
 #include "kernels/mrope/mrope.h"
 #include "kernels/shared_expert/shared_expert_cuda.h"
 #include "model/config.h"
+#include "model/gradient_phases.h"
 #include "model/gpu/component_timer.h"
 #include "model/text/text_weights.h"
 #include "model/text/text_activations.h"
@@ -132,6 +133,9 @@ class GpuTextModel {
   void backward();
   // Forward and the loss only (evaluation): no gradient is formed. No host sync.
   void forward_loss();
+  // Called by backward() as each gradient phase is finished (the loss head, each layer from the
+  // last, the token embedding), with that phase's work queued on stream(); none by default.
+  void set_gradient_ready_hook(GradientReadyHook hook) { gradient_ready_ = std::move(hook); }
   void forward_backward() {
     forward();
     backward();
@@ -216,6 +220,7 @@ class GpuTextModel {
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<GemmContext> gemm_;
   ComponentTimer timer_;
+  GradientReadyHook gradient_ready_;
   GpuModelBytes bytes_;
 
   TextActivationSpec spec_;
@@ -227,6 +232,10 @@ class GpuTextModel {
   TextInputs inputs_;
   std::vector<MoeRoutingPlan> plans_;    // per layer, laid out in its plan_memory for the batch
   std::unique_ptr<GpuExpertParallel> expert_parallel_;  // null: all experts on this rank
+  // With expert parallelism: the shared expert's fp32 output and gate logit, computed while the
+  // host waits for the exchanged counts and added to the routed output after the combine
+  // (SharedExpertPending, shared_expert_pending_bytes); empty without.
+  DeviceBuffer shared_expert_pending_;
   // The full-attention layers' backend, chosen at setup (cudnn_attention_choice.h): cuDNN's fused
   // SDPA plans, or null for our flash-attention kernel. Both save lse [T, Hq] fp32.
   std::unique_ptr<CudnnSdpa> cudnn_attention_;

@@ -5,7 +5,8 @@
 // non-expert gradient of each rank must be bitwise equal. An owner's expert gradients sum the
 // rows of all ranks in one weight-gradient product, where the reference sums each rank's product:
 // equal within fp32 rounding (relative L2 <= 1e-5). Each rank binds its own experts only
-// ([E / N, ...] slices of the stacks, local expert 0 first), as the engine does.
+// ([E / N, ...] slices of the stacks, local expert 0 first), as the engine does. The same with
+// every layer recomputed in the backward (the forward's exchange plan reused).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -71,7 +72,8 @@ struct RankRun {
 };
 
 // One forward + backward of rank `rank`'s micro-batch; experts split over `ep` when given.
-RankRun run_rank(const TextConfig& config, const ParamMap& params, int rank, Communicator* ep) {
+RankRun run_rank(const TextConfig& config, const ParamMap& params, int rank, Communicator* ep,
+                 int64_t recompute_layers) {
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   RankRun run;
@@ -98,6 +100,7 @@ RankRun run_rank(const TextConfig& config, const ParamMap& params, int rank, Com
     options.loss_chunk_rows = 16;
     options.aux_loss_weight = 0.01f;
     options.expert_parallel = ep;
+    options.recompute_layers = recompute_layers;
     GpuTextModel model(config, bind_text_weights(config, "model", device_params.lookup()), options, stream);
     const RankBatch batch = batch_of(rank, config.vocab_size);
     model.set_batch(batch.ids, batch.labels, batch.cu_seqlens);
@@ -114,7 +117,7 @@ RankRun run_rank(const TextConfig& config, const ParamMap& params, int rank, Com
   return run;
 }
 
-void check_expert_parallel(int ranks) {
+void check_expert_parallel(int ranks, int64_t recompute_layers = 0) {
   // Bitwise comparisons need our attention kernel: cuDNN's backward adds with atomics
   // (cudnn_attention_choice.h).
   setenv("DELTAMOE_ATTENTION", "ours", 1);
@@ -122,11 +125,11 @@ void check_expert_parallel(int ranks) {
   ASSERT_EQ(config.num_experts % ranks, 0);
   const ParamMap params = rounded_params(config);
   std::vector<RankRun> want;
-  for (int r = 0; r < ranks; ++r) want.push_back(run_rank(config, params, r, nullptr));
+  for (int r = 0; r < ranks; ++r) want.push_back(run_rank(config, params, r, nullptr, recompute_layers));
   std::vector<RankRun> got(ranks);
   std::mutex mutex;
   run_device_loopback(ranks, 0, [&](Communicator& comm) {
-    RankRun run = run_rank(config, params, comm.rank(), &comm);
+    RankRun run = run_rank(config, params, comm.rank(), &comm, recompute_layers);
     std::lock_guard<std::mutex> lock(mutex);
     got[comm.rank()] = std::move(run);
   });
@@ -168,13 +171,17 @@ void check_expert_parallel(int ranks) {
       EXPECT_GT(c.max_abs_ref, 0.0) << name << ": the reference gradient is zero, the check shows nothing";
     }
   }
-  std::printf("EP %d: logits, losses and routing bitwise on every rank; %d of %d non-expert gradients bitwise; "
+  std::printf("EP %d, %lld recomputed layers: logits, losses and routing bitwise on every rank; %d of %d non-expert gradients bitwise; "
               "worst local-expert gradient rel_l2 %.3e\n",
-              ranks, bitwise_dense, dense, worst_expert);
+              ranks, static_cast<long long>(recompute_layers), bitwise_dense, dense, worst_expert);
 }
 
 TEST(GpuTextModelExpertParallel, TwoRanksMatchEachRankComputingAllExperts) { check_expert_parallel(2); }
 TEST(GpuTextModelExpertParallel, FourRanksMatchEachRankComputingAllExperts) { check_expert_parallel(4); }
+// Recomputed layers rerun their router in the backward and reuse the forward's exchange plan.
+TEST(GpuTextModelExpertParallel, TwoRanksWithEveryLayerRecomputedMatch) {
+  check_expert_parallel(2, model_config_preset("tiny").text.num_hidden_layers);
+}
 
 }  // namespace
 }  // namespace deltamoe

@@ -3,7 +3,8 @@
 // operation for operation; residual adds are fused into the following RMSNorm. Precision follows
 // transformers' bf16 autocast with fp32 parameters: bf16 GEMM operands, an fp32 residual stream
 // and stream gradient, norm weights and the embedding read in fp32. Frozen weights (null gradient
-// views) skip their weight-gradient work. One stream, no allocation, no host synchronisation.
+// views) skip their weight-gradient work. One stream, no allocation, no host synchronisation but,
+// with expert parallelism, the exchange plan's one wait per MoE layer (gpu_expert_parallel.h).
 #include <cmath>
 
 #include "core/cuda_check.h"
@@ -250,6 +251,7 @@ void GpuTextModel::backward() {
   rms_norm_backward_cuda(acts_.final_hidden, weights_.norm.f32, acts_.final_rstd, acts_.grad_normed, nullptr,
                          d_stream, acts_.grad_stream_bf16, weights_.norm.grad, T, C, workspace_.data(),
                          workspace_bytes_, stream_);
+  if (gradient_ready_) gradient_ready_({GradientPhaseKind::text_head, 0});
   for (int64_t i = c.num_hidden_layers - 1; i >= 0; --i) {
     const LayerActivations& b = acts_.layers[static_cast<size_t>(i)];
     // A fully recomputed layer kept only its input: rerun its forward (router included, experts
@@ -281,6 +283,7 @@ void GpuTextModel::backward() {
                            d_stream, acts_.grad_stream_bf16, weights_.layers[static_cast<size_t>(i)].input_layernorm.grad, T, C, workspace_.data(),
                            workspace_bytes_, stream_);
     capture_gradient(i, LayerGradient::input, d_stream);
+    if (gradient_ready_) gradient_ready_({GradientPhaseKind::text_layer, i});
   }
   // The image rows' gradient belongs to the vision features, not to the <|image_pad|> table row:
   // gather it, then zero those rows before the table's backward (multimodal_embed_backward).
@@ -290,6 +293,7 @@ void GpuTextModel::backward() {
     embedding_backward_cuda(inputs_.embed_sorted_tokens, inputs_.embed_segment_offsets, inputs_.embed_segment_ids,
                             num_embed_segments_, d_stream, weights_.embed_tokens.grad, C, stream_);
   }
+  if (gradient_ready_) gradient_ready_({GradientPhaseKind::text_embedding, 0});
 }
 
 // ---- Gated DeltaNet (gdn_layer.cc) ----
@@ -489,21 +493,31 @@ void GpuTextModel::moe_forward(int64_t layer, bool recompute) {
   if (!recompute)
     moe_aux_loss_accumulate_cuda(s.probs, s.topk_idx, T, E, K, MoeAuxDeviceStats{inputs_.aux_counts, inputs_.aux_probs},
                                  workspace_.data(), workspace_bytes_, stream_);
+  SharedExpertLora shared_lora;
   if (expert_parallel_ != nullptr) {
     if (recompute) return;
+    // The count exchange is enqueued and the host waits for it in forward(): the shared expert's
+    // products, enqueued in between, keep the GPU busy meanwhile. Its gated output is added after
+    // the combine by the same kernel as the fused call below, so the sum is bitwise one rank's.
+    expert_parallel_->start_forward(layer, T, s.topk_idx);
+    const SharedExpertPending pending =
+        shared_expert_pending_in(shared_expert_pending_.data(), shared_expert_pending_.bytes(), T, C);
+    shared_expert_forward_products_cuda(cublas_, b.normed_post, W.shared_gate_proj.w, W.shared_up_proj.w,
+                                        W.shared_down_proj.w, W.shared_expert_gate.w, pending, T, C, Is,
+                                        workspace_.data(), workspace_bytes_, stream_,
+                                        shared_expert_lora(layer, &shared_lora));
     // The bound expert stacks hold this rank's experts only, local expert 0 first.
-    expert_parallel_->forward(layer, T, s.topk_idx, s.topk_weight, b.normed_post, W.experts_gate_up.w,
-                              W.experts_down.w, b.moe_out);
-  } else {
-    moe_routing_plan_cuda(s.topk_idx, plans_[static_cast<size_t>(layer)], T, E, K, stream_);
-    if (recompute) return;
-    const MoeExpertsDims dims{T, C, E, K, c.moe_intermediate_size};
-    MoeExpertsLora lora;
-    moe_experts_forward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
-                             W.experts_gate_up.w, W.experts_down.w, b.moe_out, workspace_.data(), workspace_bytes_,
-                             stream_, experts_lora(layer, &lora));
+    expert_parallel_->forward(layer, s.topk_weight, b.normed_post, W.experts_gate_up.w, W.experts_down.w, b.moe_out);
+    shared_expert_forward_apply_cuda(pending, b.moe_out, true, T, C, stream_);
+    return;
   }
-  SharedExpertLora shared_lora;
+  moe_routing_plan_cuda(s.topk_idx, plans_[static_cast<size_t>(layer)], T, E, K, stream_);
+  if (recompute) return;
+  const MoeExpertsDims dims{T, C, E, K, c.moe_intermediate_size};
+  MoeExpertsLora lora;
+  moe_experts_forward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
+                           W.experts_gate_up.w, W.experts_down.w, b.moe_out, workspace_.data(), workspace_bytes_,
+                           stream_, experts_lora(layer, &lora));
   shared_expert_forward_cuda(cublas_, b.normed_post, W.shared_gate_proj.w,
                              W.shared_up_proj.w,
                              W.shared_down_proj.w,

@@ -361,6 +361,7 @@ void GpuVisionModel::backward(const Bf16* d_merged) {
   weight_grad(W.merger_fc1_weight, d_wide, acts_.merger_norm, M, wide, wide);
   if (!spec_.blocks_backward && W.merger_norm_weight.grad == nullptr && W.merger_norm_bias.grad == nullptr) {
     lora_backward(W.merger_fc1_weight, acts_.merger_norm, d_wide, nullptr, DType::f32, M, wide, wide);
+    report(GradientPhaseKind::vision_merger, 0);
     return;
   }
   // The LayerNorm backward reads this product's fp32 accumulator unrounded.
@@ -370,6 +371,7 @@ void GpuVisionModel::backward(const Bf16* d_merged) {
   layer_norm_backward_cuda(merger_x, W.merger_norm_weight.f32, acts_.merger_mean, acts_.merger_rstd, acts_.grad_norm,
                            nullptr, acts_.grad_stream, acts_.grad_stream_bf16, W.merger_norm_weight.grad,
                            W.merger_norm_bias.grad, N, C, ws, ws_bytes, stream_);
+  report(GradientPhaseKind::vision_merger, 0);
   if (!spec_.blocks_backward) return;  // nothing below the merger is trained
 
   for (int64_t j = config_.depth - 1; j >= 0; --j) {
@@ -377,6 +379,7 @@ void GpuVisionModel::backward(const Bf16* d_merged) {
     // rerun touches no gradient buffer (grad_stream holds the gradient reaching its output).
     if (j < spec_.recompute_blocks) block_forward(j, nullptr, nullptr, /*rerun=*/true);
     block_backward(j);
+    report(GradientPhaseKind::vision_block, j);
   }
   // grad_stream: the gradient of the embedding (patch projection + bias + position embedding); the
   // fp32 table and the bias take it in fp32, the bf16 projection's weight its bf16 copy.
@@ -386,6 +389,11 @@ void GpuVisionModel::backward(const Bf16* d_merged) {
   }
   bias_grad(W.patch_bias, acts_.grad_stream, true, N, C);
   weight_grad(W.patch_weight, acts_.grad_stream_bf16, inputs_.pixels, N, K, C);
+  report(GradientPhaseKind::vision_input, 0);
+}
+
+void GpuVisionModel::report(GradientPhaseKind kind, int64_t index) {
+  if (gradient_ready_) gradient_ready_({kind, index});
 }
 
 void GpuVisionModel::block_backward(int64_t block) {

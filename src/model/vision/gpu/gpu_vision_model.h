@@ -25,6 +25,7 @@
 #include "core/dtype.h"
 #include "kernels/lora/lora_cuda.h"
 #include "model/config.h"
+#include "model/gradient_phases.h"
 #include "model/vision/vision_weights.h"
 #include "model/vision/vision_activations.h"
 
@@ -77,6 +78,9 @@ class GpuVisionModel {
   // trained parts' gradients are added to: a frozen merger gets none (its input gradient is still
   // formed when the ViT trains); a frozen ViT stops after the merger; with both frozen nothing runs.
   void backward(const __nv_bfloat16* d_merged);
+  // Called by backward() as each gradient phase is finished (the merger, each block from the last,
+  // the patch and position embedding), with that phase's work queued on the stream; none by default.
+  void set_gradient_ready_hook(GradientReadyHook hook) { gradient_ready_ = std::move(hook); }
 
   // LoRA dropout, as GpuTextModel's: the counters of the next forward and backward (p 0: none;
   // p > 0 needs lora_dropout_max_in at construction).
@@ -104,11 +108,13 @@ class GpuVisionModel {
   void weight_grad(const DeviceParam& w, const __nv_bfloat16* dy, const __nv_bfloat16* x, int64_t rows,
                    int64_t in_features, int64_t out_features);
   void bias_grad(const DeviceParam& b, const void* dy, bool dy_f32, int64_t rows, int64_t features);
+  void report(GradientPhaseKind kind, int64_t index);  // the gradient-ready hook, if any
 
   VisionConfig config_;
   VisionWeights weights_;
   int64_t max_patches_ = 0, max_images_ = 0, max_segments_ = 0;
   cudaStream_t stream_ = nullptr;
+  GradientReadyHook gradient_ready_;
   std::unique_ptr<GemmContext> gemm_;
   GpuVisionBytes bytes_;
   VisionActivationSpec spec_;
