@@ -169,6 +169,7 @@ int run_bench(const ArgParser& args) {
     LoraOptions lora;
     lora.rank = args.get_int("lora_rank");
     lora.alpha = args.get_double("lora_alpha");
+    lora.dropout = args.get_double("lora_dropout");
     lora.target_modules = args.get_list("target_modules");
     lora.target_parameters = args.get_list("target_parameters");
     options.lora = std::make_shared<const LoraAdapters>(
@@ -413,6 +414,8 @@ int cmd_bench(int argc, char** argv) {
   args.add_option("tuner_type", "full, or lora: the base frozen, LoRA adapters trained (docs/lora.md)", "full");
   args.add_option("lora_rank", "LoRA rank (with --tuner_type lora)", "8");
   args.add_option("lora_alpha", "LoRA alpha (with --tuner_type lora)", "32");
+  args.add_option("lora_dropout", "LoRA dropout on the adapters' input (with --tuner_type lora; not with "
+                  "--target_parameters, as PEFT)", "0");
   args.add_list("target_modules", "LoRA target modules (with --tuner_type lora; the GPU engine applies the attention "
                 "and GDN projections so far)");
   args.add_list("target_parameters", "LoRA on the routed experts' fused weights (with --tuner_type lora), e.g. "

@@ -8,6 +8,8 @@
 # the vlm40 stage trains the tower's adapters too (its backward runs). Each stage has a timeout; the
 # whole stays under 9 minutes. Logs go to $OUT/lora_acceptance.tgz, the summary also to $OUT/lora_summary.txt.
 # resume: a GPU LoRA run killed mid-step and resumed, byte-identical to an uninterrupted one.
+# dropout40 (not in the default list): the text40 bench with --lora_dropout 0.05 on all-linear only
+# (PEFT refuses dropout on the experts), against the same bench without dropout.
 # Usage: [BUNDLE=gpu_bundle] STAGES="tests resume demo text40 vlm40 regress" bash tools/gpu/lora_acceptance.sh (regress: the
 # full-tuning gpu_text_model_gpu_test, the shared expert kernel and the vision tower without
 # adapters, since the shared expert kernel and the vision projections changed).
@@ -39,7 +41,7 @@ for stage in ${STAGES:-tests resume demo text40 vlm40 regress}; do
              gpu_engine_lora_gpu_test; do
       name=${t%% *}
       if timeout 200 $bundle/bin/$t > "$logs/$name.log" 2>&1; then say "PASS $t"; else say "FAIL $t (exit $?)"; status=1; fi
-      grep -E "TIMING|ce loss|ce_sum|features rel|worst|adapter gradients|LoRA losses|FAILED|Failure|NOT FINITE|Expected|which is" \
+      grep -E "TIMING|ce loss|ce_sum|features rel|worst|adapter gradients|LoRA losses|dropout|FAILED|Failure|NOT FINITE|Expected|which is" \
         "$logs/$name.log" | head -60 | tee -a "$summary"
     done
     ;;
@@ -78,6 +80,24 @@ print(f"{'PASS' if ok else 'FAIL'}: {r['tokens_per_s']:.0f} tokens/s (need >= 47
       f"(need <= 137), planned {r['planned_mem_gib']:.2f} GiB, {r.get('images', 0)} images, components ms {r['components_ms']}")
 sys.exit(0 if ok else 1)
 PY
+    ;;
+  dropout40)
+    # The same 40-layer text bench on all-linear, without and with --lora_dropout 0.05: the cost of
+    # the masked x' and input gradient (both must fit and stay above the rate text40 asks for).
+    for p in 0 0.05; do
+      timeout 200 $bin bench --layers 40 --tokens 8192 --steps 5 --warmup 2 --seqs 8 --tuner_type lora --lora_rank 8 \
+        --lora_alpha 32 --target_modules all-linear --lora_dropout $p > "$logs/dropout40_$p.log" 2>&1; rc=$?
+      bench_lines "$logs/dropout40_$p.log"
+      if [ $rc -ne 0 ]; then say "FAIL dropout40 p=$p (exit $rc)"; tail -15 "$logs/dropout40_$p.log" | tee -a "$summary"; status=1; continue; fi
+      python3 - "$logs/dropout40_$p.log" "$p" <<'PY' | tee -a "$summary" || status=1
+import json, sys
+r = json.loads([l for l in open(sys.argv[1]) if l.startswith("BENCH_JSON ")][-1][len("BENCH_JSON "):])
+ok = r["tokens_per_s"] >= 4779 and r["peak_mem_gib"] <= 137
+print(f"{'PASS' if ok else 'FAIL'} dropout {sys.argv[2]}: {r['tokens_per_s']:.0f} tokens/s, peak {r['peak_mem_gib']:.2f} GiB, "
+      f"planned {r['planned_mem_gib']:.2f} GiB")
+sys.exit(0 if ok else 1)
+PY
+    done
     ;;
   resume)
     # A LoRA run (all-linear + routed experts on tiny-vl, image + text data) 8 steps straight, and
