@@ -14,6 +14,33 @@ Each mutation is one small edit a careless change could make, and the tests that
 
 MUTATIONS = [
     dict(
+        name="lora_dropout_da_undropped",
+        why="LoRA dropout: the adapter's dA formed from x instead of the dropped x'",
+        file="src/model/text/projection.cc",
+        find="  linear_backward_ref(x_lora, ad.a, d_xa.data(), dx != nullptr ? dx_part.data() : nullptr, d_a, rows, in_features,",
+        replace="  linear_backward_ref(x, ad.a, d_xa.data(), dx != nullptr ? dx_part.data() : nullptr, d_a, rows, in_features,",
+        tests=["lora_test"],
+        device="cpu",
+    ),
+    dict(
+        name="lora_dropout_dx_unmasked",
+        why="LoRA dropout: the adapter's input gradient not sent back through the mask",
+        file="src/model/text/projection.cc",
+        find="    if (ad.dropout.active()) lora_dropout_apply_ref(ad.dropout, dx_part.data(), dx_part.data(), rows, in_features);",
+        replace="",
+        tests=["lora_test"],
+        device="cpu",
+    ),
+    dict(
+        name="lora_dropout_one_lane",
+        why="LoRA dropout mask: the four columns of a Philox block share one word",
+        file="src/kernels/lora/lora_dropout_mask.h",
+        find="  return block.v[col & 3] >= m.threshold ? m.keep_scale : 0.0f;",
+        replace="  return block.v[0] >= m.threshold ? m.keep_scale : 0.0f;",
+        tests=["lora_dropout_mask_test"],
+        device="cpu",
+    ),
+    dict(
         name="bicubic_a_minus_0.75",
         why="bicubic kernel parameter -0.75 (OpenCV's) instead of PIL's -0.5",
         file="src/data/image_resize.cc",
