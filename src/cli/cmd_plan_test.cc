@@ -1,5 +1,7 @@
 // `deltamoe plan` through the binary: the 35B layout of the design's memory table fits 78 GiB with
-// bf16 moments and full recompute, and not with selective recompute (design §1.4).
+// bf16 moments and full recompute, and not with selective recompute (design §1.4), on the design's
+// basis of two 4,096-token samples per micro-batch (--micro_batch_size 2; the default plans for up
+// to one packed sample per 8 tokens, whose GDN chunk states are larger).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -14,14 +16,15 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 
 CommandResult plan(const std::string& recompute) {
   return run_command(str_cat(deltamoe_binary(), " plan --nproc 8 --expert_model_parallel_size 8 ",
-                             "--use_distributed_optimizer true --optimizer_state_dtype bf16 --recompute ", recompute,
-                             " --gpu_memory_gib 78 2>&1"));
+                             "--use_distributed_optimizer true --optimizer_state_dtype bf16 --micro_batch_size 2 ",
+                             "--recompute ", recompute, " --gpu_memory_gib 78 2>&1"));
 }
 
 TEST(CmdPlan, EightyGigabytePartsFitOnlyWithFullRecompute) {
   const CommandResult full = plan("full");
   EXPECT_EQ(full.exit_code, 0) << full.output;
   EXPECT_TRUE(contains(full.output, "recompute full")) << full.output;
+  EXPECT_TRUE(contains(full.output, "at most 2 samples")) << full.output;
   EXPECT_TRUE(contains(full.output, "fits: ")) << full.output;
 
   const CommandResult selective = plan("selective");

@@ -136,7 +136,9 @@ ParallelMemoryPlan plan_parallel_memory(const ModelConfig& config, const EngineO
     }
     // Send and receive of the dispatch and of the combine, plus the experts' gate/up outputs.
     const double intermediate = rows * parallel.exchange_imbalance * static_cast<double>(2 * text.moe_intermediate_size) * 2;
-    out.exchange_transient = static_cast<size_t>(2 * rows * row_bytes + 2 * received + intermediate);
+    // ... and the shared expert's fp32 products held across the exchange's wait ([T, C] + [T]).
+    const double shared_pending = static_cast<double>(T) * static_cast<double>(C + 1) * 4;
+    out.exchange_transient = static_cast<size_t>(2 * rows * row_bytes + 2 * received + intermediate + shared_pending);
   }
   return out;
 }

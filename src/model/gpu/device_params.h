@@ -5,7 +5,8 @@
 // optimizer moments on top.
 // On one rank of a parallel job (master_elsewhere): a tensor may be a slice of the model's (the
 // rank's own routed experts, [E_local, ...]), and the fp32 master lives with the sharded training
-// state (DeviceTrainState) instead: trained tensors keep their full fp32 gradient here, and an fp32
+// state (DeviceTrainState) instead: trained tensors keep their fp32 gradient here where the state
+// places it (GradientPlacement: the dense ones share one region, phase by phase), and an fp32
 // working copy when the math reads them in fp32.
 #pragma once
 
