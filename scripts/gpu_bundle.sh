@@ -9,11 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The H200 needs only sm_90a; building one architecture halves nvcc's time on 2 cores.
 arch=${BUNDLE_ARCH:-90a}
-case "$arch" in
-  90a) default_bundle=gpu_bundle ;;
-  80-virtual) default_bundle=gpu_bundle_sm80 ;;
-  *) default_bundle=gpu_bundle_$(echo "$arch" | tr ';,' '__') ;;
-esac
+default_bundle=gpu_bundle
+[ "$arch" = 80-virtual ] && default_bundle=gpu_bundle_sm80
 bundle=${BUNDLE_DIR:-$default_bundle}
 case "$bundle" in */* | "" | . | ..) echo "gpu_bundle: BUNDLE_DIR must be a folder name in the repository root, not '$bundle'"; exit 2 ;; esac
 build=build/bundle-$(echo "$arch" | tr ';,' '__')
