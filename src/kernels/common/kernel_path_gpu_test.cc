@@ -52,7 +52,9 @@ TEST(KernelPathGpu, AgreesWithTheGpuAndTheCodeThatRuns) {
   EXPECT_EQ(path.sm90a, prop.major == 9 && report.sm90a_features);
   EXPECT_EQ(sm90a_kernels_usable(), path.sm90a);
   // And follow the build: on a Hopper GPU the sm_90a kernels run exactly when 90a was built.
-  if (prop.major == 9) EXPECT_EQ(path.sm90a, built_with_sm90a()) << "built for " << cuda_architectures();
+  if (prop.major == 9) {
+    EXPECT_EQ(path.sm90a, built_with_sm90a()) << "built for " << cuda_architectures();
+  }
   // Code compiled by the driver from another architecture's PTX says so.
   if (path.code_arch != path.binary_arch) {
     EXPECT_NE(path.describe().find(std::string("compute_") + std::to_string(path.code_arch) + " PTX on sm_"),
