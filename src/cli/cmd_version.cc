@@ -1,8 +1,12 @@
 // `deltamoe version`: version and whether this build has CUDA.
 #include <cstdio>
+#include <string>
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#ifdef DELTAMOE_WITH_CUDA
+#include "kernels/common/kernel_path_cuda.h"
+#endif
 
 namespace deltamoe {
 
@@ -10,11 +14,12 @@ int cmd_version(int argc, char** argv) {
   ArgParser args("version", "print the version and build configuration");
   if (!args.parse(argc, argv)) return 0;
 #ifdef DELTAMOE_WITH_CUDA
-  const char* cuda = "with CUDA (sm_80, sm_90a)";
+  // The architectures CMAKE_CUDA_ARCHITECTURES named ("80,90a"; "80-virtual": compute_80 PTX only).
+  const std::string cuda = std::string("with CUDA (") + cuda_architectures() + ")";
 #else
-  const char* cuda = "CPU only";
+  const std::string cuda = "CPU only";
 #endif
-  std::printf("deltamoe %s, %s\n", DELTAMOE_VERSION, cuda);
+  std::printf("deltamoe %s, %s\n", DELTAMOE_VERSION, cuda.c_str());
   return 0;
 }
 

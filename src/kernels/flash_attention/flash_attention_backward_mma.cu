@@ -10,6 +10,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/common/kernel_path_cuda.h"
 #include "kernels/flash_attention/flash_attention_common.cuh"
 #include "kernels/flash_attention/flash_attention_cuda.h"
 #include "kernels/flash_attention/flash_attention_launch_checks.h"
@@ -179,10 +180,10 @@ void launch_backward_mma(const FlashAttentionShape& shape, const __nv_bfloat16* 
                          __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, cudaStream_t stream) {
   const unsigned tiles = static_cast<unsigned>((shape.num_tokens + kRows - 1) / kRows);
   constexpr size_t kDqShared = dq_shared_bytes<kHeadDim>(), kDkvShared = dkv_shared_bytes<kHeadDim>();
-  CUDA_CHECK(cudaFuncSetAttribute(dq_mma_kernel<kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kDqShared)));
-  CUDA_CHECK(cudaFuncSetAttribute(dkv_mma_kernel<kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kDkvShared)));
+  static_assert(kDqShared <= kSm80MaxSharedBytesPerBlock, "fits an sm_80 block (the sm_80 path)");
+  allow_dynamic_shared_memory(dq_mma_kernel<kHeadDim>, kDqShared, "flash attention backward (mma)");
+  static_assert(kDkvShared <= kSm80MaxSharedBytesPerBlock, "fits an sm_80 block (the sm_80 path)");
+  allow_dynamic_shared_memory(dkv_mma_kernel<kHeadDim>, kDkvShared, "flash attention backward (mma)");
   dq_mma_kernel<kHeadDim><<<dim3(tiles, static_cast<unsigned>(shape.num_q_heads)), kThreads, kDqShared, stream>>>(
       shape, q, k, v, lse, d_out, delta, dq);
   CUDA_CHECK_LAUNCH();

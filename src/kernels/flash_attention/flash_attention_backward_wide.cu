@@ -12,6 +12,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/common/kernel_path_cuda.h"
 #include "kernels/flash_attention/flash_attention_common.cuh"
 #include "kernels/flash_attention/flash_attention_cuda.h"
 #include "kernels/flash_attention/flash_attention_launch_checks.h"
@@ -303,15 +304,15 @@ void flash_attention_backward_wide_cuda(const FlashAttentionShape& shape, const 
                                                                                static_cast<int>(shape.head_dim), delta);
   CUDA_CHECK_LAUNCH();
 
-  CUDA_CHECK(cudaFuncSetAttribute(dq_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kDqSharedBytes)));
+  static_assert(kDqSharedBytes <= kSm80MaxSharedBytesPerBlock, "fits an sm_80 block (the sm_80 path)");
+  allow_dynamic_shared_memory(dq_wide_kernel, kDqSharedBytes, "flash attention backward (wide)");
   const dim3 dq_grid(static_cast<unsigned>((shape.num_tokens + kDqQueryRows - 1) / kDqQueryRows),
                      static_cast<unsigned>(shape.num_q_heads));
   dq_wide_kernel<<<dq_grid, 32 * kDqWarps, kDqSharedBytes, stream>>>(shape, q, k, v, lse, d_out, delta, dq);
   CUDA_CHECK_LAUNCH();
 
-  CUDA_CHECK(cudaFuncSetAttribute(dkv_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kDkvSharedBytes)));
+  static_assert(kDkvSharedBytes <= kSm80MaxSharedBytesPerBlock, "fits an sm_80 block (the sm_80 path)");
+  allow_dynamic_shared_memory(dkv_wide_kernel, kDkvSharedBytes, "flash attention backward (wide)");
   const int64_t key_tiles = (shape.num_tokens + kDkvKeyRows - 1) / kDkvKeyRows;
   const dim3 dkv_grid(static_cast<unsigned>((key_tiles + 1) / 2), static_cast<unsigned>(shape.num_kv_heads));
   dkv_wide_kernel<<<dkv_grid, 32 * kDkvWarps, kDkvSharedBytes, stream>>>(shape, q, k, v, lse, d_out, delta, dk, dv);

@@ -8,6 +8,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/common/kernel_path_cuda.h"
 #include "kernels/flash_attention/flash_attention_common.cuh"
 #include "kernels/flash_attention/flash_attention_cuda.h"
 #include "kernels/flash_attention/flash_attention_launch_checks.h"
@@ -85,8 +86,8 @@ template <int kHeadDim>
 void launch_forward_mma(const FlashAttentionShape& shape, const __nv_bfloat16* q, const __nv_bfloat16* k,
                         const __nv_bfloat16* v, __nv_bfloat16* out, float* lse, cudaStream_t stream) {
   constexpr size_t kShared = shared_bytes_for<kHeadDim>();
-  CUDA_CHECK(cudaFuncSetAttribute(forward_mma_kernel<kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kShared)));
+  static_assert(kShared <= kSm80MaxSharedBytesPerBlock, "fits an sm_80 block (the sm_80 path)");
+  allow_dynamic_shared_memory(forward_mma_kernel<kHeadDim>, kShared, "flash attention forward (mma)");
   const dim3 grid(static_cast<unsigned>((shape.num_tokens + kQueryRows - 1) / kQueryRows),
                   static_cast<unsigned>(shape.num_q_heads));
   forward_mma_kernel<kHeadDim><<<grid, 32 * kWarps, kShared, stream>>>(shape, q, k, v, out, lse);

@@ -7,6 +7,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/common/kernel_path_cuda.h"
 #include "kernels/flash_attention/flash_attention_common.cuh"
 #include "kernels/flash_attention/flash_attention_cuda.h"
 #include "kernels/flash_attention/flash_attention_launch_checks.h"
@@ -103,8 +104,8 @@ void flash_attention_forward_wide_cuda(const FlashAttentionShape& shape, const _
         " is not a multiple of 8 in (128, 256] (use flash_attention_forward_cuda, which falls back)");
   if (shape.num_tokens == 0) return;
   fa::check_forward_mma_pointers(q, k, v, out, lse, where);
-  CUDA_CHECK(cudaFuncSetAttribute(forward_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kSharedBytes)));
+  static_assert(kSharedBytes <= kSm80MaxSharedBytesPerBlock, "fits an sm_80 block (the sm_80 path)");
+  allow_dynamic_shared_memory(forward_wide_kernel, kSharedBytes, "flash attention forward (wide)");
   const dim3 grid(static_cast<unsigned>((shape.num_tokens + kQueryRows - 1) / kQueryRows),
                   static_cast<unsigned>(shape.num_q_heads));
   forward_wide_kernel<<<grid, 32 * kWarps, kSharedBytes, stream>>>(shape, q, k, v, out, lse);

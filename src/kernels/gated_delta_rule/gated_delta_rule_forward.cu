@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "core/cuda_check.h"
+#include "kernels/common/kernel_path_cuda.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_cuda.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_internal.cuh"
 #include "kernels/gated_delta_rule/gdn_mma.cuh"
@@ -396,14 +397,13 @@ size_t carve_workspace(const GatedDeltaRuleShape& s, bool backward, void* base, 
 }
 
 size_t device_smem_limit() {
-  int device = 0, limit = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  // The kernel path's limit (kernels/common/kernel_path_cuda.h): sm_80's 163 KB unless the sm_90a
+  // kernels run, so a compute_80 binary on the H200 keeps the A800's limit by itself.
+  const size_t limit = kernel_path().max_shared_bytes;
   // Read on every launch (a few ns) so that one test process can cover both variants.
   const char* pretend = std::getenv("DELTAMOE_GDN_SMALL_SMEM");
   const bool pretend_sm80 = pretend != nullptr && pretend[0] == '1';
-  constexpr int kSm80Limit = 163 * 1024;
-  return static_cast<size_t>(pretend_sm80 ? std::min(limit, kSm80Limit) : limit);
+  return pretend_sm80 ? std::min(limit, kSm80MaxSharedBytesPerBlock) : limit;
 }
 
 void check_shape(const char* op, const GatedDeltaRuleShape& s) {

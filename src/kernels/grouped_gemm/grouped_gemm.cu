@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "core/cuda_check.h"
+#include "kernels/common/kernel_path_cuda.h"
 #include "kernels/grouped_gemm/grouped_gemm_cuda.h"
 #include "kernels/grouped_gemm/grouped_gemm_device.cuh"
 #include "kernels/grouped_gemm/grouped_gemm_kernels_cuda.h"
@@ -294,11 +295,12 @@ constexpr size_t smem_bytes() {
 template <bool kRowsMode, bool kBKMajor, bool kAligned, int kEpilogue>
 void launch(const GroupedParams& params, dim3 grid, cudaStream_t stream) {
   constexpr size_t kSmem = smem_bytes<kRowsMode, kBKMajor>();
+  static_assert(kSmem <= kSm80MaxSharedBytesPerBlock, "the fallback fits an sm_80 block");
   auto kernel = grouped_gemm_kernel<kRowsMode, kBKMajor, kAligned, kEpilogue>;
   // Above 48 KiB of dynamic shared memory needs the opt-in (a host-side attribute, no sync).
   static bool attribute_set = false;
   if (!attribute_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));
+    allow_dynamic_shared_memory(kernel, kSmem, "grouped GEMM (wmma)");
     attribute_set = true;
   }
   kernel<<<grid, kThreads, kSmem, stream>>>(params);
@@ -342,6 +344,7 @@ void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* 
                                  bool b_stored_nk, void* c, DType c_dtype, const int32_t* offsets, int64_t num_groups,
                                  int64_t max_rows, int64_t n, int64_t k, void* workspace, size_t workspace_bytes,
                                  cudaStream_t stream) {
+  if (kernel == GroupedGemmKernel::wgmma) require_sm90a_kernels("grouped_gemm_rows_cuda_with(wgmma)");
   CHECK(num_groups >= 1 && num_groups < (1 << 20), "grouped_gemm_rows_cuda: group count ", num_groups,
         " must be in [1, 2^20)");
   CHECK(n >= 1 && k >= 1 && max_rows >= 0, "grouped_gemm_rows_cuda: sizes n=", n, " k=", k, " max_rows=", max_rows,
@@ -393,6 +396,7 @@ void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* 
 void grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b,
                                         float* c, const int32_t* offsets, int64_t num_groups, int64_t m, int64_t n,
                                         cudaStream_t stream) {
+  if (kernel == GroupedGemmKernel::wgmma) require_sm90a_kernels("grouped_gemm_weight_grad_cuda_with(wgmma)");
   CHECK(num_groups >= 1 && num_groups <= 65535, "grouped_gemm_weight_grad_cuda: group count ", num_groups,
         " must be in [1, 65535]");
   CHECK(m >= 1 && n >= 1, "grouped_gemm_weight_grad_cuda: sizes m=", m, " n=", n, " must be positive");

@@ -1,5 +1,6 @@
-// GPU test of the grouped GEMM against its CPU reference, for every kernel (wgmma, which sm_90a
-// callers get for the row products; mma.sync, the sm_80 path and dW; the WMMA fallback):
+// GPU test of the grouped GEMM against its CPU reference, for every kernel this process may run
+// (wgmma, which sm_90a callers get for the row products, on the sm_90a kernel path only;
+// mma.sync, the sm_80 path and dW; the WMMA fallback):
 // row-grouped products (weights [N, K] and [K, N], bf16 and f32 outputs) and weight gradients, over
 // empty groups, single rows, odd sizes, K not a multiple of the k-step and the Qwen3.5-35B-A3B
 // expert widths; then timing side by side at 8192 tokens x 8 experts, and under three routings.
@@ -11,6 +12,7 @@
 
 #include "core/device_buffer.h"
 #include "core/rng.h"
+#include "kernels/common/kernel_path_cuda.h"
 #include "kernels/common/tensor_compare.h"
 #include "kernels/gemm/gpu_timing.h"
 #include "kernels/grouped_gemm/grouped_gemm.h"
@@ -61,12 +63,16 @@ struct GroupedShape {
   int64_t rows, groups, empty_groups, n, k;
 };
 
-// Every kernel choice is checked against one reference product: `auto` (what callers get), the
-// WMMA fallback, and both block tiles of the mma.sync kernel (which fall back to WMMA at shapes
-// the mma kernel does not take).
-constexpr GroupedGemmKernel kKernels[] = {GroupedGemmKernel::automatic, GroupedGemmKernel::wmma,
-                                          GroupedGemmKernel::mma_128x128, GroupedGemmKernel::mma_128x256,
-                                          GroupedGemmKernel::wgmma};
+// Every kernel choice this process may run is checked against one reference product: `auto` (what
+// callers get), the WMMA fallback, both block tiles of the mma.sync kernel (which fall back to WMMA
+// at shapes the mma kernel does not take) and, on the sm_90a kernel path, wgmma (which raises on
+// the sm_80 path: WgmmaFollowsTheKernelPath).
+std::vector<GroupedGemmKernel> kernels_here() {
+  std::vector<GroupedGemmKernel> kernels = {GroupedGemmKernel::automatic, GroupedGemmKernel::wmma,
+                                            GroupedGemmKernel::mma_128x128, GroupedGemmKernel::mma_128x256};
+  if (grouped_gemm_detail::wgmma_available()) kernels.push_back(GroupedGemmKernel::wgmma);
+  return kernels;
+}
 
 const char* kernel_name(GroupedGemmKernel kernel) {
   switch (kernel) {
@@ -97,7 +103,7 @@ void check_rows(const GroupedShape& s, bool b_stored_nk, uint64_t seed) {
 
   DeviceTensor a_d = to_device(a, DType::bf16), b_d = to_device(b, DType::bf16), off_d = offsets_to_device(offsets);
   DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(s.groups));
-  for (GroupedGemmKernel kernel : kKernels) {
+  for (GroupedGemmKernel kernel : kernels_here()) {
     for (DType out_dtype : {DType::bf16, DType::f32}) {
       DeviceTensor c_d = device_tensor(out_dtype, {s.rows, s.n});
       device_fill_bytes(c_d.view, 0xFF);
@@ -128,7 +134,7 @@ void check_weight_grad(const GroupedShape& s, uint64_t seed) {
   grouped_gemm_weight_grad_ref(a.as<float>(), b.as<float>(), c_ref.as<float>(), offsets.data(), s.groups, m, n);
 
   DeviceTensor a_d = to_device(a, DType::bf16), b_d = to_device(b, DType::bf16), off_d = offsets_to_device(offsets);
-  for (GroupedGemmKernel kernel : kKernels) {
+  for (GroupedGemmKernel kernel : kernels_here()) {
     DeviceTensor c_d = to_device(c_init, DType::f32);
     grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), static_cast<float*>(c_d.view.data),
                                        static_cast<const int32_t*>(off_d.view.data), s.groups, m, n, nullptr);
@@ -142,7 +148,9 @@ void check_weight_grad(const GroupedShape& s, uint64_t seed) {
 
 // Shapes with N and K multiples of 8 take the mma.sync kernel under `auto`; the others the WMMA
 // kernel under both names. In weight-grad checks N is M and K is N of c_g, and K of the product is
-// each group's row count (rarely a multiple of 8 or 32).
+// each group's row count (rarely a multiple of 8 or 32). The 35B widths are their own tests
+// (*Widths35B): their CPU references and 2 GB weight tensors take minutes, and a reduced pass
+// (tools/gpu/sm80_path.sh) leaves them out with --gtest_filter=-*Widths35B*.
 const GroupedShape kShapes[] = {
     {1, 1, 0, 16, 16},           // one row
     {1, 4, 3, 24, 40},           // one row, three empty groups
@@ -153,6 +161,8 @@ const GroupedShape kShapes[] = {
     {700, 9, 3, 392, 1000},      // many k-steps (pipeline wrap-around), K % 32 = 8
     {97, 6, 2, 37, 53},          // odd N and K: the element-by-element path (WMMA only)
     {260, 3, 0, 129, 131},       // odd, more than one tile each way (WMMA only)
+};
+const GroupedShape kShapes35B[] = {
     {512, 256, 40, 1024, 2048},  // 35B gate_up widths (E=256, N=2I, K=H), 64 tokens x 8; ~1700
                                  // tiles, so each persistent block of the mma kernel takes several
     {512, 256, 40, 2048, 512},   // 35B down widths
@@ -165,9 +175,49 @@ TEST(GroupedGemmGpu, RowsMatchReference) {
   }
 }
 
+TEST(GroupedGemmGpu, RowsMatchReferenceWidths35B) {
+  uint64_t seed = 460;  // the seeds these shapes had at the end of kShapes
+  for (const GroupedShape& s : kShapes35B) {
+    for (bool nk : {true, false}) check_rows(s, nk, seed += 20);
+  }
+}
+
 TEST(GroupedGemmGpu, WeightGradMatchesReference) {
   uint64_t seed = 900;
   for (const GroupedShape& s : kShapes) check_weight_grad(s, seed += 10);
+}
+
+TEST(GroupedGemmGpu, WeightGradMatchesReferenceWidths35B) {
+  uint64_t seed = 990;  // as above
+  for (const GroupedShape& s : kShapes35B) check_weight_grad(s, seed += 10);
+}
+
+// Asking for wgmma by name runs it on the sm_90a kernel path and raises on the sm_80 path (an
+// A800, or compute_80 code on the H200), where the binary's copy of the kernel may be empty.
+TEST(GroupedGemmGpu, WgmmaFollowsTheKernelPath) {
+  const KernelPath& path = kernel_path();
+  std::printf("kernel path: %s; wgmma kernel available: %s\n", path.describe().c_str(),
+              grouped_gemm_detail::wgmma_available() ? "yes" : "no");
+  EXPECT_EQ(grouped_gemm_detail::wgmma_available(), path.sm90a);
+  if (path.sm90a) return;  // RowsMatchReference checks its results
+  const GroupedShape s{256, 2, 0, 64, 64};
+  const std::vector<int32_t> offsets = random_offsets(s.rows, s.groups, s.empty_groups, 3);
+  DeviceTensor a_d = to_device(random_bf16_exact({s.rows, s.k}, 4), DType::bf16);
+  DeviceTensor b_d = to_device(random_bf16_exact({s.groups, s.n, s.k}, 5), DType::bf16);
+  DeviceTensor off_d = offsets_to_device(offsets);
+  DeviceTensor c_d = device_tensor(DType::f32, {s.rows, s.n});
+  DeviceTensor dw_d = device_tensor(DType::f32, {s.groups, s.k, s.k});
+  DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(s.groups));
+  EXPECT_THROW(grouped_gemm_rows_cuda_with(GroupedGemmKernel::wgmma, bf16_ptr(a_d), bf16_ptr(b_d), true,
+                                           c_d.view.data, DType::f32, static_cast<const int32_t*>(off_d.view.data),
+                                           s.groups, s.rows, s.n, s.k, workspace.data(), workspace.bytes(), nullptr),
+               Error);
+  EXPECT_THROW(grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::wgmma, bf16_ptr(a_d), bf16_ptr(a_d),
+                                                  static_cast<float*>(dw_d.view.data),
+                                                  static_cast<const int32_t*>(off_d.view.data), s.groups, s.k, s.k,
+                                                  nullptr),
+               Error);
+  device_synchronize();
 }
 
 TEST(GroupedGemmGpu, MisalignedOperandsFallBack) {
@@ -249,12 +299,14 @@ TEST(GroupedGemmGpu, Timing35B) {
   device_fill_bytes(d_down_w.view, 0);
   DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(experts));
   const double gu_flops = 2.0 * rows * (2 * inter) * hidden, down_flops = 2.0 * rows * hidden * inter;
-  // Row products timed with the mma.sync kernel (128x256, the sm_80 path) and the wgmma kernel
-  // (what sm_90a callers get), dW with both mma.sync block tiles (128x128 is what callers get), on
+  // Row products timed with the mma.sync kernel (128x256, the sm_80 path) and, on the sm_90a
+  // path, the wgmma kernel (what sm_90a callers get), dW with both mma.sync block tiles (128x128 is what callers get), on
   // adjacent lines.
-  const std::vector<GroupedGemmKernel> row_kernels = {GroupedGemmKernel::mma_128x256, GroupedGemmKernel::wgmma};
+  std::vector<GroupedGemmKernel> row_kernels = {GroupedGemmKernel::mma_128x256};
+  if (grouped_gemm_detail::wgmma_available()) row_kernels.push_back(GroupedGemmKernel::wgmma);
   const std::vector<GroupedGemmKernel> dw_kernels = {GroupedGemmKernel::mma_128x128, GroupedGemmKernel::mma_128x256};
-  std::printf("wgmma kernel available here: %s\n", grouped_gemm_detail::wgmma_available() ? "yes" : "no");
+  std::printf("kernel path: %s; wgmma kernel available here: %s\n", kernel_path().describe().c_str(),
+              grouped_gemm_detail::wgmma_available() ? "yes" : "no");
   auto time_kernels = [&](const char* name, double flops, auto&& launch) {
     const bool weight_grad = std::string(name).find("dW") != std::string::npos;
     for (GroupedGemmKernel kernel : weight_grad ? dw_kernels : row_kernels) {

@@ -14,11 +14,12 @@
 
 namespace deltamoe {
 
-// automatic: for row products on an sm_90 GPU with an sm_90a build, the wgmma kernel where the
-// mma.sync alignment rules hold; otherwise the mma.sync kernel where they hold, with the block tile
-// chosen in grouped_gemm.cu per product kind, else WMMA. wmma: always the WMMA kernel (the
-// fallback). mma_128x128 / mma_128x256: the mma.sync kernel (the sm_80 path) with that block tile
-// where it applies, else WMMA. wgmma: as automatic (dW has no wgmma kernel yet).
+// automatic: for row products where the sm_90a kernels may run (kernels/common/kernel_path_cuda.h:
+// an sm_90 GPU running sm_90a code), the wgmma kernel where the mma.sync alignment rules hold;
+// otherwise the mma.sync kernel where they hold, with the block tile chosen in grouped_gemm.cu per
+// product kind, else WMMA. wmma: always the WMMA kernel (the fallback). mma_128x128 / mma_128x256:
+// the mma.sync kernel (the sm_80 path) with that block tile where it applies, else WMMA. wgmma: as
+// automatic (dW has no wgmma kernel yet) on the sm_90a path, an error on the sm_80 path.
 enum class GroupedGemmKernel { automatic, wmma, mma_128x128, mma_128x256, wgmma };
 
 // grouped_gemm_rows_cuda / grouped_gemm_weight_grad_cuda with the kernel chosen by the caller.
@@ -53,8 +54,7 @@ void rows_mma(MmaTile tile, const __nv_bfloat16* a, const __nv_bfloat16* b, bool
 void weight_grad_mma(MmaTile tile, const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
                      int num_groups, int m, int n, cudaStream_t stream);
 
-// Whether the current device runs the wgmma kernel: compute capability 9.x and sm_90a code in
-// this build (host-side queries, cached per device).
+// Whether the current device runs the wgmma kernel: sm90a_kernels_usable() (kernel_path_cuda.h).
 bool wgmma_available();
 
 // Row-grouped product with the wgmma kernel (needs wgmma_available() and mma_applies). a holds

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/cuda_check.h"
+#include "kernels/common/kernel_path_cuda.h"
 #include "kernels/grouped_gemm/grouped_gemm_cuda.h"
 #include "kernels/grouped_gemm/grouped_gemm_device.cuh"
 #include "kernels/grouped_gemm/grouped_gemm_kernels_cuda.h"
@@ -377,11 +378,12 @@ template <bool kRowsMode, bool kBKMajor, int kEpilogue, int kBlockN>
 void launch(const MmaParams& params, int64_t max_tiles, cudaStream_t stream) {
   constexpr size_t kSmem =
       kStages * (stage_elems<kRowsMode, kTileM>() + stage_elems<kBKMajor, kBlockN>()) * sizeof(nvbf16);
+  static_assert(kSmem <= kSm80MaxSharedBytesPerBlock, "the sm_80 path's kernel fits an sm_80 block");
   auto kernel = grouped_gemm_mma_kernel<kRowsMode, kBKMajor, kEpilogue, kBlockN>;
   // Above 48 KiB of dynamic shared memory needs the opt-in; both are host-side queries, no sync.
   static int blocks_per_sm = 0;
   if (blocks_per_sm == 0) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));
+    allow_dynamic_shared_memory(kernel, kSmem, "grouped GEMM (mma)");
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, kSmem));
     CHECK(blocks_per_sm >= 1, "grouped GEMM (mma): the kernel does not fit on this device (", kSmem,
           " bytes of shared memory per block)");

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "core/cuda_check.h"
+#include "kernels/common/kernel_path_cuda.h"
 #include "kernels/grouped_gemm/grouped_gemm_cuda.h"
 #include "kernels/grouped_gemm/grouped_gemm_device.cuh"
 #include "kernels/grouped_gemm/grouped_gemm_kernels_cuda.h"
@@ -57,8 +58,8 @@ struct WgmmaParams {
 };
 
 
-// Plain sm_90 code would carry this kernel with an empty body, and wgmma_available() cannot tell
-// it from sm_90a code: such a build is refused here (the project builds 80 and 90a).
+// Plain sm_90 code would carry this kernel with an empty body, and the kernel path
+// (kernel_path_cuda.h) cannot tell it from sm_90a code: such a build is refused here.
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && (__CUDA_ARCH__ < 1000) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "grouped_gemm_wgmma.cu: build Hopper code as sm_90a (wgmma and setmaxnreg), not sm_90"
 #endif
@@ -405,7 +406,7 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const WgmmaParam
   auto kernel = grouped_gemm_wgmma_kernel<kBKMajor, kEpilogue>;
   static bool attribute_set = false;  // a host-side attribute, no sync
   if (!attribute_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    allow_dynamic_shared_memory(kernel, kSmemBytes, "grouped GEMM (wgmma)");
     attribute_set = true;
   }
   int device = 0, sms = 0;
@@ -419,21 +420,10 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const WgmmaParam
 }  // namespace
 
 bool wgmma_available() {
-  // Per device: compute capability 9.x and this kernel's code compiled for sm_90a, as machine code
-  // and from sm_90a PTX (an 80-only build, compute_80 PTX compiled for the GPU at load time, or an
-  // sm_80 GPU keep the mma.sync kernel, whose copy of this kernel is empty). Host-side queries, cached.
-  static int cached[64] = {};  // 0 unknown, 1 yes, 2 no
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  if (device < 0 || device >= 64) return false;
-  if (cached[device] == 0) {
-    int major = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    cudaFuncAttributes attributes{};
-    CUDA_CHECK(cudaFuncGetAttributes(&attributes, grouped_gemm_wgmma_kernel<true, kStoreBf16>));
-    cached[device] = major == 9 && attributes.binaryVersion >= 90 && attributes.ptxVersion >= 90 ? 1 : 2;
-  }
-  return cached[device] == 1;
+  // The process-wide answer (kernels/common/kernel_path_cuda.h): an sm_90 GPU running sm_90a code.
+  // Where it is no (an A800, or compute_80 PTX compiled for the H200 at load time), this kernel's
+  // copy in the binary is empty and must not run.
+  return sm90a_kernels_usable();
 }
 
 void rows_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk, void* c, DType c_dtype,
@@ -441,7 +431,7 @@ void rows_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk
                 cudaStream_t stream) {
   CHECK(mma_applies(a, b, c, n, k), "grouped GEMM (wgmma): n=", n, " and k=", k,
         " must be multiples of 8 and the operands 16-byte aligned");
-  CHECK(wgmma_available(), "grouped GEMM (wgmma): needs an sm_90 GPU and a build for sm_90a");
+  require_sm90a_kernels("grouped GEMM (wgmma)");
   const cuuint64_t row_bytes = static_cast<cuuint64_t>(k) * 2;
   const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(max_rows)};
   const cuuint64_t a_strides[1] = {row_bytes};

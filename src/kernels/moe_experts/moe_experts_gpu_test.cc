@@ -232,11 +232,15 @@ TEST(MoeExpertsGpu, MatchesReference) {
       {20, 96, 16, 5, 2, 48},        // 11 experts without any token
       {300, 128, 16, 16, 4, 64},     // several row tiles per expert
       {150, 136, 32, 30, 8, 40},     // two empty experts at the end, odd tile counts
-      {64, 2048, 256, 256, 8, 512},  // Qwen3.5-35B-A3B widths (many experts get 0-3 tokens)
   };
   uint64_t seed = 1000;
   for (const ExpertCase& c : cases) check_case(c, seed += 10);
 }
+
+// Qwen3.5-35B-A3B widths (many experts get 0-3 tokens). Its own test because the CPU reference's
+// 2 GB of expert gradients take minutes: a reduced pass (tools/gpu/sm80_path.sh) leaves it out
+// with --gtest_filter=-*Widths35B*.
+TEST(MoeExpertsGpu, MatchesReferenceWidths35B) { check_case({64, 2048, 256, 256, 8, 512}, 1070); }
 
 TEST(MoeExpertsGpu, IsDeterministic) {
   const ExpertCase c{200, 256, 16, 12, 4, 96};

@@ -1,7 +1,6 @@
 // Attention backend choice at setup (cudnn_attention_choice.h).
 #include "kernels/cudnn_sdpa/gpu/cudnn_attention_choice.h"
 
-#include <cuda_runtime.h>
 #include <cudnn.h>
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include <string>
 
 #include "core/log.h"
+#include "kernels/common/kernel_path_cuda.h"
 
 namespace deltamoe {
 namespace {
@@ -18,21 +18,10 @@ bool forced_ours() {
   return value != nullptr && std::string(value) == "ours";
 }
 
-// False without a usable device too (memory planning may run on a machine without one).
-bool on_sm90() {
-  int device = 0;
-  cudaDeviceProp prop{};
-  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
-    (void)cudaGetLastError();  // clear it, so that later checks do not report it
-    return false;
-  }
-  return prop.major == 9;
-}
-
 }  // namespace
 
 size_t cudnn_attention_workspace_reserve(const CudnnSdpaConfig& config) {
-  if (forced_ours() || !on_sm90()) return 0;
+  if (forced_ours() || !sm90a_kernels_usable()) return 0;
   return CudnnSdpa::fixed_workspace_bytes(config) + kCudnnPlanWorkspaceAllowance;
 }
 

@@ -1,7 +1,8 @@
 // The one place a model picks its attention backend, once at setup: cuDNN's fused SDPA
-// (cudnn_sdpa.h) on sm_90 when cuDNN builds plans for the shape and they fit the workspace, our
-// flash-attention kernel otherwise (and always on sm_80). DELTAMOE_ATTENTION=ours forces our
-// kernel. The choice and its reason are logged.
+// (cudnn_sdpa.h) with the sm_90a kernels (kernels/common/kernel_path_cuda.h) when cuDNN builds
+// plans for the shape and they fit the workspace, our flash-attention kernel otherwise (and always
+// on the sm_80 path: an A800, or a compute_80 build on the H200). DELTAMOE_ATTENTION=ours forces
+// our kernel. The choice and its reason are logged.
 //
 // Reproducibility: cuDNN's backward accumulates dQ (and the grouped heads' dK/dV) with fp32
 // atomics, so its gradients may differ in the last bits from run to run; our kernel's are

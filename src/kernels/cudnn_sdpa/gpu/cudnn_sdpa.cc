@@ -21,6 +21,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/common/kernel_path_cuda.h"
 #include "kernels/cudnn_sdpa/gpu/cudnn_check.h"
 
 // The operation-graph and plan HANDLE attributes are marked deprecated in cuDNN 9 headers but are
@@ -546,12 +547,12 @@ std::unique_ptr<CudnnSdpa> CudnnSdpa::create(const CudnnSdpaConfig& config, std:
   if (c.max_tokens * c.num_q_heads * c.head_dim >= (int64_t{1} << 31))
     return refuse("element offsets past int32 (T * Hq * D >= 2^31)");
   if (c.max_segments > 1 << 20) return refuse("too many sequences per call");
-  int device = 0;
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  if (prop.major != 9)
-    return refuse(str_cat("sm_", prop.major, prop.minor, ": used on Hopper (sm_90) only (d = 256 backward)"));
+  // Used with the sm_90a kernels only (kernels/common/kernel_path_cuda.h): off Hopper cuDNN has no
+  // d = 256 backward, and a binary running the sm_80 kernels on an H200 takes the A800's path.
+  const KernelPath& path = kernel_path();
+  if (!path.sm90a)
+    return refuse(str_cat("the ", path.describe(), " kernel path (GPU sm_", path.device_arch,
+                          "): used with the sm_90a kernels only (Hopper; d = 256 backward)"));
   const size_t version = cudnnGetVersion();
   if (version < 90600) return refuse(str_cat("cuDNN ", version, " < 9.6 (GQA with ragged offsets)"));
 

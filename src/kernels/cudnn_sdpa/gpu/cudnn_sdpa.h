@@ -40,8 +40,9 @@ struct CudnnSdpaConfig {
 class CudnnSdpa {
  public:
   // Builds the forward and backward plans for `config` on the current device, or returns null and
-  // says why in *why_not (not sm_90, cuDNN < 9.6, shape outside the fused kernels, no engine for
-  // the graph: the message names the graph and node cuDNN refused). Never throws for those.
+  // says why in *why_not (not the sm_90a kernel path, cuDNN < 9.6, shape outside the fused
+  // kernels, no engine for the graph: the message names the graph and node cuDNN refused). Never
+  // throws for those.
   static std::unique_ptr<CudnnSdpa> create(const CudnnSdpaConfig& config, std::string* why_not);
   ~CudnnSdpa();
   CudnnSdpa(const CudnnSdpa&) = delete;

@@ -3,7 +3,8 @@
 // uneven lengths (not multiples of 64, a length-1 sequence), non-causal D = 72 per-image lengths
 // (the vision tower), one plan serving several packings with no plan built after setup, and the
 // 2 x 4096 / 1 x 8192 shapes checked against our fp32 SIMT kernels and timed beside our kernels.
-// On a GPU other than sm_90 the cuDNN path is not used, and the tests say so and skip.
+// On the sm_80 kernel path (kernel_path_cuda.h) the cuDNN path is not used: one test checks that
+// it is refused there and the model falls back to our kernel; the others say so and skip.
 #include <cudnn.h>
 #include <gtest/gtest.h>
 
@@ -16,6 +17,8 @@
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_cuda.h"
 #include "kernels/bidirectional_attention/bidirectional_attention.h"
+#include "kernels/common/kernel_path_cuda.h"
+#include "kernels/cudnn_sdpa/gpu/cudnn_attention_choice.h"
 #include "kernels/cudnn_sdpa/gpu/cudnn_sdpa.h"
 #include "kernels/flash_attention/attention_gpu_test_util.h"
 #include "kernels/gemm/gpu_test_util.h"
@@ -24,16 +27,12 @@
 namespace deltamoe {
 namespace {
 
-bool on_hopper() {
-  int device = 0;
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  return prop.major == 9;
-}
-
-#define SKIP_UNLESS_HOPPER() \
-  if (!on_hopper()) GTEST_SKIP() << "the cuDNN SDPA path is used on sm_90 only"
+// On the sm_80 kernel path (an A800, or a compute_80 build on the H200) cuDNN SDPA is never used:
+// SdpaFollowsTheKernelPath checks that it is refused there; the rest need the sm_90a path.
+#define SKIP_UNLESS_HOPPER()                                                                          \
+  if (!sm90a_kernels_usable())                                                                       \
+  GTEST_SKIP() << "the cuDNN SDPA path is used with the sm_90a kernels only; this process runs the " \
+               << kernel_path().describe() << " path"
 
 // Builds the plans, failing the test with cuDNN's reason when it refuses.
 std::unique_ptr<CudnnSdpa> build_plan(const CudnnSdpaConfig& config) {
@@ -174,6 +173,26 @@ TEST(CudnnSdpaGpu, OnePlanServesEveryPacking) {
   check_packing(*causal, {63, 65, 1, 127, 129, 64, 62, 1}, 70);
   check_packing(*causal, {511, 1}, 80);
   EXPECT_EQ(CudnnSdpa::plans_built(), built) << "a step built a plan";
+}
+
+// Where the sm_90a kernels may not run, create() refuses with the path in its reason, the model's
+// choice falls back to our kernel and plans no cuDNN workspace; where they may, it builds plans.
+TEST(CudnnSdpaGpu, SdpaFollowsTheKernelPath) {
+  const KernelPath& path = kernel_path();
+  std::printf("kernel path: %s (built for %s)\n", path.describe().c_str(), cuda_architectures());
+  const CudnnSdpaConfig config = config_for(128, 2, 16, 2, 256, true);
+  std::string why_not;
+  std::unique_ptr<CudnnSdpa> sdpa = CudnnSdpa::create(config, &why_not);
+  if (path.sm90a) {
+    EXPECT_NE(sdpa, nullptr) << why_not;
+    EXPECT_GT(cudnn_attention_workspace_reserve(config), 0u);
+  } else {
+    EXPECT_EQ(sdpa, nullptr);
+    EXPECT_NE(why_not.find("sm_80"), std::string::npos) << why_not;
+    std::printf("refused: %s\n", why_not.c_str());
+    EXPECT_EQ(cudnn_attention_workspace_reserve(config), 0u);
+    EXPECT_EQ(choose_cudnn_attention(config, size_t{1} << 30, "test"), nullptr);
+  }
 }
 
 TEST(CudnnSdpaGpu, RefusesWhatItCannotRun) {

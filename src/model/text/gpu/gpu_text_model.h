@@ -171,6 +171,8 @@ class GpuTextModel {
   GpuModelBytes bytes() const { return bytes_; }
   ComponentTimer& timer() { return timer_; }
   int64_t num_tokens() const { return num_tokens_; }
+  // The full-attention layers' backend chosen at setup: "cudnn" (fused SDPA) or "ours" (flash attention).
+  const char* attention_backend() const { return cudnn_attention_ != nullptr ? "cudnn" : "ours"; }
   const std::vector<int32_t>& host_cu_seqlens() const { return host_cu_seqlens_; }
   // Host-to-device bytes of the batches set so far (for the step's transfer counter).
   uint64_t uploaded_bytes() const { return uploaded_bytes_; }
