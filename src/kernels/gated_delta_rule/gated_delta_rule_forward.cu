@@ -227,8 +227,8 @@ __device__ void issue_state_input(ScanSmem& sm, const GatedDeltaRuleShape& s,
 
 // Grid (N, Hv, ceil(Dv / kStateScanCols)). Carries kStateScanCols columns of one head's state
 // through the chunks of one sequence (state columns evolve independently): stores the state
-// entering each chunk that has a slot (all but the sequence's first), turns U into V_new = U - W H and advances
-// H <- e^gamma_last H + K^T diag(e^(gamma_last - gamma)) V_new.
+// entering each chunk that has a slot (all but the sequence's first), turns U into
+// V_new = U - W H and advances H <- e^gamma_last H + K^T diag(e^(gamma_last - gamma)) V_new.
 __global__ void __launch_bounds__(kThreads, 2)
     state_scan_kernel(GatedDeltaRuleShape s, const __nv_bfloat16* k, const float* initial_state,
                       float* final_state, Workspace ws) {
