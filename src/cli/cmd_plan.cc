@@ -23,8 +23,7 @@ int cmd_plan(int argc, char** argv) {
   args.add_bool("use_distributed_optimizer", "ZeRO-2: non-expert gradients, master and moments sharded", false);
   args.add_option("micro_batch_tokens", "tokens per micro-batch on each GPU", "8192");
   args.add_option("micro_batch_size",
-                  "most samples packed into one micro-batch (0: any number, sized for one sample per 8 tokens; "
-                  "the GDN chunk states grow with it)",
+                  "most samples packed into one micro-batch (0: any number, sized for one sample per 8 tokens)",
                   "0");
   args.add_option("optimizer_state_dtype", "f32 or bf16 Adam moments", "f32");
   args.add_option("recompute",

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "kernels/gated_delta_rule/gated_delta_rule_workspace.h"
 #include "kernels/lora/lora_dropout_mask.h"
 #include "model/param_table.h"
 #include "model/text/text_activations.h"
@@ -111,14 +112,20 @@ ModelBytes estimate_text_bytes(const TextConfig& config, int64_t max_tokens, int
   bytes.activations = text_activation_bytes(config, spec);
   bytes.inputs = text_input_bytes(config, spec);
   // The largest kernel workspaces of the step: the routed experts' backward (permuted rows, the
-  // gate/up activations), the lm_head chunk's bf16 logits, the GDN chunk states.
+  // gate/up activations), the lm_head chunk's bf16 logits, the gated delta rule's backward.
   const int64_t T = max_tokens, C = config.hidden_size, I = config.moe_intermediate_size;
   const int64_t rows = T * config.num_experts_per_tok;
   const size_t experts = static_cast<size_t>(rows) * static_cast<size_t>(2 * C * 2 + 2 * I * 2 + I * 4 + I * 2);
   const size_t logits = static_cast<size_t>(std::min(loss_chunk_rows, T)) * static_cast<size_t>(config.vocab_size) * 2;
-  const int64_t Hv = config.linear_num_value_heads, Dk = config.linear_key_head_dim, Dv = config.linear_value_head_dim;
-  const int64_t chunks = T / 64 + max_seqs + 1;
-  const size_t gdn = static_cast<size_t>(4 * (T * Hv * (2 + 3 * Dk + 2 * Dv) + chunks * Hv * (2 * 64 * 64 + 2 * Dk * Dv)));
+  // The GDN backward's workspace (it holds the forward's too) is the kernels' own layout: per token
+  // but for the chunk table and the states between chunks inside a sequence, so it hardly grows
+  // with the number of sequences (gated_delta_rule_workspace.h).
+  const size_t gdn = config.num_layers_of(LayerType::linear_attention) > 0
+                         ? gated_delta_rule_workspace_layout(T, max_seqs, config.linear_num_value_heads,
+                                                             config.linear_key_head_dim,
+                                                             config.linear_value_head_dim, true)
+                               .total
+                         : 0;
   // Full attention through cuDNN's SDPA on sm_90 (kernels/cudnn_sdpa/gpu): the fp32 dQ
   // accumulator and row sums [T, Hq, D + 1] and a 16 MiB allowance for its plans' scratch.
   const int64_t Hq = config.num_attention_heads, D = config.head_dim;

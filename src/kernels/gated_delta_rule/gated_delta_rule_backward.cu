@@ -34,7 +34,8 @@ static_assert(sizeof(DScanSmem<kScanCols>) <= 163 * 1024,
               "the reverse scan's shared tiles must fit sm_80's 163 KB per block");
 
 // Grid (N, Hv, ceil(Dv / kCols)). Reverse scan over the chunks of one sequence carrying kCols
-// columns of dL/dH. Per chunk (last first): stores dH leaving the chunk, then
+// columns of dL/dH. Per chunk (last first): stores dH leaving the chunk (when it has a slot: all
+// but the sequence's last chunk, whose dH is d_final_state), then
 //   dV_new_j = sum_{i>=j} P_ij do_i + e^(gamma_last - gamma_j) dH^T k_j,
 //   dH <- e^gamma_last dH + sum_i e^gamma_i (scale q_i) do_i^T - W^T dV_new.
 template <int kCols>
@@ -66,8 +67,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
     load_tile(sm.k, kBf16Stride, kChunk, kD, k + (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk,
               static_cast<int64_t>(Hk) * Dk, ci.len, Dk);
-    load_tile(sm.p, kSqStrideT, kChunk, kChunk,
-              ws.p + (static_cast<int64_t>(c) * Hv + h) * kChunk * kChunk, kChunk, kChunk, kChunk);
+    load_tile(sm.p, kSqStrideT, kChunk, kChunk, ws.p + row_first * kChunk,
+              static_cast<int64_t>(Hv) * kChunk, ci.len, kChunk);
     load_tile(sm.d_o, kBf16ColStride, kChunk, kCols, d_o + row_first * Dv + col0,
               static_cast<int64_t>(Hv) * Dv, ci.len, cols);
     for (int i = tid; i < kChunk; i += kThreads) {
@@ -94,10 +95,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_wait<0>();  // the dV_new inputs of chunk c
     __syncthreads();     // ... for everybody; the previous dH half is done with W, Q, dH, dV_new
     issue_dh_inputs(c);
-    float* dh_out = ws.dh + (static_cast<int64_t>(c) * Hv + h) * Dk * Dv + col0;
-    for (int idx = tid; idx < Dk * kCols; idx += kThreads) {
-      const int d = idx / kCols, e = idx % kCols;
-      if (e < cols) dh_out[static_cast<int64_t>(d) * Dv + e] = sm.dh[d * kStride + e];
+    if (ci.dh_slot >= 0) {
+      float* dh_out = ws.dh + (static_cast<int64_t>(ci.dh_slot) * Hv + h) * Dk * Dv + col0;
+      for (int idx = tid; idx < Dk * kCols; idx += kThreads) {
+        const int d = idx / kCols, e = idx % kCols;
+        if (e < cols) dh_out[static_cast<int64_t>(d) * Dv + e] = sm.dh[d * kStride + e];
+      }
     }
     const float g_last = sm.gamma[len - 1];
     for (int idx = tid; idx < kChunk * kCols; idx += kThreads) {
@@ -172,10 +175,12 @@ struct StatesSmem {
 //   dq_i = e^gamma_i H do_i                     (w.r.t. scale*q; into dq_acc)
 //   dk_j = e^(gamma_last - gamma_j) dH v_new_j  (into dk_acc)
 //   dW_i = -H dV_new_i                          (overwrites W)
-// and the matching d gamma parts (into ws.dgamma).
+// and the matching d gamma parts (into ws.dgamma). H and dH are the chunk's slots or, at the
+// ends of its sequence, the initial state and d_final_state (null: zeros).
 __global__ void __launch_bounds__(kThreads, 2)
     grads_states_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
-                        const __nv_bfloat16* k, const __nv_bfloat16* d_o, Workspace ws) {
+                        const __nv_bfloat16* k, const __nv_bfloat16* d_o,
+                        const float* initial_state, const float* d_final_state, Workspace ws) {
   const int chunk = blockIdx.x, h = blockIdx.y;
   if (chunk >= *ws.chunk_count) return;
   const ChunkInfo ci = ws.chunks[chunk];
@@ -185,12 +190,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   StatesSmem& sm = *reinterpret_cast<StatesSmem*>(smem_raw);
   const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
   const int64_t qk_first = (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk;
-  const int64_t state_first = (static_cast<int64_t>(chunk) * Hv + h) * Dk * Dv;
   static_assert(2 * kChunk * kBf16Stride * sizeof(__nv_bfloat16) <= sizeof(StatesSmem::x),
                 "d_o and q must fit the x tile");
   auto* d_o_tile = reinterpret_cast<__nv_bfloat16*>(sm.x);
   auto* q_tile = d_o_tile + kChunk * kBf16Stride;
-  load_tile(sm.h, kF32Stride, kD, kD, ws.h + state_first, Dv, Dk, Dv);
+  // A null state (zeros) loads no rows; any valid address stands in for it.
+  const float* h_in = entering_state(s, ws, ci, initial_state, h);
+  load_tile(sm.h, kF32Stride, kD, kD, h_in != nullptr ? h_in : ws.gamma, Dv,
+            h_in != nullptr ? Dk : 0, Dv);
   load_tile(d_o_tile, kBf16Stride, kChunk, kD, d_o + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
             len, Dv);
   load_tile(q_tile, kBf16Stride, kChunk, kD, q + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
@@ -230,15 +237,16 @@ __global__ void __launch_bounds__(kThreads, 2)
   // dH replaces H in place; each thread multiplies the H values it overwrites into <H, dH>.
   // Fixed trip counts with all of a thread's loads issued first (one memory round trip).
   {
-    const float* dh_in = ws.dh + state_first;
+    const float* dh_in = leaving_state_grad(s, ws, ci, d_final_state, h);  // null: zeros
     float partial = 0.0f;
-    if (Dv % 4 == 0) {
+    // (d_final_state is the caller's: 16-byte loads only where its rows are aligned.)
+    if (Dv % 4 == 0 && (reinterpret_cast<uintptr_t>(dh_in) & 15) == 0) {
       constexpr int kPerThread = kD * kD / 4 / kThreads;  // float4 per thread
       float4 values[kPerThread];
 #pragma unroll
       for (int u = 0; u < kPerThread; ++u) {
         const int idx = tid + u * kThreads, d = idx / (kD / 4), e = 4 * (idx % (kD / 4));
-        values[u] = d < Dk && e < Dv
+        values[u] = dh_in != nullptr && d < Dk && e < Dv
                         ? *reinterpret_cast<const float4*>(dh_in + static_cast<int64_t>(d) * Dv + e)
                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
@@ -256,7 +264,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     } else {
       for (int idx = tid; idx < kD * kD; idx += kThreads) {
         const int d = idx / kD, e = idx % kD;
-        const float dh_value = d < Dk && e < Dv ? dh_in[static_cast<int64_t>(d) * Dv + e] : 0.0f;
+        const float dh_value =
+            dh_in != nullptr && d < Dk && e < Dv ? dh_in[static_cast<int64_t>(d) * Dv + e] : 0.0f;
         partial += sm.h[d * kF32Stride + e] * dh_value;
         sm.h[d * kF32Stride + e] = dh_value;
       }
@@ -332,7 +341,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   LocalSmem& sm = *reinterpret_cast<LocalSmem*>(smem_raw);
   const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
   const int64_t qk_first = (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk;
-  const int64_t square_first = (static_cast<int64_t>(chunk) * Hv + h) * kChunk * kChunk;
+  // A and P rows are stored at their tokens ([T, Hv, 64]); rows past len are not stored.
+  const int64_t square_first = row_first * kChunk, square_row = static_cast<int64_t>(Hv) * kChunk;
   auto row_of = [&](int i) { return row_first + static_cast<int64_t>(i) * Hv; };
   auto* d_o_tile = reinterpret_cast<__nv_bfloat16*>(sm.x2);  // bf16 [64][kBf16Stride] fits
   auto* q_tile = reinterpret_cast<__nv_bfloat16*>(sm.x2);    // later, same place
@@ -341,7 +351,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   load_tile(sm.k, kBf16Stride, kChunk, kD, k + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
   load_tile(sm.v, kBf16Stride, kChunk, kD, v + row_first * Dv, static_cast<int64_t>(Hv) * Dv, len,
             Dv);
-  load_tile(sm.a, kSqStride, kChunk, kChunk, ws.a_inv + square_first, kChunk, kChunk, kChunk);
+  // Rows of A past len load as zeros (A holds identity rows there): every product below meets
+  // them only against zero rows (dW, dV_new, dA past len) or in outputs past len, so it is exact.
+  load_tile(sm.a, kSqStride, kChunk, kChunk, ws.a_inv + square_first, square_row, len, kChunk);
   load_tile(sm.x1, kF32Stride, kChunk, kD, ws.v_new + row_first * Dv,
             static_cast<int64_t>(Hv) * Dv, len, Dv);
   load_tile(d_o_tile, kBf16Stride, kChunk, kD, d_o + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
@@ -370,7 +382,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       float ge = 0.0f, m = 0.0f;
       if (i < len && j <= i) {
         ge = acc[mt][nt][r] * expf(sm.gamma[i] - sm.gamma[j]);
-        if (j < i) m = acc[mt][nt][r] * p_in[i * kChunk + j];
+        if (j < i) m = acc[mt][nt][r] * p_in[i * square_row + j];
       }
       sm.ge[i * kSqStride + j] = ge;
       m_plus[mt][nt][r] = m;
@@ -568,7 +580,8 @@ void run_backward(const GatedDeltaRuleShape& shape, float scale, const __nv_bflo
   const dim3 chunk_grid(static_cast<unsigned>(max_chunks(shape)), shape.num_value_heads);
   const size_t states_smem = sizeof(StatesSmem);
   allow_smem(grads_states_kernel, states_smem);
-  grads_states_kernel<<<chunk_grid, kThreads, states_smem, stream>>>(shape, scale, q, k, d_o, ws);
+  grads_states_kernel<<<chunk_grid, kThreads, states_smem, stream>>>(
+      shape, scale, q, k, d_o, initial_state, d_final_state, ws);
   CUDA_CHECK_LAUNCH();
   mark_stage(marks, "backward grads_states", stream);
   const size_t local_smem = sizeof(LocalSmem);

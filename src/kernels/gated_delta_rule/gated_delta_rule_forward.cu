@@ -15,27 +15,35 @@ namespace deltamoe {
 namespace gdn_cuda {
 namespace {
 
-size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-// One block: thread 0 counts chunks per sequence, then all threads fill the table.
+// One block: thread 0 counts chunks and state slots (boundaries between two chunks of one
+// sequence) per sequence, then all threads fill the table.
 __global__ void build_chunk_table_kernel(const int32_t* cu_seqlens, int num_seqs,
-                                         ChunkInfo* chunks, int* chunk_count,
-                                         int* chunk_offsets) {
+                                         ChunkInfo* chunks, int* chunk_count, int* chunk_offsets,
+                                         int* slot_offsets) {
   if (threadIdx.x == 0) {
-    int total = 0;
+    int total = 0, slots = 0;
     for (int n = 0; n < num_seqs; ++n) {
       chunk_offsets[n] = total;
-      total += (cu_seqlens[n + 1] - cu_seqlens[n] + kChunk - 1) / kChunk;
+      slot_offsets[n] = slots;
+      const int count = (cu_seqlens[n + 1] - cu_seqlens[n] + kChunk - 1) / kChunk;
+      total += count;
+      slots += max(count - 1, 0);
     }
     chunk_offsets[num_seqs] = total;
+    slot_offsets[num_seqs] = slots;
     *chunk_count = total;
   }
   __syncthreads();
   for (int n = threadIdx.x; n < num_seqs; n += blockDim.x) {
     const int begin = cu_seqlens[n], end = cu_seqlens[n + 1];
-    int c = chunk_offsets[n];
+    const int first = chunk_offsets[n], slot0 = slot_offsets[n];
+    int c = first;
     for (int t0 = begin; t0 < end; t0 += kChunk, ++c) {
-      chunks[c] = ChunkInfo{t0, min(kChunk, end - t0), n, 0};
+      // Boundary b (between chunks first + b and first + b + 1) is slot slot0 + b.
+      const int i = c - first;
+      const bool last = t0 + kChunk >= end;
+      chunks[c] = ChunkInfo{t0, min(kChunk, end - t0), n, i > 0 ? slot0 + i - 1 : -1,
+                            last ? -1 : slot0 + i};
     }
   }
 }
@@ -124,7 +132,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   wait_tile_loads();
   __syncthreads();
 
-  const int64_t square_first = (static_cast<int64_t>(chunk) * Hv + h) * kChunk * kChunk;
+  // P and A are stored by rows at their tokens ([T, Hv, 64]): rows past len are not stored.
+  const int64_t square_first = row_first * kChunk, square_row = static_cast<int64_t>(Hv) * kChunk;
   {
     // Warp tile: rows 16 (warp % 4), columns 32 (warp / 4) of the 64 x 64 products.
     const int m0 = 16 * (warp & 3), n0 = 32 * (warp >> 2);
@@ -142,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         p_value = scale * qk[mt][nt][r] * decay;
       }
       sm.l[i * kSqStride + j] = l_value;
-      p_out[i * kChunk + j] = p_value;
+      if (i < len) p_out[i * square_row + j] = p_value;
     });
   }
   __syncthreads();
@@ -151,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int idx = tid; idx < kChunk * kChunk; idx += kThreads) {
     const int i = idx / kChunk, j = idx % kChunk;
     const float a = sm.a[i * kSqStride + j];
-    a_out[idx] = a;
+    if (i < len) a_out[i * square_row + j] = a;
     sm.l[i * kSqStride + j] = a * sm.beta[j] * sm.exp_gamma[j];
     sm.au[i * kSqStride + j] = a * sm.beta[j];
   }
@@ -219,8 +228,8 @@ __device__ void issue_state_input(ScanSmem& sm, const GatedDeltaRuleShape& s,
 
 // Grid (N, Hv, ceil(Dv / kStateScanCols)). Carries kStateScanCols columns of one head's state
 // through the chunks of one sequence (state columns evolve independently): stores the state
-// entering each chunk, turns U into V_new = U - W H and advances
-// H <- e^gamma_last H + K^T diag(e^(gamma_last - gamma)) V_new.
+// entering each chunk that has a slot (all but the sequence's first), turns U into
+// V_new = U - W H and advances H <- e^gamma_last H + K^T diag(e^(gamma_last - gamma)) V_new.
 __global__ void __launch_bounds__(kThreads, 2)
     state_scan_kernel(GatedDeltaRuleShape s, const __nv_bfloat16* k, const float* initial_state,
                       float* final_state, Workspace ws) {
@@ -248,19 +257,22 @@ __global__ void __launch_bounds__(kThreads, 2)
     cp_async_wait<0>();
     __syncthreads();  // chunk c's V_new inputs are in; everybody is done with chunk c - 1
     issue_state_input(sm, s, k, ci, h);
-    float* h_out = ws.h + (static_cast<int64_t>(c) * Hv + h) * Dk * Dv + col0;
-    if (Dv % 4 == 0) {
-      // cols and col0 are multiples of 4 here, so are the rows of h_out: 16-byte stores.
-      for (int idx = tid; idx < Dk * kCols / 4; idx += kThreads) {
-        const int d = idx / (kCols / 4), e = 4 * (idx % (kCols / 4));
-        if (e < cols)
-          *reinterpret_cast<float4*>(h_out + static_cast<int64_t>(d) * Dv + e) =
-              *reinterpret_cast<const float4*>(&sm.h[d * kStride + e]);
-      }
-    } else {
-      for (int idx = tid; idx < Dk * kCols; idx += kThreads) {
-        const int d = idx / kCols, e = idx % kCols;
-        if (e < cols) h_out[static_cast<int64_t>(d) * Dv + e] = sm.h[d * kStride + e];
+    if (ci.h_slot >= 0) {
+      // (A chunk that begins its sequence enters with its initial state: nothing to store.)
+      float* h_out = ws.h + (static_cast<int64_t>(ci.h_slot) * Hv + h) * Dk * Dv + col0;
+      if (Dv % 4 == 0) {
+        // cols and col0 are multiples of 4 here, so are the rows of h_out: 16-byte stores.
+        for (int idx = tid; idx < Dk * kCols / 4; idx += kThreads) {
+          const int d = idx / (kCols / 4), e = 4 * (idx % (kCols / 4));
+          if (e < cols)
+            *reinterpret_cast<float4*>(h_out + static_cast<int64_t>(d) * Dv + e) =
+                *reinterpret_cast<const float4*>(&sm.h[d * kStride + e]);
+        }
+      } else {
+        for (int idx = tid; idx < Dk * kCols; idx += kThreads) {
+          const int d = idx / kCols, e = idx % kCols;
+          if (e < cols) h_out[static_cast<int64_t>(d) * Dv + e] = sm.h[d * kStride + e];
+        }
       }
     }
     const float g_last = sm.gamma[len - 1];
@@ -324,10 +336,10 @@ struct OutputSmem {
 };
 
 // Grid (max_chunks, Hv, ceil(Dv / 64)): o_i = e^gamma_i (scale q_i)^T H + sum_{j<=i} P_ij v_new_j
-// for 64 output columns.
+// for 64 output columns; H is the chunk's slot or, for a sequence's first chunk, its initial state.
 __global__ void __launch_bounds__(kThreads, 2)
-    output_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q, Workspace ws,
-                  __nv_bfloat16* o) {
+    output_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
+                  const float* initial_state, Workspace ws, __nv_bfloat16* o) {
   const int chunk = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kScanCols;
   if (chunk >= *ws.chunk_count) return;
   const ChunkInfo ci = ws.chunks[chunk];
@@ -339,10 +351,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
   load_tile(sm.q, kBf16Stride, kChunk, kD, q + (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk,
             static_cast<int64_t>(Hk) * Dk, len, Dk);
-  load_tile(sm.h, kColStride, kD, kScanCols,
-            ws.h + (static_cast<int64_t>(chunk) * Hv + h) * Dk * Dv + col0, Dv, Dk, cols);
-  load_tile(sm.p, kSqStride, kChunk, kChunk,
-            ws.p + (static_cast<int64_t>(chunk) * Hv + h) * kChunk * kChunk, kChunk, kChunk, kChunk);
+  // A null state (zeros) loads no rows; any valid address stands in for it.
+  const float* h_in = entering_state(s, ws, ci, initial_state, h);
+  load_tile(sm.h, kColStride, kD, kScanCols, (h_in != nullptr ? h_in : ws.gamma) + col0, Dv,
+            h_in != nullptr ? Dk : 0, cols);
+  load_tile(sm.p, kSqStride, kChunk, kChunk, ws.p + row_first * kChunk,
+            static_cast<int64_t>(Hv) * kChunk, len, kChunk);
   load_tile(sm.vn, kColStride, kChunk, kScanCols, ws.v_new + row_first * Dv + col0,
             static_cast<int64_t>(Hv) * Dv, len, cols);
   if (tid < kChunk)
@@ -366,34 +380,31 @@ __global__ void __launch_bounds__(kThreads, 2)
 }  // namespace
 
 size_t carve_workspace(const GatedDeltaRuleShape& s, bool backward, void* base, Workspace* out) {
-  const int64_t chunks = max_chunks(s);
-  const int64_t T = s.num_tokens, Hv = s.num_value_heads, Dk = s.key_dim, Dv = s.value_dim;
-  size_t offset = 0;
+  const GatedDeltaRuleWorkspaceLayout layout = gated_delta_rule_workspace_layout(
+      s.num_tokens, s.num_seqs, s.num_value_heads, s.key_dim, s.value_dim, backward);
+  if (out == nullptr) return layout.total;
   auto* bytes = static_cast<char*>(base);
-  auto take = [&](size_t size) -> void* {
-    void* p = base == nullptr ? nullptr : bytes + offset;
-    offset += align_up(size);
-    return p;
-  };
+  auto at = [&](size_t offset) -> void* { return base == nullptr ? nullptr : bytes + offset; };
   Workspace ws{};
-  ws.chunks = static_cast<ChunkInfo*>(take(sizeof(ChunkInfo) * chunks));
-  ws.chunk_count = static_cast<int*>(take(sizeof(int)));
-  ws.chunk_offsets = static_cast<int*>(take(sizeof(int) * (s.num_seqs + 1)));
-  ws.gamma = static_cast<float*>(take(sizeof(float) * T * Hv));
-  ws.w = static_cast<float*>(take(sizeof(float) * T * Hv * Dk));
-  ws.v_new = static_cast<float*>(take(sizeof(float) * T * Hv * Dv));
-  ws.p = static_cast<float*>(take(sizeof(float) * chunks * Hv * kChunk * kChunk));
-  ws.a_inv = static_cast<float*>(take(sizeof(float) * chunks * Hv * kChunk * kChunk));
-  ws.h = static_cast<float*>(take(sizeof(float) * chunks * Hv * Dk * Dv));
+  ws.chunks = static_cast<ChunkInfo*>(at(layout.chunks));
+  ws.chunk_count = static_cast<int*>(at(layout.chunk_count));
+  ws.chunk_offsets = static_cast<int*>(at(layout.chunk_offsets));
+  ws.slot_offsets = static_cast<int*>(at(layout.slot_offsets));
+  ws.gamma = static_cast<float*>(at(layout.gamma));
+  ws.w = static_cast<float*>(at(layout.w));
+  ws.v_new = static_cast<float*>(at(layout.v_new));
+  ws.p = static_cast<float*>(at(layout.p));
+  ws.a_inv = static_cast<float*>(at(layout.a_inv));
+  ws.h = static_cast<float*>(at(layout.h));
   if (backward) {
-    ws.dh = static_cast<float*>(take(sizeof(float) * chunks * Hv * Dk * Dv));
-    ws.dv_new = static_cast<float*>(take(sizeof(float) * T * Hv * Dv));
-    ws.dq_acc = static_cast<float*>(take(sizeof(float) * T * Hv * Dk));
-    ws.dk_acc = static_cast<float*>(take(sizeof(float) * T * Hv * Dk));
-    ws.dgamma = static_cast<float*>(take(sizeof(float) * T * Hv));
+    ws.dh = static_cast<float*>(at(layout.dh));
+    ws.dv_new = static_cast<float*>(at(layout.dv_new));
+    ws.dq_acc = static_cast<float*>(at(layout.dq_acc));
+    ws.dk_acc = static_cast<float*>(at(layout.dk_acc));
+    ws.dgamma = static_cast<float*>(at(layout.dgamma));
   }
-  if (out != nullptr) *out = ws;
-  return offset;
+  *out = ws;
+  return layout.total;
 }
 
 size_t device_smem_limit() {
@@ -425,7 +436,8 @@ void check_shape(const char* op, const GatedDeltaRuleShape& s) {
 void launch_build_chunk_table(const GatedDeltaRuleShape& s, const Workspace& ws,
                               cudaStream_t stream) {
   build_chunk_table_kernel<<<1, kThreads, 0, stream>>>(s.cu_seqlens, s.num_seqs, ws.chunks,
-                                                       ws.chunk_count, ws.chunk_offsets);
+                                                       ws.chunk_count, ws.chunk_offsets,
+                                                       ws.slot_offsets);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -451,12 +463,13 @@ void launch_state_scan(const GatedDeltaRuleShape& s, const __nv_bfloat16* k,
 }
 
 void launch_output(const GatedDeltaRuleShape& s, float scale, const __nv_bfloat16* q,
-                   const Workspace& ws, __nv_bfloat16* o, cudaStream_t stream) {
+                   const float* initial_state, const Workspace& ws, __nv_bfloat16* o,
+                   cudaStream_t stream) {
   const size_t smem = sizeof(OutputSmem);
   allow_smem(output_kernel, smem);
   const dim3 grid(static_cast<unsigned>(max_chunks(s)), s.num_value_heads,
                   (s.value_dim + kScanCols - 1) / kScanCols);
-  output_kernel<<<grid, kThreads, smem, stream>>>(s, scale, q, ws, o);
+  output_kernel<<<grid, kThreads, smem, stream>>>(s, scale, q, initial_state, ws, o);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -471,7 +484,7 @@ void run_forward(const GatedDeltaRuleShape& shape, float scale, const __nv_bfloa
   mark_stage(marks, "forward chunk table + prepare (UT/WY)", stream);
   launch_state_scan(shape, k, initial_state, final_state, ws, stream);
   mark_stage(marks, "forward state scan", stream);
-  if (shape.num_tokens > 0) launch_output(shape, scale, q, ws, o, stream);
+  if (shape.num_tokens > 0) launch_output(shape, scale, q, initial_state, ws, o, stream);
   mark_stage(marks, "forward output", stream);
 }
 

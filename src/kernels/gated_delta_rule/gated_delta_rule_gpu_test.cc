@@ -1,8 +1,9 @@
 // GPU test of the chunked gated delta rule kernels (forward and backward) against both CPU
 // references (chunked and recurrent) on the same bf16-rounded inputs: packed 1/63/64/65/130-token
-// sequences, odd head dims, initial/final states, many short sequences, T=1, an empty sequence,
-// every kernel within sm_80's 163 KB of shared memory, and the Qwen3.5-35B head shape at
-// T = 2 x 4096 (checked on one key head's slice) with whole and per-stage timing.
+// sequences, odd head dims, initial/final states, many short sequences (up to 1,024 in 8,192
+// tokens), T=1, an empty sequence, every kernel within sm_80's 163 KB of shared memory, and the
+// Qwen3.5-35B head shape at T = 2 x 4096 (checked on one key head's slice) with whole and
+// per-stage timing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -305,6 +306,32 @@ TEST(GatedDeltaRuleGpu, ManyShortSequences) {
   std::vector<int> lengths;
   for (int i = 0; i < 40; ++i) lengths.push_back(1 + (i * 37) % 70);
   run_case({lengths, 2, 4, 32, 32, false});
+}
+
+// 8,192 tokens in 1,024 sequences (the engine's plan at one sample per 8 tokens): lengths 0, 1, 64,
+// 65, 128, 129 and short ones, the rest in one long last sequence, so that most chunks begin a
+// sequence (initial state, no state slot) and the state slots of the long ones stay distinct.
+std::vector<int> many_sequences_in_8192_tokens() {
+  std::vector<int> lengths;
+  for (int i = 0; i < 1023; ++i) lengths.push_back(1 + (i * 7) % 12);
+  const int special[][2] = {{0, 1}, {1, 64}, {2, 65}, {3, 0}, {4, 129}, {500, 128}, {501, 64},
+                            {502, 1}, {1000, 0}, {1022, 64}};
+  for (const auto& [at, len] : special) lengths[at] = len;
+  int used = 0;
+  for (int len : lengths) used += len;
+  lengths.push_back(8192 - used);
+  return lengths;
+}
+
+TEST(GatedDeltaRuleGpu, ManySequencesIn8192TokensWithStates) {
+  const std::vector<int> lengths = many_sequences_in_8192_tokens();
+  ASSERT_EQ(lengths.size(), 1024u);
+  ASSERT_GT(lengths.back(), 3 * 64);  // the last sequence spans several chunks
+  run_case({lengths, 2, 4, 32, 32, true});
+}
+
+TEST(GatedDeltaRuleGpu, ManySequencesIn8192TokensOddDims) {
+  run_case({many_sequences_in_8192_tokens(), 1, 3, 37, 45, false});
 }
 
 // Every kernel within the 163 KB of shared memory a block may use on sm_80, forced on this GPU

@@ -1,5 +1,5 @@
 // Internals shared by the forward and backward CUDA files of the gated delta rule: the chunk
-// table, the workspace layout, shared-tile strides, and the launchers of the stages both
+// table, the workspace pointers, shared-tile strides, and the launchers of the stages both
 // directions run (chunk preparation and the forward state scan).
 #pragma once
 
@@ -12,6 +12,7 @@
 #include "core/cuda_check.h"
 #include "kernels/gated_delta_rule/gated_delta_rule.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_cuda.h"
+#include "kernels/gated_delta_rule/gated_delta_rule_workspace.h"
 
 namespace deltamoe::gdn_cuda {
 
@@ -29,38 +30,68 @@ constexpr int kSqStride = kChunk + 8;     // [64][64] fp32 (A, L, P, dA, ...) re
 constexpr int kSqStrideT = kChunk + 4;    // [64][64] fp32 read as transposed A
 constexpr int kColStride = kScanCols + 4;  // [rows][64] column slices (fp32 or bf16), row-major B
 
-// One chunk: tokens [t0, t0 + len) of sequence `seq`.
+// One chunk: tokens [t0, t0 + len) of sequence `seq`, and where its boundary states live
+// (gated_delta_rule_workspace.h): h_slot holds the state entering the chunk, -1 when the chunk
+// begins its sequence (it enters with the sequence's initial state); dh_slot holds dL/d(state
+// leaving the chunk), -1 when the chunk ends its sequence (that is dL/d final state). Inside a
+// sequence chunk c + 1's h_slot is chunk c's dh_slot.
 struct ChunkInfo {
   int t0;
   int len;
   int seq;
-  int pad;
+  int h_slot;
+  int dh_slot;
 };
+static_assert(sizeof(ChunkInfo) == kGatedDeltaRuleChunkInfoBytes,
+              "the workspace layout counts chunk-table entries of this size");
 
 // Upper bound of the chunk count: every sequence adds at most one partial chunk.
 inline int64_t max_chunks(const GatedDeltaRuleShape& s) {
-  return s.num_tokens / kChunk + s.num_seqs;
+  return gated_delta_rule_max_chunks(s.num_tokens, s.num_seqs);
 }
 
-// Device pointers into the caller's workspace. Token-indexed arrays follow the [T, Hv, ...]
-// layout; chunk-indexed ones are [max_chunks, Hv, ...] by the chunk's index in the table.
+// Device pointers into the caller's workspace (layout: gated_delta_rule_workspace.h). Token-
+// indexed arrays follow the [T, Hv, ...] layout; the 64 x 64 per-chunk matrices are stored by
+// rows, row i of a chunk at its token t0 + i ([T, Hv, 64]); the boundary states by slot.
 struct Workspace {
   ChunkInfo* chunks;     // [max_chunks]
   int* chunk_count;      // [1] chunks actually used
   int* chunk_offsets;    // [N+1] first chunk of each sequence
+  int* slot_offsets;     // [N+1] first state slot of each sequence
   float* gamma;          // [T, Hv] cumulative log decay inside the chunk
   float* w;              // [T, Hv, Dk] W = A diag(beta e^gamma) K; backward overwrites with dW
   float* v_new;          // [T, Hv, Dv] U, then V_new = U - W H in place
-  float* p;              // [C, Hv, 64, 64] (scale q_i . k_j) e^(gamma_i - gamma_j), j <= i
-  float* a_inv;          // [C, Hv, 64, 64] A = (I + L)^-1
-  float* h;              // [C, Hv, Dk, Dv] state entering each chunk
+  float* p;              // [T, Hv, 64] (scale q_i . k_j) e^(gamma_i - gamma_j), j <= i
+  float* a_inv;          // [T, Hv, 64] A = (I + L)^-1
+  float* h;              // [slots, Hv, Dk, Dv] state entering a chunk (ChunkInfo::h_slot)
   // Backward only (null in the forward layout):
-  float* dh;             // [C, Hv, Dk, Dv] dL/d(state leaving each chunk)
+  float* dh;             // [slots, Hv, Dk, Dv] dL/d(state leaving a chunk) (ChunkInfo::dh_slot)
   float* dv_new;         // [T, Hv, Dv]
   float* dq_acc;         // [T, Hv, Dk] per value head, fp32
   float* dk_acc;         // [T, Hv, Dk]
   float* dgamma;         // [T, Hv] partial d gamma from the state terms
 };
+
+// The [Dk, Dv] state of head h entering chunk ci: its slot, or for a chunk that begins its
+// sequence the sequence's initial state; null when that is zeros (initial_state null).
+__device__ inline const float* entering_state(const GatedDeltaRuleShape& s, const Workspace& ws,
+                                              const ChunkInfo& ci, const float* initial_state,
+                                              int h) {
+  const int64_t block = static_cast<int64_t>(s.key_dim) * s.value_dim;
+  if (ci.h_slot >= 0) return ws.h + (static_cast<int64_t>(ci.h_slot) * s.num_value_heads + h) * block;
+  if (initial_state == nullptr) return nullptr;
+  return initial_state + (static_cast<int64_t>(ci.seq) * s.num_value_heads + h) * block;
+}
+
+// Same for dL/d(state leaving chunk ci): its slot, or d_final_state for a sequence's last chunk.
+__device__ inline const float* leaving_state_grad(const GatedDeltaRuleShape& s,
+                                                  const Workspace& ws, const ChunkInfo& ci,
+                                                  const float* d_final_state, int h) {
+  const int64_t block = static_cast<int64_t>(s.key_dim) * s.value_dim;
+  if (ci.dh_slot >= 0) return ws.dh + (static_cast<int64_t>(ci.dh_slot) * s.num_value_heads + h) * block;
+  if (d_final_state == nullptr) return nullptr;
+  return d_final_state + (static_cast<int64_t>(ci.seq) * s.num_value_heads + h) * block;
+}
 
 // Carves the workspace (base may be null to measure); returns the bytes needed.
 size_t carve_workspace(const GatedDeltaRuleShape& shape, bool backward, void* base,
