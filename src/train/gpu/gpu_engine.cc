@@ -514,7 +514,11 @@ struct GpuEngine::Impl {
     // (gradients_ready), and whatever was not reported at the end: the same collectives on every
     // rank, whether or not this micro-batch had images or anything to differentiate.
     if (backward) state->begin_backward();
-    if (backward && (text_trained || vision_backward)) {
+    // Under expert parallelism the text backward holds collectives (the expert exchange): when the
+    // vision tower trains, every rank runs it, with or without images of its own, so that a rank
+    // without images does not leave the others waiting.
+    const bool text_backward = text_trained || vision_backward || (vision_trained && ep_comm != nullptr);
+    if (backward && text_backward) {
       text->forward();
       text->backward();
       if (vision_backward) {

@@ -514,6 +514,44 @@ TEST(GpuEngineParallel, NcclOneRankIsThePlainEngine) {
               nccl_runtime_version().c_str(), worst, update_rel, nccl_steps[2].grad_norm, plain_steps[2].grad_norm);
 }
 
+// The language model frozen and the vision tower trained, EP 2 over 2 ranks: rank 0's
+// micro-batches carry images, rank 1's none. The text backward holds the expert exchange's
+// collectives, so rank 1 must run it too (input gradients only) or rank 0 waits for it until the
+// deadline. The ranks keep in step and the losses follow the one-rank engine's.
+TEST(GpuEngineParallel, FrozenLanguageModelWithTrainedVisionKeepsTheRanksInStep) {
+  setenv("DELTAMOE_ATTENTION", "ours", 1);
+  const Model& m = model("tiny-vl");
+  EngineOptions options = engine_options();
+  options.freeze = FreezeOptions{false, false, true};
+  std::vector<StepResult> plain;
+  {
+    GpuEngine one(m.checkpoint, options);
+    for (int step = 0; step < 2; ++step) plain.push_back(one.train_step(m.batches, kLr, kNoClip));
+  }
+  CommOptions comm = comm_options();
+  comm.timeout_seconds = 60;  // a rank left waiting fails the test within a minute, not at 600 s
+  std::vector<std::vector<StepResult>> got(2);
+  std::mutex mutex;
+  run_device_loopback(
+      2, 0,
+      [&](Communicator& c) {
+        GpuEngine engine(m.checkpoint, options, c, parallel_options(2));
+        const std::vector<MicroBatch> mine = rank_batches(m, c.rank(), 2);
+        EXPECT_EQ(mine.front().image_grid_thw.empty(), c.rank() == 1) << "rank 0 takes the image micro-batches";
+        std::vector<StepResult> steps;
+        for (int step = 0; step < 2; ++step) steps.push_back(engine.train_step(mine, kLr, kNoClip));
+        std::lock_guard<std::mutex> lock(mutex);
+        got[static_cast<size_t>(c.rank())] = std::move(steps);
+      },
+      comm);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(got[static_cast<size_t>(r)].size(), 2u) << "rank " << r;
+    EXPECT_EQ(got[static_cast<size_t>(r)][0].ce_sum, plain[0].ce_sum) << "rank " << r;
+    const double rel = std::fabs(loss_of(got[static_cast<size_t>(r)][1]) - loss_of(plain[1])) / loss_of(plain[1]);
+    EXPECT_LE(rel, kLossCurveRel) << "rank " << r;
+  }
+}
+
 // LoRA trains on one rank: the parallel engine refuses it with a message.
 TEST(GpuEngineParallel, RefusesLoraOnSeveralRanks) {
   const Model& m = model("tiny");
