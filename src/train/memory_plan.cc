@@ -182,7 +182,7 @@ std::string MemoryPlan::describe() const {
   line("gradients (fp32, trained)", gradients, "");
   line("Adam moments (trained)", moments, "");
   line("fp32 copies of frozen", frozen_f32, "norms, gates, tables read in fp32");
-  if (sharding > 0) line("ZeRO-2 step buffers", sharding, "reduced gradient pieces, bucket staging");
+  if (sharding > 0) line("ZeRO-2 step buffers", sharding, "this rank's reduced gradient pieces");
   line("text activations", text.activations, str_cat(max_tokens, " tokens per micro-batch"));
   line("text workspace + inputs", text.workspace + text.inputs, "");
   if (max_patches > 0) {

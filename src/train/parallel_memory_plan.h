@@ -40,10 +40,11 @@ struct ParallelMemoryPlan {
 
 // The training state of one rank as the GPU engine holds it (DeviceTrainState's sharded form):
 // its own routed experts' slices (EP > 1) with their master, gradient and moments; every other
-// tensor's bf16 weight in full; under ZeRO-2 the dense fp32 gradient in full (accumulated over the
-// step's micro-batches, reduce-scattered per bucket at the step end) but the dense master and
-// moments only for this rank's 1/world piece; fp32 working copies of trained tensors read in fp32;
-// and the reduce-scatter / all-gather buffers (plan->sharding). Sets the state fields of plan.
+// tensor's bf16 weight in full; under ZeRO-2 the dense master, moments and reduced gradient only for
+// this rank's 1/world piece (plan->sharding: the reduced pieces) and one shared region that each
+// backward phase's dense gradients take in turn and the weight all-gather stages in
+// (sharded_region.h, counted with the gradients); fp32 working copies of trained tensors read in
+// fp32. Sets the state fields of plan.
 void plan_rank_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DType moment_dtype, int world,
                            const ParallelOptions& layout, MemoryPlan* plan);
 

@@ -6,8 +6,8 @@
 // Built over a world (a device communicator) it is one rank of a parallel job, as CpuEngine is on
 // the host: routed experts split over --expert_model_parallel_size ranks (each rank binds and
 // trains its own experts only; tokens exchanged per layer), the dense parameters under ZeRO-2
-// (gradients reduce-scattered per bucket at the step end, master and moments sharded, updated
-// bf16 weights all-gathered), losses and counts combined over the ranks as CpuEngine does.
+// (gradients reduce-scattered per backward phase as the backward finishes it, master and moments
+// sharded, updated bf16 weights all-gathered), losses and counts combined over the ranks as CpuEngine does.
 #pragma once
 
 #include <array>
