@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "cli/expert_recv_flag.h"
 #include "cli/recompute_flags.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -190,12 +191,11 @@ int run_bench(const ArgParser& args) {
   const LaunchEnv launch = read_launch_env();
   int rank = 0;
   const uint64_t seed = static_cast<uint64_t>(args.get_int("seed"));
-  const double recv_headroom = args.get_double("expert_recv_headroom");
+  const double recv_headroom = parse_expert_recv_headroom(args.get("expert_recv_headroom"));
   if (simulated_ranks > 0) {
     CHECK(tuner == "full", "--simulate_expert_parallel: LoRA trains on one rank; use --tuner_type full");
     CHECK(config.text.num_experts % simulated_ranks == 0, "--simulate_expert_parallel ", simulated_ranks,
           " does not divide the ", config.text.num_experts, " routed experts");
-    CHECK(recv_headroom >= 1.0, "--expert_recv_headroom must be at least 1, got ", recv_headroom);
     solo = make_solo_comm();
     mirror = make_mirror_comm(*solo, 0, simulated_ranks);
     ParallelOptions parallel;
@@ -203,8 +203,7 @@ int run_bench(const ArgParser& args) {
     parallel.distributed_optimizer = true;
     // A copy of this rank sends it what it routes to itself: about tokens x K rows in all, the
     // headroom above that covers the random router's imbalance.
-    parallel.expert_recv_rows =
-        static_cast<int64_t>(recv_headroom * static_cast<double>(tokens * config.text.num_experts_per_tok));
+    parallel.expert_recv_headroom = recv_headroom;
     engine_holder = std::make_unique<GpuEngine>(config, options, seed, *mirror, parallel);
   } else if (launch.world_size > 1) {
     CHECK(tuner == "full", "bench on ", launch.world_size, " ranks: LoRA trains on one rank; use --tuner_type full");
@@ -220,8 +219,7 @@ int run_bench(const ArgParser& args) {
     const int64_t ep = args.get_int("expert_model_parallel_size");
     parallel.expert_parallel_size = ep > 0 ? static_cast<int>(ep) : launch.world_size;
     parallel.distributed_optimizer = true;
-    parallel.expert_recv_rows = static_cast<int64_t>(
-        recv_headroom * static_cast<double>(tokens * config.text.num_experts_per_tok));
+    parallel.expert_recv_headroom = recv_headroom;
     engine_holder = std::make_unique<GpuEngine>(config, options, seed, *device_world, parallel);
   } else {
     engine_holder = std::make_unique<GpuEngine>(config, options, seed);
@@ -435,8 +433,7 @@ int cmd_bench(int argc, char** argv) {
                   "0");
   args.add_option("simulate_expert_parallel", "run rank 0 of this many GPUs (EP = world, ZeRO-2) with the exchange "
                   "as device copies, and predict that many GPUs' step (0: one GPU, every expert)", "0");
-  args.add_option("expert_recv_headroom", "with --simulate_expert_parallel: received-row capacity over tokens x "
-                  "top-k", "2");
+  declare_expert_recv_headroom_flag(args, "2");
   args.add_option("link_gbps", "with --simulate_expert_parallel: effective per-GPU link rate of the prediction "
                   "(350: H100/H200 NVLink, 150: A800)", "350");
   args.add_option("imbalance", "with --simulate_expert_parallel: max / mean work over ranks in the prediction",

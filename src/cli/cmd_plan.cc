@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "cli/args.h"
+#include "cli/expert_recv_flag.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "model/config.h"
@@ -35,6 +36,7 @@ int cmd_plan(int argc, char** argv) {
   args.add_bool("freeze_vit", "the vision tower is frozen", false);
   args.add_bool("freeze_aligner", "the merger is frozen", false);
   args.add_option("gpu_memory_gib", "usable memory of one GPU in GiB (0: print the plan only)", "0");
+  declare_expert_recv_headroom_flag(args, "auto");
   if (!args.parse(argc, argv)) return 0;
 
   const std::string model = args.get("model");
@@ -61,6 +63,10 @@ int cmd_plan(int argc, char** argv) {
   parallel.layout.expert_parallel_size = static_cast<int>(args.get_int("expert_model_parallel_size"));
   parallel.layout.distributed_optimizer = args.flag("use_distributed_optimizer");
   parallel.images = args.flag("images");
+  parallel.layout.expert_recv_headroom = parse_expert_recv_headroom(args.get("expert_recv_headroom"));
+  const double gpu_gib = args.get_double("gpu_memory_gib");
+  CHECK(gpu_gib >= 0, "--gpu_memory_gib must be >= 0, got ", gpu_gib);
+  parallel.gpu_memory_bytes = static_cast<size_t>(gpu_gib * 1024.0 * 1024.0 * 1024.0);
   CHECK(parse_recompute_choice(args.get("recompute"), &parallel.recompute), "--recompute must be none, selective or full, ",
         "got '", args.get("recompute"), "'");
   const ParallelMemoryPlan plan = plan_parallel_memory(config, options, parallel);
@@ -71,7 +77,6 @@ int cmd_plan(int argc, char** argv) {
               static_cast<long long>(options.max_tokens), static_cast<long long>(planned_max_sequences(options)),
               moments.c_str(), recompute_choice_name(parallel.recompute));
   std::printf("%s", plan.describe().c_str());
-  const double gpu_gib = args.get_double("gpu_memory_gib");
   if (gpu_gib > 0) {
     const double need = static_cast<double>(plan.total()) / (1024.0 * 1024.0 * 1024.0);
     std::printf("%s: %.1f GiB of %.1f GiB\n", need <= gpu_gib ? "fits" : "does not fit", need, gpu_gib);

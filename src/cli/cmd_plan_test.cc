@@ -2,7 +2,7 @@
 // bf16 moments and full recompute, and not with selective recompute (design §1.4), on the design's
 // basis of two 4,096-token samples per micro-batch (--micro_batch_size 2; the default, up to one
 // packed sample per 8 tokens, plans the same 74.0 GiB: the GDN workspace does not grow with the
-// number of sequences).
+// number of sequences). The expert exchange's receive capacity follows --expert_recv_headroom.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -44,6 +44,39 @@ TEST(CmdPlan, ManyShortSamplesFitAsTwoDo) {
   EXPECT_EQ(many.exit_code, 0) << many.output;
   EXPECT_TRUE(contains(many.output, "at most 1024 samples")) << many.output;
   EXPECT_TRUE(contains(many.output, "fits: ")) << many.output;
+}
+
+}  // namespace
+}  // namespace deltamoe
+
+// --expert_recv_headroom: auto grows the receive capacity into the memory the plan leaves (from
+// 1.25x the mean), a number is taken as given, anything under 1 is refused naming the flag.
+namespace deltamoe {
+namespace {
+
+double headroom_printed(const std::string& output) {
+  const size_t at = output.find("x the mean");
+  if (at == std::string::npos) return -1;
+  const size_t start = output.rfind('(', at);
+  return std::stod(output.substr(start + 1, at - start - 1));
+}
+
+TEST(CmdPlan, ExpertReceiveCapacity) {
+  const std::string base = str_cat(deltamoe_binary(), " plan --nproc 8 --expert_model_parallel_size 8 ",
+                                   "--use_distributed_optimizer true --optimizer_state_dtype bf16 ",
+                                   "--micro_batch_size 2 --recompute full");
+  const CommandResult minimum = run_command(base + " 2>&1");
+  EXPECT_EQ(minimum.exit_code, 0) << minimum.output;
+  EXPECT_NEAR(headroom_printed(minimum.output), 1.25, 1e-6) << minimum.output;
+  const CommandResult grown = run_command(base + " --gpu_memory_gib 78 2>&1");
+  EXPECT_EQ(grown.exit_code, 0) << grown.output;
+  EXPECT_GT(headroom_printed(grown.output), 1.25) << grown.output;
+  EXPECT_TRUE(contains(grown.output, "fits: ")) << grown.output;
+  const CommandResult given = run_command(base + " --gpu_memory_gib 78 --expert_recv_headroom 2 2>&1");
+  EXPECT_NEAR(headroom_printed(given.output), 2.0, 1e-6) << given.output;
+  const CommandResult bad = run_command(base + " --expert_recv_headroom 0.5 2>&1");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_TRUE(contains(bad.output, "--expert_recv_headroom must be auto or a number of at least 1")) << bad.output;
 }
 
 }  // namespace

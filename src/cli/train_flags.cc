@@ -1,6 +1,7 @@
 // `deltamoe train`'s flags (see train_flags.h).
 #include "cli/train_flags.h"
 
+#include "cli/expert_recv_flag.h"
 #include "cli/flag_compat.h"
 #include "cli/recompute_flags.h"
 #include "core/error.h"
@@ -68,8 +69,8 @@ void declare_train_flags(ArgParser& args) {
   args.add_option("eval_steps", "evaluate on --val_dataset every N steps (0: start and end only)", "0", kInt);
   args.add_option("logging_steps", "print the progress line every N steps", "1", kInt);
   args.add_option("expert_model_parallel_size", "ranks the routed experts of each layer are split over (divides "
-                  "the ranks of the job; groups of that many consecutive ranks each hold all experts; CPU engine "
-                  "only so far)", "1", kInt);
+                  "the ranks of the job; groups of that many consecutive ranks each hold all experts)", "1", kInt);
+  declare_expert_recv_headroom_flag(args, "auto");
   args.add_bool("use_distributed_optimizer", "ZeRO-2 for the non-expert parameters: gradients reduce-scattered, "
                 "master weights and moments sharded over the ranks (needed on several ranks)", false);
   args.add_option("seed", "seed of the data order, #N draws and the split (and any randomness of the run)", "42", kInt);
@@ -159,6 +160,7 @@ TrainOptions train_options_from_args(const ArgParser& args, const SwiftEnv& env,
   CHECK(ep >= 1 && ep <= 4096, "--expert_model_parallel_size must be in [1, 4096], got ", ep);
   options.parallel.expert_parallel_size = static_cast<int>(ep);
   options.parallel.distributed_optimizer = args.flag("use_distributed_optimizer");
+  options.parallel.expert_recv_headroom = parse_expert_recv_headroom(args.get("expert_recv_headroom"));
   const int64_t seed = args.get_int("seed");
   CHECK(seed >= 0, "--seed must be non-negative, got ", seed);
   options.seed = static_cast<uint64_t>(seed);

@@ -27,9 +27,12 @@ struct ParallelOptions {
   bool distributed_optimizer = false;  // --use_distributed_optimizer: ZeRO-2 for the dense parameters
   // Elements of one dense gradient bucket, about (Megatron's default is max(40M, 1M x dp) parameters).
   int64_t bucket_elements = 40'000'000;
-  // GPU engine: rows this rank's experts may receive per micro-batch and layer, the exchange's
-  // buffers (0: the worst case, EP x tokens x top-k; a run past it aborts the job).
-  int64_t expert_recv_rows = 0;
+  // GPU engine, --expert_recv_headroom: the rows this rank's experts may receive per micro-batch
+  // and layer, over the mean (tokens x top-k), which sizes the exchange's buffers; at most EP (the
+  // worst case). 0: auto, at least kAutoExpertRecvHeadroom and as much more as the memory left
+  // by the plan holds (model/text/expert_exchange_size.h). A micro-batch past it stops the job with
+  // a message naming the headroom it needed.
+  double expert_recv_headroom = 0;
 };
 
 // A routed-expert stack ("...mlp.experts.gate_up_proj" / "down_proj", leading dimension = experts).

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "model/gradient_phases.h"
 #include "model/param_table.h"
+#include "model/text/expert_exchange_size.h"
 #include "optim/param_layout.h"
 #include "train/sharded_region.h"
 #include "train/trainable_params.h"
@@ -122,23 +123,19 @@ ParallelMemoryPlan plan_parallel_memory(const ModelConfig& config, const EngineO
     plan.gradients = 4 * here;
     plan.moments = 2 * dtype_size(options.adamw.moment_dtype) * here;
   }
-  // Activations under full recompute are the engine's own layout (text_activations.h): the fp32
-  // input of every layer plus one shared set per layer type.
-  const TextConfig& text = config.text;
-  const int64_t T = engine.max_tokens, C = text.hidden_size, K = text.num_experts_per_tok;
   if (ep > 1) {
-    // Rows of one layer: T x K bf16 rows of C, a receiver provisions imbalance x that.
-    const double rows = static_cast<double>(T * K);
-    const double row_bytes = static_cast<double>(C) * 2;
-    const double received = rows * row_bytes * parallel.exchange_imbalance;
-    if (parallel.recompute != RecomputeChoice::full) {
-      out.exchange_kept = static_cast<size_t>(received * static_cast<double>(text.num_hidden_layers));
+    const TextConfig& text = config.text;
+    const int64_t T = engine.max_tokens;
+    out.expert_recv_rows = expert_recv_rows_for(text, ep, T, parallel.layout.expert_recv_headroom);
+    out.exchange = expert_exchange_bytes(text, ep, T, out.expert_recv_rows);
+    if (parallel.layout.expert_recv_headroom == 0 && parallel.gpu_memory_bytes > out.total()) {
+      // Auto: the memory left raises the capacity, as the engine does before its fit check.
+      out.expert_recv_rows = expert_recv_rows_within(text, ep, T, out.expert_recv_rows,
+                                                     out.exchange + (parallel.gpu_memory_bytes - out.total()));
+      out.exchange = expert_exchange_bytes(text, ep, T, out.expert_recv_rows);
     }
-    // Send and receive of the dispatch and of the combine, plus the experts' gate/up outputs.
-    const double intermediate = rows * parallel.exchange_imbalance * static_cast<double>(2 * text.moe_intermediate_size) * 2;
-    // ... and the shared expert's fp32 products held across the exchange's wait ([T, C] + [T]).
-    const double shared_pending = static_cast<double>(T) * static_cast<double>(C + 1) * 4;
-    out.exchange_transient = static_cast<size_t>(2 * rows * row_bytes + 2 * received + intermediate + shared_pending);
+    out.expert_recv_headroom =
+        static_cast<double>(out.expert_recv_rows) / static_cast<double>(expert_recv_mean_rows(text, T));
   }
   return out;
 }
@@ -152,9 +149,11 @@ std::string ParallelMemoryPlan::describe() const {
     std::snprintf(row, sizeof(row), "  %-26s %9.2f GiB%s%s\n", what, gib(bytes), *note ? "  " : "", note);
     out += row;
   };
-  if (exchange_kept + exchange_transient > 0) {
-    line("expert rows kept", exchange_kept, "received rows of every layer, for the experts' backward");
-    line("expert exchange buffers", exchange_transient, "one layer's dispatch and combine");
+  if (exchange > 0) {
+    char note[120];
+    std::snprintf(note, sizeof(note), "receives up to %lld rows per layer (%.2fx the mean)",
+                  static_cast<long long>(expert_recv_rows), expert_recv_headroom);
+    line("expert exchange buffers", exchange, note);
   }
   line("total", total(), "");
   return out;

@@ -26,15 +26,21 @@ struct ParallelPlanOptions {
   int world = 1;                        // ranks (GPUs) = the data-parallel size of the dense tensors
   ParallelOptions layout;               // EP and ZeRO-2
   RecomputeChoice recompute = RecomputeChoice::none;
-  double exchange_imbalance = 1.25;     // max / mean received expert rows a rank provisions for
   bool images = true;                   // plan the vision tower's activations (false: text-only batches)
+  // With --expert_recv_headroom auto (layout.expert_recv_headroom 0): the GPU's usable bytes, into
+  // which the receive capacity grows past its minimum as the engine grows it (0: the minimum).
+  size_t gpu_memory_bytes = 0;
 };
 
 struct ParallelMemoryPlan {
   MemoryPlan plan;                  // per rank; plan.total() excludes the exchange below
-  size_t exchange_kept = 0;         // received expert rows kept for the experts' backward (all layers)
-  size_t exchange_transient = 0;    // one layer's send / receive / result buffers
-  size_t total() const { return plan.total() + exchange_kept + exchange_transient; }
+  // The expert exchange (EP > 1): its receive capacity in rows per micro-batch and layer, and its
+  // buffers (expert_exchange_bytes; the engine keeps no received rows for the backward, which
+  // dispatches the layer input again).
+  int64_t expert_recv_rows = 0;
+  double expert_recv_headroom = 0;  // expert_recv_rows over the mean received rows
+  size_t exchange = 0;
+  size_t total() const { return plan.total() + exchange; }
   std::string describe() const;
 };
 

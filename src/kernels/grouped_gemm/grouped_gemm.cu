@@ -324,10 +324,6 @@ void launch_rows(const GroupedParams& params, DType c_dtype, dim3 grid, cudaStre
 
 }  // namespace
 
-size_t grouped_gemm_rows_workspace_bytes(int64_t num_groups) {
-  return static_cast<size_t>(num_groups + 1) * sizeof(int32_t);
-}
-
 void grouped_gemm_rows_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk, void* c, DType c_dtype,
                             const int32_t* offsets, int64_t num_groups, int64_t max_rows, int64_t n, int64_t k,
                             void* workspace, size_t workspace_bytes, cudaStream_t stream) {

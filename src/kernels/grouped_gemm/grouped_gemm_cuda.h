@@ -12,14 +12,15 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/moe_experts/moe_experts_sizes.h"
 
 namespace deltamoe {
 
 // Rows per tile of the row-grouped product: every group wastes at most one partial tile.
 constexpr int kGroupedGemmTileRows = 128;
 
-// Workspace of grouped_gemm_rows_cuda: the per-group tile prefix (int32 [G+1]).
-size_t grouped_gemm_rows_workspace_bytes(int64_t num_groups);
+// Workspace of grouped_gemm_rows_cuda: grouped_gemm_rows_workspace_bytes (the per-group tile
+// prefix, int32 [G+1]; kernels/moe_experts/moe_experts_sizes.h, host arithmetic for the planners).
 
 // The row-grouped product of grouped_gemm.h on the device. offsets int32 [G+1] is read on the
 // device only; max_rows (>= offsets[G], e.g. T*K) sizes the launch, which covers

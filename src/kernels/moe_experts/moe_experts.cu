@@ -88,19 +88,6 @@ unsigned elementwise_grid(int64_t total) {
 
 }  // namespace
 
-size_t moe_experts_forward_workspace_bytes(const MoeExpertsDims& d) {
-  const int64_t rows = d.num_tokens * d.top_k;
-  return align256(grouped_gemm_rows_workspace_bytes(d.num_experts)) + align256(rows * d.hidden * sizeof(nvbf16)) +
-         align256(rows * 2 * d.intermediate * sizeof(nvbf16)) + align256(rows * d.intermediate * sizeof(nvbf16));
-}
-
-size_t moe_experts_backward_workspace_bytes(const MoeExpertsDims& d) {
-  const int64_t rows = d.num_tokens * d.top_k;
-  return align256(grouped_gemm_rows_workspace_bytes(d.num_experts)) + 2 * align256(rows * d.hidden * sizeof(nvbf16)) +
-         align256(rows * 2 * d.intermediate * sizeof(nvbf16)) + align256(rows * d.intermediate * sizeof(float)) +
-         align256(rows * d.intermediate * sizeof(nvbf16));
-}
-
 namespace {
 
 // The adapter products' dims for one fused weight over the plan's T K rows.

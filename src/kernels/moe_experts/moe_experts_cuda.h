@@ -11,7 +11,7 @@
 
 #include "kernels/lora/lora_cuda.h"
 #include "kernels/moe_experts/moe_experts.h"
-#include "kernels/moe_experts/moe_routing_plan_size.h"
+#include "kernels/moe_experts/moe_experts_sizes.h"
 
 namespace deltamoe {
 
@@ -25,7 +25,7 @@ struct MoeRoutingPlan {
   int32_t* chunk_rows = nullptr;      // scratch while building: first row of each chunk's experts
 };
 
-// The plan laid out in memory of moe_routing_plan_bytes (moe_routing_plan_size.h).
+// The plan laid out in memory of moe_routing_plan_bytes (moe_experts_sizes.h).
 MoeRoutingPlan moe_routing_plan_in(void* memory, int64_t num_tokens, int64_t num_experts, int64_t top_k);
 
 // topk_idx int32 [T, K] (each in [0, E); not checked on the device) -> the plan. No host sync.
@@ -42,9 +42,7 @@ struct MoeExpertsLora {
 };
 size_t moe_experts_lora_workspace_bytes(const MoeExpertsDims& dims, int64_t rank);
 
-// Workspace (bytes) of the forward and the backward.
-size_t moe_experts_forward_workspace_bytes(const MoeExpertsDims& dims);
-size_t moe_experts_backward_workspace_bytes(const MoeExpertsDims& dims);
+// Workspace (bytes) of the forward and the backward: moe_experts_sizes.h.
 
 // x [T, C] bf16; topk_weight [T, K] f32; gate_up [E, 2I, C] bf16; down [E, C, I] bf16;
 // y [T, C] bf16 written (each token sums its K weighted expert outputs in slot order, in fp32).

@@ -256,11 +256,6 @@ void shared_expert_forward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
   shared_expert_forward_apply_cuda(SharedExpertPending{b.out, b.logit}, y, accumulate, T, C, stream);
 }
 
-size_t shared_expert_pending_bytes(int64_t num_tokens, int64_t hidden) {
-  return align256(static_cast<size_t>(num_tokens * hidden) * sizeof(float)) +
-         align256(static_cast<size_t>(num_tokens) * sizeof(float));
-}
-
 SharedExpertPending shared_expert_pending_in(void* memory, size_t bytes, int64_t num_tokens, int64_t hidden) {
   CHECK(num_tokens >= 0 && hidden >= 1, "shared_expert: pending output for T=", num_tokens, " C=", hidden);
   CHECK(memory != nullptr && bytes >= shared_expert_pending_bytes(num_tokens, hidden), "shared_expert: pending output of ",

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/lora/lora_cuda.h"
+#include "kernels/moe_experts/moe_experts_sizes.h"
 
 namespace deltamoe {
 
@@ -58,8 +59,8 @@ struct SharedExpertPending {
   float* out = nullptr;    // [T, C]
   float* logit = nullptr;  // [T]
 };
-size_t shared_expert_pending_bytes(int64_t num_tokens, int64_t hidden);
-// Carves the two arrays for `num_tokens` tokens from `memory` (shared_expert_pending_bytes).
+// Carves the two arrays for `num_tokens` tokens from `memory` (shared_expert_pending_bytes,
+// kernels/moe_experts/moe_experts_sizes.h).
 SharedExpertPending shared_expert_pending_in(void* memory, size_t bytes, int64_t num_tokens, int64_t hidden);
 void shared_expert_forward_products_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
                                          const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,

@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "kernels/moe_experts/moe_routing_plan_size.h"
+#include "kernels/moe_experts/moe_experts_sizes.h"
 #include "model/text/text_params.h"
 
 namespace deltamoe {

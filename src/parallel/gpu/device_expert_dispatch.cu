@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "core/cuda_check.h"
 #include "kernels/moe_experts/moe_experts_cuda.h"
-#include "kernels/moe_experts/moe_routing_plan_size.h"
+#include "kernels/moe_experts/moe_experts_sizes.h"
 
 namespace deltamoe {
 namespace {
@@ -238,9 +240,17 @@ const DeviceExpertDispatchPlan& DeviceExpertDispatcher::finish_plan(int index) {
     result.recv_rows += result.recv_counts[p];
   }
   if (result.recv_rows > capacity_.max_recv_rows) {
-    const std::string reason = str_cat("expert dispatch: rank ", ep_.rank(), " of '", ep_.name(), "' would receive ",
-                                       result.recv_rows, " rows, over its capacity of ", capacity_.max_recv_rows,
-                                       " (routing imbalance beyond the planned capacity)");
+    // The capacity is a headroom over the mean, max_tokens x top_k rows (--expert_recv_headroom).
+    const double mean = static_cast<double>(std::max<int64_t>(capacity_.max_tokens * capacity_.top_k, 1));
+    char needed[32], planned[32];
+    std::snprintf(needed, sizeof(needed), "%.2f", std::max(1.0, std::ceil(100.0 * static_cast<double>(result.recv_rows) / mean) / 100));
+    std::snprintf(planned, sizeof(planned), "%.2f", static_cast<double>(capacity_.max_recv_rows) / mean);
+    const std::string reason =
+        str_cat("expert dispatch: rank ", ep_.rank(), " of '", ep_.name(), "' would receive ", result.recv_rows,
+                " rows for one layer of this micro-batch, over its capacity of ", capacity_.max_recv_rows, " (",
+                planned, "x the mean; the router sends this rank ", needed,
+                "x): restart with --expert_recv_headroom ", needed, " or more (or auto with more GPU memory free); "
+                "--resume auto continues from the last checkpoint");
     ep_.abort(reason);
     throw CommAborted(reason);
   }

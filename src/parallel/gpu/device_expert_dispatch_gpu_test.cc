@@ -234,6 +234,7 @@ TEST(DeviceDispatchRefusals, APlanOverTheReceiveCapacityAbortsTheJob) {
     error = e.what();
   }
   EXPECT_NE(error.find("over its capacity of 10"), std::string::npos) << error;
+  EXPECT_NE(error.find("--expert_recv_headroom"), std::string::npos) << error;
 }
 
 // Holds a stream until released (or 20 s, then records that it was not released in time).

@@ -18,6 +18,7 @@
 #include "kernels/token_scatter/token_scatter_cuda.h"
 #include "model/gradient_phases.h"
 #include "model/param_table.h"
+#include "model/text/expert_exchange_size.h"
 #include "model/text/text_weights.h"
 #include "model/vision/vision_tower.h"
 #include "model/vision/vision_weights.h"
@@ -122,6 +123,9 @@ struct GpuEngine::Impl {
   // One rank of a parallel job (null world: the plain engine).
   Communicator* world = nullptr;
   ParallelOptions parallel_options;
+  // Rows this rank's experts may receive per micro-batch and layer (EP > 1): from
+  // --expert_recv_headroom, or with auto grown into the memory the plan leaves (plan_and_allocate).
+  int64_t expert_recv_rows = 0;
   ParamLayout full_layout;                   // every trained tensor whole (the checkpoint's view)
   std::vector<GradientPhase> phases;         // the backward's gradient phases (the layout's groups)
   std::unique_ptr<ParallelLayout> parallel;  // this rank's pieces
@@ -300,7 +304,7 @@ struct GpuEngine::Impl {
     o.lora_rank = options.lora != nullptr ? options.lora->options.rank : 0;
     o.lora_dropout_max_in = lora_dropout_max_in(false);
     o.expert_parallel = ep_comm.get();
-    o.expert_recv_rows = ep_comm != nullptr ? parallel_options.expert_recv_rows : 0;
+    o.expert_recv_rows = ep_comm != nullptr ? expert_recv_rows : 0;
     return o;
   }
 
@@ -346,6 +350,25 @@ struct GpuEngine::Impl {
     }
   }
 
+  // --expert_recv_headroom auto: what the plan leaves of `available` (after the recompute choice)
+  // raises the expert exchange's receive capacity from its minimum towards the worst case, so that
+  // a skewed micro-batch finds room rather than stopping the job. Logged with the headroom reached.
+  void grow_expert_capacity(size_t available) {
+    const TextConfig& text = config.text;
+    const int ep = ep_comm->size();
+    if (parallel_options.expert_recv_headroom == 0 && plan.total() < available) {
+      const size_t now = expert_exchange_bytes(text, ep, options.max_tokens, expert_recv_rows);
+      expert_recv_rows = expert_recv_rows_within(text, ep, options.max_tokens, expert_recv_rows,
+                                                 now + (available - plan.total()));
+      plan.text = model_bytes(GpuTextModel::planned_bytes(text, text_options()));
+    }
+    log_info("train: expert exchange: up to ", expert_recv_rows, " received rows per layer (",
+             static_cast<double>(expert_recv_rows) / static_cast<double>(expert_recv_mean_rows(text, options.max_tokens)),
+             "x the mean, worst case ", ep, "x; --expert_recv_headroom ",
+             parallel_options.expert_recv_headroom == 0 ? std::string("auto") : str_cat(parallel_options.expert_recv_headroom),
+             ")");
+  }
+
   // Limits, the plan, the refusal; then the state and the stream. Nothing is allocated on the
   // device before the plan has been checked.
   void plan_and_allocate(const ModelConfig& model_config, const EngineOptions& engine_options,
@@ -384,6 +407,10 @@ struct GpuEngine::Impl {
     CHECK(options.recompute.full_layers(layers) >= 0 && options.recompute.full_layers(layers) <= layers,
           "train: --recompute_num_layers ", options.recompute.layers, " is more than the model's ", layers,
           " decoder layers");
+    if (ep_comm != nullptr) {
+      expert_recv_rows = expert_recv_rows_for(config.text, ep_comm->size(), options.max_tokens,
+                                              parallel_options.expert_recv_headroom);
+    }
     plan.text = model_bytes(GpuTextModel::planned_bytes(config.text, text_options()));
     if (max_patches > 0) plan.vision = vision_plan();
     plan.reserve = size_t{1} << 30;
@@ -392,6 +419,7 @@ struct GpuEngine::Impl {
     const size_t available = options.device_memory_bytes > 0 ? options.device_memory_bytes : free_bytes;
     const std::string where = str_cat("cuda:", device, " (", gpu_name, ")");
     if (options.recompute.automatic) choose_recompute(available, where);
+    if (ep_comm != nullptr) grow_expert_capacity(available);
     const std::string refusal = memory_refusal(plan, available, options, where);
     CHECK(refusal.empty(), refusal);
     if (options.print_memory_plan) {

@@ -5,56 +5,29 @@
 #include <algorithm>
 
 #include "core/cuda_check.h"
-#include "kernels/moe_experts/moe_routing_plan_size.h"
+#include "kernels/moe_experts/moe_experts_sizes.h"
+#include "model/text/expert_exchange_size.h"
 
 namespace deltamoe {
 namespace {
-
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-int64_t recv_capacity(const TextConfig& config, int ep_size, int64_t max_tokens, int64_t max_recv_rows) {
-  return max_recv_rows > 0 ? max_recv_rows : ep_size * max_tokens * config.num_experts_per_tok;
-}
 
 DeviceDispatchCapacity dispatch_capacity(const TextConfig& config, int ep_size, int64_t max_tokens,
                                          int64_t max_recv_rows) {
   DeviceDispatchCapacity capacity;
   capacity.max_tokens = max_tokens;
   capacity.top_k = config.num_experts_per_tok;
-  capacity.max_recv_rows = recv_capacity(config, ep_size, max_tokens, max_recv_rows);
+  capacity.max_recv_rows = expert_recv_capacity(config, ep_size, max_tokens, max_recv_rows);
   capacity.max_row_bytes = config.hidden_size * static_cast<int64_t>(sizeof(__nv_bfloat16));
   return capacity;
 }
 
-size_t experts_workspace(const TextConfig& config, int ep_size, int64_t rows) {
-  const MoeExpertsDims dims{rows, config.hidden_size, config.num_experts / ep_size, 1, config.moe_intermediate_size};
-  return std::max(moe_experts_forward_workspace_bytes(dims), moe_experts_backward_workspace_bytes(dims));
-}
-
 }  // namespace
-
-size_t GpuExpertParallel::planned_bytes(const TextConfig& config, int ep_size, int64_t max_tokens,
-                                        int64_t max_recv_rows) {
-  const int64_t R = recv_capacity(config, ep_size, max_tokens, max_recv_rows);
-  const int64_t C = config.hidden_size, K = config.num_experts_per_tok, L = config.num_hidden_layers;
-  const int64_t slots = max_tokens * K;
-  size_t bytes = 0;
-  // The dispatcher: destination ranks, counts, expert ids in send order, staging, and per layer
-  // its plan over ranks and the received expert ids.
-  bytes += align256(slots * 4) * 2 + align256(4 * ep_size * 8 + 8) + align256(slots * C * 2);
-  bytes += L * (moe_routing_plan_bytes(std::max<int64_t>(slots, 1), ep_size, 1) + align256(R * 4));
-  // Per layer the owner's plan of its received rows; the row buffers; the experts' workspace.
-  bytes += L * moe_routing_plan_bytes(R, config.num_experts / ep_size, 1);
-  bytes += 3 * align256(R * C * 2) + 3 * align256(R * 4) + align256(slots * C * 2);
-  bytes += experts_workspace(config, ep_size, R);
-  return bytes;
-}
 
 GpuExpertParallel::GpuExpertParallel(Communicator& ep, const TextConfig& config, int64_t max_tokens,
                                      int64_t max_recv_rows, cudaStream_t stream)
     : config_(config),
       max_tokens_(max_tokens),
-      max_recv_rows_(recv_capacity(config, ep.size(), max_tokens, max_recv_rows)),
+      max_recv_rows_(expert_recv_capacity(config, ep.size(), max_tokens, max_recv_rows)),
       stream_(stream),
       dispatcher_(ep, config.num_experts, dispatch_capacity(config, ep.size(), max_tokens, max_recv_rows),
                   static_cast<int>(config.num_hidden_layers), stream) {
@@ -71,7 +44,9 @@ GpuExpertParallel::GpuExpertParallel(Communicator& ep, const TextConfig& config,
   recv_d_weight_ = DeviceBuffer(std::max<int64_t>(R, 1) * 4);
   local_ids_ = DeviceBuffer(std::max<int64_t>(R, 1) * 4);
   send_rows_ = DeviceBuffer(std::max<int64_t>(max_tokens * K, 1) * C * 2);
-  workspace_bytes_ = experts_workspace(config, ep.size(), std::max<int64_t>(R, 1));
+  const MoeExpertsDims local{std::max<int64_t>(R, 1), C, config.num_experts / ep.size(), 1,
+                             config.moe_intermediate_size};
+  workspace_bytes_ = std::max(moe_experts_forward_workspace_bytes(local), moe_experts_backward_workspace_bytes(local));
   workspace_ = DeviceBuffer(workspace_bytes_);
 }
 

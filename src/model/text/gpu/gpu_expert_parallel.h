@@ -32,8 +32,8 @@ class GpuExpertParallel {
   GpuExpertParallel(Communicator& ep, const TextConfig& config, int64_t max_tokens, int64_t max_recv_rows,
                     cudaStream_t stream);
 
-  // Device bytes the object takes for these sizes (memory planning).
-  static size_t planned_bytes(const TextConfig& config, int ep_size, int64_t max_tokens, int64_t max_recv_rows);
+  // Device bytes the object takes: expert_exchange_bytes (model/text/expert_exchange_size.h), which
+  // also counts the shared expert's pending output the text model holds beside it.
 
   int64_t first_local_expert() const { return dispatcher_.first_local_expert(); }
   int64_t local_experts() const { return dispatcher_.experts_per_rank(); }

@@ -21,6 +21,7 @@
 #include "kernels/moe_aux_loss/moe_aux_loss_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 #include "kernels/shared_expert/shared_expert_cuda.h"
+#include "model/text/expert_exchange_size.h"
 #include "model/text/text_batch.h"
 
 namespace deltamoe {
@@ -137,9 +138,8 @@ GpuModelBytes GpuTextModel::planned_bytes(const TextConfig& config, const GpuMod
     bytes.workspace += lora_dropout_scratch_bytes(spec.max_tokens, options.lora_dropout_max_in);
   }
   if (options.expert_parallel != nullptr) {
-    bytes.workspace += GpuExpertParallel::planned_bytes(config, options.expert_parallel->size(), spec.max_tokens,
-                                                        options.expert_recv_rows) +
-                       shared_expert_pending_bytes(spec.max_tokens, config.hidden_size);
+    bytes.workspace += expert_exchange_bytes(config, options.expert_parallel->size(), spec.max_tokens,
+                                             options.expert_recv_rows);
   }
   return bytes;
 }
@@ -181,9 +181,8 @@ GpuTextModel::GpuTextModel(const TextConfig& config, const TextWeights& weights,
   if (options_.expert_parallel != nullptr) {
     CHECK(config_.num_experts % options_.expert_parallel->size() == 0, "gpu model: ", config_.num_experts,
           " experts do not split over ", options_.expert_parallel->size(), " expert-parallel ranks");
-    workspace_bytes_ -= GpuExpertParallel::planned_bytes(config_, options_.expert_parallel->size(), spec_.max_tokens,
-                                                         options_.expert_recv_rows) +
-                        shared_expert_pending_bytes(spec_.max_tokens, config_.hidden_size);
+    workspace_bytes_ -= expert_exchange_bytes(config_, options_.expert_parallel->size(), spec_.max_tokens,
+                                              options_.expert_recv_rows);
     expert_parallel_ = std::make_unique<GpuExpertParallel>(*options_.expert_parallel, config_, spec_.max_tokens,
                                                            options_.expert_recv_rows, stream_);
     shared_expert_pending_ = DeviceBuffer(shared_expert_pending_bytes(spec_.max_tokens, config_.hidden_size));
