@@ -29,6 +29,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/cuda_check.h"
+#include "core/device_alloc.h"
+#include "kernels/cudnn_sdpa/gpu/cudnn_sdpa.h"
+#include "kernels/gemm/gemm_cuda.h"
 #include "kernels/common/kernel_path_cuda.h"
 #include "model/param_table.h"
 #include "parallel/comm_options.h"
@@ -66,19 +69,20 @@ std::vector<std::pair<int64_t, int64_t>> parse_image_grids(const std::string& te
   return grids;
 }
 
-// One synthetic micro-batch: `seqs` samples of tokens / seqs tokens. Each sample is text, then (with
-// images) as many images as fit in image_fraction of it, each between <|vision_start|> and
+// One synthetic micro-batch: one sample per entry of `lengths` (tokens). Each sample is text, then
+// (with images) as many images as fit in image_fraction of it, each between <|vision_start|> and
 // <|vision_end|>, then text; the text after the first image is supervised (as an answer would be).
-MicroBatch synthetic_batch(const ModelConfig& config, int64_t tokens, int64_t seqs,
+MicroBatch synthetic_batch(const ModelConfig& config, const std::vector<int64_t>& lengths,
                            const std::vector<std::pair<int64_t, int64_t>>& grids, double image_fraction, Rng& rng,
                            size_t* next_grid) {
-  const int64_t seq_len = tokens / seqs;
+  const int64_t seqs = static_cast<int64_t>(lengths.size());
   const int64_t text_vocab = std::min<int64_t>(config.text.vocab_size, config.image_token_id > 0 ? 240000 : 1 << 30);
   const int64_t merge = config.vision.spatial_merge_size;
   MicroBatch batch;
   std::vector<GridThw> image_grids;
   batch.cu_seqlens = {0};
   for (int64_t s = 0; s < seqs; ++s) {
+    const int64_t seq_len = lengths[static_cast<size_t>(s)];
     const int64_t start = static_cast<int64_t>(batch.input_ids.size());
     auto text = [&](int64_t count, bool supervised) {
       for (int64_t i = 0; i < count; ++i) {
@@ -120,6 +124,22 @@ MicroBatch synthetic_batch(const ModelConfig& config, int64_t tokens, int64_t se
   for (float& value : batch.pixel_values) value = static_cast<float>(rng.normal());
   batch.num_image_tokens = patches / (merge * merge);
   return batch;
+}
+
+// Sample lengths of a micro-batch: `seqs` equal ones filling `tokens`; or, varied, between 1 and
+// `seqs` samples of random lengths (at least 16 tokens each) filling between half of `tokens` and
+// all of it, a multiple of 8 (a new packing and token count every step).
+std::vector<int64_t> sample_lengths(int64_t tokens, int64_t seqs, bool varied, Rng& rng) {
+  if (!varied) return std::vector<int64_t>(static_cast<size_t>(seqs), tokens / seqs);
+  const int64_t total = (tokens / 2 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(tokens / 2 + 1)))) / 8 * 8;
+  const int64_t n = std::min<int64_t>(1 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(seqs))), total / 16);
+  std::vector<int64_t> lengths(static_cast<size_t>(n), 16);
+  for (int64_t left = total - 16 * n; left > 0;) {  // the rest in random pieces to random samples
+    const int64_t piece = std::min<int64_t>(left, 1 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(total))));
+    lengths[static_cast<size_t>(rng.below(static_cast<uint64_t>(n)))] += piece;
+    left -= piece;
+  }
+  return lengths;
 }
 
 #if DELTAMOE_WITH_CUDA
@@ -234,12 +254,16 @@ int run_bench(const ArgParser& args) {
   Rng rng(static_cast<uint64_t>(args.get_int("seed")), 1 + static_cast<uint64_t>(rank));  // each rank its own tokens
   size_t next_grid = 0;
   std::vector<std::vector<MicroBatch>> step_batches;
-  // Two different steps' worth of batches, alternated, so no step reuses the previous one's inputs.
-  for (int k = 0; k < 2; ++k) {
+  // Two different steps' worth of batches, alternated, so no step reuses the previous one's inputs;
+  // with --vary_lengths a packing of its own for every step.
+  CHECK(args.get("vary_lengths") == "true" || args.get("vary_lengths") == "false",
+        "--vary_lengths must be true or false, got '", args.get("vary_lengths"), "'");
+  const bool varied = args.get("vary_lengths") == "true";
+  for (int64_t k = 0; k < (varied ? warmup + steps : 2); ++k) {
     std::vector<MicroBatch> batches;
     for (int64_t m = 0; m < micro_batches; ++m)
-      batches.push_back(synthetic_batch(config, tokens, seqs, grids, grids.empty() ? 0.0 : image_fraction, rng,
-                                        &next_grid));
+      batches.push_back(synthetic_batch(config, sample_lengths(tokens, seqs, varied, rng), grids,
+                                        grids.empty() ? 0.0 : image_fraction, rng, &next_grid));
     step_batches.push_back(std::move(batches));
   }
   int64_t image_tokens = 0, images = 0;
@@ -250,13 +274,20 @@ int run_bench(const ArgParser& args) {
 
   std::vector<double> step_ms;
   double first_loss = 0, last_loss = 0, flops = 0;
+  double measured_ms = 0, measured_tokens = 0, measured_flops = 0;  // sums over the measured steps
   StepResult last;
+  // What the steps after the first take that the first did not: allocations (device, pinned), GPU
+  // memory (anything a library takes, module loads), cuDNN plans, cuBLASLt heuristic queries.
+  AllocationCounts allocations_after_first;
+  int64_t plans_after_first = 0, queries_after_first = 0;
+  size_t free_after_first = 0;
   for (int64_t step = 0; step < warmup + steps; ++step) {
     const bool measured = step >= warmup;
     if (step == warmup) engine.text_model().timer().reset_totals();
     CUDA_CHECK(cudaDeviceSynchronize());
     const auto start = std::chrono::steady_clock::now();
-    last = engine.train_step(step_batches[static_cast<size_t>(step % 2)], 1e-5, 1.0);
+    const std::vector<MicroBatch>& batches = step_batches[static_cast<size_t>(step) % step_batches.size()];
+    last = engine.train_step(batches, 1e-5, 1.0);
     engine.text_model().timer().finish(engine.text_model().stream());
     CUDA_CHECK(cudaDeviceSynchronize());
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -270,13 +301,36 @@ int run_bench(const ArgParser& args) {
                   measured ? "    " : "warm", ms, loss, last.grad_norm);
       std::fflush(stdout);
     }
-    if (measured) step_ms.push_back(ms);
+    if (measured) {
+      step_ms.push_back(ms);
+      measured_ms += ms;
+      measured_flops += last.flops;
+      for (const MicroBatch& batch : batches) measured_tokens += static_cast<double>(batch.num_tokens());
+    }
     flops = last.flops;
+    if (step == 0) {
+      allocations_after_first = allocation_counts();
+      plans_after_first = CudnnSdpa::plans_built();
+      queries_after_first = GemmContext::heuristic_queries();
+      size_t total_bytes = 0;
+      CUDA_CHECK(cudaMemGetInfo(&free_after_first, &total_bytes));
+    }
   }
+  const AllocationCounts allocations_now = allocation_counts();
+  size_t free_now = 0, total_now = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_now, &total_now));
+  const int64_t new_allocations = allocations_now.device - allocations_after_first.device;
+  const int64_t new_pinned = allocations_now.pinned - allocations_after_first.pinned;
+  const int64_t new_plans = CudnnSdpa::plans_built() - plans_after_first;
+  const int64_t new_queries = GemmContext::heuristic_queries() - queries_after_first;
+  const int64_t memory_change = static_cast<int64_t>(free_after_first) - static_cast<int64_t>(free_now);
+  const bool steady = new_allocations == 0 && new_pinned == 0 && new_plans == 0 && memory_change == 0;
   const int64_t step_tokens = tokens * micro_batches;
   const double step_median_ms = median(step_ms);
-  const double tokens_per_s = static_cast<double>(step_tokens) / (step_median_ms / 1e3);
-  const double tflops = flops / (step_median_ms / 1e3) / 1e12;
+  // Equal steps: the median step; steps of varied sizes: all the measured tokens over their time.
+  const double tokens_per_s = varied ? measured_tokens / (measured_ms / 1e3)
+                                     : static_cast<double>(step_tokens) / (step_median_ms / 1e3);
+  const double tflops = varied ? measured_flops / (measured_ms / 1e3) / 1e12 : flops / (step_median_ms / 1e3) / 1e12;
   const MemoryPlan& plan = engine.memory_plan();
   const TextConfig& text = config.text;
   if (host_world != nullptr) {
@@ -320,6 +374,20 @@ int run_bench(const ArgParser& args) {
               100.0 * tflops / kPeakDenseBf16Tflops, kPeakDenseBf16Tflops, 100.0 * tflops / kMeasuredDenseBf16Tflops,
               kMeasuredDenseBf16Tflops);
   std::printf("loss: first %.4f, last %.4f\n", first_loss, last_loss);
+  if (varied) {
+    std::printf("lengths: varied, a packing of 1-%lld samples and %lld-%lld tokens per micro-batch for every step; "
+                "%.0f tokens per measured step on average\n",
+                static_cast<long long>(seqs), static_cast<long long>(tokens / 2), static_cast<long long>(tokens),
+                measured_tokens / static_cast<double>(steps));
+  }
+  std::printf("after step 1, steps 2-%lld: %lld device allocations (%lld bytes), %lld pinned, %lld cuDNN plans built, "
+              "GPU memory in use %+lld bytes (cudaMemGetInfo); %lld cuBLASLt heuristic queries (one per GEMM shape "
+              "not seen before: new token counts): %s\n",
+              static_cast<long long>(warmup + steps), static_cast<long long>(new_allocations),
+              static_cast<long long>(allocations_now.device_bytes - allocations_after_first.device_bytes),
+              static_cast<long long>(new_pinned), static_cast<long long>(new_plans),
+              static_cast<long long>(memory_change), static_cast<long long>(new_queries),
+              steady ? "STEADY" : "NOT STEADY");
   std::printf("host<->device per step: %llu bytes in, %llu bytes out\n",
               static_cast<unsigned long long>(last.host_to_device_bytes),
               static_cast<unsigned long long>(last.device_to_host_bytes));
@@ -359,7 +427,15 @@ int run_bench(const ArgParser& args) {
                            {"h2d_bytes", last.host_to_device_bytes},
                            {"loss_first", first_loss},
                            {"loss_last", last_loss},
-                           {"components_ms", components}};
+                           {"components_ms", components},
+                           {"varied_lengths", varied},
+                           {"after_first_step",
+                            {{"device_allocations", new_allocations},
+                             {"pinned_allocations", new_pinned},
+                             {"cudnn_plans", new_plans},
+                             {"gpu_memory_change_bytes", memory_change},
+                             {"cublaslt_heuristic_queries", new_queries},
+                             {"steady", steady}}}};
   if (simulated_ranks > 0) {
     // The N-GPU step this rank's measured step predicts: the exchange and the ZeRO-2 traffic at the
     // link's effective rate, nothing overlapped (the engine's schedule), the busiest rank's share.
@@ -392,6 +468,10 @@ int run_bench(const ArgParser& args) {
     result["exchange_gb_per_micro_batch"] = model.exchange_bytes / 1e9;
   }
   std::printf("BENCH_JSON %s\n", result.dump().c_str());
+  if (!steady) {
+    std::fprintf(stderr, "bench: steps after the first allocated or built something (see the 'after step 1' line)\n");
+    return 4;
+  }
   return 0;
 }
 
@@ -404,7 +484,9 @@ int cmd_bench(int argc, char** argv) {
   args.add_option("config", "a preset or config.json whose widths to use", "qwen3.5-35b-a3b");
   args.add_option("layers", "decoder layers, typed [lin, lin, lin, full] repeated", "4");
   args.add_option("tokens", "tokens per micro-batch (packed)", "8192");
-  args.add_option("seqs", "equal-length samples a micro-batch is packed from", "2");
+  args.add_option("seqs", "equal-length samples a micro-batch is packed from (with --vary_lengths: the most)", "2");
+  args.add_option("vary_lengths", "true: every step packs its own 1..--seqs samples of random lengths into "
+                  "half to all of --tokens (shows that steps of new lengths allocate and build nothing)", "false");
   args.add_option("micro_batches", "micro-batches per optimizer step (gradient accumulation)", "1");
   args.add_option("steps", "measured steps", "10");
   args.add_option("warmup", "steps run before measuring", "3");
@@ -443,6 +525,7 @@ int cmd_bench(int argc, char** argv) {
   return run_bench(args);
 #else
   (void)synthetic_batch;
+  (void)sample_lengths;
   (void)parse_image_grids;
   RAISE("deltamoe bench needs a CUDA build (this binary was built with DELTAMOE_CUDA=OFF)");
 #endif

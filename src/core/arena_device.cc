@@ -1,5 +1,6 @@
 // Device arena: one cudaMalloc planned up front. Without CUDA the constructor explains why it fails.
 #include "core/arena.h"
+#include "core/device_alloc.h"
 
 #ifdef DELTAMOE_WITH_CUDA
 #include "core/cuda_check.h"
@@ -10,7 +11,7 @@ namespace deltamoe {
 DeviceArena::DeviceArena(size_t capacity_bytes, std::string name)
     : name_(std::move(name)), capacity_(capacity_bytes) {
 #ifdef DELTAMOE_WITH_CUDA
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&base_), capacity_bytes == 0 ? 256 : capacity_bytes));
+  base_ = static_cast<decltype(base_)>(device_malloc(capacity_bytes == 0 ? 256 : capacity_bytes, name_.c_str()));
 #else
   RAISE(name_, ": this deltamoe was built without CUDA (cpu preset); rebuild with the default preset");
 #endif

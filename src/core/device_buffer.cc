@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "core/device_alloc.h"
+
 #ifdef DELTAMOE_WITH_CUDA
 #include "core/cuda_check.h"
 #endif
@@ -12,7 +14,7 @@ namespace deltamoe {
 #ifdef DELTAMOE_WITH_CUDA
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
-  CUDA_CHECK(cudaMalloc(&data_, bytes == 0 ? 256 : bytes));
+  data_ = device_malloc(bytes == 0 ? 256 : bytes, "device buffer");
 }
 
 DeviceBuffer::~DeviceBuffer() {

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "core/cuda_check.h"
+#include "core/device_alloc.h"
 #include "core/error.h"
 
 // Hopper code must be sm_90a: plain sm_90 code would carry the wgmma kernels with empty bodies
@@ -119,7 +120,7 @@ __global__ void shared_memory_kernel(int* out, int words) {
 
 DeviceCodeReport report_device_code() {
   int* device_out = nullptr;
-  CUDA_CHECK(cudaMalloc(&device_out, 2 * sizeof(int)));
+  device_out = static_cast<int*>(device_malloc(2 * sizeof(int), "kernel path probe"));
   CUDA_CHECK(cudaMemset(device_out, 0, 2 * sizeof(int)));
   report_kernel<<<1, 1>>>(device_out);
   const cudaError_t launched = cudaGetLastError();
@@ -137,7 +138,7 @@ void launch_with_shared_memory(size_t bytes) {
   allow_dynamic_shared_memory(shared_memory_kernel, bytes, "kernel path test");
   const int words = static_cast<int>(bytes / sizeof(int));
   int* device_out = nullptr;
-  CUDA_CHECK(cudaMalloc(&device_out, sizeof(int)));
+  device_out = static_cast<int*>(device_malloc(sizeof(int), "kernel path probe"));
   shared_memory_kernel<<<1, 256, bytes>>>(device_out, words);
   const cudaError_t launched = cudaGetLastError();
   int host = -1;

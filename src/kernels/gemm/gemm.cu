@@ -2,7 +2,10 @@
 // [c, r], so C = op(A) op(B) is issued as C^T = op(B)^T op(A)^T with the operands swapped.
 #include "kernels/gemm/gemm_cuda.h"
 
+#include <atomic>
+
 #include "core/cuda_check.h"
+#include "core/device_alloc.h"
 #include "core/error.h"
 
 namespace deltamoe {
@@ -38,9 +41,15 @@ struct MatrixLayout {
 
 }  // namespace
 
+namespace {
+std::atomic<int64_t> g_heuristic_queries{0};
+}  // namespace
+
+int64_t GemmContext::heuristic_queries() { return g_heuristic_queries.load(std::memory_order_relaxed); }
+
 GemmContext::GemmContext(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
   CUBLAS_CHECK(cublasLtCreate(&handle_));
-  if (workspace_bytes_ > 0) CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+  if (workspace_bytes_ > 0) workspace_ = device_malloc(workspace_bytes_, "gemm: cuBLASLt workspace");
 }
 
 GemmContext::~GemmContext() {
@@ -53,6 +62,7 @@ const cublasLtMatmulAlgo_t& GemmContext::algorithm_for(const Key& key, cublasLtM
                                                        cublasLtMatrixLayout_t c) {
   auto found = algorithms_.find(key);
   if (found != algorithms_.end()) return found->second;
+  g_heuristic_queries.fetch_add(1, std::memory_order_relaxed);
   cublasLtMatmulPreference_t preference = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
   cublasLtMatmulHeuristicResult_t result{};

@@ -35,6 +35,9 @@ class GemmContext {
   size_t workspace_bytes() const { return workspace_bytes_; }
   // Number of distinct problems the heuristic has been asked about (for tests and logs).
   size_t num_cached_algorithms() const { return algorithms_.size(); }
+  // Heuristic queries of every context of the process (`bench` shows that steps after the first
+  // make none for the shapes they have seen; a new token count is a new shape and one query).
+  static int64_t heuristic_queries();
 
   // Internal: the algorithm for a problem key, queried on first use.
   struct Key {

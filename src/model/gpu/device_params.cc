@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/cuda_check.h"
+#include "core/device_alloc.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "model/gpu/param_init.h"
@@ -18,7 +19,7 @@ constexpr int64_t kStagingElements = int64_t{16} << 20;  // 64 MiB of fp32 per u
 
 // Pinned host memory, freed with the object.
 struct PinnedBuffer {
-  explicit PinnedBuffer(size_t bytes) { CUDA_CHECK(cudaMallocHost(&data, std::max<size_t>(bytes, 1))); }
+  explicit PinnedBuffer(size_t bytes) { data = pinned_malloc(std::max<size_t>(bytes, 1), "device params: pinned copy"); }
   ~PinnedBuffer() { cudaFreeHost(data); }
   void* data = nullptr;
 };

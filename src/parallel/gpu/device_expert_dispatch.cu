@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/cuda_check.h"
+#include "core/device_alloc.h"
 #include "kernels/moe_experts/moe_experts_cuda.h"
 #include "kernels/moe_experts/moe_experts_sizes.h"
 
@@ -135,7 +136,7 @@ DeviceExpertDispatcher::DeviceExpertDispatcher(Communicator& ep, int64_t num_exp
   counts_ = DeviceBuffer(4 * ep.size() * sizeof(int64_t) + sizeof(unsigned long long));
   send_expert_ = DeviceBuffer(std::max<int64_t>(slots, 1) * sizeof(int32_t));
   staging_ = DeviceBuffer(std::max<int64_t>(slots, 1) * capacity.max_row_bytes);
-  CUDA_CHECK(cudaMallocHost(&host_counts_, 4 * ep.size() * sizeof(int64_t)));
+  host_counts_ = static_cast<int64_t*>(pinned_malloc(4 * ep.size() * sizeof(int64_t), "expert dispatch: counts"));
   CUDA_CHECK(cudaStreamCreateWithFlags(&counts_stream_, cudaStreamNonBlocking));
   CUDA_CHECK(cudaEventCreateWithFlags(&counts_exchanged_, cudaEventDisableTiming));
   plans_.resize(num_plans);

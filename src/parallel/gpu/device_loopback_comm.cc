@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/device_alloc.h"
 #include "parallel/thread_comm.h"
 
 namespace deltamoe {
@@ -27,7 +28,7 @@ class PinnedStaging {
       if (data_ != nullptr) CUDA_CHECK(cudaFreeHost(data_));
       data_ = nullptr;
       capacity_ = 0;
-      CUDA_CHECK(cudaMallocHost(&data_, bytes));
+      data_ = pinned_malloc(bytes, "device loopback comm: staging");
       capacity_ = bytes;
     }
     return static_cast<char*>(data_);

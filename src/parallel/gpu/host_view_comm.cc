@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/device_alloc.h"
 
 namespace deltamoe {
 namespace {
@@ -35,7 +36,7 @@ class DeviceMirror {
       }
     }
     for (Block& b : blocks_) {
-      CUDA_CHECK(cudaMalloc(&b.device, std::max<size_t>(b.bytes, 1)));
+      b.device = device_malloc(std::max<size_t>(b.bytes, 1), "host view comm: device copy");
       if (b.bytes > 0) CUDA_CHECK(cudaMemcpy(b.device, b.host_begin, b.bytes, cudaMemcpyHostToDevice));
     }
   }

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/cuda_check.h"
+#include "core/device_alloc.h"
 #include "core/log.h"
 #include "parallel/control_plane.h"
 
@@ -124,7 +125,7 @@ class NcclComm final : public Communicator {
         timeout_seconds_(timeout_seconds) {
     CUDA_CHECK(cudaEventCreateWithFlags(&sync_event_, cudaEventDisableTiming));
     CUDA_CHECK(cudaStreamCreateWithFlags(&barrier_stream_, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(uint32_t)));
+    barrier_word_ = static_cast<uint32_t*>(device_malloc(sizeof(uint32_t), "nccl comm: barrier word"));
     CUDA_CHECK(cudaMemset(barrier_word_, 0, sizeof(uint32_t)));
   }
 

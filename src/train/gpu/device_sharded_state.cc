@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "core/cuda_check.h"
+#include "core/device_alloc.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "model/gpu/param_init.h"
@@ -93,7 +94,7 @@ DeviceTrainState::DeviceTrainState(const std::vector<DeviceParamSpec>& specs, co
   exp_avg_sq_ = DeviceBuffer(moment_bytes);
   for (DeviceBuffer* buffer : {&master_, &exp_avg_, &exp_avg_sq_}) CUDA_CHECK(cudaMemset(buffer->data(), 0, buffer->bytes()));
   norm_scratch_ = DeviceBuffer(grad_sum_of_squares_workspace_bytes() + 256);
-  CUDA_CHECK(cudaMallocHost(&norm_host_, 2 * sizeof(double)));
+  norm_host_ = static_cast<double*>(pinned_malloc(2 * sizeof(double), "sharded state: gradient norm"));
   setup_sharded(phases);
 }
 

@@ -3,6 +3,7 @@
 #include "train/gpu/device_train_state.h"
 
 #include "core/cuda_check.h"
+#include "core/device_alloc.h"
 #include "core/error.h"
 #include "optim/grad_norm_cuda.h"
 
@@ -19,7 +20,7 @@ DeviceTrainState::DeviceTrainState(const std::vector<DeviceParamSpec>& specs, co
   CUDA_CHECK(cudaMemset(exp_avg_.data(), 0, exp_avg_.bytes()));
   CUDA_CHECK(cudaMemset(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes()));
   norm_scratch_ = DeviceBuffer(grad_sum_of_squares_workspace_bytes() + 256);
-  CUDA_CHECK(cudaMallocHost(&norm_host_, 2 * sizeof(double)));
+  norm_host_ = static_cast<double*>(pinned_malloc(2 * sizeof(double), "train state: gradient norm"));
   weights_of_pieces_ = params_->trained_weights_bf16();
 }
 

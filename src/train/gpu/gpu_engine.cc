@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "core/cuda_check.h"
+#include "core/device_alloc.h"
 #include "core/error.h"
 #include "core/kill_point.h"
 #include "core/log.h"
@@ -429,7 +430,7 @@ struct GpuEngine::Impl {
     state = world != nullptr ? std::make_unique<DeviceTrainState>(param_specs(), options.adamw, stream, *parallel, *world,
                                                                   expert_dp_comm.get(), phases)
                              : std::make_unique<DeviceTrainState>(param_specs(), options.adamw, stream);
-    CUDA_CHECK(cudaMallocHost(&loss_slots, sizeof(LossSlot) * kLossSlots));
+    loss_slots = static_cast<LossSlot*>(pinned_malloc(sizeof(LossSlot) * kLossSlots, "gpu engine: loss slots"));
   }
 
   // Binds the models to the state (after its values are in place).

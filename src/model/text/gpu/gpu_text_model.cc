@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "core/cuda_check.h"
+#include "core/device_alloc.h"
 #include "core/error.h"
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_cuda.h"
@@ -238,7 +239,7 @@ GpuTextModel::GpuTextModel(const TextConfig& config, const TextWeights& weights,
 
   staging_ = std::make_unique<Staging>();
   staging_->bytes = bytes_.inputs + static_cast<size_t>(max_image_rows_ + 1) * sizeof(int32_t) + 512;
-  CUDA_CHECK(cudaMallocHost(&staging_->block, staging_->bytes));
+  staging_->block = pinned_malloc(staging_->bytes, "gpu text model: input staging");
   ArenaCarver staging_carver(staging_->block, staging_->bytes);
   carve_text_inputs(staging_carver, config_, spec_, &staging_->host);
   staging_->image_rows = staging_carver.take<int32_t>(max_image_rows_);

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/cuda_check.h"
+#include "core/device_alloc.h"
 #include "core/error.h"
 #include "kernels/bias_add/bias_add_cuda.h"
 #include "kernels/bidirectional_attention/bidirectional_attention_cuda.h"
@@ -147,7 +148,7 @@ GpuVisionModel::GpuVisionModel(const VisionConfig& config, const VisionWeights& 
   ArenaCarver input_carver(inputs_arena_.get());
   carve_vision_inputs(input_carver, config_, spec_, &inputs_);
   staging_ = std::make_unique<Staging>();
-  CUDA_CHECK(cudaMallocHost(&staging_->block, bytes_.inputs));
+  staging_->block = pinned_malloc(bytes_.inputs, "gpu vision model: input staging");
   ArenaCarver staging_carver(staging_->block, bytes_.inputs);
   carve_vision_inputs(staging_carver, config_, spec_, &staging_->host);
   CUDA_CHECK(cudaEventCreateWithFlags(&staging_->consumed, cudaEventDisableTiming));
