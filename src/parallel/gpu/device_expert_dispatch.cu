@@ -136,14 +136,20 @@ DeviceExpertDispatcher::DeviceExpertDispatcher(Communicator& ep, int64_t num_exp
   counts_ = DeviceBuffer(4 * ep.size() * sizeof(int64_t) + sizeof(unsigned long long));
   send_expert_ = DeviceBuffer(std::max<int64_t>(slots, 1) * sizeof(int32_t));
   staging_ = DeviceBuffer(std::max<int64_t>(slots, 1) * capacity.max_row_bytes);
-  host_counts_ = static_cast<int64_t*>(pinned_malloc(4 * ep.size() * sizeof(int64_t), "expert dispatch: counts"));
-  CUDA_CHECK(cudaStreamCreateWithFlags(&counts_stream_, cudaStreamNonBlocking));
-  CUDA_CHECK(cudaEventCreateWithFlags(&counts_exchanged_, cudaEventDisableTiming));
   plans_.resize(num_plans);
   for (PlanMemory& p : plans_) {
     p.routing = DeviceBuffer(moe_routing_plan_bytes(std::max<int64_t>(slots, 1), ep.size(), 1));
     p.recv_expert = DeviceBuffer(std::max<int64_t>(capacity.max_recv_rows, 1) * sizeof(int32_t));
     p.plan.recv_expert = p.recv_expert.as<int32_t>();
+  }
+  // The raw handles last, released again if one of them fails (the destructor does not run then).
+  try {
+    host_counts_ = static_cast<int64_t*>(pinned_malloc(4 * ep.size() * sizeof(int64_t), "expert dispatch: counts"));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&counts_stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&counts_exchanged_, cudaEventDisableTiming));
+  } catch (...) {
+    release_handles();
+    throw;
   }
 }
 
@@ -153,7 +159,9 @@ void DeviceExpertDispatcher::check_row_bytes(DType dtype, int64_t width) const {
         capacity_.max_row_bytes);
 }
 
-DeviceExpertDispatcher::~DeviceExpertDispatcher() {
+DeviceExpertDispatcher::~DeviceExpertDispatcher() { release_handles(); }
+
+void DeviceExpertDispatcher::release_handles() {
   // A started plan's copy may still be in flight into host_counts_: let it land first.
   if (counts_stream_ != nullptr) {
     cudaStreamSynchronize(counts_stream_);

@@ -111,6 +111,7 @@ class DeviceExpertDispatcher {
   DeviceBuffer counts_;         // [4 * EP] int64 (rows, first bad slot) per peer, sent then received; + bad word
   DeviceBuffer send_expert_;    // [T*K] global expert id in send order
   DeviceBuffer staging_;        // [T*K rows] send order rows (dispatch) / returned rows (combine)
+  void release_handles();  // the stream, event and pinned counts (destructor, failed constructor)
   int64_t* host_counts_ = nullptr;  // pinned [4 * EP]: sent then received (rows, bad) pairs
   // The counts' device-to-host copy runs here, after counts_exchanged_, so that the host waits for
   // it alone and not for the work enqueued on stream_ after start_plan.
