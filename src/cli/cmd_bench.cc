@@ -281,6 +281,8 @@ int run_bench(const ArgParser& args) {
   AllocationCounts allocations_after_first;
   int64_t plans_after_first = 0, queries_after_first = 0;
   size_t free_after_first = 0;
+  int64_t queries_before = 0;
+  size_t free_before = 0;
   for (int64_t step = 0; step < warmup + steps; ++step) {
     const bool measured = step >= warmup;
     if (step == warmup) engine.text_model().timer().reset_totals();
@@ -297,8 +299,21 @@ int run_bench(const ArgParser& args) {
     CHECK(std::isfinite(loss) && !last.skipped, "bench: the loss or the gradient norm is not finite at step ",
           step + 1, " (loss ", loss, ", norm ", last.grad_norm, ")");
     if (rank == 0) {
-      std::printf("step %3lld %s %8.2f ms  loss %.4f  grad_norm %.3f\n", static_cast<long long>(step + 1),
-                  measured ? "    " : "warm", ms, loss, last.grad_norm);
+      // What this step took that the steps before it had not (after the first): where a library
+      // loads or allocates on a new size.
+      std::string taken;
+      size_t free_bytes = 0, total_bytes = 0;
+      CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+      const int64_t queries = GemmContext::heuristic_queries();
+      if (step > 0 && (queries != queries_before || free_bytes != free_before)) {
+        taken = str_cat("  (+", queries - queries_before, " cuBLASLt heuristic queries, GPU memory in use ",
+                        static_cast<int64_t>(free_before) - static_cast<int64_t>(free_bytes), " bytes)");
+      }
+      queries_before = queries;
+      free_before = free_bytes;
+      std::printf("step %3lld %s %8.2f ms  loss %.4f  grad_norm %.3f  tokens %lld%s\n", static_cast<long long>(step + 1),
+                  measured ? "    " : "warm", ms, loss, last.grad_norm,
+                  static_cast<long long>(last.num_tokens), taken.c_str());
       std::fflush(stdout);
     }
     if (measured) {

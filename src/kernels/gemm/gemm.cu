@@ -62,6 +62,17 @@ const cublasLtMatmulAlgo_t& GemmContext::algorithm_for(const Key& key, cublasLtM
                                                        cublasLtMatrixLayout_t c) {
   auto found = algorithms_.find(key);
   if (found != algorithms_.end()) return found->second;
+  Key class_key = key;
+  class_key.m = class_key.k = 0;
+  const auto same_class = algorithm_classes_.find(class_key);
+  if (same_class != algorithm_classes_.end()) {
+    // A new token count of a product seen before: its algorithm, if cuBLASLt accepts it here.
+    cublasLtMatmulHeuristicResult_t checked{};
+    if (cublasLtMatmulAlgoCheck(handle_, op, a, b, c, c, &same_class->second, &checked) == CUBLAS_STATUS_SUCCESS &&
+        checked.workspaceSize <= workspace_bytes_) {
+      return algorithms_.emplace(key, same_class->second).first->second;
+    }
+  }
   g_heuristic_queries.fetch_add(1, std::memory_order_relaxed);
   cublasLtMatmulPreference_t preference = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -102,6 +113,7 @@ const cublasLtMatmulAlgo_t& GemmContext::algorithm_for(const Key& key, cublasLtM
   CHECK(num_results > 0, "gemm: cuBLASLt has no algorithm for a ", key.m, "x", key.n, "x", key.k,
         " bf16 product (trans_a ", key.trans_a, ", trans_b ", key.trans_b, ", output ", dtype_name(key.out_dtype),
         ")");
+  algorithm_classes_.emplace(class_key, result.algo);
   return algorithms_.emplace(key, result.algo).first->second;
 }
 

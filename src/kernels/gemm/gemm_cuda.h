@@ -20,9 +20,12 @@ namespace deltamoe {
 constexpr size_t kGemmDefaultWorkspaceBytes = size_t{32} << 20;
 
 // Owns the cuBLASLt handle and its workspace (allocated once, here, never in a step) and caches
-// the algorithm chosen by cuBLASLt's heuristic per problem (shape, strides, alignment), so a
-// training step after the first queries nothing. Use one context per stream: the workspace is
-// shared by every product issued through it. Not thread-safe.
+// the algorithm chosen by cuBLASLt's heuristic per problem (shape, strides, alignment). A product
+// whose only difference from one already seen is its token count (m or k: the rows of a packed
+// micro-batch) reuses that product's algorithm once cublasLtMatmulAlgoCheck accepts it for the new
+// size, so micro-batches of new lengths run kernels already loaded and ask the heuristic nothing.
+// Use one context per stream: the workspace is shared by every product issued through it. Not
+// thread-safe.
 class GemmContext {
  public:
   explicit GemmContext(size_t workspace_bytes = kGemmDefaultWorkspaceBytes);
@@ -60,6 +63,9 @@ class GemmContext {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<Key, cublasLtMatmulAlgo_t> algorithms_;
+  // Per problem with m and k set to 0 (what a new token count leaves unchanged): the algorithm
+  // the heuristic gave the first of them.
+  std::map<Key, cublasLtMatmulAlgo_t> algorithm_classes_;
 };
 
 // Row-major C [M, N] = alpha * op(A) op(B) + beta * C, bf16 operands, fp32 accumulation.

@@ -119,6 +119,20 @@ TEST(GemmGpu, GeneralStridedProductMatchesReference) {
   EXPECT_EQ(ctx.num_cached_algorithms(), cached);
 }
 
+// Products that differ only in their token count (a packed micro-batch of another length) reuse the
+// algorithm of the first one, after cuBLASLt's check, without asking the heuristic again, and stay
+// right against the reference.
+TEST(GemmGpu, NewTokenCountsReuseTheAlgorithm) {
+  GemmContext ctx;
+  check_linear(ctx, {512, 2048, 1024}, 500);
+  const int64_t queries = GemmContext::heuristic_queries();
+  check_linear(ctx, {296, 2048, 1024}, 510);
+  check_linear(ctx, {776, 2048, 1024}, 520);
+  EXPECT_EQ(GemmContext::heuristic_queries(), queries) << "a new token count asked the heuristic";
+  check_linear(ctx, {512, 1024, 2048}, 530);  // a product of other widths is a new problem
+  EXPECT_GT(GemmContext::heuristic_queries(), queries);
+}
+
 TEST(GemmGpu, BadShapesAreRejected) {
   GemmContext ctx;
   DeviceTensor a = device_tensor(DType::bf16, {16, 16});
