@@ -287,7 +287,8 @@ struct CudnnSdpa::Impl {
 
   // Tensor uids of one graph.
   struct Uids {
-    int64_t seq_len_q = -1, seq_len_kv = -1, offsets_q = -1, offsets_kv = -1, offsets_stats = -1;
+    int64_t seq_len_q = -1, seq_len_kv = -1, offsets_q = -1, offsets_k = -1, offsets_o = -1, offsets_v = -1,
+            offsets_stats = -1;
     int64_t q = -1, k = -1, v = -1, o = -1, stats = -1, d_o = -1, dq = -1, dk = -1, dv = -1;
     int64_t softmax_sum = -1, dq_accum = -1;
   };
@@ -318,33 +319,35 @@ ScoreShapes score_shapes(const CudnnSdpaConfig& c) {
   return {{N, H, S, S}, {H * S * S, S * S, S, 1}, {H * S * S, S * S, 1, S}, {N, H, S, 1}, {H * S, S, 1, 1}};
 }
 
-// Batch arrays shared by both graphs: lengths [N,1,1,1] and ragged element offsets [N+1,1,1,1].
+// Batch arrays shared by both graphs: lengths [N,1,1,1] and ragged element offsets [N+1,1,1,1] of
+// the Q-like rows (Q, dQ: Hq * D), K-like (K, dK: Hkv * D), O-like (O, dO: Hq * Dv), V-like (V, dV:
+// Hkv * Dv) and the statistics (Hq).
 void add_batch_arrays(Graph& g, const CudnnSdpaConfig& c, CudnnSdpa::Impl::Uids& u) {
   const int64_t N = c.max_segments;
   u.seq_len_q = g.tensor("seq_len_q", CUDNN_DATA_INT32, {N, 1, 1, 1}, {1, 1, 1, 1}, false);
   u.seq_len_kv = g.tensor("seq_len_kv", CUDNN_DATA_INT32, {N, 1, 1, 1}, {1, 1, 1, 1}, false);
   u.offsets_q = g.tensor("ragged_offsets_q", CUDNN_DATA_INT32, {N + 1, 1, 1, 1}, {1, 1, 1, 1}, false);
-  u.offsets_kv = g.tensor("ragged_offsets_kv", CUDNN_DATA_INT32, {N + 1, 1, 1, 1}, {1, 1, 1, 1}, false);
+  u.offsets_k = g.tensor("ragged_offsets_k", CUDNN_DATA_INT32, {N + 1, 1, 1, 1}, {1, 1, 1, 1}, false);
+  u.offsets_o = g.tensor("ragged_offsets_o", CUDNN_DATA_INT32, {N + 1, 1, 1, 1}, {1, 1, 1, 1}, false);
+  u.offsets_v = g.tensor("ragged_offsets_v", CUDNN_DATA_INT32, {N + 1, 1, 1, 1}, {1, 1, 1, 1}, false);
   u.offsets_stats = g.tensor("ragged_offsets_stats", CUDNN_DATA_INT32, {N + 1, 1, 1, 1}, {1, 1, 1, 1}, false);
 }
 
-// Q-like [N, Hq, S, D] rows Hq * D apart; K/V-like with Hkv; K^T / V^T as the GEMMs read them.
-Dims q_dims(const CudnnSdpaConfig& c) { return {c.max_segments, c.num_q_heads, c.max_tokens, c.head_dim}; }
-Dims q_strides(const CudnnSdpaConfig& c) {
-  const int64_t H = c.num_q_heads, S = c.max_tokens, D = c.head_dim;
-  return {S * H * D, D, H * D, 1};
+int64_t value_dim(const CudnnSdpaConfig& c) { return c.value_dim > 0 ? c.value_dim : c.head_dim; }
+
+// Q-like [N, H, S, dim] rows H * dim apart (Q, O, dQ, dO with H = Hq; K, V, dK, dV with H = Hkv);
+// K^T / V^T [N, H, dim, S] as the GEMMs read them.
+Dims rows_dims(const CudnnSdpaConfig& c, int64_t heads, int64_t dim) { return {c.max_segments, heads, c.max_tokens, dim}; }
+Dims rows_strides(const CudnnSdpaConfig& c, int64_t heads, int64_t dim) {
+  const int64_t S = c.max_tokens;
+  return {S * heads * dim, dim, heads * dim, 1};
 }
-Dims kv_dims(const CudnnSdpaConfig& c) { return {c.max_segments, c.num_kv_heads, c.max_tokens, c.head_dim}; }
-Dims kv_strides(const CudnnSdpaConfig& c) {
-  const int64_t H = c.num_kv_heads, S = c.max_tokens, D = c.head_dim;
-  return {S * H * D, D, H * D, 1};
+Dims transposed_dims(const CudnnSdpaConfig& c, int64_t heads, int64_t dim) {
+  return {c.max_segments, heads, dim, c.max_tokens};
 }
-Dims kv_transposed_dims(const CudnnSdpaConfig& c) {
-  return {c.max_segments, c.num_kv_heads, c.head_dim, c.max_tokens};
-}
-Dims kv_transposed_strides(const CudnnSdpaConfig& c) {
-  const int64_t H = c.num_kv_heads, S = c.max_tokens, D = c.head_dim;
-  return {S * H * D, D, 1, H * D};
+Dims transposed_strides(const CudnnSdpaConfig& c, int64_t heads, int64_t dim) {
+  const int64_t S = c.max_tokens;
+  return {S * heads * dim, dim, 1, heads * dim};
 }
 // lse [T, Hq] seen as [N, Hq, S, 1].
 Dims stats_dims(const CudnnSdpaConfig& c) { return {c.max_segments, c.num_q_heads, c.max_tokens, 1}; }
@@ -395,10 +398,12 @@ void build_forward(CudnnSdpa::Impl& impl, const CudnnSdpaConfig& c) {
   CudnnSdpa::Impl::Uids& u = impl.fwd;
   const ScoreShapes s = score_shapes(c);
   add_batch_arrays(g, c, u);
-  u.q = g.tensor("Q", CUDNN_DATA_BFLOAT16, q_dims(c), q_strides(c), false, u.offsets_q);
-  u.k = g.tensor("K^T", CUDNN_DATA_BFLOAT16, kv_transposed_dims(c), kv_transposed_strides(c), false, u.offsets_kv);
-  u.v = g.tensor("V", CUDNN_DATA_BFLOAT16, kv_dims(c), kv_strides(c), false, u.offsets_kv);
-  u.o = g.tensor("O", CUDNN_DATA_BFLOAT16, q_dims(c), q_strides(c), false, u.offsets_q);
+  const int64_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, D = c.head_dim, Dv = value_dim(c);
+  u.q = g.tensor("Q", CUDNN_DATA_BFLOAT16, rows_dims(c, Hq, D), rows_strides(c, Hq, D), false, u.offsets_q);
+  u.k = g.tensor("K^T", CUDNN_DATA_BFLOAT16, transposed_dims(c, Hkv, D), transposed_strides(c, Hkv, D), false,
+                 u.offsets_k);
+  u.v = g.tensor("V", CUDNN_DATA_BFLOAT16, rows_dims(c, Hkv, Dv), rows_strides(c, Hkv, Dv), false, u.offsets_v);
+  u.o = g.tensor("O", CUDNN_DATA_BFLOAT16, rows_dims(c, Hq, Dv), rows_strides(c, Hq, Dv), false, u.offsets_o);
   u.stats = g.tensor("Stats", CUDNN_DATA_FLOAT, stats_dims(c), stats_strides(c), false, u.offsets_stats);
   const int64_t scale = g.scalar("attn_scale", &impl.scale);
 
@@ -431,23 +436,26 @@ void build_backward(CudnnSdpa::Impl& impl, const CudnnSdpaConfig& c) {
   Graph& g = impl.backward_graph;
   CudnnSdpa::Impl::Uids& u = impl.bwd;
   const ScoreShapes s = score_shapes(c);
-  const int64_t N = c.max_segments, Hq = c.num_q_heads, S = c.max_tokens, D = c.head_dim;
+  const int64_t N = c.max_segments, Hq = c.num_q_heads, Hkv = c.num_kv_heads, S = c.max_tokens, D = c.head_dim;
+  const int64_t Dv = value_dim(c);
   const bool grouped = c.num_q_heads != c.num_kv_heads;
   add_batch_arrays(g, c, u);
-  u.q = g.tensor("Q", CUDNN_DATA_BFLOAT16, q_dims(c), q_strides(c), false, u.offsets_q);
-  u.k = g.tensor("K^T", CUDNN_DATA_BFLOAT16, kv_transposed_dims(c), kv_transposed_strides(c), false, u.offsets_kv);
-  u.v = g.tensor("V^T", CUDNN_DATA_BFLOAT16, kv_transposed_dims(c), kv_transposed_strides(c), false, u.offsets_kv);
-  u.o = g.tensor("O", CUDNN_DATA_BFLOAT16, q_dims(c), q_strides(c), false, u.offsets_q);
-  u.d_o = g.tensor("dO", CUDNN_DATA_BFLOAT16, q_dims(c), q_strides(c), false, u.offsets_q);
+  u.q = g.tensor("Q", CUDNN_DATA_BFLOAT16, rows_dims(c, Hq, D), rows_strides(c, Hq, D), false, u.offsets_q);
+  u.k = g.tensor("K^T", CUDNN_DATA_BFLOAT16, transposed_dims(c, Hkv, D), transposed_strides(c, Hkv, D), false,
+                 u.offsets_k);
+  u.v = g.tensor("V^T", CUDNN_DATA_BFLOAT16, transposed_dims(c, Hkv, Dv), transposed_strides(c, Hkv, Dv), false,
+                 u.offsets_v);
+  u.o = g.tensor("O", CUDNN_DATA_BFLOAT16, rows_dims(c, Hq, Dv), rows_strides(c, Hq, Dv), false, u.offsets_o);
+  u.d_o = g.tensor("dO", CUDNN_DATA_BFLOAT16, rows_dims(c, Hq, Dv), rows_strides(c, Hq, Dv), false, u.offsets_o);
   u.stats = g.tensor("Stats", CUDNN_DATA_FLOAT, stats_dims(c), stats_strides(c), false, u.offsets_stats);
-  u.dq = g.tensor("dQ", CUDNN_DATA_BFLOAT16, q_dims(c), q_strides(c), false, u.offsets_q);
-  u.dk = g.tensor("dK", CUDNN_DATA_BFLOAT16, kv_dims(c), kv_strides(c), false, u.offsets_kv);
-  u.dv = g.tensor("dV", CUDNN_DATA_BFLOAT16, kv_dims(c), kv_strides(c), false, u.offsets_kv);
+  u.dq = g.tensor("dQ", CUDNN_DATA_BFLOAT16, rows_dims(c, Hq, D), rows_strides(c, Hq, D), false, u.offsets_q);
+  u.dk = g.tensor("dK", CUDNN_DATA_BFLOAT16, rows_dims(c, Hkv, D), rows_strides(c, Hkv, D), false, u.offsets_k);
+  u.dv = g.tensor("dV", CUDNN_DATA_BFLOAT16, rows_dims(c, Hkv, Dv), rows_strides(c, Hkv, Dv), false, u.offsets_v);
   const int64_t scale = g.scalar("attn_scale", &impl.scale);
   const int64_t one = g.scalar("one", &impl.one);
 
   // softmax_sum = rowsum(dO * O), kept in the workspace in the Stats layout.
-  const int64_t d_o_o = g.virt("dO * O", CUDNN_DATA_FLOAT, q_dims(c), {Hq * S * D, S * D, Hq * D, 1});
+  const int64_t d_o_o = g.virt("dO * O", CUDNN_DATA_FLOAT, rows_dims(c, Hq, Dv), {Hq * S * Dv, S * Dv, Hq * Dv, 1});
   g.pointwise("mul_dO_O", CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, u.d_o, u.o, -1, d_o_o);
   const int64_t row_sum = g.virt("rowsum(dO * O)", CUDNN_DATA_FLOAT, s.rows, s.rows_strides);
   g.reduction("reduce_dO_o", CUDNN_REDUCE_TENSOR_ADD, d_o_o, row_sum);
@@ -470,9 +478,9 @@ void build_backward(CudnnSdpa::Impl& impl, const CudnnSdpaConfig& c) {
   // dV = P^T dO (summed over each KV head's query heads for GQA).
   const int64_t probs_t = g.virt("P^T (bf16)", CUDNN_DATA_BFLOAT16, s.scores, s.transposed_strides);
   g.reshape("reshape_p", probs, probs_t);
-  const Dims full_dims{N, Hq, S, D}, full_strides{Hq * S * D, S * D, D, 1};
   if (grouped) {
-    const int64_t dv_full = g.virt("dV per query head", CUDNN_DATA_BFLOAT16, full_dims, full_strides);
+    const int64_t dv_full = g.virt("dV per query head", CUDNN_DATA_BFLOAT16, {N, Hq, S, Dv},
+                                   {Hq * S * Dv, S * Dv, Dv, 1});
     g.matmul("matmul_pT_dO", probs_t, u.d_o, dv_full, u.seq_len_kv, -1, u.seq_len_q);
     g.reduction("red_dV_head", CUDNN_REDUCE_TENSOR_ADD, dv_full, u.dv);
   } else {
@@ -493,7 +501,7 @@ void build_backward(CudnnSdpa::Impl& impl, const CudnnSdpaConfig& c) {
   const int64_t ds_t = g.virt("dS^T (bf16)", CUDNN_DATA_BFLOAT16, s.scores, s.transposed_strides);
   g.reshape("reshape_dS", ds, ds_t);
   if (grouped) {
-    const int64_t dk_full = g.virt("dK per query head", CUDNN_DATA_BFLOAT16, full_dims, full_strides);
+    const int64_t dk_full = g.virt("dK per query head", CUDNN_DATA_BFLOAT16, {N, Hq, S, D}, {Hq * S * D, S * D, D, 1});
     g.matmul("matmul_dST_Q", ds_t, u.q, dk_full, u.seq_len_kv, -1, u.seq_len_q);
     g.reduction("red_dK_head", CUDNN_REDUCE_TENSOR_ADD, dk_full, u.dk);
   } else {
@@ -501,9 +509,11 @@ void build_backward(CudnnSdpa::Impl& impl, const CudnnSdpaConfig& c) {
   }
 
   // dQ = dS K, accumulated in fp32 in the workspace, then written as bf16.
-  const int64_t k_rows = g.virt("K (view of K^T)", CUDNN_DATA_BFLOAT16, kv_dims(c), kv_strides(c), u.offsets_kv);
+  const int64_t k_rows = g.virt("K (view of K^T)", CUDNN_DATA_BFLOAT16, rows_dims(c, Hkv, D), rows_strides(c, Hkv, D),
+                                 u.offsets_k);
   g.reshape("reshape_k", u.k, k_rows);
-  u.dq_accum = g.tensor("dQ accumulator", CUDNN_DATA_FLOAT, q_dims(c), q_strides(c), false, u.offsets_q);
+  u.dq_accum = g.tensor("dQ accumulator", CUDNN_DATA_FLOAT, rows_dims(c, Hq, D), rows_strides(c, Hq, D), false,
+                        u.offsets_q);
   g.matmul("matmul_dS_K", ds, k_rows, u.dq_accum, u.seq_len_q, -1, u.seq_len_kv);
   g.pointwise("identity_dQ", CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, u.dq_accum, -1, -1, u.dq);
 }
@@ -513,7 +523,7 @@ void build_backward(CudnnSdpa::Impl& impl, const CudnnSdpaConfig& c) {
 size_t batch_array_stride(const CudnnSdpaConfig& c) {
   return align_up(sizeof(int32_t) * static_cast<size_t>(c.max_segments + 1));
 }
-size_t batch_array_bytes(const CudnnSdpaConfig& c) { return 4 * batch_array_stride(c); }
+size_t batch_array_bytes(const CudnnSdpaConfig& c) { return 6 * batch_array_stride(c); }
 size_t softmax_sum_bytes(const CudnnSdpaConfig& c) {
   return align_up(sizeof(float) * static_cast<size_t>(c.max_tokens * c.num_q_heads));
 }
@@ -523,7 +533,8 @@ size_t dq_accum_bytes(const CudnnSdpaConfig& c) {
 
 std::string describe(const CudnnSdpaConfig& c) {
   return str_cat("T=", c.max_tokens, " N=", c.max_segments, " Hq=", c.num_q_heads, " Hkv=", c.num_kv_heads,
-                 " D=", c.head_dim, c.causal ? " causal" : " non-causal");
+                 " D=", c.head_dim, c.value_dim > 0 ? str_cat(" Dv=", c.value_dim) : std::string(),
+                 c.causal ? " causal" : " non-causal");
 }
 
 }  // namespace
@@ -539,12 +550,17 @@ std::unique_ptr<CudnnSdpa> CudnnSdpa::create(const CudnnSdpaConfig& config, std:
     return refuse("bad sizes");
   if (c.head_dim < 8 || c.head_dim > 256 || c.head_dim % 8 != 0)
     return refuse("head dim must be a multiple of 8 in [8, 256] for the fused kernels");
-  // What the H200 check covers: causal attention at head dims 64, 128 and 256 (the text model's).
-  // The non-causal graph at D = 72 (the vision tower) gave a wrong dQ there (rel. L2 1.2 against
-  // the CPU reference, every other output right), so it is refused until that is found.
-  if (!c.causal || c.head_dim % 64 != 0)
-    return refuse("only causal attention at head dims 64, 128, 256 is verified (non-causal D = 72 gave a wrong dQ)");
-  if (c.max_tokens * c.num_q_heads * c.head_dim >= (int64_t{1} << 31))
+  if (c.value_dim != 0 && (c.value_dim < 8 || c.value_dim > 256 || c.value_dim % 8 != 0))
+    return refuse("value head dim must be 0 (= D) or a multiple of 8 in [8, 256]");
+  // The backward's fp32 dQ accumulator follows dQ's packed rows ([T, Hq, D] at dQ's ragged offsets);
+  // at D = 72 cuDNN 9.19 got dQ wrong that way on the H200 (rel. L2 1.2 against the CPU reference;
+  // out, lse, dK, dV right; padding the accumulator's rows to 80 or 128 floats did not help), and
+  // cudnn-frontend avoids that layout when D is not a multiple of 16. Callers zero-pad Q and K to
+  // the next multiple of 16 (the vision tower: D = 80, Dv = 72).
+  if (c.head_dim % 16 != 0)
+    return refuse("the query/key head dim must be a multiple of 16 (cuDNN's packed dQ accumulator is wrong otherwise; "
+                  "zero-pad Q and K)");
+  if (c.max_tokens * c.num_q_heads * std::max(c.head_dim, value_dim(c)) >= (int64_t{1} << 31))
     return refuse("element offsets past int32 (T * Hq * D >= 2^31)");
   if (c.max_segments > 1 << 20) return refuse("too many sequences per call");
   // Used with the sm_90a kernels only (kernels/common/kernel_path_cuda.h): off Hopper cuDNN has no
@@ -598,7 +614,7 @@ namespace {
 // The batch arrays at the head of the workspace, each 256-byte aligned: seq_len (used for q
 // and kv) [N], then the q, kv and stats offsets [N + 1] each.
 struct BatchArrays {
-  int32_t *seq_len, *offsets_q, *offsets_kv, *offsets_stats;
+  int32_t *seq_len, *offsets_q, *offsets_k, *offsets_o, *offsets_v, *offsets_stats;
 };
 
 BatchArrays fill_batch_arrays(const CudnnSdpaConfig& c, void* workspace, const int32_t* cu_seqlens,
@@ -607,10 +623,13 @@ BatchArrays fill_batch_arrays(const CudnnSdpaConfig& c, void* workspace, const i
   const size_t stride = batch_array_stride(c);
   auto array = [&](int index) { return reinterpret_cast<int32_t*>(base + index * stride); };
   const int64_t N = c.max_segments;
-  BatchArrays a{array(0), array(1), array(2), array(3)};
-  cudnn_sdpa_batch_arrays_cuda(cu_seqlens, num_segments, N, c.num_q_heads * c.head_dim,
-                               c.num_kv_heads * c.head_dim, c.num_q_heads, a.seq_len, a.offsets_q, a.offsets_kv,
-                               a.offsets_stats, stream);
+  BatchArrays a{array(0), array(1), array(2), array(3), array(4), array(5)};
+  const int64_t Dv = value_dim(c);
+  cudnn_sdpa_batch_arrays_cuda(cu_seqlens, num_segments, N,
+                               {c.num_q_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_q_heads * Dv,
+                                c.num_kv_heads * Dv, c.num_q_heads},
+                               a.seq_len, {a.offsets_q, a.offsets_k, a.offsets_o, a.offsets_v, a.offsets_stats},
+                               stream);
   return a;
 }
 
@@ -635,12 +654,14 @@ void CudnnSdpa::forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __
   for (const auto& [p, name] : pointers_to_check) check_aligned(p, name, where);
   const BatchArrays a = fill_batch_arrays(config_, workspace, cu_seqlens, num_segments, stream);
   const Impl::Uids& u = impl_->fwd;
-  std::vector<int64_t> uids{u.seq_len_q, u.seq_len_kv, u.offsets_q, u.offsets_kv, u.offsets_stats,
-                            u.q,         u.k,          u.v,         u.o,          u.stats};
+  std::vector<int64_t> uids{u.seq_len_q, u.seq_len_kv, u.offsets_q, u.offsets_k, u.offsets_o, u.offsets_v,
+                            u.offsets_stats, u.q, u.k, u.v, u.o, u.stats};
   std::vector<void*> pointers{a.seq_len,
                               a.seq_len,
                               a.offsets_q,
-                              a.offsets_kv,
+                              a.offsets_k,
+                              a.offsets_o,
+                              a.offsets_v,
                               a.offsets_stats,
                               const_cast<__nv_bfloat16*>(q),
                               const_cast<__nv_bfloat16*>(k),
@@ -675,13 +696,15 @@ void CudnnSdpa::backward(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
   // clearing it costs ~0.05 ms at T = 8192 and removes the dependence on that.
   CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, impl_->dq_accum_bytes, stream));
   const Impl::Uids& u = impl_->bwd;
-  std::vector<int64_t> uids{u.seq_len_q, u.seq_len_kv, u.offsets_q, u.offsets_kv, u.offsets_stats, u.q,
-                            u.k,         u.v,          u.o,         u.d_o,        u.stats,         u.dq,
-                            u.dk,        u.dv,         u.softmax_sum, u.dq_accum};
+  std::vector<int64_t> uids{u.seq_len_q, u.seq_len_kv, u.offsets_q, u.offsets_k, u.offsets_o, u.offsets_v,
+                            u.offsets_stats, u.q, u.k, u.v, u.o, u.d_o, u.stats, u.dq, u.dk, u.dv,
+                            u.softmax_sum, u.dq_accum};
   std::vector<void*> pointers{a.seq_len,
                               a.seq_len,
                               a.offsets_q,
-                              a.offsets_kv,
+                              a.offsets_k,
+                              a.offsets_o,
+                              a.offsets_v,
                               a.offsets_stats,
                               const_cast<__nv_bfloat16*>(q),
                               const_cast<__nv_bfloat16*>(k),

@@ -20,6 +20,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -32,9 +33,10 @@ struct CudnnSdpaConfig {
   int64_t max_segments = 0;  // N: sequences per call (n <= N)
   int64_t num_q_heads = 0;   // Hq
   int64_t num_kv_heads = 0;  // Hkv, divides Hq
-  int64_t head_dim = 0;      // D: a multiple of 8, <= 256
+  int64_t head_dim = 0;      // D of q and k: a multiple of 16, <= 256
+  int64_t value_dim = 0;     // Dv of v and out: 0 (= D) or a multiple of 8, <= 256
   bool causal = true;        // top-left causal within each sequence, else the whole sequence
-  float scale = 0;           // usually D^-0.5
+  float scale = 0;           // usually D^-0.5 (of the unpadded D where q and k are zero-padded)
 };
 
 class CudnnSdpa {
@@ -56,13 +58,13 @@ class CudnnSdpa {
   // row sums and dQ accumulator): backward_workspace_bytes() = this + the plan's own scratch.
   static size_t fixed_workspace_bytes(const CudnnSdpaConfig& config);
 
-  // q [T, Hq, D], k and v [T, Hkv, D] -> out [T, Hq, D], lse [T, Hq] fp32, written for the rows
-  // of the n sequences. cu_seqlens: DEVICE int32 [n + 1] (validated by the caller), n <= N.
+  // q [T, Hq, D], k [T, Hkv, D] and v [T, Hkv, Dv] -> out [T, Hq, Dv], lse [T, Hq] fp32, written
+  // for the rows of the n sequences. cu_seqlens: DEVICE int32 [n + 1] (validated by the caller), n <= N.
   void forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const int32_t* cu_seqlens,
                int64_t num_segments, __nv_bfloat16* out, float* lse, void* workspace, size_t workspace_bytes,
                cudaStream_t stream) const;
-  // d_out [T, Hq, D] -> dq [T, Hq, D], dk and dv [T, Hkv, D], written (dK/dV summed over each KV
-  // head's query heads); out and lse are the forward's (ours or cuDNN's: same meaning).
+  // d_out [T, Hq, Dv] -> dq [T, Hq, D], dk [T, Hkv, D] and dv [T, Hkv, Dv], written (dK/dV summed
+  // over each KV head's query heads); out and lse are the forward's (ours or cuDNN's: same meaning).
   void backward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* out,
                 const float* lse, const __nv_bfloat16* d_out, const int32_t* cu_seqlens, int64_t num_segments,
                 __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, size_t workspace_bytes,
@@ -81,11 +83,11 @@ class CudnnSdpa {
 };
 
 // Writes the cuDNN batch arrays for n of N sequences from cu_seqlens (device, int32 [n + 1]):
-// seq_len[N], and element offsets [N + 1] of rows of q_stride / kv_stride / stats_stride
+// seq_len[N], and for each k the element offsets offsets[k][N + 1] of rows of row_elements[k]
 // elements; entries past n get length 0 and the offset of the end. One small kernel.
+constexpr int kCudnnSdpaOffsetArrays = 5;  // Q-like, K-like, O-like, V-like rows and the statistics
 void cudnn_sdpa_batch_arrays_cuda(const int32_t* cu_seqlens, int64_t num_segments, int64_t max_segments,
-                                  int64_t q_stride, int64_t kv_stride, int64_t stats_stride, int32_t* seq_len,
-                                  int32_t* q_offsets, int32_t* kv_offsets, int32_t* stats_offsets,
-                                  cudaStream_t stream);
+                                  const std::array<int64_t, kCudnnSdpaOffsetArrays>& row_elements, int32_t* seq_len,
+                                  const std::array<int32_t*, kCudnnSdpaOffsetArrays>& offsets, cudaStream_t stream);
 
 }  // namespace deltamoe
