@@ -1,8 +1,10 @@
 // GPU test of the 2-D vision RoPE: tables from (row, col) positions, rotation of q and k in place
 // inside a fused [N, 3, H, D] qkv buffer (v untouched), a strided out-of-place scalar path, and the
-// inverse rotation, against the fp32 references; timing at 8 images of 448x448 (16 heads x 72).
+// inverse rotation, heads padded to 80 (zeros written past 72; the backward reading padded heads),
+// against the fp32 references; timing at 8 images of 448x448 (16 heads x 72).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "kernels/gemm/gpu_test_util.h"
@@ -131,6 +133,57 @@ TEST(VisionRopeGpu, StridedScalarPathMatchesReference) {
   EXPECT_TRUE(ry.all_finite);
   EXPECT_LE(ry.rel_l2, 1e-2);
   expect_close("dx contiguous (bf16)", dx_d, dx_ref, 1e-2);
+}
+
+// q out of the qkv buffer into heads padded to 80 (as the tower writes q and k for cuDNN's
+// attention): the rotated values in each head's first 72 columns, zeros in the rest (the output
+// starts poisoned); and the backward reading gradients from heads padded to 80 (the pad columns
+// poisoned, so a read of them would show) into [N, H, 72].
+TEST(VisionRopeGpu, PaddedHeadsMatchReference) {
+  const std::vector<int64_t> grid_thw = {1, 8, 6, 1, 4, 4};
+  HostTensor positions = positions_for(grid_thw);
+  const int64_t patches = positions.shape()[0], heads = 16, head_dim = 72, padded = 80, half = head_dim / 2;
+  const int64_t qkv_stride = 3 * heads * head_dim;
+  HostTensor cos_ref(DType::f32, {patches, half}), sin_ref(DType::f32, {patches, half});
+  vision_rope_tables_ref(positions.as<int64_t>(), patches, head_dim, kTheta, cos_ref.as<float>(), sin_ref.as<float>());
+  HostTensor qkv = random_bf16_exact({patches, qkv_stride}, 60);
+  HostTensor q = take_heads(qkv, qkv_stride, 0, heads, head_dim);
+  HostTensor q_ref(DType::f32, {patches, heads, head_dim}), dx_ref(DType::f32, {patches, heads, head_dim});
+  vision_rope_forward_ref(q.as<float>(), cos_ref.as<float>(), sin_ref.as<float>(), q_ref.as<float>(), patches, heads,
+                          head_dim);
+  // The backward's input: q's values (any values do) in heads padded with NaN.
+  HostTensor dy_padded(DType::f32, {patches, heads, padded});
+  for (int64_t r = 0; r < patches * heads; ++r)
+    for (int64_t d = 0; d < padded; ++d)
+      dy_padded.as<float>()[r * padded + d] = d < head_dim ? q.as<float>()[r * head_dim + d] : std::nanf("");
+  vision_rope_backward_ref(q.as<float>(), cos_ref.as<float>(), sin_ref.as<float>(), dx_ref.as<float>(), patches, heads,
+                           head_dim);
+  DeviceTensor qkv_d = to_device(qkv, DType::bf16), cos_d = to_device(cos_ref), sin_d = to_device(sin_ref);
+  DeviceTensor y_d = poisoned_device_tensor(DType::bf16, {patches, heads, padded});
+  DeviceTensor dy_d = to_device(dy_padded, DType::bf16);
+  DeviceTensor dx_d = poisoned_device_tensor(DType::bf16, {patches, heads, head_dim});
+  vision_rope_forward_cuda(bf16_ptr(qkv_d), qkv_stride, bf16_ptr(y_d), heads * padded, f32_ptr(cos_d), f32_ptr(sin_d),
+                           patches, heads, head_dim, nullptr, padded);
+  vision_rope_backward_cuda(bf16_ptr(dy_d), heads * padded, bf16_ptr(dx_d), heads * head_dim, f32_ptr(cos_d),
+                            f32_ptr(sin_d), patches, heads, head_dim, nullptr, padded);
+  device_synchronize();
+  const HostTensor y = to_host(y_d.view).to_f32();
+  HostTensor y_rows(DType::f32, {patches, heads, head_dim});
+  int64_t nonzero_pads = 0;
+  for (int64_t r = 0; r < patches * heads; ++r)
+    for (int64_t d = 0; d < padded; ++d) {
+      const float value = y.as<float>()[r * padded + d];
+      if (d < head_dim) {
+        y_rows.as<float>()[r * head_dim + d] = value;
+      } else if (value != 0.0f) {
+        ++nonzero_pads;
+      }
+    }
+  EXPECT_EQ(nonzero_pads, 0) << "pad columns not written as zeros";
+  CompareResult rq = compare_tensors("q in padded heads, first 72 columns (bf16)", y_rows, q_ref);
+  EXPECT_TRUE(rq.all_finite);
+  EXPECT_LE(rq.rel_l2, 1e-2);
+  expect_close("dx from padded heads (bf16)", dx_d, dx_ref, 1e-2);
 }
 
 TEST(VisionRopeGpu, BadArgumentsAreRejected) {
