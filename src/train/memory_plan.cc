@@ -163,9 +163,13 @@ ModelBytes estimate_vision_bytes(const VisionConfig& config, int64_t max_patches
   ModelBytes bytes;
   bytes.activations = vision_activation_bytes(config, spec);
   bytes.inputs = vision_input_bytes(config, spec);
-  // Column-sum partials of the bias and LayerNorm backwards, attention's lse gradient, cuBLASLt's.
-  bytes.workspace = static_cast<size_t>(max_patches) * static_cast<size_t>(config.intermediate_size) * 4 / 64 +
-                    (size_t{32} << 20);
+  // Column-sum partials of the bias and LayerNorm backwards, attention's lse gradient, or cuDNN's
+  // attention on sm_90 (its fp32 dQ accumulator [T, H, D rounded up to 16] and row sums [T, H],
+  // and 16 MiB for its plans' scratch), whichever is larger; and cuBLASLt's.
+  const int64_t H = config.num_heads, padded_dim = (config.head_dim() + 15) / 16 * 16;
+  const size_t partials = static_cast<size_t>(max_patches) * static_cast<size_t>(config.intermediate_size) * 4 / 64;
+  const size_t attention = static_cast<size_t>(4 * max_patches * H * (padded_dim + 1)) + (size_t{16} << 20);
+  bytes.workspace = std::max(partials, attention) + (size_t{32} << 20);
   return bytes;
 }
 

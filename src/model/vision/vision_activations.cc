@@ -9,12 +9,12 @@ namespace deltamoe {
 
 namespace {
 
-void carve_block(ArenaCarver& c, int64_t N, int64_t C, int64_t I, int64_t H, VisionBlockActivations* b) {
+void carve_block(ArenaCarver& c, int64_t N, int64_t C, int64_t I, int64_t H, int64_t QK, VisionBlockActivations* b) {
   b->ln1 = c.take<DeviceBf16>(N * C);
   b->mean1 = c.take<float>(N);
   b->rstd1 = c.take<float>(N);
-  b->q = c.take<DeviceBf16>(N * C);
-  b->k = c.take<DeviceBf16>(N * C);
+  b->q = c.take<DeviceBf16>(N * QK);
+  b->k = c.take<DeviceBf16>(N * QK);
   b->v = c.take<DeviceBf16>(N * C);
   b->attn = c.take<DeviceBf16>(N * C);
   b->lse = c.take<float>(N * H);
@@ -34,7 +34,7 @@ void carve_vision_activations(ArenaCarver& c, const VisionConfig& config, const 
   CHECK(spec.max_patches >= m * m, "vision activations: max_patches must hold at least one merge block (", m * m,
         " patches), got ", spec.max_patches);
   const int64_t N = spec.max_patches, C = config.hidden_size, I = config.intermediate_size, H = config.num_heads;
-  const int64_t M = N / (m * m), wide = config.merged_dim();
+  const int64_t M = N / (m * m), wide = config.merged_dim(), QK = H * vision_qk_head_stride(config);
   out->embedded = c.take<float>(N * C);
   out->blocks.assign(static_cast<size_t>(config.depth), VisionBlockActivations{});
   if (spec.blocks_backward) {
@@ -43,19 +43,19 @@ void carve_vision_activations(ArenaCarver& c, const VisionConfig& config, const 
     // Recomputed blocks compute in one shared set (each block's rerun refills it before that
     // block's backward); the block after them reads the shared h1 before it writes anything shared.
     VisionBlockActivations shared;
-    if (spec.recompute_blocks > 0) carve_block(c, N, C, I, H, &shared);
+    if (spec.recompute_blocks > 0) carve_block(c, N, C, I, H, QK, &shared);
     for (int64_t j = 0; j < config.depth; ++j) {
       VisionBlockActivations& b = out->blocks[static_cast<size_t>(j)];
       if (j < spec.recompute_blocks) b = shared;
       // Block 0 normalises the embedding itself; later blocks keep the fused residual sum.
       b.x_in = j == 0 ? out->embedded : c.take<float>(N * C);
-      if (j >= spec.recompute_blocks) carve_block(c, N, C, I, H, &b);
+      if (j >= spec.recompute_blocks) carve_block(c, N, C, I, H, QK, &b);
     }
   } else if (config.depth > 0) {
     // Nothing is kept for a backward: every block computes in one set of buffers (block 0 reads the
     // embedding, later blocks one shared stream buffer, so no block reads what it writes).
     VisionBlockActivations shared;
-    carve_block(c, N, C, I, H, &shared);
+    carve_block(c, N, C, I, H, QK, &shared);
     float* stream = c.take<float>(N * C);
     for (int64_t j = 0; j < config.depth; ++j) {
       VisionBlockActivations& b = out->blocks[static_cast<size_t>(j)];
@@ -79,8 +79,8 @@ void carve_vision_activations(ArenaCarver& c, const VisionConfig& config, const 
   out->grad_norm = c.take<float>(N * C);
   out->grad_wide = c.take<DeviceBf16>(std::max({N * I, N * 3 * C, M * wide}));
   out->grad_attn = c.take<DeviceBf16>(N * C);
-  out->grad_q = c.take<DeviceBf16>(N * C);
-  out->grad_k = c.take<DeviceBf16>(N * C);
+  out->grad_q = c.take<DeviceBf16>(N * QK);
+  out->grad_k = c.take<DeviceBf16>(N * QK);
   out->grad_v = c.take<DeviceBf16>(N * C);
 }
 
@@ -90,6 +90,8 @@ size_t vision_activation_bytes(const VisionConfig& config, const VisionActivatio
   carve_vision_activations(counter, config, spec, &unused);
   return counter.used();
 }
+
+int64_t vision_qk_head_stride(const VisionConfig& config) { return (config.head_dim() + 15) / 16 * 16; }
 
 int64_t vision_max_segments(const VisionConfig& config, int64_t max_patches) {
   const int64_t m = config.spatial_merge_size;

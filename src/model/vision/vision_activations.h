@@ -22,8 +22,8 @@ struct VisionBlockActivations {
   DeviceBf16* ln1 = nullptr;     // [N, C] norm1 output
   float* mean1 = nullptr;        // [N]
   float* rstd1 = nullptr;        // [N]
-  DeviceBf16* q = nullptr;       // [N, C] after the rotary embedding
-  DeviceBf16* k = nullptr;       // [N, C] after the rotary embedding
+  DeviceBf16* q = nullptr;       // [N, H, Dqk] after the rotary embedding (vision_qk_head_stride)
+  DeviceBf16* k = nullptr;       // [N, H, Dqk] after the rotary embedding
   DeviceBf16* v = nullptr;       // [N, C]
   DeviceBf16* attn = nullptr;    // [N, C] attention output
   float* lse = nullptr;          // [N, H]
@@ -63,8 +63,8 @@ struct VisionActivations {
   float* grad_norm = nullptr;                 // [N, C] gradient of a LayerNorm output (a product's fp32 output)
   DeviceBf16* grad_wide = nullptr;            // [N, max(I, 3C)]: d_act / d_qkv, and [M, 4C] in the merger
   DeviceBf16* grad_attn = nullptr;            // [N, C]
-  DeviceBf16* grad_q = nullptr;               // [N, C]
-  DeviceBf16* grad_k = nullptr;               // [N, C]
+  DeviceBf16* grad_q = nullptr;               // [N, H, Dqk]
+  DeviceBf16* grad_k = nullptr;               // [N, H, Dqk]
   DeviceBf16* grad_v = nullptr;               // [N, C]
 };
 
@@ -86,6 +86,10 @@ struct VisionInputs {
 };
 // Every frame covers at least one merge block: at most max_patches / merge^2 segments.
 int64_t vision_max_segments(const VisionConfig& config, int64_t max_patches);
+// Room per head of the rotated q and k and their gradients: the head dim rounded up to 16 (cuDNN's
+// attention reads q and k zero-padded to it, cudnn_sdpa.h; our kernel reads [N, H, D] from the
+// buffers' start).
+int64_t vision_qk_head_stride(const VisionConfig& config);
 void carve_vision_inputs(ArenaCarver& carver, const VisionConfig& config, const VisionActivationSpec& spec,
                          VisionInputs* out);
 size_t vision_input_bytes(const VisionConfig& config, const VisionActivationSpec& spec);

@@ -13,6 +13,8 @@
 #include "core/error.h"
 #include "kernels/bias_add/bias_add_cuda.h"
 #include "kernels/bidirectional_attention/bidirectional_attention_cuda.h"
+#include "kernels/cudnn_sdpa/gpu/cudnn_attention_choice.h"
+#include "kernels/cudnn_sdpa/gpu/cudnn_sdpa.h"
 #include "kernels/gelu/gelu_cuda.h"
 #include "kernels/gemm/gemm_cuda.h"
 #include "kernels/layer_norm/layer_norm_cuda.h"
@@ -42,15 +44,37 @@ GeluKind block_gelu_kind(const VisionConfig& config) {
   RAISE("gpu vision model: hidden_act '", config.hidden_act, "' is not supported (gelu_pytorch_tanh or gelu)");
 }
 
+// Frames per batch the cuDNN plans hold (the text model's max_seqs): a batch with more frames takes
+// our kernel.
+constexpr int64_t kCudnnMaxFrames = 64;
+
+// The blocks' attention through cuDNN's fused SDPA: non-causal within each frame, plans for up to
+// max_patches rows in min(max_images, kCudnnMaxFrames) frames. q and k are zero-padded per head to
+// vision_qk_head_stride (80 for Qwen3.5's D = 72: cuDNN's dQ is wrong at a query/key head dim that
+// is not a multiple of 16, cudnn_sdpa.h); v and the output keep D; the scale stays D^-0.5.
+CudnnSdpaConfig vision_cudnn_config(const VisionConfig& config, int64_t max_patches, int64_t max_images) {
+  CudnnSdpaConfig c;
+  c.max_tokens = max_patches;
+  c.max_segments = std::min(max_images, kCudnnMaxFrames);
+  c.num_q_heads = config.num_heads;
+  c.num_kv_heads = config.num_heads;
+  c.head_dim = vision_qk_head_stride(config);
+  c.value_dim = config.head_dim();
+  c.causal = false;
+  c.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim())));
+  return c;
+}
+
 // The largest scratch any backward kernel asks for (they run one at a time on the stream).
-size_t vision_workspace_bytes(const VisionConfig& config, int64_t N) {
+size_t vision_workspace_bytes(const VisionConfig& config, int64_t N, int64_t max_images) {
   const int64_t C = config.hidden_size, I = config.intermediate_size, H = config.num_heads;
   const int64_t m = config.spatial_merge_size, M = N / (m * m), wide = config.merged_dim(), O = config.out_hidden_size;
   size_t bytes = 256;
   for (size_t b : {layer_norm_backward_workspace_bytes(N, C), gelu_backward_workspace_bytes(N, I, true),
                    gelu_backward_workspace_bytes(M, wide, true), bias_add_backward_workspace_bytes(N, 3 * C),
                    bias_add_backward_workspace_bytes(N, I), bias_add_backward_workspace_bytes(N, C),
-                   bias_add_backward_workspace_bytes(M, O), bidirectional_attention_backward_workspace_bytes(N, H)})
+                   bias_add_backward_workspace_bytes(M, O), bidirectional_attention_backward_workspace_bytes(N, H),
+                   cudnn_attention_workspace_reserve(vision_cudnn_config(config, N, max_images))})
     bytes = std::max(bytes, b);
   return bytes;
 }
@@ -98,7 +122,7 @@ GpuVisionBytes GpuVisionModel::planned_bytes(const VisionConfig& config, int64_t
       activation_spec(max_patches, max_images, vit_trained, merger_trained, recompute_blocks);
   GpuVisionBytes bytes;
   bytes.activations = vision_activation_bytes(config, spec);
-  bytes.workspace = vision_workspace_bytes(config, max_patches) + kGemmDefaultWorkspaceBytes +
+  bytes.workspace = vision_workspace_bytes(config, max_patches, max_images) + kGemmDefaultWorkspaceBytes +
                     lora_scratch_bytes(max_patches, lora_rank) +
                     (lora_dropout_max_in > 0 ? lora_dropout_scratch_bytes(max_patches, lora_dropout_max_in) : 0);
   bytes.inputs = vision_input_bytes(config, spec);
@@ -143,6 +167,8 @@ GpuVisionModel::GpuVisionModel(const VisionConfig& config, const VisionWeights& 
       bytes_.workspace - kGemmDefaultWorkspaceBytes - lora_scratch_bytes(max_patches_, lora_rank_) - dropout_bytes;
   if (dropout_bytes > 0) lora_dropout_scratch_ = DeviceBuffer(dropout_bytes);
   workspace_ = DeviceBuffer(workspace_bytes_);
+  cudnn_attention_ = choose_cudnn_attention(vision_cudnn_config(config_, max_patches_, max_images_), workspace_bytes_,
+                                            "gpu vision model attention");
   if (lora_rank_ > 0) lora_scratch_ = DeviceBuffer(lora_scratch_bytes(max_patches_, lora_rank_));
   inputs_arena_ = std::make_unique<DeviceArena>(bytes_.inputs, "gpu vision inputs");
   ArenaCarver input_carver(inputs_arena_.get());
@@ -154,6 +180,16 @@ GpuVisionModel::GpuVisionModel(const VisionConfig& config, const VisionWeights& 
   CUDA_CHECK(cudaEventCreateWithFlags(&staging_->consumed, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventRecord(staging_->consumed, stream_));
 }
+
+bool GpuVisionModel::use_cudnn_attention() const {
+  return cudnn_attention_ != nullptr && num_segments_ <= cudnn_attention_->config().max_segments;
+}
+
+int64_t GpuVisionModel::qk_head_stride() const {
+  return use_cudnn_attention() ? vision_qk_head_stride(config_) : config_.head_dim();
+}
+
+const char* GpuVisionModel::attention_backend() const { return cudnn_attention_ != nullptr ? "cudnn" : "ours"; }
 
 GpuVisionModel::~GpuVisionModel() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
@@ -325,12 +361,20 @@ void GpuVisionModel::block_forward(int64_t block, const Bf16* prev_mlp_out, cons
                             b.rstd1, N, C, kLayerNormEps, stream_);
   }
   project(W.qkv_weight, W.qkv_bias, b.ln1, acts_.qkv, N, C, 3 * C);
-  // qkv rows are [q | k | v]; q and k are rotated out into the contiguous layout attention reads.
-  vision_rope_forward_cuda(acts_.qkv, 3 * C, b.q, C, inputs_.rope_cos, inputs_.rope_sin, N, H, D, stream_);
-  vision_rope_forward_cuda(acts_.qkv + C, 3 * C, b.k, C, inputs_.rope_cos, inputs_.rope_sin, N, H, D, stream_);
+  // qkv rows are [q | k | v]; q and k are rotated out into the layout attention reads: [N, H, D] for
+  // our kernel, heads zero-padded to Dqk for cuDNN's.
+  const int64_t qk = qk_head_stride();
+  vision_rope_forward_cuda(acts_.qkv, 3 * C, b.q, H * qk, inputs_.rope_cos, inputs_.rope_sin, N, H, D, stream_, qk);
+  vision_rope_forward_cuda(acts_.qkv + C, 3 * C, b.k, H * qk, inputs_.rope_cos, inputs_.rope_sin, N, H, D, stream_,
+                           qk);
   copy_columns(acts_.qkv + 2 * C, 3 * C, b.v, C, C, N, stream_);
-  bidirectional_attention_forward_cuda(b.q, b.k, b.v, inputs_.cu_seqlens, num_segments_, b.attn, b.lse, N, H, D, scale,
-                                       stream_);
+  if (use_cudnn_attention()) {
+    cudnn_attention_->forward(b.q, b.k, b.v, inputs_.cu_seqlens, num_segments_, b.attn, b.lse, workspace_.data(),
+                              workspace_bytes_, stream_);
+  } else {
+    bidirectional_attention_forward_cuda(b.q, b.k, b.v, inputs_.cu_seqlens, num_segments_, b.attn, b.lse, N, H, D,
+                                         scale, stream_);
+  }
   project(W.proj_weight, W.proj_bias, b.attn, acts_.branch_out, N, C, C);
   // h1 = x_in + proj, normalised in the same pass.
   layer_norm_forward_cuda(acts_.branch_out, b.x_in, b.h1, W.norm2_weight.f32, W.norm2_bias.f32, b.ln2, b.mean2,
@@ -426,13 +470,21 @@ void GpuVisionModel::block_backward(int64_t block) {
   linear_backward_input_cuda(*gemm_, acts_.grad_h1_bf16, W.proj_weight.w, acts_.grad_attn, N, C, C, stream_);
   lora_backward(W.proj_weight, b.attn, acts_.grad_h1_bf16, acts_.grad_attn, DType::bf16, N, C, C);
   weight_grad(W.proj_weight, acts_.grad_h1_bf16, b.attn, N, C, C);
-  bidirectional_attention_backward_cuda(b.q, b.k, b.v, b.attn, b.lse, acts_.grad_attn, inputs_.cu_seqlens,
-                                        num_segments_, acts_.grad_q, acts_.grad_k, acts_.grad_v, N, H, D, scale, ws,
-                                        ws_bytes, stream_);
+  if (use_cudnn_attention()) {
+    cudnn_attention_->backward(b.q, b.k, b.v, b.attn, b.lse, acts_.grad_attn, inputs_.cu_seqlens, num_segments_,
+                               acts_.grad_q, acts_.grad_k, acts_.grad_v, ws, ws_bytes, stream_);
+  } else {
+    bidirectional_attention_backward_cuda(b.q, b.k, b.v, b.attn, b.lse, acts_.grad_attn, inputs_.cu_seqlens,
+                                          num_segments_, acts_.grad_q, acts_.grad_k, acts_.grad_v, N, H, D, scale, ws,
+                                          ws_bytes, stream_);
+  }
   // d_qkv [N, 3C] = [rope^-1(dq) | rope^-1(dk) | dv].
   Bf16* d_qkv = acts_.grad_wide;
-  vision_rope_backward_cuda(acts_.grad_q, C, d_qkv, 3 * C, inputs_.rope_cos, inputs_.rope_sin, N, H, D, stream_);
-  vision_rope_backward_cuda(acts_.grad_k, C, d_qkv + C, 3 * C, inputs_.rope_cos, inputs_.rope_sin, N, H, D, stream_);
+  const int64_t qk = qk_head_stride();
+  vision_rope_backward_cuda(acts_.grad_q, H * qk, d_qkv, 3 * C, inputs_.rope_cos, inputs_.rope_sin, N, H, D, stream_,
+                            qk);
+  vision_rope_backward_cuda(acts_.grad_k, H * qk, d_qkv + C, 3 * C, inputs_.rope_cos, inputs_.rope_sin, N, H, D,
+                            stream_, qk);
   copy_columns(acts_.grad_v, C, d_qkv + 2 * C, 3 * C, C, N, stream_);
   bias_grad(W.qkv_bias, d_qkv, false, N, 3 * C);
   // The LayerNorm backward reads this product's fp32 accumulator unrounded.

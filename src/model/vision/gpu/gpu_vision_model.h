@@ -31,6 +31,7 @@
 
 namespace deltamoe {
 
+class CudnnSdpa;
 class GemmContext;
 
 struct GpuVisionBytes {
@@ -87,6 +88,9 @@ class GpuVisionModel {
   void set_lora_dropout(const LoraDropoutKey& key);
 
   GpuVisionBytes bytes() const { return bytes_; }
+  // The blocks' attention, chosen at setup (kernels/cudnn_sdpa/gpu/cudnn_attention_choice.h):
+  // "cudnn" (fused SDPA, for batches of up to min(max_images, 64) frames) or "ours" (flash attention).
+  const char* attention_backend() const;
   uint64_t uploaded_bytes() const { return uploaded_bytes_; }
 
  private:
@@ -109,6 +113,10 @@ class GpuVisionModel {
                    int64_t in_features, int64_t out_features);
   void bias_grad(const DeviceParam& b, const void* dy, bool dy_f32, int64_t rows, int64_t features);
   void report(GradientPhaseKind kind, int64_t index);  // the gradient-ready hook, if any
+  // cuDNN's plans exist and hold this batch's frames (else our kernel runs).
+  bool use_cudnn_attention() const;
+  // Head stride of the rotated q, k and their gradients this batch: padded for cuDNN, D for ours.
+  int64_t qk_head_stride() const;
 
   VisionConfig config_;
   VisionWeights weights_;
@@ -116,6 +124,7 @@ class GpuVisionModel {
   cudaStream_t stream_ = nullptr;
   GradientReadyHook gradient_ready_;
   std::unique_ptr<GemmContext> gemm_;
+  std::unique_ptr<CudnnSdpa> cudnn_attention_;  // null: our flash-attention kernel
   GpuVisionBytes bytes_;
   VisionActivationSpec spec_;
 

@@ -3,13 +3,16 @@
 // Qwen3.5 vision widths (2 blocks, small images); the freezing cases (frozen ViT, frozen merger,
 // both); LoRA adapters on every Linear of the tower (all-linear) with the base frozen, and on the
 // merger only; block recompute bitwise equal to keeping every block's activations (with and without
-// adapters); bad image input; and the timing of the full 27-block tower at 8 images of 448x448.
+// adapters); bad image input; and the timing of the full 27-block tower (8 images of 448x448, and a
+// mixed batch).
+#include <cuda_profiler_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -22,6 +25,7 @@
 #include "core/device_buffer.h"
 #include "core/error.h"
 #include "core/dtype.h"
+#include "kernels/common/kernel_path_cuda.h"
 #include "kernels/common/tensor_compare.h"
 #include "kernels/gemm/gpu_test_util.h"
 #include "kernels/vision_grid/vision_grid.h"
@@ -143,6 +147,10 @@ void check_tower(const TowerCase& c) {
     TowerUnderTest tower(config, trainable, N + 4 * m * m, num_images + 1);
     tower.upload(params);
     GpuVisionModel& model = *tower.model;
+    // cuDNN's fused attention on the sm_90a path unless DELTAMOE_ATTENTION=ours (cudnn_attention_choice.h).
+    const bool cudnn_expected = sm90a_kernels_usable() && std::getenv("DELTAMOE_ATTENTION") == nullptr;
+    std::printf("  attention: %s\n", model.attention_backend());
+    EXPECT_STREQ(model.attention_backend(), cudnn_expected ? "cudnn" : "ours");
     model.set_images(pixels.as<float>(), N, c.grids);
     ASSERT_EQ(model.num_merged(), M);
     DeviceTensor merged = device_tensor(DType::bf16, Shape{M, O});
@@ -211,6 +219,16 @@ TEST(GpuVisionModel, MatchesCpuTowerAtQwen35Widths) {
   config.depth = 2;
   TowerCase c{"qwen3.5 widths, 2 blocks", config, {{1, 8, 8}, {1, 4, 12}}, 0.02f};
   check_tower(c);
+}
+
+// The same through our flash-attention kernel (the fallback and the sm_80 path).
+TEST(GpuVisionModel, MatchesCpuTowerAtQwen35WidthsWithOurAttention) {
+  VisionConfig config = model_config_preset("qwen3.5-35b-a3b").vision;
+  config.depth = 2;
+  setenv("DELTAMOE_ATTENTION", "ours", 1);
+  TowerCase c{"qwen3.5 widths, 2 blocks, our attention", config, {{1, 8, 8}, {1, 4, 12}}, 0.02f};
+  check_tower(c);
+  unsetenv("DELTAMOE_ATTENTION");
 }
 
 // An adapter's A gradient passes one more bf16 rounding than a base weight's (dy B is rounded to
@@ -444,6 +462,7 @@ TowerRun run_recomputed_tower(int64_t recompute_blocks, bool lora) {
 // deterministic), so features and every gradient equal those of the run that kept everything.
 void check_recompute_is_bitwise(bool lora) {
   const int64_t depth = 4;
+  setenv("DELTAMOE_ATTENTION", "ours", 1);  // cuDNN's attention backward adds dQ with fp32 atomics
   const TowerRun kept = run_recomputed_tower(0, lora);
   size_t previous_bytes = kept.bytes.activations;
   bool any_nonzero = false;
@@ -476,6 +495,7 @@ void check_recompute_is_bitwise(bool lora) {
       EXPECT_TRUE(bitwise) << blocks << " recomputed blocks: gradient of " << kept.grads[k].first << " differs";
     }
   }
+  unsetenv("DELTAMOE_ATTENTION");
 }
 
 TEST(GpuVisionModel, RecomputedBlocksAreBitwiseTheKeptOnes) { check_recompute_is_bitwise(false); }
@@ -524,15 +544,23 @@ TEST(GpuVisionModel, RejectsBadImages) {
   EXPECT_THROW(model.forward(nullptr), Error);                                    // before set_images
 }
 
-// Timing of the full tower (27 blocks, 8 images of 448x448 = 6,272 patches; random weights filled
-// on the device): forward and backward with CUDA events, median of 5 after a warm-up.
-TEST(GpuVisionModel, TimingFullTowerEightImagesOf448) {
+// Timing of the full tower (27 blocks; random weights filled on the device) on the batches
+// tools/gpu/vision_anchor.py gives transformers' tower: 8 images of 448x448 (6,272 patches) and a
+// mixed batch of 4 (1024x768, 448x448, 640x480, 512x512: 6,080 patches). Forward and backward with
+// CUDA events, median of 5 after a warm-up; FLOPs counted as the anchor counts them. With
+// DELTAMOE_VISION_PROFILE set it profiles instead (profile_two_blocks).
+void time_tower(const char* label, const std::vector<std::array<int64_t, 3>>& grids) {
   const VisionConfig config = model_config_preset("qwen3.5-35b-a3b").vision;
-  const std::vector<std::array<int64_t, 3>> grids(8, {1, 28, 28});
-  const int64_t N = 8 * 28 * 28, m = config.spatial_merge_size, M = N / (m * m);
+  int64_t N = 0;
+  double squares = 0;  // sum over frames of S^2
+  for (const auto& g : grids) {
+    N += g[0] * g[1] * g[2];
+    squares += static_cast<double>(g[0]) * static_cast<double>(g[1] * g[2]) * static_cast<double>(g[1] * g[2]);
+  }
+  const int64_t m = config.spatial_merge_size, M = N / (m * m);
   const int64_t C = config.hidden_size, I = config.intermediate_size, K = config.patch_dim();
   const int64_t wide = config.merged_dim(), O = config.out_hidden_size;
-  TowerUnderTest tower(config, TrainableParts{true, true, true}, N, 8);
+  TowerUnderTest tower(config, TrainableParts{true, true, true}, N, static_cast<int64_t>(grids.size()));
   tower.params->randomize(3);  // the parameter table's init rules
   GpuVisionModel& model = *tower.model;
   const HostTensor pixels = random_normal_tensor(Shape{N, K}, 11, 1.0f);
@@ -565,21 +593,62 @@ TEST(GpuVisionModel, TimingFullTowerEightImagesOf448) {
   const std::vector<float> out = download_bf16(merged);
   EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float v) { return std::isfinite(v); }));
 
-  // Dense products + attention (4 S D per query per head over each 784-patch image).
+  // Dense products + attention (4 S^2 C per frame).
   const double block_linear = 2.0 * N * C * (3.0 * C + C + 2.0 * I);
-  const double block_attention = 4.0 * 8 * 784.0 * 784.0 * C;
+  const double block_attention = 4.0 * squares * C;
   const double fwd_flops = config.depth * (block_linear + block_attention) + 2.0 * N * K * C +
                            2.0 * M * wide * (wide + O);
   // Backward: two products per linear (the patch embedding only its weight), 2.5x attention.
   const double bwd_flops = config.depth * (2 * block_linear + 2.5 * block_attention) + 2.0 * N * K * C +
                            2 * 2.0 * M * wide * (wide + O);
   constexpr double kPeakTflops = 989.0;  // H200 dense bf16
+  std::printf("%s: %lld patches, %zu images, attention %s\n", label, static_cast<long long>(N), grids.size(),
+              model.attention_backend());
   std::printf("  TIMING vision tower fwd  %9.3f ms  %7.1f TFLOP/s  (floor at %.0f TFLOP/s: %.3f ms)\n", fwd,
               fwd_flops / fwd / 1e9, kPeakTflops, fwd_flops / kPeakTflops / 1e9);
   std::printf("  TIMING vision tower bwd  %9.3f ms  %7.1f TFLOP/s  (floor at %.0f TFLOP/s: %.3f ms)\n", bwd,
               bwd_flops / bwd / 1e9, kPeakTflops, bwd_flops / kPeakTflops / 1e9);
+  std::printf("VISION_OURS {\"batch\": \"%s\", \"patches\": %lld, \"fwd_ms\": %.2f, \"bwd_ms\": %.2f, "
+              "\"fwd_bwd_ms\": %.2f, \"fwd_bwd_tflops\": %.1f, \"floor_fwd_bwd_ms\": %.2f}\n",
+              label, static_cast<long long>(N), fwd, bwd, fwd + bwd, (fwd_flops + bwd_flops) / (fwd + bwd) / 1e9,
+              (fwd_flops + bwd_flops) / kPeakTflops / 1e9);
   std::printf("  activations + workspace + inputs planned: %.2f GiB\n",
               static_cast<double>(model.bytes().total()) / (1 << 30));
+}
+
+// One forward + backward of a 2-block tower at the full widths between cudaProfilerStart/Stop, after
+// a warm-up: `ncu --profile-from-start off` then times each kernel of a block once.
+void profile_two_blocks() {
+  VisionConfig config = model_config_preset("qwen3.5-35b-a3b").vision;
+  config.depth = 2;
+  const std::vector<std::array<int64_t, 3>> grids(8, {1, 28, 28});
+  const int64_t N = 8 * 28 * 28, M = N / 4;
+  TowerUnderTest tower(config, TrainableParts{true, true, true}, N, 8);
+  tower.params->randomize(3);
+  const HostTensor pixels = random_normal_tensor(Shape{N, config.patch_dim()}, 11, 1.0f);
+  tower.model->set_images(pixels.as<float>(), N, grids);
+  DeviceTensor merged = device_tensor(DType::bf16, Shape{M, config.out_hidden_size});
+  const DeviceTensor d_merged =
+      to_device(random_normal_tensor(Shape{M, config.out_hidden_size}, 12, 1e-2f), DType::bf16);
+  for (int pass = 0; pass < 2; ++pass) {
+    device_synchronize();
+    if (pass == 1) CUDA_CHECK(cudaProfilerStart());
+    tower.model->forward(bf16_ptr(merged));
+    tower.model->backward(bf16_ptr(d_merged));
+    device_synchronize();
+  }
+  CUDA_CHECK(cudaProfilerStop());
+  std::printf("profiled one forward + backward of a 2-block tower (attention: %s)\n",
+              tower.model->attention_backend());
+}
+
+TEST(GpuVisionModel, TimingFullTower) {
+  if (std::getenv("DELTAMOE_VISION_PROFILE") != nullptr) {
+    profile_two_blocks();
+    return;
+  }
+  time_tower("8 x 448^2", std::vector<std::array<int64_t, 3>>(8, {1, 28, 28}));
+  time_tower("mixed 4 (1024x768, 448^2, 640x480, 512^2)", {{1, 64, 48}, {1, 28, 28}, {1, 40, 30}, {1, 32, 32}});
 }
 
 }  // namespace
