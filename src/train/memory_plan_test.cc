@@ -90,11 +90,13 @@ TEST(MemoryPlan, ImageTokensFollowTheTokenBudgetAndMaxPixels) {
 }
 
 // Bytes of one vision block's kept activations besides its input, as vision_activations.h lists
-// them, each piece 256-byte aligned.
+// them, each piece 256-byte aligned: q and k with heads padded to a multiple of 16 (80 for 72).
 size_t vision_block_bytes(const VisionConfig& v, int64_t N) {
   auto a256 = [](int64_t bytes) { return static_cast<size_t>((bytes + 255) / 256 * 256); };
   const int64_t C = v.hidden_size, I = v.intermediate_size, H = v.num_heads;
-  return 6 * a256(N * C * 2) + 4 * a256(N * 4) + a256(N * H * 4) + a256(N * C * 4) + 2 * a256(N * I * 2);
+  const int64_t qk = H * ((C / H + 15) / 16 * 16);
+  return 4 * a256(N * C * 2) + 2 * a256(N * qk * 2) + 4 * a256(N * 4) + a256(N * H * 4) + a256(N * C * 4) +
+         2 * a256(N * I * 2);
 }
 
 TEST(MemoryPlan, RecomputedVisionBlocksKeepOnlyTheirInput) {
