@@ -5,7 +5,10 @@
 // and stream gradient, norm parameters and the position table read in fp32; fp32 accumulation and
 // reductions. Parameters are typed views (VisionWeights; the owner is DeviceParams); gradients of
 // trained ones are ADDED to. Every Linear goes through one funnel (project / lora_backward) that
-// adds a LoRA adapter's term when the weight carries one (kernels/lora/lora_cuda.h). Activations are planned once for (max_patches, max_images) and for
+// adds a LoRA adapter's term when the weight carries one (kernels/lora/lora_cuda.h). The blocks'
+// attention runs on cuDNN's fused SDPA on the sm_90a path, q and k zero-padded per head to a
+// multiple of 16 (kernels/cudnn_sdpa/cudnn_sdpa_notes.md), else on our flash-attention kernel.
+// Activations are planned once for (max_patches, max_images) and for
 // what trains: a frozen ViT keeps nothing for a backward; recomputed blocks (the first
 // recompute_blocks of a trained ViT) keep only their fp32 input and rerun their forward, adapter
 // products included, just before their backward. No allocation or host sync in a step.
