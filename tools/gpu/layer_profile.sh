@@ -8,7 +8,7 @@
 # Output: $OUT/<name>_ncu.csv.gz (every kernel), $OUT/<name>_profile.txt (the last step: per kernel
 # name, and per launch in order).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+here=$(cd "$(dirname "$0")" && pwd)  # run from the repository root; layer_profile.py sits beside this script
 name=${1:-profile}
 out=${OUT:-/tmp}
 DELTAMOE=${DELTAMOE:-gpu_bundle/bin/deltamoe}
@@ -21,6 +21,6 @@ csv=/tmp/${name}_ncu.csv
 "$ncu_bin" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
   --print-units base --log-file "$csv" "$DELTAMOE" bench $BENCH_ARGS > "/tmp/${name}_bench.log" 2>&1 ||
   { echo "layer_profile: ncu run failed"; tail -20 "/tmp/${name}_bench.log"; exit 1; }
-python3 "$(dirname "$0")/layer_profile.py" "$csv" > "$out/${name}_profile.txt"
+python3 "$here/layer_profile.py" "$csv" > "$out/${name}_profile.txt"
 gzip -c "$csv" > "$out/${name}_ncu.csv.gz"
 head -60 "$out/${name}_profile.txt"
