@@ -88,7 +88,7 @@ TEST(GradNormGpu, LongBuffersEveryAlignmentAndTail) {
   std::vector<float> values(static_cast<size_t>(n));
   Rng rng(11);
   for (float& v : values) v = static_cast<float>(rng.normal()) * 1e-3f;
-  Device d(values, 64);
+  Device d(values, 4 * 6 * 3);
   int64_t k = 0;
   for (const int64_t start : {0, 1, 2, 3}) {
     for (const int64_t count : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{5}, int64_t{4099}, n - 4}) {
@@ -99,7 +99,9 @@ TEST(GradNormGpu, LongBuffersEveryAlignmentAndTail) {
         const double want = host_sum_of_squares(&values[static_cast<size_t>(start)], count, divisor);
         // fp64 sums of up to 4M positive terms in another order: within ~1e-13 relative.
         EXPECT_NEAR(got, want, 1e-12 * want) << "start " << start << ", count " << count << ", divisor " << divisor;
-        if (count == 0) EXPECT_EQ(got, 0.0);
+        if (count == 0) {
+          EXPECT_EQ(got, 0.0);
+        }
         ++k;
       }
     }
