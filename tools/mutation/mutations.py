@@ -144,6 +144,15 @@ MUTATIONS = [
         device="gpu",
     ),
     dict(
+        name="gpu_conv_backward_crosses_sequences",
+        why="the causal conv1d backward adds the next sequence's first tokens into the last tokens' dx",
+        file="src/kernels/causal_conv1d/causal_conv1d.cu",
+        find="          if (seq_win[K - 1 - j] == seq_win[K - 1]) {",
+        replace="          if (seq_win[K - 1 - j] >= 0) {",
+        tests=["causal_conv1d_gpu_test", "gpu_text_model_gpu_test"],
+        device="gpu",
+    ),
+    dict(
         name="gpu_expert_weight_grads_zero",
         why="the routed experts' weight-gradient products skipped (as if frozen): all-zero expert gradients",
         file="src/model/text/gpu/gpu_text_model_step.cc",

@@ -82,6 +82,14 @@ TEST(GatedRmsNormGpu, OddShapes) {
   run_case(1, 128, false);
   run_case(37, 5, false);
   run_case(65, 129, false);
+  // Every lane width (2 .. 32 elements per lane), full rows (vector accesses) and partial ones.
+  run_case(77, 64, false);
+  run_case(300, 256, false);
+  run_case(40, 512, false);
+  run_case(20, 1024, false);
+  run_case(50, 1000, false);
+  // More rows than the grid's warps: each warp walks several rows.
+  run_case(8192 * 2 + 5, 128, false);
 }
 
 // Qwen3.5-35B-A3B: 8192 tokens x 32 value heads, Dv = 128.

@@ -9,7 +9,7 @@
 
 namespace deltamoe {
 
-// x, y [R, D] device pointers. Writes y.
+// x, y [R, D] device pointers, D <= 1024 (one warp holds a row). Writes y.
 void l2norm_forward_cuda(const __nv_bfloat16* x, int64_t num_rows, int dim, __nv_bfloat16* y,
                          cudaStream_t stream);
 

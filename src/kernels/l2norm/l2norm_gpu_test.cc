@@ -49,6 +49,14 @@ TEST(L2NormGpu, OddShapes) {
   run_case(37, 5, false);
   run_case(65, 129, false);
   run_case(3, 300, false);
+  // Every lane width (1 .. 32 elements per lane), full rows (vector accesses) and partial ones, and
+  // more rows than the grid's warps (each warp walks several rows).
+  run_case(50, 32, false);
+  run_case(77, 64, false);
+  run_case(40, 256, false);
+  run_case(20, 1024, false);
+  run_case(9, 1000, false);
+  run_case(16384 + 7, 128, false);
 }
 
 // q and k of Qwen3.5-35B-A3B at 8192 tokens: 2 x 8192 x 16 rows of 128.

@@ -35,14 +35,60 @@ class WorkspaceCarver {
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-// h[r, i] = silu(gu[r, i]) * gu[r, I + i], fp32 math, nvbf16 out.
+// V bf16 values of one row as one access (V = 8: 16 bytes) or one element (V = 1).
+template <int V>
+__device__ __forceinline__ void load_bf16(const nvbf16* p, float* out) {
+  if constexpr (V == 8) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(pairs[k]);
+      out[2 * k] = f.x;
+      out[2 * k + 1] = f.y;
+    }
+  } else {
+    out[0] = __bfloat162float(*p);
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void store_bf16(nvbf16* p, const float* v) {
+  if constexpr (V == 8) {
+    uint4 raw;
+    auto* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) pairs[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+    *reinterpret_cast<uint4*>(p) = raw;
+  } else {
+    *p = __float2bfloat16(v[0]);
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void load_f32(const float* p, float* out) {
+  if constexpr (V == 8) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  } else {
+    out[0] = *p;
+  }
+}
+
+// h[r, i] = silu(gu[r, i]) * gu[r, I + i], fp32 math, nvbf16 out; each thread V adjacent i (V = 8
+// when I is a multiple of 8 and the rows 16-byte aligned).
+template <int V>
 __global__ void swiglu_forward_kernel(const nvbf16* gu, nvbf16* h, int64_t rows, int64_t inter) {
-  const int64_t total = rows * inter;
+  const int64_t per_row = inter / V, total = rows * per_row;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / inter, i = idx % inter;
-    const float g = __bfloat162float(gu[r * 2 * inter + i]), u = __bfloat162float(gu[r * 2 * inter + inter + i]);
-    h[idx] = __float2bfloat16(g * sigmoidf(g) * u);
+    const int64_t r = idx / per_row, i = (idx - r * per_row) * V;
+    float g[V], u[V];
+    load_bf16<V>(gu + r * 2 * inter + i, g);
+    load_bf16<V>(gu + r * 2 * inter + inter + i, u);
+#pragma unroll
+    for (int k = 0; k < V; ++k) g[k] = g[k] * sigmoidf(g[k]) * u[k];
+    store_bf16<V>(h + r * inter + i, g);
   }
 }
 
@@ -50,6 +96,8 @@ __global__ void swiglu_forward_kernel(const nvbf16* gu, nvbf16* h, int64_t rows,
 //   d_topk_weight[slot] = dh_u . h  (= dy . y_e),  dh = w dh_u,
 //   d_gate = dh u silu'(g), d_up = dh silu(g)  -> written over gu (in place, same thread),
 //   hw = w h (nvbf16) for the down-projection weight gradient.
+// Each lane takes V adjacent i at a time (V = 8 as in the forward).
+template <int V>
 __global__ void swiglu_backward_kernel(nvbf16* gu_to_dgu, const float* dh_u, const int32_t* sorted_slot,
                                        const float* topk_weight, float* d_topk_weight, nvbf16* hw, int64_t rows,
                                        int64_t inter) {
@@ -60,19 +108,33 @@ __global__ void swiglu_backward_kernel(nvbf16* gu_to_dgu, const float* dh_u, con
   const float w = topk_weight[slot];
   nvbf16* row = gu_to_dgu + r * 2 * inter;
   float d_weight = 0;
-  for (int64_t i = lane; i < inter; i += 32) {
-    const float g = __bfloat162float(row[i]), u = __bfloat162float(row[inter + i]);
-    const float s = sigmoidf(g), silu = g * s;
-    const float d_hu = dh_u[r * inter + i];
-    d_weight += d_hu * silu * u;
-    const float dh = w * d_hu;
-    row[i] = __float2bfloat16(dh * u * s * (1.0f + g * (1.0f - s)));
-    row[inter + i] = __float2bfloat16(dh * silu);
-    hw[r * inter + i] = __float2bfloat16(w * silu * u);
+  for (int64_t i = static_cast<int64_t>(lane) * V; i < inter; i += 32 * V) {
+    float g[V], u[V], d_hu[V], d_gate[V], d_up[V], h[V];
+    load_bf16<V>(row + i, g);
+    load_bf16<V>(row + inter + i, u);
+    load_f32<V>(dh_u + r * inter + i, d_hu);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float s = sigmoidf(g[k]), silu = g[k] * s;
+      d_weight += d_hu[k] * silu * u[k];
+      const float dh = w * d_hu[k];
+      d_gate[k] = dh * u[k] * s * (1.0f + g[k] * (1.0f - s));
+      d_up[k] = dh * silu;
+      h[k] = w * silu * u[k];
+    }
+    store_bf16<V>(row + i, d_gate);
+    store_bf16<V>(row + inter + i, d_up);
+    store_bf16<V>(hw + r * inter + i, h);
   }
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) d_weight += __shfl_xor_sync(0xffffffffu, d_weight, d);
   if (lane == 0) d_topk_weight[slot] = d_weight;
+}
+
+// Whether the SwiGLU rows allow 16-byte accesses: I a multiple of 8, every base 16-byte aligned.
+bool swiglu_vector_rows(int64_t inter, const void* a, const void* b, const void* c = nullptr) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return inter % 8 == 0 && aligned(a) && aligned(b) && aligned(c);
 }
 
 void check_dims(const MoeExpertsDims& d, const char* where) {
@@ -124,7 +186,10 @@ void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& 
                               lora_dims(dims, C, 2 * I, lora->gate_up.rank), lora->workspace, lora->workspace_bytes,
                               stream);
   }
-  swiglu_forward_kernel<<<elementwise_grid(rows * I), 256, 0, stream>>>(gu, h, rows, I);
+  if (swiglu_vector_rows(I, gu, h))
+    swiglu_forward_kernel<8><<<elementwise_grid(rows * I / 8), 256, 0, stream>>>(gu, h, rows, I);
+  else
+    swiglu_forward_kernel<1><<<elementwise_grid(rows * I), 256, 0, stream>>>(gu, h, rows, I);
   CUDA_CHECK_LAUNCH();
   nvbf16* y_expert = xp;
   grouped_gemm_rows_cuda(h, down, true, y_expert, DType::bf16, plan.expert_offsets, E, rows, C, I, tiles, tile_bytes,
@@ -176,8 +241,13 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
                                lora_dims(dims, I, C, lora->down.rank), lora->workspace, lora->workspace_bytes, stream);
   }
   const unsigned warps_per_block = 8;
-  swiglu_backward_kernel<<<static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block), 32 * warps_per_block,
-                           0, stream>>>(gu, dh_u, plan.sorted_slot, topk_weight, d_topk_weight, hw, rows, I);
+  const auto swiglu_blocks = static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block);
+  if (swiglu_vector_rows(I, gu, dh_u, hw))
+    swiglu_backward_kernel<8><<<swiglu_blocks, 32 * warps_per_block, 0, stream>>>(gu, dh_u, plan.sorted_slot, topk_weight,
+                                                                                d_topk_weight, hw, rows, I);
+  else
+    swiglu_backward_kernel<1><<<swiglu_blocks, 32 * warps_per_block, 0, stream>>>(gu, dh_u, plan.sorted_slot, topk_weight,
+                                                                                d_topk_weight, hw, rows, I);
   CUDA_CHECK_LAUNCH();
   nvbf16* d_gu = gu;
   // d_down[e] += (dy_e)^T (w h)_e ; d_gate_up[e] += d_gu_e^T x_e.

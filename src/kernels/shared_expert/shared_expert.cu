@@ -69,13 +69,61 @@ __global__ void swiglu_backward_kernel(nvbf16* gate_to_dgate, nvbf16* up_to_dup,
   }
 }
 
-// y[t] = (y[t] if accumulate) + sigmoid(logit[t]) out[t].
+// Four adjacent elements of a row as one access when the layout allows (V = 4), else one (V = 1).
+template <int V>
+__device__ __forceinline__ void load_f32_elements(const float* p, float* v) {
+  if constexpr (V == 4) {
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+    v[0] = *p;
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void load_bf16_elements(const nvbf16* p, float* v) {
+  if constexpr (V == 4) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(p);
+    const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const float2 a = __bfloat1622float2(pairs[0]), b = __bfloat1622float2(pairs[1]);
+    v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+  } else {
+    v[0] = __bfloat162float(*p);
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void store_bf16_elements(nvbf16* p, const float* v) {
+  if constexpr (V == 4) {
+    uint2 raw;
+    auto* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
+    pairs[0] = __floats2bfloat162_rn(v[0], v[1]);
+    pairs[1] = __floats2bfloat162_rn(v[2], v[3]);
+    *reinterpret_cast<uint2*>(p) = raw;
+  } else {
+    *p = __float2bfloat16(v[0]);
+  }
+}
+
+// Whether [T, C] rows allow 4-element accesses: C a multiple of 4 and every base 16-byte aligned.
+bool four_wide(int64_t hidden, const void* a, const void* b, const void* c = nullptr) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return hidden % 4 == 0 && aligned(a) && aligned(b) && aligned(c);
+}
+
+// y[t] = (y[t] if accumulate) + sigmoid(logit[t]) out[t]; each thread V adjacent elements of a row.
+template <int V>
 __global__ void scale_output_kernel(const float* out, const float* logit, nvbf16* y, bool accumulate, int64_t hidden,
                                     int64_t total) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float value = sigmoidf(logit[i / hidden]) * out[i];
-    y[i] = __float2bfloat16(accumulate ? __bfloat162float(y[i]) + value : value);
+  for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * V; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * V) {
+    const float s = sigmoidf(logit[i / hidden]);
+    float value[V], prior[V];
+    load_f32_elements<V>(out + i, value);
+    if (accumulate) load_bf16_elements<V>(y + i, prior);
+#pragma unroll
+    for (int k = 0; k < V; ++k) value[k] = accumulate ? prior[k] + s * value[k] : s * value[k];
+    store_bf16_elements<V>(y + i, value);
   }
 }
 
@@ -102,13 +150,24 @@ __global__ void scale_backward_kernel(const float* out, const float* logit, cons
   }
 }
 
-// dx[t, c] = (dx if accumulate) + dx32[t, c] + d_logit[t] w_gate[c].
+// dx[t, c] = (dx if accumulate) + dx32[t, c] + d_logit[t] w_gate[c]; V adjacent elements per thread.
+template <int V>
 __global__ void finish_dx_kernel(const float* dx32, const float* d_logit, const nvbf16* expert_gate, nvbf16* dx,
                                  bool accumulate, int64_t hidden, int64_t total) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float value = dx32[i] + d_logit[i / hidden] * __bfloat162float(expert_gate[i % hidden]);
-    dx[i] = __float2bfloat16(accumulate ? __bfloat162float(dx[i]) + value : value);
+  for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * V; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * V) {
+    const int64_t t = i / hidden;
+    const float dl = d_logit[t];
+    float value[V], gate[V], prior[V];
+    load_f32_elements<V>(dx32 + i, value);
+    load_bf16_elements<V>(expert_gate + (i - t * hidden), gate);
+    if (accumulate) load_bf16_elements<V>(dx + i, prior);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float v = value[k] + dl * gate[k];
+      value[k] = accumulate ? prior[k] + v : v;
+    }
+    store_bf16_elements<V>(dx + i, value);
   }
 }
 
@@ -292,7 +351,12 @@ void shared_expert_forward_apply_cuda(const SharedExpertPending& pending, __nv_b
   CHECK(num_tokens >= 0 && hidden >= 1, "shared_expert_forward_apply_cuda: bad sizes T=", num_tokens, " C=", hidden);
   if (num_tokens == 0) return;
   const int64_t T = num_tokens, C = hidden;
-  scale_output_kernel<<<elementwise_grid(T * C), 256, 0, stream>>>(pending.out, pending.logit, y, accumulate, C, T * C);
+  if (four_wide(C, pending.out, y))
+    scale_output_kernel<4><<<elementwise_grid(T * C / 4), 256, 0, stream>>>(pending.out, pending.logit, y, accumulate, C,
+                                                                             T * C);
+  else
+    scale_output_kernel<1><<<elementwise_grid(T * C), 256, 0, stream>>>(pending.out, pending.logit, y, accumulate, C,
+                                                                         T * C);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -342,8 +406,12 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
       lora_backward(lora, lora->expert_gate, lora->expert_gate_dropout, x, s.lo, dx32, T, C, 1, stream);
     }
   }
-  finish_dx_kernel<<<elementwise_grid(T * C), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx, C,
-                                                                T * C);
+  if (four_wide(C, dx32, dx, expert_gate))
+    finish_dx_kernel<4><<<elementwise_grid(T * C / 4), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx,
+                                                                          C, T * C);
+  else
+    finish_dx_kernel<1><<<elementwise_grid(T * C), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx, C,
+                                                                      T * C);
   CUDA_CHECK_LAUNCH();
   // Frozen weights (null gradients) skip their products.
   if (d_gate_proj != nullptr) gemm_row_major(handle, true, false, I, C, T, d_gate, I, x, C, 1.0f, d_gate_proj, CUDA_R_32F, C);

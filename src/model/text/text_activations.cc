@@ -119,13 +119,12 @@ void carve_text_activations(ArenaCarver& c, const TextConfig& cfg, const TextAct
       carve_attention_saved(c, cfg, T, &b.attn);
     }
   }
-  // Temporaries of one layer at a time (forward conv output and every backward intermediate).
+  // Temporaries of one layer at a time (every backward intermediate).
   const bool any_gdn = cfg.num_layers_of(LayerType::linear_attention) > 0;
   const bool any_attn = cfg.num_layers_of(LayerType::full_attention) > 0;
   LayerScratch& s = out->scratch;
   s = LayerScratch{};
   if (any_gdn) {
-    s.conv = c.take<DeviceBf16>(T * conv);
     s.d_normed_v = c.take<DeviceBf16>(T * vd);
     s.d_core = c.take<DeviceBf16>(T * vd);
     s.dz = c.take<DeviceBf16>(T * vd);
@@ -136,7 +135,7 @@ void carve_text_activations(ArenaCarver& c, const TextConfig& cfg, const TextAct
     s.dbeta = c.take<float>(T * Hv);
     s.da = c.take<float>(T * Hv);
     s.db = c.take<float>(T * Hv);
-    s.d_conv = c.take<DeviceBf16>(T * conv);
+    s.d_conv = c.take<DeviceBf16>(T * 2 * kd);
     s.d_mixed = c.take<DeviceBf16>(T * conv);
   }
   if (any_attn) {

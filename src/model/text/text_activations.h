@@ -65,11 +65,12 @@ struct LayerActivations {
 // Temporaries of one layer's forward or backward, reused by every layer.
 struct LayerScratch {
   // GDN
-  DeviceBf16 *conv = nullptr, *d_normed_v = nullptr, *d_core = nullptr, *dz = nullptr;
+  DeviceBf16 *d_normed_v = nullptr, *d_core = nullptr, *dz = nullptr;
   DeviceBf16 *dq_normed = nullptr, *dk_normed = nullptr, *dv = nullptr;
   float *dg = nullptr, *dbeta = nullptr;
   float *da = nullptr, *db = nullptr;  // [T, Hv] fp32 (see GdnSaved::a)
-  DeviceBf16 *d_conv = nullptr, *d_mixed = nullptr;
+  DeviceBf16* d_conv = nullptr;   // [T, 2 kd]: the l2norm backward's dq then dk (the conv's q, k gradient)
+  DeviceBf16* d_mixed = nullptr;  // [T, conv]: the conv's input gradient
   // attention
   DeviceBf16 *d_gated = nullptr, *d_q_and_gate = nullptr, *dq = nullptr, *dk = nullptr, *dv_attn = nullptr;
   DeviceBf16* dk_raw = nullptr;

@@ -34,20 +34,6 @@
 
 namespace deltamoe {
 
-namespace {
-
-// Copies columns [col, col + width) of a [rows, ld_src] bf16 matrix into a dense [rows, width] one
-// (or back, with the roles swapped): the GDN conv output holds q | k | v side by side per token.
-void copy_columns(const DeviceBf16* src, int64_t ld_src, DeviceBf16* dst, int64_t ld_dst, int64_t width, int64_t rows,
-                  cudaStream_t stream) {
-  CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(ld_dst) * sizeof(DeviceBf16), src,
-                               static_cast<size_t>(ld_src) * sizeof(DeviceBf16),
-                               static_cast<size_t>(width) * sizeof(DeviceBf16), static_cast<size_t>(rows),
-                               cudaMemcpyDeviceToDevice, stream));
-}
-
-}  // namespace
-
 void GpuTextModel::weight_grad(const DeviceParam& w, const DeviceBf16* dy, const DeviceBf16* x, int64_t rows,
                                int64_t in_features, int64_t out_features) {
   if (w.grad == nullptr) return;  // frozen: no weight-gradient product
@@ -311,12 +297,16 @@ void GpuTextModel::gdn_forward(int64_t layer) {
   // The gate pre-activations stay fp32 (GdnSaved::a): cuBLASLt writes its fp32 accumulator as is.
   project(W.in_proj_b, b.normed_in, s.b, DType::f32, T, C, Hv);
   project(W.in_proj_a, b.normed_in, s.a, DType::f32, T, C, Hv);
+  // The conv output's q | k | v columns land in their own dense tensors.
+  CausalConv1dOutput qkv;
+  qkv.part[0] = s.q;
+  qkv.part[1] = s.k;
+  qkv.part[2] = s.v;
+  qkv.width[0] = kd;
+  qkv.width[1] = kd;
+  qkv.width[2] = vd;
   causal_conv1d_forward_cuda(s.mixed, W.conv1d.w, inputs_.cu_seqlens, static_cast<int>(num_seqs_), T,
-                             static_cast<int>(conv), static_cast<int>(c.linear_conv_kernel_dim), acts_.scratch.conv,
-                             stream_);
-  copy_columns(acts_.scratch.conv, conv, s.q, kd, kd, T, stream_);
-  copy_columns(acts_.scratch.conv + kd, conv, s.k, kd, kd, T, stream_);
-  copy_columns(acts_.scratch.conv + 2 * kd, conv, s.v, vd, vd, T, stream_);
+                             static_cast<int>(conv), static_cast<int>(c.linear_conv_kernel_dim), qkv, stream_);
   l2norm_forward_cuda(s.q, T * Hk, Dk, s.q_normed, stream_);
   l2norm_forward_cuda(s.k, T * Hk, Dk, s.k_normed, stream_);
   // A_log and dt_bias are read in fp32 straight from the master weights, as the reference does.
@@ -364,16 +354,22 @@ void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   gated_delta_rule_backward_cuda(shape, scale, s.q_normed, s.k_normed, s.v, s.g, s.beta, nullptr, w.d_core, nullptr,
                                  w.dq_normed, w.dk_normed, w.dv, w.dg, w.dbeta, nullptr, workspace_.data(),
                                  workspace_bytes_, stream_);
-  // dq, dk land directly in their columns of d_conv (through a dense temporary: l2norm writes dense rows).
-  l2norm_backward_cuda(s.q, w.dq_normed, T * Hk, Dk, w.d_mixed, stream_);
-  copy_columns(w.d_mixed, kd, w.d_conv, conv, kd, T, stream_);
-  l2norm_backward_cuda(s.k, w.dk_normed, T * Hk, Dk, w.d_mixed, stream_);
-  copy_columns(w.d_mixed, kd, w.d_conv + kd, conv, kd, T, stream_);
-  copy_columns(w.dv, vd, w.d_conv + 2 * kd, conv, vd, T, stream_);
+  // The conv's output gradient as its q | k | v blocks: dq and dk (dense, in w.d_conv) and dv.
+  DeviceBf16* dq = w.d_conv;
+  DeviceBf16* dk = w.d_conv + T * kd;
+  l2norm_backward_cuda(s.q, w.dq_normed, T * Hk, Dk, dq, stream_);
+  l2norm_backward_cuda(s.k, w.dk_normed, T * Hk, Dk, dk, stream_);
+  CausalConv1dOutputGrad d_qkv;
+  d_qkv.part[0] = dq;
+  d_qkv.part[1] = dk;
+  d_qkv.part[2] = w.dv;
+  d_qkv.width[0] = kd;
+  d_qkv.width[1] = kd;
+  d_qkv.width[2] = vd;
   gdn_gates_backward_cuda(s.a, s.b, W.A_log.f32, W.dt_bias.f32, w.dg, w.dbeta, T,
                           static_cast<int>(Hv), w.da, w.db, W.A_log.grad, W.dt_bias.grad,
                           stream_);
-  causal_conv1d_backward_cuda(s.mixed, W.conv1d.w, w.d_conv, inputs_.cu_seqlens, static_cast<int>(num_seqs_), T,
+  causal_conv1d_backward_cuda(s.mixed, W.conv1d.w, d_qkv, inputs_.cu_seqlens, static_cast<int>(num_seqs_), T,
                               static_cast<int>(conv), static_cast<int>(c.linear_conv_kernel_dim), w.d_mixed,
                               W.conv1d.grad, workspace_.data(), workspace_bytes_, stream_);
   const DeviceBf16* x = b.normed_in;

@@ -1,0 +1,136 @@
+// GPU test of the gradient's sum of squares (grad_norm_cuda.h) against the definition evaluated on
+// the host: sum of fl32(fl64(g) / divisor)^2 in fp64. One-element sums are exact (the square of an
+// fp32 value is exact in fp64), so each element's quotient is compared bit for bit, for a divisor
+// of 1, integer divisors (the fp32 quotient path) and a fractional one (the fp64 path), over values
+// of every magnitude including subnormal quotients. Long buffers, at every alignment of the start
+// and with tails, are compared within fp64 summation-order noise. Timing over a 1 GiB gradient.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/device_buffer.h"
+#include "core/rng.h"
+#include "kernels/gemm/gpu_timing.h"
+#include "optim/grad_norm_cuda.h"
+
+namespace deltamoe {
+namespace {
+
+// Values of many magnitudes: random mantissas with exponents from 2^-140 to 2^20, either sign,
+// plus zeros and subnormals.
+std::vector<float> varied_values(int64_t count, uint64_t seed) {
+  std::vector<float> values(static_cast<size_t>(count));
+  Rng rng(seed);
+  for (int64_t i = 0; i < count; ++i) {
+    float v;
+    if (i % 97 == 0) {
+      v = 0.0f;
+    } else if (i % 89 == 0) {
+      const uint32_t bits = rng.next_u32() & 0x007FFFFFu;  // subnormal
+      std::memcpy(&v, &bits, sizeof(v));
+    } else {
+      v = std::ldexp(1.0f + rng.uniform(), static_cast<int>(rng.below(161)) - 140);
+    }
+    values[static_cast<size_t>(i)] = (rng.next_u32() & 1u) ? -v : v;
+  }
+  return values;
+}
+
+double host_sum_of_squares(const float* g, int64_t count, double divisor) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < count; ++i) {
+    const auto q = static_cast<float>(static_cast<double>(g[i]) / divisor);
+    sum += static_cast<double>(q) * static_cast<double>(q);
+  }
+  return sum;
+}
+
+struct Device {
+  DeviceBuffer grad, out, workspace;
+  explicit Device(const std::vector<float>& values, int64_t outputs)
+      : grad(values.size() * sizeof(float) + 16),
+        out(static_cast<size_t>(outputs) * sizeof(double)),
+        workspace(grad_sum_of_squares_workspace_bytes()) {
+    CUDA_CHECK(cudaMemcpy(grad.data(), values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  const float* at(int64_t i) const { return static_cast<const float*>(grad.data()) + i; }
+  double* result(int64_t i) { return static_cast<double*>(out.data()) + i; }
+  std::vector<double> results(int64_t n) const {
+    std::vector<double> host(static_cast<size_t>(n));
+    CUDA_CHECK(cudaMemcpy(host.data(), out.data(), host.size() * sizeof(double), cudaMemcpyDeviceToHost));
+    return host;
+  }
+};
+
+TEST(GradNormGpu, EachQuotientBitForBit) {
+  const int64_t n = 4096;
+  const std::vector<float> values = varied_values(n, 7);
+  Device d(values, n);
+  for (const double divisor : {1.0, 3.0, 8191.0, 4096.0, 65535.0, 16777215.0, 3.7, 1e-3}) {
+    for (int64_t i = 0; i < n; ++i) grad_sum_of_squares_cuda(d.at(i), 1, divisor, d.result(i), d.workspace.data(), nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<double> got = d.results(n);
+    int64_t mismatches = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = host_sum_of_squares(&values[static_cast<size_t>(i)], 1, divisor);
+      if (std::memcmp(&got[static_cast<size_t>(i)], &want, sizeof(double)) != 0) ++mismatches;
+    }
+    EXPECT_EQ(mismatches, 0) << "divisor " << divisor << ": elements whose squared quotient differs";
+  }
+}
+
+TEST(GradNormGpu, LongBuffersEveryAlignmentAndTail) {
+  const int64_t n = (int64_t{1} << 22) + 13;
+  std::vector<float> values(static_cast<size_t>(n));
+  Rng rng(11);
+  for (float& v : values) v = static_cast<float>(rng.normal()) * 1e-3f;
+  Device d(values, 4 * 6 * 3);
+  int64_t k = 0;
+  for (const int64_t start : {0, 1, 2, 3}) {
+    for (const int64_t count : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{5}, int64_t{4099}, n - 4}) {
+      for (const double divisor : {1.0, 8192.0, 12.5}) {
+        grad_sum_of_squares_cuda(d.at(start), count, divisor, d.result(k), d.workspace.data(), nullptr);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const double got = d.results(k + 1)[static_cast<size_t>(k)];
+        const double want = host_sum_of_squares(&values[static_cast<size_t>(start)], count, divisor);
+        // fp64 sums of up to 4M positive terms in another order: within ~1e-13 relative.
+        EXPECT_NEAR(got, want, 1e-12 * want) << "start " << start << ", count " << count << ", divisor " << divisor;
+        if (count == 0) {
+          EXPECT_EQ(got, 0.0);
+        }
+        ++k;
+      }
+    }
+  }
+  // Deterministic: the same call gives the same bits.
+  grad_sum_of_squares_cuda(d.at(1), n - 4, 8192.0, d.result(0), d.workspace.data(), nullptr);
+  grad_sum_of_squares_cuda(d.at(1), n - 4, 8192.0, d.result(1), d.workspace.data(), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<double> twice = d.results(2);
+  EXPECT_EQ(std::memcmp(&twice[0], &twice[1], sizeof(double)), 0);
+}
+
+TEST(GradNormGpu, Timing1GiB) {
+  const int64_t n = int64_t{1} << 28;
+  DeviceBuffer grad(static_cast<size_t>(n) * sizeof(float)), out(sizeof(double)),
+      workspace(grad_sum_of_squares_workspace_bytes());
+  CUDA_CHECK(cudaMemset(grad.data(), 0x3c, static_cast<size_t>(n) * sizeof(float)));
+  for (const double divisor : {8192.0, 12.5}) {
+    const double ms = median_ms(
+        [&](cudaStream_t s) {
+          grad_sum_of_squares_cuda(static_cast<const float*>(grad.data()), n, divisor, static_cast<double*>(out.data()),
+                                   workspace.data(), s);
+        },
+        nullptr);
+    print_bandwidth_timing(divisor == 8192.0 ? "grad sum of squares, 1 GiB, integer divisor"
+                                             : "grad sum of squares, 1 GiB, fractional divisor",
+                           ms, static_cast<double>(n) * sizeof(float));
+  }
+}
+
+}  // namespace
+}  // namespace deltamoe
