@@ -405,10 +405,10 @@ void grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel kernel, const __nv_bfl
   CHECK(m < (int64_t{1} << 31) && n < (int64_t{1} << 31), "grouped_gemm_weight_grad_cuda: sizes m=", m, " n=", n,
         " too large for 32-bit indices");
   const bool mma_aligned = grouped_gemm_detail::mma_applies(a, b, c, m, n);
-  if ((kernel == GroupedGemmKernel::automatic || kernel == GroupedGemmKernel::wgmma) && mma_aligned &&
-      grouped_gemm_detail::wgmma_available()) {
-    grouped_gemm_detail::weight_grad_wgmma(a, b, c, offsets, static_cast<int>(num_groups), static_cast<int>(m),
-                                           static_cast<int>(n), output, stream);
+  if ((kernel == GroupedGemmKernel::automatic || kernel == GroupedGemmKernel::wgmma) &&
+      output == WeightGradOutput::written && mma_aligned && grouped_gemm_detail::wgmma_available()) {
+    grouped_gemm_detail::weight_grad_written_wgmma(a, b, c, offsets, static_cast<int>(num_groups),
+                                                   static_cast<int>(m), static_cast<int>(n), stream);
     return;
   }
   // The mma.sync and WMMA kernels only add: "written" is a zeroing pass, then the sum.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/device_buffer.h"
@@ -315,12 +316,16 @@ TEST(GroupedGemmGpu, Timing35B) {
   DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(experts));
   const double gu_flops = 2.0 * rows * (2 * inter) * hidden, down_flops = 2.0 * rows * hidden * inter;
   // Row products timed with the mma.sync kernel (128x256, the sm_80 path) and, on the sm_90a
-  // path, the wgmma kernel (what sm_90a callers get); dW with the mma.sync kernel (128x128, what
-  // the sm_80 path gets) and the wgmma kernel, each "added to" and "written", on adjacent lines.
+  // path, the wgmma kernel (what sm_90a callers get); dW with the mma.sync kernel (128x128: "added
+  // to" on both paths, "written" as zeroing + sum on the sm_80 path) and, on the sm_90a path, the
+  // wgmma kernel ("written"), on adjacent lines.
   std::vector<GroupedGemmKernel> row_kernels = {GroupedGemmKernel::mma_128x256};
   if (grouped_gemm_detail::wgmma_available()) row_kernels.push_back(GroupedGemmKernel::wgmma);
-  std::vector<GroupedGemmKernel> dw_kernels = {GroupedGemmKernel::mma_128x128};
-  if (grouped_gemm_detail::wgmma_available()) dw_kernels.push_back(GroupedGemmKernel::wgmma);
+  std::vector<std::pair<GroupedGemmKernel, WeightGradOutput>> dw_kernels = {
+      {GroupedGemmKernel::mma_128x128, WeightGradOutput::added_to},
+      {GroupedGemmKernel::mma_128x128, WeightGradOutput::written}};
+  if (grouped_gemm_detail::wgmma_available())
+    dw_kernels.push_back({GroupedGemmKernel::wgmma, WeightGradOutput::written});
   std::printf("kernel path: %s; wgmma kernel available here: %s\n", kernel_path().describe().c_str(),
               grouped_gemm_detail::wgmma_available() ? "yes" : "no");
   auto time_kernels = [&](const char* name, double flops, auto&& launch) {
@@ -330,13 +335,10 @@ TEST(GroupedGemmGpu, Timing35B) {
     }
   };
   auto time_weight_grad = [&](const char* name, double flops, auto&& launch) {
-    for (GroupedGemmKernel kernel : dw_kernels) {
-      for (WeightGradOutput output : {WeightGradOutput::added_to, WeightGradOutput::written}) {
-        const std::string label = std::string(name) + (output == WeightGradOutput::added_to ? " f32+= [" : " f32= [") +
-                                  kernel_name(kernel) + "]";
-        print_flop_timing(label.c_str(), median_ms([&](cudaStream_t s) { launch(kernel, output, s); }, nullptr),
-                          flops);
-      }
+    for (const auto& [kernel, output] : dw_kernels) {
+      const std::string label = std::string(name) + (output == WeightGradOutput::added_to ? " f32+= [" : " f32= [") +
+                                kernel_name(kernel) + "]";
+      print_flop_timing(label.c_str(), median_ms([&](cudaStream_t s) { launch(kernel, output, s); }, nullptr), flops);
     }
   };
   std::printf(

@@ -1,5 +1,5 @@
 // The grouped GEMM's kernel families behind grouped_gemm_cuda.h: the Hopper wgmma + TMA kernel
-// (grouped_gemm_wgmma.cu, row products and dW on sm_90a), the portable mma.sync kernel
+// (grouped_gemm_wgmma.cu, row products and written dW on sm_90a), the portable mma.sync kernel
 // (grouped_gemm_mma.cu, taken where its alignment rules hold) and the WMMA kernel
 // (grouped_gemm.cu, any shape). Tests and benchmarks pick one explicitly; callers use the public header.
 #pragma once
@@ -16,12 +16,13 @@
 namespace deltamoe {
 
 // automatic: where the sm_90a kernels may run (kernels/common/kernel_path_cuda.h: an sm_90 GPU
-// running sm_90a code), the wgmma kernels (row products, dW) where the mma.sync alignment rules
-// hold; otherwise the mma.sync kernel where they hold, with the block tile chosen in
+// running sm_90a code), the wgmma kernels (row products; dW written) where the mma.sync alignment
+// rules hold; otherwise the mma.sync kernel where they hold, with the block tile chosen in
 // grouped_gemm.cu per product kind, else WMMA. wmma: always the WMMA kernel (the fallback).
 // mma_128x128 / mma_128x256: the mma.sync kernel (the sm_80 path) with that block tile where it
 // applies, else WMMA. wgmma: as automatic on the sm_90a path, an error on the sm_80 path.
-// The kernels without a "written" epilogue (mma.sync, WMMA) zero c first and then add to it.
+// dW "added to" runs on mma.sync on both paths; the kernels without a "written" epilogue
+// (mma.sync, WMMA) write by zeroing c first and then adding to it.
 enum class GroupedGemmKernel { automatic, wmma, mma_128x128, mma_128x256, wgmma };
 
 // grouped_gemm_rows_cuda / grouped_gemm_weight_grad_cuda with the kernel chosen by the caller.
@@ -65,9 +66,9 @@ void rows_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk
                 const int32_t* offsets, const int32_t* tile_starts, int num_groups, int64_t max_rows, int n, int k,
                 cudaStream_t stream);
 
-// Weight-gradient product with the wgmma kernel (needs wgmma_available() and mma_applies).
-void weight_grad_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
-                       int num_groups, int m, int n, WeightGradOutput output, cudaStream_t stream);
+// Weight-gradient product, c written, with the wgmma kernel (needs wgmma_available() and mma_applies).
+void weight_grad_written_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
+                               int num_groups, int m, int n, cudaStream_t stream);
 
 }  // namespace grouped_gemm_detail
 }  // namespace deltamoe

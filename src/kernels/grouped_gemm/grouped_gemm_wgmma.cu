@@ -4,9 +4,9 @@
 // issue the products; full / empty mbarriers hand stages between them; bf16 results leave through a
 // swizzled shared staging tile as 16-byte stores. Persistent blocks walk the device-side tile list
 // (group, m-tile, n-tile) built as for the mma.sync kernel (grouped_gemm_mma.cu, the portable path
-// this one replaces on sm_90a). The weight gradients (dW) run on a sibling kernel with the same
-// ring and consumers, whose operands arrive by cp.async so that each group's last k-block stops
-// exactly at its last row.
+// this one replaces on sm_90a). The "written" weight gradients (dW) run on a sibling kernel with
+// the same ring and consumers, whose operands arrive by cp.async so that each group's last k-block
+// stops exactly at its last row.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -393,10 +393,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// dW: c_g [M, N] (+)= a_g^T b_g over group g's rows, a [R, M] and b [R, N] both k-outer (K = the
-// group's rows). Block tile 128 (m) x 256 (n): consumer warpgroup w takes m rows 64w .. 64w + 63,
+// dW written: c_g [M, N] = a_g^T b_g over group g's rows, a [R, M] and b [R, N] both k-outer (K =
+// the group's rows). Block tile 128 (m) x 256 (n): consumer warpgroup w takes m rows 64w .. 64w + 63,
 // with A as the m-major operand (wgmma's transposed A) and B n-major. Tiles are numbered group by
 // group, m-tile major: the ~132 tiles in flight cover about two groups, whose rows sit in L2.
+// "Added to" stays on the mma.sync kernel: with c read in the epilogue this kernel measured 4-7%
+// slower than it (grouped_gemm_notes.md).
 struct WeightGradParams {
   const nvbf16* a;
   const nvbf16* b;
@@ -436,7 +438,6 @@ __device__ __forceinline__ WeightGradTile weight_grad_tile(const WeightGradParam
 
 #endif  // sm_90a
 
-template <bool kAdd>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_weight_grad_wgmma_kernel(const WeightGradParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -470,13 +471,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_weight_grad_wgmma_ke
     int it = 0;  // k-blocks issued so far: stage it % kStages, its (it / kStages)-th use
     for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles; tile += static_cast<int>(gridDim.x)) {
       const WeightGradTile w = weight_grad_tile(p, tile);
-      if (kAdd && w.k_blocks > 0 && t < kBlockM && w.m0 + t < p.m) {
-        // The tile's rows of c go to L2 now, so that the epilogue reads them from there while this
-        // tile's products run (dW is bound by the f32 read-modify-write of c).
-        const float* row = p.c + (static_cast<int64_t>(w.g) * p.m + w.m0 + t) * p.n + w.n0;
-        const int bytes = min(kBlockN, p.n - w.n0) * 4;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(bytes) : "memory");
-      }
       const bool a_col_ok = w.m0 + a_col < p.m, b_col_ok = w.n0 + b_col < p.n;
       const nvbf16* a_src = p.a + static_cast<int64_t>(w.r0) * p.m + w.m0 + a_col;
       const nvbf16* b_src = p.b + static_cast<int64_t>(w.r0) * p.n + w.n0 + b_col;
@@ -521,8 +515,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_weight_grad_wgmma_ke
     const int rows_valid = p.m - row_base, cols_valid = p.n - w.n0;
     float* c_tile = p.c + (static_cast<int64_t>(w.g) * p.m + row_base) * p.n + w.n0 + 2 * (lane % 4);
     if (w.k_blocks == 0) {
-      // A group without rows: "added to" adds nothing, "written" stores zeros.
-      if (!kAdd && active) {
+      // A group without rows: zeros.
+      if (active) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = warp * 16 + lane / 4 + half * 8;
@@ -569,25 +563,10 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_weight_grad_wgmma_ke
       const int row = warp * 16 + lane / 4 + half * 8;
       if (row >= rows_valid) continue;
       float* line = c_tile + static_cast<int64_t>(row) * p.n;
-      // "Added to": loads of kAddBatch pairs in flight before their adds and stores (c is in L2
-      // by now, prefetched when the producer started the tile).
-      constexpr int kAddBatch = 8;
 #pragma unroll
-      for (int j0 = 0; j0 < kBlockN / 8; j0 += kAddBatch) {
-        float2 old[kAddBatch];
-#pragma unroll
-        for (int j = j0; j < j0 + kAddBatch; ++j) {
-          old[j - j0] = make_float2(0.0f, 0.0f);
-          if (kAdd && 8 * j < cols_valid) old[j - j0] = *reinterpret_cast<const float2*>(line + 8 * j);
-        }
-#pragma unroll
-        for (int j = j0; j < j0 + kAddBatch; ++j) {
-          if (8 * j >= cols_valid) continue;
-          float2 v = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-          if constexpr (kAdd) v = make_float2(old[j - j0].x + v.x, old[j - j0].y + v.y);
-          *reinterpret_cast<float2*>(line + 8 * j) = v;
-        }
-      }
+      for (int j = 0; j < kBlockN / 8; ++j)
+        if (8 * j < cols_valid)
+          *reinterpret_cast<float2*>(line + 8 * j) = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
     }
   }
 #endif
@@ -639,9 +618,8 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const WgmmaParam
   CUDA_CHECK_LAUNCH();
 }
 
-template <bool kAdd>
 void launch_weight_grad(const WeightGradParams& params, int64_t tiles, cudaStream_t stream) {
-  auto kernel = grouped_gemm_weight_grad_wgmma_kernel<kAdd>;
+  auto kernel = grouped_gemm_weight_grad_wgmma_kernel;
   static bool attribute_set = false;  // a host-side attribute, no sync
   if (!attribute_set) {
     allow_dynamic_shared_memory(kernel, kWeightGradSmemBytes, "grouped GEMM dW (wgmma)");
@@ -708,8 +686,8 @@ void rows_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk
   }
 }
 
-void weight_grad_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
-                       int num_groups, int m, int n, WeightGradOutput output, cudaStream_t stream) {
+void weight_grad_written_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
+                               int num_groups, int m, int n, cudaStream_t stream) {
   CHECK(mma_applies(a, b, c, m, n), "grouped GEMM dW (wgmma): m=", m, " and n=", n,
         " must be multiples of 8 and the operands 16-byte aligned");
   require_sm90a_kernels("grouped GEMM dW (wgmma)");
@@ -717,10 +695,7 @@ void weight_grad_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c,
                                 (n + kBlockN - 1) / kBlockN};
   const int64_t tiles = static_cast<int64_t>(num_groups) * params.m_tiles * params.n_tiles;
   CHECK(tiles < (int64_t{1} << 31), "grouped GEMM dW (wgmma): ", tiles, " tiles overflow 32-bit tile indices");
-  if (output == WeightGradOutput::added_to)
-    launch_weight_grad<true>(params, tiles, stream);
-  else
-    launch_weight_grad<false>(params, tiles, stream);
+  launch_weight_grad(params, tiles, stream);
 }
 
 }  // namespace deltamoe::grouped_gemm_detail
