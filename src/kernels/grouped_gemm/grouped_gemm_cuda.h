@@ -1,9 +1,9 @@
 // CUDA grouped products over device-side group offsets (no host synchronisation): bf16 operands,
 // fp32 accumulation on the tensor cores (where extents are multiples of 8 and operands 16-byte
 // aligned: wgmma on sm_90a for the row products (TMA-fed) and written dW (cp.async-fed), mma.sync
-// otherwise; else WMMA). The spec
-// is grouped_gemm.h. Own kernels rather than cublasGemmGroupedBatchedEx, which takes group sizes
-// on the host (a sync per layer to read the routing counts) and measured at 34-42% of dense.
+// otherwise; else WMMA). The spec is grouped_gemm.h. Own kernels rather than
+// cublasGemmGroupedBatchedEx, which takes group sizes on the host (a sync per layer to read the
+// routing counts) and measured at 34-42% of dense.
 #pragma once
 
 #include <cuda_bf16.h>
