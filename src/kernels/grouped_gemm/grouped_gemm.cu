@@ -332,8 +332,10 @@ void grouped_gemm_rows_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, bool
 }
 
 void grouped_gemm_weight_grad_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
-                                   int64_t num_groups, int64_t m, int64_t n, cudaStream_t stream) {
-  grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::automatic, a, b, c, offsets, num_groups, m, n, stream);
+                                   int64_t num_groups, int64_t m, int64_t n, WeightGradOutput output,
+                                   cudaStream_t stream) {
+  grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::automatic, a, b, c, offsets, num_groups, m, n, output,
+                                     stream);
 }
 
 void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b,
@@ -391,14 +393,24 @@ void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* 
 
 void grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b,
                                         float* c, const int32_t* offsets, int64_t num_groups, int64_t m, int64_t n,
-                                        cudaStream_t stream) {
+                                        WeightGradOutput output, cudaStream_t stream) {
   if (kernel == GroupedGemmKernel::wgmma) require_sm90a_kernels("grouped_gemm_weight_grad_cuda_with(wgmma)");
   CHECK(num_groups >= 1 && num_groups <= 65535, "grouped_gemm_weight_grad_cuda: group count ", num_groups,
         " must be in [1, 65535]");
   CHECK(m >= 1 && n >= 1, "grouped_gemm_weight_grad_cuda: sizes m=", m, " n=", n, " must be positive");
   CHECK(m < (int64_t{1} << 31) && n < (int64_t{1} << 31), "grouped_gemm_weight_grad_cuda: sizes m=", m, " n=", n,
         " too large for 32-bit indices");
-  if (kernel != GroupedGemmKernel::wmma && grouped_gemm_detail::mma_applies(a, b, c, m, n)) {
+  const bool mma_aligned = grouped_gemm_detail::mma_applies(a, b, c, m, n);
+  if ((kernel == GroupedGemmKernel::automatic || kernel == GroupedGemmKernel::wgmma) &&
+      output == WeightGradOutput::written && mma_aligned && grouped_gemm_detail::wgmma_available()) {
+    grouped_gemm_detail::weight_grad_written_wgmma(a, b, c, offsets, static_cast<int>(num_groups),
+                                                   static_cast<int>(m), static_cast<int>(n), stream);
+    return;
+  }
+  // The mma.sync and WMMA kernels only add: "written" is a zeroing pass, then the sum.
+  if (output == WeightGradOutput::written)
+    CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<size_t>(num_groups * m * n) * sizeof(float), stream));
+  if (kernel != GroupedGemmKernel::wmma && mma_aligned) {
     grouped_gemm_detail::weight_grad_mma(mma_tile(kernel, kWeightGradMmaTile), a, b, c, offsets,
                                          static_cast<int>(num_groups), static_cast<int>(m), static_cast<int>(n),
                                          stream);

@@ -1,8 +1,9 @@
 // CUDA grouped products over device-side group offsets (no host synchronisation): bf16 operands,
 // fp32 accumulation on the tensor cores (where extents are multiples of 8 and operands 16-byte
-// aligned: wgmma + TMA for the row products on sm_90a, mma.sync otherwise; else WMMA). The spec
-// is grouped_gemm.h. Own kernels rather than cublasGemmGroupedBatchedEx, which takes group sizes
-// on the host (a sync per layer to read the routing counts) and measured at 34-42% of dense.
+// aligned: wgmma on sm_90a for the row products (TMA-fed) and written dW (cp.async-fed), mma.sync
+// otherwise; else WMMA). The spec is grouped_gemm.h. Own kernels rather than
+// cublasGemmGroupedBatchedEx, which takes group sizes on the host (a sync per layer to read the
+// routing counts) and measured at 34-42% of dense.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -31,9 +32,16 @@ void grouped_gemm_rows_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, bool
                             const int32_t* offsets, int64_t num_groups, int64_t max_rows, int64_t n, int64_t k,
                             void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
-// The weight-gradient product of grouped_gemm.h: c [G, M, N] f32 added to; each element is
-// owned by one block (no atomics, deterministic); groups without rows leave c unchanged.
+// What the weight-gradient product does with c. added_to: c_g += a_g^T b_g, the reference's
+// contract (a parameter gradient collects every product into it); groups without rows leave c_g
+// unchanged. written: c_g = a_g^T b_g, zeros for groups without rows; c is not read, so the first
+// product into a gradient needs neither a zeroing pass nor the read of c (half of dW's f32 traffic).
+enum class WeightGradOutput { added_to, written };
+
+// The weight-gradient product of grouped_gemm.h: c [G, M, N] f32, added to or written (output);
+// each element is owned by one block (no atomics, deterministic).
 void grouped_gemm_weight_grad_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
-                                   int64_t num_groups, int64_t m, int64_t n, cudaStream_t stream);
+                                   int64_t num_groups, int64_t m, int64_t n, WeightGradOutput output,
+                                   cudaStream_t stream);
 
 }  // namespace deltamoe

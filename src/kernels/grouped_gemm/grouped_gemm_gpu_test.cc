@@ -1,13 +1,15 @@
 // GPU test of the grouped GEMM against its CPU reference, for every kernel this process may run
-// (wgmma, which sm_90a callers get for the row products, on the sm_90a kernel path only;
-// mma.sync, the sm_80 path and dW; the WMMA fallback):
-// row-grouped products (weights [N, K] and [K, N], bf16 and f32 outputs) and weight gradients, over
+// (wgmma, which sm_90a callers get, on the sm_90a kernel path only; mma.sync, the sm_80 path; the
+// WMMA fallback): row-grouped products (weights [N, K] and [K, N], bf16 and f32 outputs) and weight
+// gradients ("added to" and "written"), over
 // empty groups, single rows, odd sizes, K not a multiple of the k-step and the Qwen3.5-35B-A3B
 // expert widths; then timing side by side at 8192 tokens x 8 experts, and under three routings.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/device_buffer.h"
@@ -121,6 +123,9 @@ void check_rows(const GroupedShape& s, bool b_stored_nk, uint64_t seed) {
   }
 }
 
+// Both outputs against the reference: "added to" on top of random values, "written" over a
+// poisoned c (every element, empty groups' zeros included, must be stored) against the reference
+// summed onto zeros.
 void check_weight_grad(const GroupedShape& s, uint64_t seed) {
   const int64_t m = s.n, n = s.k;  // c_g [M, N]
   std::printf("weight-grad R=%lld G=%lld (empty %lld) M=%lld N=%lld\n", static_cast<long long>(s.rows),
@@ -132,17 +137,27 @@ void check_weight_grad(const GroupedShape& s, uint64_t seed) {
   HostTensor c_init = random_normal_tensor({s.groups, m, n}, seed + 3);
   HostTensor c_ref = random_normal_tensor({s.groups, m, n}, seed + 3);
   grouped_gemm_weight_grad_ref(a.as<float>(), b.as<float>(), c_ref.as<float>(), offsets.data(), s.groups, m, n);
+  HostTensor c_ref_written(DType::f32, {s.groups, m, n});
+  std::fill(c_ref_written.as<float>(), c_ref_written.as<float>() + c_ref_written.numel(), 0.0f);
+  grouped_gemm_weight_grad_ref(a.as<float>(), b.as<float>(), c_ref_written.as<float>(), offsets.data(), s.groups, m,
+                               n);
 
   DeviceTensor a_d = to_device(a, DType::bf16), b_d = to_device(b, DType::bf16), off_d = offsets_to_device(offsets);
   for (GroupedGemmKernel kernel : kernels_here()) {
-    DeviceTensor c_d = to_device(c_init, DType::f32);
-    grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), static_cast<float*>(c_d.view.data),
-                                       static_cast<const int32_t*>(off_d.view.data), s.groups, m, n, nullptr);
-    device_synchronize();
-    const std::string name = std::string("c (f32, added to) [") + kernel_name(kernel) + "]";
-    CompareResult r = compare_tensors(name, to_host(c_d.view), c_ref);
-    EXPECT_TRUE(r.all_finite);
-    EXPECT_LE(r.rel_l2, 1e-4);
+    for (WeightGradOutput output : {WeightGradOutput::added_to, WeightGradOutput::written}) {
+      const bool added = output == WeightGradOutput::added_to;
+      DeviceTensor c_d = to_device(c_init, DType::f32);
+      if (!added) device_fill_bytes(c_d.view, 0xFF);
+      grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), static_cast<float*>(c_d.view.data),
+                                         static_cast<const int32_t*>(off_d.view.data), s.groups, m, n, output,
+                                         nullptr);
+      device_synchronize();
+      const std::string name =
+          std::string(added ? "c (f32, added to) [" : "c (f32, written) [") + kernel_name(kernel) + "]";
+      CompareResult r = compare_tensors(name, to_host(c_d.view), added ? c_ref : c_ref_written);
+      EXPECT_TRUE(r.all_finite);
+      EXPECT_LE(r.rel_l2, 1e-4);
+    }
   }
 }
 
@@ -215,7 +230,7 @@ TEST(GroupedGemmGpu, WgmmaFollowsTheKernelPath) {
   EXPECT_THROW(grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::wgmma, bf16_ptr(a_d), bf16_ptr(a_d),
                                                   static_cast<float*>(dw_d.view.data),
                                                   static_cast<const int32_t*>(off_d.view.data), s.groups, s.k, s.k,
-                                                  nullptr),
+                                                  WeightGradOutput::added_to, nullptr),
                Error);
   device_synchronize();
 }
@@ -277,7 +292,8 @@ TEST(GroupedGemmGpu, BadSizesAreRefused) {
   EXPECT_THROW(grouped_gemm_rows_cuda(nullptr, nullptr, true, nullptr, DType::bf16, nullptr, 8, 8, 8, 8,
                                       workspace.data(), 4, nullptr),
                Error);
-  EXPECT_THROW(grouped_gemm_weight_grad_cuda(nullptr, nullptr, nullptr, nullptr, 4, 0, 8, nullptr), Error);
+  EXPECT_THROW(grouped_gemm_weight_grad_cuda(nullptr, nullptr, nullptr, nullptr, 4, 0, 8, WeightGradOutput::written,
+                                             nullptr), Error);
 }
 
 // Qwen3.5-35B-A3B at 8192 tokens: R = 65536 routed rows over 256 experts (uniform random routing).
@@ -300,18 +316,29 @@ TEST(GroupedGemmGpu, Timing35B) {
   DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(experts));
   const double gu_flops = 2.0 * rows * (2 * inter) * hidden, down_flops = 2.0 * rows * hidden * inter;
   // Row products timed with the mma.sync kernel (128x256, the sm_80 path) and, on the sm_90a
-  // path, the wgmma kernel (what sm_90a callers get), dW with both mma.sync block tiles (128x128 is what callers get), on
-  // adjacent lines.
+  // path, the wgmma kernel (what sm_90a callers get); dW with the mma.sync kernel (128x128: "added
+  // to" on both paths, "written" as zeroing + sum on the sm_80 path) and, on the sm_90a path, the
+  // wgmma kernel ("written"), on adjacent lines.
   std::vector<GroupedGemmKernel> row_kernels = {GroupedGemmKernel::mma_128x256};
   if (grouped_gemm_detail::wgmma_available()) row_kernels.push_back(GroupedGemmKernel::wgmma);
-  const std::vector<GroupedGemmKernel> dw_kernels = {GroupedGemmKernel::mma_128x128, GroupedGemmKernel::mma_128x256};
+  std::vector<std::pair<GroupedGemmKernel, WeightGradOutput>> dw_kernels = {
+      {GroupedGemmKernel::mma_128x128, WeightGradOutput::added_to},
+      {GroupedGemmKernel::mma_128x128, WeightGradOutput::written}};
+  if (grouped_gemm_detail::wgmma_available())
+    dw_kernels.push_back({GroupedGemmKernel::wgmma, WeightGradOutput::written});
   std::printf("kernel path: %s; wgmma kernel available here: %s\n", kernel_path().describe().c_str(),
               grouped_gemm_detail::wgmma_available() ? "yes" : "no");
   auto time_kernels = [&](const char* name, double flops, auto&& launch) {
-    const bool weight_grad = std::string(name).find("dW") != std::string::npos;
-    for (GroupedGemmKernel kernel : weight_grad ? dw_kernels : row_kernels) {
+    for (GroupedGemmKernel kernel : row_kernels) {
       const std::string label = std::string(name) + " [" + kernel_name(kernel) + "]";
       print_flop_timing(label.c_str(), median_ms([&](cudaStream_t s) { launch(kernel, s); }, nullptr), flops);
+    }
+  };
+  auto time_weight_grad = [&](const char* name, double flops, auto&& launch) {
+    for (const auto& [kernel, output] : dw_kernels) {
+      const std::string label = std::string(name) + (output == WeightGradOutput::added_to ? " f32+= [" : " f32= [") +
+                                kernel_name(kernel) + "]";
+      print_flop_timing(label.c_str(), median_ms([&](cudaStream_t s) { launch(kernel, output, s); }, nullptr), flops);
     }
   };
   std::printf(
@@ -335,26 +362,33 @@ TEST(GroupedGemmGpu, Timing35B) {
     grouped_gemm_rows_cuda_with(kernel, bf16_ptr(x), bf16_ptr(w_down), false, d_h.view.data, DType::f32, off, experts,
                                 rows, inter, hidden, workspace.data(), workspace.bytes(), s);
   });
-  // dW reads and rewrites the f32 gradient c [E, M, N] (2 x 4 bytes per element): a memory floor
-  // beside the FLOP floor (the bf16 operands add ~0.4 GB, mostly from L2).
+  // dW "added to" reads and rewrites the f32 gradient c [E, M, N] (2 x 4 bytes per element),
+  // "written" only writes it (4 bytes): memory floors beside the FLOP floor (the bf16 operands add
+  // ~0.4 GB, mostly from L2). The mma.sync kernel's "written" is a zeroing pass, then the sum.
   const double gu_dw_bytes = 8.0 * experts * 2 * inter * hidden, down_dw_bytes = 8.0 * experts * hidden * inter;
-  std::printf("  dW memory floor: gate_up %.2f GB -> %.3f ms, down %.2f GB -> %.3f ms at %.0f GB/s\n",
+  std::printf("  dW memory floor, added to: gate_up %.2f GB -> %.3f ms, down %.2f GB -> %.3f ms at %.0f GB/s; "
+              "written: half\n",
               gu_dw_bytes * 1e-9, gu_dw_bytes / (kMemoryGBpsCeiling * 1e9) * 1e3, down_dw_bytes * 1e-9,
               down_dw_bytes / (kMemoryGBpsCeiling * 1e9) * 1e3, kMemoryGBpsCeiling);
-  time_kernels("gate_up dW   [R,2I]^T[R,H] f32+=", gu_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
-    grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(h), bf16_ptr(x), static_cast<float*>(d_gu_w.view.data), off,
-                                       experts, 2 * inter, hidden, s);
-  });
-  time_kernels("down dW      [R,H]^T[R,I] f32+=", down_flops, [&](GroupedGemmKernel kernel, cudaStream_t s) {
-    grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(x), bf16_ptr(h), static_cast<float*>(d_down_w.view.data), off,
-                                       experts, hidden, inter, s);
-  });
+  time_weight_grad("gate_up dW   [R,2I]^T[R,H]", gu_flops,
+                   [&](GroupedGemmKernel kernel, WeightGradOutput output, cudaStream_t s) {
+                     grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(h), bf16_ptr(x),
+                                                        static_cast<float*>(d_gu_w.view.data), off, experts, 2 * inter,
+                                                        hidden, output, s);
+                   });
+  time_weight_grad("down dW      [R,H]^T[R,I]", down_flops,
+                   [&](GroupedGemmKernel kernel, WeightGradOutput output, cudaStream_t s) {
+                     grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(x), bf16_ptr(h),
+                                                        static_cast<float*>(d_down_w.view.data), off, experts, hidden,
+                                                        inter, output, s);
+                   });
   device_synchronize();
 }
 
-// The row products that callers get (automatic), at the 35B widths under three routings of the
-// 65,536 rows: uniformly random over 256 experts (as Timing35B), balanced (256 rows each: no
-// partial tiles) and 8 experts of 8,192 rows (weights reused 64 times: the compute-bound rate).
+// The row products and weight gradients that callers get (automatic), at the 35B widths under
+// three routings of the 65,536 rows: uniformly random over 256 experts (as Timing35B), balanced
+// (256 rows each: no partial tiles) and 8 experts of 8,192 rows (weights reused 64 times: the
+// compute-bound rate).
 TEST(GroupedGemmGpu, Timing35BRouting) {
   const int64_t rows = 8192 * 8, hidden = 2048, inter = 512;
   DeviceTensor x = to_device(pattern_tensor({rows, hidden}, 1, 1.0f), DType::bf16);
@@ -365,6 +399,10 @@ TEST(GroupedGemmGpu, Timing35BRouting) {
   DeviceTensor gu = device_tensor(DType::bf16, {rows, 2 * inter});
   DeviceTensor y = device_tensor(DType::bf16, {rows, hidden});
   DeviceTensor d_h = device_tensor(DType::f32, {rows, inter});
+  DeviceTensor d_gu_w = device_tensor(DType::f32, {256, 2 * inter, hidden});
+  DeviceTensor d_down_w = device_tensor(DType::f32, {256, hidden, inter});
+  device_fill_bytes(d_gu_w.view, 0);
+  device_fill_bytes(d_down_w.view, 0);
   DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(256));
   const double gu_flops = 2.0 * rows * (2 * inter) * hidden, down_flops = 2.0 * rows * hidden * inter;
   struct Routing {
@@ -400,6 +438,17 @@ TEST(GroupedGemmGpu, Timing35BRouting) {
       grouped_gemm_rows_cuda(bf16_ptr(x), bf16_ptr(w_down), false, d_h.view.data, DType::f32, off, experts, rows,
                              inter, hidden, workspace.data(), workspace.bytes(), s);
     });
+    for (WeightGradOutput output : {WeightGradOutput::added_to, WeightGradOutput::written}) {
+      const bool added = output == WeightGradOutput::added_to;
+      time(added ? "gate_up dW f32+=" : "gate_up dW f32=", gu_flops, [&](cudaStream_t s) {
+        grouped_gemm_weight_grad_cuda(bf16_ptr(h), bf16_ptr(x), static_cast<float*>(d_gu_w.view.data), off, experts,
+                                      2 * inter, hidden, output, s);
+      });
+      time(added ? "down dW f32+=" : "down dW f32=", down_flops, [&](cudaStream_t s) {
+        grouped_gemm_weight_grad_cuda(bf16_ptr(x), bf16_ptr(h_i), static_cast<float*>(d_down_w.view.data), off,
+                                      experts, hidden, inter, output, s);
+      });
+    }
   }
   device_synchronize();
 }

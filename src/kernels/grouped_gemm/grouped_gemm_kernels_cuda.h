@@ -1,5 +1,5 @@
 // The grouped GEMM's kernel families behind grouped_gemm_cuda.h: the Hopper wgmma + TMA kernel
-// (grouped_gemm_wgmma.cu, row products on sm_90a), the portable mma.sync kernel
+// (grouped_gemm_wgmma.cu, row products and written dW on sm_90a), the portable mma.sync kernel
 // (grouped_gemm_mma.cu, taken where its alignment rules hold) and the WMMA kernel
 // (grouped_gemm.cu, any shape). Tests and benchmarks pick one explicitly; callers use the public header.
 #pragma once
@@ -11,15 +11,18 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/grouped_gemm/grouped_gemm_cuda.h"
 
 namespace deltamoe {
 
-// automatic: for row products where the sm_90a kernels may run (kernels/common/kernel_path_cuda.h:
-// an sm_90 GPU running sm_90a code), the wgmma kernel where the mma.sync alignment rules hold;
-// otherwise the mma.sync kernel where they hold, with the block tile chosen in grouped_gemm.cu per
-// product kind, else WMMA. wmma: always the WMMA kernel (the fallback). mma_128x128 / mma_128x256:
-// the mma.sync kernel (the sm_80 path) with that block tile where it applies, else WMMA. wgmma: as
-// automatic (dW has no wgmma kernel yet) on the sm_90a path, an error on the sm_80 path.
+// automatic: where the sm_90a kernels may run (kernels/common/kernel_path_cuda.h: an sm_90 GPU
+// running sm_90a code), the wgmma kernels (row products; dW written) where the mma.sync alignment
+// rules hold; otherwise the mma.sync kernel where they hold, with the block tile chosen in
+// grouped_gemm.cu per product kind, else WMMA. wmma: always the WMMA kernel (the fallback).
+// mma_128x128 / mma_128x256: the mma.sync kernel (the sm_80 path) with that block tile where it
+// applies, else WMMA. wgmma: as automatic on the sm_90a path, an error on the sm_80 path.
+// dW "added to" runs on mma.sync on both paths; the kernels without a "written" epilogue
+// (mma.sync, WMMA) write by zeroing c first and then adding to it.
 enum class GroupedGemmKernel { automatic, wmma, mma_128x128, mma_128x256, wgmma };
 
 // grouped_gemm_rows_cuda / grouped_gemm_weight_grad_cuda with the kernel chosen by the caller.
@@ -29,7 +32,7 @@ void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* 
                                  cudaStream_t stream);
 void grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b,
                                         float* c, const int32_t* offsets, int64_t num_groups, int64_t m, int64_t n,
-                                        cudaStream_t stream);
+                                        WeightGradOutput output, cudaStream_t stream);
 
 namespace grouped_gemm_detail {
 
@@ -62,6 +65,10 @@ bool wgmma_available();
 void rows_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk, void* c, DType c_dtype,
                 const int32_t* offsets, const int32_t* tile_starts, int num_groups, int64_t max_rows, int n, int k,
                 cudaStream_t stream);
+
+// Weight-gradient product, c written, with the wgmma kernel (needs wgmma_available() and mma_applies).
+void weight_grad_written_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
+                               int num_groups, int m, int n, cudaStream_t stream);
 
 }  // namespace grouped_gemm_detail
 }  // namespace deltamoe

@@ -4,7 +4,9 @@
 // issue the products; full / empty mbarriers hand stages between them; bf16 results leave through a
 // swizzled shared staging tile as 16-byte stores. Persistent blocks walk the device-side tile list
 // (group, m-tile, n-tile) built as for the mma.sync kernel (grouped_gemm_mma.cu, the portable path
-// this one replaces on sm_90a). Only the row products (forward, dX) run here; dW stays on mma.sync.
+// this one replaces on sm_90a). The "written" weight gradients (dW) run on a sibling kernel with
+// the same ring and consumers, whose operands arrive by cp.async so that each group's last k-block
+// stops exactly at its last row.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -135,8 +137,9 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[128]) {
 }
 
 // D (64 x 256, f32, the warpgroup's fragment) = A (64 x 16) * B (16 x 256) + (scale_d ? D : 0).
-// A k-major; B k-major (kTransB 0: weights [N, K]) or n-major (kTransB 1: weights [K, N]).
-template <int kTransB>
+// A k-major (kTransA 0: rows [R, K]) or m-major (kTransA 1: dW's [K, M] rows); B k-major (kTransB 0:
+// weights [N, K]) or n-major (kTransB 1: weights [K, N], dW's [K, N] rows).
+template <int kTransA, int kTransB>
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
                                                  int scale_d) {
   asm volatile(
@@ -153,7 +156,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p, 1, 1, 0, %131;\n"
+      "}, %128, %129, p, 1, 1, %131, %132;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -171,7 +174,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
 }
 
 // One tile of the list: its group, first row and column, and how many of its 128 rows are the group's.
@@ -260,6 +263,25 @@ __device__ __forceinline__ void store_fragment_staged(const float (&d)[128], nvb
   }
 }
 
+// dW operands arrive by cp.async (16-byte chunks, zero-filled past the group's last row or the
+// matrix's last column): TMA boxes would cross into the next group's rows, which no tensor map can
+// mask per group. Both operands are k-outer ([K, M] and [K, N] rows), so a stage holds 64-column
+// boxes of 64 k lines (8 KiB each) in the 128-byte swizzle that TMA would have written: chunk c of
+// line l at l * 128 + (c ^ (l % 8)) * 16.
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+// Arrives on the barrier once this thread's earlier cp.async copies have landed (counted in the
+// barrier's initial count: .noinc).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Makes the stage's cp.async writes (generic proxy) visible to the products (async proxy).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 #endif  // sm_90a
 
 // A [R, K] k-major through map_a (2D: K, rows); B_g [N, K] (kBKMajor, 3D map: K, N, G) or [K, N]
@@ -346,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint64_t desc_a = smem_desc(a_stage + kk * 32, 16, 1024);
           const uint64_t desc_b = kBKMajor ? smem_desc(b_stage + kk * 32, 16, 1024)
                                            : smem_desc(b_stage + kk * 16 * 128, kBoxBytesKN, 1024);
-          wgmma_m64n256k16<kBKMajor ? 0 : 1>(acc, desc_a, desc_b, (kb > 0 || kk > 0) ? 1 : 0);
+          wgmma_m64n256k16<0, kBKMajor ? 0 : 1>(acc, desc_a, desc_b, (kb > 0 || kk > 0) ? 1 : 0);
         }
         wgmma_commit();
         // The previous k-block's products are done: its stage may be refilled.
@@ -366,6 +388,185 @@ __global__ void __launch_bounds__(kThreads, 1)
                               static_cast<int>(threadIdx.x) % 128);
       else
         store_fragment<kEpilogue>(acc, p.c, p.n, t, consumer * kConsumerRows + warp * 16 + lane / 4, p.n, lane);
+    }
+  }
+#endif
+}
+
+// dW written: c_g [M, N] = a_g^T b_g over group g's rows, a [R, M] and b [R, N] both k-outer (K =
+// the group's rows). Block tile 128 (m) x 256 (n): consumer warpgroup w takes m rows 64w .. 64w + 63,
+// with A as the m-major operand (wgmma's transposed A) and B n-major. Tiles are numbered group by
+// group, m-tile major: the ~132 tiles in flight cover about two groups, whose rows sit in L2.
+// "Added to" stays on the mma.sync kernel: with c read in the epilogue this kernel measured 4-7%
+// slower than it (grouped_gemm_notes.md).
+struct WeightGradParams {
+  const nvbf16* a;
+  const nvbf16* b;
+  float* c;
+  const int32_t* offsets;
+  int num_groups, m, n;
+  int m_tiles, n_tiles;  // ceil(m / kBlockM), ceil(n / kBlockN)
+};
+
+constexpr int kWeightGradBox = 64 * kBlockK * 2;  // 64 columns x 64 k lines of bf16: 8 KiB
+constexpr int kWeightGradSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
+constexpr int kProducerThreads = 128;
+static_assert(kBlockM / 64 * kWeightGradBox == kStageBytesA && kBlockN / 64 * kWeightGradBox == kStageBytesB,
+              "dW stages are whole 64-column boxes");
+static_assert(kBlockM * kBlockK / 8 == 8 * kProducerThreads && kBlockN * kBlockK / 8 == 16 * kProducerThreads,
+              "each producer thread copies 8 chunks of A and 16 of B per stage");
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+struct WeightGradTile {
+  int g, m0, n0, r0, k_extent, k_blocks;
+};
+
+__device__ __forceinline__ WeightGradTile weight_grad_tile(const WeightGradParams& p, int tile) {
+  const int per_group = p.m_tiles * p.n_tiles;
+  WeightGradTile t;
+  t.g = tile / per_group;
+  const int local = tile - t.g * per_group;
+  const int m_index = local / p.n_tiles;
+  t.m0 = m_index * kBlockM;
+  t.n0 = (local - m_index * p.n_tiles) * kBlockN;
+  t.r0 = p.offsets[t.g];
+  t.k_extent = p.offsets[t.g + 1] - t.r0;
+  t.k_blocks = (t.k_extent + kBlockK - 1) / kBlockK;
+  return t;
+}
+
+#endif  // sm_90a
+
+__global__ void __launch_bounds__(kThreads, 1) grouped_gemm_weight_grad_wgmma_kernel(const WeightGradParams p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t ring = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t full_bars = ring + kStages * kStageBytes;  // stage filled (every producer thread's copies)
+  const uint32_t empty_bars = full_bars + kStages * 8;      // stage consumed (every consumer warp)
+  const int warpgroup = warp_uniform(static_cast<int>(threadIdx.x) / 128);
+  const int warp = (static_cast<int>(threadIdx.x) % 128) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_bars + 8 * s, kProducerThreads);
+      mbar_init(empty_bars + 8 * s, kConsumers * 4);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  const int total_tiles = p.num_groups * p.m_tiles * p.n_tiles;
+  if (warpgroup == 0) {
+    // Producer: every thread copies its share of each stage and arrives when its copies land (56
+    // registers: its address arithmetic spills at 40; 128 x 56 + 256 x 224 fit the 64 Ki file).
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+    const int t = static_cast<int>(threadIdx.x);
+    // A: thread t copies chunk t % 16 of k lines t / 16 + 8j (the 128 m columns are 16 chunks, two
+    // boxes); B: chunk t % 32 of k lines t / 32 + 4j (256 n columns, four boxes).
+    const int a_line = t / 16, a_col = (t % 16) * 8, b_line = t / 32, b_col = (t % 32) * 8;
+    const uint32_t a_dst = (a_col / 64) * kWeightGradBox + a_line * 128 + (((a_col / 8) % 8) ^ (a_line % 8)) * 16;
+    const uint32_t b_box = (b_col / 64) * kWeightGradBox;
+    const int b_chunk = (b_col / 8) % 8;
+    int it = 0;  // k-blocks issued so far: stage it % kStages, its (it / kStages)-th use
+    for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles; tile += static_cast<int>(gridDim.x)) {
+      const WeightGradTile w = weight_grad_tile(p, tile);
+      const bool a_col_ok = w.m0 + a_col < p.m, b_col_ok = w.n0 + b_col < p.n;
+      const nvbf16* a_src = p.a + static_cast<int64_t>(w.r0) * p.m + w.m0 + a_col;
+      const nvbf16* b_src = p.b + static_cast<int64_t>(w.r0) * p.n + w.n0 + b_col;
+      for (int kb = 0; kb < w.k_blocks; ++kb, ++it) {
+        const int s = it % kStages;
+        mbar_wait(empty_bars + 8 * s, ((it / kStages) & 1) ^ 1);
+        const uint32_t a_stage = ring + s * kStageBytes, b_stage = a_stage + kStageBytesA;
+        const int k0 = kb * kBlockK;
+        // Lines past the group's last row (the next group's rows, or past the end) are zero-filled.
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int k = k0 + a_line + 8 * j;
+          const bool ok = a_col_ok && k < w.k_extent;
+          cp_async_16_zfill(a_stage + a_dst + j * 1024, ok ? a_src + static_cast<int64_t>(k) * p.m : p.a, ok);
+        }
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int line = b_line + 4 * j, k = k0 + line;
+          const bool ok = b_col_ok && k < w.k_extent;
+          cp_async_16_zfill(b_stage + b_box + line * 128 + ((b_chunk ^ (line % 8)) * 16),
+                            ok ? b_src + static_cast<int64_t>(k) * p.n : p.b, ok);
+        }
+        cp_async_arrive_noinc(full_bars + 8 * s);
+      }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+  const int consumer = warpgroup - 1;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  int it = 0;
+  for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles; tile += static_cast<int>(gridDim.x)) {
+    const WeightGradTile w = weight_grad_tile(p, tile);
+    const int row_base = w.m0 + consumer * 64;
+    const bool active = warp_uniform(row_base < p.m);
+    // Thread (warp, lane) holds rows 16 warp + lane / 4 and + 8, columns 8j + 2 (lane % 4) and + 1:
+    // a quad covers 32 contiguous bytes of a row.
+    const int rows_valid = p.m - row_base, cols_valid = p.n - w.n0;
+    float* c_tile = p.c + (static_cast<int64_t>(w.g) * p.m + row_base) * p.n + w.n0 + 2 * (lane % 4);
+    if (w.k_blocks == 0) {
+      // A group without rows: zeros.
+      if (active) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = warp * 16 + lane / 4 + half * 8;
+          if (row >= rows_valid) continue;
+#pragma unroll 4
+          for (int j = 0; j < kBlockN / 8; ++j)
+            if (8 * j < cols_valid)
+              *reinterpret_cast<float2*>(c_tile + static_cast<int64_t>(row) * p.n + 8 * j) = make_float2(0.0f, 0.0f);
+        }
+      }
+      continue;
+    }
+    int previous_stage = 0;
+    for (int kb = 0; kb < w.k_blocks; ++kb, ++it) {
+      const int s = it % kStages;
+      mbar_wait(full_bars + 8 * s, (it / kStages) & 1);
+      if (active) {
+        fence_proxy_async_shared();
+        const uint32_t a_box = ring + s * kStageBytes + consumer * kWeightGradBox;
+        const uint32_t b_stage = ring + s * kStageBytes + kStageBytesA;
+        fence_accumulators(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockK / 16; ++kk) {
+          // Both operands n-/m-major: the next 16 k are 16 lines further (2048 bytes), 64-column
+          // boxes kWeightGradBox apart, 8-line groups 1024.
+          const uint64_t desc_a = smem_desc(a_box + kk * 2048, kWeightGradBox, 1024);
+          const uint64_t desc_b = smem_desc(b_stage + kk * 2048, kWeightGradBox, 1024);
+          wgmma_m64n256k16<1, 1>(acc, desc_a, desc_b, (kb > 0 || kk > 0) ? 1 : 0);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_accumulators(acc);
+      }
+      if (kb > 0 && lane == 0) mbar_arrive(empty_bars + 8 * previous_stage);
+      previous_stage = s;
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    if (lane == 0) mbar_arrive(empty_bars + 8 * previous_stage);
+    if (!active) continue;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp * 16 + lane / 4 + half * 8;
+      if (row >= rows_valid) continue;
+      float* line = c_tile + static_cast<int64_t>(row) * p.n;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j)
+        if (8 * j < cols_valid)
+          *reinterpret_cast<float2*>(line + 8 * j) = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
     }
   }
 #endif
@@ -414,6 +615,21 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const WgmmaParam
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(max_tiles, sms)));
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, params);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_weight_grad(const WeightGradParams& params, int64_t tiles, cudaStream_t stream) {
+  auto kernel = grouped_gemm_weight_grad_wgmma_kernel;
+  static bool attribute_set = false;  // a host-side attribute, no sync
+  if (!attribute_set) {
+    allow_dynamic_shared_memory(kernel, kWeightGradSmemBytes, "grouped GEMM dW (wgmma)");
+    attribute_set = true;
+  }
+  int device = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, sms)));
+  kernel<<<grid, kThreads, kWeightGradSmemBytes, stream>>>(params);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -468,6 +684,18 @@ void rows_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk
     else
       launch<false, kStoreF32>(map_a, map_b, params, max_tiles, stream);
   }
+}
+
+void weight_grad_written_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
+                               int num_groups, int m, int n, cudaStream_t stream) {
+  CHECK(mma_applies(a, b, c, m, n), "grouped GEMM dW (wgmma): m=", m, " and n=", n,
+        " must be multiples of 8 and the operands 16-byte aligned");
+  require_sm90a_kernels("grouped GEMM dW (wgmma)");
+  const WeightGradParams params{a, b, c, offsets, num_groups, m, n, (m + kBlockM - 1) / kBlockM,
+                                (n + kBlockN - 1) / kBlockN};
+  const int64_t tiles = static_cast<int64_t>(num_groups) * params.m_tiles * params.n_tiles;
+  CHECK(tiles < (int64_t{1} << 31), "grouped GEMM dW (wgmma): ", tiles, " tiles overflow 32-bit tile indices");
+  launch_weight_grad(params, tiles, stream);
 }
 
 }  // namespace deltamoe::grouped_gemm_detail

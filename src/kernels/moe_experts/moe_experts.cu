@@ -252,8 +252,11 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
   nvbf16* d_gu = gu;
   // d_down[e] += (dy_e)^T (w h)_e ; d_gate_up[e] += d_gu_e^T x_e.
   // Frozen experts (null gradients) skip their weight products.
-  if (d_down != nullptr) grouped_gemm_weight_grad_cuda(dyp, hw, d_down, plan.expert_offsets, E, C, I, stream);
-  if (d_gate_up != nullptr) grouped_gemm_weight_grad_cuda(d_gu, xp, d_gate_up, plan.expert_offsets, E, 2 * I, C, stream);
+  if (d_down != nullptr)
+    grouped_gemm_weight_grad_cuda(dyp, hw, d_down, plan.expert_offsets, E, C, I, WeightGradOutput::added_to, stream);
+  if (d_gate_up != nullptr)
+    grouped_gemm_weight_grad_cuda(d_gu, xp, d_gate_up, plan.expert_offsets, E, 2 * I, C, WeightGradOutput::added_to,
+                                  stream);
   if (down_lora && lora->down.grad_a != nullptr) {
     // dA, dB of the down adapter from dY and the weighted activations (as d_down above).
     lora_experts_backward_cuda(hw, dyp, lora->down, plan.expert_offsets, nullptr, DType::f32,
