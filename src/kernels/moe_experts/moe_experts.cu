@@ -205,18 +205,11 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
                                const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
                                const __nv_bfloat16* dy, __nv_bfloat16* dx, float* d_topk_weight, float* d_gate_up,
                                float* d_down, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                               const MoeExpertsLora* lora, WeightGradOutput expert_grads) {
+                               const MoeExpertsLora* lora) {
   check_dims(dims, "moe_experts_backward_cuda");
   const bool gate_up_lora = lora != nullptr && lora->gate_up.attached();
   const bool down_lora = lora != nullptr && lora->down.attached();
-  if (dims.num_tokens == 0) {
-    if (expert_grads == WeightGradOutput::written) {  // no rows: the written gradient is zero
-      const size_t elements = static_cast<size_t>(dims.num_experts * dims.intermediate * dims.hidden);
-      if (d_down != nullptr) CUDA_CHECK(cudaMemsetAsync(d_down, 0, elements * sizeof(float), stream));
-      if (d_gate_up != nullptr) CUDA_CHECK(cudaMemsetAsync(d_gate_up, 0, 2 * elements * sizeof(float), stream));
-    }
-    return;
-  }
+  if (dims.num_tokens == 0) return;
   const int64_t rows = dims.num_tokens * dims.top_k, C = dims.hidden, I = dims.intermediate, E = dims.num_experts;
   WorkspaceCarver carve(workspace, workspace_bytes);
   const size_t tile_bytes = grouped_gemm_rows_workspace_bytes(E);
@@ -257,12 +250,13 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
                                                                                 d_topk_weight, hw, rows, I);
   CUDA_CHECK_LAUNCH();
   nvbf16* d_gu = gu;
-  // d_down[e] (+)= (dy_e)^T (w h)_e ; d_gate_up[e] (+)= d_gu_e^T x_e (added to, or written).
+  // d_down[e] += (dy_e)^T (w h)_e ; d_gate_up[e] += d_gu_e^T x_e.
   // Frozen experts (null gradients) skip their weight products.
   if (d_down != nullptr)
-    grouped_gemm_weight_grad_cuda(dyp, hw, d_down, plan.expert_offsets, E, C, I, expert_grads, stream);
+    grouped_gemm_weight_grad_cuda(dyp, hw, d_down, plan.expert_offsets, E, C, I, WeightGradOutput::added_to, stream);
   if (d_gate_up != nullptr)
-    grouped_gemm_weight_grad_cuda(d_gu, xp, d_gate_up, plan.expert_offsets, E, 2 * I, C, expert_grads, stream);
+    grouped_gemm_weight_grad_cuda(d_gu, xp, d_gate_up, plan.expert_offsets, E, 2 * I, C, WeightGradOutput::added_to,
+                                  stream);
   if (down_lora && lora->down.grad_a != nullptr) {
     // dA, dB of the down adapter from dY and the weighted activations (as d_down above).
     lora_experts_backward_cuda(hw, dyp, lora->down, plan.expert_offsets, nullptr, DType::f32,
