@@ -14,6 +14,8 @@ import sys
 
 import torch
 
+from cuda_event_timing import median_ms
+
 sys.path.insert(0, os.path.abspath(os.environ.get("FLA_SRC", ".anchors_src")))
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # noqa: E402
 import fla.ops.common.chunk_o as fla_chunk_o  # noqa: E402
@@ -21,22 +23,6 @@ import fla.ops.common.chunk_o as fla_chunk_o  # noqa: E402
 # FLA refuses Triton < 3.7.1 on Hopper for its gated dq/dk/dg backward kernel (its issue 640: wrong
 # results there). For a timing anchor the guard is lifted; these are timings, not a correctness claim.
 fla_chunk_o.TRITON_ABOVE_3_7_1 = True
-
-
-def time_ms(fn, iters=20, warmup=5):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def kernel_ms(fn, iters=5):
@@ -78,8 +64,8 @@ def main():
         for t in (q, k, v, g, beta):
             t.grad = None
 
-    fwd = time_ms(forward)
-    fwd_bwd = time_ms(forward_backward)
+    fwd = median_ms(forward)
+    fwd_bwd = median_ms(forward_backward)
     try:
         kernels = {"kernel_forward_ms": round(kernel_ms(forward), 4),
                    "kernel_forward_backward_ms": round(kernel_ms(forward_backward), 4)}

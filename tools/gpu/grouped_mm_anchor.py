@@ -8,22 +8,9 @@ dW_e = dY_e^T X_e as grouped_gemm_weight_grad_cuda, written; in bf16, and in f32
 takes out_dtype), with the floor beside each dW (FLOPs at 790 TFLOP/s, output bytes at 4 TB/s)."""
 import torch
 
+from cuda_event_timing import median_ms
+
 E, H, I, ROWS = 256, 2048, 512, 8192 * 8
-
-
-def median_ms(fn, warmup=5, repeats=20):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def main():

@@ -11,6 +11,8 @@ import sys
 
 import torch
 
+from cuda_event_timing import median_ms
+
 # The batches gpu_vision_model_gpu_test times: (t, h, w) patch grids per image.
 BATCHES = {
     "8 x 448^2": [(1, 28, 28)] * 8,
@@ -43,22 +45,6 @@ def tower_flops(cfg, grids):
     return N, M, fwd, bwd
 
 
-def median_ms(fn, iters=7, warmup=2):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
-
-
 def main():
     import transformers
     from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeVisionModel
@@ -89,8 +75,9 @@ def main():
             model.zero_grad(set_to_none=True)
             forward().backward(grad)
 
-        fwd_ms = median_ms(lambda: forward())  # with autograd's graph kept, as in training
-        both_ms = median_ms(fwd_bwd)
+        # The forward with autograd's graph kept, as in training.
+        fwd_ms = median_ms(lambda: forward(), iters=7, warmup=2)
+        both_ms = median_ms(fwd_bwd, iters=7, warmup=2)
         row = {"batch": name, "patches": N, "merged": M, "params": params, "fwd_ms": round(fwd_ms, 2),
                "fwd_bwd_ms": round(both_ms, 2), "fwd_tflops": round(fwd_flops / fwd_ms / 1e9, 1),
                "fwd_bwd_tflops": round((fwd_flops + bwd_flops) / both_ms / 1e9, 1),
