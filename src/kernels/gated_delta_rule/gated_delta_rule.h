@@ -62,6 +62,34 @@ void gated_delta_rule_chunked_forward_ref(const GatedDeltaRuleShape& shape, S sc
                                           const S* initial_state, S* o, S* final_state,
                                           int chunk_size = kGatedDeltaRuleChunkSize);
 
+// Intermediates of the chunked form that the overloads below round to bf16 (round to nearest
+// even) where a GPU kernel would store them or feed them to a bf16 tensor-core product, to
+// measure what bf16 operands cost (gated_delta_rule_precision_test). Everything else, the
+// accumulations and the running states included, stays in S. All false: the plain chunked form,
+// bit for bit. Per chunk, rows i, j are its tokens, gamma the cumulative log decay inside it.
+struct GdnBf16Intermediates {
+  bool a = false;        // A = (I + L)^-1 once inverted (backward products) and the coefficients
+                         // A diag(beta e^gamma), A diag(beta) of W and U
+  bool w = false;        // W (in V_new = U - W H and in the dH update)
+  bool u = false;        // U (stored, becomes V_new)
+  bool v_new = false;    // V_new (state update, intra output, G = dO V_new^T, dk = V_new dH)
+  bool p = false;        // P_ij = (scale q_i . k_j) e^(gamma_i - gamma_j) in P V_new and P^T dO
+  bool h = false;        // the state entering each chunk as an operand (a bf16 snapshot: the
+                         // running state of the scan stays in S)
+  bool q_gated = false;  // e^gamma_i scale q_i in the dH update
+  bool dh = false;       // dL/d(state leaving a chunk) as an operand (same: a snapshot)
+  bool dv_new = false;   // dV_new (dH update, dW, dA, dv)
+  bool local_grads = false;  // the chunk-local gradient operands: dW, dA, dA A^T, G_ij e^(gamma_i
+                             // - gamma_j) (dq, dk intra terms) and dL_ij beta_i e^(..) (dk)
+};
+
+template <typename S>
+void gated_delta_rule_chunked_forward_ref(const GatedDeltaRuleShape& shape, S scale, const S* q,
+                                          const S* k, const S* v, const S* g, const S* beta,
+                                          const S* initial_state, S* o, S* final_state,
+                                          const GdnBf16Intermediates& bf16,
+                                          int chunk_size = kGatedDeltaRuleChunkSize);
+
 // Chunked backward as a GPU kernel would do it: recompute the per-chunk WY quantities and the
 // chunk-entry states (ceil(len / chunk_size) * Dk * Dv scratch per head, like FLA's h), then a
 // reverse scan over chunks carrying d(state) and computing every gradient chunk-locally.
@@ -71,6 +99,14 @@ void gated_delta_rule_chunked_backward_ref(const GatedDeltaRuleShape& shape, S s
                                            const S* initial_state, const S* d_o,
                                            const S* d_final_state, S* dq, S* dk, S* dv, S* dg,
                                            S* dbeta, S* d_initial_state,
+                                           int chunk_size = kGatedDeltaRuleChunkSize);
+template <typename S>
+void gated_delta_rule_chunked_backward_ref(const GatedDeltaRuleShape& shape, S scale, const S* q,
+                                           const S* k, const S* v, const S* g, const S* beta,
+                                           const S* initial_state, const S* d_o,
+                                           const S* d_final_state, S* dq, S* dk, S* dv, S* dg,
+                                           S* dbeta, S* d_initial_state,
+                                           const GdnBf16Intermediates& bf16,
                                            int chunk_size = kGatedDeltaRuleChunkSize);
 
 }  // namespace deltamoe

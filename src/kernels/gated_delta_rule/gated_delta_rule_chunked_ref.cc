@@ -1,10 +1,13 @@
 // CPU reference of the chunked (WY/UT) gated delta rule, forward and a true chunked backward:
 // per chunk the UT transform A = (I + L)^-1, W = A diag(beta e^gamma) K, U = A diag(beta) V,
-// V_new = U - W H; then a forward scan of chunk states H and a reverse scan of dH.
+// V_new = U - W H; then a forward scan of chunk states H and a reverse scan of dH. Optionally
+// rounds chosen intermediates to bf16 where a kernel would hold them as bf16 operands
+// (GdnBf16Intermediates); with none chosen every operation is the plain fp32/fp64 one.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/gated_delta_rule/gated_delta_rule.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_ref_util.h"
 
@@ -24,8 +27,9 @@ struct HeadInputs {
 // tokens once and reused (no allocation per chunk). Row i is the chunk's i-th token.
 template <typename S>
 struct ChunkWork {
-  ChunkWork(int chunk_size, int key_dim, int value_dim)
-      : dk(key_dim),
+  ChunkWork(int chunk_size, int key_dim, int value_dim, const GdnBf16Intermediates& rounding)
+      : bf16(rounding),
+        dk(key_dim),
         dv(value_dim),
         cap(chunk_size),
         q(cap * dk),
@@ -37,6 +41,7 @@ struct ChunkWork {
         decay_matrix(cap * cap),
         kk(cap * cap),
         qk(cap * cap),
+        p(cap * cap),
         a_inv(cap * cap),
         w(cap * dk),
         u(cap * dv),
@@ -45,6 +50,7 @@ struct ChunkWork {
   // exp(gamma_i - gamma_j): the decay from token j to token i inside the chunk (i >= j).
   S decay(int i, int j) const { return decay_matrix[i * cap + j]; }
 
+  GdnBf16Intermediates bf16;  // which intermediates are rounded to bf16
   int dk, dv, cap;
   int len = 0;               // tokens in this chunk (the last chunk of a sequence may be short)
   std::vector<S> q;          // [C, Dk] scale * q
@@ -56,11 +62,25 @@ struct ChunkWork {
   std::vector<S> decay_matrix;  // [C, C] exp(gamma_i - gamma_j) for i >= j (exp computed once)
   std::vector<S> kk;            // [C, C] k_i . k_j (lower triangle)
   std::vector<S> qk;            // [C, C] (scale q_i) . k_j (lower triangle)
+  std::vector<S> p;             // [C, C] P_ij = qk_ij exp(gamma_i - gamma_j) (lower triangle)
   std::vector<S> a_inv;         // [C, C] A = (I + L)^-1, unit lower triangular
   std::vector<S> w;             // [C, Dk] W = A diag(beta e^gamma) K
   std::vector<S> u;             // [C, Dv] U = A diag(beta) V
   std::vector<S> v_new;         // [C, Dv] V_new = U - W H (the delta-rule corrections, delta_t)
 };
+
+// x as a bf16 operand when `round` is set (round to nearest even), else unchanged.
+template <typename S>
+S operand(S x, bool round) {
+  return round ? static_cast<S>(round_to_bf16(static_cast<float>(x))) : x;
+}
+
+template <typename S>
+void round_operands(S* x, int64_t n, bool round) {
+  if (round) {
+    for (int64_t i = 0; i < n; ++i) x[i] = operand(x[i], true);
+  }
+}
 
 template <typename S>
 S dot(const S* a, const S* b, int n) {
@@ -97,6 +117,7 @@ void prepare_chunk(const HeadInputs<S>& in, int64_t t0, int len, ChunkWork<S>& c
     for (int j = 0; j <= i; ++j) {
       c.kk[i * cap + j] = dot(&c.k[i * dk], &c.k[j * dk], dk);
       c.qk[i * cap + j] = dot(&c.q[i * dk], &c.k[j * dk], dk);
+      c.p[i * cap + j] = operand(c.qk[i * cap + j] * c.decay(i, j), c.bf16.p);
     }
   }
   // A = (I + L)^-1 with L_ij = beta_i (k_i . k_j) exp(gamma_i - gamma_j) for i > j, by forward
@@ -115,12 +136,16 @@ void prepare_chunk(const HeadInputs<S>& in, int64_t t0, int len, ChunkWork<S>& c
     std::fill_n(c.u.begin() + i * dv, dv, S(0));
     for (int j = 0; j <= i; ++j) {
       const S a = c.a_inv[i * cap + j];
-      const S wk = a * c.beta[j] * c.exp_gamma[j];
-      const S uv = a * c.beta[j];
+      const S wk = operand(a * c.beta[j] * c.exp_gamma[j], c.bf16.a);
+      const S uv = operand(a * c.beta[j], c.bf16.a);
       for (int d = 0; d < dk; ++d) c.w[i * dk + d] += wk * c.k[j * dk + d];
       for (int d = 0; d < dv; ++d) c.u[i * dv + d] += uv * c.v[j * dv + d];
     }
   }
+  // A as the backward's products read it (after W and U, which took it unrounded).
+  for (int i = 0; i < len; ++i) round_operands(&c.a_inv[i * cap], i, c.bf16.a);
+  round_operands(c.w.data(), static_cast<int64_t>(len) * dk, c.bf16.w);
+  round_operands(c.u.data(), static_cast<int64_t>(len) * dv, c.bf16.u);
 }
 
 // V_new = U - W H for the state H [Dk, Dv] entering the chunk.
@@ -134,6 +159,7 @@ void compute_v_new(const S* state, ChunkWork<S>& c) {
       c.v_new[i * dv + e] = c.u[i * dv + e] - sum;
     }
   }
+  round_operands(c.v_new.data(), static_cast<int64_t>(c.len) * dv, c.bf16.v_new);
 }
 
 // o_i = e^gamma_i (scale q_i)^T H + sum_{j <= i} (scale q_i . k_j) e^(gamma_i - gamma_j) v_new_j.
@@ -148,7 +174,7 @@ void write_chunk_output(const HeadInputs<S>& in, int64_t t0, const S* state, con
       S inter = 0;
       for (int d = 0; d < dk; ++d) inter += c.q[i * dk + d] * state[d * dv + e];
       S intra = 0;
-      for (int j = 0; j <= i; ++j) intra += c.qk[i * cap + j] * c.decay(i, j) * c.v_new[j * dv + e];
+      for (int j = 0; j <= i; ++j) intra += c.p[i * cap + j] * c.v_new[j * dv + e];
       o_t[e] = inter_scale * inter + intra;
     }
   }
@@ -183,16 +209,21 @@ struct ChunkGrads {
         d_a(cap * cap),
         d_a_at(cap * cap),
         d_l(cap * cap),
+        q_gated(cap * dk),
+        d_state_op(dk * dv),
         d_state_in(dk * dv) {}
   std::vector<S> dq, dk, dv;        // [C, Dk] (w.r.t. scale*q), [C, Dk], [C, Dv]
   std::vector<S> d_gamma, d_beta;   // [C]
   std::vector<S> d_v_new, d_w;      // [C, Dv], [C, Dk]; dU = d_v_new
   std::vector<S> d_a, d_a_at, d_l;  // [C, C]
+  std::vector<S> q_gated;           // [C, Dk] e^gamma_i (scale q_i), the dH update's operand
+  std::vector<S> d_state_op;        // [Dk, Dv] dH as an operand when it is rounded to bf16
   std::vector<S> d_state_in;        // [Dk, Dv]
 };
 
-// Backward of one chunk. `state` is H entering the chunk, d_state is dL/dH leaving it on entry
-// and dL/dH entering it on return. Requires prepare_chunk and compute_v_new for this chunk.
+// Backward of one chunk. `state` is H entering the chunk (as an operand), d_state is dL/dH
+// leaving it on entry and dL/dH entering it on return. Requires prepare_chunk and compute_v_new
+// for this chunk.
 template <typename S>
 void chunk_backward(const ChunkWork<S>& c, const S* state, const S* d_o_chunk, S* d_state,
                     ChunkGrads<S>& gr) {
@@ -203,6 +234,15 @@ void chunk_backward(const ChunkWork<S>& c, const S* state, const S* d_o_chunk, S
   std::fill(gr.d_beta.begin(), gr.d_beta.end(), S(0));
   const S chunk_decay = c.exp_gamma[last];
   auto d_o = [&](int i) { return d_o_chunk + static_cast<int64_t>(i) * dv; };
+  const bool round_local = c.bf16.local_grads;
+  // dH as the products read it; the carried d_state itself stays unrounded.
+  const S* dh = d_state;
+  if (c.bf16.dh) {
+    for (int64_t i = 0; i < static_cast<int64_t>(dk) * dv; ++i) {
+      gr.d_state_op[i] = operand(d_state[i], true);
+    }
+    dh = gr.d_state_op.data();
+  }
 
   // Output: o_i = e^gamma_i q_i^T H + sum_{j<=i} (q_i.k_j) e^(gamma_i-gamma_j) v_new_j.
   // G_ij = do_i . v_new_j gives the gradient of the intra term's coefficients.
@@ -219,9 +259,10 @@ void chunk_backward(const ChunkWork<S>& c, const S* state, const S* d_o_chunk, S
       const S decay_ij = c.decay(i, j);
       const S g_ij = dot(d_o(i), &c.v_new[j * dv], dv);
       // d(q_i . k_j) = G_ij e_ij.
+      const S g_decay = operand(g_ij * decay_ij, round_local);
       for (int d = 0; d < dk; ++d) {
-        gr.dq[i * dk + d] += g_ij * decay_ij * c.k[j * dk + d];
-        gr.dk[j * dk + d] += g_ij * decay_ij * c.q[i * dk + d];
+        gr.dq[i * dk + d] += g_decay * c.k[j * dk + d];
+        gr.dk[j * dk + d] += g_decay * c.q[i * dk + d];
       }
       // d gamma_i += M_ij, d gamma_j -= M_ij (zero net on the diagonal).
       const S m_ij = g_ij * c.qk[i * cap + j] * decay_ij;
@@ -234,22 +275,23 @@ void chunk_backward(const ChunkWork<S>& c, const S* state, const S* d_o_chunk, S
     const S to_end = c.decay(last, j);
     for (int e = 0; e < dv; ++e) {
       S sum = 0;
-      for (int i = j; i < len; ++i) sum += c.qk[i * cap + j] * c.decay(i, j) * d_o(i)[e];
+      for (int i = j; i < len; ++i) sum += c.p[i * cap + j] * d_o(i)[e];
       S carried = 0;
-      for (int d = 0; d < dk; ++d) carried += d_state[d * dv + e] * c.k[j * dk + d];
+      for (int d = 0; d < dk; ++d) carried += dh[d * dv + e] * c.k[j * dk + d];
       gr.d_v_new[j * dv + e] = sum + to_end * carried;
     }
   }
+  round_operands(gr.d_v_new.data(), static_cast<int64_t>(len) * dv, c.bf16.dv_new);
   // State leaving: H_out = e^gamma_last H + sum_j e^(gamma_last-gamma_j) k_j v_new_j^T.
   S h_dot_dh = 0;
-  for (int64_t i = 0; i < static_cast<int64_t>(dk) * dv; ++i) h_dot_dh += state[i] * d_state[i];
+  for (int64_t i = 0; i < static_cast<int64_t>(dk) * dv; ++i) h_dot_dh += state[i] * dh[i];
   gr.d_gamma[last] += chunk_decay * h_dot_dh;
   for (int j = 0; j < len; ++j) {
     const S to_end = c.decay(last, j);
     S k_dh_vnew = 0;  // k_j^T dH v_new_j
     for (int d = 0; d < dk; ++d) {
       S dh_vnew = 0;
-      for (int e = 0; e < dv; ++e) dh_vnew += d_state[d * dv + e] * c.v_new[j * dv + e];
+      for (int e = 0; e < dv; ++e) dh_vnew += dh[d * dv + e] * c.v_new[j * dv + e];
       gr.dk[j * dk + d] += to_end * dh_vnew;
       k_dh_vnew += c.k[j * dk + d] * dh_vnew;
     }
@@ -257,11 +299,16 @@ void chunk_backward(const ChunkWork<S>& c, const S* state, const S* d_o_chunk, S
     gr.d_gamma[j] -= to_end * k_dh_vnew;
   }
   // dH entering = e^gamma_last dH + sum_i e^gamma_i q_i do_i^T - W^T dV_new.
+  for (int i = 0; i < len; ++i) {
+    for (int d = 0; d < dk; ++d) {
+      gr.q_gated[i * dk + d] = operand(c.exp_gamma[i] * c.q[i * dk + d], c.bf16.q_gated);
+    }
+  }
   for (int d = 0; d < dk; ++d) {
     for (int e = 0; e < dv; ++e) {
       S sum = chunk_decay * d_state[d * dv + e];
       for (int i = 0; i < len; ++i) {
-        sum += c.exp_gamma[i] * c.q[i * dk + d] * d_o(i)[e];
+        sum += gr.q_gated[i * dk + d] * d_o(i)[e];
         sum -= c.w[i * dk + d] * gr.d_v_new[i * dv + e];
       }
       gr.d_state_in[d * dv + e] = sum;
@@ -275,6 +322,7 @@ void chunk_backward(const ChunkWork<S>& c, const S* state, const S* d_o_chunk, S
       gr.d_w[i * dk + d] = -sum;
     }
   }
+  round_operands(gr.d_w.data(), static_cast<int64_t>(len) * dk, round_local);
   // W = A X with X_j = beta_j e^gamma_j k_j, U = A Y with Y_j = beta_j v_j.
   // dA_ij = dW_i . X_j + dU_i . Y_j, kept on the strict lower triangle (A's only free entries).
   for (int i = 0; i < len; ++i) {
@@ -287,6 +335,7 @@ void chunk_backward(const ChunkWork<S>& c, const S* state, const S* d_o_chunk, S
       gr.d_a[i * cap + j] = value;
     }
   }
+  for (int i = 0; i < len; ++i) round_operands(&gr.d_a[i * cap], i, round_local);
   // dX = A^T dW and dY = A^T dU give the direct gradients of k, v, beta, gamma.
   for (int j = 0; j < len; ++j) {
     const S e_j = c.exp_gamma[j];
@@ -315,6 +364,7 @@ void chunk_backward(const ChunkWork<S>& c, const S* state, const S* d_o_chunk, S
       for (int b = 0; b <= j; ++b) sum += gr.d_a[a * cap + b] * c.a_inv[j * cap + b];
       gr.d_a_at[a * cap + j] = sum;
     }
+    round_operands(&gr.d_a_at[a * cap], len, round_local);
   }
   for (int i = 0; i < len; ++i) {
     for (int j = 0; j < i; ++j) {
@@ -332,7 +382,7 @@ void chunk_backward(const ChunkWork<S>& c, const S* state, const S* d_o_chunk, S
       gr.d_beta[i] += f_ij;
       gr.d_gamma[i] += c.beta[i] * f_ij;
       gr.d_gamma[j] -= c.beta[i] * f_ij;
-      const S coeff = dl * c.beta[i] * decay_ij;
+      const S coeff = operand(dl * c.beta[i] * decay_ij, round_local);
       for (int d = 0; d < dk; ++d) {
         gr.dk[i * dk + d] += coeff * c.k[j * dk + d];
         gr.dk[j * dk + d] += coeff * c.k[i * dk + d];
@@ -351,6 +401,15 @@ void load_state(const S* initial_state, int64_t offset, int64_t size, std::vecto
   }
 }
 
+// The state entering a chunk as its products read it: `state` itself, or its bf16 rounding in
+// `snapshot` when the chunk states are bf16 operands.
+template <typename S>
+const S* state_operand(const std::vector<S>& state, bool round, std::vector<S>& snapshot) {
+  if (!round) return state.data();
+  for (size_t i = 0; i < state.size(); ++i) snapshot[i] = operand(state[i], true);
+  return snapshot.data();
+}
+
 }  // namespace
 
 template <typename S>
@@ -358,12 +417,21 @@ void gated_delta_rule_chunked_forward_ref(const GatedDeltaRuleShape& shape, S sc
                                           const S* k, const S* v, const S* g, const S* beta,
                                           const S* initial_state, S* o, S* final_state,
                                           int chunk_size) {
+  gated_delta_rule_chunked_forward_ref(shape, scale, q, k, v, g, beta, initial_state, o,
+                                       final_state, GdnBf16Intermediates{}, chunk_size);
+}
+
+template <typename S>
+void gated_delta_rule_chunked_forward_ref(const GatedDeltaRuleShape& shape, S scale, const S* q,
+                                          const S* k, const S* v, const S* g, const S* beta,
+                                          const S* initial_state, S* o, S* final_state,
+                                          const GdnBf16Intermediates& bf16, int chunk_size) {
   gdn_ref::check_gated_delta_rule_args("gated_delta_rule_chunked_forward_ref", shape);
   CHECK(chunk_size > 0, "gated_delta_rule_chunked_forward_ref: chunk_size must be positive, got ",
         chunk_size);
   const gdn_ref::GdnLayout at(shape);
-  ChunkWork<S> work(chunk_size, shape.key_dim, shape.value_dim);
-  std::vector<S> state(at.state_size());
+  ChunkWork<S> work(chunk_size, shape.key_dim, shape.value_dim, bf16);
+  std::vector<S> state(at.state_size()), snapshot(bf16.h ? at.state_size() : 0);
   for (int n = 0; n < shape.num_seqs; ++n) {
     for (int h = 0; h < shape.num_value_heads; ++h) {
       const HeadInputs<S> in{at, h, scale, q, k, v, g, beta};
@@ -372,8 +440,9 @@ void gated_delta_rule_chunked_forward_ref(const GatedDeltaRuleShape& shape, S sc
       for (int64_t t0 = at.seq_begin(n); t0 < at.seq_end(n); t0 += chunk_size) {
         const int len = static_cast<int>(std::min<int64_t>(chunk_size, at.seq_end(n) - t0));
         prepare_chunk(in, t0, len, work);
-        compute_v_new(state.data(), work);
-        write_chunk_output(in, t0, state.data(), work, o);
+        const S* entering = state_operand(state, bf16.h, snapshot);
+        compute_v_new(entering, work);
+        write_chunk_output(in, t0, entering, work, o);
         advance_state(work, state.data());
       }
       if (final_state != nullptr)
@@ -388,6 +457,18 @@ void gated_delta_rule_chunked_backward_ref(const GatedDeltaRuleShape& shape, S s
                                            const S* initial_state, const S* d_o,
                                            const S* d_final_state, S* dq, S* dk, S* dv, S* dg,
                                            S* dbeta, S* d_initial_state, int chunk_size) {
+  gated_delta_rule_chunked_backward_ref(shape, scale, q, k, v, g, beta, initial_state, d_o,
+                                        d_final_state, dq, dk, dv, dg, dbeta, d_initial_state,
+                                        GdnBf16Intermediates{}, chunk_size);
+}
+
+template <typename S>
+void gated_delta_rule_chunked_backward_ref(const GatedDeltaRuleShape& shape, S scale, const S* q,
+                                           const S* k, const S* v, const S* g, const S* beta,
+                                           const S* initial_state, const S* d_o,
+                                           const S* d_final_state, S* dq, S* dk, S* dv, S* dg,
+                                           S* dbeta, S* d_initial_state,
+                                           const GdnBf16Intermediates& bf16, int chunk_size) {
   gdn_ref::check_gated_delta_rule_args("gated_delta_rule_chunked_backward_ref", shape);
   CHECK(chunk_size > 0, "gated_delta_rule_chunked_backward_ref: chunk_size must be positive, got ",
         chunk_size);
@@ -402,9 +483,10 @@ void gated_delta_rule_chunked_backward_ref(const GatedDeltaRuleShape& shape, S s
     max_chunks =
         std::max(max_chunks, (at.seq_end(n) - at.seq_begin(n) + chunk_size - 1) / chunk_size);
   }
-  ChunkWork<S> work(chunk_size, key_dim, value_dim);
+  ChunkWork<S> work(chunk_size, key_dim, value_dim, bf16);
   ChunkGrads<S> grads(chunk_size, key_dim, value_dim);
-  std::vector<S> chunk_states(max_chunks * state_size);  // H entering each chunk of one head
+  // H entering each chunk of one head, as the products read it (bf16-rounded with bf16.h).
+  std::vector<S> chunk_states(max_chunks * state_size);
   std::vector<S> state(state_size), d_state(state_size);
   std::vector<S> d_o_chunk(static_cast<int64_t>(chunk_size) * value_dim);
 
@@ -418,9 +500,10 @@ void gated_delta_rule_chunked_backward_ref(const GatedDeltaRuleShape& shape, S s
       for (int64_t c = 0; c < num_chunks; ++c) {
         const int64_t t0 = begin + c * chunk_size;
         const int len = static_cast<int>(std::min<int64_t>(chunk_size, end - t0));
-        std::copy(state.begin(), state.end(), chunk_states.begin() + c * state_size);
+        S* entering = chunk_states.data() + c * state_size;
+        for (int64_t i = 0; i < state_size; ++i) entering[i] = operand(state[i], bf16.h);
         prepare_chunk(in, t0, len, work);
-        compute_v_new(state.data(), work);
+        compute_v_new(entering, work);
         advance_state(work, state.data());
       }
       // Pass 2: reverse scan over chunks carrying dL/dH.
@@ -463,9 +546,15 @@ void gated_delta_rule_chunked_backward_ref(const GatedDeltaRuleShape& shape, S s
   template void gated_delta_rule_chunked_forward_ref<S>(const GatedDeltaRuleShape&, S, const S*, \
                                                         const S*, const S*, const S*, const S*,  \
                                                         const S*, S*, S*, int);                  \
+  template void gated_delta_rule_chunked_forward_ref<S>(                                         \
+      const GatedDeltaRuleShape&, S, const S*, const S*, const S*, const S*, const S*, const S*, \
+      S*, S*, const GdnBf16Intermediates&, int);                                                 \
   template void gated_delta_rule_chunked_backward_ref<S>(                                        \
       const GatedDeltaRuleShape&, S, const S*, const S*, const S*, const S*, const S*, const S*, \
-      const S*, const S*, S*, S*, S*, S*, S*, S*, int);
+      const S*, const S*, S*, S*, S*, S*, S*, S*, int);                                          \
+  template void gated_delta_rule_chunked_backward_ref<S>(                                        \
+      const GatedDeltaRuleShape&, S, const S*, const S*, const S*, const S*, const S*, const S*, \
+      const S*, const S*, S*, S*, S*, S*, S*, S*, const GdnBf16Intermediates&, int);
 DELTAMOE_INSTANTIATE_CHUNKED(float)
 DELTAMOE_INSTANTIATE_CHUNKED(double)
 #undef DELTAMOE_INSTANTIATE_CHUNKED
