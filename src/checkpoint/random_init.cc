@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "core/error.h"
+#include "core/parallel_ranges.h"
 #include "core/rng.h"
 #include "model/param_table.h"
 
@@ -71,19 +71,10 @@ StoredTensor make_random_tensor(const ParamSpec& spec, double std_dev, uint64_t 
     const int64_t first = static_cast<int64_t>(byte_offset / element);
     const int64_t count = static_cast<int64_t>(nbytes / element);
     CHECK(first + count <= numel, "random init: range past the end of ", name);
-    const int64_t num_threads = std::max<int64_t>(
-        1, std::min<int64_t>(count / kMinElementsPerThread, std::thread::hardware_concurrency()));
-    const int64_t per_thread = (count + num_threads - 1) / num_threads;
-    auto work = [&](int64_t thread_idx) {
-      const int64_t begin = thread_idx * per_thread, end = std::min(count, begin + per_thread);
-      if (begin >= end) return;
+    parallel_ranges(count, kMinElementsPerThread, [&](int64_t begin, int64_t end) {
       fill_range(static_cast<uint8_t*>(dst) + begin * element, dtype, init, std_dev, seed, stream, first + begin,
                  first + end);
-    };
-    std::vector<std::thread> threads;
-    for (int64_t t = 1; t < num_threads; ++t) threads.emplace_back(work, t);
-    work(0);
-    for (std::thread& thread : threads) thread.join();
+    });
   });
 }
 

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/parallel_ranges.h"
+
 namespace deltamoe {
 
 Shape::Shape(std::initializer_list<int64_t> dims) {
@@ -134,7 +136,12 @@ HostTensor HostTensor::to_f32() const { return to_dtype(DType::f32); }
 
 HostTensor HostTensor::to_dtype(DType dtype) const {
   HostTensor out(dtype, shape_);
-  convert_floats(data(), dtype_, out.data(), dtype, numel());
+  // Separate buffers: each range converts on its own thread.
+  const size_t in_size = dtype_size(dtype_), out_size = dtype_size(dtype);
+  parallel_ranges(numel(), int64_t{1} << 20, [&](int64_t begin, int64_t end) {
+    convert_floats(static_cast<const uint8_t*>(data()) + begin * in_size, dtype_,
+                   static_cast<uint8_t*>(out.data()) + begin * out_size, dtype, end - begin);
+  });
   return out;
 }
 
