@@ -62,7 +62,7 @@ std::vector<Policy> policies(bool with_attribution) {
     return r;
   };
   using I = GdnBf16Intermediates;
-  // fp32: today's kernels (their split products are ~2^-17 accurate). fla_like: every group
+  // fp32: fp32 intermediates, products split in three (~2^-17 accurate). fla_like: every group
   // bf16, as FLA's kernels hold them. fla_X_fp32: fla_like with group X kept fp32 ("uv": A, U,
   // V_new and dV_new; "awu": A, W and U).
   std::vector<Policy> list = {
@@ -374,7 +374,7 @@ TEST(GatedDeltaRulePrecision, DefaultPolicyIsThePlainChunkedForm) {
 // Conclusions that hold on every case and gate distribution (margins measured: see the notes).
 void check_common(const Case& c, const Table& t) {
   SCOPED_TRACE(c.name);
-  // fp32 intermediates (today's kernels, up to their ~2^-17 split products): bf16 outputs at the
+  // fp32 intermediates (up to ~2^-17 split products): bf16 outputs at the
   // floor of their own rounding, fp32 outputs at fp32 accuracy.
   const Row& floor = t.rows[0];
   const Row& fp32 = t.row("fp32");
