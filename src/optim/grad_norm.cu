@@ -1,15 +1,16 @@
 // Deterministic fp64 sum of squares of a scaled fp32 gradient: a fixed number of blocks, each a
 // fixed grid-stride walk over 16-byte vectors (four of them in flight per thread) and a tree in
-// shared memory, then one block adds the partials in order. The quotient by the token count is
-// gradient_divide.cuh's (fp32 where that is exact: fp64 division made this pass compute-bound at a
-// quarter of the memory rate).
+// shared memory, then one block adds the partials in order. The quotient fl32(fl64(g) / divisor)
+// is formed in fp32 when the divisor is an integer below 2^24 (a supervised-token count): the
+// correctly rounded fp32 quotient of two such numbers equals the fp64 one rounded to fp32 (the
+// exact quotient is never within an fp64 half-ulp of an fp32 rounding midpoint unless it is one),
+// and fp64 division is what made this pass compute-bound at a quarter of the memory rate.
 #include <algorithm>
 #include <cmath>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "optim/grad_norm_cuda.h"
-#include "optim/gradient_divide.cuh"
 
 namespace deltamoe {
 
@@ -18,6 +19,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBlocks = 1024;
 constexpr int kUnroll = 4;  // 16-byte loads in flight per thread
+
+enum class Divide { none, f32, f64 };
 
 __device__ double block_sum(double value, double* shared) {
   shared[threadIdx.x] = value;
@@ -29,13 +32,15 @@ __device__ double block_sum(double value, double* shared) {
   return shared[0];
 }
 
-template <GradientDivide kDivide>
+template <Divide kDivide>
 __device__ __forceinline__ double add_square(float g, double divisor, float divisor_f32, double sum) {
-  const double d = static_cast<double>(divide_gradient<kDivide>(g, divisor, divisor_f32));
+  if constexpr (kDivide == Divide::f32) g = __fdiv_rn(g, divisor_f32);
+  if constexpr (kDivide == Divide::f64) g = __double2float_rn(__ddiv_rn(static_cast<double>(g), divisor));
+  const double d = static_cast<double>(g);
   return __fma_rn(d, d, sum);
 }
 
-template <GradientDivide kDivide>
+template <Divide kDivide>
 __device__ __forceinline__ double add_squares(const float4& v, double divisor, float divisor_f32, double sum) {
   sum = add_square<kDivide>(v.x, divisor, divisor_f32, sum);
   sum = add_square<kDivide>(v.y, divisor, divisor_f32, sum);
@@ -45,7 +50,7 @@ __device__ __forceinline__ double add_squares(const float4& v, double divisor, f
 
 // grad[0, head) and grad[head + 4 n4, count) element by element (head: elements before the first
 // 16-byte boundary), grad[head, head + 4 n4) as float4.
-template <GradientDivide kDivide>
+template <Divide kDivide>
 __global__ void partial_kernel(const float* grad, int64_t count, int64_t head, int64_t n4, double divisor,
                                float divisor_f32, double* partials) {
   __shared__ double shared[kThreads];
@@ -88,20 +93,17 @@ void grad_sum_of_squares_cuda(const float* grad, int64_t count, double divisor, 
   const auto misalignment = static_cast<int64_t>((reinterpret_cast<uintptr_t>(grad) % 16) / sizeof(float));
   const int64_t head = std::min<int64_t>(count, (4 - misalignment) % 4);
   const int64_t n4 = (count - head) / 4;
+  const bool integer_divisor = divisor == std::floor(divisor) && divisor < 16777216.0;
   const auto divisor_f32 = static_cast<float>(divisor);
-  switch (gradient_divide_for(divisor)) {
-    case GradientDivide::none:
-      partial_kernel<GradientDivide::none><<<kBlocks, kThreads, 0, stream>>>(grad, count, head, n4, divisor,
-                                                                             divisor_f32, partials);
-      break;
-    case GradientDivide::f32:
-      partial_kernel<GradientDivide::f32><<<kBlocks, kThreads, 0, stream>>>(grad, count, head, n4, divisor,
-                                                                            divisor_f32, partials);
-      break;
-    case GradientDivide::f64:
-      partial_kernel<GradientDivide::f64><<<kBlocks, kThreads, 0, stream>>>(grad, count, head, n4, divisor,
-                                                                            divisor_f32, partials);
-      break;
+  if (divisor == 1.0) {
+    partial_kernel<Divide::none><<<kBlocks, kThreads, 0, stream>>>(grad, count, head, n4, divisor, divisor_f32,
+                                                                   partials);
+  } else if (integer_divisor) {
+    partial_kernel<Divide::f32><<<kBlocks, kThreads, 0, stream>>>(grad, count, head, n4, divisor, divisor_f32,
+                                                                  partials);
+  } else {
+    partial_kernel<Divide::f64><<<kBlocks, kThreads, 0, stream>>>(grad, count, head, n4, divisor, divisor_f32,
+                                                                  partials);
   }
   CUDA_CHECK_LAUNCH();
   final_kernel<<<1, kThreads, 0, stream>>>(partials, out);

@@ -1,14 +1,15 @@
 // GPU test of the chunked gated delta rule kernels (forward and backward) against both CPU
 // references (chunked and recurrent) on the same bf16-rounded inputs: packed 1/63/64/65/130-token
 // sequences, odd head dims, initial/final states, many short sequences (up to 1,024 in 8,192
-// tokens), T=1, an empty sequence, and the Qwen3.5-35B head shape at T = 2 x 4096 (checked on one
-// key head's slice) with whole and per-stage timing. (Every kernel's shared tiles fit sm_80's
-// 163 KB by static_assert; the compute_80 bundle runs this test on the sm_80 path.)
+// tokens), T=1, an empty sequence, every kernel within sm_80's 163 KB of shared memory, and the
+// Qwen3.5-35B head shape at T = 2 x 4096 (checked on one key head's slice) with whole and
+// per-stage timing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -25,9 +26,8 @@ using namespace gdn_gpu_test;
 
 // bf16 outputs (o, dq, dk, dv): ~3 significant digits, so 1e-2 relative L2.
 constexpr double kBf16Tolerance = 1e-2;
-// fp32 outputs (states, dg, dbeta): the kernels' products take bf16 operands (W, U / V_new, P, A,
-// the boundary states, dV_new), so these carry about one bf16 rounding (gated_delta_rule_notes.md,
-// "bf16 intermediates": 1-3.5e-3 on these cases), and dg and dbeta are sums of terms that cancel.
+// fp32 outputs (states, dg, dbeta): same math in a different summation order, but dg and dbeta
+// are sums of many terms that cancel, so their relative error is larger than one rounding.
 constexpr double kF32Tolerance = 5e-3;
 
 struct GdnCase {
@@ -332,6 +332,15 @@ TEST(GatedDeltaRuleGpu, ManySequencesIn8192TokensWithStates) {
 
 TEST(GatedDeltaRuleGpu, ManySequencesIn8192TokensOddDims) {
   run_case({many_sequences_in_8192_tokens(), 1, 3, 37, 45, false});
+}
+
+// Every kernel within the 163 KB of shared memory a block may use on sm_80, forced on this GPU
+// (a kernel asking for more fails its launch check).
+TEST(GatedDeltaRuleGpu, Sm80SharedMemoryVariants) {
+  setenv("DELTAMOE_GDN_SMALL_SMEM", "1", 1);
+  run_case({{1, 63, 64, 65, 130}, 1, 3, 37, 45, true});
+  run_case({{65, 130, 200}, 2, 4, 128, 128, true});
+  unsetenv("DELTAMOE_GDN_SMALL_SMEM");
 }
 
 // Qwen3.5-35B-A3B linear attention: Hk = 16, Hv = 32, Dk = Dv = 128; 8192 tokens as 2 x 4096.

@@ -438,9 +438,7 @@ __device__ __forceinline__ WeightGradTile weight_grad_tile(const WeightGradParam
 
 #endif  // sm_90a
 
-__global__ void __launch_bounds__(kThreads, 1)
-    grouped_gemm_weight_grad_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
-                                          const __grid_constant__ CUtensorMap map_b, const WeightGradParams p) {
+__global__ void __launch_bounds__(kThreads, 1) grouped_gemm_weight_grad_wgmma_kernel(const WeightGradParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t ring = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -464,10 +462,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // registers: its address arithmetic spills at 40; 128 x 56 + 256 x 224 fit the 64 Ki file).
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
     const int t = static_cast<int>(threadIdx.x);
-    if (t == 0) {
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
-    }
     // A: thread t copies chunk t % 16 of k lines t / 16 + 8j (the 128 m columns are 16 chunks, two
     // boxes); B: chunk t % 32 of k lines t / 32 + 4j (256 n columns, four boxes).
     const int a_line = t / 16, a_col = (t % 16) * 8, b_line = t / 32, b_col = (t % 32) * 8;
@@ -485,22 +479,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(empty_bars + 8 * s, ((it / kStages) & 1) ^ 1);
         const uint32_t a_stage = ring + s * kStageBytes, b_stage = a_stage + kStageBytesA;
         const int k0 = kb * kBlockK;
-        if (k0 + kBlockK <= w.k_extent) {
-          // A k-block wholly inside the group arrives by TMA: thread 0 announces its bytes and
-          // issues the boxes (columns past m or n arrive as zeros), the others just arrive.
-          if (t == 0) {
-            mbar_arrive_expect_tx(full_bars + 8 * s, kStageBytes);
-#pragma unroll
-            for (int j = 0; j < kBlockM / 64; ++j)
-              tma_load_2d(a_stage + j * kWeightGradBox, &map_a, full_bars + 8 * s, w.m0 + 64 * j, w.r0 + k0);
-#pragma unroll
-            for (int j = 0; j < kBlockN / 64; ++j)
-              tma_load_2d(b_stage + j * kWeightGradBox, &map_b, full_bars + 8 * s, w.n0 + 64 * j, w.r0 + k0);
-          } else {
-            mbar_arrive(full_bars + 8 * s);
-          }
-          continue;
-        }
         // Lines past the group's last row (the next group's rows, or past the end) are zero-filled.
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -640,8 +618,7 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const WgmmaParam
   CUDA_CHECK_LAUNCH();
 }
 
-void launch_weight_grad(const CUtensorMap& map_a, const CUtensorMap& map_b, const WeightGradParams& params,
-                        int64_t tiles, cudaStream_t stream) {
+void launch_weight_grad(const WeightGradParams& params, int64_t tiles, cudaStream_t stream) {
   auto kernel = grouped_gemm_weight_grad_wgmma_kernel;
   static bool attribute_set = false;  // a host-side attribute, no sync
   if (!attribute_set) {
@@ -652,7 +629,7 @@ void launch_weight_grad(const CUtensorMap& map_a, const CUtensorMap& map_b, cons
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, sms)));
-  kernel<<<grid, kThreads, kWeightGradSmemBytes, stream>>>(map_a, map_b, params);
+  kernel<<<grid, kThreads, kWeightGradSmemBytes, stream>>>(params);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -718,15 +695,7 @@ void weight_grad_written_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, f
                                 (n + kBlockN - 1) / kBlockN};
   const int64_t tiles = static_cast<int64_t>(num_groups) * params.m_tiles * params.n_tiles;
   CHECK(tiles < (int64_t{1} << 31), "grouped GEMM dW (wgmma): ", tiles, " tiles overflow 32-bit tile indices");
-  // a [R, M] and b [R, N] as 2D maps of 64 x 64 boxes. R lives on the device only: the maps claim
-  // 2^31 - 1 rows, and the kernel loads by TMA only k-blocks wholly inside a group (so inside the
-  // tensors); each group's partial last k-block goes by cp.async.
-  const cuuint32_t box[2] = {64, kBlockK};
-  const cuuint64_t rows = (cuuint64_t{1} << 31) - 1;
-  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(m), rows}, a_strides[1] = {static_cast<cuuint64_t>(m) * 2};
-  const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(n), rows}, b_strides[1] = {static_cast<cuuint64_t>(n) * 2};
-  launch_weight_grad(bf16_tensor_map(a, 2, a_dims, a_strides, box), bf16_tensor_map(b, 2, b_dims, b_strides, box),
-                     params, tiles, stream);
+  launch_weight_grad(params, tiles, stream);
 }
 
 }  // namespace deltamoe::grouped_gemm_detail

@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/grouped_gemm/grouped_gemm_cuda.h"
 #include "kernels/lora/lora_cuda.h"
 #include "kernels/moe_experts/moe_experts.h"
 #include "kernels/moe_experts/moe_experts_sizes.h"
@@ -53,15 +52,13 @@ void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& 
                               const MoeExpertsLora* lora = nullptr);
 
 // dy [T, C] bf16 -> dx [T, C] bf16 and d_topk_weight [T, K] f32 written; d_gate_up [E, 2I, C]
-// and d_down [E, C, I] f32 added to, or with expert_grads = written overwritten (zeros for experts
-// without rows, and everywhere when T = 0), so that a step's first product needs no zeroed
-// gradient (null: frozen, the weight products are skipped). Expert activations are recomputed.
+// and d_down [E, C, I] f32 added to (null: frozen, the weight products are skipped). Expert
+// activations are recomputed.
 void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
                                const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
                                const __nv_bfloat16* dy, __nv_bfloat16* dx, float* d_topk_weight, float* d_gate_up,
                                float* d_down, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                               const MoeExpertsLora* lora = nullptr,
-                               WeightGradOutput expert_grads = WeightGradOutput::added_to);
+                               const MoeExpertsLora* lora = nullptr);
 
 // Pieces, exposed for the tests and for fusing later. R = T*K expert-major rows.
 // xp[r] = x[sorted_slot[r] / K]: [R, C] bf16.

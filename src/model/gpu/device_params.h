@@ -99,11 +99,7 @@ class DeviceParams {
   // Rebuilds every trained tensor's bf16 weight from its master (after a restore; not with
   // master_elsewhere).
   void refresh_trained_weights(cudaStream_t stream) const;
-  // Zeroes the gradients; with leave_written_first, not those of the tensors named to
-  // set_written_first (their first product of a step writes them: the routed experts'), so the
-  // step's zeroing pass skips their bytes.
-  void zero_gradients(cudaStream_t stream, bool leave_written_first = false) const;
-  void set_written_first(const std::vector<std::string>& names);
+  void zero_gradients(cudaStream_t stream) const;
 
   // Tests and parity: the fp32 gradient or the fp32 values (master, or bf16 widened) of one tensor.
   std::vector<float> read_gradient(const std::string& name) const;
@@ -128,9 +124,6 @@ class DeviceParams {
   std::unordered_map<std::string, int> index_;
   ParamLayout weights_layout_, trained_, frozen_layout_;
   DeviceBuffer weights_, master_, grads_, frozen_f32_;
-  // The pieces of grads_ zero_gradients(.., true) clears: all but the written-first tensors'
-  // (element offset, count), in order.
-  std::vector<std::pair<int64_t, int64_t>> zeroed_when_leaving_;
 };
 
 }  // namespace deltamoe

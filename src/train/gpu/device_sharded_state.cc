@@ -227,8 +227,8 @@ void DeviceTrainState::randomize_master(uint64_t seed) {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void DeviceTrainState::zero_gradients(bool leave_written_first) {
-  params_->zero_gradients(stream_, leave_written_first);
+void DeviceTrainState::zero_gradients() {
+  params_->zero_gradients(stream_);
   if (sharded()) CUDA_CHECK(cudaMemsetAsync(piece_grads_.data(), 0, piece_grads_.bytes(), stream_));
 }
 

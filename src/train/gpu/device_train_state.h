@@ -65,10 +65,8 @@ class DeviceTrainState : public TrainStateStore {
   // Sharded: every piece's master by its tensor's init rule (DeviceParams::randomize's values).
   void randomize_master(uint64_t seed);
 
-  // Zeroes every gradient (and, sharded, the reduced pieces): the step's start. With
-  // leave_written_first, not the gradients the step's first product writes
-  // (DeviceParams::set_written_first).
-  void zero_gradients(bool leave_written_first = false);
+  // Zeroes every gradient (and, sharded, the reduced pieces): the step's start.
+  void zero_gradients();
   // Sharded, around each training micro-batch's backward (no-ops on one rank): begin_backward,
   // then gradients_ready(phase) as the models finish each phase, in backward order, then
   // end_backward. Each reduce-scatters, in group order, the groups finished so far and not yet

@@ -119,7 +119,6 @@ struct GpuEngine::Impl {
   std::unique_ptr<GpuTextModel> text;
   std::unique_ptr<GpuVisionModel> vision;
   bool text_trained = false, vision_trained = false;
-  bool experts_written_first = false;  // the routed experts' gradients are written by their first product
   LossSlot* loss_slots = nullptr;  // pinned, kLossSlots
   size_t peak_used_bytes = 0;
   // One rank of a parallel job (null world: the plain engine).
@@ -434,17 +433,6 @@ struct GpuEngine::Impl {
     loss_slots = static_cast<LossSlot*>(pinned_malloc(sizeof(LossSlot) * kLossSlots, "gpu engine: loss slots"));
   }
 
-  // A training step's gradients: zeroed, but for the routed experts' (build_models), whose first
-  // product in the step writes them; after the micro-batches, the experts of layers no backward
-  // reached are zeroed (GpuTextModel::begin_expert_gradient_step).
-  void begin_step_gradients() {
-    state->zero_gradients(experts_written_first);
-    if (experts_written_first) text->begin_expert_gradient_step();
-  }
-  void end_step_gradients() {
-    if (experts_written_first) text->zero_unwritten_expert_gradients();
-  }
-
   // Binds the models to the state (after its values are in place).
   void build_models() {
     const DeviceParamLookup lookup = state->params().lookup();
@@ -453,13 +441,6 @@ struct GpuEngine::Impl {
     text_trained = text_weights.any_trained();
     const GradientReadyHook gradients_ready = [this](GradientPhaseId phase) { state->gradients_ready(phase); };
     if (state->sharded()) text->set_gradient_ready_hook(gradients_ready);
-    // The trained routed experts' gradients (the largest share of the state) are written by the
-    // step's first product into them instead of being zeroed and then added to.
-    std::vector<std::string> written_first;
-    for (const DeviceParamSpec& spec : param_specs())
-      if (spec.trained && is_routed_expert_tensor(spec.name)) written_first.push_back(spec.name);
-    state->params().set_written_first(written_first);
-    experts_written_first = !written_first.empty();
     if (max_patches > 0) {
       vision_weights = bind_vision_weights(config.vision, kVisionPrefix, lookup, lora_lookup());
       vision = std::make_unique<GpuVisionModel>(config.vision, vision_weights, max_patches, max_image_tokens, stream,
@@ -712,9 +693,8 @@ StepResult GpuEngine::train_step(const std::vector<MicroBatch>& batches, double 
   const MicroBatchWeights weights = micro_batch_weights(result.num_supervised, result.num_micro_batches,
                                                         s.options.aux_coef);
   const uint64_t uploaded_before = s.uploaded();
-  s.begin_step_gradients();
+  s.state->zero_gradients();
   MicroBatchRun run = run_micro_batches(batches, weights.ce_token_weight, weights.aux_weight, s.state->adam_step() + 1);
-  s.end_step_gradients();
   for (const MicroBatch& batch : batches) result.num_tokens += batch.num_tokens();
   result.flops = run.flops;
   // Test hook (DELTAMOE_KILL_AT=mid_step@N): a kill -9 with step N's backward queued on the device.
@@ -771,9 +751,8 @@ StepResult GpuEngine::train_step_parallel(const std::vector<MicroBatch>& batches
   const MicroBatchWeights weights =
       micro_batch_weights(result.num_supervised, result.num_micro_batches, s.options.aux_coef);
   const uint64_t uploaded_before = s.uploaded();
-  s.begin_step_gradients();
+  s.state->zero_gradients();
   MicroBatchRun run = run_micro_batches(batches, weights.ce_token_weight, weights.aux_weight, step);
-  s.end_step_gradients();
   result.flops = run.flops;  // this rank's share
   kill_point("mid_step", step);
   s.text->timer().mark(StepComponent::optimizer, s.stream);

@@ -236,7 +236,6 @@ GpuTextModel::GpuTextModel(const TextConfig& config, const TextWeights& weights,
   CUDA_CHECK(cudaMemsetAsync(inputs_.loss, 0, sizeof(float), stream_));
   CUDA_CHECK(cudaMemsetAsync(inputs_.aux_loss, 0, sizeof(double), stream_));
   plans_.resize(acts_.layers.size());
-  expert_grads_hold_sum_.assign(acts_.layers.size(), 1);
 
   staging_ = std::make_unique<Staging>();
   staging_->bytes = bytes_.inputs + static_cast<size_t>(max_image_rows_ + 1) * sizeof(int32_t) + 512;

@@ -140,13 +140,6 @@ class GpuTextModel {
     forward();
     backward();
   }
-  // The routed experts' gradients of a step: the caller left them unzeroed
-  // (DeviceParams::zero_gradients with leave_written_first), so each layer's first backward of the
-  // step writes them (WeightGradOutput::written: no zeroing pass, no read of the old values) and
-  // later ones add to them. zero_unwritten_expert_gradients() then zeroes the layers no backward
-  // reached. Outside such a window every backward adds, as documented above.
-  void begin_expert_gradient_step();
-  void zero_unwritten_expert_gradients();
 
   // Changes the loss weights of later backwards (e.g. parity: one backward per loss).
   void set_loss_weights(float ce_weight, float aux_weight) {
@@ -240,9 +233,6 @@ class GpuTextModel {
   std::unique_ptr<DeviceArena> inputs_arena_;
   TextInputs inputs_;
   std::vector<MoeRoutingPlan> plans_;    // per layer, laid out in its plan_memory for the batch
-  // Per layer: whether its routed-expert gradients hold this step's sum so far (true outside a
-  // begin_expert_gradient_step window: backwards add).
-  std::vector<uint8_t> expert_grads_hold_sum_;
   std::unique_ptr<GpuExpertParallel> expert_parallel_;  // null: all experts on this rank
   // With expert parallelism: the shared expert's fp32 output and gate logit, computed while the
   // host waits for the exchanged counts and added to the routed output after the combine

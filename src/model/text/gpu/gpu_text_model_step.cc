@@ -206,26 +206,6 @@ void GpuTextModel::forward_loss() {
   lm_head_cross_entropy_cuda(*gemm_, loss, workspace_.data(), workspace_bytes_, stream_);
 }
 
-void GpuTextModel::begin_expert_gradient_step() {
-  for (size_t l = 0; l < expert_grads_hold_sum_.size(); ++l) {
-    const MoeWeights& W = weights_.layers[l].mlp;
-    // Only trained experts form a gradient; frozen ones (null) have nothing to write.
-    expert_grads_hold_sum_[l] = W.experts_gate_up.grad == nullptr && W.experts_down.grad == nullptr;
-  }
-}
-
-void GpuTextModel::zero_unwritten_expert_gradients() {
-  for (size_t l = 0; l < expert_grads_hold_sum_.size(); ++l) {
-    if (expert_grads_hold_sum_[l]) continue;
-    const MoeWeights& W = weights_.layers[l].mlp;
-    if (W.experts_gate_up.grad != nullptr)
-      CUDA_CHECK(cudaMemsetAsync(W.experts_gate_up.grad, 0, W.experts_gate_up.numel * sizeof(float), stream_));
-    if (W.experts_down.grad != nullptr)
-      CUDA_CHECK(cudaMemsetAsync(W.experts_down.grad, 0, W.experts_down.numel * sizeof(float), stream_));
-    expert_grads_hold_sum_[l] = 1;
-  }
-}
-
 void GpuTextModel::backward() {
   const TextConfig& c = config_;
   const int64_t T = num_tokens_, C = c.hidden_size;
@@ -555,20 +535,15 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   // free until the post-attention norm's backward).
   DeviceBf16* experts_dx = acts_.grad_normed;
   DeviceBf16* shared_dx = acts_.grad_mixer_bf16;
-  // The step's first product into this layer's expert gradients writes them (see
-  // begin_expert_gradient_step).
-  uint8_t& holds_sum = expert_grads_hold_sum_[static_cast<size_t>(layer)];
-  const WeightGradOutput expert_grads = holds_sum ? WeightGradOutput::added_to : WeightGradOutput::written;
-  holds_sum = 1;
   if (expert_parallel_ != nullptr) {
     expert_parallel_->backward(layer, s.topk_weight, b.normed_post, W.experts_gate_up.w, W.experts_down.w, dy,
-                               experts_dx, w.d_topk_weight, W.experts_gate_up.grad, W.experts_down.grad, expert_grads);
+                               experts_dx, w.d_topk_weight, W.experts_gate_up.grad, W.experts_down.grad);
   } else {
     MoeExpertsLora lora;
     moe_experts_backward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
                               W.experts_gate_up.w, W.experts_down.w, dy, experts_dx, w.d_topk_weight,
                               W.experts_gate_up.grad, W.experts_down.grad, workspace_.data(), workspace_bytes_,
-                              stream_, experts_lora(layer, &lora), expert_grads);
+                              stream_, experts_lora(layer, &lora));
   }
   const bool with_aux = options_.aux_loss_weight != 0.0f;
   if (with_aux)
