@@ -17,8 +17,8 @@ int64_t align_up(int64_t elements) {
 }  // namespace
 
 bool is_routed_expert_tensor(const std::string& name) {
-  return name.find(".mlp.experts.gate_up_proj") != std::string::npos ||
-         name.find(".mlp.experts.down_proj") != std::string::npos;
+  // The stack itself: a LoRA adapter on it ("<stack>.lora_A.weight", ...) is not one.
+  return name.ends_with(".mlp.experts.gate_up_proj") || name.ends_with(".mlp.experts.down_proj");
 }
 
 ParallelLayout::ParallelLayout(const ParamLayout& full, int rank, int world, int64_t num_experts,

@@ -35,7 +35,8 @@ struct ParallelOptions {
   double expert_recv_headroom = 0;
 };
 
-// A routed-expert stack ("...mlp.experts.gate_up_proj" / "down_proj", leading dimension = experts).
+// A routed-expert stack ("...mlp.experts.gate_up_proj" / "down_proj", leading dimension = experts;
+// not the LoRA adapters on it, whose names start the same).
 bool is_routed_expert_tensor(const std::string& name);
 
 class ParallelLayout {

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include <vector>
 
 #include "core/error.h"
@@ -160,6 +162,18 @@ TEST(ParallelLayout, GroupsFollowTheBackwardPhasesAndLieBackToBack) {
                 options.expert_parallel_size > 1 ? -1 : 2);
     }
   }
+}
+
+// The routed-expert stacks are the fused parameters themselves: the LoRA adapters on them (whose
+// names extend the stack's) and the shared expert are dense tensors.
+TEST(ParallelLayout, RoutedExpertStacksAreTheFusedParametersOnly) {
+  const std::string layer = "model.language_model.layers.3.mlp.";
+  EXPECT_TRUE(is_routed_expert_tensor(layer + "experts.gate_up_proj"));
+  EXPECT_TRUE(is_routed_expert_tensor(layer + "experts.down_proj"));
+  EXPECT_FALSE(is_routed_expert_tensor(layer + "experts.gate_up_proj.lora_A.weight"));
+  EXPECT_FALSE(is_routed_expert_tensor(layer + "experts.down_proj.lora_B.weight"));
+  EXPECT_FALSE(is_routed_expert_tensor(layer + "shared_expert.down_proj.weight"));
+  EXPECT_FALSE(is_routed_expert_tensor(layer + "gate.weight"));
 }
 
 TEST(ParallelLayout, BadLayoutsAreRefusedNamingTheFlag) {
