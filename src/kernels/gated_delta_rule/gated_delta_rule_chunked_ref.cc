@@ -264,8 +264,9 @@ void chunk_backward(const ChunkWork<S>& c, const S* state, const S* d_o_chunk, S
         gr.dq[i * dk + d] += g_decay * c.k[j * dk + d];
         gr.dk[j * dk + d] += g_decay * c.q[i * dk + d];
       }
-      // d gamma_i += M_ij, d gamma_j -= M_ij (zero net on the diagonal).
-      const S m_ij = g_ij * c.qk[i * cap + j] * decay_ij;
+      // d gamma_i += M_ij, d gamma_j -= M_ij (zero net on the diagonal). A kernel holding P as a
+      // bf16 operand (flag p) forms M_ij = G_ij P_ij from it.
+      const S m_ij = c.bf16.p ? g_ij * c.p[i * cap + j] : g_ij * c.qk[i * cap + j] * decay_ij;
       gr.d_gamma[i] += m_ij;
       gr.d_gamma[j] -= m_ij;
     }
