@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Issue 20's timing rows in one device call, most important first, each bounded by what is left of
+# the call: the per-layer table beside transformers + grouped_mm + FLA (layer_anchor.sh), then the
+# GDN core beside FLA's chunk_gated_delta_rule, AdamW over a flat buffer, the grouped GEMM at 35B
+# widths. Carry gpu_bundle and .anchors_src. Logs under $OUT/timings/; summary on stdout.
+#   BUDGET_S (default 570): the whole call's seconds; a stage that cannot start with 30 s left is
+#   reported NOT RUN.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+: "${OUT:?OUT must name the folder whose files come back}"
+out=$OUT/timings
+mkdir -p "$out"
+source gpu_bundle/env.sh
+# FLA's Triton autotuning costs ~2 min a process; its results kept on disk let the anchor's second
+# process and gdn_anchor.py reuse them.
+export TRITON_CACHE_AUTOTUNING=1
+budget=${BUDGET_S:-570}
+start=$(date +%s)
+left() { echo $(( budget - ($(date +%s) - start) )); }
+status=0
+stage() {  # name command...: runs it within what is left of the budget, log in $out/name.log
+  local name=$1; shift
+  local rest; rest=$(left)
+  if [ "$rest" -lt 30 ]; then echo "NOT RUN $name (${rest} s left)"; status=1; return; fi
+  echo "################ $name (${rest} s left)"
+  timeout "$rest" "$@" > "$out/$name.log" 2>&1 || { echo "FAILED $name (exit $?)"; status=1; }
+}
+export DELTAMOE_SOURCE_DIR=$PWD
+OUT=$out stage layer_anchor bash tools/gpu/layer_anchor.sh
+cat "$out/layer_anchor/summary.md" 2>/dev/null; grep -E "FAILED|skipped|after step 1" "$out/layer_anchor.log"
+stage gdn_core gpu_bundle/bin/gated_delta_rule_gpu_test --gtest_filter='*Qwen35BShapeTimed*'
+grep -iE "ms|FAILED|PASSED" "$out/gdn_core.log" | tail -12
+stage gdn_fla python3 tools/gpu/gdn_anchor.py
+grep -E "ANCHOR|Error" "$out/gdn_fla.log" | tail -4
+stage adamw gpu_bundle/bin/adamw_gpu_test --gtest_filter='*Timing*'
+grep -iE "ms|GB/s|FAILED|PASSED" "$out/adamw.log" | tail -8
+stage grouped_gemm gpu_bundle/bin/grouped_gemm_gpu_test --gtest_filter='*Timing35B*'
+grep -iE "TFLOP|ms|FAILED|PASSED" "$out/grouped_gemm.log" | tail -12
+tar czf "$OUT/timings.tgz" -C "$out" . && rm -rf "$out"
+echo "issue20_timings: exit $status"
+exit $status
