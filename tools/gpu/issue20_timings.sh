@@ -2,7 +2,7 @@
 # Issue 20's timing rows in one device call, most important first, each bounded by what is left of
 # the call: the per-layer table beside transformers + grouped_mm + FLA (layer_anchor.sh), then the
 # GDN core beside FLA's chunk_gated_delta_rule, AdamW over a flat buffer, the grouped GEMM at 35B
-# widths. Carry gpu_bundle and .anchors_src. Logs under $OUT/timings/; summary on stdout.
+# widths, and last the per-kernel profile of one 4-layer step (layer_profile.sh). Carry gpu_bundle and .anchors_src. Logs under $OUT/timings/; summary on stdout.
 #   BUDGET_S (default 570): the whole call's seconds; a stage that cannot start with 30 s left is
 #   reported NOT RUN.
 set -uo pipefail
@@ -36,6 +36,8 @@ stage adamw gpu_bundle/bin/adamw_gpu_test --gtest_filter='*Timing*'
 grep -iE "ms|GB/s|FAILED|PASSED" "$out/adamw.log" | tail -8
 stage grouped_gemm gpu_bundle/bin/grouped_gemm_gpu_test --gtest_filter='*Timing35B*'
 grep -iE "TFLOP|ms|FAILED|PASSED" "$out/grouped_gemm.log" | tail -12
+OUT=$out stage profile bash tools/gpu/layer_profile.sh step
+head -45 "$out/step_profile.txt" 2>/dev/null
 tar czf "$OUT/timings.tgz" -C "$out" . && rm -rf "$out"
 echo "issue20_timings: exit $status"
 exit $status
