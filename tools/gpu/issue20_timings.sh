@@ -2,7 +2,8 @@
 # Issue 20's timing rows in one device call, most important first, each bounded by what is left of
 # the call: the per-layer table beside transformers + grouped_mm + FLA (layer_anchor.sh), then the
 # GDN core beside FLA's chunk_gated_delta_rule, AdamW over a flat buffer, the grouped GEMM at 35B
-# widths, and last the per-kernel profile of one 4-layer step (layer_profile.sh). Carry gpu_bundle and .anchors_src. Logs under $OUT/timings/; summary on stdout.
+# widths, and last the per-kernel profile of one 4-layer step (layer_profile.sh). Carry gpu_bundle
+# and .anchors_src. Logs: $OUT/timings.tgz; summary on stdout.
 #   BUDGET_S (default 570): the whole call's seconds; a stage that cannot start with 30 s left is
 #   reported NOT RUN.
 set -uo pipefail
