@@ -514,7 +514,7 @@ int cmd_bench(int argc, char** argv) {
   args.add_option("optimizer_state_dtype", "f32 or bf16 Adam moments (bf16 as the transformers baseline)", "bf16");
   args.add_option("aux_loss_coef", "router load-balancing loss coefficient (0 as transformers without router logits)",
                   "0");
-  args.add_option("loss_chunk", "tokens per lm_head + cross-entropy chunk", "2048");
+  args.add_option("loss_chunk", "tokens per lm_head + cross-entropy chunk", "1024");
   args.add_option("seed", "random seed of weights and tokens", "0");
   args.add_option("tuner_type", "full, or lora: the base frozen, LoRA adapters trained (docs/lora.md)", "full");
   args.add_option("lora_rank", "LoRA rank (with --tuner_type lora)", "8");
