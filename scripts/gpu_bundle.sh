@@ -6,7 +6,7 @@
 #   load time, so every kernel runs its sm_80 code there and the kernel path (kernels/common/kernel_path_cuda.h) is the
 #   A800's; tools/gpu/sm80_path.sh runs its tests and the bench.
 #   PROGRAMS="a_gpu_test b_gpu_test": only those test programs (and deltamoe) are built and packed. Every test
-#   program together (~30 MB packed) no longer fits beside the tree in the 64 MiB a device call carries.
+#   program together (~30 MB packed) does not fit beside the tree in the 64 MiB a device call carries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The H200 needs only sm_90a; building one architecture halves nvcc's time on 2 cores.
