@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "core/cuda_check.h"
-#include "core/workspace_carver.h"
 #include "kernels/moe_experts/moe_experts_cuda.h"
 
 namespace deltamoe {
@@ -16,6 +15,7 @@ constexpr int kSlotsPerChunk = kMoeSlotsPerChunk;
 // Experts are held in shared memory by the plan kernels (Qwen3.5 has 256 or 512).
 constexpr int64_t kMaxExperts = 8192;
 
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 int64_t num_chunks(int64_t slots) { return (slots + kSlotsPerChunk - 1) / kSlotsPerChunk; }
 
 // counts[chunk, e] = slots of the chunk routed to expert e.

@@ -3,8 +3,6 @@
 #include <algorithm>
 
 #include "core/cuda_check.h"
-#include "core/workspace_carver.h"
-#include "kernels/gemm/bf16_vector.cuh"
 #include "kernels/gemm/f32_operand_cuda.h"
 #include "kernels/shared_expert/shared_expert_cuda.h"
 
@@ -15,6 +13,26 @@ namespace {
 using nvbf16 = __nv_bfloat16;
 
 constexpr int kTokensPerChunk = 256;  // rows per partial sum of d_expert_gate
+
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+class WorkspaceCarver {
+ public:
+  WorkspaceCarver(void* base, size_t bytes) : at_(static_cast<char*>(base)), left_(bytes) {}
+  template <typename T>
+  T* take(int64_t count) {
+    const size_t bytes = align256(static_cast<size_t>(count) * sizeof(T));
+    CHECK(bytes <= left_, "shared_expert: workspace too small (", left_, " bytes left, need ", bytes, ")");
+    T* piece = reinterpret_cast<T*>(at_);
+    at_ += bytes;
+    left_ -= bytes;
+    return piece;
+  }
+
+ private:
+  char* at_;
+  size_t left_;
+};
 
 // Row-major C [M, N] = alpha op(A) op(B) + beta C; A stored [M, K] ([K, M] when trans_a), B
 // stored [K, N] ([N, K] when trans_b). cuBLAS is column-major: compute C^T = op(B)^T op(A)^T.
@@ -51,32 +69,61 @@ __global__ void swiglu_backward_kernel(nvbf16* gate_to_dgate, nvbf16* up_to_dup,
   }
 }
 
+// Four adjacent elements of a row as one access when the layout allows (V = 4), else one (V = 1).
+template <int V>
+__device__ __forceinline__ void load_f32_elements(const float* p, float* v) {
+  if constexpr (V == 4) {
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+    v[0] = *p;
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void load_bf16_elements(const nvbf16* p, float* v) {
+  if constexpr (V == 4) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(p);
+    const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const float2 a = __bfloat1622float2(pairs[0]), b = __bfloat1622float2(pairs[1]);
+    v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+  } else {
+    v[0] = __bfloat162float(*p);
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void store_bf16_elements(nvbf16* p, const float* v) {
+  if constexpr (V == 4) {
+    uint2 raw;
+    auto* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
+    pairs[0] = __floats2bfloat162_rn(v[0], v[1]);
+    pairs[1] = __floats2bfloat162_rn(v[2], v[3]);
+    *reinterpret_cast<uint2*>(p) = raw;
+  } else {
+    *p = __float2bfloat16(v[0]);
+  }
+}
+
 // Whether [T, C] rows allow 4-element accesses: C a multiple of 4 and every base 16-byte aligned.
 bool four_wide(int64_t hidden, const void* a, const void* b, const void* c = nullptr) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return hidden % 4 == 0 && aligned(a) && aligned(b) && aligned(c);
 }
 
-// The per-token kernels below walk rows with blocks (grid-stride) and a row's V-element groups with
-// the block's threads: the token's scalar is read once per row and no index is divided (a 64-bit
-// division per group held them at ~2-2.6x their memory floor).
-unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(rows, 132 * 16))); }
-
 // y[t] = (y[t] if accumulate) + sigmoid(logit[t]) out[t]; each thread V adjacent elements of a row.
 template <int V>
 __global__ void scale_output_kernel(const float* out, const float* logit, nvbf16* y, bool accumulate, int64_t hidden,
-                                    int64_t rows) {
-  for (int64_t t = blockIdx.x; t < rows; t += gridDim.x) {
-    const float s = sigmoidf(logit[t]);
-    for (int64_t i = t * hidden + static_cast<int64_t>(threadIdx.x) * V; i < (t + 1) * hidden;
-         i += static_cast<int64_t>(blockDim.x) * V) {
-      float value[V], prior[V];
-      load_as_f32<V>(out + i, value);
-      if (accumulate) load_bf16_as_f32<V>(y + i, prior);
+                                    int64_t total) {
+  for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * V; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * V) {
+    const float s = sigmoidf(logit[i / hidden]);
+    float value[V], prior[V];
+    load_f32_elements<V>(out + i, value);
+    if (accumulate) load_bf16_elements<V>(y + i, prior);
 #pragma unroll
-      for (int k = 0; k < V; ++k) value[k] = accumulate ? prior[k] + s * value[k] : s * value[k];
-      store_f32_as_bf16<V>(y + i, value);
-    }
+    for (int k = 0; k < V; ++k) value[k] = accumulate ? prior[k] + s * value[k] : s * value[k];
+    store_bf16_elements<V>(y + i, value);
   }
 }
 
@@ -106,22 +153,21 @@ __global__ void scale_backward_kernel(const float* out, const float* logit, cons
 // dx[t, c] = (dx if accumulate) + dx32[t, c] + d_logit[t] w_gate[c]; V adjacent elements per thread.
 template <int V>
 __global__ void finish_dx_kernel(const float* dx32, const float* d_logit, const nvbf16* expert_gate, nvbf16* dx,
-                                 bool accumulate, int64_t hidden, int64_t rows) {
-  for (int64_t t = blockIdx.x; t < rows; t += gridDim.x) {
+                                 bool accumulate, int64_t hidden, int64_t total) {
+  for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * V; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * V) {
+    const int64_t t = i / hidden;
     const float dl = d_logit[t];
-    for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < hidden; c += static_cast<int64_t>(blockDim.x) * V) {
-      const int64_t i = t * hidden + c;
-      float value[V], gate[V], prior[V];
-      load_as_f32<V>(dx32 + i, value);
-      load_bf16_as_f32<V>(expert_gate + c, gate);
-      if (accumulate) load_bf16_as_f32<V>(dx + i, prior);
+    float value[V], gate[V], prior[V];
+    load_f32_elements<V>(dx32 + i, value);
+    load_bf16_elements<V>(expert_gate + (i - t * hidden), gate);
+    if (accumulate) load_bf16_elements<V>(dx + i, prior);
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float v = value[k] + dl * gate[k];
-        value[k] = accumulate ? prior[k] + v : v;
-      }
-      store_f32_as_bf16<V>(dx + i, value);
+    for (int k = 0; k < V; ++k) {
+      const float v = value[k] + dl * gate[k];
+      value[k] = accumulate ? prior[k] + v : v;
     }
+    store_bf16_elements<V>(dx + i, value);
   }
 }
 
@@ -182,7 +228,7 @@ LoraScratch lora_scratch(const SharedExpertLora& lora, int64_t T) {
   CHECK(lora.gemm != nullptr, "shared_expert: LoRA adapters need a GemmContext");
   CHECK(lora.scratch_bytes >= shared_expert_lora_scratch_bytes(T, rank), "shared_expert: LoRA scratch of ",
         lora.scratch_bytes, " bytes, ", T, " tokens at rank ", rank, " need ", shared_expert_lora_scratch_bytes(T, rank));
-  WorkspaceCarver carve("shared_expert", lora.scratch, lora.scratch_bytes);
+  WorkspaceCarver carve(lora.scratch, lora.scratch_bytes);
   LoraScratch s;
   s.xa = carve.take<nvbf16>(T * rank);
   s.dxa = carve.take<nvbf16>(T * rank);
@@ -262,7 +308,7 @@ void shared_expert_forward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
   check_sizes("shared_expert_forward_cuda", num_tokens, hidden, intermediate);
   if (num_tokens == 0) return;
   const int64_t T = num_tokens, C = hidden, I = intermediate;
-  WorkspaceCarver carve("shared_expert", workspace, workspace_bytes);
+  WorkspaceCarver carve(workspace, workspace_bytes);
   const ForwardBuffers b = take_forward_buffers(carve, T, C, I);
   if (lora != nullptr && !lora->any()) lora = nullptr;
   run_forward(handle, x, gate_proj, up_proj, down_proj, expert_gate, b, T, C, I, stream, lora);
@@ -274,7 +320,7 @@ SharedExpertPending shared_expert_pending_in(void* memory, size_t bytes, int64_t
   CHECK(memory != nullptr && bytes >= shared_expert_pending_bytes(num_tokens, hidden), "shared_expert: pending output of ",
         bytes, " bytes", memory == nullptr ? " (null)" : "", " for T=", num_tokens, " C=", hidden, ", need ",
         shared_expert_pending_bytes(num_tokens, hidden));
-  WorkspaceCarver carve("shared_expert", memory, bytes);
+  WorkspaceCarver carve(memory, bytes);
   SharedExpertPending pending;
   pending.out = carve.take<float>(num_tokens * hidden);
   pending.logit = carve.take<float>(num_tokens);
@@ -292,7 +338,7 @@ void shared_expert_forward_products_cuda(cublasHandle_t handle, const __nv_bfloa
   const int64_t T = num_tokens, C = hidden, I = intermediate;
   // The same carving as the fused call (out and logit carved but unused), so the products see
   // identically aligned operands.
-  WorkspaceCarver carve("shared_expert", workspace, workspace_bytes);
+  WorkspaceCarver carve(workspace, workspace_bytes);
   ForwardBuffers b = take_forward_buffers(carve, T, C, I);
   b.out = pending.out;
   b.logit = pending.logit;
@@ -306,9 +352,11 @@ void shared_expert_forward_apply_cuda(const SharedExpertPending& pending, __nv_b
   if (num_tokens == 0) return;
   const int64_t T = num_tokens, C = hidden;
   if (four_wide(C, pending.out, y))
-    scale_output_kernel<4><<<row_grid(T), 256, 0, stream>>>(pending.out, pending.logit, y, accumulate, C, T);
+    scale_output_kernel<4><<<elementwise_grid(T * C / 4), 256, 0, stream>>>(pending.out, pending.logit, y, accumulate, C,
+                                                                             T * C);
   else
-    scale_output_kernel<1><<<row_grid(T), 256, 0, stream>>>(pending.out, pending.logit, y, accumulate, C, T);
+    scale_output_kernel<1><<<elementwise_grid(T * C), 256, 0, stream>>>(pending.out, pending.logit, y, accumulate, C,
+                                                                         T * C);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -322,7 +370,7 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
   check_sizes("shared_expert_backward_cuda", num_tokens, hidden, intermediate);
   if (num_tokens == 0) return;
   const int64_t T = num_tokens, C = hidden, I = intermediate;
-  WorkspaceCarver carve("shared_expert", workspace, workspace_bytes);
+  WorkspaceCarver carve(workspace, workspace_bytes);
   const ForwardBuffers b = take_forward_buffers(carve, T, C, I);
   nvbf16* d_out = carve.take<nvbf16>(T * C);
   float* d_h = carve.take<float>(T * I);
@@ -359,9 +407,11 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
     }
   }
   if (four_wide(C, dx32, dx, expert_gate))
-    finish_dx_kernel<4><<<row_grid(T), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx, C, T);
+    finish_dx_kernel<4><<<elementwise_grid(T * C / 4), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx,
+                                                                          C, T * C);
   else
-    finish_dx_kernel<1><<<row_grid(T), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx, C, T);
+    finish_dx_kernel<1><<<elementwise_grid(T * C), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx, C,
+                                                                      T * C);
   CUDA_CHECK_LAUNCH();
   // Frozen weights (null gradients) skip their products.
   if (d_gate_proj != nullptr) gemm_row_major(handle, true, false, I, C, T, d_gate, I, x, C, 1.0f, d_gate_proj, CUDA_R_32F, C);

@@ -24,10 +24,6 @@ struct GdnSaved {
   DeviceBf16 *q_normed = nullptr, *k_normed = nullptr;  // l2-normalised
   float *g = nullptr, *beta = nullptr;                  // [T, Hv]
   DeviceBf16 *core = nullptr, *normed = nullptr;        // [T, Hv, Dv]
-  // With keep_gdn_forward: the gated delta rule forward's workspace (its chunk table, W, V_new,
-  // P, A and chunk-entry states), kept for the backward instead of being recomputed there.
-  void* rule_forward = nullptr;
-  size_t rule_forward_bytes = 0;
 };
 
 // Gated attention mixer: q_proj output (query | gate per head), k/v, normed + rotated q/k, output.
@@ -40,14 +36,13 @@ struct AttentionSaved {
   DeviceBf16* gated = nullptr;
 };
 
-// Sparse MoE block: router outputs, the routing plan's memory and, with keep_expert_rows, the
-// routed experts' gate/up rows (else the experts' backward recomputes them).
+// Sparse MoE block: router outputs and the routing plan's memory (the experts recompute their
+// activations).
 struct MoeSaved {
   float *logits = nullptr, *probs = nullptr;
   int32_t* topk_idx = nullptr;
   float* topk_weight = nullptr;
   void* plan_memory = nullptr;  // moe_routing_plan_bytes(T, E, K)
-  DeviceBf16* gate_up_rows = nullptr;  // [T K, 2 I], expert-major (null: not kept)
 };
 
 struct LayerActivations {
@@ -105,15 +100,6 @@ struct TextActivationSpec {
   // (x_in); everything else they save is one set shared by them, refilled by rerunning the layer's
   // forward just before its backward.
   int64_t recompute_layers = 0;
-  // Every layer not fully recomputed keeps its routed experts' gate/up rows from the forward, so
-  // that the experts' backward skips recomputing them (one grouped GEMM a layer) for T K x 2 I bf16
-  // a layer. (A fully recomputed layer's rerun does not run the experts: it recomputes them.)
-  bool keep_expert_rows = false;
-  // Every GDN set (a layer's own, or the one that rerun mixers share) keeps the gated delta rule
-  // forward's workspace for its backward (gated_delta_rule_backward_after_forward_cuda), which then
-  // skips recomputing the chunk preparation and the state scan: the forward workspace layout for
-  // max_tokens and max_seqs a set (320 MiB at 8,192 tokens and the 35B widths).
-  bool keep_gdn_forward = false;
   bool capture_layer_grads = false;  // tests: 3 x [T, C] fp32 per layer
 };
 

@@ -206,35 +206,6 @@ void GpuTextModel::forward_loss() {
   lm_head_cross_entropy_cuda(*gemm_, loss, workspace_.data(), workspace_bytes_, stream_);
 }
 
-void GpuTextModel::begin_expert_gradient_step(const ExpertSquaresSink* squares) {
-  for (size_t l = 0; l < expert_grads_hold_sum_.size(); ++l) {
-    const MoeWeights& W = weights_.layers[l].mlp;
-    // Only trained experts form a gradient; frozen ones (null) have nothing to write.
-    expert_grads_hold_sum_[l] = W.experts_gate_up.grad == nullptr && W.experts_down.grad == nullptr;
-  }
-  expert_squares_.reset();
-  if (squares != nullptr) {
-    CHECK(squares->sums != nullptr && squares->scratch != nullptr && squares->divisor > 0,
-          "text model: the experts' sums of squares need their slots, scratch and a positive divisor");
-    // Layers no backward reaches, and frozen experts, keep 0.
-    CUDA_CHECK(cudaMemsetAsync(squares->sums, 0, 2 * expert_grads_hold_sum_.size() * sizeof(double), stream_));
-    expert_squares_ = *squares;
-  }
-}
-
-void GpuTextModel::zero_unwritten_expert_gradients() {
-  for (size_t l = 0; l < expert_grads_hold_sum_.size(); ++l) {
-    if (expert_grads_hold_sum_[l]) continue;
-    const MoeWeights& W = weights_.layers[l].mlp;
-    if (W.experts_gate_up.grad != nullptr)
-      CUDA_CHECK(cudaMemsetAsync(W.experts_gate_up.grad, 0, W.experts_gate_up.numel * sizeof(float), stream_));
-    if (W.experts_down.grad != nullptr)
-      CUDA_CHECK(cudaMemsetAsync(W.experts_down.grad, 0, W.experts_down.numel * sizeof(float), stream_));
-    expert_grads_hold_sum_[l] = 1;
-  }
-  expert_squares_.reset();
-}
-
 void GpuTextModel::backward() {
   const TextConfig& c = config_;
   const int64_t T = num_tokens_, C = c.hidden_size;
@@ -350,11 +321,8 @@ void GpuTextModel::gdn_forward(int64_t layer) {
   shape.key_dim = Dk;
   shape.value_dim = Dv;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk)));
-  // The rule's forward workspace is the set's own when kept for the backward, else the shared one.
-  void* rule_workspace = s.rule_forward != nullptr ? s.rule_forward : workspace_.data();
-  const size_t rule_workspace_bytes = s.rule_forward != nullptr ? s.rule_forward_bytes : workspace_bytes_;
   gated_delta_rule_forward_cuda(shape, scale, s.q_normed, s.k_normed, s.v, s.g, s.beta, nullptr, s.core, nullptr,
-                                rule_workspace, rule_workspace_bytes, stream_);
+                                workspace_.data(), workspace_bytes_, stream_);
   gated_rmsnorm_forward_cuda(s.core, s.z, W.norm.f32, T * Hv, Dv,
                              static_cast<float>(c.rms_norm_eps), s.normed, stream_);
   project(W.out_proj, s.normed, b.mixer_out, DType::bf16, T, vd, C);
@@ -383,17 +351,9 @@ void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   shape.key_dim = Dk;
   shape.value_dim = Dv;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk)));
-  if (s.rule_forward != nullptr) {
-    // The forward's chunk quantities and states kept since this set's forward: not recomputed.
-    gated_delta_rule_backward_after_forward_cuda(shape, scale, s.q_normed, s.k_normed, s.v, s.g, s.beta, nullptr,
-                                                 w.d_core, nullptr, w.dq_normed, w.dk_normed, w.dv, w.dg, w.dbeta,
-                                                 nullptr, s.rule_forward, s.rule_forward_bytes, workspace_.data(),
-                                                 workspace_bytes_, stream_);
-  } else {
-    gated_delta_rule_backward_cuda(shape, scale, s.q_normed, s.k_normed, s.v, s.g, s.beta, nullptr, w.d_core,
-                                   nullptr, w.dq_normed, w.dk_normed, w.dv, w.dg, w.dbeta, nullptr, workspace_.data(),
-                                   workspace_bytes_, stream_);
-  }
+  gated_delta_rule_backward_cuda(shape, scale, s.q_normed, s.k_normed, s.v, s.g, s.beta, nullptr, w.d_core, nullptr,
+                                 w.dq_normed, w.dk_normed, w.dv, w.dg, w.dbeta, nullptr, workspace_.data(),
+                                 workspace_bytes_, stream_);
   // The conv's output gradient as its q | k | v blocks: dq and dk (dense, in w.d_conv) and dv.
   DeviceBf16* dq = w.d_conv;
   DeviceBf16* dk = w.d_conv + T * kd;
@@ -553,7 +513,7 @@ void GpuTextModel::moe_forward(int64_t layer, bool recompute) {
   MoeExpertsLora lora;
   moe_experts_forward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
                            W.experts_gate_up.w, W.experts_down.w, b.moe_out, workspace_.data(), workspace_bytes_,
-                           stream_, experts_lora(layer, &lora), s.gate_up_rows);
+                           stream_, experts_lora(layer, &lora));
   shared_expert_forward_cuda(cublas_, b.normed_post, W.shared_gate_proj.w,
                              W.shared_up_proj.w,
                              W.shared_down_proj.w,
@@ -575,33 +535,15 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   // free until the post-attention norm's backward).
   DeviceBf16* experts_dx = acts_.grad_normed;
   DeviceBf16* shared_dx = acts_.grad_mixer_bf16;
-  // The step's first product into this layer's expert gradients writes them (see
-  // begin_expert_gradient_step).
-  uint8_t& holds_sum = expert_grads_hold_sum_[static_cast<size_t>(layer)];
-  const WeightGradOutput expert_grads = holds_sum ? WeightGradOutput::added_to : WeightGradOutput::written;
-  // Their sums of squares, when asked for, come with the written products only.
-  CHECK(!expert_squares_ || expert_grads == WeightGradOutput::written || (W.experts_gate_up.grad == nullptr &&
-                                                                         W.experts_down.grad == nullptr),
-        "text model: layer ", layer, "'s expert gradients were already formed this step, and their sums of squares "
-        "with them; a step that asks for the sums runs one backward");
-  ExpertGradSquares squares;
-  const bool with_squares = expert_squares_ && expert_grads == WeightGradOutput::written;
-  if (with_squares) {
-    squares = ExpertGradSquares{expert_squares_->sums + 2 * layer, expert_squares_->sums + 2 * layer + 1,
-                                expert_squares_->divisor, expert_squares_->scratch};
-  }
-  holds_sum = 1;
   if (expert_parallel_ != nullptr) {
     expert_parallel_->backward(layer, s.topk_weight, b.normed_post, W.experts_gate_up.w, W.experts_down.w, dy,
-                               experts_dx, w.d_topk_weight, W.experts_gate_up.grad, W.experts_down.grad, expert_grads,
-                               with_squares ? &squares : nullptr);
+                               experts_dx, w.d_topk_weight, W.experts_gate_up.grad, W.experts_down.grad);
   } else {
     MoeExpertsLora lora;
     moe_experts_backward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
                               W.experts_gate_up.w, W.experts_down.w, dy, experts_dx, w.d_topk_weight,
                               W.experts_gate_up.grad, W.experts_down.grad, workspace_.data(), workspace_bytes_,
-                              stream_, experts_lora(layer, &lora), expert_grads, with_squares ? &squares : nullptr,
-                              s.gate_up_rows);
+                              stream_, experts_lora(layer, &lora));
   }
   const bool with_aux = options_.aux_loss_weight != 0.0f;
   if (with_aux)
