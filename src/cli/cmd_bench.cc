@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/args.h"
@@ -22,6 +23,7 @@
 #include "data/packer.h"
 #include "model/config.h"
 #include "model/vision/mrope_positions.h"
+#include "train/step_floors.h"
 
 #if DELTAMOE_WITH_CUDA
 #include <cuda_runtime.h>
@@ -50,7 +52,7 @@ namespace deltamoe {
 
 namespace {
 
-constexpr double kPeakDenseBf16Tflops = 989.0;     // H200 spec sheet, dense bf16
+constexpr double kPeakDenseBf16Tflops = kH200PeakMatmulFlopsPerSecond / 1e12;  // H200 spec sheet, dense bf16
 constexpr double kMeasuredDenseBf16Tflops = 790.0;  // measured cuBLAS bf16 GEMM on the H200 (docs/performance.md)
 
 // "16x16,20x24" -> merged-token grids (h, w) of the images each sample carries in turn.
@@ -276,6 +278,18 @@ int run_bench(const ArgParser& args) {
   double first_loss = 0, last_loss = 0, flops = 0;
   double measured_ms = 0, measured_tokens = 0, measured_flops = 0;  // sums over the measured steps
   StepResult last;
+  // The measured steps' floors by component (train/step_floors.h), summed over their micro-batches
+  // (AdamW's once a step). Single-GPU runs only: a parallel rank holds a share of the experts.
+  const bool with_floors = host_world == nullptr && simulated_ranks == 0;
+  const bool text_trained = !options.freeze.freeze_llm;
+  const int64_t trained_params = engine.state().layout().num_parameters();
+  StepFloors floors;
+  ComponentFloor optimizer_floor;
+  auto add_step_floors = [&](const std::vector<MicroBatch>& batches) {
+    if (!with_floors) return;
+    for (const MicroBatch& batch : batches) floors += micro_batch_floors(config.text, batch.cu_seqlens, text_trained);
+    optimizer_floor += adamw_floor(trained_params, options.adamw.moment_dtype);
+  };
   // What the steps after the first take that the first did not: allocations (device, pinned), GPU
   // memory (anything a library takes, module loads), cuDNN plans, cuBLASLt heuristic queries.
   AllocationCounts allocations_after_first;
@@ -321,6 +335,7 @@ int run_bench(const ArgParser& args) {
       measured_ms += ms;
       measured_flops += last.flops;
       for (const MicroBatch& batch : batches) measured_tokens += static_cast<double>(batch.num_tokens());
+      add_step_floors(batches);
     }
     flops = last.flops;
     if (step == 0) {
@@ -413,12 +428,37 @@ int run_bench(const ArgParser& args) {
   double sum = 0.0;
   for (double t : totals) sum += t;
   nlohmann::json components = nlohmann::json::object();
+  nlohmann::json component_floors = nlohmann::json::object();
   for (int i = 0; i < kNumStepComponents; ++i) {
+    const auto component = static_cast<StepComponent>(i);
     const double ms = totals[i] / static_cast<double>(steps);
-    const char* name = component_name(static_cast<StepComponent>(i));
-    std::printf("  %-16s %9.2f ms  %5.1f%%\n", name, ms, sum > 0 ? 100.0 * totals[i] / sum : 0.0);
+    const char* name = component_name(component);
+    const ComponentFloor* floor = nullptr;
+    if (with_floors) {
+      switch (component) {
+        case StepComponent::gdn: floor = &floors.gdn; break;
+        case StepComponent::attention: floor = &floors.attention; break;
+        case StepComponent::moe: floor = &floors.moe; break;
+        case StepComponent::lm_head_loss: floor = &floors.lm_head_loss; break;
+        case StepComponent::optimizer: floor = &optimizer_floor; break;
+        default: break;
+      }
+    }
+    std::string beside;
+    if (floor != nullptr) {
+      const double floor_ms =
+          floor->ms(kH200PeakMatmulFlopsPerSecond, kH200BytesPerSecond) / static_cast<double>(steps);
+      char text[64];
+      std::snprintf(text, sizeof(text), "   floor %8.2f ms (%.1fx)", floor_ms, floor_ms > 0 ? ms / floor_ms : 0.0);
+      beside = text;
+      component_floors[name] = floor_ms;
+    }
+    std::printf("  %-16s %9.2f ms  %5.1f%%%s\n", name, ms, sum > 0 ? 100.0 * totals[i] / sum : 0.0, beside.c_str());
     components[name] = ms;
   }
+  if (with_floors)
+    std::printf("  (floors: model FLOPs at 989 TFLOP/s or the weights', gradients' and optimizer state's bytes at "
+                "4.8 TB/s, the H200's rates, whichever is longer; train/step_floors.h)\n");
   nlohmann::json result = {{"engine", "deltamoe"},
                            {"gpu", prop.name},
                            {"kernels", path.name()},
@@ -443,6 +483,7 @@ int run_bench(const ArgParser& args) {
                            {"loss_first", first_loss},
                            {"loss_last", last_loss},
                            {"components_ms", components},
+                           {"component_floors_ms", component_floors},
                            {"varied_lengths", varied},
                            {"after_first_step",
                             {{"device_allocations", new_allocations},
@@ -514,7 +555,7 @@ int cmd_bench(int argc, char** argv) {
   args.add_option("optimizer_state_dtype", "f32 or bf16 Adam moments (bf16 as the transformers baseline)", "bf16");
   args.add_option("aux_loss_coef", "router load-balancing loss coefficient (0 as transformers without router logits)",
                   "0");
-  args.add_option("loss_chunk", "tokens per lm_head + cross-entropy chunk", "1024");
+  args.add_option("loss_chunk", "tokens per lm_head + cross-entropy chunk", "2048");
   args.add_option("seed", "random seed of weights and tokens", "0");
   args.add_option("tuner_type", "full, or lora: the base frozen, LoRA adapters trained (docs/lora.md)", "full");
   args.add_option("lora_rank", "LoRA rank (with --tuner_type lora)", "8");

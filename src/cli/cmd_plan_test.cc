@@ -1,8 +1,8 @@
 // `deltamoe plan` through the binary: the 35B layout of the design's memory table fits 78 GiB with
 // bf16 moments and full recompute, and not with selective recompute (design §1.4), on the design's
 // basis of two 4,096-token samples per micro-batch (--micro_batch_size 2; the default, up to one
-// packed sample per 8 tokens, plans the same 74.0 GiB: the GDN workspace does not grow with the
-// number of sequences). The expert exchange's receive capacity follows --expert_recv_headroom.
+// packed sample per 8 tokens, fits as well: the GDN workspace does not grow with the number of
+// sequences). The expert exchange's receive capacity follows --expert_recv_headroom.
 #include <gtest/gtest.h>
 
 #include <string>

@@ -1,7 +1,8 @@
 // GPU test of AdamW: the device update equals the CPU reference bit for bit (master weights,
-// both moments, f32 and bf16 moments, decay on and off, several steps, the gradient divided and
-// clipped on the fly as the CPU engine does it in place), the layout walk over pieces equals
-// AdamW::step with per-tensor lr scales, and timing over a large flat buffer.
+// both moments, f32 and bf16 moments, decay on and off, several steps, the gradient divided by an
+// integer or a fractional count and clipped on the fly as the CPU engine does it in place, buffers
+// aligned for the kernel's vectors or not), the layout walk over pieces equals AdamW::step with
+// per-tensor lr scales, and timing over a large flat buffer with either moment type.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -56,46 +57,74 @@ double max_abs_diff_f32(const std::vector<uint8_t>& a, const std::vector<uint8_t
 
 const uint8_t* bytes_of(const std::vector<float>& v) { return reinterpret_cast<const uint8_t*>(v.data()); }
 
-void check_span(DType moment_dtype, bool decay, int64_t count, uint64_t seed) {
-  std::printf("adamw span n=%lld moments %s decay %d\n", static_cast<long long>(count),
-              std::string(dtype_name(moment_dtype)).c_str(), decay);
+// Where the span starts inside its device buffers, in elements: the kernel takes 4 elements at a
+// time where every buffer is aligned for that at the same element, and one at a time elsewhere.
+struct SpanShift {
+  int master = 0;   // master, gradient and moments
+  int weights = 0;  // the bf16 weight copy
+};
+
+void check_span(DType moment_dtype, bool decay, int64_t count, uint64_t seed, SpanShift shift = {},
+                double divisor = 777.0) {
+  std::printf("adamw span n=%lld moments %s decay %d, shifted by %d (bf16 weights %d), divisor %g\n",
+              static_cast<long long>(count), std::string(dtype_name(moment_dtype)).c_str(), decay, shift.master,
+              shift.weights, divisor);
   AdamWConfig config;
   config.moment_dtype = moment_dtype;
   config.weight_decay = 0.1;
-  const size_t moment_bytes = static_cast<size_t>(count) * dtype_size(moment_dtype);
+  const size_t moment_size = dtype_size(moment_dtype), moment_bytes = static_cast<size_t>(count) * moment_size;
   std::vector<float> master = random_floats(count, seed, 0.05f);
   std::vector<uint8_t> m(moment_bytes, 0), v(moment_bytes, 0);
-  DeviceBuffer master_d = upload(master.data(), count * 4), m_d = upload(m.data(), moment_bytes);
-  DeviceBuffer v_d = upload(v.data(), moment_bytes), weights_d(static_cast<size_t>(count) * 2);
+  // Each buffer holds the span at element shift.master (shift.weights for the bf16 copy).
+  auto shifted_upload = [&](const void* data, size_t element_size) {
+    DeviceBuffer buffer(static_cast<size_t>(count + shift.master) * element_size);
+    CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(buffer.data()) + shift.master * element_size, data,
+                          static_cast<size_t>(count) * element_size, cudaMemcpyHostToDevice));
+    return buffer;
+  };
+  auto shifted_download = [&](const DeviceBuffer& buffer, size_t element_size, int at) {
+    std::vector<uint8_t> out(static_cast<size_t>(count) * element_size);
+    CUDA_CHECK(cudaMemcpy(out.data(), static_cast<const uint8_t*>(buffer.data()) + at * element_size, out.size(),
+                          cudaMemcpyDeviceToHost));
+    return out;
+  };
+  auto at = [&](DeviceBuffer& buffer, size_t element_size, int elements) {
+    return static_cast<void*>(static_cast<uint8_t*>(buffer.data()) + elements * element_size);
+  };
+  DeviceBuffer master_d = shifted_upload(master.data(), 4), m_d = shifted_upload(m.data(), moment_size);
+  DeviceBuffer v_d = shifted_upload(v.data(), moment_size), weights_d(static_cast<size_t>(count + shift.weights) * 2);
   for (int step = 1; step <= 4; ++step) {
     // Gradients of widely varying scale, with exact zeros and tiny values mixed in.
     std::vector<float> grad = random_floats(count, seed + 100 * step, step == 3 ? 1e-6f : 1.0f);
     for (int64_t i = 0; i < count; i += 17) grad[static_cast<size_t>(i)] = 0.0f;
     const AdamWStepScalars scalars = adamw_step_scalars(config, 3e-4 * step, step);
     // Steps 2 and 4 divide by a token count and clip, the way the engines prepare the gradient.
-    const GradientScaling scaling = step % 2 == 0 ? GradientScaling{777.0, 0.37f} : GradientScaling{};
-    DeviceBuffer grad_d = upload(grad.data(), count * 4);
+    const GradientScaling scaling = step % 2 == 0 ? GradientScaling{divisor, 0.37f} : GradientScaling{};
+    DeviceBuffer grad_d = shifted_upload(grad.data(), 4);
     for (float& g : grad) {
       if (scaling.divisor != 1.0) g = static_cast<float>(static_cast<double>(g) / scaling.divisor);
       if (scaling.clip_coef < 1.0f) g *= scaling.clip_coef;
     }
     adamw_update_span(scalars, decay, moment_dtype, count, master.data(), grad.data(), m.data(), v.data());
-    adamw_update_span_cuda(scalars, decay, moment_dtype, count, master_d.as<float>(), grad_d.as<float>(), scaling,
-                           m_d.data(), v_d.data(), weights_d.as<__nv_bfloat16>(), nullptr);
+    adamw_update_span_cuda(scalars, decay, moment_dtype, count, static_cast<float*>(at(master_d, 4, shift.master)),
+                           static_cast<const float*>(at(grad_d, 4, shift.master)), scaling,
+                           at(m_d, moment_size, shift.master), at(v_d, moment_size, shift.master),
+                           static_cast<__nv_bfloat16*>(at(weights_d, 2, shift.weights)), nullptr);
     device_synchronize();
   }
-  const std::vector<uint8_t> master_got = download(master_d, count * 4);
+  const std::vector<uint8_t> master_got = shifted_download(master_d, 4, shift.master);
   const std::vector<uint8_t> master_ref(bytes_of(master), bytes_of(master) + count * 4);
   const int64_t master_mismatch = count_mismatches(master_got, master_ref, count, 4);
-  const int64_t m_mismatch = count_mismatches(download(m_d, moment_bytes), m, count, dtype_size(moment_dtype));
-  const int64_t v_mismatch = count_mismatches(download(v_d, moment_bytes), v, count, dtype_size(moment_dtype));
+  const int64_t m_mismatch = count_mismatches(shifted_download(m_d, moment_size, shift.master), m, count, moment_size);
+  const int64_t v_mismatch = count_mismatches(shifted_download(v_d, moment_size, shift.master), v, count, moment_size);
   // The bf16 weight copy is bf16(master) with round-to-nearest-even.
   std::vector<uint8_t> weights_ref(static_cast<size_t>(count) * 2);
   for (int64_t i = 0; i < count; ++i) {
     const uint16_t bits = float_to_bf16_bits(master[static_cast<size_t>(i)]);
     std::memcpy(weights_ref.data() + i * 2, &bits, 2);
   }
-  const int64_t weights_mismatch = count_mismatches(download(weights_d, count * 2), weights_ref, count, 2);
+  const int64_t weights_mismatch =
+      count_mismatches(shifted_download(weights_d, 2, shift.weights), weights_ref, count, 2);
   std::printf("  after 4 steps: master max|diff| %.3e, mismatching elements: master %lld, m %lld, v %lld, "
               "bf16 weights %lld (of %lld)\n",
               max_abs_diff_f32(master_got, master_ref, count), static_cast<long long>(master_mismatch),
@@ -112,6 +141,27 @@ TEST(AdamWGpu, SpanMatchesCpuBitForBit) {
   check_span(DType::f32, false, 1, 2);
   check_span(DType::bf16, true, 65537, 3);
   check_span(DType::bf16, false, 999, 4);
+}
+
+// A fractional divisor takes the fp64 quotient; an integer one at or above 2^24 too.
+TEST(AdamWGpu, SpanMatchesCpuWithFractionalAndHugeDivisors) {
+  check_span(DType::bf16, true, 4099, 5, {}, 777.5);
+  check_span(DType::f32, true, 4099, 6, {}, 16777216.0 * 3);
+}
+
+// Spans that start off the vectors' alignment: a head taken one at a time, buffers whose
+// alignments disagree (the bf16 weights alone: vectors with the weights stored one by one; master
+// against the rest: all one at a time), and spans shorter than one vector.
+TEST(AdamWGpu, MisalignedSpansMatchCpuBitForBit) {
+  for (const DType moment_dtype : {DType::f32, DType::bf16}) {
+    check_span(moment_dtype, true, 10007, 7, {1, 1});
+    check_span(moment_dtype, true, 10007, 8, {3, 3});
+    check_span(moment_dtype, false, 10007, 9, {0, 1});
+    check_span(moment_dtype, true, 10007, 10, {2, 0});
+    check_span(moment_dtype, true, 10007, 13, {0, 3});
+    check_span(moment_dtype, true, 3, 11, {1, 1});
+    check_span(moment_dtype, true, 6, 12, {2, 2});
+  }
 }
 
 TEST(AdamWGpu, LayoutWalkMatchesAdamWStepOverPieces) {
@@ -181,17 +231,22 @@ TEST(AdamWGpu, TimingOverAFlatBuffer) {
   const std::vector<float> host = random_floats(1 << 20, 5, 0.1f);
   DeviceBuffer master(count * 4), grad(count * 4), m(count * 4), v(count * 4), weights(count * 2);
   for (int64_t offset = 0; offset < count; offset += 1 << 20)
-    for (DeviceBuffer* buffer : {&master, &grad, &m, &v})
+    for (DeviceBuffer* buffer : {&master, &grad, &m})
       CUDA_CHECK(cudaMemcpy(buffer->as<float>() + offset, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemset(v.data(), 0, count * 4));  // a valid (non-negative) second moment
   AdamWConfig config;
   const AdamWStepScalars scalars = adamw_step_scalars(config, 1e-4, 10);
-  double ms = median_ms([&](cudaStream_t s) {
-    adamw_update_span_cuda(scalars, true, DType::f32, count, master.as<float>(), grad.as<float>(),
-                           GradientScaling{8192.0, 0.5f}, m.data(), v.data(), weights.as<__nv_bfloat16>(), s);
-  }, nullptr);
-  // Read master, grad, m, v (16 B); write master, m, v, bf16 weights (14 B).
-  print_bandwidth_timing("adamw f32 moments, 268M params", ms, 30.0 * count);
+  for (const DType moment_dtype : {DType::f32, DType::bf16}) {
+    CUDA_CHECK(cudaMemset(v.data(), 0, count * 4));  // a valid (non-negative) second moment
+    const double ms = median_ms([&](cudaStream_t s) {
+      adamw_update_span_cuda(scalars, true, moment_dtype, count, master.as<float>(), grad.as<float>(),
+                             GradientScaling{8192.0, 0.5f}, m.data(), v.data(), weights.as<__nv_bfloat16>(), s);
+    }, nullptr);
+    // Read master, grad, m, v; write master, m, v, bf16 weights: 30 B with fp32 moments, 22 with bf16.
+    const double bytes = (moment_dtype == DType::f32 ? 30.0 : 22.0) * count;
+    print_bandwidth_timing(moment_dtype == DType::f32 ? "adamw f32 moments, 268M params"
+                                                      : "adamw bf16 moments, 268M params",
+                           ms, bytes);
+  }
 }
 
 }  // namespace

@@ -105,6 +105,8 @@ ModelBytes estimate_text_bytes(const TextConfig& config, int64_t max_tokens, int
   TextActivationSpec spec;
   spec.share_mixer_state = recompute.mixers;
   spec.recompute_layers = recompute.full_layers(config.num_hidden_layers);
+  spec.keep_expert_rows = recompute.keep_expert_rows;
+  spec.keep_gdn_forward = recompute.keep_gdn_forward;
   spec.max_tokens = max_tokens;
   spec.max_seqs = max_seqs;
   spec.max_image_rows = max_image_rows;
@@ -121,7 +123,8 @@ ModelBytes estimate_text_bytes(const TextConfig& config, int64_t max_tokens, int
   // but for the chunk table and the states between chunks inside a sequence, so it hardly grows
   // with the number of sequences (gated_delta_rule_workspace.h).
   const size_t gdn = config.num_layers_of(LayerType::linear_attention) > 0
-                         ? gated_delta_rule_workspace_layout(T, max_seqs, config.linear_num_value_heads,
+                         ? gated_delta_rule_workspace_layout(T, max_seqs, config.linear_num_key_heads,
+                                                             config.linear_num_value_heads,
                                                              config.linear_key_head_dim,
                                                              config.linear_value_head_dim, true)
                                .total
@@ -187,7 +190,9 @@ std::string MemoryPlan::describe() const {
   line("Adam moments (trained)", moments, "");
   line("fp32 copies of frozen", frozen_f32, "norms, gates, tables read in fp32");
   if (sharding > 0) line("ZeRO-2 step buffers", sharding, "this rank's reduced gradient pieces");
-  line("text activations", text.activations, str_cat(max_tokens, " tokens per micro-batch"));
+  line("text activations", text.activations,
+       str_cat(max_tokens, " tokens per micro-batch", keep_expert_rows ? ", experts' gate/up rows kept" : "",
+               keep_gdn_forward ? ", GDN forward kept" : ""));
   line("text workspace + inputs", text.workspace + text.inputs, "");
   if (max_patches > 0) {
     line("vision activations", vision.activations,
@@ -233,6 +238,8 @@ MemoryPlan plan_training_memory(const ModelConfig& config, const EngineOptions& 
   plan.max_patches = plan.max_image_tokens * merge;
   plan.text = estimate_text_bytes(config.text, options.max_tokens, planned_max_sequences(options),
                                   plan.max_image_tokens, options.loss_chunk_rows, options.recompute);
+  plan.keep_expert_rows = options.recompute.keep_expert_rows;
+  plan.keep_gdn_forward = options.recompute.keep_gdn_forward;
   if (plan.max_patches > 0)
     plan.vision = estimate_vision_bytes(config.vision, plan.max_patches, plan.vit_trained, plan.merger_trained,
                                         options.recompute.full_vision_blocks(config.vision.depth));

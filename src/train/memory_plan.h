@@ -28,6 +28,8 @@ struct MemoryPlan {
   int64_t max_image_tokens = 0;  // merged <|image_pad|> tokens per micro-batch (0: text only)
   int64_t max_patches = 0;       // vision tower rows (max_image_tokens x merge^2)
   bool vit_trained = false, merger_trained = false;
+  // RecomputeOptions::keep_expert_rows / keep_gdn_forward as planned (text activations).
+  bool keep_expert_rows = false, keep_gdn_forward = false;
   // Bytes by kind.
   size_t weights = 0;     // bf16 working copies of every parameter
   size_t master = 0;      // fp32 master weights of the trained tensors

@@ -1,12 +1,14 @@
 // The memory planner on the CPU: the state's bytes follow the parameter table and the freeze
 // choice exactly, the vision tower is sized from the token budget and --max_pixels, a frozen ViT
-// keeps no backward state, recomputed ViT blocks keep only their input, and a run that does not fit
-// is refused with the plan and what to change.
+// keeps no backward state, recomputed ViT blocks keep only their input, the intermediates kept from
+// the forward (experts' gate/up rows, the GDN forward) cost what their layouts say, and a run that
+// does not fit is refused with the plan and what to change.
 #include "train/memory_plan.h"
 
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "kernels/gated_delta_rule/gated_delta_rule_workspace.h"
 #include "model/param_table.h"
 #include "model/vision/vision_activations.h"
 #include "model/vision/vision_tower.h"
@@ -145,6 +147,55 @@ TEST(MemoryPlan, FullRecomputeTakesEveryVisionBlock) {
   const size_t frozen_bytes = plan_training_memory(config, frozen).vision.activations;
   frozen.recompute.vision_blocks = kRecomputeAllLayers;
   EXPECT_EQ(plan_training_memory(config, frozen).vision.activations, frozen_bytes);
+}
+
+// Keeping the experts' gate/up rows adds T K x 2 I bf16 (256-byte aligned) to each layer that is
+// not fully recomputed and nothing else; a fully recomputed layer recomputes them.
+TEST(MemoryPlan, KeptExpertRowsCostEachKeptLayerItsGateUpRows) {
+  const ModelConfig config = four_layer_model();
+  const TextConfig& text = config.text;
+  const size_t rows_bytes =
+      (static_cast<size_t>(8192 * text.num_experts_per_tok * 2 * text.moe_intermediate_size * 2) + 255) / 256 * 256;
+  for (const int64_t recomputed : {int64_t{0}, int64_t{1}, int64_t{4}}) {
+    EngineOptions options = run_options(false);
+    options.recompute.layers = recomputed;
+    const MemoryPlan recompute_rows = plan_training_memory(config, options);
+    options.recompute.keep_expert_rows = true;
+    const MemoryPlan keep_rows = plan_training_memory(config, options);
+    EXPECT_TRUE(keep_rows.keep_expert_rows);
+    EXPECT_FALSE(recompute_rows.keep_expert_rows);
+    EXPECT_EQ(keep_rows.text.activations - recompute_rows.text.activations,
+              static_cast<size_t>(text.num_hidden_layers - recomputed) * rows_bytes)
+        << recomputed << " layers recomputed";
+    EXPECT_EQ(keep_rows.text.workspace, recompute_rows.text.workspace);
+    EXPECT_EQ(keep_rows.text.inputs, recompute_rows.text.inputs);
+  }
+}
+
+// Keeping the GDN forward adds the rule's forward workspace layout to each GDN set: every GDN
+// layer's own without recompute; with selective recompute the one shared set (which overlays the
+// attention set: at most one layout more) and nothing per layer.
+TEST(MemoryPlan, KeptGdnForwardCostsEachGdnSetTheRulesForwardWorkspace) {
+  const ModelConfig config = four_layer_model();
+  const TextConfig& text = config.text;
+  EngineOptions options = run_options(false);
+  const size_t layout = gated_delta_rule_workspace_layout(8192, planned_max_sequences(options),
+                                                          text.linear_num_key_heads, text.linear_num_value_heads,
+                                                          text.linear_key_head_dim, text.linear_value_head_dim, false)
+                            .total;
+  const MemoryPlan recompute_all = plan_training_memory(config, options);
+  options.recompute.keep_gdn_forward = true;
+  const MemoryPlan keep = plan_training_memory(config, options);
+  EXPECT_TRUE(keep.keep_gdn_forward);
+  EXPECT_EQ(keep.text.activations - recompute_all.text.activations,
+            static_cast<size_t>(text.num_layers_of(LayerType::linear_attention)) * ((layout + 255) / 256 * 256));
+  options.recompute.mixers = true;
+  const MemoryPlan shared_keep = plan_training_memory(config, options);
+  options.recompute.keep_gdn_forward = false;
+  const MemoryPlan shared = plan_training_memory(config, options);
+  EXPECT_GT(shared_keep.text.activations, shared.text.activations);
+  EXPECT_LE(shared_keep.text.activations - shared.text.activations, (layout + 255) / 256 * 256);
+  EXPECT_EQ(shared_keep.text.workspace, shared.text.workspace);
 }
 
 TEST(MemoryPlan, ARunThatDoesNotFitIsRefusedWithThePlanAndWhatToChange) {

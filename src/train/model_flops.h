@@ -11,8 +11,18 @@
 
 namespace deltamoe {
 
-// Matmul parameters one token passes through (forward).
+// Matmul parameters one token passes through (forward), by part: one GDN mixer, one attention
+// mixer, one MoE block (the top-k routed experts, the shared expert with its gate, the router),
+// lm_head.
+struct MatmulParamsByPart {
+  int64_t gdn = 0, attention = 0, moe = 0, lm_head = 0;
+};
+MatmulParamsByPart matmul_params_by_part(const TextConfig& config);
+// Their sum over the model's layers and lm_head.
 int64_t matmul_params_per_token(const TextConfig& config);
+// Causal attention's FLOPs of one attention layer in a training step (forward + backward) over
+// packed sequences: 6 S^2 Hq D per sequence of S tokens.
+double attention_core_flops(const TextConfig& config, const std::vector<int32_t>& cu_seqlens);
 // Training FLOPs (forward + backward) of one step over packed sequences described by cu_seqlens.
 double training_step_flops(const TextConfig& config, const std::vector<int32_t>& cu_seqlens);
 

@@ -21,6 +21,17 @@ struct RecomputeOptions {
   // everything fits, else the fewest ViT blocks, then (all of those and) the fewest decoder layers
   // with which the plan fits (a run that does not fit even then is refused as before).
   bool automatic = false;
+  // The routed experts' gate/up rows of every layer not fully recomputed are kept from the
+  // forward ([T K, 2 I] bf16 a layer), so that the experts' backward skips recomputing them. The
+  // GPU engine sets it when the plan has room for them as it stands (after --recompute's own
+  // choice it never recomputes more to make room); never with expert parallelism.
+  bool keep_expert_rows = false;
+  // Each GDN set keeps the gated delta rule forward's chunk quantities and states for its backward
+  // (the forward workspace layout: 320 MiB a set at 8,192 tokens and the 35B widths), which then
+  // skips recomputing them; a set is a layer's own, or the one its rerun mixers share. Chosen by
+  // the GPU engine like keep_expert_rows; under expert parallelism only when the plan also holds
+  // the expert exchange at its worst case (docs/training.md, "Recompute").
+  bool keep_gdn_forward = false;
   // Decoder layers recomputed whole in a model of num_layers.
   int64_t full_layers(int64_t num_layers) const {
     return layers == kRecomputeAllLayers ? num_layers : layers;

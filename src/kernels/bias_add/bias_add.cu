@@ -1,8 +1,9 @@
 // CUDA bias add: a grid-stride element-wise forward and a two-step deterministic column sum for
-// the backward (thread per column within a row chunk, then chunks reduced in order).
+// the backward (per row chunk, then the chunks reduced), each summing in a fixed order.
 #include <algorithm>
 
 #include "core/cuda_check.h"
+#include "kernels/common/block_column_sums.cuh"
 #include "kernels/bias_add/bias_add_cuda.h"
 #include "kernels/gemm/bf16_vector.cuh"
 
@@ -31,27 +32,38 @@ __global__ void bias_add_forward_kernel(const __nv_bfloat16* bias, __nv_bfloat16
   }
 }
 
-// partial[chunk, c] = sum of dy[r, c] over the chunk's rows; neighbouring threads read
-// neighbouring columns of one row (coalesced).
-template <typename TDy>
+// The column sums run on blocks of kColumnSumThreads x kColumnSumRows threads
+// (block_column_sums.cuh): a block covers kColumnSumThreads * kVec columns (kVec consecutive ones per
+// thread, 16-byte loads for kVec = 8, so a warp reads whole row segments) and its thread rows take
+// every kColumnSumRows-th row.
+//
+// partial[chunk, c] = sum of dy[r, c] over the chunk's rows.
+template <typename TDy, int kVec>
 __global__ void column_sum_partial_kernel(const TDy* dy, float* partial, int64_t rows, int64_t features,
                                           int64_t rows_per_chunk) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (c >= features) return;
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * kColumnSumThreads + threadIdx.x) * kVec;
   const int64_t chunk = blockIdx.y;
   const int64_t row_end = std::min(rows, (chunk + 1) * rows_per_chunk);
-  float acc = 0;
-  for (int64_t r = chunk * rows_per_chunk; r < row_end; ++r) acc += to_f32(dy[r * features + c]);
-  partial[chunk * features + c] = acc;
+  float acc[kVec] = {};
+  if (c < features) {
+    for (int64_t r = chunk * rows_per_chunk + threadIdx.y; r < row_end; r += kColumnSumRows) {
+      float v[kVec];
+      load_as_f32<kVec>(dy + r * features + c, v);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) acc[k] += v[k];
+    }
+  }
+  store_block_column_sums<kVec>(acc, c < features, partial + chunk * features + c);
 }
 
+// d_bias[c] += the sum over chunks of partial[chunk, c].
 __global__ void column_partials_reduce_kernel(const float* partial, int64_t num_chunks, int64_t features,
                                               float* d_bias) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (c >= features) return;
-  float sum = 0;
-  for (int64_t chunk = 0; chunk < num_chunks; ++chunk) sum += partial[chunk * features + c];
-  d_bias[c] += sum;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnSumThreads + threadIdx.x;
+  float acc[1] = {0.0f};
+  if (c < features)
+    for (int64_t chunk = threadIdx.y; chunk < num_chunks; chunk += kColumnSumRows) acc[0] += partial[chunk * features + c];
+  store_block_column_sums<1, true>(acc, c < features, d_bias + c);
 }
 
 unsigned grid_stride_blocks(int64_t work) {
@@ -69,9 +81,17 @@ void launch_bias_backward(const TDy* dy, float* d_bias, int64_t rows, int64_t fe
   if (rows == 0) return;
   const int64_t chunks = column_sum_num_chunks(rows);
   float* partial = static_cast<float*>(workspace);
-  const unsigned column_blocks = static_cast<unsigned>((features + kThreads - 1) / kThreads);
-  column_sum_partial_kernel<TDy><<<dim3(column_blocks, static_cast<unsigned>(chunks)), kThreads, 0, stream>>>(
-      dy, partial, rows, features, column_sum_rows_per_chunk(rows));
+  const dim3 block(kColumnSumThreads, kColumnSumRows);
+  const int64_t rows_per_chunk = column_sum_rows_per_chunk(rows);
+  if (can_use_vec8(features, dy)) {
+    const dim3 grid(static_cast<unsigned>((features + 8 * kColumnSumThreads - 1) / (8 * kColumnSumThreads)),
+                    static_cast<unsigned>(chunks));
+    column_sum_partial_kernel<TDy, 8><<<grid, block, 0, stream>>>(dy, partial, rows, features, rows_per_chunk);
+  } else {
+    const dim3 grid(static_cast<unsigned>((features + kColumnSumThreads - 1) / kColumnSumThreads),
+                    static_cast<unsigned>(chunks));
+    column_sum_partial_kernel<TDy, 1><<<grid, block, 0, stream>>>(dy, partial, rows, features, rows_per_chunk);
+  }
   CUDA_CHECK_LAUNCH();
   column_partials_reduce_cuda(partial, chunks, features, d_bias, stream);
 }
@@ -110,8 +130,9 @@ void column_partials_reduce_cuda(const float* partial, int64_t num_chunks, int64
                                  cudaStream_t stream) {
   CHECK(num_chunks > 0 && features > 0, "column_partials_reduce_cuda: bad size chunks ", num_chunks, ", features ",
         features);
-  const unsigned blocks = static_cast<unsigned>((features + kThreads - 1) / kThreads);
-  column_partials_reduce_kernel<<<blocks, kThreads, 0, stream>>>(partial, num_chunks, features, d_bias);
+  const unsigned blocks = static_cast<unsigned>((features + kColumnSumThreads - 1) / kColumnSumThreads);
+  column_partials_reduce_kernel<<<blocks, dim3(kColumnSumThreads, kColumnSumRows), 0, stream>>>(partial, num_chunks,
+                                                                                                features, d_bias);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -3,7 +3,8 @@
 // tokens in order, keeping the taps, the last K-1 inputs and (backward) the last K pre-activation
 // gradients in registers: every x and dy element is read once per strip (plus a K-1 token halo),
 // every y / dx element written once. Sequence starts are found once per strip and then tracked
-// while walking. Loads are issued kChunk tokens at a time so that each thread has several in flight.
+// while walking. Loads are issued kChunk tokens at a time, the next chunk's before the current one
+// is computed, so that each thread keeps several in flight.
 #include <algorithm>
 
 #include "core/cuda_check.h"
@@ -169,11 +170,15 @@ __global__ void __launch_bounds__(kThreads) conv_forward_kernel(const __nv_bfloa
   int64_t next = cu_seqlens[n + 1];
   float win[K][V];  // win[j-1] = x[t-j] (K-1 rows used)
   load_history<K, V>(x, num_channels, c0, t0, cu_seqlens[n], win);
+  // raw holds the chunk being computed, next the following one, loaded before raw is used.
+  typename Raw<V>::type raw[kChunk], next_raw[kChunk];
+#pragma unroll
+  for (int u = 0; u < kChunk; ++u)
+    if (t0 + u < t1) raw[u] = load_raw<V>(x + (t0 + u) * num_channels + c0);
   for (int64_t tc = t0; tc < t1; tc += kChunk) {
-    typename Raw<V>::type raw[kChunk];
 #pragma unroll
     for (int u = 0; u < kChunk; ++u)
-      if (tc + u < t1) raw[u] = load_raw<V>(x + (tc + u) * num_channels + c0);
+      if (tc + kChunk + u < t1) next_raw[u] = load_raw<V>(x + (tc + kChunk + u) * num_channels + c0);
 #pragma unroll
     for (int u = 0; u < kChunk; ++u) {
       const int64_t t = tc + u;
@@ -194,6 +199,8 @@ __global__ void __launch_bounds__(kThreads) conv_forward_kernel(const __nv_bfloa
       store<V>(y_base + t * y_stride, z);
       push_history<K, V>(xt, win);
     }
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) raw[u] = next_raw[u];
   }
 }
 
@@ -233,13 +240,21 @@ __global__ void __launch_bounds__(kThreads) conv_backward_kernel(const __nv_bflo
 #pragma unroll
     for (int v = 0; v < V; ++v) dz_win[j][v] = 0.0f;
   }
+  // raw_* hold the chunk being computed, next_* the following one, loaded before raw_* are used.
+  typename Raw<V>::type raw_x[kChunk], raw_dy[kChunk], next_x[kChunk], next_dy[kChunk];
+#pragma unroll
+  for (int u = 0; u < kChunk; ++u) {
+    if (t0 + u < p_real) {
+      raw_x[u] = load_raw<V>(x + (t0 + u) * num_channels + c0);
+      raw_dy[u] = load_raw<V>(dy_base + (t0 + u) * dy_stride);
+    }
+  }
   for (int64_t pc = t0; pc < p_stop; pc += kChunk) {
-    typename Raw<V>::type raw_x[kChunk], raw_dy[kChunk];
 #pragma unroll
     for (int u = 0; u < kChunk; ++u) {
-      if (pc + u < p_real) {
-        raw_x[u] = load_raw<V>(x + (pc + u) * num_channels + c0);
-        raw_dy[u] = load_raw<V>(dy_base + (pc + u) * dy_stride);
+      if (pc + kChunk + u < p_real) {
+        next_x[u] = load_raw<V>(x + (pc + kChunk + u) * num_channels + c0);
+        next_dy[u] = load_raw<V>(dy_base + (pc + kChunk + u) * dy_stride);
       }
     }
 #pragma unroll
@@ -304,6 +319,11 @@ __global__ void __launch_bounds__(kThreads) conv_backward_kernel(const __nv_bflo
         }
         store<V>(dx + q * num_channels + c0, out);
       }
+    }
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) {
+      raw_x[u] = next_x[u];
+      raw_dy[u] = next_dy[u];
     }
   }
   if (strip_dweight == nullptr) return;

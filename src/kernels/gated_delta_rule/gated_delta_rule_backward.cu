@@ -1,10 +1,11 @@
 // CUDA backward of the chunked gated delta rule, following chunk_backward in the chunked CPU
 // reference: recompute the forward chunk quantities and states, a reverse scan over chunks for
-// dL/dH and dV_new, then chunk-local gradients; products on tensor cores (gdn_mma.cuh, bf16 with
-// fp32 operands split in two), gates and reductions in fp32.
+// dL/dH and dV_new, then chunk-local gradients; products on tensor cores (gdn_mma.cuh) with bf16
+// operands and fp32 accumulators, the running dL/dH, gates and reductions in fp32.
 #include <algorithm>
 
 #include "core/cuda_check.h"
+#include "kernels/common/kernel_path_cuda.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_cuda.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_internal.cuh"
 #include "kernels/gated_delta_rule/gdn_mma.cuh"
@@ -13,25 +14,32 @@ namespace deltamoe {
 namespace gdn_cuda {
 namespace {
 
-// Shared tiles of the reverse state scan carrying kCols = kScanCols state columns per block
-// (~161 KB: fits sm_80's 163 KB, so one variant serves both).
+// State columns one reverse-scan block carries. Like the forward scan, a chain of dependent steps
+// bound by latency: 32 columns (4 blocks per head, ~104 KB of shared tiles) let two blocks share an
+// SM with half the step each, against one block of 64 columns.
+constexpr int kDScanCols = 32;
+
+// Shared tiles of the reverse state scan carrying kCols state columns per block (fits sm_80's
+// 163 KB, so one variant serves both). The running dL/dH stays fp32; its bf16 copy is the operand
+// of dV_new and the stored slot.
 template <int kCols>
 struct DScanSmem {
-  static constexpr int kStride = kCols + 4;      // rows of the fp32 column slices (row-major B)
+  static constexpr int kStride = kCols + 4;         // rows of the fp32 running dL/dH
   static constexpr int kBf16ColStride = kCols + 8;  // bf16 rows: 16-byte aligned for the copies
-  float dh[kD * kStride];         // columns [col0, col0 + kCols) of dL/dH
-  float w[kChunk * kF32StrideT];  // W of the chunk (read transposed)
-  __nv_bfloat16 q[kChunk * kBf16Stride];
-  __nv_bfloat16 k[kChunk * kBf16Stride];
-  float p[kChunk * kSqStrideT];   // P (read transposed)
-  __nv_bfloat16 d_o[kChunk * kBf16ColStride];
-  float d_o_scaled[kChunk * kStride];  // scale e^gamma_i do_i
-  float dvn[kChunk * kStride];
-  float gamma[kChunk];
+  alignas(16) float dh[kD * kStride];               // columns [col0, col0 + kCols) of dL/dH
+  alignas(16) __nv_bfloat16 dhb[kD * kBf16ColStride];  // the same, rounded to bf16
+  alignas(16) __nv_bfloat16 w[kChunk * kBf16Stride];   // W of the chunk (read transposed)
+  alignas(16) __nv_bfloat16 q[kChunk * kBf16Stride];
+  alignas(16) __nv_bfloat16 k[kChunk * kBf16Stride];
+  alignas(16) __nv_bfloat16 p[kChunk * kSqBf16Stride];  // P (read transposed)
+  alignas(16) __nv_bfloat16 d_o[kChunk * kBf16ColStride];
+  alignas(16) __nv_bfloat16 d_o_scaled[kChunk * kBf16ColStride];  // scale e^gamma_i do_i
+  alignas(16) __nv_bfloat16 dvn[kChunk * kBf16ColStride];
+  alignas(16) float gamma[kChunk];
 };
 
-static_assert(sizeof(DScanSmem<kScanCols>) <= 163 * 1024,
-              "the reverse scan's shared tiles must fit sm_80's 163 KB per block");
+static_assert(2 * sizeof(DScanSmem<kDScanCols>) <= 227 * 1024 && sizeof(DScanSmem<kDScanCols>) <= kSm80MaxSharedBytesPerBlock,
+              "the reverse scan's shared tiles must fit sm_80's 163 KB per block, and two blocks an H200 SM");
 
 // Grid (N, Hv, ceil(Dv / kCols)). Reverse scan over the chunks of one sequence carrying kCols
 // columns of dL/dH. Per chunk (last first): stores dH leaving the chunk (when it has a slot: all
@@ -39,7 +47,7 @@ static_assert(sizeof(DScanSmem<kScanCols>) <= 163 * 1024,
 //   dV_new_j = sum_{i>=j} P_ij do_i + e^(gamma_last - gamma_j) dH^T k_j,
 //   dH <- e^gamma_last dH + sum_i e^gamma_i (scale q_i) do_i^T - W^T dV_new.
 template <int kCols>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 2)
     dstate_scan_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
                        const __nv_bfloat16* k, const __nv_bfloat16* d_o,
                        const float* d_final_state, float* d_initial_state, Workspace ws) {
@@ -54,9 +62,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t state_base = (static_cast<int64_t>(n) * Hv + h) * Dk * Dv + col0;
   for (int idx = tid; idx < kD * kCols; idx += kThreads) {
     const int d = idx / kCols, e = idx % kCols;
-    sm.dh[d * kStride + e] = (d_final_state != nullptr && d < Dk && e < cols)
-                                    ? d_final_state[state_base + static_cast<int64_t>(d) * Dv + e]
-                                    : 0.0f;
+    const float value = (d_final_state != nullptr && d < Dk && e < cols)
+                            ? d_final_state[state_base + static_cast<int64_t>(d) * Dv + e]
+                            : 0.0f;
+    sm.dh[d * kStride + e] = value;
+    sm.dhb[d * kBf16ColStride + e] = __float2bfloat16(value);
   }
   const int first = ws.chunk_offsets[n], last = ws.chunk_offsets[n + 1];
   // A chunk's inputs come in two groups of copies that overlap the other half of the work: K, P,
@@ -67,7 +77,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
     load_tile(sm.k, kBf16Stride, kChunk, kD, k + (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk,
               static_cast<int64_t>(Hk) * Dk, ci.len, Dk);
-    load_tile(sm.p, kSqStrideT, kChunk, kChunk, ws.p + row_first * kChunk,
+    load_tile(sm.p, kSqBf16Stride, kChunk, kChunk, ws.p + row_first * kChunk,
               static_cast<int64_t>(Hv) * kChunk, ci.len, kChunk);
     load_tile(sm.d_o, kBf16ColStride, kChunk, kCols, d_o + row_first * Dv + col0,
               static_cast<int64_t>(Hv) * Dv, ci.len, cols);
@@ -81,7 +91,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto issue_dh_inputs = [&](int c) {
     const ChunkInfo ci = ws.chunks[c];
     const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
-    load_tile(sm.w, kF32StrideT, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
+    load_tile(sm.w, kBf16Stride, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
               ci.len, Dk);
     load_tile(sm.q, kBf16Stride, kChunk, kD, q + (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk,
               static_cast<int64_t>(Hk) * Dk, ci.len, Dk);
@@ -95,18 +105,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_wait<0>();  // the dV_new inputs of chunk c
     __syncthreads();     // ... for everybody; the previous dH half is done with W, Q, dH, dV_new
     issue_dh_inputs(c);
-    if (ci.dh_slot >= 0) {
-      float* dh_out = ws.dh + (static_cast<int64_t>(ci.dh_slot) * Hv + h) * Dk * Dv + col0;
-      for (int idx = tid; idx < Dk * kCols; idx += kThreads) {
-        const int d = idx / kCols, e = idx % kCols;
-        if (e < cols) dh_out[static_cast<int64_t>(d) * Dv + e] = sm.dh[d * kStride + e];
-      }
-    }
+    if (ci.dh_slot >= 0)
+      store_state_slice<kCols>(ws.dh + (static_cast<int64_t>(ci.dh_slot) * Hv + h) * Dk * Dv + col0, sm.dhb,
+                               kBf16ColStride, s, cols);
     const float g_last = sm.gamma[len - 1];
     for (int idx = tid; idx < kChunk * kCols; idx += kThreads) {
       const int i = idx / kCols, e = idx % kCols;
-      sm.d_o_scaled[i * kStride + e] =
-          scale * expf(sm.gamma[i]) * __bfloat162float(sm.d_o[i * kBf16ColStride + e]);
+      sm.d_o_scaled[i * kBf16ColStride + e] =
+          __float2bfloat16(scale * expf(sm.gamma[i]) * __bfloat162float(sm.d_o[i * kBf16ColStride + e]));
     }
     {
       // dV_new: 64 x kCols, warp tile rows 16 (warp % 4), columns kCols / 2 (warp / 4).
@@ -114,15 +120,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int m0 = 16 * (warp & 3), n0 = (kCols / 2) * (warp >> 2);
       float acc[1][NT][4];
       zero_acc(acc);
-      warp_mma<1, NT, kD>(acc, rows_of<kBf16Stride>(sm.k), m0, rows_of<kStride>(sm.dh), n0);
+      warp_mma<1, NT, kD>(acc, rows_of<kBf16Stride>(sm.k), m0, rows_of<kBf16ColStride>(sm.dhb), n0);
       for_each_acc<1, NT>(m0, n0, [&](int mt, int nt, int r, int j, int) {
         acc[mt][nt][r] *= j < len ? expf(g_last - sm.gamma[j]) : 0.0f;
       });
-      warp_mma<1, NT, kChunk>(acc, transposed<kSqStrideT>(sm.p), m0, rows_of<kBf16ColStride>(sm.d_o), n0);
+      warp_mma<1, NT, kChunk>(acc, transposed<kSqBf16Stride>(sm.p), m0, rows_of<kBf16ColStride>(sm.d_o), n0);
       for_each_acc<1, NT>(m0, n0, [&](int mt, int nt, int r, int j, int e) {
-        if (j < len && e < cols)
-          ws.dv_new[(row_first + static_cast<int64_t>(j) * Hv) * Dv + col0 + e] = acc[mt][nt][r];
-        sm.dvn[j * kStride + e] = acc[mt][nt][r];
+        const __nv_bfloat16 value = __float2bfloat16(acc[mt][nt][r]);
+        if (j < len && e < cols) ws.dv_new[(row_first + static_cast<int64_t>(j) * Hv) * Dv + col0 + e] = value;
+        sm.dvn[j * kBf16ColStride + e] = value;
       });
     }
     __syncthreads();  // K, P, d_o, gamma are free; dV_new and the scaled d_o are complete
@@ -143,11 +149,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         acc[mt][nt][r] = chunk_decay * sm.dh[d * kStride + e];
       });
       warp_mma<1, NT, kChunk>(acc, transposed<kBf16Stride>(sm.q), m0,
-                             rows_of<kStride>(sm.d_o_scaled), 0);
+                             rows_of<kBf16ColStride>(sm.d_o_scaled), 0);
       zero_acc(minus);
-      warp_mma<1, NT, kChunk>(minus, transposed<kF32StrideT>(sm.w), m0, rows_of<kStride>(sm.dvn), 0);
+      warp_mma<1, NT, kChunk>(minus, transposed<kBf16Stride>(sm.w), m0, rows_of<kBf16ColStride>(sm.dvn), 0);
       for_each_acc<1, NT>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
-        sm.dh[d * kStride + e] = acc[mt][nt][r] - minus[mt][nt][r];
+        const float value = acc[mt][nt][r] - minus[mt][nt][r];
+        sm.dh[d * kStride + e] = value;
+        sm.dhb[d * kBf16ColStride + e] = __float2bfloat16(value);
       });
     }
   }
@@ -161,43 +169,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// Shared tiles of the state-gradient kernel (~103 KB: two blocks per SM, so that one block's
-// copies overlap the other's products). x holds d_o and q (two bf16 tiles), then dV_new, then V_new.
+// Shared tiles of the state-gradient kernel (~70 KB: two blocks per SM, so that one block's
+// copies overlap the other's products). x holds d_o and q, then dV_new, then V_new.
 struct StatesSmem {
-  float h[kD * kF32Stride];  // H, then dH (rows d, read transposed as B)
-  float x[kChunk * kF32Stride];
-  float gamma[kChunk];
+  alignas(16) __nv_bfloat16 h[kD * kBf16Stride];      // H, then dH (rows d, read transposed as B)
+  alignas(16) __nv_bfloat16 x[2 * kChunk * kBf16Stride];
+  alignas(16) float gamma[kChunk];
   float s_q[kChunk], s_k[kChunk];
   float h_dot_dh[kThreads / 32];  // per warp, summed in warp order (deterministic)
 };
+static_assert(sizeof(StatesSmem) <= kSm80MaxSharedBytesPerBlock, "the shared tiles must fit sm_80's 163 KB");
 
-// Grid (max_chunks, Hv). The gradient terms that multiply the chunk's states H and dH:
+// Value head h of chunk ci: the gradient terms that multiply the chunk's states H and dH,
 //   dq_i = e^gamma_i H do_i                     (w.r.t. scale*q; into dq_acc)
 //   dk_j = e^(gamma_last - gamma_j) dH v_new_j  (into dk_acc)
-//   dW_i = -H dV_new_i                          (overwrites W)
+//   dW_i = -H dV_new_i                          (its own array: W stays the forward's)
 // and the matching d gamma parts (into ws.dgamma). H and dH are the chunk's slots or, at the
-// ends of its sequence, the initial state and d_final_state (null: zeros).
-__global__ void __launch_bounds__(kThreads, 2)
-    grads_states_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
-                        const __nv_bfloat16* k, const __nv_bfloat16* d_o,
-                        const float* initial_state, const float* d_final_state, Workspace ws) {
-  const int chunk = blockIdx.x, h = blockIdx.y;
-  if (chunk >= *ws.chunk_count) return;
-  const ChunkInfo ci = ws.chunks[chunk];
+// ends of its sequence, the initial state and d_final_state (null: zeros). dq_acc and dk_acc are
+// per key head: the first value head of the key head's group writes them and the others add (a
+// thread owns the same elements for every head, so no barrier is needed between the heads' writes).
+__device__ __forceinline__ void grads_states_head(const GatedDeltaRuleShape& s, float scale, const __nv_bfloat16* q,
+                                                  const __nv_bfloat16* k, const __nv_bfloat16* d_o,
+                                                  const float* initial_state, const float* d_final_state,
+                                                  const Workspace& ws, const ChunkInfo& ci, int h, bool first_head) {
   const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
   const int kh = key_head_of(s, h), len = ci.len, tid = threadIdx.x, warp = tid >> 5;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   StatesSmem& sm = *reinterpret_cast<StatesSmem*>(smem_raw);
   const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
-  const int64_t qk_first = (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk;
-  static_assert(2 * kChunk * kBf16Stride * sizeof(__nv_bfloat16) <= sizeof(StatesSmem::x),
-                "d_o and q must fit the x tile");
-  auto* d_o_tile = reinterpret_cast<__nv_bfloat16*>(sm.x);
-  auto* q_tile = d_o_tile + kChunk * kBf16Stride;
-  // A null state (zeros) loads no rows; any valid address stands in for it.
-  const float* h_in = entering_state(s, ws, ci, initial_state, h);
-  load_tile(sm.h, kF32Stride, kD, kD, h_in != nullptr ? h_in : ws.gamma, Dv,
-            h_in != nullptr ? Dk : 0, Dv);
+  const int64_t key_row_first = static_cast<int64_t>(ci.t0) * Hk + kh;  // rows of q, k, dq_acc, dk_acc
+  const int64_t qk_first = key_row_first * Dk;
+  auto add_key_term = [&](float* acc_array, int i, int d, float value) {
+    float& slot = acc_array[(key_row_first + static_cast<int64_t>(i) * Hk) * Dk + d];
+    slot = first_head ? value : slot + value;
+  };
+  __nv_bfloat16* d_o_tile = sm.x;
+  __nv_bfloat16* q_tile = sm.x + kChunk * kBf16Stride;
+  load_state_tile(sm.h, kBf16Stride, kD, entering_state(s, ws, ci, initial_state, h), s, 0, Dv);
   load_tile(d_o_tile, kBf16Stride, kChunk, kD, d_o + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
             len, Dv);
   load_tile(q_tile, kBf16Stride, kChunk, kD, q + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
@@ -212,80 +220,88 @@ __global__ void __launch_bounds__(kThreads, 2)
   float acc[1][8][4], part[1][8][4];
   // dq_i = e^gamma_i sum_e do_ie H_de.
   zero_acc(acc);
-  warp_mma<1, 8, kD>(acc, rows_of<kBf16Stride>(d_o_tile), m0, transposed<kF32Stride>(sm.h), n0);
+  warp_mma<1, 8, kD>(acc, rows_of<kBf16Stride>(d_o_tile), m0, transposed<kBf16Stride>(sm.h), n0);
   for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
     const float value = expf(sm.gamma[i]) * acc[mt][nt][r];
     part[mt][nt][r] = 0.0f;
     if (i < len && d < Dk) {
-      ws.dq_acc[(row_first + static_cast<int64_t>(i) * Hv) * Dk + d] = value;
+      add_key_term(ws.dq_acc, i, d, value);
       part[mt][nt][r] = scale * __bfloat162float(q_tile[i * kBf16Stride + d]) * value;
     }
   });
   add_row_sums(part, m0, sm.s_q);
   __syncthreads();  // d_o and q are done: dV_new takes their place
-  load_tile(sm.x, kF32Stride, kChunk, kD, ws.dv_new + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
+  load_tile(sm.x, kBf16Stride, kChunk, kD, ws.dv_new + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
             len, Dv);
   wait_tile_loads();
   __syncthreads();
   // dW_i = -sum_e dV_new_ie H_de.
   zero_acc(acc);
-  warp_mma<1, 8, kD>(acc, rows_of<kF32Stride>(sm.x), m0, transposed<kF32Stride>(sm.h), n0);
+  warp_mma<1, 8, kD>(acc, rows_of<kBf16Stride>(sm.x), m0, transposed<kBf16Stride>(sm.h), n0);
   for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
-    if (i < len && d < Dk) ws.w[(row_first + static_cast<int64_t>(i) * Hv) * Dk + d] = -acc[mt][nt][r];
+    if (i < len && d < Dk)
+      ws.dw[(row_first + static_cast<int64_t>(i) * Hv) * Dk + d] = __float2bfloat16(-acc[mt][nt][r]);
   });
   __syncthreads();
   // dH replaces H in place; each thread multiplies the H values it overwrites into <H, dH>.
   // Fixed trip counts with all of a thread's loads issued first (one memory round trip).
   {
-    const float* dh_in = leaving_state_grad(s, ws, ci, d_final_state, h);  // null: zeros
+    const StateSource dh_in = leaving_state_grad(s, ws, ci, d_final_state, h);  // neither: zeros
     float partial = 0.0f;
-    // (d_final_state is the caller's: 16-byte loads only where its rows are aligned.)
-    if (Dv % 4 == 0 && (reinterpret_cast<uintptr_t>(dh_in) & 15) == 0) {
-      constexpr int kPerThread = kD * kD / 4 / kThreads;  // float4 per thread
-      float4 values[kPerThread];
+    if (dh_in.caller == nullptr && Dv % 8 == 0) {
+      // A slot (or zeros): 8 bf16 (16 bytes) at a time; its rows (Dv elements) keep that alignment.
+      constexpr int kPerThread = kD * kD / 8 / kThreads;
+      uint4 values[kPerThread];
 #pragma unroll
       for (int u = 0; u < kPerThread; ++u) {
-        const int idx = tid + u * kThreads, d = idx / (kD / 4), e = 4 * (idx % (kD / 4));
-        values[u] = dh_in != nullptr && d < Dk && e < Dv
-                        ? *reinterpret_cast<const float4*>(dh_in + static_cast<int64_t>(d) * Dv + e)
-                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const int idx = tid + u * kThreads, d = idx / (kD / 8), e = 8 * (idx % (kD / 8));
+        values[u] = dh_in.slot != nullptr && d < Dk && e < Dv
+                        ? *reinterpret_cast<const uint4*>(dh_in.slot + static_cast<int64_t>(d) * Dv + e)
+                        : make_uint4(0u, 0u, 0u, 0u);
       }
 #pragma unroll
       for (int u = 0; u < kPerThread; ++u) {
-        const int idx = tid + u * kThreads, d = idx / (kD / 4), e = 4 * (idx % (kD / 4));
-        float* at = sm.h + d * kF32Stride + e;
-        partial += at[0] * values[u].x + at[1] * values[u].y + at[2] * values[u].z +
-                   at[3] * values[u].w;
-        at[0] = values[u].x;
-        at[1] = values[u].y;
-        at[2] = values[u].z;
-        at[3] = values[u].w;
+        const int idx = tid + u * kThreads, d = idx / (kD / 8), e = 8 * (idx % (kD / 8));
+        uint4* at = reinterpret_cast<uint4*>(sm.h + d * kBf16Stride + e);
+        const uint4 old = *at;
+        const auto* h_pairs = reinterpret_cast<const __nv_bfloat162*>(&old);
+        const auto* dh_pairs = reinterpret_cast<const __nv_bfloat162*>(&values[u]);
+#pragma unroll
+        for (int pair = 0; pair < 4; ++pair) {
+          const float2 hv = __bfloat1622float2(h_pairs[pair]), dv2 = __bfloat1622float2(dh_pairs[pair]);
+          partial += hv.x * dv2.x + hv.y * dv2.y;
+        }
+        *at = values[u];
       }
     } else {
       for (int idx = tid; idx < kD * kD; idx += kThreads) {
         const int d = idx / kD, e = idx % kD;
-        const float dh_value =
-            dh_in != nullptr && d < Dk && e < Dv ? dh_in[static_cast<int64_t>(d) * Dv + e] : 0.0f;
-        partial += sm.h[d * kF32Stride + e] * dh_value;
-        sm.h[d * kF32Stride + e] = dh_value;
+        float dh_value = 0.0f;
+        if (d < Dk && e < Dv) {
+          const int64_t at = static_cast<int64_t>(d) * Dv + e;
+          if (dh_in.slot != nullptr) dh_value = __bfloat162float(dh_in.slot[at]);
+          else if (dh_in.caller != nullptr) dh_value = dh_in.caller[at];
+        }
+        partial += __bfloat162float(sm.h[d * kBf16Stride + e]) * dh_value;
+        sm.h[d * kBf16Stride + e] = __float2bfloat16(dh_value);
       }
     }
     partial = warp_sum(partial);
     if ((tid & 31) == 0) sm.h_dot_dh[warp] = partial;
   }
-  load_tile(sm.x, kF32Stride, kChunk, kD, ws.v_new + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
+  load_tile(sm.x, kBf16Stride, kChunk, kD, ws.v_new + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
             len, Dv);
   wait_tile_loads();
   __syncthreads();
   // dk_j = e^(gamma_last - gamma_j) sum_e v_new_je dH_de. k has no shared tile here (two blocks
-  // per SM leave no room): its values come from global memory (L2), the two of a pair at once.
+  // per SM leave no room): its values come from global memory (L2).
   zero_acc(acc);
-  warp_mma<1, 8, kD>(acc, rows_of<kF32Stride>(sm.x), m0, transposed<kF32Stride>(sm.h), n0);
+  warp_mma<1, 8, kD>(acc, rows_of<kBf16Stride>(sm.x), m0, transposed<kBf16Stride>(sm.h), n0);
   for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int j, int d) {
     part[mt][nt][r] = 0.0f;
     if (j < len && d < Dk) {
       const float value = expf(g_last - sm.gamma[j]) * acc[mt][nt][r];
-      ws.dk_acc[(row_first + static_cast<int64_t>(j) * Hv) * Dk + d] = value;
+      add_key_term(ws.dk_acc, j, d, value);
       const __nv_bfloat16 k_value = k[qk_first + static_cast<int64_t>(j) * Hk * Dk + d];
       part[mt][nt][r] = __bfloat162float(k_value) * value;
     }
@@ -306,16 +322,32 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-// Shared tiles of the chunk-local gradient kernel (~156 KB, within sm_80's 163 KB). Phases reuse
-// the two 64 x 128 fp32 tiles: (V_new, d_o) -> (dW, dV_new) -> (dA A^T, q).
+// Grid (max_chunks, Hk): the value heads that share key head blockIdx.y, one after the other, so
+// that their dq and dk terms add up per key head (no fp32 copy per value head to reduce later).
+__global__ void __launch_bounds__(kThreads, 2)
+    grads_states_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
+                        const __nv_bfloat16* k, const __nv_bfloat16* d_o,
+                        const float* initial_state, const float* d_final_state, Workspace ws) {
+  if (static_cast<int>(blockIdx.x) >= *ws.chunk_count) return;
+  const ChunkInfo ci = ws.chunks[blockIdx.x];
+  const int group = s.num_value_heads / s.num_key_heads, h0 = static_cast<int>(blockIdx.y) * group;
+  for (int j = 0; j < group; ++j) {
+    if (j > 0) __syncthreads();  // the previous head is done with the shared tiles
+    grads_states_head(s, scale, q, k, d_o, initial_state, d_final_state, ws, ci, h0 + j, j == 0);
+  }
+}
+
+// Shared tiles of the chunk-local gradient kernel (~99 KB: two blocks per SM, at 128 registers a
+// thread without spills). Phases reuse the two 64 x 128 bf16 tiles: (V_new, d_o) -> (dW, dV_new) ->
+// (dA A^T, q).
 struct LocalSmem {
-  __nv_bfloat16 k[kChunk * kBf16Stride];
-  __nv_bfloat16 v[kChunk * kBf16Stride];
-  float a[kChunk * kSqStride];   // A = (I + L)^-1
-  float ge[kChunk * kSqStride];  // G_ij e^(gamma_i - gamma_j), j <= i
-  float da[kChunk * kSqStride];  // dA, then C + C^T with C = dL beta_i e^(gamma_i - gamma_j)
-  float x1[kChunk * kF32Stride];  // V_new, then dW, then t1 = dA A^T ([64][kSqStride])
-  float x2[kChunk * kF32Stride];  // d_o (bf16), then dV_new, then q (bf16)
+  alignas(16) __nv_bfloat16 k[kChunk * kBf16Stride];
+  alignas(16) __nv_bfloat16 v[kChunk * kBf16Stride];
+  alignas(16) __nv_bfloat16 a[kChunk * kSqBf16Stride];   // A = (I + L)^-1
+  alignas(16) __nv_bfloat16 ge[kChunk * kSqBf16Stride];  // G_ij e^(gamma_i - gamma_j), j <= i
+  alignas(16) __nv_bfloat16 da[kChunk * kSqBf16Stride];  // dA, then C + C^T with C = dL beta_i e^(gamma_i - gamma_j)
+  alignas(16) __nv_bfloat16 x1[kChunk * kBf16Stride];  // V_new, then dW, then t1 = dA A^T ([64][kSqBf16Stride])
+  alignas(16) __nv_bfloat16 x2[kChunk * kBf16Stride];  // d_o, then dV_new, then q
   float gamma[kChunk], beta[kChunk], exp_gamma[kChunk];
   float d_gamma[kChunk], d_beta[kChunk], dx_dot_k[kChunk], dy_dot_v[kChunk];
   // Per-warp partial sums of d_gamma, added in warp order (d_gamma gets a start value and six
@@ -323,38 +355,48 @@ struct LocalSmem {
   float d_gamma_slices[kThreads / 32][kChunk];
 };
 
-// Grid (max_chunks, Hv). The chunk-local gradients: the intra-chunk attention term (G = do
+static_assert(2 * sizeof(LocalSmem) <= 227 * 1024 && sizeof(LocalSmem) <= kSm80MaxSharedBytesPerBlock,
+              "two chunk-local gradient blocks must share an H200 SM, and one fit sm_80's 163 KB");
+
+// Value head h of chunk ci: the chunk-local gradients, the intra-chunk attention term (G = do
 // v_new^T), the UT transform (dA, dL = -A^T dA A^T), and the direct k, v, beta, gamma terms;
-// finishes dq, dk (per value head, fp32), dv, dbeta, and dg as the reverse cumulative sum of
-// d gamma.
-__global__ void __launch_bounds__(kThreads, 1)
-    grads_local_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
-                       const __nv_bfloat16* k, const __nv_bfloat16* v, const float* beta,
-                       const __nv_bfloat16* d_o, __nv_bfloat16* dv, float* dg, float* dbeta,
-                       Workspace ws) {
-  const int chunk = blockIdx.x, h = blockIdx.y;
-  if (chunk >= *ws.chunk_count) return;
-  const ChunkInfo ci = ws.chunks[chunk];
+// writes dv, dbeta and dg (the reverse cumulative sum of d gamma) and adds the head's dq, dk terms
+// to the key head's fp32 sums, which the group's last value head finishes into the bf16 dq, dk.
+__device__ __forceinline__ void grads_local_head(const GatedDeltaRuleShape& s, float scale, const __nv_bfloat16* q,
+                                                 const __nv_bfloat16* k, const __nv_bfloat16* v, const float* beta,
+                                                 const __nv_bfloat16* d_o, __nv_bfloat16* dq, __nv_bfloat16* dk,
+                                                 __nv_bfloat16* dv, float* dg, float* dbeta, const Workspace& ws,
+                                                 const ChunkInfo& ci, int h, bool first_head, bool last_head) {
   const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
   const int kh = key_head_of(s, h), len = ci.len, tid = threadIdx.x, warp = tid >> 5;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   LocalSmem& sm = *reinterpret_cast<LocalSmem*>(smem_raw);
   const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
-  const int64_t qk_first = (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk;
+  const int64_t key_row_first = static_cast<int64_t>(ci.t0) * Hk + kh;  // rows of q, k, dq, dk
+  const int64_t qk_first = key_row_first * Dk;
+  // Element (i, d) of the key head's dq or dk: the fp32 sum so far plus this head's term, kept for
+  // the next head or, after the last, written in bf16 (times `factor`: dq's scale).
+  auto finish_key_term = [&](float* sums, __nv_bfloat16* out, int i, int d, float term, float factor) {
+    const int64_t at = (key_row_first + static_cast<int64_t>(i) * Hk) * Dk + d;
+    const float total = sums[at] + term;
+    if (last_head) out[at] = __float2bfloat16(factor * total);
+    else sums[at] = total;
+  };
   // A and P rows are stored at their tokens ([T, Hv, 64]); rows past len are not stored.
   const int64_t square_first = row_first * kChunk, square_row = static_cast<int64_t>(Hv) * kChunk;
   auto row_of = [&](int i) { return row_first + static_cast<int64_t>(i) * Hv; };
-  auto* d_o_tile = reinterpret_cast<__nv_bfloat16*>(sm.x2);  // bf16 [64][kBf16Stride] fits
-  auto* q_tile = reinterpret_cast<__nv_bfloat16*>(sm.x2);    // later, same place
-  float* t1 = sm.x1;                                          // later, [64][kSqStride]
+  __nv_bfloat16* d_o_tile = sm.x2;
+  __nv_bfloat16* q_tile = sm.x2;  // later, same place
+  __nv_bfloat16* t1 = sm.x1;      // later, [64][kSqBf16Stride]
 
-  load_tile(sm.k, kBf16Stride, kChunk, kD, k + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
+  // k is the key head's, the same for every value head of the group, and only read: loaded once.
+  if (first_head) load_tile(sm.k, kBf16Stride, kChunk, kD, k + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
   load_tile(sm.v, kBf16Stride, kChunk, kD, v + row_first * Dv, static_cast<int64_t>(Hv) * Dv, len,
             Dv);
   // Rows of A past len load as zeros (A holds identity rows there): every product below meets
   // them only against zero rows (dW, dV_new, dA past len) or in outputs past len, so it is exact.
-  load_tile(sm.a, kSqStride, kChunk, kChunk, ws.a_inv + square_first, square_row, len, kChunk);
-  load_tile(sm.x1, kF32Stride, kChunk, kD, ws.v_new + row_first * Dv,
+  load_tile(sm.a, kSqBf16Stride, kChunk, kChunk, ws.a_inv + square_first, square_row, len, kChunk);
+  load_tile(sm.x1, kBf16Stride, kChunk, kD, ws.v_new + row_first * Dv,
             static_cast<int64_t>(Hv) * Dv, len, Dv);
   load_tile(d_o_tile, kBf16Stride, kChunk, kD, d_o + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
             len, Dv);
@@ -376,15 +418,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     // G_ij = do_i . v_new_j (j <= i): intra-chunk output term; M_ij = G_ij P_ij moves gamma.
     float acc[1][4][4], m_plus[1][4][4], m_minus[1][4][4];
     zero_acc(acc);
-    warp_mma<1, 4, kD>(acc, rows_of<kBf16Stride>(d_o_tile), sm0, transposed<kF32Stride>(sm.x1), sn0);
-    const float* p_in = ws.p + square_first;
+    warp_mma<1, 4, kD>(acc, rows_of<kBf16Stride>(d_o_tile), sm0, transposed<kBf16Stride>(sm.x1), sn0);
+    const __nv_bfloat16* p_in = ws.p + square_first;
     for_each_acc<1, 4>(sm0, sn0, [&](int mt, int nt, int r, int i, int j) {
       float ge = 0.0f, m = 0.0f;
       if (i < len && j <= i) {
         ge = acc[mt][nt][r] * expf(sm.gamma[i] - sm.gamma[j]);
-        if (j < i) m = acc[mt][nt][r] * p_in[i * square_row + j];
+        if (j < i) m = acc[mt][nt][r] * __bfloat162float(p_in[i * square_row + j]);
       }
-      sm.ge[i * kSqStride + j] = ge;
+      sm.ge[i * kSqBf16Stride + j] = __float2bfloat16(ge);
       m_plus[mt][nt][r] = m;
       m_minus[mt][nt][r] = -m;
     });
@@ -394,9 +436,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     stage_col_sums(m_minus, sn0, slice);
   }
   add_warp_slices(sm.d_gamma, &sm.d_gamma_slices[0][0], kThreads / 32, kChunk);
-  load_tile(sm.x1, kF32Stride, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
+  load_tile(sm.x1, kBf16Stride, kChunk, kD, ws.dw + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
             len, Dk);
-  load_tile(sm.x2, kF32Stride, kChunk, kD, ws.dv_new + row_first * Dv,
+  load_tile(sm.x2, kBf16Stride, kChunk, kD, ws.dv_new + row_first * Dv,
             static_cast<int64_t>(Hv) * Dv, len, Dv);
   wait_tile_loads();
   __syncthreads();
@@ -405,13 +447,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc_w[1][4][4], acc_u[1][4][4];
     zero_acc(acc_w);
     zero_acc(acc_u);
-    warp_mma<1, 4, kD>(acc_w, rows_of<kF32Stride>(sm.x1), sm0, transposed<kBf16Stride>(sm.k), sn0);
-    warp_mma<1, 4, kD>(acc_u, rows_of<kF32Stride>(sm.x2), sm0, transposed<kBf16Stride>(sm.v), sn0);
+    warp_mma<1, 4, kD>(acc_w, rows_of<kBf16Stride>(sm.x1), sm0, transposed<kBf16Stride>(sm.k), sn0);
+    warp_mma<1, 4, kD>(acc_u, rows_of<kBf16Stride>(sm.x2), sm0, transposed<kBf16Stride>(sm.v), sn0);
     for_each_acc<1, 4>(sm0, sn0, [&](int mt, int nt, int r, int i, int j) {
       float value = 0.0f;
       if (i < len && j < i)
         value = sm.beta[j] * (sm.exp_gamma[j] * acc_w[mt][nt][r] + acc_u[mt][nt][r]);
-      sm.da[i * kSqStride + j] = value;
+      sm.da[i * kSqBf16Stride + j] = __float2bfloat16(value);
     });
   }
   // dX = A^T dW gives k's direct term beta e^gamma dX (kept until dk is written below).
@@ -419,7 +461,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   {
     float acc[1][8][4], part[1][8][4];
     zero_acc(dk_direct);
-    warp_mma<1, 8, kChunk>(dk_direct, transposed<kSqStride>(sm.a), m0, rows_of<kF32Stride>(sm.x1),
+    warp_mma<1, 8, kChunk>(dk_direct, transposed<kSqBf16Stride>(sm.a), m0, rows_of<kBf16Stride>(sm.x1),
                            n0);
     for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
       const float dx = dk_direct[mt][nt][r];
@@ -429,7 +471,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     add_row_sums(part, m0, sm.dx_dot_k);
     // dv = beta dY with dY = A^T dV_new (dU = dV_new).
     zero_acc(acc);
-    warp_mma<1, 8, kChunk>(acc, transposed<kSqStride>(sm.a), m0, rows_of<kF32Stride>(sm.x2), n0);
+    warp_mma<1, 8, kChunk>(acc, transposed<kSqBf16Stride>(sm.a), m0, rows_of<kBf16Stride>(sm.x2), n0);
     for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
       part[mt][nt][r] = 0.0f;
       if (i < len && e < Dv) {
@@ -446,9 +488,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // t1 = dA A^T: t1[a][j] = sum_b dA[a][b] A[j][b].
     float acc[1][4][4];
     zero_acc(acc);
-    warp_mma<1, 4, kChunk>(acc, rows_of<kSqStride>(sm.da), sm0, transposed<kSqStride>(sm.a), sn0);
+    warp_mma<1, 4, kChunk>(acc, rows_of<kSqBf16Stride>(sm.da), sm0, transposed<kSqBf16Stride>(sm.a), sn0);
     for_each_acc<1, 4>(sm0, sn0, [&](int mt, int nt, int r, int a, int j) {
-      t1[a * kSqStride + j] = acc[mt][nt][r];
+      t1[a * kSqBf16Stride + j] = __float2bfloat16(acc[mt][nt][r]);
     });
   }
   __syncthreads();
@@ -459,7 +501,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc[1][4][4], kk[1][4][4], f[1][4][4], bf_plus[1][4][4], bf_minus[1][4][4];
     zero_acc(acc);
     zero_acc(kk);
-    warp_mma<1, 4, kChunk>(acc, transposed<kSqStride>(sm.a), sm0, rows_of<kSqStride>(t1), sn0);
+    warp_mma<1, 4, kChunk>(acc, transposed<kSqBf16Stride>(sm.a), sm0, rows_of<kSqBf16Stride>(t1), sn0);
     warp_mma<1, 4, kD>(kk, rows_of<kBf16Stride>(sm.k), sm0, transposed<kBf16Stride>(sm.k), sn0);
     for_each_acc<1, 4>(sm0, sn0, [&](int mt, int nt, int r, int i, int j) {
       float c_value = 0.0f, f_value = 0.0f;
@@ -473,10 +515,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       bf_plus[mt][nt][r] = sm.beta[i] * f_value;
       bf_minus[mt][nt][r] = -sm.beta[i] * f_value;
       if (j < i) {
-        sm.da[i * kSqStride + j] = c_value;
-        sm.da[j * kSqStride + i] = c_value;
+        sm.da[i * kSqBf16Stride + j] = __float2bfloat16(c_value);
+        sm.da[j * kSqBf16Stride + i] = __float2bfloat16(c_value);
       } else if (j == i) {
-        sm.da[i * kSqStride + j] = 0.0f;
+        sm.da[i * kSqBf16Stride + j] = __float2bfloat16(0.0f);
       }
     });
     add_row_sums(f, sm0, sm.d_beta);  // two warps per row onto zero: commutative, deterministic
@@ -489,57 +531,66 @@ __global__ void __launch_bounds__(kThreads, 1)
   wait_tile_loads();
   __syncthreads();
   float acc[1][8][4];
-  // dq_i = scale (dq_acc_i + sum_{j<=i} G_ij e^(gamma_i - gamma_j) k_j).
-  zero_acc(acc);
-  warp_mma<1, 8, kChunk>(acc, rows_of<kSqStride>(sm.ge), m0, rows_of<kBf16Stride>(sm.k), n0);
-  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
-    if (i < len && d < Dk) {
-      float* at = ws.dq_acc + row_of(i) * Dk + d;
-      *at = scale * (*at + acc[mt][nt][r]);
-    }
-  });
+  // dk first, which frees dk_direct's registers before dq's product.
   // dk_i += beta_i e^gamma_i dX_i + scale sum_a G_ai e^(gamma_a - gamma_i) q_a
-  //         + sum_j (C_ij + C_ji) k_j.
+  //         + sum_j (C_ij + C_ji) k_j, summed over the group.
   zero_acc(acc);
-  warp_mma<1, 8, kChunk>(acc, transposed<kSqStride>(sm.ge), m0, rows_of<kBf16Stride>(q_tile), n0);
+  warp_mma<1, 8, kChunk>(acc, transposed<kSqBf16Stride>(sm.ge), m0, rows_of<kBf16Stride>(q_tile), n0);
   for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int, int) {
     acc[mt][nt][r] = scale * acc[mt][nt][r] + dk_direct[mt][nt][r];
   });
-  warp_mma<1, 8, kChunk>(acc, rows_of<kSqStride>(sm.da), m0, rows_of<kBf16Stride>(sm.k), n0);
+  warp_mma<1, 8, kChunk>(acc, rows_of<kSqBf16Stride>(sm.da), m0, rows_of<kBf16Stride>(sm.k), n0);
   for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
-    if (i < len && d < Dk) ws.dk_acc[row_of(i) * Dk + d] += acc[mt][nt][r];
+    if (i < len && d < Dk) finish_key_term(ws.dk_acc, dk, i, d, acc[mt][nt][r], 1.0f);
+  });
+  // dq_i = scale (dq_acc_i + sum_{j<=i} G_ij e^(gamma_i - gamma_j) k_j), summed over the group.
+  zero_acc(acc);
+  warp_mma<1, 8, kChunk>(acc, rows_of<kSqBf16Stride>(sm.ge), m0, rows_of<kBf16Stride>(sm.k), n0);
+  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
+    if (i < len && d < Dk) finish_key_term(ws.dq_acc, dq, i, d, acc[mt][nt][r], scale);
   });
   __syncthreads();
-  if (tid == 0) {
-    // gamma is the chunk-local prefix sum of g, so dg is the reverse cumulative sum of d gamma.
-    float suffix = 0.0f;
-    for (int i = len - 1; i >= 0; --i) {
-      const float direct = sm.beta[i] * sm.exp_gamma[i] * sm.dx_dot_k[i];
-      suffix += sm.d_gamma[i] + direct;
-      dg[row_of(i)] = suffix;
-      dbeta[row_of(i)] = sm.d_beta[i] + sm.exp_gamma[i] * sm.dx_dot_k[i] + sm.dy_dot_v[i];
+  if (warp == 0) {
+    // gamma is the chunk-local prefix sum of g, so dg is the reverse cumulative sum of d gamma:
+    // lane l takes tokens 2l and 2l + 1, a suffix scan over the lanes sums the pairs after its own.
+    static_assert(kChunk == 64, "two tokens a lane");
+    const int lane = tid & 31, i0 = 2 * lane, i1 = i0 + 1;
+    auto term = [&](int i) {
+      return i < len ? sm.d_gamma[i] + sm.beta[i] * sm.exp_gamma[i] * sm.dx_dot_k[i] : 0.0f;
+    };
+    const float v0 = term(i0), v1 = term(i1);
+    float pairs_from_here = v0 + v1;  // becomes the sum over the pairs of lanes >= lane
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const float later = __shfl_down_sync(0xffffffffu, pairs_from_here, offset);
+      if (lane + offset < 32) pairs_from_here += later;
+    }
+    const float after = __shfl_down_sync(0xffffffffu, pairs_from_here, 1);
+    const float suffix1 = (lane < 31 ? after : 0.0f) + v1, suffix0 = suffix1 + v0;
+    if (i0 < len) {
+      dg[row_of(i0)] = suffix0;
+      dbeta[row_of(i0)] = sm.d_beta[i0] + sm.exp_gamma[i0] * sm.dx_dot_k[i0] + sm.dy_dot_v[i0];
+    }
+    if (i1 < len) {
+      dg[row_of(i1)] = suffix1;
+      dbeta[row_of(i1)] = sm.d_beta[i1] + sm.exp_gamma[i1] * sm.dx_dot_k[i1] + sm.dy_dot_v[i1];
     }
   }
 }
 
-// dq, dk [T, Hk, Dk] bf16 = sum over the value heads that share each key head.
-__global__ void reduce_key_grads_kernel(GatedDeltaRuleShape s, Workspace ws, __nv_bfloat16* dq,
-                                        __nv_bfloat16* dk) {
-  const int Dk = s.key_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
-  const int group = Hv / Hk;
-  const int64_t count = s.num_tokens * Hk * Dk;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; idx < count;
-       idx += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int64_t t = idx / (static_cast<int64_t>(Hk) * Dk);
-    const int kh = static_cast<int>((idx / Dk) % Hk), d = static_cast<int>(idx % Dk);
-    float sum_q = 0.0f, sum_k = 0.0f;
-    for (int h = kh * group; h < (kh + 1) * group; ++h) {
-      const int64_t at = (t * Hv + h) * Dk + d;
-      sum_q += ws.dq_acc[at];
-      sum_k += ws.dk_acc[at];
-    }
-    dq[idx] = __float2bfloat16(sum_q);
-    dk[idx] = __float2bfloat16(sum_k);
+// Grid (max_chunks, Hk): the value heads that share key head blockIdx.y, one after the other; the
+// last one writes the key head's dq and dk.
+__global__ void __launch_bounds__(kThreads, 2)
+    grads_local_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
+                       const __nv_bfloat16* k, const __nv_bfloat16* v, const float* beta,
+                       const __nv_bfloat16* d_o, __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
+                       float* dg, float* dbeta, Workspace ws) {
+  if (static_cast<int>(blockIdx.x) >= *ws.chunk_count) return;
+  const ChunkInfo ci = ws.chunks[blockIdx.x];
+  const int group = s.num_value_heads / s.num_key_heads, h0 = static_cast<int>(blockIdx.y) * group;
+  for (int j = 0; j < group; ++j) {
+    if (j > 0) __syncthreads();  // the previous head is done with the shared tiles
+    grads_local_head(s, scale, q, k, v, beta, d_o, dq, dk, dv, dg, dbeta, ws, ci, h0 + j, j == 0, j == group - 1);
   }
 }
 
@@ -557,27 +608,31 @@ void run_backward(const GatedDeltaRuleShape& shape, float scale, const __nv_bflo
                   const float* initial_state, const __nv_bfloat16* d_o, const float* d_final_state,
                   __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, float* dg, float* dbeta,
                   float* d_initial_state, const Workspace& ws, cudaStream_t stream,
-                  StageMarks* marks) {
+                  StageMarks* marks, bool recompute_forward) {
   const bool has_tokens = shape.num_tokens > 0;
   mark_stage(marks, "backward start", stream);
-  // Recompute the forward chunk quantities, the chunk-entry states H and V_new.
-  launch_build_chunk_table(shape, ws, stream);
-  if (has_tokens) launch_prepare_chunks(shape, scale, q, k, v, g, beta, ws, stream);
-  mark_stage(marks, "backward recompute prepare", stream);
-  launch_state_scan(shape, k, initial_state, nullptr, ws, stream);
-  mark_stage(marks, "backward recompute state scan", stream);
+  // Recompute the forward chunk quantities, the chunk-entry states H and V_new (unless the
+  // caller kept the forward's workspace: the same values).
+  if (recompute_forward) {
+    launch_build_chunk_table(shape, ws, stream);
+    if (has_tokens) launch_prepare_chunks(shape, scale, q, k, v, g, beta, ws, stream);
+    mark_stage(marks, "backward recompute prepare", stream);
+    launch_state_scan(shape, k, initial_state, nullptr, ws, stream);
+    mark_stage(marks, "backward recompute state scan", stream);
+  }
   // Reverse scan: dH per chunk, dV_new, and d_initial_state (= d_final_state without tokens).
   {
-    // 64 state columns per block fit sm_80's 163 KB too (checked at compile time above).
-    const dim3 grid(shape.num_seqs, shape.num_value_heads, (shape.value_dim + kScanCols - 1) / kScanCols);
-    allow_smem(dstate_scan_kernel<kScanCols>, sizeof(DScanSmem<kScanCols>));
-    dstate_scan_kernel<kScanCols><<<grid, kThreads, sizeof(DScanSmem<kScanCols>), stream>>>(
+    // The shared tiles fit sm_80's 163 KB too (checked at compile time above).
+    const dim3 grid(shape.num_seqs, shape.num_value_heads, (shape.value_dim + kDScanCols - 1) / kDScanCols);
+    allow_smem(dstate_scan_kernel<kDScanCols>, sizeof(DScanSmem<kDScanCols>));
+    dstate_scan_kernel<kDScanCols><<<grid, kThreads, sizeof(DScanSmem<kDScanCols>), stream>>>(
         shape, scale, q, k, d_o, d_final_state, d_initial_state, ws);
   }
   CUDA_CHECK_LAUNCH();
   mark_stage(marks, "backward dstate scan", stream);
   if (!has_tokens) return;
-  const dim3 chunk_grid(static_cast<unsigned>(max_chunks(shape)), shape.num_value_heads);
+  // One block per chunk and key head: its value heads in turn (their dq, dk add up in the block).
+  const dim3 chunk_grid(static_cast<unsigned>(max_chunks(shape)), shape.num_key_heads);
   const size_t states_smem = sizeof(StatesSmem);
   allow_smem(grads_states_kernel, states_smem);
   grads_states_kernel<<<chunk_grid, kThreads, states_smem, stream>>>(
@@ -586,15 +641,10 @@ void run_backward(const GatedDeltaRuleShape& shape, float scale, const __nv_bflo
   mark_stage(marks, "backward grads_states", stream);
   const size_t local_smem = sizeof(LocalSmem);
   allow_smem(grads_local_kernel, local_smem);
-  grads_local_kernel<<<chunk_grid, kThreads, local_smem, stream>>>(shape, scale, q, k, v, beta,
-                                                                   d_o, dv, dg, dbeta, ws);
+  grads_local_kernel<<<chunk_grid, kThreads, local_smem, stream>>>(shape, scale, q, k, v, beta, d_o, dq, dk, dv,
+                                                                   dg, dbeta, ws);
   CUDA_CHECK_LAUNCH();
   mark_stage(marks, "backward grads_local", stream);
-  const int64_t count = shape.num_tokens * shape.num_key_heads * shape.key_dim;
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(4096, (count + kThreads - 1) / kThreads));
-  reduce_key_grads_kernel<<<blocks, kThreads, 0, stream>>>(shape, ws, dq, dk);
-  CUDA_CHECK_LAUNCH();
-  mark_stage(marks, "backward reduce key grads", stream);
 }
 
 
@@ -613,10 +663,47 @@ void gated_delta_rule_backward_cuda(const GatedDeltaRuleShape& shape, float scal
   const size_t needed = gated_delta_rule_backward_workspace_bytes(shape);
   CHECK(workspace != nullptr && workspace_bytes >= needed,
         "gated_delta_rule_backward_cuda: workspace of ", workspace_bytes, " bytes, need ", needed);
+  // Its slots are read with 16-byte accesses from 256-byte aligned offsets.
+  CHECK(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "gated_delta_rule_backward_cuda: the workspace must be "
+        "256-byte aligned");
   Workspace ws{};
   carve_workspace(shape, true, workspace, &ws);
   run_backward(shape, scale, q, k, v, g, beta, initial_state, d_o, d_final_state, dq, dk, dv, dg,
                dbeta, d_initial_state, ws, stream, nullptr);
+}
+
+size_t gated_delta_rule_backward_after_forward_workspace_bytes(const GatedDeltaRuleShape& shape) {
+  return gdn_cuda::carve_backward_after_forward(shape, nullptr, nullptr, nullptr);
+}
+
+void gated_delta_rule_backward_after_forward_cuda(const GatedDeltaRuleShape& shape, float scale,
+                                                  const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                                  const __nv_bfloat16* v, const float* g, const float* beta,
+                                                  const float* initial_state, const __nv_bfloat16* d_o,
+                                                  const float* d_final_state, __nv_bfloat16* dq, __nv_bfloat16* dk,
+                                                  __nv_bfloat16* dv, float* dg, float* dbeta,
+                                                  float* d_initial_state, const void* forward_workspace,
+                                                  size_t forward_workspace_bytes, void* workspace,
+                                                  size_t workspace_bytes, cudaStream_t stream) {
+  using namespace gdn_cuda;
+  const char* where = "gated_delta_rule_backward_after_forward_cuda";
+  check_shape(where, shape);
+  const size_t forward_needed = gated_delta_rule_forward_workspace_bytes(shape);
+  const size_t needed = gated_delta_rule_backward_after_forward_workspace_bytes(shape);
+  CHECK(forward_workspace != nullptr && forward_workspace_bytes >= forward_needed, where,
+        ": the forward's workspace of ", forward_workspace_bytes, " bytes, its layout takes ", forward_needed);
+  CHECK(workspace != nullptr && workspace_bytes >= needed, where, ": workspace of ", workspace_bytes,
+        " bytes, need ", needed);
+  CHECK(reinterpret_cast<uintptr_t>(workspace) % 256 == 0 && reinterpret_cast<uintptr_t>(forward_workspace) % 256 == 0,
+        where, ": both workspaces must be 256-byte aligned");
+  const auto* kept = static_cast<const char*>(forward_workspace);
+  const auto* own = static_cast<const char*>(workspace);
+  CHECK(own + needed <= kept || kept + forward_needed <= own, where,
+        ": the backward's workspace overlaps the kept forward's");
+  Workspace ws{};
+  carve_backward_after_forward(shape, forward_workspace, workspace, &ws);
+  run_backward(shape, scale, q, k, v, g, beta, initial_state, d_o, d_final_state, dq, dk, dv, dg, dbeta,
+               d_initial_state, ws, stream, nullptr, false);
 }
 
 }  // namespace deltamoe

@@ -1,6 +1,8 @@
 // CUDA launchers of the chunked gated delta rule (spec: gated_delta_rule.h and its chunked CPU
-// reference), forward and backward over packed sequences with GQA. bf16 q/k/v/o, fp32 gates,
-// state and workspace; chunks of kGatedDeltaRuleChunkSize tokens restart at every sequence.
+// reference), forward and backward over packed sequences with GQA. bf16 q/k/v/o, fp32 gates and
+// initial / final states; the workspace holds the products' operands in bf16 and the accumulators
+// in fp32 (gated_delta_rule_workspace.h); chunks of kGatedDeltaRuleChunkSize tokens restart at
+// every sequence.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -47,6 +49,22 @@ void gated_delta_rule_backward_cuda(const GatedDeltaRuleShape& shape, float scal
                                     __nv_bfloat16* dk, __nv_bfloat16* dv, float* dg, float* dbeta,
                                     float* d_initial_state, void* workspace,
                                     size_t workspace_bytes, cudaStream_t stream);
+
+// The same backward after a forward whose workspace the caller kept unchanged (its chunk table,
+// W, V_new, P, A and chunk-entry states for these same inputs and shape): they are read from
+// forward_workspace instead of being recomputed (the same values), and the backward's own arrays
+// come from workspace (at least gated_delta_rule_backward_after_forward_workspace_bytes). The
+// kept workspace is only read, so several backwards may follow one forward.
+size_t gated_delta_rule_backward_after_forward_workspace_bytes(const GatedDeltaRuleShape& shape);
+void gated_delta_rule_backward_after_forward_cuda(const GatedDeltaRuleShape& shape, float scale,
+                                                  const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                                  const __nv_bfloat16* v, const float* g, const float* beta,
+                                                  const float* initial_state, const __nv_bfloat16* d_o,
+                                                  const float* d_final_state, __nv_bfloat16* dq, __nv_bfloat16* dk,
+                                                  __nv_bfloat16* dv, float* dg, float* dbeta,
+                                                  float* d_initial_state, const void* forward_workspace,
+                                                  size_t forward_workspace_bytes, void* workspace,
+                                                  size_t workspace_bytes, cudaStream_t stream);
 
 // Benchmark aid: runs the forward and then the backward `repeats` times with CUDA events between
 // their stages and returns each stage's median milliseconds, in launch order. Same arguments as

@@ -1,9 +1,9 @@
 // CUDA forward of the chunked gated delta rule: chunk table, per-chunk UT/WY preparation
 // (A = (I + L)^-1, W, U, P), the sequential state scan over chunks (32-column slices of the state
-// in parallel) and the chunk outputs; the products run on tensor cores (gdn_mma.cuh, bf16 with
-// fp32 operands split in two), the triangular inverse and the gates in fp32.
+// in parallel) and the chunk outputs; the products run on tensor cores (gdn_mma.cuh: bf16
+// operands, and W's and U's fp32 coefficients split in two), the triangular inverse, the running
+// state and the gates in fp32.
 #include <algorithm>
-#include <cstdlib>
 
 #include "core/cuda_check.h"
 #include "kernels/common/kernel_path_cuda.h"
@@ -58,6 +58,7 @@ struct PrepareSmem {
   float au[kChunk * kSqStride];  // scratch of the inverse, then A diag(beta)
   float gamma[kChunk], beta[kChunk], exp_gamma[kChunk];
 };
+static_assert(sizeof(PrepareSmem) <= kSm80MaxSharedBytesPerBlock, "the shared tiles must fit sm_80's 163 KB");
 
 // a = (I + L)^-1 for a strictly lower triangular 64 x 64 L, in fp32: the four 16 x 16 diagonal
 // blocks by forward substitution (one warp each), then the block rows below them in turn,
@@ -108,7 +109,8 @@ __device__ void invert_unit_lower(const float* l, float* a, float* scratch) {
 // Grid (max_chunks, Hv). Builds gamma, P = (scale q_i . k_j) e^(gamma_i - gamma_j) (j <= i),
 // A = (I + L)^-1 with L_ij = beta_i (k_i . k_j) e^(gamma_i - gamma_j) (j < i), W = A diag(beta
 // e^gamma) K and U = A diag(beta) V of one chunk and head. K K^T and Q K^T run on tensor cores
-// with exact bf16 operands; the inverse is fp32 FMA; W and U split A into two bf16 parts.
+// with exact bf16 operands; the inverse is fp32 FMA; W and U split A into two bf16 parts. P, A, W
+// and U are stored in bf16, the form the later products take them in.
 __global__ void __launch_bounds__(kThreads, 2)
     prepare_chunks_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
                           const __nv_bfloat16* k, const __nv_bfloat16* v, const float* g,
@@ -142,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     zero_acc(qk);
     warp_mma<1, 4, kD>(kk, rows_of<kBf16Stride>(sm.k), m0, transposed<kBf16Stride>(sm.k), n0);
     warp_mma<1, 4, kD>(qk, rows_of<kBf16Stride>(sm.q), m0, transposed<kBf16Stride>(sm.k), n0);
-    float* p_out = ws.p + square_first;
+    __nv_bfloat16* p_out = ws.p + square_first;
     for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int j) {
       float l_value = 0.0f, p_value = 0.0f;
       if (i < len && j <= i) {
@@ -151,16 +153,16 @@ __global__ void __launch_bounds__(kThreads, 2)
         p_value = scale * qk[mt][nt][r] * decay;
       }
       sm.l[i * kSqStride + j] = l_value;
-      if (i < len) p_out[i * square_row + j] = p_value;
+      if (i < len) p_out[i * square_row + j] = __float2bfloat16(p_value);
     });
   }
   __syncthreads();
   invert_unit_lower(sm.l, sm.a, sm.au);
-  float* a_out = ws.a_inv + square_first;
+  __nv_bfloat16* a_out = ws.a_inv + square_first;
   for (int idx = tid; idx < kChunk * kChunk; idx += kThreads) {
     const int i = idx / kChunk, j = idx % kChunk;
     const float a = sm.a[i * kSqStride + j];
-    if (i < len) a_out[i * square_row + j] = a;
+    if (i < len) a_out[i * square_row + j] = __float2bfloat16(a);
     sm.l[i * kSqStride + j] = a * sm.beta[j] * sm.exp_gamma[j];
     sm.au[i * kSqStride + j] = a * sm.beta[j];
   }
@@ -171,13 +173,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   zero_acc(acc);
   warp_mma<1, 8, kChunk>(acc, rows_of<kSqStride>(sm.l), m0, rows_of<kBf16Stride>(sm.k), n0);
   for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
-    if (i < len && d < Dk) ws.w[(row_first + static_cast<int64_t>(i) * Hv) * Dk + d] = acc[mt][nt][r];
+    if (i < len && d < Dk) ws.w[(row_first + static_cast<int64_t>(i) * Hv) * Dk + d] = __float2bfloat16(acc[mt][nt][r]);
   });
   zero_acc(acc);
   warp_mma<1, 8, kChunk>(acc, rows_of<kSqStride>(sm.au), m0, rows_of<kBf16Stride>(sm.v), n0);
   for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
     if (i < len && e < Dv)
-      ws.v_new[(row_first + static_cast<int64_t>(i) * Hv) * Dv + e] = acc[mt][nt][r];
+      ws.v_new[(row_first + static_cast<int64_t>(i) * Hv) * Dv + e] = __float2bfloat16(acc[mt][nt][r]);
   });
 }
 
@@ -186,27 +188,31 @@ __global__ void __launch_bounds__(kThreads, 2)
 // step and let two blocks share an SM, against one block of 64 columns.
 constexpr int kStateScanCols = 32;
 
-// Shared tiles of the forward state scan carrying kStateScanCols state columns (~87 KB: two
+// Shared tiles of the forward state scan carrying kStateScanCols state columns (~74 KB: two
 // blocks per SM). Each half of a chunk's work runs while the other half's inputs are copied in;
-// on the H200 this measured faster than double-buffering all inputs (0.62 against 0.64 ms).
+// on the H200 this measured faster than double-buffering all inputs (0.62 against 0.64 ms). The
+// running state stays fp32; its bf16 copy is the operand of V_new = U - W H and the stored slot.
 struct ScanSmem {
-  static constexpr int kStride = kStateScanCols + 4;  // row-major B (see gdn_mma.cuh)
-  float h[kD * kStride];              // state columns [col0, col0 + kStateScanCols) of H
-  float w[kChunk * kF32Stride];       // W of the chunk
-  __nv_bfloat16 k[kChunk * kBf16Stride];
-  float u[kChunk * kStride];          // U, same columns
-  float gamma[kChunk];
-  float vn[kChunk * kStride];         // e^(gamma_last - gamma_j) V_new_j
+  static constexpr int kStride = kStateScanCols + 4;      // fp32 running state
+  static constexpr int kBf16Cols = kStateScanCols + 8;    // bf16 column slices
+  alignas(16) float h[kD * kStride];                      // state columns [col0, col0 + kStateScanCols)
+  alignas(16) __nv_bfloat16 hb[kD * kBf16Cols];           // the same, rounded to bf16
+  alignas(16) __nv_bfloat16 w[kChunk * kBf16Stride];      // W of the chunk
+  alignas(16) __nv_bfloat16 k[kChunk * kBf16Stride];
+  alignas(16) __nv_bfloat16 u[kChunk * kBf16Cols];        // U, same columns
+  alignas(16) __nv_bfloat16 vn[kChunk * kBf16Cols];       // e^(gamma_last - gamma_j) V_new_j
+  alignas(16) float gamma[kChunk];
 };
+static_assert(sizeof(ScanSmem) <= kSm80MaxSharedBytesPerBlock, "the shared tiles must fit sm_80's 163 KB");
 
 // Starts the asynchronous copies of one chunk's V_new inputs (W, U, gamma) as one group.
 __device__ void issue_vnew_inputs(ScanSmem& sm, const GatedDeltaRuleShape& s, const Workspace& ws,
                                   const ChunkInfo& ci, int h, int col0, int cols) {
   const int Dk = s.key_dim, Dv = s.value_dim, Hv = s.num_value_heads;
   const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
-  load_tile(sm.w, kF32Stride, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
+  load_tile(sm.w, kBf16Stride, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
             ci.len, Dk);
-  load_tile(sm.u, ScanSmem::kStride, kChunk, kStateScanCols, ws.v_new + row_first * Dv + col0,
+  load_tile(sm.u, ScanSmem::kBf16Cols, kChunk, kStateScanCols, ws.v_new + row_first * Dv + col0,
             static_cast<int64_t>(Hv) * Dv, ci.len, cols);
   for (int i = threadIdx.x; i < kChunk; i += blockDim.x) {
     const bool valid = i < ci.len;
@@ -228,12 +234,12 @@ __device__ void issue_state_input(ScanSmem& sm, const GatedDeltaRuleShape& s,
 
 // Grid (N, Hv, ceil(Dv / kStateScanCols)). Carries kStateScanCols columns of one head's state
 // through the chunks of one sequence (state columns evolve independently): stores the state
-// entering each chunk that has a slot (all but the sequence's first), turns U into
+// entering each chunk that has a slot (all but the sequence's first, in bf16), turns U into
 // V_new = U - W H and advances H <- e^gamma_last H + K^T diag(e^(gamma_last - gamma)) V_new.
 __global__ void __launch_bounds__(kThreads, 2)
     state_scan_kernel(GatedDeltaRuleShape s, const __nv_bfloat16* k, const float* initial_state,
                       float* final_state, Workspace ws) {
-  constexpr int kCols = kStateScanCols, kStride = ScanSmem::kStride;
+  constexpr int kCols = kStateScanCols, kStride = ScanSmem::kStride, kBf16Cols = ScanSmem::kBf16Cols;
   const int n = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kCols;
   const int Dk = s.key_dim, Dv = s.value_dim, Hv = s.num_value_heads;
   const int tid = threadIdx.x, warp = tid >> 5;
@@ -246,9 +252,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (first < last) issue_vnew_inputs(sm, s, ws, ws.chunks[first], h, col0, cols);
   for (int idx = tid; idx < kD * kCols; idx += kThreads) {
     const int d = idx / kCols, e = idx % kCols;
-    sm.h[d * kStride + e] = (initial_state != nullptr && d < Dk && e < cols)
-                                ? initial_state[state_base + static_cast<int64_t>(d) * Dv + e]
-                                : 0.0f;
+    const float value = (initial_state != nullptr && d < Dk && e < cols)
+                            ? initial_state[state_base + static_cast<int64_t>(d) * Dv + e]
+                            : 0.0f;
+    sm.h[d * kStride + e] = value;
+    sm.hb[d * kBf16Cols + e] = __float2bfloat16(value);
   }
   for (int c = first; c < last; ++c) {
     const ChunkInfo ci = ws.chunks[c];
@@ -257,24 +265,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     cp_async_wait<0>();
     __syncthreads();  // chunk c's V_new inputs are in; everybody is done with chunk c - 1
     issue_state_input(sm, s, k, ci, h);
-    if (ci.h_slot >= 0) {
-      // (A chunk that begins its sequence enters with its initial state: nothing to store.)
-      float* h_out = ws.h + (static_cast<int64_t>(ci.h_slot) * Hv + h) * Dk * Dv + col0;
-      if (Dv % 4 == 0) {
-        // cols and col0 are multiples of 4 here, so are the rows of h_out: 16-byte stores.
-        for (int idx = tid; idx < Dk * kCols / 4; idx += kThreads) {
-          const int d = idx / (kCols / 4), e = 4 * (idx % (kCols / 4));
-          if (e < cols)
-            *reinterpret_cast<float4*>(h_out + static_cast<int64_t>(d) * Dv + e) =
-                *reinterpret_cast<const float4*>(&sm.h[d * kStride + e]);
-        }
-      } else {
-        for (int idx = tid; idx < Dk * kCols; idx += kThreads) {
-          const int d = idx / kCols, e = idx % kCols;
-          if (e < cols) h_out[static_cast<int64_t>(d) * Dv + e] = sm.h[d * kStride + e];
-        }
-      }
-    }
+    // (A chunk that begins its sequence enters with its initial state: nothing to store.)
+    if (ci.h_slot >= 0)
+      store_state_slice<kCols>(ws.h + (static_cast<int64_t>(ci.h_slot) * Hv + h) * Dk * Dv + col0, sm.hb, kBf16Cols,
+                               s, cols);
     const float g_last = sm.gamma[len - 1];
     {
       // V_new = U - W H: 64 x 32, warp tile rows 16 (warp % 4), columns 16 (warp / 4).
@@ -282,16 +276,16 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int m0 = 16 * (warp & 3), n0 = (kCols / 2) * (warp >> 2);
       float acc[1][kNT][4];
       zero_acc(acc);
-      warp_mma<1, kNT, kD>(acc, rows_of<kF32Stride>(sm.w), m0, rows_of<kStride>(sm.h), n0);
+      warp_mma<1, kNT, kD>(acc, rows_of<kBf16Stride>(sm.w), m0, rows_of<kBf16Cols>(sm.hb), n0);
       // This lane's rows are m0 + g and m0 + g + 8: their decays once, not per element.
       const int row0 = m0 + ((tid & 31) >> 2);
       const float decay[2] = {row0 < len ? expf(g_last - sm.gamma[row0]) : 0.0f,
                               row0 + 8 < len ? expf(g_last - sm.gamma[row0 + 8]) : 0.0f};
       for_each_acc<1, kNT>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
-        const float value = sm.u[i * kStride + e] - acc[mt][nt][r];
+        const float value = __bfloat162float(sm.u[i * kBf16Cols + e]) - acc[mt][nt][r];
         if (i < len && e < cols)
-          ws.v_new[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = value;
-        sm.vn[i * kStride + e] = decay[r >> 1] * value;
+          ws.v_new[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = __float2bfloat16(value);
+        sm.vn[i * kBf16Cols + e] = __float2bfloat16(decay[r >> 1] * value);
       });
     }
     __syncthreads();  // W, U, gamma are free; V_new is complete
@@ -303,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();
     {
-      // H: 128 x kCols, warp tile rows 16 warp, all kCols columns.
+      // H: 128 x kCols, warp tile rows 16 warp, all kCols columns; fp32, and its bf16 copy.
       constexpr int kNT = kCols / 8;
       const int m0 = 16 * warp;
       const float chunk_decay = expf(g_last);
@@ -311,9 +305,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       for_each_acc<1, kNT>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
         acc[mt][nt][r] = chunk_decay * sm.h[d * kStride + e];
       });
-      warp_mma<1, kNT, kChunk>(acc, transposed<kBf16Stride>(sm.k), m0, rows_of<kStride>(sm.vn), 0);
+      warp_mma<1, kNT, kChunk>(acc, transposed<kBf16Stride>(sm.k), m0, rows_of<kBf16Cols>(sm.vn), 0);
       for_each_acc<1, kNT>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
         sm.h[d * kStride + e] = acc[mt][nt][r];
+        sm.hb[d * kBf16Cols + e] = __float2bfloat16(acc[mt][nt][r]);
       });
     }
   }
@@ -326,14 +321,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-// Shared tiles of the output kernel (~90 KB: two blocks per SM).
+// Shared tiles of the output kernel (~54 KB).
 struct OutputSmem {
-  __nv_bfloat16 q[kChunk * kBf16Stride];
-  float h[kD * kColStride];       // state entering the chunk, columns [col0, col0 + 64)
-  float p[kChunk * kSqStride];
-  float vn[kChunk * kColStride];  // V_new, same columns
-  float exp_gamma[kChunk];
+  alignas(16) __nv_bfloat16 q[kChunk * kBf16Stride];
+  alignas(16) __nv_bfloat16 h[kD * kColBf16Stride];      // state entering the chunk, columns [col0, col0 + 64)
+  alignas(16) __nv_bfloat16 p[kChunk * kSqBf16Stride];
+  alignas(16) __nv_bfloat16 vn[kChunk * kColBf16Stride];  // V_new, same columns
+  alignas(16) float exp_gamma[kChunk];
 };
+static_assert(sizeof(OutputSmem) <= kSm80MaxSharedBytesPerBlock, "the shared tiles must fit sm_80's 163 KB");
 
 // Grid (max_chunks, Hv, ceil(Dv / 64)): o_i = e^gamma_i (scale q_i)^T H + sum_{j<=i} P_ij v_new_j
 // for 64 output columns; H is the chunk's slot or, for a sequence's first chunk, its initial state.
@@ -351,13 +347,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
   load_tile(sm.q, kBf16Stride, kChunk, kD, q + (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk,
             static_cast<int64_t>(Hk) * Dk, len, Dk);
-  // A null state (zeros) loads no rows; any valid address stands in for it.
-  const float* h_in = entering_state(s, ws, ci, initial_state, h);
-  load_tile(sm.h, kColStride, kD, kScanCols, (h_in != nullptr ? h_in : ws.gamma) + col0, Dv,
-            h_in != nullptr ? Dk : 0, cols);
-  load_tile(sm.p, kSqStride, kChunk, kChunk, ws.p + row_first * kChunk,
+  load_state_tile(sm.h, kColBf16Stride, kScanCols, entering_state(s, ws, ci, initial_state, h), s, col0, cols);
+  load_tile(sm.p, kSqBf16Stride, kChunk, kChunk, ws.p + row_first * kChunk,
             static_cast<int64_t>(Hv) * kChunk, len, kChunk);
-  load_tile(sm.vn, kColStride, kChunk, kScanCols, ws.v_new + row_first * Dv + col0,
+  load_tile(sm.vn, kColBf16Stride, kChunk, kScanCols, ws.v_new + row_first * Dv + col0,
             static_cast<int64_t>(Hv) * Dv, len, cols);
   if (tid < kChunk)
     sm.exp_gamma[tid] = tid < len ? expf(ws.gamma[row_first + static_cast<int64_t>(tid) * Hv]) : 0.0f;
@@ -366,11 +359,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int m0 = 16 * (warp & 3), n0 = 32 * (warp >> 2);
   float acc[1][4][4];
   zero_acc(acc);
-  warp_mma<1, 4, kD>(acc, rows_of<kBf16Stride>(sm.q), m0, rows_of<kColStride>(sm.h), n0);
+  warp_mma<1, 4, kD>(acc, rows_of<kBf16Stride>(sm.q), m0, rows_of<kColBf16Stride>(sm.h), n0);
   for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int) {
     acc[mt][nt][r] *= scale * sm.exp_gamma[i];
   });
-  warp_mma<1, 4, kChunk>(acc, rows_of<kSqStride>(sm.p), m0, rows_of<kColStride>(sm.vn), n0);
+  warp_mma<1, 4, kChunk>(acc, rows_of<kSqBf16Stride>(sm.p), m0, rows_of<kColBf16Stride>(sm.vn), n0);
   for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
     if (i < len && e < cols)
       o[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = __float2bfloat16(acc[mt][nt][r]);
@@ -381,7 +374,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 size_t carve_workspace(const GatedDeltaRuleShape& s, bool backward, void* base, Workspace* out) {
   const GatedDeltaRuleWorkspaceLayout layout = gated_delta_rule_workspace_layout(
-      s.num_tokens, s.num_seqs, s.num_value_heads, s.key_dim, s.value_dim, backward);
+      s.num_tokens, s.num_seqs, s.num_key_heads, s.num_value_heads, s.key_dim, s.value_dim, backward);
   if (out == nullptr) return layout.total;
   auto* bytes = static_cast<char*>(base);
   auto at = [&](size_t offset) -> void* { return base == nullptr ? nullptr : bytes + offset; };
@@ -391,14 +384,15 @@ size_t carve_workspace(const GatedDeltaRuleShape& s, bool backward, void* base, 
   ws.chunk_offsets = static_cast<int*>(at(layout.chunk_offsets));
   ws.slot_offsets = static_cast<int*>(at(layout.slot_offsets));
   ws.gamma = static_cast<float*>(at(layout.gamma));
-  ws.w = static_cast<float*>(at(layout.w));
-  ws.v_new = static_cast<float*>(at(layout.v_new));
-  ws.p = static_cast<float*>(at(layout.p));
-  ws.a_inv = static_cast<float*>(at(layout.a_inv));
-  ws.h = static_cast<float*>(at(layout.h));
+  ws.w = static_cast<__nv_bfloat16*>(at(layout.w));
+  ws.v_new = static_cast<__nv_bfloat16*>(at(layout.v_new));
+  ws.p = static_cast<__nv_bfloat16*>(at(layout.p));
+  ws.a_inv = static_cast<__nv_bfloat16*>(at(layout.a_inv));
+  ws.h = static_cast<__nv_bfloat16*>(at(layout.h));
   if (backward) {
-    ws.dh = static_cast<float*>(at(layout.dh));
-    ws.dv_new = static_cast<float*>(at(layout.dv_new));
+    ws.dh = static_cast<__nv_bfloat16*>(at(layout.dh));
+    ws.dv_new = static_cast<__nv_bfloat16*>(at(layout.dv_new));
+    ws.dw = static_cast<__nv_bfloat16*>(at(layout.dw));
     ws.dq_acc = static_cast<float*>(at(layout.dq_acc));
     ws.dk_acc = static_cast<float*>(at(layout.dk_acc));
     ws.dgamma = static_cast<float*>(at(layout.dgamma));
@@ -407,14 +401,28 @@ size_t carve_workspace(const GatedDeltaRuleShape& s, bool backward, void* base, 
   return layout.total;
 }
 
+size_t carve_backward_after_forward(const GatedDeltaRuleShape& s, const void* forward, void* base, Workspace* out) {
+  const GatedDeltaRuleWorkspaceLayout layout = gated_delta_rule_workspace_layout(
+      s.num_tokens, s.num_seqs, s.num_key_heads, s.num_value_heads, s.key_dim, s.value_dim, true);
+  const size_t own = layout.total - layout.forward_total;
+  if (out == nullptr) return own;
+  // The forward's arrays where the forward left them (the same offsets as in its own layout), the
+  // backward's shifted to `base`.
+  carve_workspace(s, false, const_cast<void*>(forward), out);
+  auto at = [&](size_t offset) -> void* { return static_cast<char*>(base) + (offset - layout.forward_total); };
+  out->dh = static_cast<__nv_bfloat16*>(at(layout.dh));
+  out->dv_new = static_cast<__nv_bfloat16*>(at(layout.dv_new));
+  out->dw = static_cast<__nv_bfloat16*>(at(layout.dw));
+  out->dq_acc = static_cast<float*>(at(layout.dq_acc));
+  out->dk_acc = static_cast<float*>(at(layout.dk_acc));
+  out->dgamma = static_cast<float*>(at(layout.dgamma));
+  return own;
+}
+
 size_t device_smem_limit() {
   // The kernel path's limit (kernels/common/kernel_path_cuda.h): sm_80's 163 KB unless the sm_90a
   // kernels run, so a compute_80 binary on the H200 keeps the A800's limit by itself.
-  const size_t limit = kernel_path().max_shared_bytes;
-  // Read on every launch (a few ns) so that one test process can cover both variants.
-  const char* pretend = std::getenv("DELTAMOE_GDN_SMALL_SMEM");
-  const bool pretend_sm80 = pretend != nullptr && pretend[0] == '1';
-  return pretend_sm80 ? std::min(limit, kSm80MaxSharedBytesPerBlock) : limit;
+  return kernel_path().max_shared_bytes;
 }
 
 void check_shape(const char* op, const GatedDeltaRuleShape& s) {
@@ -505,6 +513,9 @@ void gated_delta_rule_forward_cuda(const GatedDeltaRuleShape& shape, float scale
   const size_t needed = gated_delta_rule_forward_workspace_bytes(shape);
   CHECK(workspace != nullptr && workspace_bytes >= needed,
         "gated_delta_rule_forward_cuda: workspace of ", workspace_bytes, " bytes, need ", needed);
+  // Its slots are read with 16-byte accesses from 256-byte aligned offsets.
+  CHECK(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "gated_delta_rule_forward_cuda: the workspace must be "
+        "256-byte aligned");
   Workspace ws{};
   carve_workspace(shape, false, workspace, &ws);
   run_forward(shape, scale, q, k, v, g, beta, initial_state, o, final_state, ws, stream, nullptr);

@@ -13,22 +13,23 @@
 #include "kernels/gated_delta_rule/gated_delta_rule.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_cuda.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_workspace.h"
+#include "kernels/gated_delta_rule/gdn_mma.cuh"
 
 namespace deltamoe::gdn_cuda {
 
 constexpr int kChunk = kGatedDeltaRuleChunkSize;  // 64 tokens
 constexpr int kThreads = 256;                     // threads of every block (8 warps)
 constexpr int kD = kGatedDeltaRuleCudaMaxHeadDim;  // every head dim is zero-padded to 128 in shared
-constexpr int kScanCols = 64;  // state columns one scan block carries (Dv / 64 blocks per head)
+constexpr int kScanCols = 64;  // state columns of one output block (Dv / 64 blocks per head)
 // Shared row strides (elements), chosen so that the mma fragment reads (gdn_mma.cuh, warp_mma)
 // hit distinct banks: fp32 tiles whose k-adjacent pairs lie side by side in a row (row-major A,
 // transposed B) take 8 (mod 32) words per row, those whose pairs lie one row apart 4 (mod 32).
-constexpr int kBf16Stride = kD + 8;       // [64][128] bf16 tiles (q, k, v, d_o)
-constexpr int kF32Stride = kD + 8;        // [rows][128] fp32 tiles read as row-major A / transposed B
-constexpr int kF32StrideT = kD + 4;       // [rows][128] fp32 tiles read as transposed A / row-major B
-constexpr int kSqStride = kChunk + 8;     // [64][64] fp32 (A, L, P, dA, ...) read as row-major A
-constexpr int kSqStrideT = kChunk + 4;    // [64][64] fp32 read as transposed A
-constexpr int kColStride = kScanCols + 4;  // [rows][64] column slices (fp32 or bf16), row-major B
+// bf16 rows of 8 (mod 16) elements are 4 (mod 32) words: the k-adjacent pairs of row-major reads
+// hit distinct banks, and every row starts on 16 bytes for the asynchronous copies.
+constexpr int kBf16Stride = kD + 8;       // [rows][128] bf16 tiles (q, k, v, d_o, W, V_new, H, ...)
+constexpr int kSqStride = kChunk + 8;     // [64][64] fp32 (L and the inverse's scratch) read as row-major A
+constexpr int kSqBf16Stride = kChunk + 8;  // [64][64] bf16 (A, P, G, dA, ...)
+constexpr int kColBf16Stride = kScanCols + 8;  // [rows][64] bf16 column slices
 
 // One chunk: tokens [t0, t0 + len) of sequence `seq`, and where its boundary states live
 // (gated_delta_rule_workspace.h): h_slot holds the state entering the chunk, -1 when the chunk
@@ -53,55 +54,119 @@ inline int64_t max_chunks(const GatedDeltaRuleShape& s) {
 // Device pointers into the caller's workspace (layout: gated_delta_rule_workspace.h). Token-
 // indexed arrays follow the [T, Hv, ...] layout; the 64 x 64 per-chunk matrices are stored by
 // rows, row i of a chunk at its token t0 + i ([T, Hv, 64]); the boundary states by slot.
+// The operands of the products are bf16 (single tensor-core products; gated_delta_rule_notes.md,
+// "bf16 intermediates"): W, U / V_new, P, A, the boundary states and dV_new. The running states
+// of the two scans, the gates and every accumulation stay fp32.
+// The backward reads the forward's arrays and writes only its own (below): a caller may keep a
+// forward's workspace for one or more backwards (carve_backward_after_forward), so no backward
+// kernel may write chunks .. h.
 struct Workspace {
   ChunkInfo* chunks;     // [max_chunks]
   int* chunk_count;      // [1] chunks actually used
   int* chunk_offsets;    // [N+1] first chunk of each sequence
   int* slot_offsets;     // [N+1] first state slot of each sequence
   float* gamma;          // [T, Hv] cumulative log decay inside the chunk
-  float* w;              // [T, Hv, Dk] W = A diag(beta e^gamma) K; backward overwrites with dW
-  float* v_new;          // [T, Hv, Dv] U, then V_new = U - W H in place
-  float* p;              // [T, Hv, 64] (scale q_i . k_j) e^(gamma_i - gamma_j), j <= i
-  float* a_inv;          // [T, Hv, 64] A = (I + L)^-1
-  float* h;              // [slots, Hv, Dk, Dv] state entering a chunk (ChunkInfo::h_slot)
+  __nv_bfloat16* w;      // [T, Hv, Dk] W = A diag(beta e^gamma) K
+  __nv_bfloat16* v_new;  // [T, Hv, Dv] U, then V_new = U - W H in place
+  __nv_bfloat16* p;      // [T, Hv, 64] (scale q_i . k_j) e^(gamma_i - gamma_j), j <= i
+  __nv_bfloat16* a_inv;  // [T, Hv, 64] A = (I + L)^-1
+  __nv_bfloat16* h;      // [slots, Hv, Dk, Dv] state entering a chunk (ChunkInfo::h_slot)
   // Backward only (null in the forward layout):
-  float* dh;             // [slots, Hv, Dk, Dv] dL/d(state leaving a chunk) (ChunkInfo::dh_slot)
-  float* dv_new;         // [T, Hv, Dv]
-  float* dq_acc;         // [T, Hv, Dk] per value head, fp32
-  float* dk_acc;         // [T, Hv, Dk]
-  float* dgamma;         // [T, Hv] partial d gamma from the state terms
+  __nv_bfloat16* dh;      // [slots, Hv, Dk, Dv] dL/d(state leaving a chunk) (ChunkInfo::dh_slot)
+  __nv_bfloat16* dv_new;  // [T, Hv, Dv]
+  __nv_bfloat16* dw;      // [T, Hv, Dk]
+  float* dq_acc;          // [T, Hk, Dk] fp32, summed over the key head's value heads
+  float* dk_acc;          // [T, Hk, Dk]
+  float* dgamma;          // [T, Hv] partial d gamma from the state terms
 };
 
-// The [Dk, Dv] state of head h entering chunk ci: its slot, or for a chunk that begins its
-// sequence the sequence's initial state; null when that is zeros (initial_state null).
-__device__ inline const float* entering_state(const GatedDeltaRuleShape& s, const Workspace& ws,
-                                              const ChunkInfo& ci, const float* initial_state,
-                                              int h) {
+// Where a [Dk, Dv] boundary state (or its gradient) comes from: a bf16 slot of the workspace, or
+// the caller's fp32 initial state / d_final_state at a sequence's ends; both null means zeros.
+struct StateSource {
+  const __nv_bfloat16* slot = nullptr;
+  const float* caller = nullptr;
+};
+
+// A boundary state of head h (or its gradient): bf16 slot `slot` of `slots`, or where the chunk
+// has none (-1: its sequence's end) the caller's fp32 state of sequence seq (zeros when null).
+__device__ inline StateSource boundary_state(const GatedDeltaRuleShape& s, const __nv_bfloat16* slots, int slot,
+                                             const float* caller, int seq, int h) {
   const int64_t block = static_cast<int64_t>(s.key_dim) * s.value_dim;
-  if (ci.h_slot >= 0) return ws.h + (static_cast<int64_t>(ci.h_slot) * s.num_value_heads + h) * block;
-  if (initial_state == nullptr) return nullptr;
-  return initial_state + (static_cast<int64_t>(ci.seq) * s.num_value_heads + h) * block;
+  StateSource source;
+  if (slot >= 0)
+    source.slot = slots + (static_cast<int64_t>(slot) * s.num_value_heads + h) * block;
+  else if (caller != nullptr)
+    source.caller = caller + (static_cast<int64_t>(seq) * s.num_value_heads + h) * block;
+  return source;
+}
+
+// The state of head h entering chunk ci: its slot, or for a chunk that begins its sequence the
+// sequence's initial state.
+__device__ inline StateSource entering_state(const GatedDeltaRuleShape& s, const Workspace& ws,
+                                             const ChunkInfo& ci, const float* initial_state, int h) {
+  return boundary_state(s, ws.h, ci.h_slot, initial_state, ci.seq, h);
 }
 
 // Same for dL/d(state leaving chunk ci): its slot, or d_final_state for a sequence's last chunk.
-__device__ inline const float* leaving_state_grad(const GatedDeltaRuleShape& s,
-                                                  const Workspace& ws, const ChunkInfo& ci,
-                                                  const float* d_final_state, int h) {
-  const int64_t block = static_cast<int64_t>(s.key_dim) * s.value_dim;
-  if (ci.dh_slot >= 0) return ws.dh + (static_cast<int64_t>(ci.dh_slot) * s.num_value_heads + h) * block;
-  if (d_final_state == nullptr) return nullptr;
-  return d_final_state + (static_cast<int64_t>(ci.seq) * s.num_value_heads + h) * block;
+__device__ inline StateSource leaving_state_grad(const GatedDeltaRuleShape& s, const Workspace& ws,
+                                                 const ChunkInfo& ci, const float* d_final_state, int h) {
+  return boundary_state(s, ws.dh, ci.dh_slot, d_final_state, ci.seq, h);
+}
+
+// Block-wide: columns [col0, col0 + tile_cols) of a [Dk, Dv] boundary state into a bf16 tile of
+// kD rows (row stride dst_stride), zeros past Dk rows and `cols` columns. A slot is copied
+// asynchronously (wait_tile_loads() and __syncthreads() before reading the tile); the caller's
+// fp32 state is rounded to bf16 on the way, as the slots were.
+__device__ inline void load_state_tile(__nv_bfloat16* dst, int dst_stride, int tile_cols, const StateSource& src,
+                                       const GatedDeltaRuleShape& s, int col0, int cols) {
+  const int Dk = s.key_dim, Dv = s.value_dim;
+  if (src.slot != nullptr) {
+    load_tile(dst, dst_stride, kD, tile_cols, src.slot + col0, Dv, Dk, cols);
+    return;
+  }
+  for (int idx = threadIdx.x; idx < kD * tile_cols; idx += blockDim.x) {
+    const int d = idx / tile_cols, e = idx - d * tile_cols;
+    const float value =
+        src.caller != nullptr && d < Dk && e < cols ? src.caller[static_cast<int64_t>(d) * Dv + col0 + e] : 0.0f;
+    dst[d * dst_stride + e] = __float2bfloat16(value);
+  }
+}
+
+// Block-wide: stores columns [col0, col0 + cols) of a state slot (the caller offsets `slot` by col0)
+// from a bf16 tile of kCols columns (row stride tile_stride), Dk rows; 16-byte stores when Dv % 8
+// == 0 (then cols, col0 and the slot's rows are multiples of 8 elements).
+template <int kCols>
+__device__ inline void store_state_slice(__nv_bfloat16* slot, const __nv_bfloat16* tile, int tile_stride,
+                                         const GatedDeltaRuleShape& s, int cols) {
+  const int Dk = s.key_dim, Dv = s.value_dim;
+  if (Dv % 8 == 0) {
+    for (int idx = threadIdx.x; idx < Dk * kCols / 8; idx += blockDim.x) {
+      const int d = idx / (kCols / 8), e = 8 * (idx % (kCols / 8));
+      if (e < cols)
+        *reinterpret_cast<uint4*>(slot + static_cast<int64_t>(d) * Dv + e) =
+            *reinterpret_cast<const uint4*>(&tile[d * tile_stride + e]);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < Dk * kCols; idx += blockDim.x) {
+      const int d = idx / kCols, e = idx % kCols;
+      if (e < cols) slot[static_cast<int64_t>(d) * Dv + e] = tile[d * tile_stride + e];
+    }
+  }
 }
 
 // Carves the workspace (base may be null to measure); returns the bytes needed.
 size_t carve_workspace(const GatedDeltaRuleShape& shape, bool backward, void* base,
                        Workspace* out);
+// The backward's arrays from `base` and the forward's from a kept forward workspace; returns the
+// bytes `base` needs (null out: just that).
+size_t carve_backward_after_forward(const GatedDeltaRuleShape& shape, const void* forward, void* base,
+                                    Workspace* out);
 
 void check_shape(const char* op, const GatedDeltaRuleShape& shape);
 
-// Shared memory one block may opt into on the current device. Every kernel here fits sm_80's
-// 163 KB (one kernel per stage for both architectures); DELTAMOE_GDN_SMALL_SMEM=1 pretends that
-// limit so that the H200 proves it (allow_smem fails loudly past it).
+// Shared memory one block may opt into on the current kernel path. Every kernel's shared tiles fit
+// sm_80's 163 KB (static_asserts beside each; one kernel per stage for both architectures), and
+// allow_smem fails loudly past the limit.
 size_t device_smem_limit();
 
 // Optional CUDA events between stages, for the stage-time benchmark (null everywhere else).
@@ -128,7 +193,7 @@ void run_backward(const GatedDeltaRuleShape& shape, float scale, const __nv_bflo
                   const float* initial_state, const __nv_bfloat16* d_o, const float* d_final_state,
                   __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, float* dg, float* dbeta,
                   float* d_initial_state, const Workspace& ws, cudaStream_t stream,
-                  StageMarks* marks);
+                  StageMarks* marks, bool recompute_forward = true);
 
 // Stages both directions run, in this order on one stream.
 void launch_build_chunk_table(const GatedDeltaRuleShape& shape, const Workspace& ws,

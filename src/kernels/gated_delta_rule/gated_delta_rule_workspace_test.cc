@@ -54,33 +54,41 @@ TEST(GatedDeltaRuleWorkspace, SlotsAndChunksBoundEveryPacking) {
 TEST(GatedDeltaRuleWorkspace, ArraysAreAlignedAndDisjoint) {
   for (bool backward : {false, true}) {
     for (int64_t T : {0, 1, 64, 65, 8192}) {
-      const int64_t N = std::max<int64_t>(1, T / 8), Hv = 3, Dk = 37, Dv = 45;
-      const GatedDeltaRuleWorkspaceLayout l = gated_delta_rule_workspace_layout(T, N, Hv, Dk, Dv, backward);
+      const int64_t N = std::max<int64_t>(1, T / 8), Hk = 1, Hv = 3, Dk = 37, Dv = 45;
+      const GatedDeltaRuleWorkspaceLayout l = gated_delta_rule_workspace_layout(T, N, Hk, Hv, Dk, Dv, backward);
       const int64_t slots = gated_delta_rule_max_state_slots(T);
-      const int64_t F = 4, C = kGatedDeltaRuleChunkSize;
+      const int64_t F = 4, B = 2, C = kGatedDeltaRuleChunkSize;
       std::vector<std::pair<size_t, int64_t>> arrays = {
           {l.chunks, static_cast<int64_t>(kGatedDeltaRuleChunkInfoBytes) * gated_delta_rule_max_chunks(T, N)},
           {l.chunk_count, 4},
           {l.chunk_offsets, 4 * (N + 1)},
           {l.slot_offsets, 4 * (N + 1)},
           {l.gamma, F * T * Hv},
-          {l.w, F * T * Hv * Dk},
-          {l.v_new, F * T * Hv * Dv},
-          {l.p, F * T * Hv * C},
-          {l.a_inv, F * T * Hv * C},
-          {l.h, F * slots * Hv * Dk * Dv}};
+          {l.w, B * T * Hv * Dk},
+          {l.v_new, B * T * Hv * Dv},
+          {l.p, B * T * Hv * C},
+          {l.a_inv, B * T * Hv * C},
+          {l.h, B * slots * Hv * Dk * Dv}};
       if (backward) {
-        arrays.insert(arrays.end(), {{l.dh, F * slots * Hv * Dk * Dv},
-                                     {l.dv_new, F * T * Hv * Dv},
-                                     {l.dq_acc, F * T * Hv * Dk},
-                                     {l.dk_acc, F * T * Hv * Dk},
+        arrays.insert(arrays.end(), {{l.dh, B * slots * Hv * Dk * Dv},
+                                     {l.dv_new, B * T * Hv * Dv},
+                                     {l.dw, B * T * Hv * Dk},
+                                     {l.dq_acc, F * T * Hk * Dk},
+                                     {l.dk_acc, F * T * Hk * Dk},
                                      {l.dgamma, F * T * Hv}});
       }
       size_t end = 0;
-      for (const auto& [offset, bytes] : arrays) {
+      for (size_t i = 0; i < arrays.size(); ++i) {
+        const auto& [offset, bytes] = arrays[i];
         EXPECT_EQ(offset % 256, 0u) << "T=" << T;
         EXPECT_GE(offset, end) << "T=" << T << ": arrays overlap";
         end = offset + static_cast<size_t>(bytes);
+        // The forward's arrays end where the backward's begin (a kept forward workspace is their head).
+        if (i == 9) {
+          EXPECT_GE(l.forward_total, end);
+          EXPECT_LT(l.forward_total, end + 256);
+          EXPECT_EQ(l.forward_total, gated_delta_rule_workspace_layout(T, N, Hk, Hv, Dk, Dv, false).total);
+        }
       }
       EXPECT_GE(l.total, end);
       EXPECT_LT(l.total, end + 256);
@@ -88,21 +96,22 @@ TEST(GatedDeltaRuleWorkspace, ArraysAreAlignedAndDisjoint) {
   }
 }
 
-// Qwen3.5-35B-A3B linear attention (Hv 32, Dk = Dv = 128) at 8,192 tokens: the backward holds
-// 770 MiB of per-token arrays (gamma, W, V_new, P and A rows, dV_new, dq, dk, d gamma) and 127
-// state slots of 2 MiB each for H and dH (508 MiB), the forward 385 + 254 MiB, whether the
-// micro-batch holds 2 sequences or 1,024: only the chunk table grows with them.
+// Qwen3.5-35B-A3B linear attention (Hk 16, Hv 32, Dk = Dv = 128) at 8,192 tokens: the backward
+// holds 450 MiB of per-token arrays (gamma and d gamma per value head and dq, dk per key head in
+// fp32; W, V_new, P and A rows, dV_new and dW in bf16) and 127 state slots of 1 MiB each (bf16) for
+// H and for dH (254 MiB), the forward 193 + 127 MiB, whether the micro-batch holds 2 sequences or
+// 1,024: only the chunk table grows with them.
 TEST(GatedDeltaRuleWorkspace, Qwen35BAt8192TokensHardlyDependsOnSequences) {
-  const int64_t T = 8192, Hv = 32, D = 128;
+  const int64_t T = 8192, Hk = 16, Hv = 32, D = 128;
   const size_t mib = size_t{1} << 20;
   for (int64_t N : {2, 1024}) {
-    const size_t backward = gated_delta_rule_workspace_layout(T, N, Hv, D, D, true).total;
-    const size_t forward = gated_delta_rule_workspace_layout(T, N, Hv, D, D, false).total;
+    const size_t backward = gated_delta_rule_workspace_layout(T, N, Hk, Hv, D, D, true).total;
+    const size_t forward = gated_delta_rule_workspace_layout(T, N, Hk, Hv, D, D, false).total;
     const size_t table = 20 * (T / 64 + N) + 2 * 4 * (N + 1) + 4 + 4 * 256;  // with alignment
-    EXPECT_GE(backward, (770 + 508) * mib) << "N=" << N;
-    EXPECT_LE(backward, (770 + 508) * mib + table) << "N=" << N;
-    EXPECT_GE(forward, (385 + 254) * mib) << "N=" << N;
-    EXPECT_LE(forward, (385 + 254) * mib + table) << "N=" << N;
+    EXPECT_GE(backward, (450 + 254) * mib) << "N=" << N;
+    EXPECT_LE(backward, (450 + 254) * mib + table) << "N=" << N;
+    EXPECT_GE(forward, (193 + 127) * mib) << "N=" << N;
+    EXPECT_LE(forward, (193 + 127) * mib + table) << "N=" << N;
   }
 }
 

@@ -32,11 +32,15 @@ __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uin
 }
 
 // A shared-memory matrix view: element (r, c) at ptr[r * kRowStride + c * kColStride]. fp32
-// views are split into two bf16 parts in the products; bf16 views are exact as they are.
-template <typename T, int kRowStride, int kColStride>
+// views are split into two bf16 parts in the products; bf16 views are exact as they are and feed
+// the products through ldmatrix (their rows must start on 16 bytes: strides of 8n elements).
+template <typename T, int kRowStride_, int kColStride_>
 struct SmemView {
+  static constexpr int kRowStride = kRowStride_, kColStride = kColStride_;
   const T* ptr;
   static constexpr bool kSplit = std::is_same_v<T, float>;
+  static_assert(kSplit || ((kRowStride % 8 == 0 || kRowStride == 1) && (kColStride % 8 == 0 || kColStride == 1)),
+                "bf16 views are read by ldmatrix: rows of 8n elements");
   __device__ __forceinline__ float operator()(int r, int c) const {
     return to_float(ptr[r * kRowStride + c * kColStride]);
   }
@@ -90,6 +94,72 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// ldmatrix: four (x4) or two (x2) 8 x 8 bf16 matrices from shared memory, lane l giving the
+// address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned); register j of lane 4 g + t holds
+// row g, columns 2t and 2t + 1 of matrix j (.trans: row 2t and 2t + 1 of column g).
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row_address) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row_address));
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+}
+
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* row_address) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row_address));
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(address));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(address));
+}
+
+// The A fragment (rows m.. m + 15, k.. k + 15) of a bf16 view by one ldmatrix.x4: a row-major view
+// reads its rows as stored, a transposed one (k rows stored, m contiguous) transposes them. Matrix j
+// of the x4 is (rows +8 (j & 1), k +8 (j >> 1)), the mma's a0..a3.
+template <typename View>
+__device__ __forceinline__ void load_a_fragment(const View& a, int m, int k, uint32_t (&frag)[4]) {
+  const int lane = threadIdx.x & 31, row = lane & 7, matrix = lane >> 3;
+  const int dm = (matrix & 1) * 8, dk = (matrix >> 1) * 8;
+  if constexpr (View::kColStride == 1)  // element (m, k) at ptr[m S + k]: rows are m
+    ldmatrix_x4<false>(frag, a.ptr + (m + dm + row) * View::kRowStride + k + dk);
+  else  // element (m, k) at ptr[k S + m]: rows are k
+    ldmatrix_x4<true>(frag, a.ptr + (k + dk + row) * View::kColStride + m + dm);
+}
+
+// The B fragments of two n-tiles (n.. n + 15, k.. k + 15) by one ldmatrix.x4: matrix j is (k +8
+// (j & 1), n +8 (j >> 1)), so frag[0], frag[1] are the first tile's b0, b1 and frag[2], frag[3] the
+// second's. A row-major view (k rows stored, n contiguous) transposes; a transposed view (n rows
+// stored, k contiguous) reads its rows as stored.
+template <typename View>
+__device__ __forceinline__ void load_b_fragments(const View& b, int k, int n, uint32_t (&frag)[4]) {
+  const int lane = threadIdx.x & 31, row = lane & 7, matrix = lane >> 3;
+  const int dk = (matrix & 1) * 8, dn = (matrix >> 1) * 8;
+  if constexpr (View::kColStride == 1)  // element (k, n) at ptr[k S + n]: rows are k
+    ldmatrix_x4<true>(frag, b.ptr + (k + dk + row) * View::kRowStride + n + dn);
+  else  // element (k, n) at ptr[n S + k]: rows are n
+    ldmatrix_x4<false>(frag, b.ptr + (n + dn + row) * View::kColStride + k + dk);
+}
+
+// One n-tile's B fragment (n.. n + 7) by ldmatrix.x2 (lanes 16-31 give addresses too, unused).
+template <typename View>
+__device__ __forceinline__ void load_b_fragment(const View& b, int k, int n, uint32_t (&frag)[2]) {
+  const int lane = threadIdx.x & 31, row = lane & 7, dk = ((lane >> 3) & 1) * 8;
+  if constexpr (View::kColStride == 1)
+    ldmatrix_x2<true>(frag, b.ptr + (k + dk + row) * View::kRowStride + n);
+  else
+    ldmatrix_x2<false>(frag, b.ptr + (n + row) * View::kColStride + k + dk);
+}
+
 template <int MT, int NT>
 __device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
 #pragma unroll
@@ -103,8 +173,10 @@ __device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
 // acc[MT x 16 rows][NT x 8 cols] += A[m0.., 0..kK) B[0..kK, n0..) for one warp. kK is a multiple
 // of 16; the views must hold zeros wherever the math has no entry (padding rows and columns).
 // Split operands cost one more mma each: hi*hi + lo*hi + hi*lo (lo*lo ~2^-18 is dropped).
-// Strides: a pair adjacent in memory (row-major A, transposed B) reads conflict-free with a row
-// stride of 8 (mod 32) words, a pair one row apart (transposed A, row-major B) with 4 (mod 32).
+// Strides of split (fp32) views: a pair adjacent in memory (row-major A, transposed B) reads
+// conflict-free with a row stride of 8 (mod 32) words, a pair one row apart (transposed A,
+// row-major B) with 4 (mod 32). bf16 views go through ldmatrix: rows of 16 bytes times an odd
+// number (mod 128 bytes) are conflict-free.
 template <int MT, int NT, int kK, typename ViewA, typename ViewB>
 __device__ __forceinline__ void warp_mma(float (&acc)[MT][NT][4], ViewA a, int m0, ViewB b, int n0) {
   static_assert(kK % 16 == 0, "warp_mma: kK must be a multiple of 16");
@@ -114,17 +186,31 @@ __device__ __forceinline__ void warp_mma(float (&acc)[MT][NT][4], ViewA a, int m
     uint32_t a_hi[MT][4], a_lo[MT][4], b_hi[NT][2], b_lo[NT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      const int row = m0 + 16 * mt + g, k = k0 + 2 * t;
-      a.template pair<0, 1>(row, k, a_hi[mt][0], a_lo[mt][0]);
-      a.template pair<0, 1>(row + 8, k, a_hi[mt][1], a_lo[mt][1]);
-      a.template pair<0, 1>(row, k + 8, a_hi[mt][2], a_lo[mt][2]);
-      a.template pair<0, 1>(row + 8, k + 8, a_hi[mt][3], a_lo[mt][3]);
+      if constexpr (!ViewA::kSplit) {
+        load_a_fragment(a, m0 + 16 * mt, k0, a_hi[mt]);
+      } else {
+        const int row = m0 + 16 * mt + g, k = k0 + 2 * t;
+        a.template pair<0, 1>(row, k, a_hi[mt][0], a_lo[mt][0]);
+        a.template pair<0, 1>(row + 8, k, a_hi[mt][1], a_lo[mt][1]);
+        a.template pair<0, 1>(row, k + 8, a_hi[mt][2], a_lo[mt][2]);
+        a.template pair<0, 1>(row + 8, k + 8, a_hi[mt][3], a_lo[mt][3]);
+      }
     }
+    if constexpr (!ViewB::kSplit) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int col = n0 + 8 * nt + g, k = k0 + 2 * t;
-      b.template pair<1, 0>(k, col, b_hi[nt][0], b_lo[nt][0]);
-      b.template pair<1, 0>(k + 8, col, b_hi[nt][1], b_lo[nt][1]);
+      for (int nt = 0; nt + 1 < NT; nt += 2) {
+        uint32_t frag[4];
+        load_b_fragments(b, k0, n0 + 8 * nt, frag);
+        b_hi[nt][0] = frag[0], b_hi[nt][1] = frag[1], b_hi[nt + 1][0] = frag[2], b_hi[nt + 1][1] = frag[3];
+      }
+      if constexpr (NT % 2 == 1) load_b_fragment(b, k0, n0 + 8 * (NT - 1), b_hi[NT - 1]);
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int col = n0 + 8 * nt + g, k = k0 + 2 * t;
+        b.template pair<1, 0>(k, col, b_hi[nt][0], b_lo[nt][0]);
+        b.template pair<1, 0>(k + 8, col, b_hi[nt][1], b_lo[nt][1]);
+      }
     }
     // Pass by pass over the tiles, so that back-to-back mmas go to different accumulators.
     if constexpr (ViewA::kSplit) {

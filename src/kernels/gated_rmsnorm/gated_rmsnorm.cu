@@ -1,7 +1,7 @@
 // CUDA kernels of the gated RMSNorm: one warp per row, each lane holding PER = ceil(D / 32)
 // adjacent elements of the row in registers (read once, as 4- to 16-byte accesses when D = 32 PER),
 // fp32 reductions. The backward sums each lane's weight-gradient terms in registers over its warp's
-// rows, then per block in warp order into a workspace, and over the blocks in block order: the
+// rows, then per block in warp order into a workspace, and over the blocks in a fixed tree: the
 // same bits on every run.
 #include <algorithm>
 
@@ -107,14 +107,22 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
-// dweight[d] += the blocks' partial sums, in block order.
+// dweight[d] += the blocks' partial sums: one block per column d, each thread a fixed stride of the
+// partials, then a tree in shared memory (a fixed order: the same bits on every run).
+constexpr int kReduceThreads = 256;
 __global__ void gated_rmsnorm_dweight_reduce_kernel(const float* block_dweight, int num_blocks, int dim,
                                                     float* dweight) {
-  const int d = blockIdx.x * blockDim.x + threadIdx.x;
-  if (d >= dim) return;
+  __shared__ float sums[kReduceThreads];
+  const int d = blockIdx.x;
   float sum = 0.0f;
-  for (int b = 0; b < num_blocks; ++b) sum += block_dweight[static_cast<int64_t>(b) * dim + d];
-  dweight[d] += sum;
+  for (int b = threadIdx.x; b < num_blocks; b += kReduceThreads) sum += block_dweight[static_cast<int64_t>(b) * dim + d];
+  sums[threadIdx.x] = sum;
+  __syncthreads();
+  for (int stride = kReduceThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) sums[threadIdx.x] += sums[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) dweight[d] += sums[0];
 }
 
 unsigned row_blocks(int64_t num_rows) {
@@ -165,7 +173,7 @@ void gated_rmsnorm_backward_cuda(const __nv_bfloat16* o, const __nv_bfloat16* z,
   });
   CUDA_CHECK_LAUNCH();
   if (dweight == nullptr) return;  // frozen: the partial sums are not needed
-  gated_rmsnorm_dweight_reduce_kernel<<<static_cast<unsigned>((dim + 127) / 128), 128, 0, stream>>>(
+  gated_rmsnorm_dweight_reduce_kernel<<<static_cast<unsigned>(dim), kReduceThreads, 0, stream>>>(
       block_dweight, static_cast<int>(blocks), dim, dweight);
   CUDA_CHECK_LAUNCH();
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/cuda_check.h"
+#include "kernels/common/block_column_sums.cuh"
 #include "kernels/bias_add/bias_add_cuda.h"
 #include "kernels/gelu/gelu_cuda.h"
 #include "kernels/gemm/bf16_vector.cuh"
@@ -79,22 +80,31 @@ __global__ void gelu_backward_kernel(const __nv_bfloat16* h, const __nv_bfloat16
   }
 }
 
-// Thread per column within a chunk of rows: dx written, the chunk's column sum to partial.
-template <GeluKind kKind>
+// dx written and the chunk's column sums to partial. A block covers kColumnSumThreads * kVec
+// columns (kVec consecutive ones per thread, 16-byte accesses for kVec = 8) and the chunk's rows,
+// its kColumnSumRows thread rows taking every kColumnSumRows-th row (block_column_sums.cuh).
+template <GeluKind kKind, int kVec>
 __global__ void gelu_backward_bias_kernel(const __nv_bfloat16* h, const __nv_bfloat16* dy, __nv_bfloat16* dx,
                                           float* partial, int64_t rows, int64_t features, int64_t rows_per_chunk) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (c >= features) return;
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * kColumnSumThreads + threadIdx.x) * kVec;
   const int64_t chunk = blockIdx.y;
   const int64_t row_end = std::min(rows, (chunk + 1) * rows_per_chunk);
-  float acc = 0;
-  for (int64_t r = chunk * rows_per_chunk; r < row_end; ++r) {
-    const int64_t i = r * features + c;
-    const float grad = __bfloat162float(dy[i]) * gelu_derivative<kKind>(__bfloat162float(h[i]));
-    dx[i] = __float2bfloat16_rn(grad);
-    acc += grad;
+  float acc[kVec] = {};
+  if (c < features) {
+    for (int64_t r = chunk * rows_per_chunk + threadIdx.y; r < row_end; r += kColumnSumRows) {
+      const int64_t i = r * features + c;
+      float hv[kVec], g[kVec];
+      load_bf16_as_f32<kVec>(h + i, hv);
+      load_bf16_as_f32<kVec>(dy + i, g);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        g[k] *= gelu_derivative<kKind>(hv[k]);
+        acc[k] += g[k];
+      }
+      store_f32_as_bf16<kVec>(dx + i, g);
+    }
   }
-  partial[chunk * features + c] = acc;
+  store_block_column_sums<kVec>(acc, c < features, partial + chunk * features + c);
 }
 
 template <GeluKind kKind>
@@ -125,9 +135,17 @@ void launch_backward(const __nv_bfloat16* h, const __nv_bfloat16* dy, __nv_bfloa
   }
   const int64_t chunks = column_sum_num_chunks(rows);
   float* partial = static_cast<float*>(workspace);
-  const unsigned column_blocks = static_cast<unsigned>((features + kThreads - 1) / kThreads);
-  gelu_backward_bias_kernel<kKind><<<dim3(column_blocks, static_cast<unsigned>(chunks)), kThreads, 0, stream>>>(
-      h, dy, dx, partial, rows, features, column_sum_rows_per_chunk(rows));
+  const dim3 block(kColumnSumThreads, kColumnSumRows);
+  const int64_t rows_per_chunk = column_sum_rows_per_chunk(rows);
+  if (can_use_vec8(features, h, dy, dx)) {
+    const dim3 grid(static_cast<unsigned>((features + 8 * kColumnSumThreads - 1) / (8 * kColumnSumThreads)),
+                    static_cast<unsigned>(chunks));
+    gelu_backward_bias_kernel<kKind, 8><<<grid, block, 0, stream>>>(h, dy, dx, partial, rows, features, rows_per_chunk);
+  } else {
+    const dim3 grid(static_cast<unsigned>((features + kColumnSumThreads - 1) / kColumnSumThreads),
+                    static_cast<unsigned>(chunks));
+    gelu_backward_bias_kernel<kKind, 1><<<grid, block, 0, stream>>>(h, dy, dx, partial, rows, features, rows_per_chunk);
+  }
   CUDA_CHECK_LAUNCH();
   column_partials_reduce_cuda(partial, chunks, features, d_bias, stream);
 }

@@ -1,5 +1,6 @@
 // Device helpers shared by the dense kernels: load/store N consecutive bf16 (or fp32) values as
-// fp32 (N = 8 is one 16-byte bf16 access, N = 1 the scalar fallback for odd widths), and warp sums.
+// fp32 (N = 8 is one 16-byte bf16 access, N = 4 one 8-byte access, N = 1 the scalar fallback for
+// odd widths; the caller checks alignment), and warp sums.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,6 +20,11 @@ __device__ __forceinline__ void load_bf16_as_f32(const __nv_bfloat16* src, float
       out[2 * i] = f.x;
       out[2 * i + 1] = f.y;
     }
+  } else if constexpr (N == 4) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(src);
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const float2 a = __bfloat1622float2(pairs[0]), b = __bfloat1622float2(pairs[1]);
+    out[0] = a.x, out[1] = a.y, out[2] = b.x, out[3] = b.y;
   } else {
 #pragma unroll
     for (int i = 0; i < N; ++i) out[i] = __bfloat162float(src[i]);
@@ -33,6 +39,12 @@ __device__ __forceinline__ void store_f32_as_bf16(__nv_bfloat16* dst, const floa
 #pragma unroll
     for (int i = 0; i < 4; ++i) pairs[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
     *reinterpret_cast<uint4*>(dst) = raw;
+  } else if constexpr (N == 4) {
+    uint2 raw;
+    __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
+    pairs[0] = __floats2bfloat162_rn(in[0], in[1]);
+    pairs[1] = __floats2bfloat162_rn(in[2], in[3]);
+    *reinterpret_cast<uint2*>(dst) = raw;
   } else {
 #pragma unroll
     for (int i = 0; i < N; ++i) dst[i] = __float2bfloat16_rn(in[i]);

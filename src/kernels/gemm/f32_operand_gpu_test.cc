@@ -1,12 +1,16 @@
-// GPU test of the hi/lo bf16 split products (f32_operand_cuda.h) against an fp64 CPU reference on
-// unrounded fp32 gradients, with a bf16-rounded control that must be far worse; timed at the 35B
-// gate widths (GDN a/b: 32 heads; router: 256 experts) for 8192 tokens.
+// GPU test of the stacked hi/lo products (f32_operand_cuda.h) against an fp64 CPU reference on
+// unrounded fp32 gradients, with a bf16-rounded control that must be far worse: GDN's form (two
+// fp32 gradients against bf16 weights, blocks [hi | lo] each) and the router's (an fp32 weight as a
+// hi/lo pair too, blocks [hi | hi | lo] against [w_hi; w_lo; w_hi]); the packing and the pair add
+// bit for bit; timed at the 35B gate widths (GDN a/b: 2 x 32 heads; router: 256 experts) at 8192
+// tokens.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <vector>
 
+#include "core/cuda_check.h"
 #include "core/device_buffer.h"
 #include "core/error.h"
 #include "kernels/common/tensor_compare.h"
@@ -25,7 +29,7 @@ constexpr double kSplitTolerance = 2e-5;
 // by far, or the split is not doing its job.
 constexpr double kControlMargin = 20.0;
 
-struct SplitShape {
+struct GateShape {
   int64_t rows, in_features, out_features;
 };
 
@@ -40,124 +44,207 @@ std::vector<double> to_f64(const HostTensor& t) {
   return std::vector<double>(p, p + t.shape().numel());
 }
 
-void check_split(GemmContext& ctx, const SplitShape& s, uint64_t seed) {
-  const int64_t T = s.rows, K = s.in_features, N = s.out_features;
-  std::printf("split products T=%lld K=%lld N=%lld\n", static_cast<long long>(T), static_cast<long long>(K),
-              static_cast<long long>(N));
-  // dy is the fp32 gate gradient (never rounded); x and W are bf16 as in the model.
-  const HostTensor dy = random_normal_tensor({T, N}, seed);
-  const HostTensor x = random_bf16_exact({T, K}, seed + 1);
-  const HostTensor w = random_bf16_exact({N, K}, seed + 2, 1.0f / std::sqrt(static_cast<float>(N)));
-  const HostTensor dx_init = random_normal_tensor({T, K}, seed + 3, 0.5f);
-  const HostTensor dw_init = random_normal_tensor({N, K}, seed + 4, 0.5f);
-
-  // fp64 reference: dx = dx_init + dy W, dw = dw_init + dy^T x.
-  std::vector<double> dx_ref(static_cast<size_t>(T * K)), dw_ref = to_f64(dw_init);
-  const std::vector<double> dy64 = to_f64(dy), x64 = to_f64(x), w64 = to_f64(w);
-  linear_backward_ref(x64.data(), w64.data(), dy64.data(), dx_ref.data(), dw_ref.data(), T, K, N);
-  for (int64_t i = 0; i < T * K; ++i) dx_ref[static_cast<size_t>(i)] += dx_init.as<float>()[i];
-
-  DeviceTensor dy_d = to_device(dy), x_d = to_device(x, DType::bf16), w_d = to_device(w, DType::bf16);
-  DeviceTensor hi = poisoned_device_tensor(DType::bf16, {T, N}), lo = poisoned_device_tensor(DType::bf16, {T, N});
-  DeviceTensor dx_d = to_device(dx_init), dw_d = to_device(dw_init);
-  DeviceTensor dw_control = to_device(dw_init);
-  split_f32_to_bf16_hi_lo_cuda(f32_ptr(dy_d), bf16_ptr(hi), bf16_ptr(lo), T * N, nullptr);
-  linear_backward_input_split_cuda(ctx, bf16_ptr(hi), bf16_ptr(lo), bf16_ptr(w_d), f32_ptr(dx_d), true, T, K, N,
-                                   nullptr);
-  linear_backward_weight_split_cuda(ctx, bf16_ptr(hi), bf16_ptr(lo), bf16_ptr(x_d), f32_ptr(dw_d), T, K, N, nullptr);
-  // Control: what the model did before, the gradient rounded to bf16 once (hi alone).
-  linear_backward_weight_cuda(ctx, bf16_ptr(hi), bf16_ptr(x_d), f32_ptr(dw_control), T, K, N, nullptr);
-  device_synchronize();
-
-  // hi + lo must rebuild dy to ~2^-17 relative per element.
-  const HostTensor hi_h = to_host(hi.view).to_f32(), lo_h = to_host(lo.view).to_f32();
-  HostTensor rebuilt(DType::f32, {T, N});
-  for (int64_t i = 0; i < T * N; ++i) rebuilt.as<float>()[i] = hi_h.as<float>()[i] + lo_h.as<float>()[i];
-  const CompareResult r_split = compare_tensors("hi + lo vs dy", rebuilt, dy);
-  const CompareResult r_hi = compare_tensors("hi alone vs dy (control)", hi_h, dy);
-  const HostTensor dx_ref_t = to_f32_tensor(dx_ref, {T, K}), dw_ref_t = to_f32_tensor(dw_ref, {N, K});
-  const CompareResult r_dx = compare_tensors("dx += dy W (split, f32)", to_host(dx_d.view), dx_ref_t);
-  const CompareResult r_dw = compare_tensors("dW += dy^T x (split, f32)", to_host(dw_d.view), dw_ref_t);
-  const CompareResult r_dw_control = compare_tensors("dW += bf16(dy)^T x (control)", to_host(dw_control.view), dw_ref_t);
-  EXPECT_TRUE(r_split.all_finite && r_dx.all_finite && r_dw.all_finite);
-  EXPECT_LE(r_split.rel_l2, 1e-5);
-  EXPECT_LE(r_dx.rel_l2, kSplitTolerance);
-  EXPECT_LE(r_dw.rel_l2, kSplitTolerance);
-  EXPECT_GT(r_hi.rel_l2, kControlMargin * r_split.rel_l2) << "the lo half adds nothing";
-  EXPECT_GT(r_dw_control.rel_l2, kControlMargin * r_dw.rel_l2) << "the split is no better than one bf16 rounding";
+void copy_rows(const DeviceTensor& src, __nv_bfloat16* dst, int64_t elements) {
+  CUDA_CHECK(cudaMemcpy(dst, src.view.data, static_cast<size_t>(elements) * 2, cudaMemcpyDeviceToDevice));
 }
 
-TEST(F32OperandGpu, SplitProductsMatchFp64Reference) {
+// GDN's form: dx += dy_a Wa + dy_b Wb and dW_g += dy_g^T x, dy_a and dy_b fp32, through the blocks
+// [a_hi | a_lo | b_hi | b_lo] and [Wa; Wa; Wb; Wb], one dX product and one dW product.
+void check_two_gates(GemmContext& ctx, const GateShape& s, uint64_t seed) {
+  const int64_t T = s.rows, K = s.in_features, N = s.out_features;
+  std::printf("two fp32 gates T=%lld K=%lld N=%lld\n", static_cast<long long>(T), static_cast<long long>(K),
+              static_cast<long long>(N));
+  const HostTensor dy[2] = {random_normal_tensor({T, N}, seed), random_normal_tensor({T, N}, seed + 1)};
+  const HostTensor w[2] = {random_bf16_exact({N, K}, seed + 2, 1.0f / std::sqrt(static_cast<float>(N))),
+                           random_bf16_exact({N, K}, seed + 3, 1.0f / std::sqrt(static_cast<float>(N)))};
+  const HostTensor x = random_bf16_exact({T, K}, seed + 4);
+  const HostTensor dx_init = random_normal_tensor({T, K}, seed + 5, 0.5f);
+  const HostTensor dw_init = random_normal_tensor({N, K}, seed + 6, 0.5f);
+
+  // fp64 reference: dx = dx_init + sum_g dy_g W_g, dW_g = dw_init + dy_g^T x.
+  std::vector<double> dx_ref = to_f64(dx_init);
+  std::vector<double> dw_ref[2] = {to_f64(dw_init), to_f64(dw_init)};
+  const std::vector<double> x64 = to_f64(x);
+  for (int g = 0; g < 2; ++g) {
+    std::vector<double> dx_part(static_cast<size_t>(T * K));
+    const std::vector<double> dy64 = to_f64(dy[g]), w64 = to_f64(w[g]);
+    linear_backward_ref(x64.data(), w64.data(), dy64.data(), dx_part.data(), dw_ref[g].data(), T, K, N);
+    for (size_t i = 0; i < dx_ref.size(); ++i) dx_ref[i] += dx_part[i];
+  }
+
+  DeviceTensor dy_d[2] = {to_device(dy[0]), to_device(dy[1])};
+  DeviceTensor w_d[2] = {to_device(w[0], DType::bf16), to_device(w[1], DType::bf16)};
+  DeviceTensor x_d = to_device(x, DType::bf16);
+  DeviceTensor packed = poisoned_device_tensor(DType::bf16, {T, 4 * N});
+  DeviceTensor stack = poisoned_device_tensor(DType::bf16, {4 * N, K});
+  DeviceTensor parts = poisoned_device_tensor(DType::f32, {4 * N, K});
+  DeviceTensor dx_d = to_device(dx_init);
+  DeviceTensor dw_control = to_device(dw_init);
+  for (int g = 0; g < 2; ++g) {
+    pack_f32_hi_lo_cuda(f32_ptr(dy_d[g]), T, N, bf16_ptr(packed), 4 * N, 2 * g * N, (2 * g + 1) * N, -1, nullptr);
+    copy_rows(w_d[g], bf16_ptr(stack) + 2 * g * N * K, N * K);
+    copy_rows(w_d[g], bf16_ptr(stack) + (2 * g + 1) * N * K, N * K);
+  }
+  linear_backward_input_f32_cuda(ctx, bf16_ptr(packed), bf16_ptr(stack), f32_ptr(dx_d), true, T, K, 4 * N, nullptr);
+  gemm_bf16_cuda(ctx, true, false, 4 * N, K, T, 1.0f, bf16_ptr(packed), 4 * N, bf16_ptr(x_d), K, 0.0f, parts.view.data,
+                 DType::f32, K, nullptr);
+  // Control: what the model did before the split, the gradient rounded to bf16 once (gate a's hi
+  // block alone, read in place).
+  gemm_bf16_cuda(ctx, true, false, N, K, T, 1.0f, bf16_ptr(packed), 4 * N, bf16_ptr(x_d), K, 1.0f,
+                 dw_control.view.data, DType::f32, K, nullptr);
+  device_synchronize();
+
+  // Each gradient adds its hi and lo parts, as the model does (optim's add_f32_cuda, one fp32 add each).
+  const HostTensor parts_h = to_host(parts.view);
+  HostTensor dw_got[2] = {HostTensor(DType::f32, {N, K}), HostTensor(DType::f32, {N, K})};
+  for (int g = 0; g < 2; ++g) {
+    for (int64_t i = 0; i < N * K; ++i) {
+      dw_got[g].as<float>()[i] = (dw_init.as<float>()[i] + parts_h.as<float>()[2 * g * N * K + i]) +
+                                 parts_h.as<float>()[(2 * g + 1) * N * K + i];
+    }
+  }
+  const HostTensor dx_ref_t = to_f32_tensor(dx_ref, {T, K});
+  const CompareResult r_dx = compare_tensors("dx += dy_a Wa + dy_b Wb (stacked)", to_host(dx_d.view), dx_ref_t);
+  EXPECT_TRUE(r_dx.all_finite);
+  EXPECT_LE(r_dx.rel_l2, kSplitTolerance);
+  for (int g = 0; g < 2; ++g) {
+    const CompareResult r_dw = compare_tensors(g == 0 ? "dWa += dy_a^T x" : "dWb += dy_b^T x", dw_got[g],
+                                               to_f32_tensor(dw_ref[g], {N, K}));
+    EXPECT_TRUE(r_dw.all_finite);
+    EXPECT_LE(r_dw.rel_l2, kSplitTolerance);
+    if (g == 0) {
+      const CompareResult r_control = compare_tensors("dWa += bf16(dy_a)^T x (control)", to_host(dw_control.view),
+                                                      to_f32_tensor(dw_ref[0], {N, K}));
+      EXPECT_GT(r_control.rel_l2, kControlMargin * r_dw.rel_l2) << "the split is no better than one bf16 rounding";
+    }
+  }
+}
+
+TEST(F32OperandGpu, TwoGateProductsMatchFp64Reference) {
   GemmContext ctx;
-  const SplitShape shapes[] = {
+  const GateShape shapes[] = {
       {1, 64, 32},      // T = 1
       {37, 53, 5},      // odd everything
       {300, 130, 33},   // odd gate count
       {8192, 2048, 32}, // 35B GDN in_proj_a / in_proj_b (32 value heads)
-      {513, 2048, 256}, // 35B router (256 experts), odd token count
   };
   uint64_t seed = 500;
-  for (const SplitShape& shape : shapes) check_split(ctx, shape, seed += 10);
+  for (const GateShape& shape : shapes) check_two_gates(ctx, shape, seed += 10);
 }
 
-TEST(F32OperandGpu, AddBf16ToF32IsExactFp32Add) {
-  for (const int64_t count : {int64_t{1}, int64_t{1000003}}) {
-    const HostTensor src = random_bf16_exact({count}, 61);
-    const HostTensor dst = random_normal_tensor({count}, 62, 0.3f);
-    HostTensor ref(DType::f32, {count});
-    for (int64_t i = 0; i < count; ++i) ref.as<float>()[i] = dst.as<float>()[i] + src.as<float>()[i];
-    DeviceTensor src_d = to_device(src, DType::bf16), dst_d = to_device(dst);
-    add_bf16_to_f32_cuda(bf16_ptr(src_d), f32_ptr(dst_d), count, nullptr);
+// The router's form: dx = dy W with dy and W both fp32, W as its hi/lo pair; blocks [hi | hi | lo]
+// against [w_hi; w_lo; w_hi] (the lo x lo term left out, ~2^-18 relative).
+TEST(F32OperandGpu, RouterFormMatchesFp64Reference) {
+  GemmContext ctx;
+  for (const GateShape& s : {GateShape{513, 2048, 256}, GateShape{45, 70, 9}}) {
+    const int64_t T = s.rows, K = s.in_features, E = s.out_features;
+    const HostTensor dy = random_normal_tensor({T, E}, 71);
+    const HostTensor w = random_normal_tensor({E, K}, 72, 0.02f);
+    std::vector<double> dx_ref(static_cast<size_t>(T * K), 0.0), dw_unused(static_cast<size_t>(E * K), 0.0);
+    const std::vector<double> dy64 = to_f64(dy), w64 = to_f64(w), x_unused(static_cast<size_t>(T * K), 0.0);
+    linear_backward_ref(x_unused.data(), w64.data(), dy64.data(), dx_ref.data(), dw_unused.data(), T, K, E);
+
+    DeviceTensor dy_d = to_device(dy), w_d = to_device(w);
+    DeviceTensor packed = poisoned_device_tensor(DType::bf16, {T, 3 * E});
+    DeviceTensor stack = poisoned_device_tensor(DType::bf16, {3 * E, K});
+    DeviceTensor dx_d = poisoned_device_tensor(DType::f32, {T, K});
+    split_f32_to_bf16_hi_lo_cuda(f32_ptr(w_d), bf16_ptr(stack), bf16_ptr(stack) + E * K, E * K, nullptr);
+    CUDA_CHECK(cudaMemcpy(bf16_ptr(stack) + 2 * E * K, bf16_ptr(stack), static_cast<size_t>(E * K) * 2,
+                          cudaMemcpyDeviceToDevice));
+    pack_f32_hi_lo_cuda(f32_ptr(dy_d), T, E, bf16_ptr(packed), 3 * E, 0, 2 * E, E, nullptr);
+    linear_backward_input_f32_cuda(ctx, bf16_ptr(packed), bf16_ptr(stack), f32_ptr(dx_d), false, T, K, 3 * E, nullptr);
     device_synchronize();
-    // One fp32 add of the widened bf16 value on both sides: bit-exact.
-    const CompareResult r = compare_tensors("dst + f32(src)", to_host(dst_d.view), ref);
+    const CompareResult r = compare_tensors("dx = dy W (router form)", to_host(dx_d.view), to_f32_tensor(dx_ref, {T, K}));
     EXPECT_TRUE(r.all_finite);
-    EXPECT_EQ(r.max_abs_diff, 0.0);
+    EXPECT_LE(r.rel_l2, kSplitTolerance);
   }
 }
 
-TEST(F32OperandGpu, NegativeCountIsRejected) {
-  EXPECT_THROW(split_f32_to_bf16_hi_lo_cuda(nullptr, nullptr, nullptr, -1, nullptr), Error);
-  EXPECT_THROW(add_bf16_to_f32_cuda(nullptr, nullptr, -1, nullptr), Error);
+// Every block holds exactly the plain split's values, and the columns outside the blocks are left
+// as they were.
+TEST(F32OperandGpu, PackWritesTheSplitIntoItsBlocks) {
+  const int64_t rows = 77, cols = 13, ld = 3 * cols + 5;
+  const HostTensor x = random_normal_tensor({rows, cols}, 81);
+  DeviceTensor x_d = to_device(x);
+  DeviceTensor hi = poisoned_device_tensor(DType::bf16, {rows, cols}), lo = poisoned_device_tensor(DType::bf16, {rows, cols});
+  DeviceTensor packed = poisoned_device_tensor(DType::bf16, {rows, ld});
+  const HostTensor before = to_host(packed.view);
+  split_f32_to_bf16_hi_lo_cuda(f32_ptr(x_d), bf16_ptr(hi), bf16_ptr(lo), rows * cols, nullptr);
+  const int64_t hi_col = 2 * cols + 5, lo_col = 0, hi2_col = cols + 2;
+  pack_f32_hi_lo_cuda(f32_ptr(x_d), rows, cols, bf16_ptr(packed), ld, hi_col, lo_col, hi2_col, nullptr);
+  device_synchronize();
+  const HostTensor p = to_host(packed.view), h = to_host(hi.view), l = to_host(lo.view);
+  const auto* pv = static_cast<const uint16_t*>(p.data());
+  const auto* bv = static_cast<const uint16_t*>(before.data());
+  const auto* hv = static_cast<const uint16_t*>(h.data());
+  const auto* lv = static_cast<const uint16_t*>(l.data());
+  int64_t wrong = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < ld; ++c) {
+      uint16_t want = bv[r * ld + c];
+      if (c >= hi_col && c < hi_col + cols) want = hv[r * cols + c - hi_col];
+      if (c >= hi2_col && c < hi2_col + cols) want = hv[r * cols + c - hi2_col];
+      if (c >= lo_col && c < lo_col + cols) want = lv[r * cols + c - lo_col];
+      wrong += pv[r * ld + c] != want;
+    }
+  }
+  EXPECT_EQ(wrong, 0);
 }
 
-// The cost of the split against the one-GEMM bf16 path it replaces, at 8192 tokens.
+TEST(F32OperandGpu, PairAddIsTwoFp32AddsInOrder) {
+  for (const int64_t count : {int64_t{1}, int64_t{1000003}}) {
+    const HostTensor a16 = random_bf16_exact({count}, 61), b16 = random_bf16_exact({count}, 62);
+    const HostTensor dst = random_normal_tensor({count}, 65, 0.3f);
+    HostTensor ref16(DType::f32, {count});
+    for (int64_t i = 0; i < count; ++i)
+      ref16.as<float>()[i] = (dst.as<float>()[i] + a16.as<float>()[i]) + b16.as<float>()[i];
+    DeviceTensor a16_d = to_device(a16, DType::bf16), b16_d = to_device(b16, DType::bf16);
+    DeviceTensor dst16 = to_device(dst);
+    add_bf16_pair_to_f32_cuda(bf16_ptr(a16_d), bf16_ptr(b16_d), f32_ptr(dst16), count, nullptr);
+    device_synchronize();
+    // The same two fp32 adds on both sides: bit-exact.
+    EXPECT_EQ(compare_tensors("(dst + a) + b, bf16 a, b", to_host(dst16.view), ref16).max_abs_diff, 0.0);
+  }
+}
+
+TEST(F32OperandGpu, BadArgumentsAreRejected) {
+  EXPECT_THROW(split_f32_to_bf16_hi_lo_cuda(nullptr, nullptr, nullptr, -1, nullptr), Error);
+  EXPECT_THROW(add_bf16_pair_to_f32_cuda(nullptr, nullptr, nullptr, -1, nullptr), Error);
+  // Overlapping blocks, a block past the row, and a hi2 block on top of lo.
+  EXPECT_THROW(pack_f32_hi_lo_cuda(nullptr, 4, 8, nullptr, 16, 0, 4, -1, nullptr), Error);
+  EXPECT_THROW(pack_f32_hi_lo_cuda(nullptr, 4, 8, nullptr, 16, 0, 9, -1, nullptr), Error);
+  EXPECT_THROW(pack_f32_hi_lo_cuda(nullptr, 4, 8, nullptr, 24, 0, 8, 12, nullptr), Error);
+}
+
+// The stacked products at 8192 tokens: GDN's two gates (K = 4 x 32) and the router (K = 3 x 256),
+// beside one bf16 product of the same gradient (what a bf16 model pays).
 TEST(F32OperandGpu, TimingAt35BShapes) {
   GemmContext ctx;
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreate(&stream));
   const int64_t T = 8192, C = 2048;
-  for (const int64_t n : {int64_t{32}, int64_t{256}}) {
-    std::printf("gate width %lld (32: GDN a/b per layer, x2; 256: router)\n", static_cast<long long>(n));
+  for (const int64_t blocks_width : {int64_t{4 * 32}, int64_t{3 * 256}}) {
+    std::printf("stacked width %lld (128: GDN a/b; 768: router)\n", static_cast<long long>(blocks_width));
+    const int64_t n = blocks_width == 128 ? 32 : 256;
     DeviceTensor dy = to_device(random_normal_tensor({T, n}, 1));
     DeviceTensor x = tiled_random_device_tensor({T, C}, 2, 1.0f);
-    DeviceTensor w = to_device(random_normal_tensor({n, C}, 3, 0.02f), DType::bf16);
-    DeviceTensor hi = device_tensor(DType::bf16, {T, n}), lo = device_tensor(DType::bf16, {T, n});
+    DeviceTensor stack = to_device(random_normal_tensor({blocks_width, C}, 3, 0.02f), DType::bf16);
+    DeviceTensor packed = device_tensor(DType::bf16, {T, blocks_width});
     DeviceTensor dx = device_tensor(DType::f32, {T, C});
-    DeviceTensor dw = to_device(random_normal_tensor({n, C}, 4), DType::f32);
-    const double flops = 2.0 * T * C * static_cast<double>(n);
-    const double split_ms = median_ms([&](cudaStream_t s) {
-      split_f32_to_bf16_hi_lo_cuda(f32_ptr(dy), bf16_ptr(hi), bf16_ptr(lo), T * n, s);
+    DeviceTensor parts = device_tensor(DType::f32, {blocks_width, C});
+    const double pack_ms = median_ms([&](cudaStream_t s) {
+      pack_f32_hi_lo_cuda(f32_ptr(dy), T, n, bf16_ptr(packed), blocks_width, 0, n, -1, s);
     }, stream);
-    print_bandwidth_timing("split f32 -> bf16 hi, lo", split_ms, static_cast<double>(T * n) * (4 + 2 + 2));
-    const double dx_split = median_ms([&](cudaStream_t s) {
-      linear_backward_input_split_cuda(ctx, bf16_ptr(hi), bf16_ptr(lo), bf16_ptr(w), f32_ptr(dx), true, T, C, n, s);
+    print_bandwidth_timing("pack one fp32 gradient", pack_ms, static_cast<double>(T * n) * (4 + 2 + 2));
+    const double dx_ms = median_ms([&](cudaStream_t s) {
+      linear_backward_input_f32_cuda(ctx, bf16_ptr(packed), bf16_ptr(stack), f32_ptr(dx), true, T, C, blocks_width, s);
     }, stream);
-    print_flop_timing("dX += (hi + lo) W  (2 GEMMs)", dx_split, 2 * flops);
-    const double dx_one = median_ms([&](cudaStream_t s) {
-      gemm_bf16_cuda(ctx, false, false, T, C, n, 1.0f, bf16_ptr(hi), n, bf16_ptr(w), C, 1.0f, dx.view.data,
-                     DType::f32, C, s);
+    print_flop_timing("dX += blocks stack (1 GEMM)", dx_ms, 2.0 * T * C * static_cast<double>(blocks_width));
+    const double dw_ms = median_ms([&](cudaStream_t s) {
+      gemm_bf16_cuda(ctx, true, false, blocks_width, C, T, 1.0f, bf16_ptr(packed), blocks_width, bf16_ptr(x), C, 0.0f,
+                     parts.view.data, DType::f32, C, s);
     }, stream);
-    print_flop_timing("dX += bf16(dy) W  (1 GEMM, before)", dx_one, flops);
-    const double dw_split = median_ms([&](cudaStream_t s) {
-      linear_backward_weight_split_cuda(ctx, bf16_ptr(hi), bf16_ptr(lo), bf16_ptr(x), f32_ptr(dw), T, C, n, s);
-    }, stream);
-    print_flop_timing("dW += (hi + lo)^T x  (2 GEMMs)", dw_split, 2 * flops);
-    const double dw_one = median_ms([&](cudaStream_t s) {
-      linear_backward_weight_cuda(ctx, bf16_ptr(hi), bf16_ptr(x), f32_ptr(dw), T, C, n, s);
-    }, stream);
-    print_flop_timing("dW += bf16(dy)^T x  (1 GEMM, before)", dw_one, flops);
-    std::printf("  split path extra per product pair: %.3f ms\n", split_ms + dx_split + dw_split - dx_one - dw_one);
+    print_flop_timing("dW parts = blocks^T x (1 GEMM)", dw_ms, 2.0 * T * C * static_cast<double>(blocks_width));
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
 }

@@ -2,7 +2,9 @@
 // [c, r], so C = op(A) op(B) is issued as C^T = op(B)^T op(A)^T with the operands swapped.
 #include "kernels/gemm/gemm_cuda.h"
 
+#include <algorithm>
 #include <atomic>
+#include <optional>
 
 #include "core/cuda_check.h"
 #include "core/device_alloc.h"
@@ -57,22 +59,59 @@ GemmContext::~GemmContext() {
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
 
-const cublasLtMatmulAlgo_t& GemmContext::algorithm_for(const Key& key, cublasLtMatmulDesc_t op,
-                                                       cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
-                                                       cublasLtMatrixLayout_t c) {
-  auto found = algorithms_.find(key);
-  if (found != algorithms_.end()) return found->second;
-  Key class_key = key;
-  class_key.m = class_key.k = 0;
-  const auto same_class = algorithm_classes_.find(class_key);
-  if (same_class != algorithm_classes_.end()) {
-    // A new token count of a product seen before: its algorithm, if cuBLASLt accepts it here.
-    cublasLtMatmulHeuristicResult_t checked{};
-    if (cublasLtMatmulAlgoCheck(handle_, op, a, b, c, c, &same_class->second, &checked) == CUBLAS_STATUS_SUCCESS &&
-        checked.workspaceSize <= workspace_bytes_) {
-      return algorithms_.emplace(key, same_class->second).first->second;
-    }
+namespace {
+
+// The class of a problem: what a new token count leaves unchanged (m and k set to 0).
+GemmContext::Key class_of(const GemmContext::Key& key) {
+  GemmContext::Key out = key;
+  out.m = out.k = 0;
+  return out;
+}
+
+// Column-major layouts of the stored matrices of a problem (cuBLASLt's A is our B, its B our A).
+struct ProblemLayouts {
+  MatrixLayout a, b, c;
+  explicit ProblemLayouts(const GemmContext::Key& key) {
+    const int64_t m = key.m, n = key.n, k = key.k;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a.layout, CUDA_R_16BF, key.trans_b ? k : n, key.trans_b ? n : k,
+                                            key.ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b.layout, CUDA_R_16BF, key.trans_a ? m : k, key.trans_a ? k : m,
+                                            key.lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.layout, cuda_type_of(key.out_dtype), n, m, key.ldc));
   }
+};
+
+// The token count of a problem: the rows of the activations, m, or k in a weight-gradient product
+// (trans_a: A stored [tokens, m]).
+int64_t token_count(const GemmContext::Key& key) { return key.trans_a ? key.k : key.m; }
+
+// The bucket of a token count: the smallest kGemmBucketRows[b] >= it (the last above them all).
+int bucket_of(int64_t tokens) {
+  for (int b = 0; b < kGemmNumBuckets; ++b)
+    if (tokens <= kGemmBucketRows[b]) return b;
+  return kGemmNumBuckets - 1;
+}
+
+// The problem whose algorithm bucket b of a class uses: the token count set to the bucket's rows.
+// A row stride the count would outgrow (B stored [N, K] with K the tokens) grows with it; the
+// matrices are never read.
+GemmContext::Key bucket_problem(const GemmContext::Key& key, int b) {
+  GemmContext::Key out = key;
+  const int64_t rows = kGemmBucketRows[b];
+  if (key.trans_a) {
+    out.k = rows;
+    if (key.trans_b) out.ldb = std::max(key.ldb, rows);
+  } else {
+    out.m = rows;
+  }
+  return out;
+}
+
+}  // namespace
+
+bool GemmContext::query_heuristic(const Key& key, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                                  cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatmulAlgo_t* algo,
+                                  bool errors_mean_none) {
   g_heuristic_queries.fetch_add(1, std::memory_order_relaxed);
   cublasLtMatmulPreference_t preference = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -105,16 +144,53 @@ const cublasLtMatmulAlgo_t& GemmContext::algorithm_for(const Key& key, cublasLtM
   if (status == CUBLAS_STATUS_SUCCESS)
     status = cublasLtMatmulAlgoGetHeuristic(handle_, op, a, b, c, c, preference, 1, &result, &num_results);
   cublasLtMatmulPreferenceDestroy(preference);
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
-    num_results = 0;  // reported below with the shape
-  } else {
-    CUBLAS_CHECK(status);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (errors_mean_none && status != CUBLAS_STATUS_SUCCESS)) return false;
+  CUBLAS_CHECK(status);
+  if (num_results <= 0) return false;
+  *algo = result.algo;
+  return true;
+}
+
+const cublasLtMatmulAlgo_t& GemmContext::algorithm_for(const Key& key, cublasLtMatmulDesc_t op,
+                                                       cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                                       cublasLtMatrixLayout_t c) {
+  auto found = algorithms_.find(key);
+  if (found != algorithms_.end()) return found->second;
+  // The class's algorithms: the heuristic's for the class at each bucket's token count, all asked
+  // when the class is first met, whatever token count came first, so that the kernel a product runs
+  // (and its bits) depends on the problem alone, never on the shapes the context saw before: a run
+  // resumed from a checkpoint computes what the uninterrupted one did.
+  const Key class_key = class_of(key);
+  auto same_class = algorithm_classes_.find(class_key);
+  if (same_class == algorithm_classes_.end()) {
+    BucketAlgorithms buckets;
+    for (int b = 0; b < kGemmNumBuckets; ++b) {
+      const Key problem = bucket_problem(key, b);
+      const ProblemLayouts layouts(problem);
+      cublasLtMatmulAlgo_t algo{};
+      // (An error there only means that bucket has no algorithm: its token counts ask for their own.)
+      if (query_heuristic(problem, op, layouts.a.layout, layouts.b.layout, layouts.c.layout, &algo,
+                          /*errors_mean_none=*/true))
+        buckets[static_cast<size_t>(b)] = algo;
+    }
+    same_class = algorithm_classes_.emplace(class_key, buckets).first;
   }
-  CHECK(num_results > 0, "gemm: cuBLASLt has no algorithm for a ", key.m, "x", key.n, "x", key.k,
-        " bf16 product (trans_a ", key.trans_a, ", trans_b ", key.trans_b, ", output ", dtype_name(key.out_dtype),
-        ")");
-  algorithm_classes_.emplace(class_key, result.algo);
-  return algorithms_.emplace(key, result.algo).first->second;
+  const std::optional<cublasLtMatmulAlgo_t>& bucket =
+      same_class->second[static_cast<size_t>(bucket_of(token_count(key)))];
+  if (bucket.has_value()) {
+    // The bucket's algorithm at this token count, if cuBLASLt accepts it here.
+    cublasLtMatmulHeuristicResult_t checked{};
+    if (cublasLtMatmulAlgoCheck(handle_, op, a, b, c, c, &*bucket, &checked) == CUBLAS_STATUS_SUCCESS &&
+        checked.workspaceSize <= workspace_bytes_) {
+      return algorithms_.emplace(key, *bucket).first->second;
+    }
+  }
+  // Not accepted (or no algorithm for the bucket): this problem's own, a function of the problem too.
+  cublasLtMatmulAlgo_t algo{};
+  CHECK(query_heuristic(key, op, a, b, c, &algo), "gemm: cuBLASLt has no algorithm for a ", key.m, "x", key.n, "x",
+        key.k, " bf16 product (trans_a ", key.trans_a, ", trans_b ", key.trans_b, ", output ",
+        dtype_name(key.out_dtype), ")");
+  return algorithms_.emplace(key, algo).first->second;
 }
 
 namespace {
@@ -131,7 +207,6 @@ void gemm_with_epilogue(GemmContext& ctx, bool trans_a, bool trans_b, int64_t m,
     CHECK(beta == 1.0f, "gemm: inner size 0 with beta ", beta, " is not supported");
     return;
   }
-  const cudaDataType_t c_type = cuda_type_of(c_dtype);
   // Row strides must cover a row of each operand as stored.
   CHECK(lda >= (trans_a ? m : k), "gemm: lda ", lda, " is shorter than a row of A");
   CHECK(ldb >= (trans_b ? k : n), "gemm: ldb ", ldb, " is shorter than a row of B");
@@ -156,12 +231,6 @@ void gemm_with_epilogue(GemmContext& ctx, bool trans_a, bool trans_b, int64_t m,
         cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
   }
 
-  // Column-major shapes (rows, cols, ld) of the stored matrices.
-  MatrixLayout layout_a, layout_b, layout_c;
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_a.layout, CUDA_R_16BF, trans_b ? k : n, trans_b ? n : k, ldb));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_b.layout, CUDA_R_16BF, trans_a ? m : k, trans_a ? k : m, lda));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_c.layout, c_type, n, m, ldc));
-
   GemmContext::Key key{trans_a,
                        trans_b,
                        m,
@@ -175,9 +244,11 @@ void gemm_with_epilogue(GemmContext& ctx, bool trans_a, bool trans_b, int64_t m,
                        alignment_bytes(b, ldb, sizeof(__nv_bfloat16)),
                        alignment_bytes(c, ldc, dtype_size(c_dtype)),
                        bias != nullptr ? alignment_bytes(bias, 0, sizeof(__nv_bfloat16)) : 0};
-  const cublasLtMatmulAlgo_t& algo = ctx.algorithm_for(key, op.desc, layout_a.layout, layout_b.layout, layout_c.layout);
-  CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), op.desc, &alpha, b, layout_a.layout, a, layout_b.layout, &beta, c,
-                              layout_c.layout, c, layout_c.layout, &algo, ctx.workspace(), ctx.workspace_bytes(),
+  const ProblemLayouts layouts(key);
+  const cublasLtMatmulAlgo_t& algo =
+      ctx.algorithm_for(key, op.desc, layouts.a.layout, layouts.b.layout, layouts.c.layout);
+  CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), op.desc, &alpha, b, layouts.a.layout, a, layouts.b.layout, &beta, c,
+                              layouts.c.layout, c, layouts.c.layout, &algo, ctx.workspace(), ctx.workspace_bytes(),
                               stream));
 }
 

@@ -7,9 +7,11 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "core/dtype.h"
@@ -19,11 +21,20 @@ namespace deltamoe {
 // cuBLAS recommends 32 MiB of workspace on Hopper.
 constexpr size_t kGemmDefaultWorkspaceBytes = size_t{32} << 20;
 
+// Token-count buckets of a class of products (see GemmContext): powers of two from 64 to 32,768
+// rows; a count takes the smallest bucket that holds it (the largest above them all).
+constexpr int kGemmNumBuckets = 10;
+constexpr int64_t kGemmBucketRows[kGemmNumBuckets] = {64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
+
 // Owns the cuBLASLt handle and its workspace (allocated once, here, never in a step) and caches
-// the algorithm chosen by cuBLASLt's heuristic per problem (shape, strides, alignment). A product
-// whose only difference from one already seen is its token count (m or k: the rows of a packed
-// micro-batch) reuses that product's algorithm once cublasLtMatmulAlgoCheck accepts it for the new
-// size, so micro-batches of new lengths run kernels already loaded and ask the heuristic nothing.
+// the algorithm per problem (shape, strides, alignment). Products that differ only in their token
+// count (m, or k in a weight gradient: the rows of a packed micro-batch) form a class. When a class
+// is first met, the heuristic is asked for it at every bucket's token count; a token count then
+// runs its bucket's algorithm once cublasLtMatmulAlgoCheck accepts it there (else asks the
+// heuristic for its own). So micro-batches of new lengths run kernels already loaded and ask
+// nothing, each runs an algorithm chosen for a size within 2x of its own, and which kernel a
+// product runs depends on the product alone, not on the shapes seen before it: a resumed run
+// computes the same bits as the uninterrupted one.
 // Use one context per stream: the workspace is shared by every product issued through it. Not
 // thread-safe.
 class GemmContext {
@@ -39,7 +50,8 @@ class GemmContext {
   // Number of distinct problems the heuristic has been asked about (for tests and logs).
   size_t num_cached_algorithms() const { return algorithms_.size(); }
   // Heuristic queries of every context of the process (`bench` shows that steps after the first
-  // make none for the shapes they have seen; a new token count is a new shape and one query).
+  // make none: a new token count runs its class's algorithm, and asks only where
+  // cublasLtMatmulAlgoCheck refuses that algorithm at the new count).
   static int64_t heuristic_queries();
 
   // Internal: the algorithm for a problem key, queried on first use.
@@ -63,9 +75,14 @@ class GemmContext {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<Key, cublasLtMatmulAlgo_t> algorithms_;
-  // Per problem with m and k set to 0 (what a new token count leaves unchanged): the algorithm
-  // the heuristic gave the first of them.
-  std::map<Key, cublasLtMatmulAlgo_t> algorithm_classes_;
+  // Per class (the problem with m and k set to 0): the heuristic's algorithm for it at each
+  // bucket's token count (none where it had none).
+  using BucketAlgorithms = std::array<std::optional<cublasLtMatmulAlgo_t>, kGemmNumBuckets>;
+  std::map<Key, BucketAlgorithms> algorithm_classes_;
+  // The heuristic's first algorithm for a problem with these layouts; false when it has none (or,
+  // with errors_mean_none, when cuBLASLt reports any error instead of throwing it).
+  bool query_heuristic(const Key& key, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                       cublasLtMatrixLayout_t c, cublasLtMatmulAlgo_t* algo, bool errors_mean_none = false);
 };
 
 // Row-major C [M, N] = alpha * op(A) op(B) + beta * C, bf16 operands, fp32 accumulation.

@@ -2,6 +2,8 @@
 // sizes, T = 1 and the Qwen3.5-35B-A3B widths; then timing at 8192 tokens.
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "core/device_buffer.h"
 #include "kernels/common/tensor_compare.h"
 #include "kernels/gemm/gemm_cuda.h"
@@ -119,9 +121,10 @@ TEST(GemmGpu, GeneralStridedProductMatchesReference) {
   EXPECT_EQ(ctx.num_cached_algorithms(), cached);
 }
 
-// Products that differ only in their token count (a packed micro-batch of another length) reuse the
-// algorithm of the first one, after cuBLASLt's check, without asking the heuristic again, and stay
-// right against the reference.
+// Products that differ only in their token count (a packed micro-batch of another length) run their
+// class's algorithm for the count's bucket (kGemmBucketRows: all asked when the class was first
+// met), after cuBLASLt's check, without asking the heuristic again, and stay right against the
+// reference.
 TEST(GemmGpu, NewTokenCountsReuseTheAlgorithm) {
   GemmContext ctx;
   check_linear(ctx, {512, 2048, 1024}, 500);
@@ -131,6 +134,44 @@ TEST(GemmGpu, NewTokenCountsReuseTheAlgorithm) {
   EXPECT_EQ(GemmContext::heuristic_queries(), queries) << "a new token count asked the heuristic";
   check_linear(ctx, {512, 1024, 2048}, 530);  // a product of other widths is a new problem
   EXPECT_GT(GemmContext::heuristic_queries(), queries);
+}
+
+// y = x W^T (f32 out) and dW = dy^T x (fp32, from zero) of T token rows on ctx, as host values.
+std::vector<float> linear_outputs(GemmContext& ctx, int64_t rows, int64_t in_features, int64_t out_features) {
+  HostTensor x = random_bf16_exact({rows, in_features}, 700);
+  HostTensor w = random_bf16_exact({out_features, in_features}, 701, 0.05f);
+  HostTensor dy = random_bf16_exact({rows, out_features}, 702);
+  DeviceTensor x_d = to_device(x, DType::bf16), w_d = to_device(w, DType::bf16), dy_d = to_device(dy, DType::bf16);
+  DeviceTensor y = device_tensor(DType::f32, {rows, out_features});
+  DeviceTensor dw = to_device(
+      HostTensor::from_f32(std::vector<float>(static_cast<size_t>(out_features * in_features), 0.0f),
+                           {out_features, in_features}),
+      DType::f32);
+  linear_forward_cuda(ctx, bf16_ptr(x_d), bf16_ptr(w_d), y.view.data, DType::f32, rows, in_features, out_features,
+                      nullptr);
+  linear_backward_weight_cuda(ctx, bf16_ptr(dy_d), bf16_ptr(x_d), static_cast<float*>(dw.view.data), rows,
+                              in_features, out_features, nullptr);
+  device_synchronize();
+  std::vector<float> out;
+  for (const HostTensor& t : {to_host(y.view), to_host(dw.view)})
+    out.insert(out.end(), t.as<float>(), t.as<float>() + t.numel());
+  return out;
+}
+
+// The kernel a product runs, and so its bits, depends on the product alone: two contexts that meet
+// the same token counts in opposite orders compute the same values, bit for bit (a resumed run
+// meets its token counts in another order than the run that saved it). The narrow output (a LoRA
+// rank) makes a long weight-gradient sum that the heuristic may split.
+TEST(GemmGpu, TheAlgorithmDoesNotDependOnTheTokenCountsSeenBefore) {
+  for (const LinearShape& widths : {LinearShape{0, 2048, 8}, LinearShape{0, 1024, 2048}}) {
+    GemmContext small_first, large_first;
+    const std::vector<float> small_a = linear_outputs(small_first, 56, widths.in_features, widths.out_features);
+    const std::vector<float> large_a = linear_outputs(small_first, 6000, widths.in_features, widths.out_features);
+    const std::vector<float> large_b = linear_outputs(large_first, 6000, widths.in_features, widths.out_features);
+    const std::vector<float> small_b = linear_outputs(large_first, 56, widths.in_features, widths.out_features);
+    EXPECT_TRUE(small_a == small_b) << "56 tokens, K " << widths.in_features << " N " << widths.out_features;
+    EXPECT_TRUE(large_a == large_b) << "6000 tokens, K " << widths.in_features << " N " << widths.out_features;
+  }
 }
 
 TEST(GemmGpu, BadShapesAreRejected) {

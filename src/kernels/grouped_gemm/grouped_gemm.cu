@@ -333,9 +333,9 @@ void grouped_gemm_rows_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, bool
 
 void grouped_gemm_weight_grad_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
                                    int64_t num_groups, int64_t m, int64_t n, WeightGradOutput output,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, const WeightGradSquares* squares) {
   grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::automatic, a, b, c, offsets, num_groups, m, n, output,
-                                     stream);
+                                     stream, squares);
 }
 
 void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b,
@@ -391,23 +391,12 @@ void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* 
   }
 }
 
-void grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b,
-                                        float* c, const int32_t* offsets, int64_t num_groups, int64_t m, int64_t n,
-                                        WeightGradOutput output, cudaStream_t stream) {
-  if (kernel == GroupedGemmKernel::wgmma) require_sm90a_kernels("grouped_gemm_weight_grad_cuda_with(wgmma)");
-  CHECK(num_groups >= 1 && num_groups <= 65535, "grouped_gemm_weight_grad_cuda: group count ", num_groups,
-        " must be in [1, 65535]");
-  CHECK(m >= 1 && n >= 1, "grouped_gemm_weight_grad_cuda: sizes m=", m, " n=", n, " must be positive");
-  CHECK(m < (int64_t{1} << 31) && n < (int64_t{1} << 31), "grouped_gemm_weight_grad_cuda: sizes m=", m, " n=", n,
-        " too large for 32-bit indices");
-  const bool mma_aligned = grouped_gemm_detail::mma_applies(a, b, c, m, n);
-  if ((kernel == GroupedGemmKernel::automatic || kernel == GroupedGemmKernel::wgmma) &&
-      output == WeightGradOutput::written && mma_aligned && grouped_gemm_detail::wgmma_available()) {
-    grouped_gemm_detail::weight_grad_written_wgmma(a, b, c, offsets, static_cast<int>(num_groups),
-                                                   static_cast<int>(m), static_cast<int>(n), stream);
-    return;
-  }
-  // The mma.sync and WMMA kernels only add: "written" is a zeroing pass, then the sum.
+namespace {
+
+// dW on the mma.sync or WMMA kernel, which only add: "written" is a zeroing pass, then the sum.
+void weight_grad_by_addition(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b, float* c,
+                             const int32_t* offsets, int64_t num_groups, int64_t m, int64_t n,
+                             WeightGradOutput output, bool mma_aligned, cudaStream_t stream) {
   if (output == WeightGradOutput::written)
     CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<size_t>(num_groups * m * n) * sizeof(float), stream));
   if (kernel != GroupedGemmKernel::wmma && mma_aligned) {
@@ -425,6 +414,35 @@ void grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel kernel, const __nv_bfl
     launch<false, false, true, kAddF32>(params, grid, stream);
   else
     launch<false, false, false, kAddF32>(params, grid, stream);
+}
+
+}  // namespace
+
+void grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b,
+                                        float* c, const int32_t* offsets, int64_t num_groups, int64_t m, int64_t n,
+                                        WeightGradOutput output, cudaStream_t stream,
+                                        const WeightGradSquares* squares) {
+  if (kernel == GroupedGemmKernel::wgmma) require_sm90a_kernels("grouped_gemm_weight_grad_cuda_with(wgmma)");
+  CHECK(squares == nullptr || output == WeightGradOutput::written,
+        "grouped_gemm_weight_grad_cuda: the sum of squares is formed for a written gradient only");
+  CHECK(squares == nullptr || (squares->sum != nullptr && squares->scratch != nullptr && squares->divisor > 0),
+        "grouped_gemm_weight_grad_cuda: the sum of squares needs its output, scratch and a positive divisor");
+  CHECK(num_groups >= 1 && num_groups <= 65535, "grouped_gemm_weight_grad_cuda: group count ", num_groups,
+        " must be in [1, 65535]");
+  CHECK(m >= 1 && n >= 1, "grouped_gemm_weight_grad_cuda: sizes m=", m, " n=", n, " must be positive");
+  CHECK(m < (int64_t{1} << 31) && n < (int64_t{1} << 31), "grouped_gemm_weight_grad_cuda: sizes m=", m, " n=", n,
+        " too large for 32-bit indices");
+  const bool mma_aligned = grouped_gemm_detail::mma_applies(a, b, c, m, n);
+  if ((kernel == GroupedGemmKernel::automatic || kernel == GroupedGemmKernel::wgmma) &&
+      output == WeightGradOutput::written && mma_aligned && grouped_gemm_detail::wgmma_available()) {
+    grouped_gemm_detail::weight_grad_written_wgmma(a, b, c, offsets, static_cast<int>(num_groups),
+                                                   static_cast<int>(m), static_cast<int>(n), stream, squares);
+    return;
+  }
+  weight_grad_by_addition(kernel, a, b, c, offsets, num_groups, m, n, output, mma_aligned, stream);
+  // These kernels store c with no hook for the squares: a pass over it.
+  if (squares != nullptr)
+    sum_of_squares_cuda(c, num_groups * m * n, squares->divisor, squares->sum, squares->scratch, stream);
 }
 
 }  // namespace deltamoe

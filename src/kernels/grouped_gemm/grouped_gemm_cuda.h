@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/common/sum_of_squares_cuda.h"
 #include "kernels/moe_experts/moe_experts_sizes.h"
 
 namespace deltamoe {
@@ -38,10 +39,24 @@ void grouped_gemm_rows_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, bool
 // product into a gradient needs neither a zeroing pass nor the read of c (half of dW's f32 traffic).
 enum class WeightGradOutput { added_to, written };
 
+// The sum of squares of a written weight gradient as the optimizer's gradient norm counts it:
+// *sum = sum over c's elements of fl32(fl64(c) / divisor)^2 in fp64 (kernels/common/
+// sum_of_squares_cuda.h), deterministic. The sm_90a "written" kernel forms it from the products'
+// registers as it stores them, so the norm need not read c back (4 bytes per parameter); the other
+// kernels sum c after the product. scratch: kWeightGradSquaresScratchBytes of device memory.
+struct WeightGradSquares {
+  double* sum = nullptr;
+  double divisor = 1.0;
+  void* scratch = nullptr;
+};
+// The reduction's partials, then one fp64 sum per consumer warp of at most 256 dW blocks.
+constexpr size_t kWeightGradSquaresScratchBytes = kSumOfSquaresWorkspaceBytes + 256 * 8 * sizeof(double);
+
 // The weight-gradient product of grouped_gemm.h: c [G, M, N] f32, added to or written (output);
-// each element is owned by one block (no atomics, deterministic).
+// each element is owned by one block (no atomics, deterministic). squares (written only; null:
+// none) also sets *squares->sum, above.
 void grouped_gemm_weight_grad_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
                                    int64_t num_groups, int64_t m, int64_t n, WeightGradOutput output,
-                                   cudaStream_t stream);
+                                   cudaStream_t stream, const WeightGradSquares* squares = nullptr);
 
 }  // namespace deltamoe

@@ -1,17 +1,19 @@
 // GPU test of the grouped GEMM against its CPU reference, for every kernel this process may run
 // (wgmma, which sm_90a callers get, on the sm_90a kernel path only; mma.sync, the sm_80 path; the
 // WMMA fallback): row-grouped products (weights [N, K] and [K, N], bf16 and f32 outputs) and weight
-// gradients ("added to" and "written"), over
+// gradients ("added to" and "written", with the written one's sum of squares), over
 // empty groups, single rows, odd sizes, K not a multiple of the k-step and the Qwen3.5-35B-A3B
 // expert widths; then timing side by side at 8192 tokens x 8 experts, and under three routings.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/cuda_check.h"
 #include "core/device_buffer.h"
 #include "core/rng.h"
 #include "kernels/common/kernel_path_cuda.h"
@@ -205,6 +207,61 @@ TEST(GroupedGemmGpu, WeightGradMatchesReference) {
 TEST(GroupedGemmGpu, WeightGradMatchesReferenceWidths35B) {
   uint64_t seed = 990;  // as above
   for (const GroupedShape& s : kShapes35B) check_weight_grad(s, seed += 10);
+}
+
+// The gradient norm's definition over a downloaded gradient: sum of fl32(fl64(x) / divisor)^2, fp64.
+double host_sum_of_squares(const HostTensor& c, double divisor) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < c.numel(); ++i) {
+    const auto q = static_cast<float>(static_cast<double>(c.as<float>()[i]) / divisor);
+    sum += static_cast<double>(q) * static_cast<double>(q);
+  }
+  return sum;
+}
+
+// A written dW with its sum of squares (WeightGradSquares), on every kernel: c bit for bit what the
+// product without the sum stores; the sum that of the stored c within fp64 order noise, for a
+// divisor of 1, an integer (the fp32 quotient) and a fraction (fp64); the same bits on a second
+// call. The last shape gives every wgmma block several tiles (groups without rows among them).
+TEST(GroupedGemmGpu, WrittenWeightGradSumsItsSquares) {
+  const GroupedShape shapes[] = {{1, 4, 3, 24, 40}, {300, 5, 2, 64, 96}, {1200, 2, 0, 264, 200},
+                                 {97, 6, 2, 37, 53}, {3000, 64, 9, 256, 512}};
+  uint64_t seed = 1300;
+  for (const GroupedShape& s : shapes) {
+    const int64_t m = s.n, n = s.k;
+    const std::vector<int32_t> offsets = random_offsets(s.rows, s.groups, s.empty_groups, seed += 10);
+    HostTensor a = random_bf16_exact({s.rows, m}, seed + 1), b = random_bf16_exact({s.rows, n}, seed + 2);
+    DeviceTensor a_d = to_device(a, DType::bf16), b_d = to_device(b, DType::bf16), off_d = offsets_to_device(offsets);
+    const auto* offsets_d = static_cast<const int32_t*>(off_d.view.data);
+    DeviceBuffer sums(2 * sizeof(double)), scratch(kWeightGradSquaresScratchBytes);
+    for (GroupedGemmKernel kernel : kernels_here()) {
+      DeviceTensor plain = device_tensor(DType::f32, {s.groups, m, n});
+      device_fill_bytes(plain.view, 0xFF);
+      grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), static_cast<float*>(plain.view.data),
+                                         offsets_d, s.groups, m, n, WeightGradOutput::written, nullptr);
+      const HostTensor c = to_host(plain.view);
+      for (const double divisor : {1.0, 4099.0, 0.37}) {
+        std::vector<double> got(2);
+        for (int call = 0; call < 2; ++call) {
+          DeviceTensor with = device_tensor(DType::f32, {s.groups, m, n});
+          device_fill_bytes(with.view, 0xFF);
+          const WeightGradSquares squares{static_cast<double*>(sums.data()) + call, divisor, scratch.data()};
+          grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), static_cast<float*>(with.view.data),
+                                             offsets_d, s.groups, m, n, WeightGradOutput::written, nullptr, &squares);
+          if (call == 0) {
+            EXPECT_TRUE(device_bytes_equal(plain, with))
+                << kernel_name(kernel) << ", M=" << m << " N=" << n << ": the sum changed what is stored";
+          }
+        }
+        CUDA_CHECK(cudaMemcpy(got.data(), sums.data(), 2 * sizeof(double), cudaMemcpyDeviceToHost));
+        const double want = host_sum_of_squares(c, divisor);
+        std::printf("dW squares [%s] M=%lld N=%lld divisor %g: %.17g (host %.17g)\n", kernel_name(kernel),
+                    static_cast<long long>(m), static_cast<long long>(n), divisor, got[0], want);
+        EXPECT_NEAR(got[0], want, 1e-12 * want) << kernel_name(kernel) << ", M=" << m << " N=" << n;
+        EXPECT_EQ(std::memcmp(&got[0], &got[1], sizeof(double)), 0) << kernel_name(kernel) << ": not deterministic";
+      }
+    }
+  }
 }
 
 // Asking for wgmma by name runs it on the sm_90a kernel path and raises on the sm_80 path (an

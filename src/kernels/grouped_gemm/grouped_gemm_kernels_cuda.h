@@ -32,7 +32,8 @@ void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* 
                                  cudaStream_t stream);
 void grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b,
                                         float* c, const int32_t* offsets, int64_t num_groups, int64_t m, int64_t n,
-                                        WeightGradOutput output, cudaStream_t stream);
+                                        WeightGradOutput output, cudaStream_t stream,
+                                        const WeightGradSquares* squares = nullptr);
 
 namespace grouped_gemm_detail {
 
@@ -66,9 +67,12 @@ void rows_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk
                 const int32_t* offsets, const int32_t* tile_starts, int num_groups, int64_t max_rows, int n, int k,
                 cudaStream_t stream);
 
-// Weight-gradient product, c written, with the wgmma kernel (needs wgmma_available() and mma_applies).
+// Weight-gradient product, c written, with the wgmma kernel (needs wgmma_available() and mma_applies);
+// squares (null: none) summed from the stored registers, one fp64 sum per consumer warp into
+// squares->scratch past the reduction's partials, then added up into *squares->sum.
 void weight_grad_written_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
-                               int num_groups, int m, int n, cudaStream_t stream);
+                               int num_groups, int m, int n, cudaStream_t stream,
+                               const WeightGradSquares* squares = nullptr);
 
 }  // namespace grouped_gemm_detail
 }  // namespace deltamoe

@@ -5,14 +5,16 @@
 // swizzled shared staging tile as 16-byte stores. Persistent blocks walk the device-side tile list
 // (group, m-tile, n-tile) built as for the mma.sync kernel (grouped_gemm_mma.cu, the portable path
 // this one replaces on sm_90a). The "written" weight gradients (dW) run on a sibling kernel with
-// the same ring and consumers, whose operands arrive by cp.async so that each group's last k-block
-// stops exactly at its last row.
+// the same ring and consumers, whose operands arrive by TMA for k-blocks wholly inside a group and
+// by cp.async for each group's last, partial one (so that it stops exactly at its last row); it can
+// also sum the squares of what it stores, the gradient norm's share of those tensors.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include <algorithm>
 
 #include "core/cuda_check.h"
+#include "kernels/common/gradient_divide.h"
 #include "kernels/common/kernel_path_cuda.h"
 #include "kernels/grouped_gemm/grouped_gemm_cuda.h"
 #include "kernels/grouped_gemm/grouped_gemm_device.cuh"
@@ -263,11 +265,11 @@ __device__ __forceinline__ void store_fragment_staged(const float (&d)[128], nvb
   }
 }
 
-// dW operands arrive by cp.async (16-byte chunks, zero-filled past the group's last row or the
-// matrix's last column): TMA boxes would cross into the next group's rows, which no tensor map can
-// mask per group. Both operands are k-outer ([K, M] and [K, N] rows), so a stage holds 64-column
-// boxes of 64 k lines (8 KiB each) in the 128-byte swizzle that TMA would have written: chunk c of
-// line l at l * 128 + (c ^ (l % 8)) * 16.
+// A dW group's last, partial k-block arrives by cp.async (16-byte chunks, zero-filled past the
+// group's last row or the matrix's last column): a TMA box there would cross into the next group's
+// rows, which no tensor map can mask per group (whole in-group k-blocks go by TMA). Both operands
+// are k-outer ([K, M] and [K, N] rows), so a stage holds 64-column boxes of 64 k lines (8 KiB
+// each) in the 128-byte swizzle TMA writes: chunk c of line l at l * 128 + (c ^ (l % 8)) * 16.
 __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
@@ -406,6 +408,10 @@ struct WeightGradParams {
   const int32_t* offsets;
   int num_groups, m, n;
   int m_tiles, n_tiles;  // ceil(m / kBlockM), ceil(n / kBlockN)
+  // The squares of the stored values divided by the divisor (kernels/common/gradient_divide.h),
+  // one fp64 sum per consumer warp: warp_sums[block * 8 + consumer warp] (kSquares only).
+  double* warp_sums;
+  GradientDivisor divisor;
 };
 
 constexpr int kWeightGradBox = 64 * kBlockK * 2;  // 64 columns x 64 k lines of bf16: 8 KiB
@@ -438,7 +444,10 @@ __device__ __forceinline__ WeightGradTile weight_grad_tile(const WeightGradParam
 
 #endif  // sm_90a
 
-__global__ void __launch_bounds__(kThreads, 1) grouped_gemm_weight_grad_wgmma_kernel(const WeightGradParams p) {
+template <bool kSquares, GradientDivide kDivide>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_weight_grad_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
+                                          const __grid_constant__ CUtensorMap map_b, const WeightGradParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t ring = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -462,6 +471,10 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_weight_grad_wgmma_ke
     // registers: its address arithmetic spills at 40; 128 x 56 + 256 x 224 fit the 64 Ki file).
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
     const int t = static_cast<int>(threadIdx.x);
+    if (t == 0) {
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
+    }
     // A: thread t copies chunk t % 16 of k lines t / 16 + 8j (the 128 m columns are 16 chunks, two
     // boxes); B: chunk t % 32 of k lines t / 32 + 4j (256 n columns, four boxes).
     const int a_line = t / 16, a_col = (t % 16) * 8, b_line = t / 32, b_col = (t % 32) * 8;
@@ -479,6 +492,22 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_weight_grad_wgmma_ke
         mbar_wait(empty_bars + 8 * s, ((it / kStages) & 1) ^ 1);
         const uint32_t a_stage = ring + s * kStageBytes, b_stage = a_stage + kStageBytesA;
         const int k0 = kb * kBlockK;
+        if (k0 + kBlockK <= w.k_extent) {
+          // A k-block wholly inside the group arrives by TMA: thread 0 announces its bytes and
+          // issues the boxes (columns past m or n arrive as zeros), the others just arrive.
+          if (t == 0) {
+            mbar_arrive_expect_tx(full_bars + 8 * s, kStageBytes);
+#pragma unroll
+            for (int j = 0; j < kBlockM / 64; ++j)
+              tma_load_2d(a_stage + j * kWeightGradBox, &map_a, full_bars + 8 * s, w.m0 + 64 * j, w.r0 + k0);
+#pragma unroll
+            for (int j = 0; j < kBlockN / 64; ++j)
+              tma_load_2d(b_stage + j * kWeightGradBox, &map_b, full_bars + 8 * s, w.n0 + 64 * j, w.r0 + k0);
+          } else {
+            mbar_arrive(full_bars + 8 * s);
+          }
+          continue;
+        }
         // Lines past the group's last row (the next group's rows, or past the end) are zero-filled.
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -505,6 +534,9 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_weight_grad_wgmma_ke
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  // This thread's stored values' squares (kSquares), over all its tiles in order, in four sums by
+  // column (j % 4) so that the fp64 FMAs do not form one chain of 128 a tile.
+  [[maybe_unused]] double squares[4] = {0.0, 0.0, 0.0, 0.0};
   int it = 0;
   for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles; tile += static_cast<int>(gridDim.x)) {
     const WeightGradTile w = weight_grad_tile(p, tile);
@@ -564,10 +596,27 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_weight_grad_wgmma_ke
       if (row >= rows_valid) continue;
       float* line = c_tile + static_cast<int64_t>(row) * p.n;
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j)
-        if (8 * j < cols_valid)
-          *reinterpret_cast<float2*>(line + 8 * j) = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        if (8 * j < cols_valid) {
+          const float x0 = acc[4 * j + 2 * half], x1 = acc[4 * j + 2 * half + 1];
+          *reinterpret_cast<float2*>(line + 8 * j) = make_float2(x0, x1);
+          if constexpr (kSquares) {
+            const double q0 = divide_gradient<kDivide>(x0, p.divisor);
+            const double q1 = divide_gradient<kDivide>(x1, p.divisor);
+            squares[j % 4] = __fma_rn(q1, q1, __fma_rn(q0, q0, squares[j % 4]));
+          }
+        }
+      }
     }
+  }
+  if constexpr (kSquares) {
+    // The four sums in a fixed pairing, lanes in xor order, then one slot per consumer warp (every
+    // warp of the block writes its own, zero if it stored nothing), so the sum is the same every
+    // call on the same GPU.
+    double sum = (squares[0] + squares[1]) + (squares[2] + squares[3]);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) p.warp_sums[blockIdx.x * (kConsumers * 4) + consumer * 4 + warp] = sum;
   }
 #endif
 }
@@ -618,18 +667,23 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const WgmmaParam
   CUDA_CHECK_LAUNCH();
 }
 
-void launch_weight_grad(const WeightGradParams& params, int64_t tiles, cudaStream_t stream) {
-  auto kernel = grouped_gemm_weight_grad_wgmma_kernel;
+// The grid: one persistent block per SM (at most one per tile); with squares at most
+// kMaxSquaresBlocks, the warp sums the scratch holds.
+constexpr int kMaxSquaresBlocks = 256;
+static_assert(kWeightGradSquaresScratchBytes >=
+                  kSumOfSquaresWorkspaceBytes + kMaxSquaresBlocks * kConsumers * 4 * sizeof(double),
+              "the squares scratch holds every consumer warp's sum");
+
+template <bool kSquares, GradientDivide kDivide>
+void launch_weight_grad(const CUtensorMap& map_a, const CUtensorMap& map_b, const WeightGradParams& params,
+                        unsigned grid, cudaStream_t stream) {
+  auto kernel = grouped_gemm_weight_grad_wgmma_kernel<kSquares, kDivide>;
   static bool attribute_set = false;  // a host-side attribute, no sync
   if (!attribute_set) {
     allow_dynamic_shared_memory(kernel, kWeightGradSmemBytes, "grouped GEMM dW (wgmma)");
     attribute_set = true;
   }
-  int device = 0, sms = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, sms)));
-  kernel<<<grid, kThreads, kWeightGradSmemBytes, stream>>>(params);
+  kernel<<<grid, kThreads, kWeightGradSmemBytes, stream>>>(map_a, map_b, params);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -687,15 +741,59 @@ void rows_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk
 }
 
 void weight_grad_written_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
-                               int num_groups, int m, int n, cudaStream_t stream) {
+                               int num_groups, int m, int n, cudaStream_t stream, const WeightGradSquares* squares) {
   CHECK(mma_applies(a, b, c, m, n), "grouped GEMM dW (wgmma): m=", m, " and n=", n,
         " must be multiples of 8 and the operands 16-byte aligned");
   require_sm90a_kernels("grouped GEMM dW (wgmma)");
-  const WeightGradParams params{a, b, c, offsets, num_groups, m, n, (m + kBlockM - 1) / kBlockM,
-                                (n + kBlockN - 1) / kBlockN};
+  double* warp_sums = squares == nullptr ? nullptr
+                                         : reinterpret_cast<double*>(static_cast<char*>(squares->scratch) +
+                                                                     kSumOfSquaresWorkspaceBytes);
+  const double divisor = squares == nullptr ? 1.0 : squares->divisor;
+  const WeightGradParams params{a,
+                                b,
+                                c,
+                                offsets,
+                                num_groups,
+                                m,
+                                n,
+                                (m + kBlockM - 1) / kBlockM,
+                                (n + kBlockN - 1) / kBlockN,
+                                warp_sums,
+                                gradient_divisor(divisor)};
   const int64_t tiles = static_cast<int64_t>(num_groups) * params.m_tiles * params.n_tiles;
   CHECK(tiles < (int64_t{1} << 31), "grouped GEMM dW (wgmma): ", tiles, " tiles overflow 32-bit tile indices");
-  launch_weight_grad(params, tiles, stream);
+  int device = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t most_blocks = squares == nullptr ? sms : std::min(sms, kMaxSquaresBlocks);
+  const auto grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, most_blocks)));
+  // a [R, M] and b [R, N] as 2D maps of 64 x 64 boxes. R lives on the device only: the maps claim
+  // 2^31 - 1 rows, and the kernel loads by TMA only k-blocks wholly inside a group (so inside the
+  // tensors); each group's partial last k-block goes by cp.async.
+  const cuuint32_t box[2] = {64, kBlockK};
+  const cuuint64_t rows = (cuuint64_t{1} << 31) - 1;
+  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(m), rows}, a_strides[1] = {static_cast<cuuint64_t>(m) * 2};
+  const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(n), rows}, b_strides[1] = {static_cast<cuuint64_t>(n) * 2};
+  const CUtensorMap map_a = bf16_tensor_map(a, 2, a_dims, a_strides, box);
+  const CUtensorMap map_b = bf16_tensor_map(b, 2, b_dims, b_strides, box);
+  if (squares == nullptr) {
+    launch_weight_grad<false, GradientDivide::none>(map_a, map_b, params, grid, stream);
+    return;
+  }
+  switch (params.divisor.kind) {
+    case GradientDivide::none:
+      launch_weight_grad<true, GradientDivide::none>(map_a, map_b, params, grid, stream);
+      break;
+    case GradientDivide::f32:
+      launch_weight_grad<true, GradientDivide::f32>(map_a, map_b, params, grid, stream);
+      break;
+    case GradientDivide::f64:
+      launch_weight_grad<true, GradientDivide::f64>(map_a, map_b, params, grid, stream);
+      break;
+  }
+  // The blocks' warp sums, added in order.
+  sum_of_squares_cuda(nullptr, 0, warp_sums, static_cast<int64_t>(grid) * kConsumers * 4, divisor, squares->sum,
+                      squares->scratch, stream);
 }
 
 }  // namespace deltamoe::grouped_gemm_detail

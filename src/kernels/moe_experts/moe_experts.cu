@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "core/cuda_check.h"
+#include "core/workspace_carver.h"
+#include "kernels/gemm/bf16_vector.cuh"
 #include "kernels/grouped_gemm/grouped_gemm_cuda.h"
 #include "kernels/moe_experts/moe_experts_cuda.h"
 
@@ -12,93 +14,36 @@ namespace {
 
 using nvbf16 = __nv_bfloat16;
 
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-// Hands out 256-byte aligned pieces of one workspace, in order.
-class WorkspaceCarver {
- public:
-  WorkspaceCarver(void* base, size_t bytes) : at_(static_cast<char*>(base)), left_(bytes) {}
-  template <typename T>
-  T* take(int64_t count) {
-    const size_t bytes = align256(static_cast<size_t>(count) * sizeof(T));
-    CHECK(bytes <= left_, "moe_experts: workspace too small (", left_, " bytes left, need ", bytes, ")");
-    T* piece = reinterpret_cast<T*>(at_);
-    at_ += bytes;
-    left_ -= bytes;
-    return piece;
-  }
-
- private:
-  char* at_;
-  size_t left_;
-};
-
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-// V bf16 values of one row as one access (V = 8: 16 bytes) or one element (V = 1).
-template <int V>
-__device__ __forceinline__ void load_bf16(const nvbf16* p, float* out) {
-  if constexpr (V == 8) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 f = __bfloat1622float2(pairs[k]);
-      out[2 * k] = f.x;
-      out[2 * k + 1] = f.y;
-    }
-  } else {
-    out[0] = __bfloat162float(*p);
-  }
-}
-
-template <int V>
-__device__ __forceinline__ void store_bf16(nvbf16* p, const float* v) {
-  if constexpr (V == 8) {
-    uint4 raw;
-    auto* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) pairs[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-    *reinterpret_cast<uint4*>(p) = raw;
-  } else {
-    *p = __float2bfloat16(v[0]);
-  }
-}
-
-template <int V>
-__device__ __forceinline__ void load_f32(const float* p, float* out) {
-  if constexpr (V == 8) {
-    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
-  } else {
-    out[0] = *p;
-  }
-}
-
 // h[r, i] = silu(gu[r, i]) * gu[r, I + i], fp32 math, nvbf16 out; each thread V adjacent i (V = 8
-// when I is a multiple of 8 and the rows 16-byte aligned).
-template <int V>
-__global__ void swiglu_forward_kernel(const nvbf16* gu, nvbf16* h, int64_t rows, int64_t inter) {
-  const int64_t per_row = inter / V, total = rows * per_row;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / per_row, i = (idx - r * per_row) * V;
+// when I is a multiple of 8 and the rows 16-byte aligned). Index is uint32_t where the vector count
+// fits 31 bits (always at the model's sizes): a 64-bit division per vector made this pass 2.75x its
+// memory floor.
+template <int V, typename Index>
+__global__ void swiglu_forward_kernel(const nvbf16* gu, nvbf16* h, Index rows, Index inter) {
+  const Index per_row = inter / V, total = rows * per_row;
+  for (Index idx = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const Index r = idx / per_row;
+    const int64_t row = static_cast<int64_t>(r), i = static_cast<int64_t>(idx - r * per_row) * V;
     float g[V], u[V];
-    load_bf16<V>(gu + r * 2 * inter + i, g);
-    load_bf16<V>(gu + r * 2 * inter + inter + i, u);
+    load_bf16_as_f32<V>(gu + row * 2 * inter + i, g);
+    load_bf16_as_f32<V>(gu + row * 2 * inter + inter + i, u);
 #pragma unroll
     for (int k = 0; k < V; ++k) g[k] = g[k] * sigmoidf(g[k]) * u[k];
-    store_bf16<V>(h + r * inter + i, g);
+    store_f32_as_bf16<V>(h + row * inter + i, g);
   }
 }
 
 // One warp per expert-major row r with weight w of its slot; dh_u = dy W_down (unweighted, fp32):
 //   d_topk_weight[slot] = dh_u . h  (= dy . y_e),  dh = w dh_u,
-//   d_gate = dh u silu'(g), d_up = dh silu(g)  -> written over gu (in place, same thread),
+//   d_gate = dh u silu'(g), d_up = dh silu(g)  -> d_gu (may be gu itself: each element is read
+//   before it is written, by the same thread),
 //   hw = w h (nvbf16) for the down-projection weight gradient.
 // Each lane takes V adjacent i at a time (V = 8 as in the forward).
 template <int V>
-__global__ void swiglu_backward_kernel(nvbf16* gu_to_dgu, const float* dh_u, const int32_t* sorted_slot,
+__global__ void swiglu_backward_kernel(const nvbf16* gu, nvbf16* d_gu, const float* dh_u, const int32_t* sorted_slot,
                                        const float* topk_weight, float* d_topk_weight, nvbf16* hw, int64_t rows,
                                        int64_t inter) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
@@ -106,13 +51,14 @@ __global__ void swiglu_backward_kernel(nvbf16* gu_to_dgu, const float* dh_u, con
   if (r >= rows) return;
   const int32_t slot = sorted_slot[r];
   const float w = topk_weight[slot];
-  nvbf16* row = gu_to_dgu + r * 2 * inter;
+  const nvbf16* row = gu + r * 2 * inter;
+  nvbf16* d_row = d_gu + r * 2 * inter;
   float d_weight = 0;
   for (int64_t i = static_cast<int64_t>(lane) * V; i < inter; i += 32 * V) {
     float g[V], u[V], d_hu[V], d_gate[V], d_up[V], h[V];
-    load_bf16<V>(row + i, g);
-    load_bf16<V>(row + inter + i, u);
-    load_f32<V>(dh_u + r * inter + i, d_hu);
+    load_bf16_as_f32<V>(row + i, g);
+    load_bf16_as_f32<V>(row + inter + i, u);
+    load_as_f32<V>(dh_u + r * inter + i, d_hu);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const float s = sigmoidf(g[k]), silu = g[k] * s;
@@ -122,9 +68,9 @@ __global__ void swiglu_backward_kernel(nvbf16* gu_to_dgu, const float* dh_u, con
       d_up[k] = dh * silu;
       h[k] = w * silu * u[k];
     }
-    store_bf16<V>(row + i, d_gate);
-    store_bf16<V>(row + inter + i, d_up);
-    store_bf16<V>(hw + r * inter + i, h);
+    store_f32_as_bf16<V>(d_row + i, d_gate);
+    store_f32_as_bf16<V>(d_row + inter + i, d_up);
+    store_f32_as_bf16<V>(hw + r * inter + i, h);
   }
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) d_weight += __shfl_xor_sync(0xffffffffu, d_weight, d);
@@ -148,6 +94,16 @@ unsigned elementwise_grid(int64_t total) {
   return static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, int64_t{1} << 20));
 }
 
+template <int V>
+void launch_swiglu_forward(const nvbf16* gu, nvbf16* h, int64_t rows, int64_t inter, cudaStream_t stream) {
+  const int64_t vectors = rows * inter / V;
+  if (vectors < (int64_t{1} << 31))
+    swiglu_forward_kernel<V, uint32_t><<<elementwise_grid(vectors), 256, 0, stream>>>(
+        gu, h, static_cast<uint32_t>(rows), static_cast<uint32_t>(inter));
+  else
+    swiglu_forward_kernel<V, int64_t><<<elementwise_grid(vectors), 256, 0, stream>>>(gu, h, rows, inter);
+}
+
 }  // namespace
 
 namespace {
@@ -167,16 +123,17 @@ size_t moe_experts_lora_workspace_bytes(const MoeExpertsDims& d, int64_t rank) {
 void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
                               const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
                               __nv_bfloat16* y, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                              const MoeExpertsLora* lora) {
+                              const MoeExpertsLora* lora, __nv_bfloat16* keep_gate_up) {
   check_dims(dims, "moe_experts_forward_cuda");
   if (dims.num_tokens == 0) return;
   const int64_t rows = dims.num_tokens * dims.top_k, C = dims.hidden, I = dims.intermediate, E = dims.num_experts;
-  WorkspaceCarver carve(workspace, workspace_bytes);
+  WorkspaceCarver carve("moe_experts", workspace, workspace_bytes);
   const size_t tile_bytes = grouped_gemm_rows_workspace_bytes(E);
   void* tiles = carve.take<char>(static_cast<int64_t>(tile_bytes));
   nvbf16* xp = carve.take<nvbf16>(rows * C);  // later reused for the expert outputs
-  nvbf16* gu = carve.take<nvbf16>(rows * 2 * I);
+  nvbf16* gu_scratch = carve.take<nvbf16>(rows * 2 * I);
   nvbf16* h = carve.take<nvbf16>(rows * I);
+  nvbf16* gu = keep_gate_up != nullptr ? keep_gate_up : gu_scratch;
 
   moe_permute_cuda(x, plan.sorted_slot, xp, rows, C, dims.top_k, stream);
   grouped_gemm_rows_cuda(xp, gate_up, true, gu, DType::bf16, plan.expert_offsets, E, rows, 2 * I, C, tiles, tile_bytes,
@@ -187,9 +144,9 @@ void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& 
                               stream);
   }
   if (swiglu_vector_rows(I, gu, h))
-    swiglu_forward_kernel<8><<<elementwise_grid(rows * I / 8), 256, 0, stream>>>(gu, h, rows, I);
+    launch_swiglu_forward<8>(gu, h, rows, I, stream);
   else
-    swiglu_forward_kernel<1><<<elementwise_grid(rows * I), 256, 0, stream>>>(gu, h, rows, I);
+    launch_swiglu_forward<1>(gu, h, rows, I, stream);
   CUDA_CHECK_LAUNCH();
   nvbf16* y_expert = xp;
   grouped_gemm_rows_cuda(h, down, true, y_expert, DType::bf16, plan.expert_offsets, E, rows, C, I, tiles, tile_bytes,
@@ -205,29 +162,48 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
                                const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
                                const __nv_bfloat16* dy, __nv_bfloat16* dx, float* d_topk_weight, float* d_gate_up,
                                float* d_down, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                               const MoeExpertsLora* lora) {
+                               const MoeExpertsLora* lora, WeightGradOutput expert_grads,
+                               const ExpertGradSquares* squares, const __nv_bfloat16* kept_gate_up) {
   check_dims(dims, "moe_experts_backward_cuda");
+  CHECK(squares == nullptr || expert_grads == WeightGradOutput::written,
+        "moe_experts_backward_cuda: the gradients' sums of squares are formed when they are written");
   const bool gate_up_lora = lora != nullptr && lora->gate_up.attached();
   const bool down_lora = lora != nullptr && lora->down.attached();
-  if (dims.num_tokens == 0) return;
+  // A sum of squares whose gradient is not formed here (frozen, or no rows) is zero.
+  if (squares != nullptr && (d_gate_up == nullptr || dims.num_tokens == 0))
+    CUDA_CHECK(cudaMemsetAsync(squares->gate_up, 0, sizeof(double), stream));
+  if (squares != nullptr && (d_down == nullptr || dims.num_tokens == 0))
+    CUDA_CHECK(cudaMemsetAsync(squares->down, 0, sizeof(double), stream));
+  if (dims.num_tokens == 0) {
+    if (expert_grads == WeightGradOutput::written) {  // no rows: the written gradient is zero
+      const size_t elements = static_cast<size_t>(dims.num_experts * dims.intermediate * dims.hidden);
+      if (d_down != nullptr) CUDA_CHECK(cudaMemsetAsync(d_down, 0, elements * sizeof(float), stream));
+      if (d_gate_up != nullptr) CUDA_CHECK(cudaMemsetAsync(d_gate_up, 0, 2 * elements * sizeof(float), stream));
+    }
+    return;
+  }
   const int64_t rows = dims.num_tokens * dims.top_k, C = dims.hidden, I = dims.intermediate, E = dims.num_experts;
-  WorkspaceCarver carve(workspace, workspace_bytes);
+  WorkspaceCarver carve("moe_experts", workspace, workspace_bytes);
   const size_t tile_bytes = grouped_gemm_rows_workspace_bytes(E);
   void* tiles = carve.take<char>(static_cast<int64_t>(tile_bytes));
   nvbf16* xp = carve.take<nvbf16>(rows * C);
   nvbf16* dyp = carve.take<nvbf16>(rows * C);     // later reused for the permuted input gradient
-  nvbf16* gu = carve.take<nvbf16>(rows * 2 * I);  // becomes d_gu in place
+  nvbf16* d_gu = carve.take<nvbf16>(rows * 2 * I);  // the recomputed gu, then (in place) d_gu
   float* dh_u = carve.take<float>(rows * I);
   nvbf16* hw = carve.take<nvbf16>(rows * I);
 
-  // Recompute gu = x W_gu^T in expert-major order.
+  // gu = x W_gu^T in expert-major order: the forward's kept rows, else recomputed (the same bits:
+  // the same product of the same operands).
   moe_permute_cuda(x, plan.sorted_slot, xp, rows, C, dims.top_k, stream);
-  grouped_gemm_rows_cuda(xp, gate_up, true, gu, DType::bf16, plan.expert_offsets, E, rows, 2 * I, C, tiles, tile_bytes,
-                         stream);
-  if (gate_up_lora) {
-    lora_experts_forward_cuda(xp, lora->gate_up, plan.expert_offsets, gu, DType::bf16,
-                              lora_dims(dims, C, 2 * I, lora->gate_up.rank), lora->workspace, lora->workspace_bytes,
-                              stream);
+  const nvbf16* gu = kept_gate_up != nullptr ? kept_gate_up : d_gu;
+  if (kept_gate_up == nullptr) {
+    grouped_gemm_rows_cuda(xp, gate_up, true, d_gu, DType::bf16, plan.expert_offsets, E, rows, 2 * I, C, tiles,
+                           tile_bytes, stream);
+    if (gate_up_lora) {
+      lora_experts_forward_cuda(xp, lora->gate_up, plan.expert_offsets, d_gu, DType::bf16,
+                                lora_dims(dims, C, 2 * I, lora->gate_up.rank), lora->workspace, lora->workspace_bytes,
+                                stream);
+    }
   }
   // dh_u = dy W_down (down_e stored [C, I] = [K, N]); kept in fp32 for the routing-weight gradient.
   moe_permute_cuda(dy, plan.sorted_slot, dyp, rows, C, dims.top_k, stream);
@@ -242,21 +218,27 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
   }
   const unsigned warps_per_block = 8;
   const auto swiglu_blocks = static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block);
-  if (swiglu_vector_rows(I, gu, dh_u, hw))
-    swiglu_backward_kernel<8><<<swiglu_blocks, 32 * warps_per_block, 0, stream>>>(gu, dh_u, plan.sorted_slot, topk_weight,
-                                                                                d_topk_weight, hw, rows, I);
+  if (swiglu_vector_rows(I, gu, dh_u, hw) && swiglu_vector_rows(I, d_gu, hw))
+    swiglu_backward_kernel<8><<<swiglu_blocks, 32 * warps_per_block, 0, stream>>>(
+        gu, d_gu, dh_u, plan.sorted_slot, topk_weight, d_topk_weight, hw, rows, I);
   else
-    swiglu_backward_kernel<1><<<swiglu_blocks, 32 * warps_per_block, 0, stream>>>(gu, dh_u, plan.sorted_slot, topk_weight,
-                                                                                d_topk_weight, hw, rows, I);
+    swiglu_backward_kernel<1><<<swiglu_blocks, 32 * warps_per_block, 0, stream>>>(
+        gu, d_gu, dh_u, plan.sorted_slot, topk_weight, d_topk_weight, hw, rows, I);
   CUDA_CHECK_LAUNCH();
-  nvbf16* d_gu = gu;
-  // d_down[e] += (dy_e)^T (w h)_e ; d_gate_up[e] += d_gu_e^T x_e.
+  // d_down[e] (+)= (dy_e)^T (w h)_e ; d_gate_up[e] (+)= d_gu_e^T x_e (added to, or written).
   // Frozen experts (null gradients) skip their weight products.
+  // With squares, each product also sums its gradient's squares (one after the other: one scratch).
+  const WeightGradSquares down_squares =
+      squares == nullptr ? WeightGradSquares{} : WeightGradSquares{squares->down, squares->divisor, squares->scratch};
+  const WeightGradSquares gate_up_squares = squares == nullptr ? WeightGradSquares{}
+                                                               : WeightGradSquares{squares->gate_up, squares->divisor,
+                                                                                   squares->scratch};
   if (d_down != nullptr)
-    grouped_gemm_weight_grad_cuda(dyp, hw, d_down, plan.expert_offsets, E, C, I, WeightGradOutput::added_to, stream);
+    grouped_gemm_weight_grad_cuda(dyp, hw, d_down, plan.expert_offsets, E, C, I, expert_grads, stream,
+                                  squares == nullptr ? nullptr : &down_squares);
   if (d_gate_up != nullptr)
-    grouped_gemm_weight_grad_cuda(d_gu, xp, d_gate_up, plan.expert_offsets, E, 2 * I, C, WeightGradOutput::added_to,
-                                  stream);
+    grouped_gemm_weight_grad_cuda(d_gu, xp, d_gate_up, plan.expert_offsets, E, 2 * I, C, expert_grads, stream,
+                                  squares == nullptr ? nullptr : &gate_up_squares);
   if (down_lora && lora->down.grad_a != nullptr) {
     // dA, dB of the down adapter from dY and the weighted activations (as d_down above).
     lora_experts_backward_cuda(hw, dyp, lora->down, plan.expert_offsets, nullptr, DType::f32,

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/grouped_gemm/grouped_gemm_cuda.h"
 #include "kernels/lora/lora_cuda.h"
 #include "kernels/moe_experts/moe_experts.h"
 #include "kernels/moe_experts/moe_experts_sizes.h"
@@ -46,19 +47,37 @@ size_t moe_experts_lora_workspace_bytes(const MoeExpertsDims& dims, int64_t rank
 
 // x [T, C] bf16; topk_weight [T, K] f32; gate_up [E, 2I, C] bf16; down [E, C, I] bf16;
 // y [T, C] bf16 written (each token sums its K weighted expert outputs in slot order, in fp32).
+// keep_gate_up (null: none): [T K, 2I] bf16 that receives the expert-major gate/up rows (adapters
+// included), for a backward that then need not recompute them.
 void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
                               const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
                               __nv_bfloat16* y, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                              const MoeExpertsLora* lora = nullptr);
+                              const MoeExpertsLora* lora = nullptr, __nv_bfloat16* keep_gate_up = nullptr);
+
+// The sums of squares of written expert gradients as the optimizer's norm counts them (the grouped
+// GEMM's WeightGradSquares): *gate_up and *down (device doubles) set; scratch of
+// kWeightGradSquaresScratchBytes.
+struct ExpertGradSquares {
+  double* gate_up = nullptr;
+  double* down = nullptr;
+  double divisor = 1.0;
+  void* scratch = nullptr;
+};
 
 // dy [T, C] bf16 -> dx [T, C] bf16 and d_topk_weight [T, K] f32 written; d_gate_up [E, 2I, C]
-// and d_down [E, C, I] f32 added to (null: frozen, the weight products are skipped). Expert
-// activations are recomputed.
+// and d_down [E, C, I] f32 added to, or with expert_grads = written overwritten (zeros for experts
+// without rows, and everywhere when T = 0), so that a step's first product needs no zeroed
+// gradient (null: frozen, the weight products are skipped). The gate/up rows come from
+// kept_gate_up (the same forward's keep_gate_up, unchanged here), else they are recomputed.
+// squares (written only; null: none): each written gradient's sum of squares, 0 for one not formed.
 void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
                                const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
                                const __nv_bfloat16* dy, __nv_bfloat16* dx, float* d_topk_weight, float* d_gate_up,
                                float* d_down, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                               const MoeExpertsLora* lora = nullptr);
+                               const MoeExpertsLora* lora = nullptr,
+                               WeightGradOutput expert_grads = WeightGradOutput::added_to,
+                               const ExpertGradSquares* squares = nullptr,
+                               const __nv_bfloat16* kept_gate_up = nullptr);
 
 // Pieces, exposed for the tests and for fusing later. R = T*K expert-major rows.
 // xp[r] = x[sorted_slot[r] / K]: [R, C] bf16.

@@ -1,14 +1,17 @@
 // GPU test of the routed experts against the CPU reference: routing plan (exact), forward,
 // backward (dx, routing-weight and weight gradients) over T=1, odd H, experts without tokens,
-// and the Qwen3.5-35B-A3B widths; determinism; timing at 8192 tokens.
+// and the Qwen3.5-35B-A3B widths; determinism, also with the forward's gate/up rows kept for the
+// backward; timing at 8192 tokens.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <utility>
 #include <vector>
 
+#include "core/cuda_check.h"
 #include "core/device_buffer.h"
 #include "core/rng.h"
 #include "kernels/common/tensor_compare.h"
@@ -242,40 +245,71 @@ TEST(MoeExpertsGpu, MatchesReference) {
 // with --gtest_filter=-*Widths35B*.
 TEST(MoeExpertsGpu, MatchesReferenceWidths35B) { check_case({64, 2048, 256, 256, 8, 512}, 1070); }
 
-TEST(MoeExpertsGpu, IsDeterministic) {
-  const ExpertCase c{200, 256, 16, 12, 4, 96};
-  const MoeExpertsDims dims{c.tokens, c.hidden, c.experts, c.top_k, c.inter};
-  HostTensor idx, weight;
-  random_routing(c.tokens, c.used_experts, c.top_k, 5, &idx, &weight);
-  DeviceTensor idx_d = to_device(idx), weight_d = to_device(weight, DType::f32);
-  DeviceTensor x_d = to_device(random_normal_tensor({c.tokens, c.hidden}, 6), DType::bf16);
-  DeviceTensor gu_d = to_device(random_normal_tensor({c.experts, 2 * c.inter, c.hidden}, 7, 0.06f), DType::bf16);
-  DeviceTensor down_d = to_device(random_normal_tensor({c.experts, c.hidden, c.inter}, 8, 0.1f), DType::bf16);
-  DeviceTensor dy_d = to_device(random_normal_tensor({c.tokens, c.hidden}, 9), DType::bf16);
-  DeviceBuffer fwd_ws(moe_experts_forward_workspace_bytes(dims)), bwd_ws(moe_experts_backward_workspace_bytes(dims));
-  std::vector<HostTensor> outputs[2];
-  for (int run = 0; run < 2; ++run) {
-    DevicePlan p = build_plan(idx_d, dims);
-    DeviceTensor y_d = device_tensor(DType::bf16, {c.tokens, c.hidden});
-    DeviceTensor dx_d = device_tensor(DType::bf16, {c.tokens, c.hidden});
-    DeviceTensor dw_d = device_tensor(DType::f32, {c.tokens, c.top_k});
-    DeviceTensor d_gu_d = device_tensor(DType::f32, {c.experts, 2 * c.inter, c.hidden});
-    DeviceTensor d_down_d = device_tensor(DType::f32, {c.experts, c.hidden, c.inter});
-    device_fill_bytes(d_gu_d.view, 0);
-    device_fill_bytes(d_down_d.view, 0);
-    moe_experts_forward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
-                             bf16_mut(y_d), fwd_ws.data(), fwd_ws.bytes(), nullptr);
-    moe_experts_backward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
-                              bf16_ptr(dy_d), bf16_mut(dx_d), f32_ptr(dw_d), f32_ptr(d_gu_d), f32_ptr(d_down_d),
-                              bwd_ws.data(), bwd_ws.bytes(), nullptr);
-    for (DeviceTensor* t : {&y_d, &dx_d, &dw_d, &d_gu_d, &d_down_d}) outputs[run].push_back(to_host(t->view));
+// Two runs give the same bits; so does a third whose forward keeps the gate/up rows and whose
+// backward takes them instead of recomputing them (the same product of the same operands), on the
+// 16-byte path (I = 96) and the element path (I = 37).
+TEST(MoeExpertsGpu, IsDeterministicAndKeptRowsGiveTheSameBits) {
+  for (const ExpertCase& c : {ExpertCase{200, 256, 16, 12, 4, 96}, ExpertCase{50, 40, 8, 6, 2, 37}}) {
+    const MoeExpertsDims dims{c.tokens, c.hidden, c.experts, c.top_k, c.inter};
+    HostTensor idx, weight;
+    random_routing(c.tokens, c.used_experts, c.top_k, 5, &idx, &weight);
+    DeviceTensor idx_d = to_device(idx), weight_d = to_device(weight, DType::f32);
+    DeviceTensor x_d = to_device(random_normal_tensor({c.tokens, c.hidden}, 6), DType::bf16);
+    DeviceTensor gu_d = to_device(random_normal_tensor({c.experts, 2 * c.inter, c.hidden}, 7, 0.06f), DType::bf16);
+    DeviceTensor down_d = to_device(random_normal_tensor({c.experts, c.hidden, c.inter}, 8, 0.1f), DType::bf16);
+    DeviceTensor dy_d = to_device(random_normal_tensor({c.tokens, c.hidden}, 9), DType::bf16);
+    DeviceBuffer fwd_ws(moe_experts_forward_workspace_bytes(dims)), bwd_ws(moe_experts_backward_workspace_bytes(dims));
+    DeviceTensor kept = device_tensor(DType::bf16, {c.tokens * c.top_k, 2 * c.inter});
+    // One backward onto zeroed gradients over a poisoned workspace: dx, d_topk_weight, d_gate_up,
+    // d_down.
+    auto backward = [&](const DevicePlan& p, const __nv_bfloat16* kept_rows) {
+      DeviceTensor dx_d = device_tensor(DType::bf16, {c.tokens, c.hidden});
+      DeviceTensor dw_d = device_tensor(DType::f32, {c.tokens, c.top_k});
+      DeviceTensor d_gu_d = device_tensor(DType::f32, {c.experts, 2 * c.inter, c.hidden});
+      DeviceTensor d_down_d = device_tensor(DType::f32, {c.experts, c.hidden, c.inter});
+      device_fill_bytes(d_gu_d.view, 0);
+      device_fill_bytes(d_down_d.view, 0);
+      CUDA_CHECK(cudaMemset(bwd_ws.data(), 0xFF, bwd_ws.bytes()));
+      moe_experts_backward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
+                                bf16_ptr(dy_d), bf16_mut(dx_d), f32_ptr(dw_d), f32_ptr(d_gu_d), f32_ptr(d_down_d),
+                                bwd_ws.data(), bwd_ws.bytes(), nullptr, nullptr, WeightGradOutput::added_to, nullptr,
+                                kept_rows);
+      std::vector<HostTensor> out;
+      for (DeviceTensor* t : {&dx_d, &dw_d, &d_gu_d, &d_down_d}) out.push_back(to_host(t->view));
+      return out;
+    };
+    std::vector<HostTensor> outputs[3];
+    for (int run = 0; run < 3; ++run) {
+      const bool keep = run == 2;
+      DevicePlan p = build_plan(idx_d, dims);
+      DeviceTensor y_d = device_tensor(DType::bf16, {c.tokens, c.hidden});
+      // The workspaces are poisoned between the passes: nothing may carry over but the kept rows.
+      device_fill_bytes(kept.view, 0xFF);
+      moe_experts_forward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
+                               bf16_mut(y_d), fwd_ws.data(), fwd_ws.bytes(), nullptr, nullptr,
+                               keep ? bf16_mut(kept) : nullptr);
+      CUDA_CHECK(cudaMemset(fwd_ws.data(), 0xFF, fwd_ws.bytes()));
+      outputs[run].push_back(to_host(y_d.view));
+      for (HostTensor& t : backward(p, keep ? bf16_ptr(kept) : nullptr)) outputs[run].push_back(std::move(t));
+    }
+    // The backward reads the kept rows: zeroed rows (silu(0) * 0 = 0) must change its outputs.
+    {
+      DevicePlan p = build_plan(idx_d, dims);
+      device_fill_bytes(kept.view, 0);
+      const std::vector<HostTensor> zeroed = backward(p, bf16_ptr(kept));
+      EXPECT_NE(std::memcmp(zeroed[3].data(), outputs[2][4].data(), zeroed[3].nbytes()), 0)
+          << "I " << c.inter << ": the backward ignored the kept rows (d_down unchanged)";
+    }
+    for (int run = 1; run < 3; ++run) {
+      int64_t differing = 0;
+      for (size_t i = 0; i < outputs[0].size(); ++i)
+        differing += std::memcmp(outputs[0][i].data(), outputs[run][i].data(), outputs[0][i].nbytes()) != 0;
+      std::printf("  I=%lld, run %d (%s): outputs differing bitwise from run 0: %lld of %zu\n",
+                  static_cast<long long>(c.inter), run, run == 2 ? "rows kept" : "recomputed",
+                  static_cast<long long>(differing), outputs[0].size());
+      EXPECT_EQ(differing, 0) << "I " << c.inter << ", run " << run;
+    }
   }
-  int64_t differing = 0;
-  for (size_t i = 0; i < outputs[0].size(); ++i)
-    differing += std::memcmp(outputs[0][i].data(), outputs[1][i].data(), outputs[0][i].nbytes()) != 0;
-  std::printf("  outputs differing bitwise between two runs: %lld of %zu\n", static_cast<long long>(differing),
-              outputs[0].size());
-  EXPECT_EQ(differing, 0);
 }
 
 TEST(MoeExpertsGpu, BadSizesAreRefused) {

@@ -3,10 +3,10 @@
 
 #include <algorithm>
 
+#include "core/workspace_carver.h"
+
 namespace deltamoe {
 namespace {
-
-size_t align256(int64_t bytes) { return static_cast<size_t>((bytes + 255) / 256 * 256); }
 
 constexpr int64_t kBf16 = 2, kF32 = 4;
 

@@ -121,6 +121,11 @@ TEST(MropeGpu, TimingAt35BShapes) {
     }, nullptr);
     const std::string name = "mrope fwd 8192 tokens x " + std::to_string(heads) + " heads x 256";
     print_bandwidth_timing(name.c_str(), ms, 2.0 * tokens * heads * head_dim * 2);
+    // In place, as the attention layer calls it: only the 64 rotated channels of each row move.
+    ms = median_ms([&](cudaStream_t s) {
+      mrope_forward_cuda(spec, bf16_ptr(x), f32_ptr(cos), f32_ptr(sin), bf16_ptr(x), tokens, heads, head_dim, s);
+    }, nullptr);
+    print_bandwidth_timing((name + ", in place").c_str(), ms, 2.0 * tokens * heads * 64 * 2);
   }
 }
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "core/cuda_check.h"
+#include "core/workspace_carver.h"
+#include "kernels/gemm/bf16_vector.cuh"
 #include "kernels/gemm/f32_operand_cuda.h"
 #include "kernels/shared_expert/shared_expert_cuda.h"
 
@@ -13,26 +15,6 @@ namespace {
 using nvbf16 = __nv_bfloat16;
 
 constexpr int kTokensPerChunk = 256;  // rows per partial sum of d_expert_gate
-
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-class WorkspaceCarver {
- public:
-  WorkspaceCarver(void* base, size_t bytes) : at_(static_cast<char*>(base)), left_(bytes) {}
-  template <typename T>
-  T* take(int64_t count) {
-    const size_t bytes = align256(static_cast<size_t>(count) * sizeof(T));
-    CHECK(bytes <= left_, "shared_expert: workspace too small (", left_, " bytes left, need ", bytes, ")");
-    T* piece = reinterpret_cast<T*>(at_);
-    at_ += bytes;
-    left_ -= bytes;
-    return piece;
-  }
-
- private:
-  char* at_;
-  size_t left_;
-};
 
 // Row-major C [M, N] = alpha op(A) op(B) + beta C; A stored [M, K] ([K, M] when trans_a), B
 // stored [K, N] ([N, K] when trans_b). cuBLAS is column-major: compute C^T = op(B)^T op(A)^T.
@@ -59,115 +41,105 @@ __global__ void swiglu_kernel(const nvbf16* gate, const nvbf16* up, nvbf16* h, i
   }
 }
 
-// gate/up are overwritten with their gradients (same element, same thread).
-__global__ void swiglu_backward_kernel(nvbf16* gate_to_dgate, nvbf16* up_to_dup, const float* d_h, int64_t total) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = __bfloat162float(gate_to_dgate[i]), u = __bfloat162float(up_to_dup[i]), s = sigmoidf(g);
-    gate_to_dgate[i] = __float2bfloat16(d_h[i] * u * s * (1.0f + g * (1.0f - s)));
-    up_to_dup[i] = __float2bfloat16(d_h[i] * g * s);
-  }
-}
-
-// Four adjacent elements of a row as one access when the layout allows (V = 4), else one (V = 1).
-template <int V>
-__device__ __forceinline__ void load_f32_elements(const float* p, float* v) {
-  if constexpr (V == 4) {
-    const float4 f = *reinterpret_cast<const float4*>(p);
-    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-  } else {
-    v[0] = *p;
-  }
-}
-
-template <int V>
-__device__ __forceinline__ void load_bf16_elements(const nvbf16* p, float* v) {
-  if constexpr (V == 4) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(p);
-    const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-    const float2 a = __bfloat1622float2(pairs[0]), b = __bfloat1622float2(pairs[1]);
-    v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
-  } else {
-    v[0] = __bfloat162float(*p);
-  }
-}
-
-template <int V>
-__device__ __forceinline__ void store_bf16_elements(nvbf16* p, const float* v) {
-  if constexpr (V == 4) {
-    uint2 raw;
-    auto* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
-    pairs[0] = __floats2bfloat162_rn(v[0], v[1]);
-    pairs[1] = __floats2bfloat162_rn(v[2], v[3]);
-    *reinterpret_cast<uint2*>(p) = raw;
-  } else {
-    *p = __float2bfloat16(v[0]);
-  }
-}
-
 // Whether [T, C] rows allow 4-element accesses: C a multiple of 4 and every base 16-byte aligned.
 bool four_wide(int64_t hidden, const void* a, const void* b, const void* c = nullptr) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return hidden % 4 == 0 && aligned(a) && aligned(b) && aligned(c);
 }
 
+// The per-token kernels below walk rows with blocks (grid-stride) and a row's V-element groups with
+// the block's threads: the token's scalar is read once per row and no index is divided (a 64-bit
+// division per group held them at ~2-2.6x their memory floor).
+unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(rows, 132 * 16))); }
+
 // y[t] = (y[t] if accumulate) + sigmoid(logit[t]) out[t]; each thread V adjacent elements of a row.
 template <int V>
 __global__ void scale_output_kernel(const float* out, const float* logit, nvbf16* y, bool accumulate, int64_t hidden,
-                                    int64_t total) {
-  for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * V; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x * V) {
-    const float s = sigmoidf(logit[i / hidden]);
-    float value[V], prior[V];
-    load_f32_elements<V>(out + i, value);
-    if (accumulate) load_bf16_elements<V>(y + i, prior);
+                                    int64_t rows) {
+  for (int64_t t = blockIdx.x; t < rows; t += gridDim.x) {
+    const float s = sigmoidf(logit[t]);
+    for (int64_t i = t * hidden + static_cast<int64_t>(threadIdx.x) * V; i < (t + 1) * hidden;
+         i += static_cast<int64_t>(blockDim.x) * V) {
+      float value[V], prior[V];
+      load_as_f32<V>(out + i, value);
+      if (accumulate) load_bf16_as_f32<V>(y + i, prior);
 #pragma unroll
-    for (int k = 0; k < V; ++k) value[k] = accumulate ? prior[k] + s * value[k] : s * value[k];
-    store_bf16_elements<V>(y + i, value);
+      for (int k = 0; k < V; ++k) value[k] = accumulate ? prior[k] + s * value[k] : s * value[k];
+      store_f32_as_bf16<V>(y + i, value);
+    }
   }
 }
 
-// One block per token: d_logit = s (1 - s) (dy . out), d_out = s dy (bf16).
-__global__ void scale_backward_kernel(const float* out, const float* logit, const nvbf16* dy, float* d_logit,
-                                      nvbf16* d_out, int64_t hidden) {
-  __shared__ float warp_sums[32];
-  const int64_t t = blockIdx.x;
+// One warp per token t, from u = dy W_down [T, I] (fp32) and the forward's gate, up and logit:
+//   h = bf16(silu(g) up), the forward's h bit for bit;  s = sigmoid(logit)
+//   d_logit = s (1 - s) (h . u)      (= s (1 - s) (dy . out): out = h W_down^T, so dy . out = h . u)
+//   d_h = s u;  d_gate = d_h up silu'(g),  d_up = d_h silu(g)   (in place over gate and up)
+//   hs = bf16(s h), the down projection's weight-gradient operand: d_down += dy^T (s h)
+// so the backward needs neither the forward's fp32 output nor its down product. Each lane takes V
+// adjacent columns at a time (V = 8 when I is a multiple of 8 and the rows 16-byte aligned).
+template <int V>
+__global__ void gate_backward_kernel(nvbf16* gate_to_dgate, nvbf16* up_to_dup, const float* u, const float* logit,
+                                     float* d_logit, nvbf16* hs, int64_t rows, int64_t inter) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (t >= rows) return;
   const float s = sigmoidf(logit[t]);
-  float dot = 0;
-  for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
-    const float g = __bfloat162float(dy[t * hidden + c]);
-    dot += g * out[t * hidden + c];
-    d_out[t * hidden + c] = __float2bfloat16(s * g);
+  nvbf16* g_row = gate_to_dgate + t * inter;
+  nvbf16* u_row = up_to_dup + t * inter;
+  float dot = 0.0f;
+  for (int64_t i = static_cast<int64_t>(lane) * V; i < inter; i += 32 * V) {
+    float g[V], up[V], du[V], d_gate[V], d_up[V], h_scaled[V];
+    load_bf16_as_f32<V>(g_row + i, g);
+    load_bf16_as_f32<V>(u_row + i, up);
+    load_as_f32<V>(u + t * inter + i, du);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float sg = sigmoidf(g[k]);
+      const float h = __bfloat162float(__float2bfloat16(g[k] * sg * up[k]));
+      dot += h * du[k];
+      const float d_h = s * du[k];
+      d_gate[k] = d_h * up[k] * sg * (1.0f + g[k] * (1.0f - sg));
+      d_up[k] = d_h * g[k] * sg;
+      h_scaled[k] = s * h;
+    }
+    store_f32_as_bf16<V>(g_row + i, d_gate);
+    store_f32_as_bf16<V>(u_row + i, d_up);
+    store_f32_as_bf16<V>(hs + t * inter + i, h_scaled);
   }
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, d);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = dot;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0;
-    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += warp_sums[w];
-    d_logit[t] = total * s * (1.0f - s);
+  if (lane == 0) d_logit[t] = dot * s * (1.0f - s);
+}
+
+// d_out = bf16(sigmoid(logit[t]) dy[t]): the output gradient a down-projection adapter's weight
+// gradients read.
+__global__ void scale_rows_kernel(const nvbf16* dy, const float* logit, nvbf16* d_out, int64_t hidden, int64_t rows) {
+  for (int64_t t = blockIdx.x; t < rows; t += gridDim.x) {
+    const float s = sigmoidf(logit[t]);
+    for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x)
+      d_out[t * hidden + c] = __float2bfloat16(s * __bfloat162float(dy[t * hidden + c]));
   }
 }
 
 // dx[t, c] = (dx if accumulate) + dx32[t, c] + d_logit[t] w_gate[c]; V adjacent elements per thread.
 template <int V>
 __global__ void finish_dx_kernel(const float* dx32, const float* d_logit, const nvbf16* expert_gate, nvbf16* dx,
-                                 bool accumulate, int64_t hidden, int64_t total) {
-  for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * V; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x * V) {
-    const int64_t t = i / hidden;
+                                 bool accumulate, int64_t hidden, int64_t rows) {
+  for (int64_t t = blockIdx.x; t < rows; t += gridDim.x) {
     const float dl = d_logit[t];
-    float value[V], gate[V], prior[V];
-    load_f32_elements<V>(dx32 + i, value);
-    load_bf16_elements<V>(expert_gate + (i - t * hidden), gate);
-    if (accumulate) load_bf16_elements<V>(dx + i, prior);
+    for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < hidden; c += static_cast<int64_t>(blockDim.x) * V) {
+      const int64_t i = t * hidden + c;
+      float value[V], gate[V], prior[V];
+      load_as_f32<V>(dx32 + i, value);
+      load_bf16_as_f32<V>(expert_gate + c, gate);
+      if (accumulate) load_bf16_as_f32<V>(dx + i, prior);
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float v = value[k] + dl * gate[k];
-      value[k] = accumulate ? prior[k] + v : v;
+      for (int k = 0; k < V; ++k) {
+        const float v = value[k] + dl * gate[k];
+        value[k] = accumulate ? prior[k] + v : v;
+      }
+      store_f32_as_bf16<V>(dx + i, value);
     }
-    store_bf16_elements<V>(dx + i, value);
   }
 }
 
@@ -228,7 +200,7 @@ LoraScratch lora_scratch(const SharedExpertLora& lora, int64_t T) {
   CHECK(lora.gemm != nullptr, "shared_expert: LoRA adapters need a GemmContext");
   CHECK(lora.scratch_bytes >= shared_expert_lora_scratch_bytes(T, rank), "shared_expert: LoRA scratch of ",
         lora.scratch_bytes, " bytes, ", T, " tokens at rank ", rank, " need ", shared_expert_lora_scratch_bytes(T, rank));
-  WorkspaceCarver carve(lora.scratch, lora.scratch_bytes);
+  WorkspaceCarver carve("shared_expert", lora.scratch, lora.scratch_bytes);
   LoraScratch s;
   s.xa = carve.take<nvbf16>(T * rank);
   s.dxa = carve.take<nvbf16>(T * rank);
@@ -262,11 +234,11 @@ void lora_backward(const SharedExpertLora* lora, const LoraDeviceAdapter& adapte
                             out, stream, &dropout);
 }
 
-// gate, up, h = silu(gate) up, out = h W_down^T (f32), logit = x . w_gate (f32), each product with
-// its adapter's term added.
-void run_forward(cublasHandle_t handle, const nvbf16* x, const nvbf16* gate_proj, const nvbf16* up_proj,
-                 const nvbf16* down_proj, const nvbf16* expert_gate, const ForwardBuffers& b, int64_t T, int64_t C,
-                 int64_t I, cudaStream_t stream, const SharedExpertLora* lora) {
+// gate, up and logit = x . w_gate (f32), each product with its adapter's term added: what the
+// backward recomputes.
+void run_gate_products(cublasHandle_t handle, const nvbf16* x, const nvbf16* gate_proj, const nvbf16* up_proj,
+                       const nvbf16* expert_gate, const ForwardBuffers& b, int64_t T, int64_t C, int64_t I,
+                       cudaStream_t stream, const SharedExpertLora* lora) {
   CUBLAS_CHECK(cublasSetStream(handle, stream));
   gemm_row_major(handle, false, true, T, I, C, x, C, gate_proj, C, 0.0f, b.gate, CUDA_R_16BF, I);
   gemm_row_major(handle, false, true, T, I, C, x, C, up_proj, C, 0.0f, b.up, CUDA_R_16BF, I);
@@ -276,8 +248,20 @@ void run_forward(cublasHandle_t handle, const nvbf16* x, const nvbf16* gate_proj
     lora_forward(lora, lora->up_proj, lora->up_proj_dropout, x, b.up, DType::bf16, T, C, I, stream);
     lora_forward(lora, lora->expert_gate, lora->expert_gate_dropout, x, b.logit, DType::f32, T, C, 1, stream);
   }
+}
+
+// h = silu(gate) up (bf16).
+void run_swiglu(const ForwardBuffers& b, int64_t T, int64_t I, cudaStream_t stream) {
   swiglu_kernel<<<elementwise_grid(T * I), 256, 0, stream>>>(b.gate, b.up, b.h, T * I);
   CUDA_CHECK_LAUNCH();
+}
+
+// The gate products, h, and out = h W_down^T (f32), each product with its adapter's term added.
+void run_forward(cublasHandle_t handle, const nvbf16* x, const nvbf16* gate_proj, const nvbf16* up_proj,
+                 const nvbf16* down_proj, const nvbf16* expert_gate, const ForwardBuffers& b, int64_t T, int64_t C,
+                 int64_t I, cudaStream_t stream, const SharedExpertLora* lora) {
+  run_gate_products(handle, x, gate_proj, up_proj, expert_gate, b, T, C, I, stream, lora);
+  run_swiglu(b, T, I, stream);
   gemm_row_major(handle, false, true, T, C, I, b.h, I, down_proj, I, 0.0f, b.out, CUDA_R_32F, C);
   if (lora != nullptr) lora_forward(lora, lora->down_proj, lora->down_proj_dropout, b.h, b.out, DType::f32, T, I, C, stream);
 }
@@ -308,7 +292,7 @@ void shared_expert_forward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
   check_sizes("shared_expert_forward_cuda", num_tokens, hidden, intermediate);
   if (num_tokens == 0) return;
   const int64_t T = num_tokens, C = hidden, I = intermediate;
-  WorkspaceCarver carve(workspace, workspace_bytes);
+  WorkspaceCarver carve("shared_expert", workspace, workspace_bytes);
   const ForwardBuffers b = take_forward_buffers(carve, T, C, I);
   if (lora != nullptr && !lora->any()) lora = nullptr;
   run_forward(handle, x, gate_proj, up_proj, down_proj, expert_gate, b, T, C, I, stream, lora);
@@ -320,7 +304,7 @@ SharedExpertPending shared_expert_pending_in(void* memory, size_t bytes, int64_t
   CHECK(memory != nullptr && bytes >= shared_expert_pending_bytes(num_tokens, hidden), "shared_expert: pending output of ",
         bytes, " bytes", memory == nullptr ? " (null)" : "", " for T=", num_tokens, " C=", hidden, ", need ",
         shared_expert_pending_bytes(num_tokens, hidden));
-  WorkspaceCarver carve(memory, bytes);
+  WorkspaceCarver carve("shared_expert", memory, bytes);
   SharedExpertPending pending;
   pending.out = carve.take<float>(num_tokens * hidden);
   pending.logit = carve.take<float>(num_tokens);
@@ -338,7 +322,7 @@ void shared_expert_forward_products_cuda(cublasHandle_t handle, const __nv_bfloa
   const int64_t T = num_tokens, C = hidden, I = intermediate;
   // The same carving as the fused call (out and logit carved but unused), so the products see
   // identically aligned operands.
-  WorkspaceCarver carve(workspace, workspace_bytes);
+  WorkspaceCarver carve("shared_expert", workspace, workspace_bytes);
   ForwardBuffers b = take_forward_buffers(carve, T, C, I);
   b.out = pending.out;
   b.logit = pending.logit;
@@ -352,11 +336,9 @@ void shared_expert_forward_apply_cuda(const SharedExpertPending& pending, __nv_b
   if (num_tokens == 0) return;
   const int64_t T = num_tokens, C = hidden;
   if (four_wide(C, pending.out, y))
-    scale_output_kernel<4><<<elementwise_grid(T * C / 4), 256, 0, stream>>>(pending.out, pending.logit, y, accumulate, C,
-                                                                             T * C);
+    scale_output_kernel<4><<<row_grid(T), 256, 0, stream>>>(pending.out, pending.logit, y, accumulate, C, T);
   else
-    scale_output_kernel<1><<<elementwise_grid(T * C), 256, 0, stream>>>(pending.out, pending.logit, y, accumulate, C,
-                                                                         T * C);
+    scale_output_kernel<1><<<row_grid(T), 256, 0, stream>>>(pending.out, pending.logit, y, accumulate, C, T);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -370,7 +352,7 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
   check_sizes("shared_expert_backward_cuda", num_tokens, hidden, intermediate);
   if (num_tokens == 0) return;
   const int64_t T = num_tokens, C = hidden, I = intermediate;
-  WorkspaceCarver carve(workspace, workspace_bytes);
+  WorkspaceCarver carve("shared_expert", workspace, workspace_bytes);
   const ForwardBuffers b = take_forward_buffers(carve, T, C, I);
   nvbf16* d_out = carve.take<nvbf16>(T * C);
   float* d_h = carve.take<float>(T * I);
@@ -379,15 +361,36 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
   float* partial = carve.take<float>(chunks * C);
 
   if (lora != nullptr && !lora->any()) lora = nullptr;
-  run_forward(handle, x, gate_proj, up_proj, down_proj, expert_gate, b, T, C, I, stream, lora);
-  scale_backward_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(b.out, b.logit, dy, d_logit, d_out, C);
+  // Only the gate products are recomputed: the output gradient's path through the down
+  // projection needs u = dy W_down and the forward's h, not the forward's output (gate_backward_kernel).
+  run_gate_products(handle, x, gate_proj, up_proj, expert_gate, b, T, C, I, stream, lora);
+  float* u = d_h;
+  gemm_row_major(handle, false, false, T, I, C, dy, C, down_proj, I, 0.0f, u, CUDA_R_32F, I);
+  const bool down_adapter = lora != nullptr && lora->down_proj.attached();
+  if (down_adapter) {
+    // The adapter's share of u, from dy (linear in it); its weight gradients come below from the
+    // true output gradient d_out = s dy. Its input h is made here (the kernel below makes s h).
+    run_swiglu(b, T, I, stream);
+    LoraDeviceAdapter input_only = lora->down_proj;
+    input_only.grad_a = input_only.grad_b = nullptr;
+    lora_backward(lora, input_only, lora->down_proj_dropout, b.h, dy, u, T, I, C, stream);
+  }
+  nvbf16* hs = b.h;  // s h replaces h (the adapter is done with it below first)
+  if (down_adapter && lora->down_proj.grad_a != nullptr) {
+    scale_rows_kernel<<<row_grid(T), 256, 0, stream>>>(dy, b.logit, d_out, C, T);
+    CUDA_CHECK_LAUNCH();
+    lora_backward(lora, lora->down_proj, lora->down_proj_dropout, b.h, d_out, nullptr, T, I, C, stream);
+  }
+  const unsigned warps_per_block = 8;
+  const auto gate_blocks = static_cast<unsigned>((T + warps_per_block - 1) / warps_per_block);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (I % 8 == 0 && aligned(b.gate) && aligned(b.up) && aligned(u) && aligned(hs))
+    gate_backward_kernel<8><<<gate_blocks, 32 * warps_per_block, 0, stream>>>(b.gate, b.up, u, b.logit, d_logit, hs, T, I);
+  else
+    gate_backward_kernel<1><<<gate_blocks, 32 * warps_per_block, 0, stream>>>(b.gate, b.up, u, b.logit, d_logit, hs, T, I);
   CUDA_CHECK_LAUNCH();
-  // d_h = d_out W_down (+ the down adapter's term); d_down += d_out^T h.
-  gemm_row_major(handle, false, false, T, I, C, d_out, C, down_proj, I, 0.0f, d_h, CUDA_R_32F, I);
-  if (lora != nullptr) lora_backward(lora, lora->down_proj, lora->down_proj_dropout, b.h, d_out, d_h, T, I, C, stream);
-  if (d_down_proj != nullptr) gemm_row_major(handle, true, false, C, I, T, d_out, C, b.h, I, 1.0f, d_down_proj, CUDA_R_32F, I);
-  swiglu_backward_kernel<<<elementwise_grid(T * I), 256, 0, stream>>>(b.gate, b.up, d_h, T * I);
-  CUDA_CHECK_LAUNCH();
+  // d_down += dy^T (s h).
+  if (d_down_proj != nullptr) gemm_row_major(handle, true, false, C, I, T, dy, C, hs, I, 1.0f, d_down_proj, CUDA_R_32F, I);
   const nvbf16* d_gate = b.gate;
   const nvbf16* d_up = b.up;
   // dx32 = d_gate W_gate + d_up W_up (reusing the f32 out buffer), then + d_logit w_gate.
@@ -407,11 +410,9 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
     }
   }
   if (four_wide(C, dx32, dx, expert_gate))
-    finish_dx_kernel<4><<<elementwise_grid(T * C / 4), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx,
-                                                                          C, T * C);
+    finish_dx_kernel<4><<<row_grid(T), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx, C, T);
   else
-    finish_dx_kernel<1><<<elementwise_grid(T * C), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx, C,
-                                                                      T * C);
+    finish_dx_kernel<1><<<row_grid(T), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx, C, T);
   CUDA_CHECK_LAUNCH();
   // Frozen weights (null gradients) skip their products.
   if (d_gate_proj != nullptr) gemm_row_major(handle, true, false, I, C, T, d_gate, I, x, C, 1.0f, d_gate_proj, CUDA_R_32F, C);

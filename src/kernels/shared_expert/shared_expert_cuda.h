@@ -73,8 +73,9 @@ void shared_expert_forward_apply_cuda(const SharedExpertPending& pending, __nv_b
 
 // dy [T, C] bf16 -> dx [T, C] bf16 written (accumulate_dx false) or added to; d_gate_proj,
 // d_up_proj [I, C], d_down_proj [C, I], d_expert_gate [1, C] f32 added to (each may be null: a
-// frozen weight, its product skipped). Recomputes activations (with the adapters' terms); the
-// adapters' gradients are added to their own grad_a / grad_b.
+// frozen weight, its product skipped). Recomputes the gate and up products and the gate logit
+// (with the adapters' terms), not the down projection: the logit's gradient is s (1 - s) h . (dy W_down);
+// the adapters' gradients are added to their own grad_a / grad_b.
 void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
                                  const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
                                  const __nv_bfloat16* expert_gate, const __nv_bfloat16* dy, __nv_bfloat16* dx,

@@ -174,8 +174,43 @@ void DeviceParams::refresh_trained_weights(cudaStream_t stream) const {
                              e.numel, stream);
 }
 
-void DeviceParams::zero_gradients(cudaStream_t stream) const {
-  CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream));
+void DeviceParams::zero_gradients(cudaStream_t stream, bool leave_written_first) const {
+  if (!leave_written_first) {
+    CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream));
+    return;
+  }
+  for (const auto& [offset, count] : zeroed_when_leaving_)
+    CUDA_CHECK(cudaMemsetAsync(grads_.as<float>() + offset, 0, static_cast<size_t>(count) * sizeof(float), stream));
+}
+
+void DeviceParams::set_written_first(const std::vector<std::string>& names) {
+  std::vector<std::pair<int64_t, int64_t>> left;  // (offset, count) in grads_, sorted below
+  for (const std::string& name : names) {
+    const Slot& s = slot(name);
+    CHECK(s.trained_index >= 0 && !s.grad_aliased, "device params: '", name,
+          "' has no gradient of its own to be written first");
+    left.emplace_back(s.grad_offset, s.numel);
+  }
+  std::sort(left.begin(), left.end());
+  zeroed_when_leaving_.clear();
+  const int64_t total = static_cast<int64_t>(grads_.bytes() / sizeof(float));
+  int64_t at = 0;
+  for (const auto& [offset, count] : left) {
+    CHECK(offset >= at, "device params: written-first gradients overlap");
+    if (offset > at) zeroed_when_leaving_.emplace_back(at, offset - at);
+    at = offset + count;
+  }
+  if (total > at) zeroed_when_leaving_.emplace_back(at, total - at);
+  std::vector<DeviceF32Span> spans;
+  for (const auto& [offset, count] : zeroed_when_leaving_) spans.push_back({grads_.as<float>() + offset, count});
+  unwritten_spans_ = DeviceBuffer(std::max<size_t>(1, spans.size()) * sizeof(DeviceF32Span));
+  if (!spans.empty()) {
+    CUDA_CHECK(cudaMemcpy(unwritten_spans_.data(), spans.data(), spans.size() * sizeof(DeviceF32Span),
+                          cudaMemcpyHostToDevice));
+    // A pageable copy may still be in flight when cudaMemcpy returns; the norm reads the spans on
+    // a non-blocking stream. Setup time: wait for it.
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
 }
 
 std::vector<float> DeviceParams::read_gradient(const std::string& name) const {

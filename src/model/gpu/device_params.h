@@ -21,6 +21,7 @@
 
 #include "core/device_buffer.h"
 #include "core/dtype.h"
+#include "kernels/common/sum_of_squares_cuda.h"
 #include "model/device_param.h"
 #include "model/param_table.h"
 #include "optim/param_layout.h"
@@ -99,7 +100,16 @@ class DeviceParams {
   // Rebuilds every trained tensor's bf16 weight from its master (after a restore; not with
   // master_elsewhere).
   void refresh_trained_weights(cudaStream_t stream) const;
-  void zero_gradients(cudaStream_t stream) const;
+  // Zeroes the gradients; with leave_written_first, not those of the tensors named to
+  // set_written_first (their first product of a step writes them: the routed experts'), so the
+  // step's zeroing pass skips their bytes.
+  void zero_gradients(cudaStream_t stream, bool leave_written_first = false) const;
+  void set_written_first(const std::vector<std::string>& names);
+  // The gradient memory outside the written-first tensors, as a device array of spans (built by
+  // set_written_first): what the gradient norm reads when those tensors' sums of squares are
+  // formed by the products that write them.
+  const DeviceF32Span* spans_not_written_first() const { return unwritten_spans_.as<DeviceF32Span>(); }
+  int num_spans_not_written_first() const { return static_cast<int>(zeroed_when_leaving_.size()); }
 
   // Tests and parity: the fp32 gradient or the fp32 values (master, or bf16 widened) of one tensor.
   std::vector<float> read_gradient(const std::string& name) const;
@@ -124,6 +134,10 @@ class DeviceParams {
   std::unordered_map<std::string, int> index_;
   ParamLayout weights_layout_, trained_, frozen_layout_;
   DeviceBuffer weights_, master_, grads_, frozen_f32_;
+  // The pieces of grads_ zero_gradients(.., true) clears: all but the written-first tensors'
+  // (element offset, count), in order.
+  std::vector<std::pair<int64_t, int64_t>> zeroed_when_leaving_;
+  DeviceBuffer unwritten_spans_;  // the same pieces as DeviceF32Span, on the device
 };
 
 }  // namespace deltamoe

@@ -6,14 +6,10 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/workspace_carver.h"
 #include "kernels/moe_experts/moe_experts_sizes.h"
 
 namespace deltamoe {
-namespace {
-
-size_t align256(int64_t bytes) { return static_cast<size_t>((bytes + 255) / 256 * 256); }
-
-}  // namespace
 
 int64_t expert_recv_mean_rows(const TextConfig& config, int64_t max_tokens) {
   return max_tokens * config.num_experts_per_tok;

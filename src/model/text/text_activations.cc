@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "kernels/gated_delta_rule/gated_delta_rule_workspace.h"
 #include "kernels/moe_experts/moe_experts_sizes.h"
 #include "model/text/text_params.h"
 
@@ -11,7 +12,8 @@ namespace deltamoe {
 
 namespace {
 
-void carve_gdn_saved(ArenaCarver& c, const TextConfig& cfg, int64_t T, GdnSaved* g) {
+void carve_gdn_saved(ArenaCarver& c, const TextConfig& cfg, const TextActivationSpec& spec, GdnSaved* g) {
+  const int64_t T = spec.max_tokens;
   const int64_t kd = cfg.key_dim(), vd = cfg.value_dim(), conv = cfg.conv_dim(), Hv = cfg.linear_num_value_heads;
   g->mixed = c.take<DeviceBf16>(T * conv);
   g->z = c.take<DeviceBf16>(T * vd);
@@ -26,6 +28,13 @@ void carve_gdn_saved(ArenaCarver& c, const TextConfig& cfg, int64_t T, GdnSaved*
   g->beta = c.take<float>(T * Hv);
   g->core = c.take<DeviceBf16>(T * vd);
   g->normed = c.take<DeviceBf16>(T * vd);
+  if (spec.keep_gdn_forward) {
+    g->rule_forward_bytes = gated_delta_rule_workspace_layout(T, spec.max_seqs, cfg.linear_num_key_heads, Hv,
+                                                              cfg.linear_key_head_dim,
+                                                              cfg.linear_value_head_dim, false)
+                                .total;
+    g->rule_forward = c.take_bytes(g->rule_forward_bytes);
+  }
 }
 
 void carve_attention_saved(ArenaCarver& c, const TextConfig& cfg, int64_t T, AttentionSaved* a) {
@@ -42,17 +51,19 @@ void carve_attention_saved(ArenaCarver& c, const TextConfig& cfg, int64_t T, Att
   a->gated = c.take<DeviceBf16>(T * Hq * D);
 }
 
-void carve_moe_saved(ArenaCarver& c, const TextConfig& cfg, int64_t T, MoeSaved* m) {
+void carve_moe_saved(ArenaCarver& c, const TextConfig& cfg, int64_t T, bool keep_expert_rows, MoeSaved* m) {
   const int64_t E = cfg.num_experts, K = cfg.num_experts_per_tok;
   m->logits = c.take<float>(T * E);
   m->probs = c.take<float>(T * E);
   m->topk_idx = c.take<int32_t>(T * K);
   m->topk_weight = c.take<float>(T * K);
   m->plan_memory = c.take_bytes(moe_routing_plan_bytes(T, E, K));
+  if (keep_expert_rows) m->gate_up_rows = c.take<DeviceBf16>(T * K * 2 * cfg.moe_intermediate_size);
 }
 
-// A layer's saved state besides its input and its mixer internals: norms, streams, router outputs.
-void carve_layer_state(ArenaCarver& c, const TextConfig& cfg, int64_t T, LayerActivations* b) {
+// A layer's saved state besides its input and its mixer internals: norms, streams, router outputs
+// (and the experts' gate/up rows when kept).
+void carve_layer_state(ArenaCarver& c, const TextConfig& cfg, int64_t T, bool keep_expert_rows, LayerActivations* b) {
   const int64_t C = cfg.hidden_size;
   b->normed_in = c.take<DeviceBf16>(T * C);
   b->rstd_in = c.take<float>(T);
@@ -61,7 +72,7 @@ void carve_layer_state(ArenaCarver& c, const TextConfig& cfg, int64_t T, LayerAc
   b->normed_post = c.take<DeviceBf16>(T * C);
   b->rstd_post = c.take<float>(T);
   b->moe_out = c.take<DeviceBf16>(T * C);
-  carve_moe_saved(c, cfg, T, &b->moe);
+  carve_moe_saved(c, cfg, T, keep_expert_rows, &b->moe);
 }
 
 // The one GDN set and the one attention set that layers rerunning their mixer share. Only one
@@ -71,15 +82,16 @@ struct SharedMixerSets {
   GdnSaved gdn;
   AttentionSaved attn;
 };
-SharedMixerSets carve_shared_mixer_sets(ArenaCarver& c, const TextConfig& cfg, int64_t T) {
+SharedMixerSets carve_shared_mixer_sets(ArenaCarver& c, const TextConfig& cfg, const TextActivationSpec& spec) {
+  const int64_t T = spec.max_tokens;
   SharedMixerSets out;
   ArenaCarver gdn_count(nullptr), attn_count(nullptr);
-  carve_gdn_saved(gdn_count, cfg, T, &out.gdn);
+  carve_gdn_saved(gdn_count, cfg, spec, &out.gdn);
   carve_attention_saved(attn_count, cfg, T, &out.attn);
   const size_t bytes = std::max(gdn_count.used(), attn_count.used());
   void* block = c.take_bytes(bytes);
   ArenaCarver gdn_carver(block, bytes), attn_carver(block, bytes);
-  carve_gdn_saved(gdn_carver, cfg, T, &out.gdn);
+  carve_gdn_saved(gdn_carver, cfg, spec, &out.gdn);
   carve_attention_saved(attn_carver, cfg, T, &out.attn);
   return out;
 }
@@ -100,9 +112,9 @@ void carve_text_activations(ArenaCarver& c, const TextConfig& cfg, const TextAct
   // first one's), keeping only their input.
   const bool any_shared_mixer = spec.share_mixer_state || spec.recompute_layers > 0;
   SharedMixerSets shared;
-  if (any_shared_mixer) shared = carve_shared_mixer_sets(c, cfg, T);
+  if (any_shared_mixer) shared = carve_shared_mixer_sets(c, cfg, spec);
   LayerActivations recomputed_set;
-  if (spec.recompute_layers > 0) carve_layer_state(c, cfg, T, &recomputed_set);
+  if (spec.recompute_layers > 0) carve_layer_state(c, cfg, T, false, &recomputed_set);
   out->layers.assign(static_cast<size_t>(cfg.num_hidden_layers), LayerActivations{});
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     LayerActivations& b = out->layers[static_cast<size_t>(i)];
@@ -110,11 +122,11 @@ void carve_text_activations(ArenaCarver& c, const TextConfig& cfg, const TextAct
     if (recomputed) b = recomputed_set;
     b.is_gdn = cfg.layer_types[static_cast<size_t>(i)] == LayerType::linear_attention;
     b.x_in = i == 0 ? nullptr : c.take<float>(T * C);  // layer 0 reads the embedding (set below)
-    if (!recomputed) carve_layer_state(c, cfg, T, &b);
+    if (!recomputed) carve_layer_state(c, cfg, T, spec.keep_expert_rows, &b);
     if (spec.share_mixer_state || recomputed) {
       if (b.is_gdn) b.gdn = shared.gdn; else b.attn = shared.attn;
     } else if (b.is_gdn) {
-      carve_gdn_saved(c, cfg, T, &b.gdn);
+      carve_gdn_saved(c, cfg, spec, &b.gdn);
     } else {
       carve_attention_saved(c, cfg, T, &b.attn);
     }
@@ -148,12 +160,10 @@ void carve_text_activations(ArenaCarver& c, const TextConfig& cfg, const TextAct
   }
   s.d_topk_weight = c.take<float>(T * K);
   s.d_logits = c.take<float>(T * E);
-  const int64_t gate_width = any_gdn ? std::max(Hv, E) : E;
-  s.gate_grad_hi = c.take<DeviceBf16>(T * gate_width);
-  s.gate_grad_lo = c.take<DeviceBf16>(T * gate_width);
+  s.gate_grad_packed = c.take<DeviceBf16>(T * (any_gdn ? std::max(3 * E, 6 * Hv) : 3 * E));
+  s.gate_weight_stack = c.take<DeviceBf16>((any_gdn ? std::max(3 * E, 4 * Hv) : 3 * E) * C);
+  if (any_gdn) s.gate_weight_grads = c.take<float>(4 * Hv * C);
   s.router_x_lo = c.take<DeviceBf16>(T * C);
-  s.router_w_hi = c.take<DeviceBf16>(E * C);
-  s.router_w_lo = c.take<DeviceBf16>(E * C);
   s.d_mixer_input_f32 = c.take<float>(T * C);
 
   out->embedded = c.take<float>(T * C);

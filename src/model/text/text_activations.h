@@ -24,6 +24,10 @@ struct GdnSaved {
   DeviceBf16 *q_normed = nullptr, *k_normed = nullptr;  // l2-normalised
   float *g = nullptr, *beta = nullptr;                  // [T, Hv]
   DeviceBf16 *core = nullptr, *normed = nullptr;        // [T, Hv, Dv]
+  // With keep_gdn_forward: the gated delta rule forward's workspace (its chunk table, W, V_new,
+  // P, A and chunk-entry states), kept for the backward instead of being recomputed there.
+  void* rule_forward = nullptr;
+  size_t rule_forward_bytes = 0;
 };
 
 // Gated attention mixer: q_proj output (query | gate per head), k/v, normed + rotated q/k, output.
@@ -36,13 +40,14 @@ struct AttentionSaved {
   DeviceBf16* gated = nullptr;
 };
 
-// Sparse MoE block: router outputs and the routing plan's memory (the experts recompute their
-// activations).
+// Sparse MoE block: router outputs, the routing plan's memory and, with keep_expert_rows, the
+// routed experts' gate/up rows (else the experts' backward recomputes them).
 struct MoeSaved {
   float *logits = nullptr, *probs = nullptr;
   int32_t* topk_idx = nullptr;
   float* topk_weight = nullptr;
   void* plan_memory = nullptr;  // moe_routing_plan_bytes(T, E, K)
+  DeviceBf16* gate_up_rows = nullptr;  // [T K, 2 I], expert-major (null: not kept)
 };
 
 struct LayerActivations {
@@ -76,13 +81,21 @@ struct LayerScratch {
   DeviceBf16* dk_raw = nullptr;
   // MoE
   float *d_topk_weight = nullptr, *d_logits = nullptr;  // router gradients, fp32 throughout
-  // hi/lo bf16 halves of one fp32 gate gradient (da, db or d_logits) [T, max(Hv, E)] for the two-GEMM
-  // products with the bf16 weights and inputs (kernels/gemm/f32_operand_cuda.h).
-  DeviceBf16 *gate_grad_hi = nullptr, *gate_grad_lo = nullptr;
-  // The router's operands as hi/lo bf16 pairs (moe_router_logits_split_cuda): the low part of the
-  // MoE input [T, C] (its high part is normed_post) and the fp32 router weight split [E, C]; remade
-  // in the forward and again in the backward, as every layer shares them.
-  DeviceBf16 *router_x_lo = nullptr, *router_w_hi = nullptr, *router_w_lo = nullptr;
+  // The fp32 gate gradients' hi/lo bf16 halves as the column blocks of one GEMM operand
+  // (kernels/gemm/f32_operand_cuda.h): the router's [dl_hi | dl_hi | dl_lo] [T, 3E], or GDN's
+  // [da_hi | da_lo | db_hi | db_lo] [T, 4Hv] followed by dense hi and lo halves [T, Hv] of one of
+  // them for a LoRA adapter's products.
+  DeviceBf16* gate_grad_packed = nullptr;
+  // The weights those blocks meet, stacked to match: the router's [w_hi; w_lo; w_hi] [3E, C] (the
+  // hi/lo split of its fp32 weight, whose first 2E rows the forward reads as its pair) or GDN's
+  // [Wa; Wa; Wb; Wb] [4Hv, C].
+  DeviceBf16* gate_weight_stack = nullptr;
+  // GDN's stacked weight-gradient product [4Hv, C] fp32: the hi and lo parts of in_proj_a's and
+  // in_proj_b's gradients, added to them.
+  float* gate_weight_grads = nullptr;
+  // The low part of the MoE input [T, C] (its high part is normed_post), the router's other hi/lo
+  // operand; remade in the forward and again in the backward, as every layer shares it.
+  DeviceBf16* router_x_lo = nullptr;
   // A block's input gradient summed in fp32 [T, C]: the MoE block's (routed experts + router +
   // shared expert), read by post_attention_layernorm's backward, then the mixer's (summed over its
   // projections), read by input_layernorm's backward.
@@ -100,6 +113,15 @@ struct TextActivationSpec {
   // (x_in); everything else they save is one set shared by them, refilled by rerunning the layer's
   // forward just before its backward.
   int64_t recompute_layers = 0;
+  // Every layer not fully recomputed keeps its routed experts' gate/up rows from the forward, so
+  // that the experts' backward skips recomputing them (one grouped GEMM a layer) for T K x 2 I bf16
+  // a layer. (A fully recomputed layer's rerun does not run the experts: it recomputes them.)
+  bool keep_expert_rows = false;
+  // Every GDN set (a layer's own, or the one that rerun mixers share) keeps the gated delta rule
+  // forward's workspace for its backward (gated_delta_rule_backward_after_forward_cuda), which then
+  // skips recomputing the chunk preparation and the state scan: the forward workspace layout for
+  // max_tokens and max_seqs a set (320 MiB at 8,192 tokens and the 35B widths).
+  bool keep_gdn_forward = false;
   bool capture_layer_grads = false;  // tests: 3 x [T, C] fp32 per layer
 };
 

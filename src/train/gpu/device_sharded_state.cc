@@ -15,7 +15,7 @@
 #include "core/tensor.h"
 #include "model/gpu/param_init.h"
 #include "optim/grad_accumulate_cuda.h"
-#include "optim/grad_norm_cuda.h"
+#include "kernels/common/sum_of_squares_cuda.h"
 #include "train/gpu/device_train_state.h"
 #include "train/sharded_region.h"
 
@@ -93,7 +93,7 @@ DeviceTrainState::DeviceTrainState(const std::vector<DeviceParamSpec>& specs, co
   exp_avg_ = DeviceBuffer(moment_bytes);
   exp_avg_sq_ = DeviceBuffer(moment_bytes);
   for (DeviceBuffer* buffer : {&master_, &exp_avg_, &exp_avg_sq_}) CUDA_CHECK(cudaMemset(buffer->data(), 0, buffer->bytes()));
-  norm_scratch_ = DeviceBuffer(grad_sum_of_squares_workspace_bytes() + 256);
+  norm_scratch_ = DeviceBuffer(kSumOfSquaresWorkspaceBytes + 256);
   norm_host_ = static_cast<double*>(pinned_malloc(2 * sizeof(double), "sharded state: gradient norm"));
   setup_sharded(phases);
 }
@@ -227,8 +227,8 @@ void DeviceTrainState::randomize_master(uint64_t seed) {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void DeviceTrainState::zero_gradients() {
-  params_->zero_gradients(stream_);
+void DeviceTrainState::zero_gradients(bool leave_written_first) {
+  params_->zero_gradients(stream_, leave_written_first);
   if (sharded()) CUDA_CHECK(cudaMemsetAsync(piece_grads_.data(), 0, piece_grads_.bytes(), stream_));
 }
 
@@ -286,17 +286,21 @@ void DeviceTrainState::reduce_gradients() {
   }
 }
 
-void DeviceTrainState::start_sharded_sum_of_squares(double divisor) {
-  double* result = reinterpret_cast<double*>(norm_scratch_.as<char>() + grad_sum_of_squares_workspace_bytes());
-  // [0]: the expert pieces (on the first replica of their block only), [1]: the dense pieces.
-  if (layout_->first_expert_replica() && expert_elements_ > 0) {
-    grad_sum_of_squares_cuda(params_->gradients(), expert_elements_, divisor, result, norm_scratch_.data(), stream_);
+void DeviceTrainState::start_sharded_sum_of_squares(double divisor, const double* expert_sums,
+                                                    int64_t num_expert_sums) {
+  double* result = reinterpret_cast<double*>(norm_scratch_.as<char>() + kSumOfSquaresWorkspaceBytes);
+  // [0]: the expert pieces (on the first replica of their block only; every one is written first,
+  // so expert_sums covers them), [1]: the dense pieces.
+  if (layout_->first_expert_replica() && expert_elements_ > 0 && expert_sums != nullptr) {
+    sum_of_squares_cuda(nullptr, 0, expert_sums, num_expert_sums, divisor, result, norm_scratch_.data(), stream_);
+  } else if (layout_->first_expert_replica() && expert_elements_ > 0) {
+    sum_of_squares_cuda(params_->gradients(), expert_elements_, divisor, result, norm_scratch_.data(), stream_);
   } else {
     CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), stream_));
   }
   if (dense_.total_numel() > 0) {
-    grad_sum_of_squares_cuda(piece_grads_.as<float>(), dense_.total_numel(), divisor, result + 1, norm_scratch_.data(),
-                             stream_);
+    sum_of_squares_cuda(piece_grads_.as<float>(), dense_.total_numel(), divisor, result + 1, norm_scratch_.data(),
+                        stream_);
   } else {
     CUDA_CHECK(cudaMemsetAsync(result + 1, 0, sizeof(double), stream_));
   }

@@ -5,7 +5,7 @@
 #include "core/cuda_check.h"
 #include "core/device_alloc.h"
 #include "core/error.h"
-#include "optim/grad_norm_cuda.h"
+#include "kernels/common/sum_of_squares_cuda.h"
 
 namespace deltamoe {
 
@@ -19,7 +19,7 @@ DeviceTrainState::DeviceTrainState(const std::vector<DeviceParamSpec>& specs, co
   exp_avg_sq_ = DeviceBuffer(moment_bytes);
   CUDA_CHECK(cudaMemset(exp_avg_.data(), 0, exp_avg_.bytes()));
   CUDA_CHECK(cudaMemset(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes()));
-  norm_scratch_ = DeviceBuffer(grad_sum_of_squares_workspace_bytes() + 256);
+  norm_scratch_ = DeviceBuffer(kSumOfSquaresWorkspaceBytes + 256);
   norm_host_ = static_cast<double*>(pinned_malloc(2 * sizeof(double), "train state: gradient norm"));
   weights_of_pieces_ = params_->trained_weights_bf16();
 }
@@ -30,14 +30,22 @@ DeviceTrainState::~DeviceTrainState() {
   if (norm_host_ != nullptr) cudaFreeHost(norm_host_);
 }
 
-void DeviceTrainState::start_sum_of_squares(double divisor) {
+void DeviceTrainState::start_sum_of_squares(double divisor, const double* expert_sums, int64_t num_expert_sums) {
+  CHECK(expert_sums == nullptr || expert_sums_usable(),
+        "train state: the expert gradients are summed over their replicas after the backward, so the sums of "
+        "squares formed as it wrote them are not theirs");
   if (sharded()) {
-    start_sharded_sum_of_squares(divisor);
+    start_sharded_sum_of_squares(divisor, expert_sums, num_expert_sums);
     return;
   }
-  double* result = reinterpret_cast<double*>(norm_scratch_.as<char>() + grad_sum_of_squares_workspace_bytes());
-  grad_sum_of_squares_cuda(params_->gradients(), params_->trained_layout().total_numel(), divisor, result,
-                           norm_scratch_.data(), stream_);
+  double* result = reinterpret_cast<double*>(norm_scratch_.as<char>() + kSumOfSquaresWorkspaceBytes);
+  if (expert_sums != nullptr) {
+    sum_of_squares_cuda(params_->spans_not_written_first(), params_->num_spans_not_written_first(), expert_sums,
+                        num_expert_sums, divisor, result, norm_scratch_.data(), stream_);
+  } else {
+    sum_of_squares_cuda(params_->gradients(), params_->trained_layout().total_numel(), divisor, result,
+                        norm_scratch_.data(), stream_);
+  }
   CUDA_CHECK(cudaMemcpyAsync(norm_host_, result, sizeof(double), cudaMemcpyDeviceToHost, stream_));
 }
 
@@ -89,6 +97,9 @@ void DeviceTrainState::write_state(StateKind kind, int index, int64_t first, int
 }
 
 void DeviceTrainState::state_restored() {
+  // write_state's copies come from pageable memory: the last may still be landing when cudaMemcpy
+  // returns, and this state's stream does not wait for the legacy stream. Restore time: wait here.
+  CUDA_CHECK(cudaDeviceSynchronize());
   if (sharded()) {
     restore_sharded_weights();
   } else {

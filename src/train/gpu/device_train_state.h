@@ -65,8 +65,10 @@ class DeviceTrainState : public TrainStateStore {
   // Sharded: every piece's master by its tensor's init rule (DeviceParams::randomize's values).
   void randomize_master(uint64_t seed);
 
-  // Zeroes every gradient (and, sharded, the reduced pieces): the step's start.
-  void zero_gradients();
+  // Zeroes every gradient (and, sharded, the reduced pieces): the step's start. With
+  // leave_written_first, not the gradients the step's first product writes
+  // (DeviceParams::set_written_first).
+  void zero_gradients(bool leave_written_first = false);
   // Sharded, around each training micro-batch's backward (no-ops on one rank): begin_backward,
   // then gradients_ready(phase) as the models finish each phase, in backward order, then
   // end_backward. Each reduce-scatters, in group order, the groups finished so far and not yet
@@ -84,7 +86,16 @@ class DeviceTrainState : public TrainStateStore {
   // starts its copy to pinned host memory; finish_sum_of_squares() waits for it (the step's one
   // host sync: the norm decides whether and how much to clip). Sharded: the sum over every rank's
   // pieces (expert pieces counted on their first replica only), all-reduced before the copy.
-  void start_sum_of_squares(double divisor);
+  // expert_sums (null: none): num_expert_sums device doubles holding the sums of squares of every
+  // written-first gradient (DeviceParams::set_written_first: the routed experts'), formed as the
+  // backward wrote them (GpuTextModel::ExpertSquaresSink); those gradients are then not read.
+  // Only where expert_sums_usable().
+  void start_sum_of_squares(double divisor, const double* expert_sums = nullptr, int64_t num_expert_sums = 0);
+  // Whether the written-first gradients are final when the backward has written them: not when
+  // expert replicas sum them afterwards (reduce_gradients).
+  bool expert_sums_usable() const {
+    return !sharded() || expert_replicas_ == nullptr || expert_replicas_->size() <= 1;
+  }
   double finish_sum_of_squares();
   // One AdamW update of every trained piece (adam_step() advances), with the gradient scaled as
   // `scaling` says; the bf16 weights get bf16(master). No host sync. Sharded: a collective; the
@@ -127,7 +138,7 @@ class DeviceTrainState : public TrainStateStore {
   float* master_data() const;
   void setup_sharded(const std::vector<GradientPhase>& phases);
   void reduce_groups_before(int end_group);
-  void start_sharded_sum_of_squares(double divisor);
+  void start_sharded_sum_of_squares(double divisor, const double* expert_sums, int64_t num_expert_sums);
   void sharded_adamw_step(double lr, const GradientScaling& scaling);
   void restore_sharded_weights();
   void gather_weights();
@@ -136,7 +147,7 @@ class DeviceTrainState : public TrainStateStore {
   AdamWConfig adamw_;
   cudaStream_t stream_;
   DeviceBuffer exp_avg_, exp_avg_sq_;
-  DeviceBuffer norm_scratch_;  // partial sums + the result (sharded: two results)
+  DeviceBuffer norm_scratch_;  // the reduction's partials + the result (sharded: two results)
   double* norm_host_ = nullptr;  // pinned, two doubles
   int64_t adam_step_ = 0;
   std::vector<__nv_bfloat16*> weights_of_pieces_;

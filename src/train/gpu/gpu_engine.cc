@@ -10,12 +10,15 @@
 #include <cstring>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "core/cuda_check.h"
 #include "core/device_alloc.h"
 #include "core/error.h"
 #include "core/kill_point.h"
 #include "core/log.h"
+#include "core/workspace_carver.h"
+#include "kernels/grouped_gemm/grouped_gemm_cuda.h"
 #include "kernels/token_scatter/token_scatter_cuda.h"
 #include "model/gradient_phases.h"
 #include "model/param_table.h"
@@ -26,6 +29,7 @@
 #include "optim/grad_clip.h"
 #include "parallel/control_plane.h"
 #include "train/batch_plan.h"
+#include "train/kept_intermediates.h"
 #include "train/parallel_memory_plan.h"
 #include "train/model_flops.h"
 #include "train/trainable_params.h"
@@ -119,6 +123,11 @@ struct GpuEngine::Impl {
   std::unique_ptr<GpuTextModel> text;
   std::unique_ptr<GpuVisionModel> vision;
   bool text_trained = false, vision_trained = false;
+  bool experts_written_first = false;  // the routed experts' gradients are written by their first product
+  bool last_step_summed_expert_squares = false;
+  // With experts_written_first: per layer the gate_up and down gradients' sums of squares
+  // ([layers][2] doubles), then the products' scratch for forming them (begin_step_gradients).
+  DeviceBuffer expert_squares;
   LossSlot* loss_slots = nullptr;  // pinned, kLossSlots
   size_t peak_used_bytes = 0;
   // One rank of a parallel job (null world: the plain engine).
@@ -259,7 +268,12 @@ struct GpuEngine::Impl {
         state->params().upload(name, 0, values.numel(), values.data(), DType::f32);
       }
     }
+    wait_for_uploads();
   }
+
+  // The uploads copy from pageable memory: the last may still be landing when cudaMemcpy returns,
+  // and the engine's stream does not wait for the legacy stream. Setup time: wait here.
+  static void wait_for_uploads() { CUDA_CHECK(cudaDeviceSynchronize()); }
 
   // The adapter views of a weight module for bind_text_weights (none without LoRA).
   DeviceLoraLookup lora_lookup() const {
@@ -302,6 +316,8 @@ struct GpuEngine::Impl {
     o.max_image_rows = max_image_tokens;
     o.recompute_mixers = options.recompute.mixers;
     o.recompute_layers = options.recompute.full_layers(config.text.num_hidden_layers);
+    o.keep_expert_rows = options.recompute.keep_expert_rows;
+    o.keep_gdn_forward = options.recompute.keep_gdn_forward;
     o.lora_rank = options.lora != nullptr ? options.lora->options.rank : 0;
     o.lora_dropout_max_in = lora_dropout_max_in(false);
     o.expert_parallel = ep_comm.get();
@@ -351,6 +367,52 @@ struct GpuEngine::Impl {
     }
   }
 
+  // What the backward would otherwise recompute, kept from the forward when the plan has room for
+  // it (train/kept_intermediates.h): the routed experts' gate/up rows and each GDN set's chunk
+  // quantities and states. Under --recompute auto with nothing recomputed, else with the recompute
+  // the user chose, so keeping never makes the run recompute more. Under expert parallelism the
+  // rows are exchanged and recomputed, and the GDN forward is kept only if the plan fits with it
+  // and with the exchange at its worst case (every rank's rows to one rank) under
+  // --expert_recv_headroom auto: the receive headroom, which keeps a skewed micro-batch from
+  // stopping the job, is never traded for speed (grow_expert_capacity then takes it there).
+  void choose_kept(size_t available) {
+    const RecomputeOptions chosen = options.recompute;
+    const int64_t layers = config.text.num_hidden_layers;
+    // Layers that keep rows: those not fully recomputed (a rerun does not run the experts).
+    const int64_t rows_layers = ep_comm != nullptr ? 0 : chosen.automatic ? layers : layers - chosen.full_layers(layers);
+    const int64_t gdn_layers = config.text.num_layers_of(LayerType::linear_attention);
+    const int64_t recv_rows = expert_recv_rows;
+    // (An explicit --expert_recv_headroom fixes the receive rows: they are what the run can use.)
+    if (ep_comm != nullptr && parallel_options.expert_recv_headroom == 0)
+      expert_recv_rows = expert_recv_worst_rows(config.text, ep_comm->size(), options.max_tokens);
+    auto plan_with = [&](const KeptIntermediates& kept) {
+      options.recompute = chosen;
+      options.recompute.keep_expert_rows = kept.expert_rows;
+      options.recompute.keep_gdn_forward = kept.gdn_forward;
+      const bool any = kept.expert_rows || kept.gdn_forward;
+      if (any && options.recompute.automatic) options.recompute.layers = options.recompute.vision_blocks = 0;
+      plan.keep_expert_rows = kept.expert_rows;
+      plan.keep_gdn_forward = kept.gdn_forward;
+      plan.text = model_bytes(GpuTextModel::planned_bytes(config.text, text_options()));
+      if (max_patches > 0) plan.vision = vision_plan();
+      return plan.total();
+    };
+    const KeptIntermediates kept = choose_kept_intermediates(rows_layers, gdn_layers, available, plan_with);
+    expert_recv_rows = recv_rows;
+    plan_with(kept);
+    if (kept.expert_rows || kept.gdn_forward) {
+      log_info("train: kept from the forward for the backward: ",
+               kept.expert_rows ? "the routed experts' gate/up rows" : "",
+               kept.expert_rows && kept.gdn_forward ? " and " : "",
+               kept.gdn_forward ? "the gated delta rule's chunk quantities and states" : "",
+               !kept.expert_rows && rows_layers > 0 ? " (the experts' rows are recomputed: no room)" : "",
+               !kept.gdn_forward && gdn_layers > 0 ? " (the gated delta rule's are recomputed: no room)" : "");
+    } else if (rows_layers > 0 || gdn_layers > 0) {
+      log_info("train: nothing the backward recomputes is kept from the forward (the plan has no room",
+               ep_comm != nullptr ? " with the expert exchange at its worst case)" : ")");
+    }
+  }
+
   // --expert_recv_headroom auto: what the plan leaves of `available` (after the recompute choice)
   // raises the expert exchange's receive capacity from its minimum towards the worst case, so that
   // a skewed micro-batch finds room rather than stopping the job. Logged with the headroom reached.
@@ -395,6 +457,8 @@ struct GpuEngine::Impl {
                                          : 0;
     max_patches = max_image_tokens * merge;
 
+    // What is kept from the forward for the backward is the engine's choice (choose_kept).
+    options.recompute.keep_expert_rows = options.recompute.keep_gdn_forward = false;
     plan.max_tokens = options.max_tokens;
     plan.max_image_tokens = max_image_tokens;
     plan.max_patches = max_patches;
@@ -419,7 +483,9 @@ struct GpuEngine::Impl {
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const size_t available = options.device_memory_bytes > 0 ? options.device_memory_bytes : free_bytes;
     const std::string where = str_cat("cuda:", device, " (", gpu_name, ")");
-    if (options.recompute.automatic) choose_recompute(available, where);
+    choose_kept(available);
+    if (options.recompute.automatic && !options.recompute.keep_expert_rows && !options.recompute.keep_gdn_forward)
+      choose_recompute(available, where);
     if (ep_comm != nullptr) grow_expert_capacity(available);
     const std::string refusal = memory_refusal(plan, available, options, where);
     CHECK(refusal.empty(), refusal);
@@ -433,6 +499,34 @@ struct GpuEngine::Impl {
     loss_slots = static_cast<LossSlot*>(pinned_malloc(sizeof(LossSlot) * kLossSlots, "gpu engine: loss slots"));
   }
 
+  // A training step's gradients: zeroed, but for the routed experts' (build_models), whose first
+  // product in the step writes them; after the micro-batches, the experts of layers no backward
+  // reached are zeroed (GpuTextModel::begin_expert_gradient_step). In a step of one micro-batch,
+  // where those gradients are final once written (no replicas sum them later), the products also
+  // form their sums of squares, so that the norm need not read them back (4 bytes per expert
+  // parameter); returns the sums' device array then (2 per decoder layer), else null.
+  const double* begin_step_gradients(size_t micro_batches, double divisor) {
+    state->zero_gradients(experts_written_first);
+    if (!experts_written_first) return nullptr;
+    if (micro_batches != 1 || !state->expert_sums_usable()) {
+      text->begin_expert_gradient_step();
+      return nullptr;
+    }
+    GpuTextModel::ExpertSquaresSink sink;
+    sink.sums = expert_squares.as<double>();
+    sink.divisor = divisor;
+    sink.scratch = expert_squares.as<char>() + expert_square_sums_bytes();
+    text->begin_expert_gradient_step(&sink);
+    return sink.sums;
+  }
+  int64_t num_expert_square_sums() const { return 2 * config.text.num_hidden_layers; }
+  size_t expert_square_sums_bytes() const {
+    return align256(static_cast<size_t>(num_expert_square_sums()) * sizeof(double));
+  }
+  void end_step_gradients() {
+    if (experts_written_first) text->zero_unwritten_expert_gradients();
+  }
+
   // Binds the models to the state (after its values are in place).
   void build_models() {
     const DeviceParamLookup lookup = state->params().lookup();
@@ -441,6 +535,19 @@ struct GpuEngine::Impl {
     text_trained = text_weights.any_trained();
     const GradientReadyHook gradients_ready = [this](GradientPhaseId phase) { state->gradients_ready(phase); };
     if (state->sharded()) text->set_gradient_ready_hook(gradients_ready);
+    // The trained routed experts' gradients (the largest share of the state) are written by the
+    // step's first product into them instead of being zeroed and then added to. Not under ZeRO-2
+    // without expert parallelism: there the expert stacks are dense tensors whose gradients share
+    // the region each backward phase reduce-scatters and zeroes, so they add like every other.
+    std::vector<std::string> written_first;
+    const bool experts_own_gradients = parallel == nullptr || parallel->expert_parallel_size() > 1;
+    for (const DeviceParamSpec& spec : param_specs()) {
+      if (experts_own_gradients && spec.trained && is_routed_expert_tensor(spec.name))
+        written_first.push_back(spec.name);
+    }
+    state->params().set_written_first(written_first);
+    experts_written_first = !written_first.empty();
+    if (experts_written_first) expert_squares = DeviceBuffer(expert_square_sums_bytes() + kWeightGradSquaresScratchBytes);
     if (max_patches > 0) {
       vision_weights = bind_vision_weights(config.vision, kVisionPrefix, lookup, lora_lookup());
       vision = std::make_unique<GpuVisionModel>(config.vision, vision_weights, max_patches, max_image_tokens, stream,
@@ -494,6 +601,7 @@ struct GpuEngine::Impl {
         }
       });
     }
+    wait_for_uploads();
   }
 
   // Copies one micro-batch to the device and runs it: vision forward, text forward, then (when
@@ -613,6 +721,8 @@ size_t GpuEngine::peak_memory_bytes() const { return impl_->peak_used_bytes; }
 DeviceTrainState& GpuEngine::state() { return *impl_->state; }
 const MemoryPlan& GpuEngine::memory_plan() const { return impl_->plan; }
 const ParallelLayout* GpuEngine::parallel_layout() const { return impl_->parallel.get(); }
+
+bool GpuEngine::last_step_summed_expert_squares() const { return impl_->last_step_summed_expert_squares; }
 GpuTextModel& GpuEngine::text_model() { return *impl_->text; }
 
 DeviceBatch GpuEngine::device_batch(const MicroBatch& batch) const {
@@ -693,14 +803,16 @@ StepResult GpuEngine::train_step(const std::vector<MicroBatch>& batches, double 
   const MicroBatchWeights weights = micro_batch_weights(result.num_supervised, result.num_micro_batches,
                                                         s.options.aux_coef);
   const uint64_t uploaded_before = s.uploaded();
-  s.state->zero_gradients();
+  const double* expert_sums = s.begin_step_gradients(batches.size(), weights.gradient_divisor);
+  s.last_step_summed_expert_squares = expert_sums != nullptr;
   MicroBatchRun run = run_micro_batches(batches, weights.ce_token_weight, weights.aux_weight, s.state->adam_step() + 1);
+  s.end_step_gradients();
   for (const MicroBatch& batch : batches) result.num_tokens += batch.num_tokens();
   result.flops = run.flops;
   // Test hook (DELTAMOE_KILL_AT=mid_step@N): a kill -9 with step N's backward queued on the device.
   kill_point("mid_step", s.state->adam_step() + 1);
   s.text->timer().mark(StepComponent::optimizer, s.stream);
-  s.state->start_sum_of_squares(weights.gradient_divisor);
+  s.state->start_sum_of_squares(weights.gradient_divisor, expert_sums, s.num_expert_square_sums());
   const double sum_of_squares = s.state->finish_sum_of_squares();  // the step's host sync
   collect_losses(run, batches.size());
   for (size_t i = 0; i < batches.size(); ++i) {
@@ -751,15 +863,17 @@ StepResult GpuEngine::train_step_parallel(const std::vector<MicroBatch>& batches
   const MicroBatchWeights weights =
       micro_batch_weights(result.num_supervised, result.num_micro_batches, s.options.aux_coef);
   const uint64_t uploaded_before = s.uploaded();
-  s.state->zero_gradients();
+  const double* expert_sums = s.begin_step_gradients(batches.size(), weights.gradient_divisor);
+  s.last_step_summed_expert_squares = expert_sums != nullptr;
   MicroBatchRun run = run_micro_batches(batches, weights.ce_token_weight, weights.aux_weight, step);
+  s.end_step_gradients();
   result.flops = run.flops;  // this rank's share
   kill_point("mid_step", step);
   s.text->timer().mark(StepComponent::optimizer, s.stream);
   world.set_activity(str_cat("train step ", step, ": gradient reduce-scatter"));
   s.state->reduce_gradients();
   world.set_activity(str_cat("train step ", step, ": gradient norm"));
-  s.state->start_sum_of_squares(weights.gradient_divisor);
+  s.state->start_sum_of_squares(weights.gradient_divisor, expert_sums, s.num_expert_square_sums());
   const double sum_of_squares = s.state->finish_sum_of_squares();  // the step's host sync
   collect_losses(run, batches.size());
   // Losses and tokens in the order one rank would add them: micro-batch g * world + r.

@@ -77,6 +77,10 @@ class GpuEngine : public TrainEngine {
 
   // The plan the engine was built from (printed before step 1 unless options say not to).
   const MemoryPlan& memory_plan() const;
+  // Whether the last train_step took the routed experts' share of the gradient norm from their
+  // dW products (a step of one micro-batch; GpuTextModel::ExpertSquaresSink) rather than reading
+  // those gradients back.
+  bool last_step_summed_expert_squares() const;
   // Null on the plain one-rank engine.
   const ParallelLayout* parallel_layout() const override;
 

@@ -1,6 +1,7 @@
 // GpuEngine against CpuEngine (the fp32 reference) on the tiny-vl model: one packed micro-batch's
 // losses and gradients (text and images, under each freezing choice), evaluation; the optimizer
-// step on the device against the CPU AdamW on the same gradient (bit for bit); determinism and an
+// step on the device against the CPU AdamW on the gradient it formed (bit for bit), and its norm
+// against that of the gradient (one and two micro-batches); determinism and an
 // exact resume through the optimizer-state file; the memory plan against the CPU planner; and the
 // batches and runs the engine must refuse.
 #include <gtest/gtest.h>
@@ -344,9 +345,11 @@ std::vector<uint8_t> read_moments(const TrainStateStore& state) {
   return all;
 }
 
-// train_step on the device is the accumulated gradient of its micro-batches, divided by the step's
-// supervised tokens, and the CPU AdamW applied to it: the same master weights, bit for bit (the
-// AdamW kernel is the CPU's arithmetic, and the gradient is deterministic).
+// train_step on the device is the accumulated gradient of its micro-batches (within fp32 summation
+// order: the step's first product into the routed experts' gradients writes them on another kernel
+// than the one that adds), divided by the step's supervised tokens, and the CPU AdamW applied to the
+// gradient the step formed: the same master weights, bit for bit (the AdamW kernel is the CPU's
+// arithmetic).
 TEST(GpuEngine, TrainStepIsTheAccumulatedGradientAndTheCpuAdamW) {
   Fixture& f = fixture();
   const std::vector<MicroBatch> batches = {packed_text_batch({40, 60}, 3), packed_image_batch({{{1, 4, 4}}, {}}, 4)};
@@ -354,7 +357,16 @@ TEST(GpuEngine, TrainStepIsTheAccumulatedGradientAndTheCpuAdamW) {
   options.aux_coef = 0.01;
   options.adamw.moment_dtype = DType::bf16;
   GpuEngine gpu(f.checkpoint, options);
-  // The step's gradient, formed the way train_step forms it.
+  const ParamLayout& layout = gpu.state().layout();
+  const auto read_gradients = [&] {
+    std::vector<float> grad(static_cast<size_t>(layout.total_numel()), 0.0f);
+    for (const ParamEntry& e : layout.entries()) {
+      const std::vector<float> values = gpu.read_gradient(e.name);
+      std::copy(values.begin(), values.end(), grad.begin() + e.offset);
+    }
+    return grad;
+  };
+  // The micro-batches' gradients added up one backward at a time.
   int64_t supervised = 0;
   for (const MicroBatch& b : batches) supervised += b.num_supervised;
   const MicroBatchWeights weights = micro_batch_weights(supervised, 2, options.aux_coef);
@@ -364,25 +376,32 @@ TEST(GpuEngine, TrainStepIsTheAccumulatedGradientAndTheCpuAdamW) {
     gpu.forward_backward(device, weights.ce_token_weight * static_cast<double>(device.num_supervised()),
                          weights.aux_weight);
   }
-  const ParamLayout& layout = gpu.state().layout();
-  std::vector<float> grad(static_cast<size_t>(layout.total_numel()), 0.0f);
-  for (const ParamEntry& e : layout.entries()) {
-    const std::vector<float> values = gpu.read_gradient(e.name);
-    std::copy(values.begin(), values.end(), grad.begin() + e.offset);
-  }
-  // The CPU optimizer on it.
+  const std::vector<float> accumulated = read_gradients();
+  // The CPU optimizer, from the master before the step.
   HostTrainState cpu(layout, options.adamw);
   for (int i = 0; i < layout.num_tensors(); ++i)
     gpu.state().read_state(StateKind::master, i, 0, layout.entry(i).numel, cpu.master().data() + layout.entry(i).offset);
+  // The device step (no clipping: the coefficient would depend on the norm's last bits), then the
+  // gradient it formed (AdamW leaves it in place).
+  const StepResult result = gpu.train_step(batches, 1e-3, 0.0);
+  std::vector<float> grad = read_gradients();
+  double diff2 = 0.0, ref2 = 0.0;
+  for (size_t i = 0; i < grad.size(); ++i) {
+    const double d = static_cast<double>(grad[i]) - static_cast<double>(accumulated[i]);
+    diff2 += d * d;
+    ref2 += static_cast<double>(accumulated[i]) * accumulated[i];
+  }
+  const double rel_l2 = std::sqrt(diff2 / ref2);
+  std::printf("the step's gradient against the backwards added up: rel_l2 %.3g\n", rel_l2);
+  EXPECT_LE(rel_l2, 1e-6) << "the step's gradient is not its micro-batches' sum";
   divide_gradient(grad.data(), grad.size(), weights.gradient_divisor);
   const double cpu_norm = std::sqrt(sum_of_squares_f64(grad.data(), static_cast<int64_t>(grad.size())));
   cpu.optimizer().step(1e-3, cpu.master().data(), grad.data());
-  // The device step (no clipping: the coefficient would depend on the norm's last bits).
-  const StepResult result = gpu.train_step(batches, 1e-3, 0.0);
   std::printf("norm: device %.17g, CPU over the same gradient %.17g; h2d %llu bytes, d2h %llu bytes\n",
               result.grad_norm, cpu_norm, static_cast<unsigned long long>(result.host_to_device_bytes),
               static_cast<unsigned long long>(result.device_to_host_bytes));
   EXPECT_NEAR(result.grad_norm, cpu_norm, 1e-12 * cpu_norm);
+  EXPECT_FALSE(gpu.last_step_summed_expert_squares()) << "two micro-batches: the experts' gradients are read back";
   EXPECT_FALSE(result.skipped);
   EXPECT_EQ(result.num_micro_batches, 2);
   EXPECT_EQ(result.num_supervised, supervised);
@@ -399,6 +418,38 @@ TEST(GpuEngine, TrainStepIsTheAccumulatedGradientAndTheCpuAdamW) {
               static_cast<long long>(mismatches), cpu_master.size());
   EXPECT_EQ(mismatches, 0);
   EXPECT_EQ(gpu.state().adam_step(), 1);
+}
+
+// A step of one micro-batch, where the routed experts' products form their sums of squares as
+// they write them and the norm reads only the other gradients: its norm is that of the gradient it
+// leaves behind, within fp64 order noise, step after step (TrainStepIs... checks two micro-batches).
+TEST(GpuEngine, StepNormIsThatOfTheGradientItLeaves) {
+  Fixture& f = fixture();
+  EngineOptions options = engine_options({false, false, false});
+  options.aux_coef = 0.01;
+  GpuEngine gpu(f.checkpoint, options);
+  const std::vector<std::vector<MicroBatch>> steps = {
+      {packed_text_batch({40, 60}, 5)}, {packed_image_batch({{{1, 4, 4}}, {}}, 8)}, {packed_text_batch({7}, 9)}};
+  for (const std::vector<MicroBatch>& batches : steps) {
+    int64_t supervised = 0;
+    for (const MicroBatch& b : batches) supervised += b.num_supervised;
+    const MicroBatchWeights weights =
+        micro_batch_weights(supervised, static_cast<int64_t>(batches.size()), options.aux_coef);
+    const StepResult result = gpu.train_step(batches, 1e-3, 1.0);
+    const ParamLayout& layout = gpu.state().layout();
+    std::vector<float> grad(static_cast<size_t>(layout.total_numel()), 0.0f);
+    for (const ParamEntry& e : layout.entries()) {
+      const std::vector<float> values = gpu.read_gradient(e.name);
+      std::copy(values.begin(), values.end(), grad.begin() + e.offset);
+    }
+    divide_gradient(grad.data(), grad.size(), weights.gradient_divisor);
+    const double norm = std::sqrt(sum_of_squares_f64(grad.data(), static_cast<int64_t>(grad.size())));
+    std::printf("%zu micro-batch(es): step norm %.17g, norm of the gradient it left %.17g\n", batches.size(),
+                result.grad_norm, norm);
+    EXPECT_TRUE(gpu.last_step_summed_expert_squares()) << "the experts' norm share was read back, not summed";
+    EXPECT_GT(norm, 0.0);
+    EXPECT_NEAR(result.grad_norm, norm, 1e-12 * norm) << batches.size() << " micro-batch(es)";
+  }
 }
 
 // Two engines, the same steps: the same bits (deterministic kernels). A third engine saved after
@@ -460,6 +511,12 @@ TEST(GpuEngine, MemoryPlanMatchesTheCpuPlanner) {
     options.max_image_pixels = 16 * 32 * 32;
     GpuEngine gpu(f.checkpoint, options);
     const MemoryPlan& exact = gpu.memory_plan();
+    // The engine keeps the experts' gate/up rows and the GDN forward when they fit (they do
+    // here): plan the same.
+    EXPECT_TRUE(exact.keep_expert_rows);
+    EXPECT_TRUE(exact.keep_gdn_forward);
+    options.recompute.keep_expert_rows = exact.keep_expert_rows;
+    options.recompute.keep_gdn_forward = exact.keep_gdn_forward;
     const MemoryPlan cpu = plan_training_memory(f.checkpoint.config, options);
     std::printf("freeze_vit %d: engine plan\n%sCPU planner\n%s", freeze.freeze_vit, exact.describe().c_str(),
                 cpu.describe().c_str());

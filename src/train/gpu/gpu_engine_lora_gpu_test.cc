@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -21,6 +22,7 @@
 #include "checkpoint/random_init.h"
 #include "checkpoint/stored_tensor.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kernels/common/tensor_compare.h"
 #include "model/config.h"
 #include "model/lora/lora_adapters.h"
@@ -228,17 +230,63 @@ TEST(GpuEngineLora, AnAdapterOnTheOutputLayerIsRefused) {
   EXPECT_NE(why.find("lm_head"), std::string::npos) << why;
 }
 
-std::vector<uint8_t> read_state_bytes(const TrainStateStore& state) {
-  std::vector<uint8_t> all;
+// The trained state (masters, both moments) of a store, or its gradients, as bytes per tensor, to
+// compare bit for bit and say which tensors differ.
+struct StateSnapshot {
+  std::vector<std::string> labels;          // "<kind> of <tensor>"
+  std::vector<std::vector<uint8_t>> bytes;  // per label
+  std::vector<size_t> element_bytes;
+};
+
+StateSnapshot state_snapshot(const TrainStateStore& state) {
+  StateSnapshot out;
   for (StateKind kind : {StateKind::master, StateKind::exp_avg, StateKind::exp_avg_sq}) {
+    const char* kind_name =
+        kind == StateKind::master ? "master" : kind == StateKind::exp_avg ? "exp_avg" : "exp_avg_sq";
     const size_t element = kind == StateKind::master ? sizeof(float) : dtype_size(state.adamw_config().moment_dtype);
     for (int i = 0; i < state.layout().num_tensors(); ++i) {
-      std::vector<uint8_t> bytes(static_cast<size_t>(state.layout().entry(i).numel) * element);
-      state.read_state(kind, i, 0, state.layout().entry(i).numel, bytes.data());
-      all.insert(all.end(), bytes.begin(), bytes.end());
+      const int64_t numel = state.layout().entry(i).numel;
+      std::vector<uint8_t> bytes(static_cast<size_t>(numel) * element);
+      state.read_state(kind, i, 0, numel, bytes.data());
+      out.labels.push_back(str_cat(kind_name, " of ", state.layout().entry(i).name));
+      out.bytes.push_back(std::move(bytes));
+      out.element_bytes.push_back(element);
     }
   }
-  return all;
+  return out;
+}
+
+// The gradients the engine's last step formed (they stay in place after the update).
+StateSnapshot gradient_snapshot(GpuEngine& engine) {
+  StateSnapshot out;
+  for (const ParamEntry& e : engine.state().layout().entries()) {
+    const std::vector<float> values = engine.read_gradient(e.name);
+    std::vector<uint8_t> bytes(values.size() * sizeof(float));
+    std::memcpy(bytes.data(), values.data(), bytes.size());
+    out.labels.push_back("gradient of " + e.name);
+    out.bytes.push_back(std::move(bytes));
+    out.element_bytes.push_back(sizeof(float));
+  }
+  return out;
+}
+
+// "" when the snapshots are equal bit for bit, else the first differing tensors and how many of
+// their elements differ.
+std::string differences(const StateSnapshot& x, const StateSnapshot& y) {
+  if (x.labels != y.labels) return "different layouts";
+  std::string out;
+  size_t listed = 0;
+  for (size_t i = 0; i < x.labels.size(); ++i) {
+    if (x.bytes[i] == y.bytes[i]) continue;
+    size_t differing = 0;
+    const size_t element = x.element_bytes[i];
+    for (size_t e = 0; e + element <= x.bytes[i].size(); e += element)
+      differing += std::memcmp(&x.bytes[i][e], &y.bytes[i][e], element) != 0;
+    if (listed++ < 12)
+      out += str_cat("  ", x.labels[i], ": ", differing, " of ", x.bytes[i].size() / element, " elements differ\n");
+  }
+  if (listed > 12) out += str_cat("  ... and ", listed - 12, " more tensors\n");
+  return out;
 }
 
 // Two LoRA engines, the same steps: the same bits. A third saved after two steps and restored from
@@ -255,24 +303,32 @@ void check_steps_deterministic_and_resume(double dropout) {
   const bool experts = dropout == 0;
   EngineOptions options = lora_engine_options(adapters({"all-linear"}, experts, 7, dropout));
   options.adamw.moment_dtype = DType::bf16;
-  auto run = [&](GpuEngine& engine, size_t first, size_t end) {
+  // Each step's loss; its gradient norm and clipping factor printed (a clipped step spreads one
+  // differing gradient over every update).
+  auto run = [&](const char* name, GpuEngine& engine, size_t first, size_t end) {
     std::vector<double> losses;
     for (size_t s = first; s < end; ++s) {
       const StepResult r = engine.train_step(steps[s], 1e-3 / static_cast<double>(s + 1), 1.0);
       losses.push_back(r.ce_sum / static_cast<double>(r.num_supervised));
+      std::printf("%s step %zu: loss %.9f grad norm %.9e clip %.9f\n", name, s, losses.back(), r.grad_norm,
+                  static_cast<double>(r.clip_coef));
     }
     return losses;
   };
   GpuEngine a(base_checkpoint(), options), b(base_checkpoint(), options);
-  const std::vector<double> losses_a = run(a, 0, steps.size());
-  const std::vector<double> losses_b = run(b, 0, steps.size());
+  std::vector<double> losses_a = run("a", a, 0, 3);
+  const StateSnapshot a_after_step_2 = state_snapshot(a.state());
+  const std::vector<double> a_last = run("a", a, 3, steps.size());
+  losses_a.insert(losses_a.end(), a_last.begin(), a_last.end());
+  const std::vector<double> losses_b = run("b", b, 0, steps.size());
   EXPECT_EQ(losses_a, losses_b);
-  EXPECT_TRUE(read_state_bytes(a.state()) == read_state_bytes(b.state())) << "two runs of the same steps differ";
+  EXPECT_EQ(differences(state_snapshot(a.state()), state_snapshot(b.state())), "")
+      << "two runs of the same steps differ";
 
   const std::filesystem::path file =
       std::filesystem::temp_directory_path() / ("deltamoe_gpu_lora_resume_" + std::to_string(::getpid()));
   GpuEngine first(base_checkpoint(), options);
-  run(first, 0, 2);
+  run("first", first, 0, 2);
   save_optimizer_state(file.string(), first.state(), OptimizerProgress{2, 0});
   EngineOptions other = options;
   // Other adapters: everything must come from the file (but the run's seed, which keys dropout's
@@ -284,14 +340,47 @@ void check_steps_deterministic_and_resume(double dropout) {
   load_optimizer_state(file.string(), &resumed.state());
   std::filesystem::remove(file);
   EXPECT_EQ(resumed.state().adam_step(), 2);
-  const std::vector<double> tail = run(resumed, 2, steps.size());
+  // Step by step, so that a difference is pinned to the step (and, for the last, to its gradients).
+  std::vector<double> tail = run("resumed", resumed, 2, 3);
+  EXPECT_EQ(differences(state_snapshot(resumed.state()), a_after_step_2), "") << "the resumed run's first step differs";
+  const std::vector<double> resumed_last = run("resumed", resumed, 3, steps.size());
+  tail.insert(tail.end(), resumed_last.begin(), resumed_last.end());
   std::printf("LoRA losses: %.6f %.6f %.6f %.6f; resumed after 2: %.6f %.6f\n", losses_a[0], losses_a[1],
               losses_a[2], losses_a[3], tail[0], tail[1]);
   EXPECT_EQ(tail[0], losses_a[2]);
   EXPECT_EQ(tail[1], losses_a[3]);
-  EXPECT_TRUE(read_state_bytes(resumed.state()) == read_state_bytes(a.state())) << "the resumed run differs";
+  EXPECT_EQ(differences(gradient_snapshot(resumed), gradient_snapshot(a)), "") << "the last step's gradients differ";
+  EXPECT_EQ(differences(state_snapshot(resumed.state()), state_snapshot(a.state())), "") << "the resumed run differs";
   EXPECT_GT(std::fabs(losses_a[3] - losses_a[0]), 0.0);
   unsetenv("DELTAMOE_ATTENTION");
+}
+
+// A step's bits are a function of the state and the step's micro-batches only, not of the shapes
+// the engine ran before (an engine resumed from a file has run none, the one that saved it many):
+// one engine runs other micro-batches first (their gradients are zeroed by the step), the other
+// starts cold; the same step then forms the same gradients and the same state, bit for bit.
+void check_step_independent_of_earlier_shapes(double dropout) {
+  setenv("DELTAMOE_ATTENTION", "ours", 1);  // cuDNN's attention backward adds dQ with atomics
+  EngineOptions options = lora_engine_options(adapters({"all-linear"}, dropout == 0, 7, dropout));
+  options.adamw.moment_dtype = DType::bf16;
+  const std::vector<MicroBatch> step = {image_batch({{{1, 4, 4}}}, 25), image_batch({{{1, 2, 2}}, {{1, 2, 2}}}, 26)};
+  GpuEngine cold(base_checkpoint(), options), warmed(base_checkpoint(), options);
+  for (const MicroBatch& other : {image_batch({{{1, 4, 6}}, {}}, 41), image_batch({{{1, 2, 6}}, {{1, 2, 2}}}, 42),
+                                  image_batch({{}, {}, {}}, 43)})
+    warmed.forward_backward(warmed.device_batch(other), 1.0, 0.01);
+  const StepResult r_cold = cold.train_step(step, 1e-3, 1.0), r_warmed = warmed.train_step(step, 1e-3, 1.0);
+  std::printf("dropout %.1f: grad norm cold %.9e warmed %.9e\n", dropout, r_cold.grad_norm, r_warmed.grad_norm);
+  EXPECT_EQ(r_cold.ce_sum, r_warmed.ce_sum);
+  EXPECT_EQ(differences(gradient_snapshot(warmed), gradient_snapshot(cold)), "")
+      << "the gradients depend on earlier shapes";
+  EXPECT_EQ(differences(state_snapshot(warmed.state()), state_snapshot(cold.state())), "")
+      << "the update depends on earlier shapes";
+  unsetenv("DELTAMOE_ATTENTION");
+}
+
+TEST(GpuEngineLora, AStepDoesNotDependOnEarlierShapes) {
+  check_step_independent_of_earlier_shapes(0.0);
+  check_step_independent_of_earlier_shapes(0.3);
 }
 
 TEST(GpuEngineLora, StepsAreDeterministicAndResumeExactly) { check_steps_deterministic_and_resume(0.0); }
@@ -336,6 +425,10 @@ TEST(GpuEngineLora, MemoryPlanMatchesTheCpuPlanner) {
   options.max_image_pixels = 16 * 32 * 32;
   GpuEngine gpu(base_checkpoint(), options);
   const MemoryPlan& exact = gpu.memory_plan();
+  // What the engine kept from the forward (it fits here: both), planned the same.
+  EXPECT_TRUE(exact.keep_expert_rows && exact.keep_gdn_forward);
+  options.recompute.keep_expert_rows = exact.keep_expert_rows;
+  options.recompute.keep_gdn_forward = exact.keep_gdn_forward;
   const MemoryPlan cpu = plan_training_memory(base_checkpoint().config, options);
   std::printf("engine plan\n%sCPU planner\n%s", exact.describe().c_str(), cpu.describe().c_str());
   EXPECT_TRUE(exact.vit_trained && exact.merger_trained) << "adapters in the tower make it run a backward";

@@ -50,11 +50,13 @@ class GpuExpertParallel {
                const __nv_bfloat16* down, __nv_bfloat16* y);
 
   // The backward of the same layer's forward (its plan): dy [T, C] -> dx [T, C] bf16 and
-  // d_topk_weight [T, K] f32 written; d_gate_up / d_down (local experts; null: frozen) added to.
-  // Collective over the group; no host sync.
+  // d_topk_weight [T, K] f32 written; d_gate_up / d_down (local experts; null: frozen) added to, or
+  // written (expert_grads; zeros where no row arrived), with their sums of squares when squares is
+  // given (moe_experts_cuda.h). Collective over the group; no host sync.
   void backward(int64_t layer, const float* topk_weight, const __nv_bfloat16* x, const __nv_bfloat16* gate_up,
                 const __nv_bfloat16* down, const __nv_bfloat16* dy, __nv_bfloat16* dx, float* d_topk_weight,
-                float* d_gate_up, float* d_down);
+                float* d_gate_up, float* d_down, WeightGradOutput expert_grads = WeightGradOutput::added_to,
+                const ExpertGradSquares* squares = nullptr);
 
  private:
   MoeExpertsDims local_dims(int64_t rows) const;

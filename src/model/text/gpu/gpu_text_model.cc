@@ -100,6 +100,10 @@ TextActivationSpec activation_spec(const TextConfig& config, const GpuModelOptio
         options.recompute_layers);
   spec.share_mixer_state = options.recompute_mixers;
   spec.recompute_layers = options.recompute_layers;
+  CHECK(!options.keep_expert_rows || options.expert_parallel == nullptr,
+        "gpu model: the experts' gate/up rows are kept only when every expert is on this rank");
+  spec.keep_expert_rows = options.keep_expert_rows;
+  spec.keep_gdn_forward = options.keep_gdn_forward;
   spec.capture_layer_grads = options.capture_layer_grads;
   return spec;
 }
@@ -236,6 +240,7 @@ GpuTextModel::GpuTextModel(const TextConfig& config, const TextWeights& weights,
   CUDA_CHECK(cudaMemsetAsync(inputs_.loss, 0, sizeof(float), stream_));
   CUDA_CHECK(cudaMemsetAsync(inputs_.aux_loss, 0, sizeof(double), stream_));
   plans_.resize(acts_.layers.size());
+  expert_grads_hold_sum_.assign(acts_.layers.size(), 1);
 
   staging_ = std::make_unique<Staging>();
   staging_->bytes = bytes_.inputs + static_cast<size_t>(max_image_rows_ + 1) * sizeof(int32_t) + 512;

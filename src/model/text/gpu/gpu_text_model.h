@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,7 +53,7 @@ enum class LayerGradient {
 struct GpuModelOptions {
   int64_t max_tokens = 8192;         // token budget of one micro-batch (activations are planned for it)
   int64_t max_seqs = 64;             // most packed sequences in one micro-batch
-  int64_t loss_chunk_rows = 1024;    // lm_head + cross-entropy chunk (logits never held for all tokens)
+  int64_t loss_chunk_rows = 2048;    // lm_head + cross-entropy chunk (logits never held for all tokens)
   float ce_loss_weight = 1.0f;       // the backward differentiates ce_weight * ce + aux_weight * aux
   float aux_loss_weight = 0.0f;      // router load-balancing loss weight (0: HF default, no aux loss)
   bool time_components = false;      // record CUDA events between components (bench)
@@ -64,6 +65,13 @@ struct GpuModelOptions {
   // before their backward; their other saved state is one shared set. read_layer_activation and
   // read_topk_idx then show the last rerun's values for those layers.
   int64_t recompute_layers = 0;
+  // Keep the routed experts' gate/up rows of the layers not fully recomputed from the forward, so
+  // that their backward skips recomputing them (TextActivationSpec::keep_expert_rows); not with
+  // expert parallelism (the exchanged rows are recomputed there).
+  bool keep_expert_rows = false;
+  // Keep each GDN set's gated delta rule forward workspace for its backward, which then skips
+  // recomputing the forward's chunk quantities (TextActivationSpec::keep_gdn_forward).
+  bool keep_gdn_forward = false;
   // Tests: keep copies of every layer's residual-stream gradients (3 x [T, C] fp32 per layer).
   bool capture_layer_grads = false;
   // Most image-token rows of one micro-batch (the VLM input: vision features scattered over them);
@@ -140,6 +148,22 @@ class GpuTextModel {
     forward();
     backward();
   }
+  // The routed experts' gradients of a step: the caller left them unzeroed
+  // (DeviceParams::zero_gradients with leave_written_first), so each layer's first backward of the
+  // step writes them (WeightGradOutput::written: no zeroing pass, no read of the old values) and
+  // later ones add to them. zero_unwritten_expert_gradients() then zeroes the layers no backward
+  // reached. Outside such a window every backward adds, as documented above.
+  // With squares (a step of one backward, whose written expert gradients are final): each layer's
+  // written gate_up and down gradients also set their sums of squares (moe_experts_cuda.h) in
+  // squares->sums[2 layer], [2 layer + 1]; every other entry is 0. A second backward in the window
+  // is refused then, since it would change gradients whose sums are already formed.
+  struct ExpertSquaresSink {
+    double* sums = nullptr;  // device, [num_hidden_layers][2]: gate_up, down
+    double divisor = 1.0;    // the step's gradient divisor
+    void* scratch = nullptr;  // kWeightGradSquaresScratchBytes
+  };
+  void begin_expert_gradient_step(const ExpertSquaresSink* squares = nullptr);
+  void zero_unwritten_expert_gradients();
 
   // Changes the loss weights of later backwards (e.g. parity: one backward per loss).
   void set_loss_weights(float ce_weight, float aux_weight) {
@@ -209,11 +233,11 @@ class GpuTextModel {
   // A projection's weight gradient dW [N, K] += dy^T x, skipped for a frozen weight.
   void weight_grad(const DeviceParam& w, const __nv_bfloat16* dy, const __nv_bfloat16* x, int64_t rows,
                    int64_t in_features, int64_t out_features);
-  // Backward of a projection whose output gradient dy [T, N] is fp32 (the per-token gates: GDN a/b,
-  // the router logits): dW [N, K] += dy^T x (when trained) and dx [T, K] (fp32) (+)= dy W, each as
-  // two bf16 GEMMs on dy's hi/lo bf16 halves (scratch gate_grad_hi/lo), so dy is not rounded to bf16.
-  void linear_backward_f32_dy(const float* dy, const DeviceParam& w, const __nv_bfloat16* x, float* dx, bool add,
-                              int64_t rows, int64_t in_features, int64_t out_features);
+  // Backward of GDN's gate projections in_proj_a and in_proj_b, whose output gradients da, db [T, Hv]
+  // are fp32: dx [T, C] (fp32) += da Wa + db Wb and their weight gradients += da^T x, db^T x (when
+  // trained), from the hi/lo bf16 halves of da and db stacked into one product each
+  // (kernels/gemm/f32_operand_cuda.h), so neither is rounded to bf16.
+  void gdn_gate_projections_backward(const GdnWeights& W, const __nv_bfloat16* x, float* dx);
 
   TextConfig config_;
   TextWeights weights_;
@@ -233,6 +257,10 @@ class GpuTextModel {
   std::unique_ptr<DeviceArena> inputs_arena_;
   TextInputs inputs_;
   std::vector<MoeRoutingPlan> plans_;    // per layer, laid out in its plan_memory for the batch
+  // Per layer: whether its routed-expert gradients hold this step's sum so far (true outside a
+  // begin_expert_gradient_step window: backwards add).
+  std::vector<uint8_t> expert_grads_hold_sum_;
+  std::optional<ExpertSquaresSink> expert_squares_;  // set inside a window that asked for them
   std::unique_ptr<GpuExpertParallel> expert_parallel_;  // null: all experts on this rank
   // With expert parallelism: the shared expert's fp32 output and gate logit, computed while the
   // host waits for the exchanged counts and added to the routed output after the combine

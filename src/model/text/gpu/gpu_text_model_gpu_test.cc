@@ -15,6 +15,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "core/cuda_check.h"
@@ -508,7 +509,8 @@ TEST(GpuTextModel, BadBatchIsRejectedWithAMessage) {
 // Full recompute (GpuModelOptions::recompute_layers) reruns a layer's forward from its kept fp32
 // input with the same kernels on the same values, so the loss, the aux loss and every gradient are
 // bitwise those of the run that kept everything: all layers, only the first, all but the last, and
-// full + selective together. Our attention kernel is forced (cuDNN's dQ accumulates with atomics,
+// full + selective together; and so are runs that keep the experts' gate/up rows and the GDN forward
+// for the backward (TextActivationSpec's keep flags) under those modes. Our attention kernel is forced (cuDNN's dQ accumulates with atomics,
 // so two runs differ in the last bits whatever is recomputed). aux weight > 0: a rerun must not add
 // its layer to the aux statistics twice.
 TEST(GpuTextModel, RecomputedLayersAreBitwiseTheKeptOnes) {
@@ -529,8 +531,9 @@ TEST(GpuTextModel, RecomputedLayersAreBitwiseTheKeptOnes) {
     float loss = 0;
     double aux = 0;
     std::vector<std::vector<float>> grads;
+    size_t activation_bytes = 0;
   };
-  auto run = [&](int64_t recompute_layers, bool recompute_mixers) {
+  auto run = [&](int64_t recompute_layers, bool recompute_mixers, bool keep = false) {
     GpuModelOptions options;
     options.max_tokens = T + 5;
     options.max_seqs = static_cast<int64_t>(cu_seqlens.size());
@@ -538,10 +541,13 @@ TEST(GpuTextModel, RecomputedLayersAreBitwiseTheKeptOnes) {
     options.aux_loss_weight = 0.01f;
     options.recompute_layers = recompute_layers;
     options.recompute_mixers = recompute_mixers;
+    options.keep_expert_rows = keep;
+    options.keep_gdn_forward = keep;
     GpuUnderTest under_test(config, params, options);
     under_test.model->set_batch(ids, labels, cu_seqlens);
     under_test.model->forward_backward();
     Run out;
+    out.activation_bytes = under_test.model->bytes().activations;
     out.loss = under_test.model->read_loss();
     out.aux = under_test.model->read_aux_loss();
     for (const ParamEntry& entry : under_test.entries()) out.grads.push_back(under_test.read_gradient(entry.name));
@@ -551,14 +557,21 @@ TEST(GpuTextModel, RecomputedLayersAreBitwiseTheKeptOnes) {
   ASSERT_TRUE(std::isfinite(kept.loss));
   ASSERT_GT(kept.aux, 0.0);
   const int64_t L = config.num_hidden_layers;
-  for (const auto& [layers, mixers] : std::vector<std::pair<int64_t, bool>>{{L, false}, {1, false}, {L - 1, false},
-                                                                           {3, true}}) {
-    const Run rerun = run(layers, mixers);
-    std::printf("  recompute %lld of %lld layers%s: loss %.9g (kept %.9g), aux %.12g (kept %.12g)\n",
-                static_cast<long long>(layers), static_cast<long long>(L), mixers ? " + mixers" : "", rerun.loss,
-                kept.loss, rerun.aux, kept.aux);
+  // And with the experts' gate/up rows and the GDN forward kept for the backward (nothing
+  // recomputed, partly, or mixers rerun into the shared sets): still the same bits.
+  for (const auto& [layers, mixers, keep] : std::vector<std::tuple<int64_t, bool, bool>>{
+           {L, false, false}, {1, false, false}, {L - 1, false, false}, {3, true, false}, {0, false, true},
+           {2, false, true}, {0, true, true}, {L, false, true}}) {
+    const Run rerun = run(layers, mixers, keep);
+    std::printf("  recompute %lld of %lld layers%s%s: loss %.9g (kept %.9g), aux %.12g (kept %.12g)\n",
+                static_cast<long long>(layers), static_cast<long long>(L), mixers ? " + mixers" : "",
+                keep ? ", expert rows and GDN forward kept" : "", rerun.loss, kept.loss, rerun.aux, kept.aux);
     EXPECT_EQ(rerun.loss, kept.loss);
     EXPECT_EQ(rerun.aux, kept.aux);
+    // The kept intermediates take memory of their own (the kernel tests show they are read).
+    if (keep) {
+      EXPECT_GT(rerun.activation_bytes, run(layers, mixers, false).activation_bytes);
+    }
     ASSERT_EQ(rerun.grads.size(), kept.grads.size());
     size_t differing = 0;
     for (size_t i = 0; i < kept.grads.size(); ++i) {

@@ -31,6 +31,7 @@
 #include "kernels/shared_expert/shared_expert_cuda.h"
 #include "kernels/token_scatter/token_scatter_cuda.h"
 #include "model/text/gpu/gpu_text_model.h"
+#include "optim/grad_accumulate_cuda.h"
 
 namespace deltamoe {
 
@@ -107,17 +108,41 @@ const SharedExpertLora* GpuTextModel::shared_expert_lora(int64_t layer, SharedEx
   return out;
 }
 
-void GpuTextModel::linear_backward_f32_dy(const float* dy, const DeviceParam& w, const DeviceBf16* x, float* dx,
-                                          bool add, int64_t rows, int64_t in_features, int64_t out_features) {
-  DeviceBf16* hi = acts_.scratch.gate_grad_hi;
-  DeviceBf16* lo = acts_.scratch.gate_grad_lo;
-  split_f32_to_bf16_hi_lo_cuda(dy, hi, lo, rows * out_features, stream_);
-  linear_backward_input_split_cuda(*gemm_, hi, lo, w.w, dx, add, rows, in_features, out_features, stream_);
-  // The adapter's products are linear in dy: once per half.
-  lora_backward(w, x, hi, dx, DType::f32, rows, in_features, out_features);
-  lora_backward(w, x, lo, dx, DType::f32, rows, in_features, out_features);
-  if (w.grad != nullptr)
-    linear_backward_weight_split_cuda(*gemm_, hi, lo, x, w.grad, rows, in_features, out_features, stream_);
+void GpuTextModel::gdn_gate_projections_backward(const GdnWeights& W, const DeviceBf16* x, float* dx) {
+  LayerScratch& s = acts_.scratch;
+  const int64_t T = num_tokens_, C = config_.hidden_size, Hv = config_.linear_num_value_heads;
+  // [da_hi | da_lo | db_hi | db_lo] [T, 4 Hv] against [Wa; Wa; Wb; Wb] [4 Hv, C]: one dX product
+  // (K = 4 Hv) instead of one per half and gate, each of which read and wrote the fp32 dx.
+  DeviceBf16* packed = s.gate_grad_packed;
+  pack_f32_hi_lo_cuda(s.da, T, Hv, packed, 4 * Hv, 0, Hv, -1, stream_);
+  pack_f32_hi_lo_cuda(s.db, T, Hv, packed, 4 * Hv, 2 * Hv, 3 * Hv, -1, stream_);
+  const size_t block_bytes = static_cast<size_t>(Hv * C) * sizeof(DeviceBf16);
+  for (int64_t block = 0; block < 4; ++block) {
+    CUDA_CHECK(cudaMemcpyAsync(s.gate_weight_stack + block * Hv * C, (block < 2 ? W.in_proj_a : W.in_proj_b).w,
+                               block_bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  linear_backward_input_f32_cuda(*gemm_, packed, s.gate_weight_stack, dx, true, T, C, 4 * Hv, stream_);
+  if (W.in_proj_a.grad != nullptr || W.in_proj_b.grad != nullptr) {
+    // One product forms the four parts [4 Hv, C] (written), then each gradient adds its hi and lo parts.
+    float* parts = s.gate_weight_grads;
+    gemm_bf16_cuda(*gemm_, true, false, 4 * Hv, C, T, 1.0f, packed, 4 * Hv, x, C, 0.0f, parts, DType::f32, C, stream_);
+    const float* a_parts = parts;
+    const float* b_parts = parts + 2 * Hv * C;
+    for (const auto& [grad, part] : {std::pair{W.in_proj_a.grad, a_parts}, std::pair{W.in_proj_b.grad, b_parts}}) {
+      if (grad == nullptr) continue;
+      add_f32_cuda(part, grad, Hv * C, stream_);
+      add_f32_cuda(part + Hv * C, grad, Hv * C, stream_);
+    }
+  }
+  // An adapter's products are linear in dy: once per dense half (after the packed blocks).
+  DeviceBf16* hi = packed + T * 4 * Hv;
+  DeviceBf16* lo = hi + T * Hv;
+  for (const auto& [dy, w] : {std::pair{s.da, &W.in_proj_a}, std::pair{s.db, &W.in_proj_b}}) {
+    if (!w->lora.attached()) continue;
+    split_f32_to_bf16_hi_lo_cuda(dy, hi, lo, T * Hv, stream_);
+    lora_backward(*w, x, hi, dx, DType::f32, T, C, Hv);
+    lora_backward(*w, x, lo, dx, DType::f32, T, C, Hv);
+  }
 }
 
 std::vector<float> GpuTextModel::compute_logits() const {
@@ -204,6 +229,35 @@ void GpuTextModel::forward_loss() {
   loss.loss = inputs_.loss;
   // d_hidden and d_weight null: the loss only, no backward.
   lm_head_cross_entropy_cuda(*gemm_, loss, workspace_.data(), workspace_bytes_, stream_);
+}
+
+void GpuTextModel::begin_expert_gradient_step(const ExpertSquaresSink* squares) {
+  for (size_t l = 0; l < expert_grads_hold_sum_.size(); ++l) {
+    const MoeWeights& W = weights_.layers[l].mlp;
+    // Only trained experts form a gradient; frozen ones (null) have nothing to write.
+    expert_grads_hold_sum_[l] = W.experts_gate_up.grad == nullptr && W.experts_down.grad == nullptr;
+  }
+  expert_squares_.reset();
+  if (squares != nullptr) {
+    CHECK(squares->sums != nullptr && squares->scratch != nullptr && squares->divisor > 0,
+          "text model: the experts' sums of squares need their slots, scratch and a positive divisor");
+    // Layers no backward reaches, and frozen experts, keep 0.
+    CUDA_CHECK(cudaMemsetAsync(squares->sums, 0, 2 * expert_grads_hold_sum_.size() * sizeof(double), stream_));
+    expert_squares_ = *squares;
+  }
+}
+
+void GpuTextModel::zero_unwritten_expert_gradients() {
+  for (size_t l = 0; l < expert_grads_hold_sum_.size(); ++l) {
+    if (expert_grads_hold_sum_[l]) continue;
+    const MoeWeights& W = weights_.layers[l].mlp;
+    if (W.experts_gate_up.grad != nullptr)
+      CUDA_CHECK(cudaMemsetAsync(W.experts_gate_up.grad, 0, W.experts_gate_up.numel * sizeof(float), stream_));
+    if (W.experts_down.grad != nullptr)
+      CUDA_CHECK(cudaMemsetAsync(W.experts_down.grad, 0, W.experts_down.numel * sizeof(float), stream_));
+    expert_grads_hold_sum_[l] = 1;
+  }
+  expert_squares_.reset();
 }
 
 void GpuTextModel::backward() {
@@ -321,8 +375,11 @@ void GpuTextModel::gdn_forward(int64_t layer) {
   shape.key_dim = Dk;
   shape.value_dim = Dv;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk)));
+  // The rule's forward workspace is the set's own when kept for the backward, else the shared one.
+  void* rule_workspace = s.rule_forward != nullptr ? s.rule_forward : workspace_.data();
+  const size_t rule_workspace_bytes = s.rule_forward != nullptr ? s.rule_forward_bytes : workspace_bytes_;
   gated_delta_rule_forward_cuda(shape, scale, s.q_normed, s.k_normed, s.v, s.g, s.beta, nullptr, s.core, nullptr,
-                                workspace_.data(), workspace_bytes_, stream_);
+                                rule_workspace, rule_workspace_bytes, stream_);
   gated_rmsnorm_forward_cuda(s.core, s.z, W.norm.f32, T * Hv, Dv,
                              static_cast<float>(c.rms_norm_eps), s.normed, stream_);
   project(W.out_proj, s.normed, b.mixer_out, DType::bf16, T, vd, C);
@@ -351,9 +408,17 @@ void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   shape.key_dim = Dk;
   shape.value_dim = Dv;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk)));
-  gated_delta_rule_backward_cuda(shape, scale, s.q_normed, s.k_normed, s.v, s.g, s.beta, nullptr, w.d_core, nullptr,
-                                 w.dq_normed, w.dk_normed, w.dv, w.dg, w.dbeta, nullptr, workspace_.data(),
-                                 workspace_bytes_, stream_);
+  if (s.rule_forward != nullptr) {
+    // The forward's chunk quantities and states kept since this set's forward: not recomputed.
+    gated_delta_rule_backward_after_forward_cuda(shape, scale, s.q_normed, s.k_normed, s.v, s.g, s.beta, nullptr,
+                                                 w.d_core, nullptr, w.dq_normed, w.dk_normed, w.dv, w.dg, w.dbeta,
+                                                 nullptr, s.rule_forward, s.rule_forward_bytes, workspace_.data(),
+                                                 workspace_bytes_, stream_);
+  } else {
+    gated_delta_rule_backward_cuda(shape, scale, s.q_normed, s.k_normed, s.v, s.g, s.beta, nullptr, w.d_core,
+                                   nullptr, w.dq_normed, w.dk_normed, w.dv, w.dg, w.dbeta, nullptr, workspace_.data(),
+                                   workspace_bytes_, stream_);
+  }
   // The conv's output gradient as its q | k | v blocks: dq and dk (dense, in w.d_conv) and dv.
   DeviceBf16* dq = w.d_conv;
   DeviceBf16* dk = w.d_conv + T * kd;
@@ -380,9 +445,7 @@ void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   linear_backward_input_f32_cuda(*gemm_, w.dz, W.in_proj_z.w, dx, true, T, C, vd, stream_);
   lora_backward(W.in_proj_z, x, w.dz, dx, DType::f32, T, C, vd);
   weight_grad(W.in_proj_z, w.dz, x, T, C, vd);
-  // da, db are fp32: each product with a bf16 operand runs as two bf16 GEMMs on its hi/lo halves.
-  linear_backward_f32_dy(w.db, W.in_proj_b, x, dx, true, T, C, Hv);
-  linear_backward_f32_dy(w.da, W.in_proj_a, x, dx, true, T, C, Hv);
+  gdn_gate_projections_backward(W, x, dx);
 }
 
 // ---- gated attention (attention_layer.cc) ----
@@ -470,7 +533,9 @@ void GpuTextModel::split_router_operands(int64_t layer) {
   const int64_t T = num_tokens_, C = config_.hidden_size, E = config_.num_experts;
   rms_norm_output_low_part_cuda(b.h, weights_.layers[static_cast<size_t>(layer)].post_attention_layernorm.f32, b.rstd_post, b.normed_post,
                                 w.router_x_lo, T, C, stream_);
-  split_f32_to_bf16_hi_lo_cuda(weights_.layers[static_cast<size_t>(layer)].mlp.gate.f32, w.router_w_hi, w.router_w_lo, E * C, stream_);
+  // w_hi, w_lo: the first two blocks of the stack [w_hi; w_lo; w_hi] (the backward adds the third).
+  split_f32_to_bf16_hi_lo_cuda(weights_.layers[static_cast<size_t>(layer)].mlp.gate.f32, w.gate_weight_stack,
+                               w.gate_weight_stack + E * C, E * C, stream_);
 }
 
 void GpuTextModel::moe_forward(int64_t layer, bool recompute) {
@@ -481,8 +546,8 @@ void GpuTextModel::moe_forward(int64_t layer, bool recompute) {
   const int64_t Is = c.shared_expert_intermediate_size;
   const MoeWeights& W = weights_.layers[static_cast<size_t>(layer)].mlp;
   split_router_operands(layer);
-  moe_router_logits_split_cuda(cublas_, b.normed_post, acts_.scratch.router_x_lo, acts_.scratch.router_w_hi,
-                               acts_.scratch.router_w_lo, s.logits, T, C, E, stream_);
+  moe_router_logits_split_cuda(cublas_, b.normed_post, acts_.scratch.router_x_lo, acts_.scratch.gate_weight_stack,
+                               acts_.scratch.gate_weight_stack + E * C, s.logits, T, C, E, stream_);
   moe_router_forward_cuda(s.logits, s.probs, s.topk_idx, s.topk_weight, T, E, K, stream_);
   // A rerun refills the router's outputs only: the aux statistics already count this layer, the
   // expert-parallel plan of the layer is kept, and the experts' backward recomputes their rows.
@@ -513,7 +578,7 @@ void GpuTextModel::moe_forward(int64_t layer, bool recompute) {
   MoeExpertsLora lora;
   moe_experts_forward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
                            W.experts_gate_up.w, W.experts_down.w, b.moe_out, workspace_.data(), workspace_bytes_,
-                           stream_, experts_lora(layer, &lora));
+                           stream_, experts_lora(layer, &lora), s.gate_up_rows);
   shared_expert_forward_cuda(cublas_, b.normed_post, W.shared_gate_proj.w,
                              W.shared_up_proj.w,
                              W.shared_down_proj.w,
@@ -535,15 +600,33 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   // free until the post-attention norm's backward).
   DeviceBf16* experts_dx = acts_.grad_normed;
   DeviceBf16* shared_dx = acts_.grad_mixer_bf16;
+  // The step's first product into this layer's expert gradients writes them (see
+  // begin_expert_gradient_step).
+  uint8_t& holds_sum = expert_grads_hold_sum_[static_cast<size_t>(layer)];
+  const WeightGradOutput expert_grads = holds_sum ? WeightGradOutput::added_to : WeightGradOutput::written;
+  // Their sums of squares, when asked for, come with the written products only.
+  CHECK(!expert_squares_ || expert_grads == WeightGradOutput::written || (W.experts_gate_up.grad == nullptr &&
+                                                                         W.experts_down.grad == nullptr),
+        "text model: layer ", layer, "'s expert gradients were already formed this step, and their sums of squares "
+        "with them; a step that asks for the sums runs one backward");
+  ExpertGradSquares squares;
+  const bool with_squares = expert_squares_ && expert_grads == WeightGradOutput::written;
+  if (with_squares) {
+    squares = ExpertGradSquares{expert_squares_->sums + 2 * layer, expert_squares_->sums + 2 * layer + 1,
+                                expert_squares_->divisor, expert_squares_->scratch};
+  }
+  holds_sum = 1;
   if (expert_parallel_ != nullptr) {
     expert_parallel_->backward(layer, s.topk_weight, b.normed_post, W.experts_gate_up.w, W.experts_down.w, dy,
-                               experts_dx, w.d_topk_weight, W.experts_gate_up.grad, W.experts_down.grad);
+                               experts_dx, w.d_topk_weight, W.experts_gate_up.grad, W.experts_down.grad, expert_grads,
+                               with_squares ? &squares : nullptr);
   } else {
     MoeExpertsLora lora;
     moe_experts_backward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
                               W.experts_gate_up.w, W.experts_down.w, dy, experts_dx, w.d_topk_weight,
                               W.experts_gate_up.grad, W.experts_down.grad, workspace_.data(), workspace_bytes_,
-                              stream_, experts_lora(layer, &lora));
+                              stream_, experts_lora(layer, &lora), expert_grads, with_squares ? &squares : nullptr,
+                              s.gate_up_rows);
   }
   const bool with_aux = options_.aux_loss_weight != 0.0f;
   if (with_aux)
@@ -553,18 +636,25 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
                            K, stream_);
   // The router's logit gradient stays fp32 (it was rounded to bf16 here): its weight gradient is a
   // sum over tokens that cancels. Every operand is a hi/lo pair (the forward's, remade), with the
-  // lo x lo terms left out; its input gradient is written to dx in fp32.
+  // lo x lo terms left out. Its input gradient is one product written to dx in fp32, of the stacked
+  // blocks [dl_hi | dl_hi | dl_lo] [T, 3E] and [w_hi; w_lo; w_hi] [3E, C].
   split_router_operands(layer);
-  DeviceBf16* dl_hi = w.gate_grad_hi;
-  DeviceBf16* dl_lo = w.gate_grad_lo;
-  split_f32_to_bf16_hi_lo_cuda(w.d_logits, dl_hi, dl_lo, T * E, stream_);
-  linear_backward_input_split_cuda(*gemm_, dl_hi, dl_lo, w.router_w_hi, dx, false, T, C, E, stream_);
-  linear_backward_input_f32_cuda(*gemm_, dl_hi, w.router_w_lo, dx, true, T, C, E, stream_);
+  DeviceBf16* stack = w.gate_weight_stack;
+  CUDA_CHECK(cudaMemcpyAsync(stack + 2 * E * C, stack, static_cast<size_t>(E * C) * sizeof(DeviceBf16),
+                             cudaMemcpyDeviceToDevice, stream_));
+  DeviceBf16* packed = w.gate_grad_packed;
+  pack_f32_hi_lo_cuda(w.d_logits, T, E, packed, 3 * E, /*hi_col=*/0, /*lo_col=*/2 * E, /*hi2_col=*/E, stream_);
+  linear_backward_input_f32_cuda(*gemm_, packed, stack, dx, false, T, C, 3 * E, stream_);
   if (float* d_router = W.gate.grad; d_router != nullptr) {
-    linear_backward_weight_split_cuda(*gemm_, dl_hi, dl_lo, b.normed_post, d_router, T, C, E, stream_);
-    linear_backward_weight_cuda(*gemm_, dl_hi, w.router_x_lo, d_router, T, C, E, stream_);
+    // d_router += dl_hi^T x_hi + dl_lo^T x_hi + dl_hi^T x_lo, the blocks read in place (rows of 3E).
+    const auto add_product = [&](const DeviceBf16* dl_block, const DeviceBf16* x_part) {
+      gemm_bf16_cuda(*gemm_, true, false, E, C, T, 1.0f, dl_block, 3 * E, x_part, C, 1.0f, d_router, DType::f32, C,
+                     stream_);
+    };
+    add_product(packed, b.normed_post);
+    add_product(packed + 2 * E, b.normed_post);
+    add_product(packed, w.router_x_lo);
   }
-  add_bf16_to_f32_cuda(experts_dx, dx, T * C, stream_);
   SharedExpertLora shared_lora;
   shared_expert_backward_cuda(cublas_, b.normed_post, W.shared_gate_proj.w,
                               W.shared_up_proj.w,
@@ -575,7 +665,8 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
                               W.shared_down_proj.grad,
                               W.shared_expert_gate.grad, T, C, Is, workspace_.data(),
                               workspace_bytes_, stream_, shared_expert_lora(layer, &shared_lora));
-  add_bf16_to_f32_cuda(shared_dx, dx, T * C, stream_);
+  // dx = (router + routed experts) + shared expert, in fp32, in one pass.
+  add_bf16_pair_to_f32_cuda(experts_dx, shared_dx, dx, T * C, stream_);
 }
 
 }  // namespace deltamoe

@@ -1,0 +1,47 @@
+// Lower bounds of a training step's time by component (the components `deltamoe bench` times with
+// CUDA events, model/gpu/component_timer.h), printed beside the measured times: each component's
+// model FLOPs at the chip's peak matmul rate, or the bytes it cannot avoid at the chip's memory
+// bandwidth, whichever takes longer (docs/performance.md, "How FLOPs, MFU and floors are counted").
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/dtype.h"
+#include "model/config.h"
+
+namespace deltamoe {
+
+// The H200's spec-sheet rates (dense bf16 matmul; HBM3e), which bench's MFU uses too.
+constexpr double kH200PeakMatmulFlopsPerSecond = 989e12;
+constexpr double kH200BytesPerSecond = 4.8e12;
+
+struct ComponentFloor {
+  double flops = 0;  // model FLOPs (forward + backward)
+  double bytes = 0;  // bytes it cannot avoid
+  // The larger of the two times at those rates, in milliseconds.
+  double ms(double flops_per_second, double bytes_per_second) const;
+  ComponentFloor& operator+=(const ComponentFloor& other);
+};
+
+// What each component of the text model cannot do without, over one micro-batch's forward and
+// backward:
+// - FLOPs: 6 x the matmul parameters a token passes through x tokens (model_flops.h), and causal
+//   attention's 6 S^2 Hq D per sequence. The gated delta rule's chunk products, norms and
+//   elementwise work are not counted.
+// - Bytes: each matmul weight read by the forward and by the backward (bf16, 2 + 2 bytes) and, when
+//   the text model trains, its fp32 gradient written once (4 bytes): every routed expert's, not
+//   only the top-k's. Activations are not counted.
+// Each floor is lower than any kernel can reach; the ratio measured / floor says how far it is.
+struct StepFloors {
+  ComponentFloor gdn, attention, moe, lm_head_loss;
+  StepFloors& operator+=(const StepFloors& other);
+};
+StepFloors micro_batch_floors(const TextConfig& config, const std::vector<int32_t>& cu_seqlens, bool text_trained);
+
+// AdamW's floor for one step: per trained parameter the fp32 master read and written, the
+// gradient read, both moments read and written, the bf16 weight written (22 bytes with bf16
+// moments, 30 with fp32); no FLOPs counted.
+ComponentFloor adamw_floor(int64_t trained_params, DType moment_dtype);
+
+}  // namespace deltamoe
