@@ -68,15 +68,26 @@ constexpr double kLayerFloor = 3e-2;
 // A single-token batch scales every floor and factor by this. Nothing averages over tokens there:
 // one token's d_topk_weight or gate gradient carries its bf16 noise undamped, and two weight draws
 // estimate that token's sensitivity poorly. Measured by rerunning the cases on 16 weight draws
-// (DELTAMOE_TEST_WEIGHT_SEED, H200): at scale 1 the single-token case failed on 9 of them with the
-// fp32-exact router, always on a gate or GDN-layer weight gradient (worst error / bound, whole
-// model / layer alone: 1.89 / 1.31); the packed cases stayed at or under 0.95 on every draw. At
-// scale 2 the worst single-token ratio over the 16 draws is 0.94. A composition
-// bug still moves a tensor by O(1).
-constexpr double kSingleTokenBoundScale = 2.0;
+// (DELTAMOE_TEST_WEIGHT_SEED): with the fp32-exact router and fp32 GDN operands the worst
+// single-token ratio at scale 2 was 0.94 (H200); with the GDN products on bf16 operands
+// (gated_delta_rule_notes.md) layer 1's router weight gradient alone reached 1.21 at scale 2 on one
+// draw (H100, 2026-12-05), and at scale 3 the worst over the 16 draws is 0.83. The packed cases
+// stayed at or under 0.94 at scale 1. A composition bug still moves a tensor by O(1).
+constexpr double kSingleTokenBoundScale = 3.0;
 // No bound exceeds this relative L2 error, whatever the sensitivity says: a sign-flipped or zeroed
 // tensor (rel_l2 >= 1) always fails, and so does any error of that size.
 constexpr double kMaxBound = 0.3;
+
+// Where rel_l2 cannot judge: the GPU's roundings are expected to move a whole-model result up to
+// ~kWholeModelFactor times its bf16-weight sensitivity (above). Once that product reaches 1, the
+// size of a zeroed tensor, the comparison cannot tell rounding noise from a wrong result. Seen
+// only on rank-1 gate gradients (one token's d_logit times its input, d_logit a cancelling dot
+// product): a one-ulp weight perturbation alone moved layer 3's shared-expert gate gradient by 20%
+// on one of 16 draws. Such a layer tensor is printed, not asserted, in the whole-model comparison;
+// its layer-alone check in the same case, where one layer's roundings act, still asserts it. The
+// exemption reads only the CPU runs, so no GPU result can earn it, and a case may exempt at most
+// kMaxNoiseDominatedShare of its gradients.
+constexpr double kMaxNoiseDominatedShare = 0.05;
 
 double bound_from(double sensitivity, double floor, double factor) {
   return std::min(kMaxBound, std::max(floor, factor * sensitivity));
@@ -119,19 +130,28 @@ ParamMap perturbed_params(const ParamMap& params, uint32_t seed) {
 }
 
 // Prints and checks one GPU tensor against the CPU reference; the bound is the floor or
-// kSensitivityFactor times how far the perturbed-weight CPU run moved the same tensor.
+// kSensitivityFactor times how far the perturbed-weight CPU run moved the same tensor. With
+// noise_factor > 0, a tensor whose noise_factor x sensitivity reaches 1 is printed as
+// noise-dominated and not held to a bound (kMaxNoiseDominatedShare says why): returns -1 then,
+// else rel_l2 / bound.
 double check_tensor(const std::string& label, const std::vector<float>& got, const std::vector<float>& ref,
                     const std::vector<float>& perturbed_ref, const std::vector<float>& perturbed_ref2, double floor,
-                    double factor = kWholeModelFactor) {
+                    double factor = kWholeModelFactor, double noise_factor = 0.0) {
   EXPECT_EQ(got.size(), ref.size()) << label;
   const CompareResult r =
       compare_values(got.data(), ref.data(), static_cast<int64_t>(std::min(got.size(), ref.size())));
   const double sensitivity = std::max(rel_l2_of(perturbed_ref, ref), rel_l2_of(perturbed_ref2, ref));
+  EXPECT_TRUE(r.all_finite) << label;
+  if (noise_factor > 0.0 && noise_factor * sensitivity >= 1.0) {
+    std::printf("    %-52s max|diff| %.3e max|ref| %.3e rel_l2 %.3e (bf16-weight sensitivity %.2e: noise-dominated, "
+                "judged alone)%s\n",
+                label.c_str(), r.max_abs_diff, r.max_abs_ref, r.rel_l2, sensitivity, r.all_finite ? "" : " NOT FINITE");
+    return -1.0;
+  }
   const double bound = bound_from(sensitivity, floor, factor);
   std::printf("    %-52s max|diff| %.3e max|ref| %.3e rel_l2 %.3e (bf16-weight sensitivity %.2e, bound %.2e)%s\n",
               label.c_str(), r.max_abs_diff, r.max_abs_ref, r.rel_l2, sensitivity, bound,
               r.all_finite ? "" : " NOT FINITE");
-  EXPECT_TRUE(r.all_finite) << label;
   EXPECT_LE(r.rel_l2, bound) << label;
   return r.rel_l2 / bound;
 }
@@ -323,12 +343,21 @@ void run_case(const char* title, const std::vector<int32_t>& cu_seqlens, float a
   EXPECT_LE(aux_rel, kLossRel);
   std::printf("  whole model, parameter gradients\n");
   double worst = 0.0;
+  int noise_dominated = 0;
+  const std::string layer_names = "model.layers.";  // the tensors a layer-alone check below also judges
   for (const ParamEntry& entry : under_test.entries()) {
-    worst = std::max(worst, check_tensor(entry.name, under_test.read_gradient(entry.name), ref.grads.at(entry.name).values,
-                                         moved.grads.at(entry.name).values, moved2.grads.at(entry.name).values,
-                                         kGradFloor * scale, kWholeModelFactor * scale * depth_scale));
+    const bool judged_alone = entry.name.compare(0, layer_names.size(), layer_names) == 0;
+    const double ratio =
+        check_tensor(entry.name, under_test.read_gradient(entry.name), ref.grads.at(entry.name).values,
+                     moved.grads.at(entry.name).values, moved2.grads.at(entry.name).values, kGradFloor * scale,
+                     kWholeModelFactor * scale * depth_scale, judged_alone ? kWholeModelFactor * depth_scale : 0.0);
+    if (ratio < 0.0) ++noise_dominated;
+    worst = std::max(worst, ratio);
   }
-  std::printf("  whole model: worst gradient rel_l2 / bound %.3f\n", worst);
+  std::printf("  whole model: worst gradient rel_l2 / bound %.3f; %d noise-dominated, judged alone\n", worst,
+              noise_dominated);
+  EXPECT_LE(noise_dominated, kMaxNoiseDominatedShare * static_cast<double>(under_test.entries().size()))
+      << "too many gradients too ill-conditioned in this case for rel_l2 to judge";
   check_layers_in_isolation(config, params, perturbed, perturbed2, batch, under_test, routing, aux_weight, scale);
 }
 
@@ -346,7 +375,7 @@ TEST(GpuTextModel, RecomputedMixersMatchCpuReference) {
 }
 
 TEST(GpuTextModel, SingleTokenBatch) {
-  run_case("one token (bounds x2: kSingleTokenBoundScale)", {0, 1}, 0.01f, false, kSingleTokenBoundScale);
+  run_case("one token (bounds x3: kSingleTokenBoundScale)", {0, 1}, 0.01f, false, kSingleTokenBoundScale);
 }
 
 // text_8layer's architecture (tests/golden/text_8layer/model/config.json: 6 GDN and 2 attention
