@@ -2,12 +2,14 @@
 // operands that TMA loads into a 4-stage ring of 128-byte-swizzled shared tiles; one producer
 // warpgroup issues the loads, two consumer warpgroups (64 rows each of a 128 x 256 block tile)
 // issue the products; full / empty mbarriers hand stages between them; bf16 results leave through a
-// swizzled shared staging tile as 16-byte stores. Persistent blocks walk the device-side tile list
+// swizzled shared staging tile by TMA stores (a group's last, partial tile by masked 16-byte
+// stores). Persistent blocks walk the device-side tile list
 // (group, m-tile, n-tile) built as for the mma.sync kernel (grouped_gemm_mma.cu, the portable path
 // this one replaces on sm_90a). The "written" weight gradients (dW) run on a sibling kernel with
-// the same ring and consumers, whose operands arrive by TMA for k-blocks wholly inside a group and
-// by cp.async for each group's last, partial one (so that it stops exactly at its last row); it can
-// also sum the squares of what it stores, the gradient norm's share of those tensors.
+// the same consumers and a 3-stage ring, whose operands arrive by TMA for k-blocks wholly inside a
+// group and by cp.async for each group's last, partial one (so that it stops exactly at its last
+// row), and whose f32 results leave by TMA stores from shared staging tiles; it can also sum the
+// squares of what it stores, the gradient norm's share of those tensors.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -60,7 +62,6 @@ struct WgmmaParams {
   int n_tiles;   // ceil(n / kBlockN)
   int k_blocks;  // ceil(k / kBlockK)
 };
-
 
 // Plain sm_90 code would carry this kernel with an empty body, and the kernel path
 // (kernel_path_cuda.h) cannot tell it from sm_90a code: such a build is refused here.
@@ -224,47 +225,6 @@ __device__ __forceinline__ void store_fragment(const float (&d)[128], void* c, i
   }
 }
 
-// bf16 results through the warpgroup's staging tile: each half (128 columns) is written as bf16
-// pairs with the 16-byte chunks of row r XOR-swizzled by r % 8 (the 8 rows of one store hit 8
-// distinct chunks: no bank conflicts), then read back a chunk per thread and stored whole, a row's
-// 16 chunks by 16 consecutive threads. bar_id: the warpgroup's named barrier.
-__device__ __forceinline__ void store_fragment_staged(const float (&d)[128], nvbf16* c, int64_t ldc,
-                                                      const RowTile& t, int row_base, uint32_t staging, int n,
-                                                      int bar_id, int warp, int lane, int wg_thread) {
-#pragma unroll
-  for (int h = 0; h < kBlockN / kStagingCols; ++h) {
-    // Readers of the previous half (or tile) are done with the staging tile.
-    asm volatile("bar.sync %0, 128;\n" ::"r"(bar_id) : "memory");
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = warp * 16 + lane / 4 + half * 8;
-#pragma unroll
-      for (int j = 0; j < kStagingCols / 8; ++j) {
-        const int chunk = j ^ (row % 8);
-        const uint32_t at = staging + row * (kStagingCols * 2) + chunk * 16 + (lane % 4) * 4;
-        const int at_acc = 4 * (16 * h + j) + 2 * half;
-        const __nv_bfloat162 v = __floats2bfloat162_rn(d[at_acc], d[at_acc + 1]);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
-      }
-    }
-    asm volatile("bar.sync %0, 128;\n" ::"r"(bar_id) : "memory");
-#pragma unroll
-    for (int q = 0; q < kConsumerRows * kStagingCols / 8 / 128; ++q) {
-      const int i = wg_thread + q * 128;
-      const int row = i / (kStagingCols / 8), chunk = i % (kStagingCols / 8);
-      const int col = t.n0 + h * kStagingCols + chunk * 8;
-      if (row_base + row < t.rows_valid && col < n) {
-        uint4 v;
-        const uint32_t at = staging + row * (kStagingCols * 2) + (chunk ^ (row % 8)) * 16;
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(at));
-        *reinterpret_cast<uint4*>(c + static_cast<int64_t>(t.m0 + row_base + row) * ldc + col) = v;
-      }
-    }
-  }
-}
-
 // A dW group's last, partial k-block arrives by cp.async (16-byte chunks, zero-filled past the
 // group's last row or the matrix's last column): a TMA box there would cross into the next group's
 // rows, which no tensor map can mask per group (whole in-group k-blocks go by TMA). Both operands
@@ -284,6 +244,93 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// A TMA store of one box from shared memory (the box's extent past the tensor is not written),
+// and the issuing thread's bulk groups: commit, wait until their shared reads are done, wait until
+// they are complete.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// The warpgroup's named barrier (1 for the first consumer, 2 for the second), an immediate id.
+__device__ __forceinline__ void sync_consumer(int consumer) {
+  if (consumer == 0)
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(c0), "r"(c1)
+               : "memory");
+}
+// bf16 results of the warpgroup's 64 x 256 through its staging tile (16 KiB: two 64-row x
+// 64-column boxes of 128-byte rows in the 128-byte swizzle: chunk c of row r at
+// r * 128 + (c ^ (r % 8)) * 16), one 128-column half at a time. When all 64 rows are the group's,
+// wg_thread 0 stores the boxes by TMA and the warpgroup goes on; a group's last tile is read back
+// and stored by the threads, masked to the group's rows (a box would write into the next group's).
+// Before a half is written, the previous stores have read the tile.
+__device__ __forceinline__ void store_fragment_tma(const float (&d)[128], nvbf16* c, int64_t ldc, const RowTile& t,
+                                                   int row_base, uint32_t staging, int n, int consumer, int warp,
+                                                   int lane, int wg_thread, const CUtensorMap* map_c) {
+  const bool whole = row_base + kConsumerRows <= t.rows_valid;
+  // The thread's rows 16 warp + lane / 4 (+ 8: 1024 bytes on) share row % 8 = lane / 4; its pair
+  // of column group j is chunk j % 8 of box j / 8, at byte 4 (lane % 4) of the chunk.
+  const uint32_t thread_at = staging + static_cast<uint32_t>((warp * 16 + lane / 4) * 128 + (lane % 4) * 4);
+  const uint32_t r8 = static_cast<uint32_t>(lane / 4);
+#pragma unroll
+  for (int h = 0; h < kBlockN / kStagingCols; ++h) {
+    if (t.n0 + h * kStagingCols >= n) break;  // past n: nothing to store
+    if (wg_thread == 0) bulk_wait_read_all();
+    sync_consumer(consumer);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int j = 0; j < kStagingCols / 8; ++j) {
+        const uint32_t at = thread_at + (j / 8) * 8192 + half * 1024 + (((j % 8) ^ r8) << 4);
+        const int at_acc = 4 * (16 * h + j) + 2 * half;
+        const __nv_bfloat162 v = __floats2bfloat162_rn(d[at_acc], d[at_acc + 1]);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
+      }
+    }
+    if (whole) {
+      fence_proxy_async_shared();
+      sync_consumer(consumer);
+      if (wg_thread == 0) {
+#pragma unroll
+        for (int box = 0; box < kStagingCols / 64; ++box) {
+          const int col = t.n0 + h * kStagingCols + box * 64;
+          if (col < n) tma_store_2d(map_c, staging + box * 8192, col, t.m0 + row_base);
+        }
+        bulk_commit();
+      }
+    } else {
+      sync_consumer(consumer);
+#pragma unroll
+      for (int q = 0; q < kConsumerRows * kStagingCols / 8 / 128; ++q) {
+        const int i = wg_thread + q * 128;
+        const int row = i / (kStagingCols / 8), chunk16 = i % (kStagingCols / 8);
+        const int col = t.n0 + h * kStagingCols + chunk16 * 8;
+        if (row_base + row < t.rows_valid && col < n) {
+          uint4 v;
+          const uint32_t at = staging + (chunk16 / 8) * 8192 + row * 128 + (((chunk16 % 8) ^ (row % 8)) * 16);
+          asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                       : "r"(at));
+          *reinterpret_cast<uint4*>(c + static_cast<int64_t>(t.m0 + row_base + row) * ldc + col) = v;
+        }
+      }
+    }
+  }
+}
+
 #endif  // sm_90a
 
 // A [R, K] k-major through map_a (2D: K, rows); B_g [N, K] (kBKMajor, 3D map: K, N, G) or [K, N]
@@ -292,7 +339,7 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 template <bool kBKMajor, int kEpilogue>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                              const WgmmaParams p) {
+                              const __grid_constant__ CUtensorMap map_c, const WgmmaParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t ring = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -317,6 +364,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp != 0 || lane != 0) return;
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_c)) : "memory");
     int it = 0;  // k-blocks issued so far: stage it % kStages, its (it / kStages)-th use
     for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles; tile += static_cast<int>(gridDim.x)) {
       const RowTile t = decode_tile(p, tile);
@@ -384,14 +432,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_accumulators(acc);
     if (lane == 0) mbar_arrive(empty_bars + 8 * previous_stage);
     if (active) {
-      if constexpr (kEpilogue == kStoreBf16)
-        store_fragment_staged(acc, static_cast<nvbf16*>(p.c), p.n, t, consumer * kConsumerRows,
-                              ring + kStages * kStageBytes + consumer * kStagingBytes, p.n, 1 + consumer, warp, lane,
-                              static_cast<int>(threadIdx.x) % 128);
-      else
+      if constexpr (kEpilogue == kStoreBf16) {
+        store_fragment_tma(acc, static_cast<nvbf16*>(p.c), p.n, t, consumer * kConsumerRows,
+                           ring + kStages * kStageBytes + consumer * kStagingBytes, p.n, consumer, warp, lane,
+                           static_cast<int>(threadIdx.x) % 128, &map_c);
+      } else {
         store_fragment<kEpilogue>(acc, p.c, p.n, t, consumer * kConsumerRows + warp * 16 + lane / 4, p.n, lane);
+      }
     }
   }
+  // The last stores have left shared memory (and landed) before the block exits.
+  if (kEpilogue == kStoreBf16 && threadIdx.x % 128 == 0) bulk_wait_all();
 #endif
 }
 
@@ -415,7 +466,22 @@ struct WeightGradParams {
 };
 
 constexpr int kWeightGradBox = 64 * kBlockK * 2;  // 64 columns x 64 k lines of bf16: 8 KiB
-constexpr int kWeightGradSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
+// Three stages (a group's ~4 k-blocks at the 35B shapes), leaving room for the f32 staging tiles:
+// each consumer warpgroup's 64 rows leave in kWeightGradStagingCols-column parts through its own
+// staging tile, as TMA stores of 64-row x 32-column boxes (128-byte rows in the 128-byte swizzle),
+// so that the warpgroup goes on to the next tile while the copy engine drains the last part.
+constexpr int kWeightGradStages = 3;
+constexpr int kWeightGradStagingCols = 128;
+constexpr int kWeightGradStoreBoxCols = 32;
+constexpr int kWeightGradStoreBoxBytes = 64 * kWeightGradStoreBoxCols * 4;  // 8 KiB
+constexpr int kWeightGradStagingBytes = 64 * kWeightGradStagingCols * 4;   // 32 KiB
+constexpr int kWeightGradSmemBytes = kWeightGradStages * kStageBytes + kConsumers * kWeightGradStagingBytes +
+                                     2 * kWeightGradStages * 8 + 1024;
+static_assert(kWeightGradSmemBytes <= 227 * 1024, "fits the opt-in shared memory of an sm_90 block");
+static_assert(kBlockN % kWeightGradStagingCols == 0 && kWeightGradStagingCols % kWeightGradStoreBoxCols == 0,
+              "whole parts of whole boxes");
+static_assert((kWeightGradStages * kStageBytes) % 1024 == 0 && kWeightGradStagingBytes % 1024 == 0,
+              "staging tiles keep the 1024-byte swizzle alignment");
 constexpr int kProducerThreads = 128;
 static_assert(kBlockM / 64 * kWeightGradBox == kStageBytesA && kBlockN / 64 * kWeightGradBox == kStageBytesB,
               "dW stages are whole 64-column boxes");
@@ -447,17 +513,19 @@ __device__ __forceinline__ WeightGradTile weight_grad_tile(const WeightGradParam
 template <bool kSquares, GradientDivide kDivide>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_weight_grad_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
-                                          const __grid_constant__ CUtensorMap map_b, const WeightGradParams p) {
+                                          const __grid_constant__ CUtensorMap map_b,
+                                          const __grid_constant__ CUtensorMap map_c, const WeightGradParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t ring = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t full_bars = ring + kStages * kStageBytes;  // stage filled (every producer thread's copies)
-  const uint32_t empty_bars = full_bars + kStages * 8;      // stage consumed (every consumer warp)
+  const uint32_t staging_tiles = ring + kWeightGradStages * kStageBytes;
+  const uint32_t full_bars = staging_tiles + kConsumers * kWeightGradStagingBytes;  // stage filled (every producer thread's copies)
+  const uint32_t empty_bars = full_bars + kWeightGradStages * 8;  // stage consumed (every consumer warp)
   const int warpgroup = warp_uniform(static_cast<int>(threadIdx.x) / 128);
   const int warp = (static_cast<int>(threadIdx.x) % 128) / 32, lane = static_cast<int>(threadIdx.x) % 32;
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < kWeightGradStages; ++s) {
       mbar_init(full_bars + 8 * s, kProducerThreads);
       mbar_init(empty_bars + 8 * s, kConsumers * 4);
     }
@@ -474,6 +542,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t == 0) {
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_c)) : "memory");
     }
     // A: thread t copies chunk t % 16 of k lines t / 16 + 8j (the 128 m columns are 16 chunks, two
     // boxes); B: chunk t % 32 of k lines t / 32 + 4j (256 n columns, four boxes).
@@ -481,15 +550,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t a_dst = (a_col / 64) * kWeightGradBox + a_line * 128 + (((a_col / 8) % 8) ^ (a_line % 8)) * 16;
     const uint32_t b_box = (b_col / 64) * kWeightGradBox;
     const int b_chunk = (b_col / 8) % 8;
-    int it = 0;  // k-blocks issued so far: stage it % kStages, its (it / kStages)-th use
+    int it = 0;  // k-blocks issued so far: stage it % kWeightGradStages, its (it / kWeightGradStages)-th use
     for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles; tile += static_cast<int>(gridDim.x)) {
       const WeightGradTile w = weight_grad_tile(p, tile);
       const bool a_col_ok = w.m0 + a_col < p.m, b_col_ok = w.n0 + b_col < p.n;
       const nvbf16* a_src = p.a + static_cast<int64_t>(w.r0) * p.m + w.m0 + a_col;
       const nvbf16* b_src = p.b + static_cast<int64_t>(w.r0) * p.n + w.n0 + b_col;
       for (int kb = 0; kb < w.k_blocks; ++kb, ++it) {
-        const int s = it % kStages;
-        mbar_wait(empty_bars + 8 * s, ((it / kStages) & 1) ^ 1);
+        const int s = it % kWeightGradStages;
+        mbar_wait(empty_bars + 8 * s, ((it / kWeightGradStages) & 1) ^ 1);
         const uint32_t a_stage = ring + s * kStageBytes, b_stage = a_stage + kStageBytesA;
         const int k0 = kb * kBlockK;
         if (k0 + kBlockK <= w.k_extent) {
@@ -537,18 +606,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   // This thread's stored values' squares (kSquares), over all its tiles in order, in four sums by
   // column (j % 4) so that the fp64 FMAs do not form one chain of 128 a tile.
   [[maybe_unused]] double squares[4] = {0.0, 0.0, 0.0, 0.0};
+  const int wg_thread = static_cast<int>(threadIdx.x) % 128;
+  // Where this thread's float2 of column group j lands in a staging box: its rows (16 warp +
+  // lane / 4, and + 8 at +1024 bytes) share row % 8 = lane / 4, and its 8 bytes are chunk
+  // 2 (j % 4) + (lane % 4) / 2 of the 128-byte row, at byte (lane % 2) * 8 of the chunk.
+  // The chunk is (2 (j % 4)) ^ chunk_xor, the two terms having no bit in common before the xor.
+  const uint32_t staging = staging_tiles + consumer * kWeightGradStagingBytes;
+  const uint32_t thread_staging = staging + static_cast<uint32_t>((warp * 16 + lane / 4) * 128 + (lane % 2) * 8);
+  const uint32_t chunk_xor = static_cast<uint32_t>(((lane % 4) / 2) ^ (lane / 4));
   int it = 0;
   for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles; tile += static_cast<int>(gridDim.x)) {
     const WeightGradTile w = weight_grad_tile(p, tile);
     const int row_base = w.m0 + consumer * 64;
     const bool active = warp_uniform(row_base < p.m);
-    // Thread (warp, lane) holds rows 16 warp + lane / 4 and + 8, columns 8j + 2 (lane % 4) and + 1:
-    // a quad covers 32 contiguous bytes of a row.
     const int rows_valid = p.m - row_base, cols_valid = p.n - w.n0;
-    float* c_tile = p.c + (static_cast<int64_t>(w.g) * p.m + row_base) * p.n + w.n0 + 2 * (lane % 4);
     if (w.k_blocks == 0) {
-      // A group without rows: zeros.
+      // A group without rows: zeros, stored straight from registers (zeroing the accumulators for
+      // the staged path made ptxas spill them).
       if (active) {
+        float* c_tile = p.c + (static_cast<int64_t>(w.g) * p.m + row_base) * p.n + w.n0 + 2 * (lane % 4);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = warp * 16 + lane / 4 + half * 8;
@@ -563,8 +639,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     int previous_stage = 0;
     for (int kb = 0; kb < w.k_blocks; ++kb, ++it) {
-      const int s = it % kStages;
-      mbar_wait(full_bars + 8 * s, (it / kStages) & 1);
+      const int s = it % kWeightGradStages;
+      mbar_wait(full_bars + 8 * s, (it / kWeightGradStages) & 1);
       if (active) {
         fence_proxy_async_shared();
         const uint32_t a_box = ring + s * kStageBytes + consumer * kWeightGradBox;
@@ -590,25 +666,51 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_accumulators(acc);
     if (lane == 0) mbar_arrive(empty_bars + 8 * previous_stage);
     if (!active) continue;
+    // The epilogue, one kWeightGradStagingCols-column part at a time: wait until the staging tile's
+    // previous stores have read it (the thread that issued them), write the part in the boxes'
+    // swizzle (chunk c of row r at r * 128 + (c ^ (r % 8)) * 16; a warp's float2 stores then fill
+    // every bank twice), make it visible to the async proxy, and let one thread store the boxes.
+    // Thread (warp, lane) holds rows 16 warp + lane / 4 and + 8, columns 8J + 2 (lane % 4) and + 1.
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = warp * 16 + lane / 4 + half * 8;
-      if (row >= rows_valid) continue;
-      float* line = c_tile + static_cast<int64_t>(row) * p.n;
+    for (int part = 0; part < kBlockN / kWeightGradStagingCols; ++part) {
+      if (part * kWeightGradStagingCols >= cols_valid) break;  // past n: nothing to store
+      if (wg_thread == 0) bulk_wait_read_all();
+      sync_consumer(consumer);
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-        if (8 * j < cols_valid) {
-          const float x0 = acc[4 * j + 2 * half], x1 = acc[4 * j + 2 * half + 1];
-          *reinterpret_cast<float2*>(line + 8 * j) = make_float2(x0, x1);
+      for (int half = 0; half < 2; ++half) {
+        const int row = warp * 16 + lane / 4 + half * 8;
+#pragma unroll
+        for (int j = 0; j < kWeightGradStagingCols / 8; ++j) {
+          const int J = part * (kWeightGradStagingCols / 8) + j;  // the column group in the tile
+          const float x0 = acc[4 * J + 2 * half], x1 = acc[4 * J + 2 * half + 1];
+          const int box = 8 * j / kWeightGradStoreBoxCols;  // the quad's 8 columns lie in one box
+          const uint32_t at = thread_staging + box * kWeightGradStoreBoxBytes + half * 1024 +
+                              (((2 * (j % 4)) ^ chunk_xor) << 4);
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x0), "f"(x1) : "memory");
           if constexpr (kSquares) {
-            const double q0 = divide_gradient<kDivide>(x0, p.divisor);
-            const double q1 = divide_gradient<kDivide>(x1, p.divisor);
-            squares[j % 4] = __fma_rn(q1, q1, __fma_rn(q0, q0, squares[j % 4]));
+            if (row < rows_valid && 8 * J < cols_valid) {
+              const double q0 = divide_gradient<kDivide>(x0, p.divisor);
+              const double q1 = divide_gradient<kDivide>(x1, p.divisor);
+              squares[J % 4] = __fma_rn(q1, q1, __fma_rn(q0, q0, squares[J % 4]));
+            }
           }
         }
       }
+      fence_proxy_async_shared();
+      sync_consumer(consumer);
+      if (wg_thread == 0) {
+#pragma unroll
+        for (int box = 0; box < kWeightGradStagingCols / kWeightGradStoreBoxCols; ++box) {
+          const int col = part * kWeightGradStagingCols + box * kWeightGradStoreBoxCols;
+          if (col < cols_valid)
+            tma_store_3d(&map_c, staging + box * kWeightGradStoreBoxBytes, w.n0 + col, row_base, w.g);
+        }
+        bulk_commit();
+      }
     }
   }
+  // The last stores have left shared memory (and landed) before the block exits.
+  if (wg_thread == 0) bulk_wait_all();
   if constexpr (kSquares) {
     // The four sums in a fixed pairing, lanes in xor order, then one slot per consumer warp (every
     // warp of the block writes its own, zero if it stored nothing), so the sum is the same every
@@ -635,24 +737,33 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// A bf16 tensor map with 128-byte swizzled boxes; dims innermost first, strides in bytes for
-// dims 1.. (the launcher checked 16-byte alignment of base and strides).
-CUtensorMap bf16_tensor_map(const void* base, cuuint32_t rank, const cuuint64_t* dims, const cuuint64_t* strides,
-                            const cuuint32_t* box) {
+// A tensor map with 128-byte swizzled boxes; dims innermost first, strides in bytes for dims 1..
+// (the launcher checked 16-byte alignment of base and strides).
+CUtensorMap swizzled_tensor_map(CUtensorMapDataType type, const void* base, cuuint32_t rank, const cuuint64_t* dims,
+                                const cuuint64_t* strides, const cuuint32_t* box) {
   CUtensorMap map;
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult result = tensor_map_encoder()(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      &map, type, rank, const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   CHECK(result == CUDA_SUCCESS, "grouped GEMM (wgmma): cuTensorMapEncodeTiled failed (", static_cast<int>(result),
         ") for a rank-", rank, " map of ", dims[0], " x ", dims[1], rank > 2 ? " x " : "", rank > 2 ? dims[2] : 0);
   return map;
 }
 
+CUtensorMap bf16_tensor_map(const void* base, cuuint32_t rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                            const cuuint32_t* box) {
+  return swizzled_tensor_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, base, rank, dims, strides, box);
+}
+
+CUtensorMap f32_tensor_map(const void* base, cuuint32_t rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                           const cuuint32_t* box) {
+  return swizzled_tensor_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, base, rank, dims, strides, box);
+}
+
 template <bool kBKMajor, int kEpilogue>
-void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const WgmmaParams& params, int64_t max_tiles,
-            cudaStream_t stream) {
+void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_c, const WgmmaParams& params,
+            int64_t max_tiles, cudaStream_t stream) {
   auto kernel = grouped_gemm_wgmma_kernel<kBKMajor, kEpilogue>;
   static bool attribute_set = false;  // a host-side attribute, no sync
   if (!attribute_set) {
@@ -663,7 +774,7 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const WgmmaParam
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(max_tiles, sms)));
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, params);
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, params);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -675,15 +786,15 @@ static_assert(kWeightGradSquaresScratchBytes >=
               "the squares scratch holds every consumer warp's sum");
 
 template <bool kSquares, GradientDivide kDivide>
-void launch_weight_grad(const CUtensorMap& map_a, const CUtensorMap& map_b, const WeightGradParams& params,
-                        unsigned grid, cudaStream_t stream) {
+void launch_weight_grad(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_c,
+                        const WeightGradParams& params, unsigned grid, cudaStream_t stream) {
   auto kernel = grouped_gemm_weight_grad_wgmma_kernel<kSquares, kDivide>;
   static bool attribute_set = false;  // a host-side attribute, no sync
   if (!attribute_set) {
     allow_dynamic_shared_memory(kernel, kWeightGradSmemBytes, "grouped GEMM dW (wgmma)");
     attribute_set = true;
   }
-  kernel<<<grid, kThreads, kWeightGradSmemBytes, stream>>>(map_a, map_b, params);
+  kernel<<<grid, kThreads, kWeightGradSmemBytes, stream>>>(map_a, map_b, map_c, params);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -727,16 +838,24 @@ void rows_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk
   // Every group wastes at most one partial tile: the device-side count is at most this.
   const int64_t max_tiles = ((max_rows + kBlockM - 1) / kBlockM + num_groups) * params.n_tiles;
   CHECK(max_tiles < (int64_t{1} << 31), "grouped GEMM (wgmma): ", max_tiles, " tiles overflow 32-bit tile indices");
+  // c [max_rows, n] bf16 as 64 x 64 boxes, for the TMA-store epilogue (unused for f32 c).
+  CUtensorMap map_c{};
+  if (c_dtype == DType::bf16) {
+    const cuuint64_t c_dims[2] = {static_cast<cuuint64_t>(n), static_cast<cuuint64_t>(max_rows)};
+    const cuuint64_t c_strides[1] = {static_cast<cuuint64_t>(n) * 2};
+    const cuuint32_t c_box[2] = {64, 64};
+    map_c = bf16_tensor_map(c, 2, c_dims, c_strides, c_box);
+  }
   if (b_stored_nk) {
     if (c_dtype == DType::bf16)
-      launch<true, kStoreBf16>(map_a, map_b, params, max_tiles, stream);
+      launch<true, kStoreBf16>(map_a, map_b, map_c, params, max_tiles, stream);
     else
-      launch<true, kStoreF32>(map_a, map_b, params, max_tiles, stream);
+      launch<true, kStoreF32>(map_a, map_b, map_c, params, max_tiles, stream);
   } else {
     if (c_dtype == DType::bf16)
-      launch<false, kStoreBf16>(map_a, map_b, params, max_tiles, stream);
+      launch<false, kStoreBf16>(map_a, map_b, map_c, params, max_tiles, stream);
     else
-      launch<false, kStoreF32>(map_a, map_b, params, max_tiles, stream);
+      launch<false, kStoreF32>(map_a, map_b, map_c, params, max_tiles, stream);
   }
 }
 
@@ -776,19 +895,25 @@ void weight_grad_written_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, f
   const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(n), rows}, b_strides[1] = {static_cast<cuuint64_t>(n) * 2};
   const CUtensorMap map_a = bf16_tensor_map(a, 2, a_dims, a_strides, box);
   const CUtensorMap map_b = bf16_tensor_map(b, 2, b_dims, b_strides, box);
+  // c [G, M, N] f32 as a 3D map (N, M, G) of 32 x 64 boxes: what a box holds past M or N is not stored.
+  const cuuint64_t c_dims[3] = {static_cast<cuuint64_t>(n), static_cast<cuuint64_t>(m),
+                                static_cast<cuuint64_t>(num_groups)};
+  const cuuint64_t c_strides[2] = {static_cast<cuuint64_t>(n) * 4, static_cast<cuuint64_t>(m) * n * 4};
+  const cuuint32_t c_box[3] = {kWeightGradStoreBoxCols, 64, 1};
+  const CUtensorMap map_c = f32_tensor_map(c, 3, c_dims, c_strides, c_box);
   if (squares == nullptr) {
-    launch_weight_grad<false, GradientDivide::none>(map_a, map_b, params, grid, stream);
+    launch_weight_grad<false, GradientDivide::none>(map_a, map_b, map_c, params, grid, stream);
     return;
   }
   switch (params.divisor.kind) {
     case GradientDivide::none:
-      launch_weight_grad<true, GradientDivide::none>(map_a, map_b, params, grid, stream);
+      launch_weight_grad<true, GradientDivide::none>(map_a, map_b, map_c, params, grid, stream);
       break;
     case GradientDivide::f32:
-      launch_weight_grad<true, GradientDivide::f32>(map_a, map_b, params, grid, stream);
+      launch_weight_grad<true, GradientDivide::f32>(map_a, map_b, map_c, params, grid, stream);
       break;
     case GradientDivide::f64:
-      launch_weight_grad<true, GradientDivide::f64>(map_a, map_b, params, grid, stream);
+      launch_weight_grad<true, GradientDivide::f64>(map_a, map_b, map_c, params, grid, stream);
       break;
   }
   // The blocks' warp sums, added in order.
