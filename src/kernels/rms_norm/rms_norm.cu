@@ -1,7 +1,11 @@
 // CUDA kernels of the zero-centred RMSNorm: one warp per row for the forward and the dx backward,
 // a column-parallel pass for d_weight that writes per-chunk partials and a fixed-order reduction.
 // Templated on the element types so that the fp32 residual stream and the bf16 head rows share
-// one implementation; the math is fp32 throughout.
+// one implementation; the math is fp32 throughout. Where the width is a small multiple of 256
+// (the decoder's hidden widths), a lane keeps its part of the row in registers between the sum
+// and the output pass: a 2,048-wide fp32 row is 8 KB, and the rows in flight on the GPU (~200 MB
+// at 8,192 tokens) do not stay in L2 for a second read, which cost the re-reading form a third of
+// its traffic (the 256-wide head rows, re-read from L1, do not need it).
 #include <algorithm>
 
 #include "core/cuda_check.h"
@@ -23,6 +27,17 @@ int64_t num_row_chunks(int64_t rows) {
   return std::max<int64_t>(1, std::min(kMaxChunks, (rows + kMinRowsPerChunk - 1) / kMinRowsPerChunk));
 }
 
+// The rows whose lanes keep their part in registers: widths of 32 lanes x 8 values x kIters, kIters
+// a power of two from 4 up to the cap (the backward holds x and dy: 128 floats a lane at 8; the
+// forward one row: 128 at 16). Narrower rows are re-read from L1 cheaply. 0: the re-reading form.
+constexpr int kMaxForwardIters = 16;
+constexpr int kMaxBackwardIters = 8;
+int registered_iters(int64_t width, int cap) {
+  for (int iters = 4; iters <= cap; iters *= 2)
+    if (width == int64_t{256} * iters) return iters;
+  return 0;
+}
+
 // kVec values of s = x (+ delta, added in fp32: the stream is not rounded).
 template <int kVec, typename TX>
 __device__ __forceinline__ void load_input(const TX* x, int64_t x_offset, const Bf16* delta, int64_t offset,
@@ -36,7 +51,9 @@ __device__ __forceinline__ void load_input(const TX* x, int64_t x_offset, const 
   }
 }
 
-template <int kVec, typename TX>
+// kIters > 0: the width is 32 kVec kIters, and a lane's kIters vectors stay in registers between
+// the two passes; 0: any width, the second pass re-reads the inputs.
+template <int kVec, int kIters, typename TX>
 __global__ void rms_norm_forward_kernel(const TX* x, int64_t x_stride, const Bf16* delta, float* sum_out,
                                         const float* weight, Bf16* y, float* rstd, int64_t rows, int64_t width,
                                         float eps) {
@@ -45,6 +62,33 @@ __global__ void rms_norm_forward_kernel(const TX* x, int64_t x_stride, const Bf1
   const int lane = threadIdx.x % 32;
   const int64_t base = row * width, x_base = row * x_stride;
   float sum_squares = 0;
+  if constexpr (kIters > 0) {
+    float s[kIters][kVec];
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int64_t c = (it * 32 + lane) * kVec;
+      load_input<kVec>(x, x_base + c, delta, base + c, s[it]);
+    }
+#pragma unroll
+    for (int it = 0; it < kIters; ++it)
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) sum_squares += s[it][i] * s[it][i];
+    sum_squares = warp_sum(sum_squares);
+    const float inv_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(width) + eps);
+    if (lane == 0) rstd[row] = inv_rms;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int64_t c = (it * 32 + lane) * kVec;
+      float w[kVec], out[kVec];
+      load_as_f32<kVec>(weight + c, w);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) out[i] = s[it][i] * inv_rms * (1.0f + w[i]);
+      // sum_out may alias x: every element was read by this lane above.
+      if (sum_out != nullptr) store_from_f32<kVec>(sum_out + base + c, s[it]);
+      store_from_f32<kVec>(y + base + c, out);
+    }
+    return;
+  }
   for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
     float s[kVec];
     load_input<kVec>(x, x_base + c, delta, base + c, s);
@@ -54,7 +98,7 @@ __global__ void rms_norm_forward_kernel(const TX* x, int64_t x_stride, const Bf1
   sum_squares = warp_sum(sum_squares);
   const float inv_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(width) + eps);
   if (lane == 0) rstd[row] = inv_rms;
-  // Second pass re-reads the inputs (L1/L2-resident) so that any width fits.
+  // Second pass re-reads the inputs (L1/L2-resident for narrow rows) so that any width fits.
   for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
     float s[kVec], w[kVec], out[kVec];
     load_input<kVec>(x, x_base + c, delta, base + c, s);
@@ -87,7 +131,8 @@ __global__ void rms_norm_low_part_kernel(const float* s, const float* weight, co
   }
 }
 
-template <int kVec, typename TX, typename TDy, typename TDx>
+// kIters as in the forward: a lane's x and dy vectors stay in registers between the passes.
+template <int kVec, int kIters, typename TX, typename TDy, typename TDx>
 __global__ void rms_norm_backward_dx_kernel(const TX* x, int64_t x_stride, const float* weight, const float* rstd,
                                             const TDy* dy, const TDx* d_skip, TDx* dx, int64_t dx_stride,
                                             Bf16* dx_bf16, int64_t rows, int64_t width) {
@@ -98,6 +143,60 @@ __global__ void rms_norm_backward_dx_kernel(const TX* x, int64_t x_stride, const
   const float inv_rms = rstd[row];
   // dn = dy * (1 + w); dx = inv_rms * (dn - n * mean(dn * n)), n = x * inv_rms.
   float sum_dn_n = 0;
+  // One vector of the output from x, w, dy and the skip gradient (zeros without one): the same
+  // expression in both forms.
+  const auto finish = [&](int64_t c, const float (&xv)[kVec], const float (&w)[kVec], const float (&g)[kVec],
+                          const float (&skip)[kVec], float mean_dn_n) {
+    float out[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i)
+      out[i] = inv_rms * (g[i] * (1.0f + w[i]) - xv[i] * inv_rms * mean_dn_n) + skip[i];
+    store_from_f32<kVec>(dx + dx_base + c, out);
+    if (dx_bf16 != nullptr) store_from_f32<kVec>(dx_bf16 + base + c, out);
+  };
+  const auto load_skip = [&](int64_t c, float (&skip)[kVec]) {
+    if (d_skip != nullptr) {
+      load_as_f32<kVec>(d_skip + base + c, skip);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) skip[i] = 0.0f;
+    }
+  };
+  if constexpr (kIters > 0) {
+    float xv[kIters][kVec], g[kIters][kVec];
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int64_t c = (it * 32 + lane) * kVec;
+      load_as_f32<kVec>(x + x_base + c, xv[it]);
+      load_as_f32<kVec>(dy + base + c, g[it]);
+    }
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      float w[kVec];
+      load_as_f32<kVec>(weight + (it * 32 + lane) * kVec, w);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) sum_dn_n += g[it][i] * (1.0f + w[i]) * (xv[it][i] * inv_rms);
+    }
+    const float mean_dn_n = warp_sum(sum_dn_n) / static_cast<float>(width);
+    // The skip gradient (which dx may overwrite in place) is read kSkipBatch vectors at a time
+    // before their outputs are stored: a few round trips instead of one per vector, within the
+    // registers that x and dy already take.
+    constexpr int kSkipBatch = kIters < 4 ? kIters : 4;
+#pragma unroll
+    for (int it0 = 0; it0 < kIters; it0 += kSkipBatch) {
+      float skip[kSkipBatch][kVec];
+#pragma unroll
+      for (int b = 0; b < kSkipBatch; ++b) load_skip((((it0 + b) * 32) + lane) * kVec, skip[b]);
+#pragma unroll
+      for (int b = 0; b < kSkipBatch; ++b) {
+        const int64_t c = ((it0 + b) * 32 + lane) * kVec;
+        float w[kVec];
+        load_as_f32<kVec>(weight + c, w);
+        finish(c, xv[it0 + b], w, g[it0 + b], skip[b], mean_dn_n);
+      }
+    }
+    return;
+  }
   for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
     float xv[kVec], w[kVec], g[kVec];
     load_as_f32<kVec>(x + x_base + c, xv);
@@ -108,20 +207,12 @@ __global__ void rms_norm_backward_dx_kernel(const TX* x, int64_t x_stride, const
   }
   const float mean_dn_n = warp_sum(sum_dn_n) / static_cast<float>(width);
   for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
-    float xv[kVec], w[kVec], g[kVec], out[kVec];
+    float xv[kVec], w[kVec], g[kVec], skip[kVec];
     load_as_f32<kVec>(x + x_base + c, xv);
     load_as_f32<kVec>(weight + c, w);
     load_as_f32<kVec>(dy + base + c, g);
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) out[i] = inv_rms * (g[i] * (1.0f + w[i]) - xv[i] * inv_rms * mean_dn_n);
-    if (d_skip != nullptr) {
-      float skip[kVec];
-      load_as_f32<kVec>(d_skip + base + c, skip);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) out[i] += skip[i];
-    }
-    store_from_f32<kVec>(dx + dx_base + c, out);
-    if (dx_bf16 != nullptr) store_from_f32<kVec>(dx_bf16 + base + c, out);
+    load_skip(c, skip);
+    finish(c, xv, w, g, skip, mean_dn_n);
   }
 }
 
@@ -173,12 +264,22 @@ void launch_forward(const TX* x, int64_t x_stride, const Bf16* delta, float* sum
         "rms_norm_forward_cuda: input, weight, output and rstd are required");
   if (rows == 0) return;
   const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const float e = static_cast<float>(eps);
+  const dim3 grid(blocks), block(kWarpsPerBlock * 32);
   if (can_use_vec8(width, x, delta, sum_out, y) && can_use_vec8(width, weight) && x_stride % 8 == 0) {
-    rms_norm_forward_kernel<8, TX><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
-        x, x_stride, delta, sum_out, weight, y, rstd, rows, width, static_cast<float>(eps));
+    switch (registered_iters(width, kMaxForwardIters)) {
+      case 4: rms_norm_forward_kernel<8, 4, TX><<<grid, block, 0, stream>>>(x, x_stride, delta, sum_out, weight, y,
+                                                                             rstd, rows, width, e); break;
+      case 8: rms_norm_forward_kernel<8, 8, TX><<<grid, block, 0, stream>>>(x, x_stride, delta, sum_out, weight, y,
+                                                                             rstd, rows, width, e); break;
+      case 16: rms_norm_forward_kernel<8, 16, TX><<<grid, block, 0, stream>>>(x, x_stride, delta, sum_out, weight, y,
+                                                                               rstd, rows, width, e); break;
+      default: rms_norm_forward_kernel<8, 0, TX><<<grid, block, 0, stream>>>(x, x_stride, delta, sum_out, weight, y,
+                                                                              rstd, rows, width, e);
+    }
   } else {
-    rms_norm_forward_kernel<1, TX><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
-        x, x_stride, delta, sum_out, weight, y, rstd, rows, width, static_cast<float>(eps));
+    rms_norm_forward_kernel<1, 0, TX><<<grid, block, 0, stream>>>(x, x_stride, delta, sum_out, weight, y, rstd, rows,
+                                                                   width, e);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -194,12 +295,19 @@ void launch_backward(const TX* x, int64_t x_stride, const float* weight, const f
   CHECK(workspace_bytes >= needed, "rms_norm_backward_cuda: workspace of ", workspace_bytes, " bytes, needs ", needed);
   if (rows == 0) return;
   const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const dim3 grid(blocks), block(kWarpsPerBlock * 32);
   if (can_use_vec8(width, x, dy, d_skip, dx) && can_use_vec8(width, weight, dx_bf16) && x_stride % 8 == 0 &&
       dx_stride % 8 == 0) {
-    rms_norm_backward_dx_kernel<8, TX, TDy, TDx><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
-        x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width);
+    switch (registered_iters(width, kMaxBackwardIters)) {
+      case 4: rms_norm_backward_dx_kernel<8, 4, TX, TDy, TDx><<<grid, block, 0, stream>>>(
+                  x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width); break;
+      case 8: rms_norm_backward_dx_kernel<8, 8, TX, TDy, TDx><<<grid, block, 0, stream>>>(
+                  x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width); break;
+      default: rms_norm_backward_dx_kernel<8, 0, TX, TDy, TDx><<<grid, block, 0, stream>>>(
+                   x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width);
+    }
   } else {
-    rms_norm_backward_dx_kernel<1, TX, TDy, TDx><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+    rms_norm_backward_dx_kernel<1, 0, TX, TDy, TDx><<<grid, block, 0, stream>>>(
         x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width);
   }
   CUDA_CHECK_LAUNCH();

@@ -139,6 +139,9 @@ TEST(RmsNormGpu, StreamFormMatchesReferenceOverShapes) {
   check_stream_norm(300, 64, true, true, true, 30);      // fused add + skip gradient, fp32 dy
   check_stream_norm(513, 2048, true, false, false, 40);  // decoder norm at the 35B hidden width
   check_stream_norm(513, 2048, true, true, true, 45);    // input_layernorm backward: fp32 dy + skip
+  check_stream_norm(77, 1024, true, true, true, 50);     // rows kept in registers, 4 vectors a lane
+  check_stream_norm(33, 4096, true, true, false, 55);    // forward kept (16 vectors), backward re-reads
+  check_stream_norm(21, 2304, true, false, true, 58);    // a 256-multiple not kept: the re-reading form
   check_stream_norm(3, 8, false, true, false, 60);       // tiny, single chunk
   check_stream_norm(20000, 24, false, false, true, 70);  // many rows: many d_weight chunks
 }
