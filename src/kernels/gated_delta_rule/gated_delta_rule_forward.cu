@@ -16,8 +16,9 @@ namespace gdn_cuda {
 namespace {
 
 // One block: thread 0 counts chunks and state slots (boundaries between two chunks of one
-// sequence) per sequence, then all threads fill the table.
-__global__ void build_chunk_table_kernel(const int32_t* cu_seqlens, int num_seqs,
+// sequence) per sequence, then all threads fill the table and zero its entries past the count
+// (load_chunk reads a block's entry before it knows the count).
+__global__ void build_chunk_table_kernel(const int32_t* cu_seqlens, int num_seqs, int max_chunks,
                                          ChunkInfo* chunks, int* chunk_count, int* chunk_offsets,
                                          int* slot_offsets) {
   if (threadIdx.x == 0) {
@@ -34,6 +35,8 @@ __global__ void build_chunk_table_kernel(const int32_t* cu_seqlens, int num_seqs
     *chunk_count = total;
   }
   __syncthreads();
+  for (int c = *chunk_count + static_cast<int>(threadIdx.x); c < max_chunks; c += blockDim.x)
+    chunks[c] = ChunkInfo{0, 0, 0, -1, -1};
   for (int n = threadIdx.x; n < num_seqs; n += blockDim.x) {
     const int begin = cu_seqlens[n], end = cu_seqlens[n + 1];
     const int first = chunk_offsets[n], slot0 = slot_offsets[n];
@@ -116,8 +119,8 @@ __global__ void __launch_bounds__(kThreads, 2)
                           const __nv_bfloat16* k, const __nv_bfloat16* v, const float* g,
                           const float* beta, Workspace ws) {
   const int chunk = blockIdx.x, h = blockIdx.y;
-  if (chunk >= *ws.chunk_count) return;
-  const ChunkInfo ci = ws.chunks[chunk];
+  ChunkInfo ci;
+  if (!load_chunk(ws, chunk, &ci)) return;
   const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
   const int kh = key_head_of(s, h), len = ci.len, tid = threadIdx.x, warp = tid >> 5;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -331,14 +334,19 @@ struct OutputSmem {
 };
 static_assert(sizeof(OutputSmem) <= kSm80MaxSharedBytesPerBlock, "the shared tiles must fit sm_80's 163 KB");
 
-// Grid (max_chunks, Hv, ceil(Dv / 64)): o_i = e^gamma_i (scale q_i)^T H + sum_{j<=i} P_ij v_new_j
-// for 64 output columns; H is the chunk's slot or, for a sequence's first chunk, its initial state.
+// One block per (chunk, value head, 64 output columns), numbered column fastest, then value head,
+// then chunk: o_i = e^gamma_i (scale q_i)^T H + sum_{j<=i} P_ij v_new_j for the block's columns; H
+// is the chunk's slot or, for a sequence's first chunk, its initial state. The column blocks of a
+// (chunk, head), and the value heads of a key head, run next to each other, so that the second
+// reads of q and P come from L2.
 __global__ void __launch_bounds__(kThreads, 2)
     output_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
                   const float* initial_state, Workspace ws, __nv_bfloat16* o) {
-  const int chunk = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kScanCols;
-  if (chunk >= *ws.chunk_count) return;
-  const ChunkInfo ci = ws.chunks[chunk];
+  const int col_blocks = (s.value_dim + kScanCols - 1) / kScanCols;
+  const int block = static_cast<int>(blockIdx.x), col0 = (block % col_blocks) * kScanCols;
+  const int h = (block / col_blocks) % s.num_value_heads, chunk = block / col_blocks / s.num_value_heads;
+  ChunkInfo ci;
+  if (!load_chunk(ws, chunk, &ci)) return;
   const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
   const int kh = key_head_of(s, h), len = ci.len, tid = threadIdx.x, warp = tid >> 5;
   const int cols = min(kScanCols, Dv - col0);
@@ -433,6 +441,9 @@ void check_shape(const char* op, const GatedDeltaRuleShape& s) {
   CHECK(s.num_key_heads > 0 && s.num_value_heads > 0 && s.num_value_heads <= 65535, op,
         ": head counts must be positive (Hv <= 65535), got Hk=", s.num_key_heads,
         " Hv=", s.num_value_heads);
+  CHECK(max_chunks(s) * s.num_value_heads * ((s.value_dim + kScanCols - 1) / kScanCols) < (int64_t{1} << 31), op,
+        ": ", s.num_tokens, " tokens in ", s.num_seqs, " sequences x ", s.num_value_heads,
+        " value heads overflow the output kernel's 32-bit block numbers");
   CHECK(s.num_value_heads % s.num_key_heads == 0, op, ": value heads Hv=", s.num_value_heads,
         " must be a multiple of key heads Hk=", s.num_key_heads);
   CHECK(s.key_dim > 0 && s.key_dim <= kGatedDeltaRuleCudaMaxHeadDim && s.value_dim > 0 &&
@@ -443,7 +454,8 @@ void check_shape(const char* op, const GatedDeltaRuleShape& s) {
 
 void launch_build_chunk_table(const GatedDeltaRuleShape& s, const Workspace& ws,
                               cudaStream_t stream) {
-  build_chunk_table_kernel<<<1, kThreads, 0, stream>>>(s.cu_seqlens, s.num_seqs, ws.chunks,
+  build_chunk_table_kernel<<<1, kThreads, 0, stream>>>(s.cu_seqlens, s.num_seqs,
+                                                       static_cast<int>(max_chunks(s)), ws.chunks,
                                                        ws.chunk_count, ws.chunk_offsets,
                                                        ws.slot_offsets);
   CUDA_CHECK_LAUNCH();
@@ -475,9 +487,8 @@ void launch_output(const GatedDeltaRuleShape& s, float scale, const __nv_bfloat1
                    cudaStream_t stream) {
   const size_t smem = sizeof(OutputSmem);
   allow_smem(output_kernel, smem);
-  const dim3 grid(static_cast<unsigned>(max_chunks(s)), s.num_value_heads,
-                  (s.value_dim + kScanCols - 1) / kScanCols);
-  output_kernel<<<grid, kThreads, smem, stream>>>(s, scale, q, initial_state, ws, o);
+  const int64_t blocks = max_chunks(s) * s.num_value_heads * ((s.value_dim + kScanCols - 1) / kScanCols);
+  output_kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(s, scale, q, initial_state, ws, o);
   CUDA_CHECK_LAUNCH();
 }
 

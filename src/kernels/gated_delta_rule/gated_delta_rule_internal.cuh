@@ -80,6 +80,14 @@ struct Workspace {
   float* dgamma;          // [T, Hv] partial d gamma from the state terms
 };
 
+// A per-chunk block's table entry, read together with the count so that the two loads make one
+// round trip instead of two (the table's build zeroes the entries past the count, so the early
+// read is defined); false: the block's chunk is past the count and it has no work.
+__device__ __forceinline__ bool load_chunk(const Workspace& ws, int chunk, ChunkInfo* ci) {
+  *ci = ws.chunks[chunk];
+  return chunk < *ws.chunk_count;
+}
+
 // Where a [Dk, Dv] boundary state (or its gradient) comes from: a bf16 slot of the workspace, or
 // the caller's fp32 initial state / d_final_state at a sequence's ends; both null means zeros.
 struct StateSource {
