@@ -4,6 +4,7 @@
 // operands, and W's and U's fp32 coefficients split in two), the triangular inverse, the running
 // state and the gates in fp32.
 #include <algorithm>
+#include <cstddef>
 
 #include "core/cuda_check.h"
 #include "kernels/common/kernel_path_cuda.h"
@@ -62,6 +63,10 @@ struct PrepareSmem {
   float gamma[kChunk], beta[kChunk], exp_gamma[kChunk];
 };
 static_assert(sizeof(PrepareSmem) <= kSm80MaxSharedBytesPerBlock, "the shared tiles must fit sm_80's 163 KB");
+static_assert(sizeof(PrepareSmem::a) >= sizeof(__nv_bfloat16) * kChunk * kBf16Stride &&
+                  offsetof(PrepareSmem, a) % 16 == 0 && offsetof(PrepareSmem, q) % 16 == 0 &&
+                  (kBf16Stride * sizeof(__nv_bfloat16)) % 16 == 0 && (kSqStride * sizeof(float)) % 16 == 0,
+              "U's bf16 tile fits the inverse's A, and the staged rows are read 16 bytes at a time");
 
 // a = (I + L)^-1 for a strictly lower triangular 64 x 64 L, in fp32: the four 16 x 16 diagonal
 // blocks by forward substitution (one warp each), then the block rows below them in turn,
@@ -161,29 +166,60 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
   invert_unit_lower(sm.l, sm.a, sm.au);
+  // A leaves in 16-byte row pieces (8 columns a thread); A diag(beta e^gamma) and A diag(beta)
+  // take its place for the W and U products.
   __nv_bfloat16* a_out = ws.a_inv + square_first;
-  for (int idx = tid; idx < kChunk * kChunk; idx += kThreads) {
-    const int i = idx / kChunk, j = idx % kChunk;
-    const float a = sm.a[i * kSqStride + j];
-    if (i < len) a_out[i * square_row + j] = __float2bfloat16(a);
-    sm.l[i * kSqStride + j] = a * sm.beta[j] * sm.exp_gamma[j];
-    sm.au[i * kSqStride + j] = a * sm.beta[j];
+  for (int idx = tid; idx < kChunk * kChunk / 8; idx += kThreads) {
+    const int i = idx / (kChunk / 8), j0 = 8 * (idx % (kChunk / 8));
+    const float4 lo = *reinterpret_cast<const float4*>(&sm.a[i * kSqStride + j0]);
+    const float4 hi = *reinterpret_cast<const float4*>(&sm.a[i * kSqStride + j0 + 4]);
+    const float a[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    __align__(16) __nv_bfloat16 a_bf16[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int j = j0 + u;
+      a_bf16[u] = __float2bfloat16(a[u]);
+      sm.l[i * kSqStride + j] = a[u] * sm.beta[j] * sm.exp_gamma[j];
+      sm.au[i * kSqStride + j] = a[u] * sm.beta[j];
+    }
+    if (i < len) *reinterpret_cast<uint4*>(a_out + i * square_row + j0) = *reinterpret_cast<const uint4*>(a_bf16);
   }
   __syncthreads();
-  // W and U: 64 x 128 each; warp tile rows 16 (warp % 4), columns 64 (warp / 4).
+  // W and U: 64 x 128 each; warp tile rows 16 (warp % 4), columns 64 (warp / 4). Their bf16 values
+  // go through shared tiles nothing reads any more (W through q's, U through the inverse's A) and
+  // leave as 16-byte row pieces, rows past len not stored: a thread's fragment alone would store 64
+  // scattered 2-byte values a matrix. A head dim that is not a multiple of 8 stores them one by one.
+  const bool staged = Dk % 8 == 0 && Dv % 8 == 0;
+  __nv_bfloat16* const w_tile = sm.q;
+  __nv_bfloat16* const u_tile = reinterpret_cast<__nv_bfloat16*>(sm.a);
   const int m0 = 16 * (warp & 3), n0 = 64 * (warp >> 2);
   float acc[1][8][4];
+  const auto put = [&](const float (&values)[1][8][4], __nv_bfloat16* tile, __nv_bfloat16* out, int dim) {
+    for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
+      const __nv_bfloat16 value = __float2bfloat16(values[mt][nt][r]);
+      if (staged)
+        tile[i * kBf16Stride + d] = value;
+      else if (i < len && d < dim)
+        out[(row_first + static_cast<int64_t>(i) * Hv) * dim + d] = value;
+    });
+  };
   zero_acc(acc);
   warp_mma<1, 8, kChunk>(acc, rows_of<kSqStride>(sm.l), m0, rows_of<kBf16Stride>(sm.k), n0);
-  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
-    if (i < len && d < Dk) ws.w[(row_first + static_cast<int64_t>(i) * Hv) * Dk + d] = __float2bfloat16(acc[mt][nt][r]);
-  });
+  put(acc, w_tile, ws.w, Dk);
   zero_acc(acc);
   warp_mma<1, 8, kChunk>(acc, rows_of<kSqStride>(sm.au), m0, rows_of<kBf16Stride>(sm.v), n0);
-  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
-    if (i < len && e < Dv)
-      ws.v_new[(row_first + static_cast<int64_t>(i) * Hv) * Dv + e] = __float2bfloat16(acc[mt][nt][r]);
-  });
+  put(acc, u_tile, ws.v_new, Dv);
+  if (!staged) return;
+  __syncthreads();
+  const auto copy_out = [&](const __nv_bfloat16* tile, __nv_bfloat16* out, int dim) {
+    for (int idx = tid; idx < len * (dim / 8); idx += kThreads) {
+      const int i = idx / (dim / 8), c = 8 * (idx % (dim / 8));
+      *reinterpret_cast<uint4*>(out + (row_first + static_cast<int64_t>(i) * Hv) * dim + c) =
+          *reinterpret_cast<const uint4*>(tile + i * kBf16Stride + c);
+    }
+  };
+  copy_out(w_tile, ws.w, Dk);
+  copy_out(u_tile, ws.v_new, Dv);
 }
 
 // State columns one forward-scan block carries. The scan is a chain of dependent steps per
