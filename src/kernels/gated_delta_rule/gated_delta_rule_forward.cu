@@ -18,7 +18,7 @@ namespace {
 
 // One block: thread 0 counts chunks and state slots (boundaries between two chunks of one
 // sequence) per sequence, then all threads fill the table and zero its entries past the count
-// (load_chunk reads a block's entry before it knows the count).
+// (load_chunk tells a block past the count by its entry's zero length).
 __global__ void build_chunk_table_kernel(const int32_t* cu_seqlens, int num_seqs, int max_chunks,
                                          ChunkInfo* chunks, int* chunk_count, int* chunk_offsets,
                                          int* slot_offsets) {
@@ -477,15 +477,15 @@ void check_shape(const char* op, const GatedDeltaRuleShape& s) {
   CHECK(s.num_key_heads > 0 && s.num_value_heads > 0 && s.num_value_heads <= 65535, op,
         ": head counts must be positive (Hv <= 65535), got Hk=", s.num_key_heads,
         " Hv=", s.num_value_heads);
-  CHECK(max_chunks(s) * s.num_value_heads * ((s.value_dim + kScanCols - 1) / kScanCols) < (int64_t{1} << 31), op,
-        ": ", s.num_tokens, " tokens in ", s.num_seqs, " sequences x ", s.num_value_heads,
-        " value heads overflow the output kernel's 32-bit block numbers");
   CHECK(s.num_value_heads % s.num_key_heads == 0, op, ": value heads Hv=", s.num_value_heads,
         " must be a multiple of key heads Hk=", s.num_key_heads);
   CHECK(s.key_dim > 0 && s.key_dim <= kGatedDeltaRuleCudaMaxHeadDim && s.value_dim > 0 &&
             s.value_dim <= kGatedDeltaRuleCudaMaxHeadDim,
         op, ": head dims must be in [1, ", kGatedDeltaRuleCudaMaxHeadDim, "], got Dk=", s.key_dim,
         " Dv=", s.value_dim);
+  CHECK(max_chunks(s) * s.num_value_heads * ((s.value_dim + kScanCols - 1) / kScanCols) < (int64_t{1} << 31), op,
+        ": ", s.num_tokens, " tokens in ", s.num_seqs, " sequences x ", s.num_value_heads,
+        " value heads overflow the output kernel's 32-bit block numbers");
 }
 
 void launch_build_chunk_table(const GatedDeltaRuleShape& s, const Workspace& ws,

@@ -80,12 +80,19 @@ struct Workspace {
   float* dgamma;          // [T, Hv] partial d gamma from the state terms
 };
 
-// A per-chunk block's table entry, read together with the count so that the two loads make one
-// round trip instead of two (the table's build zeroes the entries past the count, so the early
-// read is defined); false: the block's chunk is past the count and it has no work.
+// A per-chunk block's table entry; false: the block's chunk is past the count and it has no work
+// (the table's build zeroes those entries, and every used chunk holds at least one token). Testing
+// the entry's own length instead of the count saves a dependent round trip before the tiles can
+// be addressed, and the volatile reads keep the compiler from sinking the start token's load below
+// the test.
 __device__ __forceinline__ bool load_chunk(const Workspace& ws, int chunk, ChunkInfo* ci) {
-  *ci = ws.chunks[chunk];
-  return chunk < *ws.chunk_count;
+  const volatile ChunkInfo* entry = ws.chunks + chunk;
+  ci->t0 = entry->t0;
+  ci->len = entry->len;
+  ci->seq = entry->seq;
+  ci->h_slot = entry->h_slot;
+  ci->dh_slot = entry->dh_slot;
+  return ci->len > 0;
 }
 
 // Where a [Dk, Dv] boundary state (or its gradient) comes from: a bf16 slot of the workspace, or

@@ -7,6 +7,7 @@
 // at 8,192 tokens) do not stay in L2 for a second read, which cost the re-reading form a third of
 // its traffic (the 256-wide head rows, re-read from L1, do not need it).
 #include <algorithm>
+#include <type_traits>
 
 #include "core/cuda_check.h"
 #include "kernels/gemm/bf16_vector.cuh"
@@ -87,8 +88,7 @@ __global__ void rms_norm_forward_kernel(const TX* x, int64_t x_stride, const Bf1
       if (sum_out != nullptr) store_from_f32<kVec>(sum_out + base + c, s[it]);
       store_from_f32<kVec>(y + base + c, out);
     }
-    return;
-  }
+  } else {
   for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
     float s[kVec];
     load_input<kVec>(x, x_base + c, delta, base + c, s);
@@ -108,6 +108,7 @@ __global__ void rms_norm_forward_kernel(const TX* x, int64_t x_stride, const Bf1
     // sum_out may alias x: every element is read and written by the same lane, in this last pass.
     if (sum_out != nullptr) store_from_f32<kVec>(sum_out + base + c, s);
     store_from_f32<kVec>(y + base + c, out);
+  }
   }
 }
 
@@ -143,24 +144,22 @@ __global__ void rms_norm_backward_dx_kernel(const TX* x, int64_t x_stride, const
   const float inv_rms = rstd[row];
   // dn = dy * (1 + w); dx = inv_rms * (dn - n * mean(dn * n)), n = x * inv_rms.
   float sum_dn_n = 0;
-  // One vector of the output from x, w, dy and the skip gradient (zeros without one): the same
-  // expression in both forms.
+  // One vector of the output from x, w, dy and the skip gradient (unread without one): the same
+  // expression in both forms, the skip added by its own rounded add so that no multiply-add
+  // contraction takes it in.
   const auto finish = [&](int64_t c, const float (&xv)[kVec], const float (&w)[kVec], const float (&g)[kVec],
                           const float (&skip)[kVec], float mean_dn_n) {
     float out[kVec];
 #pragma unroll
-    for (int i = 0; i < kVec; ++i)
-      out[i] = inv_rms * (g[i] * (1.0f + w[i]) - xv[i] * inv_rms * mean_dn_n) + skip[i];
+    for (int i = 0; i < kVec; ++i) {
+      out[i] = inv_rms * (g[i] * (1.0f + w[i]) - xv[i] * inv_rms * mean_dn_n);
+      if (d_skip != nullptr) out[i] = __fadd_rn(out[i], skip[i]);
+    }
     store_from_f32<kVec>(dx + dx_base + c, out);
     if (dx_bf16 != nullptr) store_from_f32<kVec>(dx_bf16 + base + c, out);
   };
   const auto load_skip = [&](int64_t c, float (&skip)[kVec]) {
-    if (d_skip != nullptr) {
-      load_as_f32<kVec>(d_skip + base + c, skip);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) skip[i] = 0.0f;
-    }
+    if (d_skip != nullptr) load_as_f32<kVec>(d_skip + base + c, skip);
   };
   if constexpr (kIters > 0) {
     float xv[kIters][kVec], g[kIters][kVec];
@@ -182,6 +181,7 @@ __global__ void rms_norm_backward_dx_kernel(const TX* x, int64_t x_stride, const
     // before their outputs are stored: a few round trips instead of one per vector, within the
     // registers that x and dy already take.
     constexpr int kSkipBatch = kIters < 4 ? kIters : 4;
+    static_assert(kIters % kSkipBatch == 0, "whole batches of skip vectors");
 #pragma unroll
     for (int it0 = 0; it0 < kIters; it0 += kSkipBatch) {
       float skip[kSkipBatch][kVec];
@@ -195,8 +195,7 @@ __global__ void rms_norm_backward_dx_kernel(const TX* x, int64_t x_stride, const
         finish(c, xv[it0 + b], w, g[it0 + b], skip[b], mean_dn_n);
       }
     }
-    return;
-  }
+  } else {
   for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
     float xv[kVec], w[kVec], g[kVec];
     load_as_f32<kVec>(x + x_base + c, xv);
@@ -213,6 +212,7 @@ __global__ void rms_norm_backward_dx_kernel(const TX* x, int64_t x_stride, const
     load_as_f32<kVec>(dy + base + c, g);
     load_skip(c, skip);
     finish(c, xv, w, g, skip, mean_dn_n);
+  }
   }
 }
 
@@ -267,16 +267,18 @@ void launch_forward(const TX* x, int64_t x_stride, const Bf16* delta, float* sum
   const float e = static_cast<float>(eps);
   const dim3 grid(blocks), block(kWarpsPerBlock * 32);
   if (can_use_vec8(width, x, delta, sum_out, y) && can_use_vec8(width, weight) && x_stride % 8 == 0) {
-    switch (registered_iters(width, kMaxForwardIters)) {
-      case 4: rms_norm_forward_kernel<8, 4, TX><<<grid, block, 0, stream>>>(x, x_stride, delta, sum_out, weight, y,
-                                                                             rstd, rows, width, e); break;
-      case 8: rms_norm_forward_kernel<8, 8, TX><<<grid, block, 0, stream>>>(x, x_stride, delta, sum_out, weight, y,
-                                                                             rstd, rows, width, e); break;
-      case 16: rms_norm_forward_kernel<8, 16, TX><<<grid, block, 0, stream>>>(x, x_stride, delta, sum_out, weight, y,
-                                                                               rstd, rows, width, e); break;
-      default: rms_norm_forward_kernel<8, 0, TX><<<grid, block, 0, stream>>>(x, x_stride, delta, sum_out, weight, y,
-                                                                              rstd, rows, width, e);
+    // The kept-row forms serve the fp32 stream only (the bf16 head rows are narrow).
+    const int iters = std::is_same_v<TX, float> ? registered_iters(width, kMaxForwardIters) : 0;
+    if constexpr (std::is_same_v<TX, float>) {
+      if (iters == 4) rms_norm_forward_kernel<8, 4, TX><<<grid, block, 0, stream>>>(x, x_stride, delta, sum_out, weight,
+                                                                                     y, rstd, rows, width, e);
+      if (iters == 8) rms_norm_forward_kernel<8, 8, TX><<<grid, block, 0, stream>>>(x, x_stride, delta, sum_out, weight,
+                                                                                     y, rstd, rows, width, e);
+      if (iters == 16) rms_norm_forward_kernel<8, 16, TX><<<grid, block, 0, stream>>>(x, x_stride, delta, sum_out,
+                                                                                       weight, y, rstd, rows, width, e);
     }
+    if (iters == 0) rms_norm_forward_kernel<8, 0, TX><<<grid, block, 0, stream>>>(x, x_stride, delta, sum_out, weight, y,
+                                                                                   rstd, rows, width, e);
   } else {
     rms_norm_forward_kernel<1, 0, TX><<<grid, block, 0, stream>>>(x, x_stride, delta, sum_out, weight, y, rstd, rows,
                                                                    width, e);
@@ -298,14 +300,15 @@ void launch_backward(const TX* x, int64_t x_stride, const float* weight, const f
   const dim3 grid(blocks), block(kWarpsPerBlock * 32);
   if (can_use_vec8(width, x, dy, d_skip, dx) && can_use_vec8(width, weight, dx_bf16) && x_stride % 8 == 0 &&
       dx_stride % 8 == 0) {
-    switch (registered_iters(width, kMaxBackwardIters)) {
-      case 4: rms_norm_backward_dx_kernel<8, 4, TX, TDy, TDx><<<grid, block, 0, stream>>>(
-                  x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width); break;
-      case 8: rms_norm_backward_dx_kernel<8, 8, TX, TDy, TDx><<<grid, block, 0, stream>>>(
-                  x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width); break;
-      default: rms_norm_backward_dx_kernel<8, 0, TX, TDy, TDx><<<grid, block, 0, stream>>>(
-                   x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width);
+    const int iters = std::is_same_v<TX, float> ? registered_iters(width, kMaxBackwardIters) : 0;
+    if constexpr (std::is_same_v<TX, float>) {
+      if (iters == 4) rms_norm_backward_dx_kernel<8, 4, TX, TDy, TDx><<<grid, block, 0, stream>>>(
+          x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width);
+      if (iters == 8) rms_norm_backward_dx_kernel<8, 8, TX, TDy, TDx><<<grid, block, 0, stream>>>(
+          x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width);
     }
+    if (iters == 0) rms_norm_backward_dx_kernel<8, 0, TX, TDy, TDx><<<grid, block, 0, stream>>>(
+        x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width);
   } else {
     rms_norm_backward_dx_kernel<1, 0, TX, TDy, TDx><<<grid, block, 0, stream>>>(
         x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width);
