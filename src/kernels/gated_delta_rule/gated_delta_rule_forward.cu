@@ -18,7 +18,7 @@ namespace {
 
 // One block: thread 0 counts chunks and state slots (boundaries between two chunks of one
 // sequence) per sequence, then all threads fill the table and zero its entries past the count
-// (load_chunk tells a block past the count by its entry's zero length).
+// (the forward's load_chunk tells a block past the count by its entry's zero length).
 __global__ void build_chunk_table_kernel(const int32_t* cu_seqlens, int num_seqs, int max_chunks,
                                          ChunkInfo* chunks, int* chunk_count, int* chunk_offsets,
                                          int* slot_offsets) {
@@ -174,15 +174,20 @@ __global__ void __launch_bounds__(kThreads, 2)
     const float4 lo = *reinterpret_cast<const float4*>(&sm.a[i * kSqStride + j0]);
     const float4 hi = *reinterpret_cast<const float4*>(&sm.a[i * kSqStride + j0 + 4]);
     const float a[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    __align__(16) __nv_bfloat16 a_bf16[8];
+    uint32_t a_bf16[4];  // bf16 pairs, so that the row piece leaves as one 16-byte store
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
       const int j = j0 + u;
-      a_bf16[u] = __float2bfloat16(a[u]);
       sm.l[i * kSqStride + j] = a[u] * sm.beta[j] * sm.exp_gamma[j];
       sm.au[i * kSqStride + j] = a[u] * sm.beta[j];
     }
-    if (i < len) *reinterpret_cast<uint4*>(a_out + i * square_row + j0) = *reinterpret_cast<const uint4*>(a_bf16);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const __nv_bfloat162 pair = __halves2bfloat162(__float2bfloat16(a[2 * u]), __float2bfloat16(a[2 * u + 1]));
+      a_bf16[u] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+    if (i < len)
+      *reinterpret_cast<uint4*>(a_out + i * square_row + j0) = make_uint4(a_bf16[0], a_bf16[1], a_bf16[2], a_bf16[3]);
   }
   __syncthreads();
   // W and U: 64 x 128 each; warp tile rows 16 (warp % 4), columns 64 (warp / 4). Their bf16 values

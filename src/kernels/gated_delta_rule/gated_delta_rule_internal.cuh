@@ -80,11 +80,12 @@ struct Workspace {
   float* dgamma;          // [T, Hv] partial d gamma from the state terms
 };
 
-// A per-chunk block's table entry; false: the block's chunk is past the count and it has no work
-// (the table's build zeroes those entries, and every used chunk holds at least one token). Testing
-// the entry's own length instead of the count saves a dependent round trip before the tiles can
-// be addressed, and the volatile reads keep the compiler from sinking the start token's load below
-// the test.
+// A forward per-chunk block's table entry; false: the block's chunk is past the count and it has
+// no work (the table's build zeroes those entries, and every used chunk holds at least one token).
+// Testing the entry's own length instead of the count saves a dependent round trip before the
+// tiles can be addressed, and the volatile reads keep the compiler from sinking the start token's
+// load below the test. (The backward's two-head blocks read the count first: the early entry
+// cost grads_local 48-52 bytes of spills at its 128 registers.)
 __device__ __forceinline__ bool load_chunk(const Workspace& ws, int chunk, ChunkInfo* ci) {
   const volatile ChunkInfo* entry = ws.chunks + chunk;
   ci->t0 = entry->t0;

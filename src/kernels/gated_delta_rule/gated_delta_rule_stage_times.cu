@@ -1,6 +1,7 @@
 // Per-stage timing of the gated delta rule CUDA forward and backward (benchmark aid): CUDA events
 // recorded between the stages of both directions, medians over repeats.
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "core/cuda_check.h"
@@ -24,6 +25,8 @@ std::vector<GatedDeltaRuleStageTime> gated_delta_rule_stage_times_cuda(
         "gated_delta_rule_stage_times_cuda: workspace of ", workspace_bytes, " bytes, need ",
         needed);
   CHECK(repeats >= 1, "gated_delta_rule_stage_times_cuda: repeats must be >= 1, got ", repeats);
+  CHECK(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "gated_delta_rule_stage_times_cuda: the workspace "
+        "must be 256-byte aligned");
   // The backward layout extends the forward one (same offsets for the shared fields).
   Workspace ws{};
   carve_workspace(shape, true, workspace, &ws);
