@@ -18,6 +18,7 @@
 #include "kernels/gated_delta_rule/gated_delta_rule.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_cuda.h"
 #include "kernels/gated_delta_rule/gdn_gpu_test_util.h"
+#include "testing/bit_fingerprint.h"
 
 namespace deltamoe {
 namespace {
@@ -208,6 +209,15 @@ void run_case(const GdnCase& c) {
   got.dg = download_f32(dg);
   got.dbeta = download_f32(dbeta);
   got.d_initial_state = download_f32(d_init);
+  // Fingerprints of every result, for comparing two builds of the kernels bit for bit.
+  const std::string label = std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_T" +
+                            std::to_string(T) + "_N" + std::to_string(N) + "_Dk" + std::to_string(Dk) + "_Dv" +
+                            std::to_string(Dv) + (c.with_states ? "_states" : "");
+  for (const auto& [name, tensor] :
+       {std::pair{"o", &got.o}, std::pair{"final_state", &got.final_state}, std::pair{"dq", &got.dq},
+        std::pair{"dk", &got.dk}, std::pair{"dv", &got.dv}, std::pair{"dg", &got.dg}, std::pair{"dbeta", &got.dbeta},
+        std::pair{"d_initial_state", &got.d_initial_state}})
+    print_bit_fingerprint(label.c_str(), name, *tensor);
   // Deterministic: a second backward over the same inputs gives the same bits (no ordering of
   // atomics can change a rounding).
   backward();

@@ -4,10 +4,13 @@
 // and the bf16 head form (contiguous and strided), forward and backward; timing at the 35B widths.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "kernels/gemm/gpu_test_util.h"
 #include "kernels/gemm/gpu_timing.h"
 #include "kernels/rms_norm/rms_norm.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
+#include "testing/bit_fingerprint.h"
 
 namespace deltamoe {
 namespace {
@@ -66,6 +69,13 @@ void check_stream_norm(int64_t rows, int64_t width, bool fused_add, bool with_sk
                            nullptr);
   }
   device_synchronize();
+  // Fingerprints of the results, for comparing two builds of the kernels bit for bit.
+  const std::string label = "rows" + std::to_string(rows) + "_width" + std::to_string(width) + "_add" +
+                            std::to_string(fused_add) + "_skip" + std::to_string(with_skip) + "_dyf32" +
+                            std::to_string(dy_f32);
+  for (const auto& [name, tensor] : {std::pair{"y", &y_d}, std::pair{"rstd", &rstd_d}, std::pair{"dx", &dx_d},
+                                     std::pair{"dx_bf16", &dx_bf16_d}, std::pair{"d_weight", &dw_d}})
+    print_bit_fingerprint(label.c_str(), name, to_host(tensor->view));
 
   if (fused_add) {
     // residual + delta is one correctly rounded fp32 add on both sides: bit-exact.
