@@ -52,45 +52,30 @@ __device__ __forceinline__ void load_input(const TX* x, int64_t x_offset, const 
   }
 }
 
+// How many of a row's kVec-wide vectors lane `lane` handles (vectors lane, lane + 32, ...).
+__device__ __forceinline__ int vectors_of_lane(int64_t vectors, int lane) {
+  return static_cast<int>((vectors - lane + 31) / 32);
+}
+
 // kIters > 0: the width is 32 kVec kIters, and a lane's kIters vectors stay in registers between
-// the two passes; 0: any width, the second pass re-reads the inputs.
+// the two passes; 0: any width, the second pass re-reads the inputs (L1-resident for narrow rows).
+// Vector `it` of a lane is at column (32 it + lane) kVec in both forms.
 template <int kVec, int kIters, typename TX>
 __global__ void rms_norm_forward_kernel(const TX* x, int64_t x_stride, const Bf16* delta, float* sum_out,
                                         const float* weight, Bf16* y, float* rstd, int64_t rows, int64_t width,
                                         float eps) {
+  constexpr bool kKept = kIters > 0;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
   const int64_t base = row * width, x_base = row * x_stride;
+  const int vectors = kKept ? kIters : vectors_of_lane(width / kVec, lane);
+  float kept[kKept ? kIters : 1][kVec];  // the row's vectors, or the one in hand
   float sum_squares = 0;
-  if constexpr (kIters > 0) {
-    float s[kIters][kVec];
 #pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int64_t c = (it * 32 + lane) * kVec;
-      load_input<kVec>(x, x_base + c, delta, base + c, s[it]);
-    }
-#pragma unroll
-    for (int it = 0; it < kIters; ++it)
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) sum_squares += s[it][i] * s[it][i];
-    sum_squares = warp_sum(sum_squares);
-    const float inv_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(width) + eps);
-    if (lane == 0) rstd[row] = inv_rms;
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int64_t c = (it * 32 + lane) * kVec;
-      float w[kVec], out[kVec];
-      load_as_f32<kVec>(weight + c, w);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) out[i] = s[it][i] * inv_rms * (1.0f + w[i]);
-      // sum_out may alias x: every element was read by this lane above.
-      if (sum_out != nullptr) store_from_f32<kVec>(sum_out + base + c, s[it]);
-      store_from_f32<kVec>(y + base + c, out);
-    }
-  } else {
-  for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
-    float s[kVec];
+  for (int it = 0; it < vectors; ++it) {
+    const int64_t c = (static_cast<int64_t>(it) * 32 + lane) * kVec;
+    float(&s)[kVec] = kept[kKept ? it : 0];
     load_input<kVec>(x, x_base + c, delta, base + c, s);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) sum_squares += s[i] * s[i];
@@ -98,17 +83,18 @@ __global__ void rms_norm_forward_kernel(const TX* x, int64_t x_stride, const Bf1
   sum_squares = warp_sum(sum_squares);
   const float inv_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(width) + eps);
   if (lane == 0) rstd[row] = inv_rms;
-  // Second pass re-reads the inputs (L1/L2-resident for narrow rows) so that any width fits.
-  for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
-    float s[kVec], w[kVec], out[kVec];
-    load_input<kVec>(x, x_base + c, delta, base + c, s);
+#pragma unroll
+  for (int it = 0; it < vectors; ++it) {
+    const int64_t c = (static_cast<int64_t>(it) * 32 + lane) * kVec;
+    float(&s)[kVec] = kept[kKept ? it : 0];
+    if constexpr (!kKept) load_input<kVec>(x, x_base + c, delta, base + c, s);
+    float w[kVec], out[kVec];
     load_as_f32<kVec>(weight + c, w);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) out[i] = s[i] * inv_rms * (1.0f + w[i]);
-    // sum_out may alias x: every element is read and written by the same lane, in this last pass.
+    // sum_out may alias x: every element was read by this lane before it is written here.
     if (sum_out != nullptr) store_from_f32<kVec>(sum_out + base + c, s);
     store_from_f32<kVec>(y + base + c, out);
-  }
   }
 }
 
@@ -137,67 +123,23 @@ template <int kVec, int kIters, typename TX, typename TDy, typename TDx>
 __global__ void rms_norm_backward_dx_kernel(const TX* x, int64_t x_stride, const float* weight, const float* rstd,
                                             const TDy* dy, const TDx* d_skip, TDx* dx, int64_t dx_stride,
                                             Bf16* dx_bf16, int64_t rows, int64_t width) {
+  constexpr bool kKept = kIters > 0;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
   const int64_t base = row * width, x_base = row * x_stride, dx_base = row * dx_stride;
   const float inv_rms = rstd[row];
+  const int vectors = kKept ? kIters : vectors_of_lane(width / kVec, lane);
+  float x_kept[kKept ? kIters : 1][kVec], dy_kept[kKept ? kIters : 1][kVec];
+  const auto column = [&](int it) { return (static_cast<int64_t>(it) * 32 + lane) * kVec; };
   // dn = dy * (1 + w); dx = inv_rms * (dn - n * mean(dn * n)), n = x * inv_rms.
   float sum_dn_n = 0;
-  // One vector of the output from x, w, dy and the skip gradient (unread without one): the same
-  // expression in both forms, the skip added by its own rounded add so that no multiply-add
-  // contraction takes it in.
-  const auto finish = [&](int64_t c, const float (&xv)[kVec], const float (&w)[kVec], const float (&g)[kVec],
-                          const float (&skip)[kVec], float mean_dn_n) {
-    float out[kVec];
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      out[i] = inv_rms * (g[i] * (1.0f + w[i]) - xv[i] * inv_rms * mean_dn_n);
-      if (d_skip != nullptr) out[i] = __fadd_rn(out[i], skip[i]);
-    }
-    store_from_f32<kVec>(dx + dx_base + c, out);
-    if (dx_bf16 != nullptr) store_from_f32<kVec>(dx_bf16 + base + c, out);
-  };
-  const auto load_skip = [&](int64_t c, float (&skip)[kVec]) {
-    if (d_skip != nullptr) load_as_f32<kVec>(d_skip + base + c, skip);
-  };
-  if constexpr (kIters > 0) {
-    float xv[kIters][kVec], g[kIters][kVec];
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int64_t c = (it * 32 + lane) * kVec;
-      load_as_f32<kVec>(x + x_base + c, xv[it]);
-      load_as_f32<kVec>(dy + base + c, g[it]);
-    }
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      float w[kVec];
-      load_as_f32<kVec>(weight + (it * 32 + lane) * kVec, w);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) sum_dn_n += g[it][i] * (1.0f + w[i]) * (xv[it][i] * inv_rms);
-    }
-    const float mean_dn_n = warp_sum(sum_dn_n) / static_cast<float>(width);
-    // The skip gradient (which dx may overwrite in place) is read kSkipBatch vectors at a time
-    // before their outputs are stored: a few round trips instead of one per vector, within the
-    // registers that x and dy already take.
-    constexpr int kSkipBatch = kIters < 4 ? kIters : 4;
-    static_assert(kIters % kSkipBatch == 0, "whole batches of skip vectors");
-#pragma unroll
-    for (int it0 = 0; it0 < kIters; it0 += kSkipBatch) {
-      float skip[kSkipBatch][kVec];
-#pragma unroll
-      for (int b = 0; b < kSkipBatch; ++b) load_skip((((it0 + b) * 32) + lane) * kVec, skip[b]);
-#pragma unroll
-      for (int b = 0; b < kSkipBatch; ++b) {
-        const int64_t c = ((it0 + b) * 32 + lane) * kVec;
-        float w[kVec];
-        load_as_f32<kVec>(weight + c, w);
-        finish(c, xv[it0 + b], w, g[it0 + b], skip[b], mean_dn_n);
-      }
-    }
-  } else {
-  for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
-    float xv[kVec], w[kVec], g[kVec];
+  for (int it = 0; it < vectors; ++it) {
+    const int64_t c = column(it);
+    float(&xv)[kVec] = x_kept[kKept ? it : 0];
+    float(&g)[kVec] = dy_kept[kKept ? it : 0];
+    float w[kVec];
     load_as_f32<kVec>(x + x_base + c, xv);
     load_as_f32<kVec>(weight + c, w);
     load_as_f32<kVec>(dy + base + c, g);
@@ -205,14 +147,39 @@ __global__ void rms_norm_backward_dx_kernel(const TX* x, int64_t x_stride, const
     for (int i = 0; i < kVec; ++i) sum_dn_n += g[i] * (1.0f + w[i]) * (xv[i] * inv_rms);
   }
   const float mean_dn_n = warp_sum(sum_dn_n) / static_cast<float>(width);
-  for (int64_t c = lane * kVec; c < width; c += 32 * kVec) {
-    float xv[kVec], w[kVec], g[kVec], skip[kVec];
-    load_as_f32<kVec>(x + x_base + c, xv);
-    load_as_f32<kVec>(weight + c, w);
-    load_as_f32<kVec>(dy + base + c, g);
-    load_skip(c, skip);
-    finish(c, xv, w, g, skip, mean_dn_n);
-  }
+  // The skip gradient (which dx may overwrite in place) is read kBatch vectors at a time before
+  // their outputs are stored: with the row kept, a few round trips instead of one per vector,
+  // within the registers x and dy already take.
+  constexpr int kBatch = !kKept ? 1 : kIters < 4 ? kIters : 4;
+  static_assert(!kKept || kIters % kBatch == 0, "whole batches of skip vectors");
+#pragma unroll
+  for (int it0 = 0; it0 < vectors; it0 += kBatch) {
+    float skip[kBatch][kVec];
+    if (d_skip != nullptr) {
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) load_as_f32<kVec>(d_skip + base + column(it0 + b), skip[b]);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int it = it0 + b;
+      const int64_t c = column(it);
+      float(&xv)[kVec] = x_kept[kKept ? it : 0];
+      float(&g)[kVec] = dy_kept[kKept ? it : 0];
+      if constexpr (!kKept) {
+        load_as_f32<kVec>(x + x_base + c, xv);
+        load_as_f32<kVec>(dy + base + c, g);
+      }
+      float w[kVec], out[kVec];
+      load_as_f32<kVec>(weight + c, w);
+      // The skip is added by its own rounded add, so that no multiply-add contraction takes it in.
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        out[i] = inv_rms * (g[i] * (1.0f + w[i]) - xv[i] * inv_rms * mean_dn_n);
+        if (d_skip != nullptr) out[i] = __fadd_rn(out[i], skip[b][i]);
+      }
+      store_from_f32<kVec>(dx + dx_base + c, out);
+      if (dx_bf16 != nullptr) store_from_f32<kVec>(dx_bf16 + base + c, out);
+    }
   }
 }
 
