@@ -16,6 +16,14 @@ namespace deltamoe {
 namespace gdn_cuda {
 namespace {
 
+// Chunk i of sequence `seq` (tokens [begin, end), first state slot slot0): the table's entry,
+// computed. Boundary b, between the sequence's chunks b and b + 1, is slot slot0 + b.
+__device__ __forceinline__ ChunkInfo sequence_chunk(int begin, int end, int seq, int slot0, int i) {
+  const int t0 = begin + i * kChunk;
+  const bool last = t0 + kChunk >= end;
+  return ChunkInfo{t0, min(kChunk, end - t0), seq, i > 0 ? slot0 + i - 1 : -1, last ? -1 : slot0 + i};
+}
+
 // One block: thread 0 counts chunks and state slots (boundaries between two chunks of one
 // sequence) per sequence, then all threads fill the table and zero its entries past the count
 // (the forward's load_chunk tells a block past the count by its entry's zero length).
@@ -40,15 +48,8 @@ __global__ void build_chunk_table_kernel(const int32_t* cu_seqlens, int num_seqs
     chunks[c] = ChunkInfo{0, 0, 0, -1, -1};
   for (int n = threadIdx.x; n < num_seqs; n += blockDim.x) {
     const int begin = cu_seqlens[n], end = cu_seqlens[n + 1];
-    const int first = chunk_offsets[n], slot0 = slot_offsets[n];
-    int c = first;
-    for (int t0 = begin; t0 < end; t0 += kChunk, ++c) {
-      // Boundary b (between chunks first + b and first + b + 1) is slot slot0 + b.
-      const int i = c - first;
-      const bool last = t0 + kChunk >= end;
-      chunks[c] = ChunkInfo{t0, min(kChunk, end - t0), n, i > 0 ? slot0 + i - 1 : -1,
-                            last ? -1 : slot0 + i};
-    }
+    for (int i = 0; begin + i * kChunk < end; ++i)
+      chunks[chunk_offsets[n] + i] = sequence_chunk(begin, end, n, slot_offsets[n], i);
   }
 }
 
@@ -232,136 +233,162 @@ __global__ void __launch_bounds__(kThreads, 2)
 // step and let two blocks share an SM, against one block of 64 columns.
 constexpr int kStateScanCols = 32;
 
-// Shared tiles of the forward state scan carrying kStateScanCols state columns (~74 KB: two
-// blocks per SM). Each half of a chunk's work runs while the other half's inputs are copied in;
-// on the H200 this measured faster than double-buffering all inputs (0.62 against 0.64 ms). The
-// running state stays fp32; its bf16 copy is the operand of V_new = U - W H and the stored slot.
+// Shared tiles of the forward state scan carrying kStateScanCols state columns. The running fp32
+// state lives in registers (the state update's accumulators); shared memory holds its bf16 copy
+// (the operand of V_new = U - W H and the stored slot), V_new scaled for the update, and a ring of
+// kStages chunks' inputs. With two stages (~94 KB, two blocks per SM on Hopper) chunk i + 1's K and
+// chunk i + 2's W, U and gamma are in flight while chunk i runs, so no step waits on memory; one
+// stage (~55 KB) keeps two blocks per SM within sm_80's 164 KB, and each half of a step then
+// covers the other half's loads.
+template <int kStages>
 struct ScanSmem {
-  static constexpr int kStride = kStateScanCols + 4;      // fp32 running state
-  static constexpr int kBf16Cols = kStateScanCols + 8;    // bf16 column slices
-  alignas(16) float h[kD * kStride];                      // state columns [col0, col0 + kStateScanCols)
-  alignas(16) __nv_bfloat16 hb[kD * kBf16Cols];           // the same, rounded to bf16
-  alignas(16) __nv_bfloat16 w[kChunk * kBf16Stride];      // W of the chunk
-  alignas(16) __nv_bfloat16 k[kChunk * kBf16Stride];
-  alignas(16) __nv_bfloat16 u[kChunk * kBf16Cols];        // U, same columns
-  alignas(16) __nv_bfloat16 vn[kChunk * kBf16Cols];       // e^(gamma_last - gamma_j) V_new_j
-  alignas(16) float gamma[kChunk];
+  static constexpr int kBf16Cols = kStateScanCols + 8;  // bf16 column slices
+  struct Inputs {                                       // one chunk's
+    alignas(16) __nv_bfloat16 w[kChunk * kBf16Stride];  // W
+    alignas(16) __nv_bfloat16 k[kChunk * kBf16Stride];  // K of the key head
+    alignas(16) __nv_bfloat16 u[kChunk * kBf16Cols];    // U, the block's columns
+    alignas(16) float gamma[kChunk];
+  };
+  alignas(16) __nv_bfloat16 hb[kD * kBf16Cols];          // state columns [col0, col0 + kStateScanCols), bf16
+  alignas(16) __nv_bfloat16 vn[kChunk * kBf16Cols];      // e^(gamma_last - gamma_j) V_new_j
+  Inputs in[kStages];
 };
-static_assert(sizeof(ScanSmem) <= kSm80MaxSharedBytesPerBlock, "the shared tiles must fit sm_80's 163 KB");
+static_assert(sizeof(ScanSmem<1>) <= kSm80MaxSharedBytesPerBlock / 2 && 2 * sizeof(ScanSmem<2>) <= 227 * 1024,
+              "two scan blocks per SM: one stage on sm_80, two on Hopper");
 
-// Starts the asynchronous copies of one chunk's V_new inputs (W, U, gamma) as one group.
-__device__ void issue_vnew_inputs(ScanSmem& sm, const GatedDeltaRuleShape& s, const Workspace& ws,
+// Starts the asynchronous copies of one chunk's V_new inputs (W, U, gamma); the caller commits.
+template <typename Inputs>
+__device__ void issue_vnew_inputs(Inputs& in, const GatedDeltaRuleShape& s, const Workspace& ws,
                                   const ChunkInfo& ci, int h, int col0, int cols) {
   const int Dk = s.key_dim, Dv = s.value_dim, Hv = s.num_value_heads;
   const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
-  load_tile(sm.w, kBf16Stride, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
+  load_tile(in.w, kBf16Stride, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
             ci.len, Dk);
-  load_tile(sm.u, ScanSmem::kBf16Cols, kChunk, kStateScanCols, ws.v_new + row_first * Dv + col0,
+  load_tile(in.u, kStateScanCols + 8, kChunk, kStateScanCols, ws.v_new + row_first * Dv + col0,
             static_cast<int64_t>(Hv) * Dv, ci.len, cols);
   for (int i = threadIdx.x; i < kChunk; i += blockDim.x) {
     const bool valid = i < ci.len;
-    cp_async_4(&sm.gamma[i], ws.gamma + (valid ? row_first + static_cast<int64_t>(i) * Hv : 0),
+    cp_async_4(&in.gamma[i], ws.gamma + (valid ? row_first + static_cast<int64_t>(i) * Hv : 0),
                valid);
   }
-  cp_async_commit();
 }
 
-// Starts the copy of one chunk's state-update input (K) as one group.
-__device__ void issue_state_input(ScanSmem& sm, const GatedDeltaRuleShape& s,
+// Starts the copy of one chunk's state-update input (K); the caller commits.
+template <typename Inputs>
+__device__ void issue_state_input(Inputs& in, const GatedDeltaRuleShape& s,
                                   const __nv_bfloat16* k, const ChunkInfo& ci, int h) {
   const int Dk = s.key_dim, Hk = s.num_key_heads;
-  load_tile(sm.k, kBf16Stride, kChunk, kD,
+  load_tile(in.k, kBf16Stride, kChunk, kD,
             k + (static_cast<int64_t>(ci.t0) * Hk + key_head_of(s, h)) * Dk,
             static_cast<int64_t>(Hk) * Dk, ci.len, Dk);
-  cp_async_commit();
 }
 
 // Grid (N, Hv, ceil(Dv / kStateScanCols)). Carries kStateScanCols columns of one head's state
 // through the chunks of one sequence (state columns evolve independently): stores the state
 // entering each chunk that has a slot (all but the sequence's first, in bf16), turns U into
 // V_new = U - W H and advances H <- e^gamma_last H + K^T diag(e^(gamma_last - gamma)) V_new.
+// The chunks' places come from cu_seqlens as the table's builder computes them (sequence_chunk),
+// so no step waits on a table read before it can address the next inputs.
+template <int kStages>
 __global__ void __launch_bounds__(kThreads, 2)
     state_scan_kernel(GatedDeltaRuleShape s, const __nv_bfloat16* k, const float* initial_state,
                       float* final_state, Workspace ws) {
-  constexpr int kCols = kStateScanCols, kStride = ScanSmem::kStride, kBf16Cols = ScanSmem::kBf16Cols;
+  using Smem = ScanSmem<kStages>;
+  constexpr int kCols = kStateScanCols, kBf16Cols = Smem::kBf16Cols;
   const int n = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kCols;
   const int Dk = s.key_dim, Dv = s.value_dim, Hv = s.num_value_heads;
   const int tid = threadIdx.x, warp = tid >> 5;
   const int cols = min(kCols, Dv - col0);
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  ScanSmem& sm = *reinterpret_cast<ScanSmem*>(smem_raw);
+  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int64_t state_base = (static_cast<int64_t>(n) * Hv + h) * Dk * Dv + col0;
-  const int first = ws.chunk_offsets[n], last = ws.chunk_offsets[n + 1];
-  // K of chunk c flies during its V_new half; W, U, gamma of chunk c + 1 during its state half.
-  if (first < last) issue_vnew_inputs(sm, s, ws, ws.chunks[first], h, col0, cols);
-  for (int idx = tid; idx < kD * kCols; idx += kThreads) {
-    const int d = idx / kCols, e = idx % kCols;
+  const int begin = s.cu_seqlens[n], end = s.cu_seqlens[n + 1], slot0 = ws.slot_offsets[n];
+  const int chunks = (end - begin + kChunk - 1) / kChunk;
+  // Every issue commits one group, empty past the sequence's last chunk, so each wait below counts
+  // the same younger groups: W, U, gamma of chunk i are issued kStages chunks ahead (before the
+  // loop, or in step i - kStages once chunk i - kStages is done with them), K of chunk i at the top
+  // of step i - kStages + 1.
+  const auto issue_vnew = [&](int i) {
+    if (i < chunks) issue_vnew_inputs(sm.in[i % kStages], s, ws, sequence_chunk(begin, end, n, slot0, i), h, col0, cols);
+    cp_async_commit();
+  };
+  const auto issue_k = [&](int i) {
+    if (i < chunks) issue_state_input(sm.in[i % kStages], s, k, sequence_chunk(begin, end, n, slot0, i), h);
+    cp_async_commit();
+  };
+  for (int i = 0; i < kStages; ++i) {
+    issue_vnew(i);
+    if (i + 1 < kStages) issue_k(i);
+  }
+  // The state: the update's accumulator tile of this warp, rows 16 warp, all kCols columns.
+  constexpr int kStateNT = kCols / 8;
+  const int state_m0 = 16 * warp;
+  float state[1][kStateNT][4];
+  for_each_acc<1, kStateNT>(state_m0, 0, [&](int mt, int nt, int r, int d, int e) {
     const float value = (initial_state != nullptr && d < Dk && e < cols)
                             ? initial_state[state_base + static_cast<int64_t>(d) * Dv + e]
                             : 0.0f;
-    sm.h[d * kStride + e] = value;
+    state[mt][nt][r] = value;
     sm.hb[d * kBf16Cols + e] = __float2bfloat16(value);
-  }
-  for (int c = first; c < last; ++c) {
-    const ChunkInfo ci = ws.chunks[c];
+  });
+  for (int c = 0; c < chunks; ++c) {
+    const ChunkInfo ci = sequence_chunk(begin, end, n, slot0, c);
     const int len = ci.len;
     const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
-    cp_async_wait<0>();
-    __syncthreads();  // chunk c's V_new inputs are in; everybody is done with chunk c - 1
-    issue_state_input(sm, s, k, ci, h);
+    auto& in = sm.in[c % kStages];
+    cp_async_wait<2 * (kStages - 1)>();  // chunk c's W, U, gamma (younger: K of c .. c + kStages - 2, W of .. c + kStages - 1)
+    __syncthreads();  // ... are in; everybody is done with chunk c - 1 (its K, V_new and the state's bf16 copy)
+    issue_k(c + kStages - 1);
     // (A chunk that begins its sequence enters with its initial state: nothing to store.)
     if (ci.h_slot >= 0)
       store_state_slice<kCols>(ws.h + (static_cast<int64_t>(ci.h_slot) * Hv + h) * Dk * Dv + col0, sm.hb, kBf16Cols,
                                s, cols);
-    const float g_last = sm.gamma[len - 1];
+    const float g_last = in.gamma[len - 1];
     {
       // V_new = U - W H: 64 x 32, warp tile rows 16 (warp % 4), columns 16 (warp / 4).
       constexpr int kNT = kCols / 16;
       const int m0 = 16 * (warp & 3), n0 = (kCols / 2) * (warp >> 2);
       float acc[1][kNT][4];
       zero_acc(acc);
-      warp_mma<1, kNT, kD>(acc, rows_of<kBf16Stride>(sm.w), m0, rows_of<kBf16Cols>(sm.hb), n0);
+      warp_mma<1, kNT, kD>(acc, rows_of<kBf16Stride>(in.w), m0, rows_of<kBf16Cols>(sm.hb), n0);
       // This lane's rows are m0 + g and m0 + g + 8: their decays once, not per element.
       const int row0 = m0 + ((tid & 31) >> 2);
-      const float decay[2] = {row0 < len ? expf(g_last - sm.gamma[row0]) : 0.0f,
-                              row0 + 8 < len ? expf(g_last - sm.gamma[row0 + 8]) : 0.0f};
+      const float decay[2] = {row0 < len ? expf(g_last - in.gamma[row0]) : 0.0f,
+                              row0 + 8 < len ? expf(g_last - in.gamma[row0 + 8]) : 0.0f};
       for_each_acc<1, kNT>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
-        const float value = __bfloat162float(sm.u[i * kBf16Cols + e]) - acc[mt][nt][r];
+        const float value = __bfloat162float(in.u[i * kBf16Cols + e]) - acc[mt][nt][r];
         if (i < len && e < cols)
           ws.v_new[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = __float2bfloat16(value);
         sm.vn[i * kBf16Cols + e] = __float2bfloat16(decay[r >> 1] * value);
       });
     }
-    __syncthreads();  // W, U, gamma are free; V_new is complete
-    if (c + 1 < last) {
-      issue_vnew_inputs(sm, s, ws, ws.chunks[c + 1], h, col0, cols);
-      cp_async_wait<1>();  // K of chunk c (the newer group may still fly)
+    if constexpr (kStages == 1) {
+      __syncthreads();  // W, U, gamma are free: chunk c + 1's fly during the state half
+      issue_vnew(c + 1);
+      cp_async_wait<1>();  // K of chunk c (younger: W of c + 1)
     } else {
-      cp_async_wait<0>();
+      cp_async_wait<2 * kStages - 2>();  // K of chunk c (younger: W of c + 1 .. , K of c + 1 ..)
     }
-    __syncthreads();
+    __syncthreads();  // V_new is complete, K is in; W, U, gamma of chunk c are free
+    if constexpr (kStages > 1) issue_vnew(c + kStages);
     {
-      // H: 128 x kCols, warp tile rows 16 warp, all kCols columns; fp32, and its bf16 copy.
-      constexpr int kNT = kCols / 8;
-      const int m0 = 16 * warp;
+      // H <- e^gamma_last H + K^T (decayed V_new), in this warp's registers; then its bf16 copy.
       const float chunk_decay = expf(g_last);
-      float acc[1][kNT][4];
-      for_each_acc<1, kNT>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
-        acc[mt][nt][r] = chunk_decay * sm.h[d * kStride + e];
+      float acc[1][kStateNT][4];
+      for_each_acc<1, kStateNT>(state_m0, 0, [&](int mt, int nt, int r, int, int) {
+        acc[mt][nt][r] = chunk_decay * state[mt][nt][r];
       });
-      warp_mma<1, kNT, kChunk>(acc, transposed<kBf16Stride>(sm.k), m0, rows_of<kBf16Cols>(sm.vn), 0);
-      for_each_acc<1, kNT>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
-        sm.h[d * kStride + e] = acc[mt][nt][r];
+      warp_mma<1, kStateNT, kChunk>(acc, transposed<kBf16Stride>(in.k), state_m0, rows_of<kBf16Cols>(sm.vn), 0);
+      for_each_acc<1, kStateNT>(state_m0, 0, [&](int mt, int nt, int r, int d, int e) {
+        state[mt][nt][r] = acc[mt][nt][r];
         sm.hb[d * kBf16Cols + e] = __float2bfloat16(acc[mt][nt][r]);
       });
     }
   }
-  __syncthreads();
   if (final_state != nullptr) {
-    for (int idx = tid; idx < Dk * kCols; idx += kThreads) {
-      const int d = idx / kCols, e = idx % kCols;
-      if (e < cols) final_state[state_base + static_cast<int64_t>(d) * Dv + e] = sm.h[d * kStride + e];
-    }
+    for_each_acc<1, kStateNT>(state_m0, 0, [&](int mt, int nt, int r, int d, int e) {
+      if (d < Dk && e < cols) final_state[state_base + static_cast<int64_t>(d) * Dv + e] = state[mt][nt][r];
+    });
   }
 }
 
@@ -517,10 +544,17 @@ void launch_state_scan(const GatedDeltaRuleShape& s, const __nv_bfloat16* k,
                        cudaStream_t stream) {
   const dim3 grid(s.num_seqs, s.num_value_heads,
                   (s.value_dim + kStateScanCols - 1) / kStateScanCols);
-  allow_smem(state_scan_kernel, sizeof(ScanSmem));
-  state_scan_kernel<<<grid, kThreads, sizeof(ScanSmem), stream>>>(s, k, initial_state, final_state,
-                                                                  ws);
-  CUDA_CHECK_LAUNCH();
+  // The stage count follows the kernel path, not the GPU: the forced sm_80 path on a Hopper GPU
+  // runs what an A800 runs.
+  const auto launch = [&](auto kernel, size_t smem) {
+    allow_smem(kernel, smem);
+    kernel<<<grid, kThreads, smem, stream>>>(s, k, initial_state, final_state, ws);
+    CUDA_CHECK_LAUNCH();
+  };
+  if (kernel_path().sm90a)
+    launch(state_scan_kernel<2>, sizeof(ScanSmem<2>));
+  else
+    launch(state_scan_kernel<1>, sizeof(ScanSmem<1>));
 }
 
 void launch_output(const GatedDeltaRuleShape& s, float scale, const __nv_bfloat16* q,
