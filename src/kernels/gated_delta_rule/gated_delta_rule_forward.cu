@@ -47,9 +47,8 @@ __global__ void build_chunk_table_kernel(const int32_t* cu_seqlens, int num_seqs
   for (int c = *chunk_count + static_cast<int>(threadIdx.x); c < max_chunks; c += blockDim.x)
     chunks[c] = ChunkInfo{0, 0, 0, -1, -1};
   for (int n = threadIdx.x; n < num_seqs; n += blockDim.x) {
-    const int begin = cu_seqlens[n], end = cu_seqlens[n + 1];
-    for (int i = 0; begin + i * kChunk < end; ++i)
-      chunks[chunk_offsets[n] + i] = sequence_chunk(begin, end, n, slot_offsets[n], i);
+    const int begin = cu_seqlens[n], end = cu_seqlens[n + 1], first = chunk_offsets[n], slot0 = slot_offsets[n];
+    for (int i = 0; begin + i * kChunk < end; ++i) chunks[first + i] = sequence_chunk(begin, end, n, slot0, i);
   }
 }
 
@@ -240,9 +239,11 @@ constexpr int kStateScanCols = 32;
 // chunk i + 2's W, U and gamma are in flight while chunk i runs, so no step waits on memory; one
 // stage (~55 KB) keeps two blocks per SM within sm_80's 164 KB, and each half of a step then
 // covers the other half's loads.
+constexpr int kScanBf16Cols = kStateScanCols + 8;  // row stride of the scan's bf16 column slices
+
 template <int kStages>
 struct ScanSmem {
-  static constexpr int kBf16Cols = kStateScanCols + 8;  // bf16 column slices
+  static constexpr int kBf16Cols = kScanBf16Cols;
   struct Inputs {                                       // one chunk's
     alignas(16) __nv_bfloat16 w[kChunk * kBf16Stride];  // W
     alignas(16) __nv_bfloat16 k[kChunk * kBf16Stride];  // K of the key head
@@ -253,7 +254,9 @@ struct ScanSmem {
   alignas(16) __nv_bfloat16 vn[kChunk * kBf16Cols];      // e^(gamma_last - gamma_j) V_new_j
   Inputs in[kStages];
 };
-static_assert(sizeof(ScanSmem<1>) <= kSm80MaxSharedBytesPerBlock / 2 && 2 * sizeof(ScanSmem<2>) <= 227 * 1024,
+// Two blocks per SM, each with the 1 KB the driver reserves: one stage within sm_80's 164 KB, two
+// within Hopper's 228 KB.
+static_assert(2 * (sizeof(ScanSmem<1>) + 1024) <= 164 * 1024 && 2 * (sizeof(ScanSmem<2>) + 1024) <= 228 * 1024,
               "two scan blocks per SM: one stage on sm_80, two on Hopper");
 
 // Starts the asynchronous copies of one chunk's V_new inputs (W, U, gamma); the caller commits.
@@ -264,7 +267,7 @@ __device__ void issue_vnew_inputs(Inputs& in, const GatedDeltaRuleShape& s, cons
   const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
   load_tile(in.w, kBf16Stride, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
             ci.len, Dk);
-  load_tile(in.u, kStateScanCols + 8, kChunk, kStateScanCols, ws.v_new + row_first * Dv + col0,
+  load_tile(in.u, kScanBf16Cols, kChunk, kStateScanCols, ws.v_new + row_first * Dv + col0,
             static_cast<int64_t>(Hv) * Dv, ci.len, cols);
   for (int i = threadIdx.x; i < kChunk; i += blockDim.x) {
     const bool valid = i < ci.len;
