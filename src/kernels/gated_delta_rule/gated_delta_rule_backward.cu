@@ -15,19 +15,17 @@ namespace gdn_cuda {
 namespace {
 
 // State columns one reverse-scan block carries. Like the forward scan, a chain of dependent steps
-// bound by latency: 32 columns (4 blocks per head, ~104 KB of shared tiles) let two blocks share an
+// bound by latency: 32 columns (4 blocks per head, ~86 KB of shared tiles) let two blocks share an
 // SM with half the step each, against one block of 64 columns.
 constexpr int kDScanCols = 32;
 
 // Shared tiles of the reverse state scan carrying kCols state columns per block (fits sm_80's
-// 163 KB, so one variant serves both). The running dL/dH stays fp32; its bf16 copy is the operand
-// of dV_new and the stored slot.
+// 163 KB, so one variant serves both). The running dL/dH stays fp32 in registers (the dH update's
+// accumulators); its bf16 copy here is the operand of dV_new and the stored slot.
 template <int kCols>
 struct DScanSmem {
-  static constexpr int kStride = kCols + 4;         // rows of the fp32 running dL/dH
   static constexpr int kBf16ColStride = kCols + 8;  // bf16 rows: 16-byte aligned for the copies
-  alignas(16) float dh[kD * kStride];               // columns [col0, col0 + kCols) of dL/dH
-  alignas(16) __nv_bfloat16 dhb[kD * kBf16ColStride];  // the same, rounded to bf16
+  alignas(16) __nv_bfloat16 dhb[kD * kBf16ColStride];  // columns [col0, col0 + kCols) of dL/dH, bf16
   alignas(16) __nv_bfloat16 w[kChunk * kBf16Stride];   // W of the chunk (read transposed)
   alignas(16) __nv_bfloat16 q[kChunk * kBf16Stride];
   alignas(16) __nv_bfloat16 k[kChunk * kBf16Stride];
@@ -51,7 +49,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     dstate_scan_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
                        const __nv_bfloat16* k, const __nv_bfloat16* d_o,
                        const float* d_final_state, float* d_initial_state, Workspace ws) {
-  constexpr int kStride = DScanSmem<kCols>::kStride;
   constexpr int kBf16ColStride = DScanSmem<kCols>::kBf16ColStride;
   const int n = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kCols;
   const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
@@ -60,14 +57,17 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   DScanSmem<kCols>& sm = *reinterpret_cast<DScanSmem<kCols>*>(smem_raw);
   const int64_t state_base = (static_cast<int64_t>(n) * Hv + h) * Dk * Dv + col0;
-  for (int idx = tid; idx < kD * kCols; idx += kThreads) {
-    const int d = idx / kCols, e = idx % kCols;
+  // dL/dH: the dH update's accumulator tile of this warp, rows 16 warp, all kCols columns.
+  constexpr int kStateNT = kCols / 8;
+  const int state_m0 = 16 * warp;
+  float dstate[1][kStateNT][4];
+  for_each_acc<1, kStateNT>(state_m0, 0, [&](int mt, int nt, int r, int d, int e) {
     const float value = (d_final_state != nullptr && d < Dk && e < cols)
                             ? d_final_state[state_base + static_cast<int64_t>(d) * Dv + e]
                             : 0.0f;
-    sm.dh[d * kStride + e] = value;
+    dstate[mt][nt][r] = value;
     sm.dhb[d * kBf16ColStride + e] = __float2bfloat16(value);
-  }
+  });
   const int first = ws.chunk_offsets[n], last = ws.chunk_offsets[n + 1];
   // A chunk's inputs come in two groups of copies that overlap the other half of the work: K, P,
   // d_o and gamma (the dV_new half) fly during the previous chunk's dH half, W and Q (the dH half)
@@ -140,32 +140,28 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();
     {
-      // dH: 128 x kCols, warp tile rows 16 warp, all columns.
-      constexpr int NT = kCols / 8;
-      const int m0 = 16 * warp;
+      // dH, in this warp's registers; then its bf16 copy.
       const float chunk_decay = expf(g_last);
-      float acc[1][NT][4], minus[1][NT][4];
-      for_each_acc<1, NT>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
-        acc[mt][nt][r] = chunk_decay * sm.dh[d * kStride + e];
+      float acc[1][kStateNT][4], minus[1][kStateNT][4];
+      for_each_acc<1, kStateNT>(state_m0, 0, [&](int mt, int nt, int r, int, int) {
+        acc[mt][nt][r] = chunk_decay * dstate[mt][nt][r];
       });
-      warp_mma<1, NT, kChunk>(acc, transposed<kBf16Stride>(sm.q), m0,
-                             rows_of<kBf16ColStride>(sm.d_o_scaled), 0);
+      warp_mma<1, kStateNT, kChunk>(acc, transposed<kBf16Stride>(sm.q), state_m0,
+                                    rows_of<kBf16ColStride>(sm.d_o_scaled), 0);
       zero_acc(minus);
-      warp_mma<1, NT, kChunk>(minus, transposed<kBf16Stride>(sm.w), m0, rows_of<kBf16ColStride>(sm.dvn), 0);
-      for_each_acc<1, NT>(m0, 0, [&](int mt, int nt, int r, int d, int e) {
+      warp_mma<1, kStateNT, kChunk>(minus, transposed<kBf16Stride>(sm.w), state_m0,
+                                    rows_of<kBf16ColStride>(sm.dvn), 0);
+      for_each_acc<1, kStateNT>(state_m0, 0, [&](int mt, int nt, int r, int d, int e) {
         const float value = acc[mt][nt][r] - minus[mt][nt][r];
-        sm.dh[d * kStride + e] = value;
+        dstate[mt][nt][r] = value;
         sm.dhb[d * kBf16ColStride + e] = __float2bfloat16(value);
       });
     }
   }
-  __syncthreads();
   if (d_initial_state != nullptr) {
-    for (int idx = tid; idx < Dk * kCols; idx += kThreads) {
-      const int d = idx / kCols, e = idx % kCols;
-      if (e < cols)
-        d_initial_state[state_base + static_cast<int64_t>(d) * Dv + e] = sm.dh[d * kStride + e];
-    }
+    for_each_acc<1, kStateNT>(state_m0, 0, [&](int mt, int nt, int r, int d, int e) {
+      if (d < Dk && e < cols) d_initial_state[state_base + static_cast<int64_t>(d) * Dv + e] = dstate[mt][nt][r];
+    });
   }
 }
 
