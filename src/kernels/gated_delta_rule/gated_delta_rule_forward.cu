@@ -67,6 +67,9 @@ static_assert(sizeof(PrepareSmem::a) >= sizeof(__nv_bfloat16) * kChunk * kBf16St
                   offsetof(PrepareSmem, a) % 16 == 0 && offsetof(PrepareSmem, q) % 16 == 0 &&
                   (kBf16Stride * sizeof(__nv_bfloat16)) % 16 == 0 && (kSqStride * sizeof(float)) % 16 == 0,
               "U's bf16 tile fits the inverse's A, and the staged rows are read 16 bytes at a time");
+static_assert(sizeof(PrepareSmem::au) >= sizeof(__nv_bfloat16) * kChunk * kSqBf16Stride &&
+                  offsetof(PrepareSmem, au) % 16 == 0 && (kSqBf16Stride * sizeof(__nv_bfloat16)) % 16 == 0,
+              "P's bf16 tile fits the inverse's scratch, its rows read 16 bytes at a time");
 
 // a = (I + L)^-1 for a strictly lower triangular 64 x 64 L, in fp32: the four 16 x 16 diagonal
 // blocks by forward substitution (one warp each), then the block rows below them in turn,
@@ -142,8 +145,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   wait_tile_loads();
   __syncthreads();
 
-  // P and A are stored by rows at their tokens ([T, Hv, 64]): rows past len are not stored.
+  // P and A are stored by rows at their tokens ([T, Hv, 64]): rows past len are not stored. P's
+  // bf16 rows gather in the inverse's scratch (free until the inverse) on their way out.
   const int64_t square_first = row_first * kChunk, square_row = static_cast<int64_t>(Hv) * kChunk;
+  __nv_bfloat16* const p_tile = reinterpret_cast<__nv_bfloat16*>(sm.au);
   {
     // Warp tile: rows 16 (warp % 4), columns 32 (warp / 4) of the 64 x 64 products.
     const int m0 = 16 * (warp & 3), n0 = 32 * (warp >> 2);
@@ -152,7 +157,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     zero_acc(qk);
     warp_mma<1, 4, kD>(kk, rows_of<kBf16Stride>(sm.k), m0, transposed<kBf16Stride>(sm.k), n0);
     warp_mma<1, 4, kD>(qk, rows_of<kBf16Stride>(sm.q), m0, transposed<kBf16Stride>(sm.k), n0);
-    __nv_bfloat16* p_out = ws.p + square_first;
     for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int j) {
       float l_value = 0.0f, p_value = 0.0f;
       if (i < len && j <= i) {
@@ -161,10 +165,17 @@ __global__ void __launch_bounds__(kThreads, 2)
         p_value = scale * qk[mt][nt][r] * decay;
       }
       sm.l[i * kSqStride + j] = l_value;
-      if (i < len) p_out[i * square_row + j] = __float2bfloat16(p_value);
+      p_tile[i * kSqBf16Stride + j] = __float2bfloat16(p_value);
     });
   }
   __syncthreads();
+  // P leaves in 16-byte row pieces, rows past len not stored; the inverse's scratch, which held it,
+  // is first written after the inverse's first barrier.
+  for (int idx = tid; idx < len * (kChunk / 8); idx += kThreads) {
+    const int i = idx / (kChunk / 8), j0 = 8 * (idx % (kChunk / 8));
+    *reinterpret_cast<uint4*>(ws.p + square_first + i * square_row + j0) =
+        *reinterpret_cast<const uint4*>(&p_tile[i * kSqBf16Stride + j0]);
+  }
   invert_unit_lower(sm.l, sm.a, sm.au);
   // A leaves in 16-byte row pieces (8 columns a thread); A diag(beta e^gamma) and A diag(beta)
   // take its place for the W and U products.
@@ -443,10 +454,26 @@ __global__ void __launch_bounds__(kThreads, 2)
     acc[mt][nt][r] *= scale * sm.exp_gamma[i];
   });
   warp_mma<1, 4, kChunk>(acc, rows_of<kSqBf16Stride>(sm.p), m0, rows_of<kColBf16Stride>(sm.vn), n0);
+  // o leaves in 16-byte row pieces through V_new's tile once every warp is done reading it (rows
+  // past len and columns past Dv not stored); a head dim that is not a multiple of 8, or an o not
+  // on 16 bytes, stores element by element.
+  const bool staged = Dv % 8 == 0 && (reinterpret_cast<uintptr_t>(o) & 15) == 0;
+  if (staged) __syncthreads();
   for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
-    if (i < len && e < cols)
-      o[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = __float2bfloat16(acc[mt][nt][r]);
+    const __nv_bfloat16 value = __float2bfloat16(acc[mt][nt][r]);
+    if (staged)
+      sm.vn[i * kColBf16Stride + e] = value;
+    else if (i < len && e < cols)
+      o[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = value;
   });
+  if (!staged) return;
+  __syncthreads();
+  for (int idx = tid; idx < len * (kScanCols / 8); idx += kThreads) {
+    const int i = idx / (kScanCols / 8), e0 = 8 * (idx % (kScanCols / 8));
+    if (e0 < cols)
+      *reinterpret_cast<uint4*>(o + (row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e0) =
+          *reinterpret_cast<const uint4*>(&sm.vn[i * kColBf16Stride + e0]);
+  }
 }
 
 }  // namespace
