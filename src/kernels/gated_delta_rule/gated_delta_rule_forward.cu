@@ -71,6 +71,39 @@ static_assert(sizeof(PrepareSmem::au) >= sizeof(__nv_bfloat16) * kChunk * kSqBf1
                   offsetof(PrepareSmem, au) % 16 == 0 && (kSqBf16Stride * sizeof(__nv_bfloat16)) % 16 == 0,
               "P's bf16 tile fits the inverse's scratch, its rows read 16 bytes at a time");
 
+// Block row kBi of the inverse below the diagonal, once blocks rows < kBi and the diagonal block
+// kBi are done: A_{kBi,bj} = -A_{kBi,kBi} sum_{bj <= m < kBi} L_{kBi,m} A_{m,bj} for bj < kBi, the
+// inner sums through `scratch`. Every trip count is known at compile time (each thread takes kBi
+// entries of 256), so the loops unroll and their shared loads issue ahead of the sums; each sum
+// still adds its terms in order of m, as written.
+template <int kBi>
+__device__ __forceinline__ void sweep_block_row(const float* l, float* a, float* scratch) {
+  constexpr int S = kSqStride;
+  static_assert(kBi * 256 % kThreads == 0, "the block row's entries split evenly over the threads");
+#pragma unroll
+  for (int pass = 0; pass < kBi * 256 / kThreads; ++pass) {
+    const int idx = static_cast<int>(threadIdx.x) + pass * kThreads;
+    const int bj = idx / 256, r = (idx / 16) % 16, c = idx % 16;
+    float sum = 0.0f;
+#pragma unroll
+    for (int m = 0; m < 16 * kBi; ++m)
+      if (m >= 16 * bj) sum += l[(16 * kBi + r) * S + m] * a[m * S + 16 * bj + c];
+    scratch[r * S + 16 * bj + c] = sum;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int pass = 0; pass < kBi * 256 / kThreads; ++pass) {
+    const int idx = static_cast<int>(threadIdx.x) + pass * kThreads;
+    const int bj = idx / 256, r = (idx / 16) % 16, c = idx % 16;
+    float sum = 0.0f;
+#pragma unroll
+    for (int m = 0; m < 16; ++m)
+      if (m <= r) sum += a[(16 * kBi + r) * S + 16 * kBi + m] * scratch[m * S + 16 * bj + c];
+    a[(16 * kBi + r) * S + 16 * bj + c] = -sum;
+  }
+  __syncthreads();
+}
+
 // a = (I + L)^-1 for a strictly lower triangular 64 x 64 L, in fp32: the four 16 x 16 diagonal
 // blocks by forward substitution (one warp each), then the block rows below them in turn,
 // A_ij = -A_ii sum_{j <= m < i} L_im A_mj. `scratch` holds 16 rows of the inner sums.
@@ -99,22 +132,9 @@ __device__ void invert_unit_lower(const float* l, float* a, float* scratch) {
     }
   }
   __syncthreads();
-  for (int bi = 1; bi < 4; ++bi) {
-    for (int idx = tid; idx < bi * 256; idx += blockDim.x) {
-      const int bj = idx / 256, r = (idx / 16) % 16, c = idx % 16;
-      float sum = 0.0f;
-      for (int m = 16 * bj; m < 16 * bi; ++m) sum += l[(16 * bi + r) * S + m] * a[m * S + 16 * bj + c];
-      scratch[r * S + 16 * bj + c] = sum;
-    }
-    __syncthreads();
-    for (int idx = tid; idx < bi * 256; idx += blockDim.x) {
-      const int bj = idx / 256, r = (idx / 16) % 16, c = idx % 16;
-      float sum = 0.0f;
-      for (int m = 0; m <= r; ++m) sum += a[(16 * bi + r) * S + 16 * bi + m] * scratch[m * S + 16 * bj + c];
-      a[(16 * bi + r) * S + 16 * bj + c] = -sum;
-    }
-    __syncthreads();
-  }
+  sweep_block_row<1>(l, a, scratch);
+  sweep_block_row<2>(l, a, scratch);
+  sweep_block_row<3>(l, a, scratch);
 }
 
 // Grid (max_chunks, Hv). Builds gamma, P = (scale q_i . k_j) e^(gamma_i - gamma_j) (j <= i),
