@@ -73,28 +73,24 @@ static_assert(sizeof(PrepareSmem::au) >= sizeof(__nv_bfloat16) * kChunk * kSqBf1
 
 // Block row kBi of the inverse below the diagonal, once blocks rows < kBi and the diagonal block
 // kBi are done: A_{kBi,bj} = -A_{kBi,kBi} sum_{bj <= m < kBi} L_{kBi,m} A_{m,bj} for bj < kBi, the
-// inner sums through `scratch`. Every trip count is known at compile time (each thread takes kBi
-// entries of 256), so the loops unroll and their shared loads issue ahead of the sums; each sum
-// still adds its terms in order of m, as written.
+// inner sums through `scratch`. Thread t takes entry (t / 16, t % 16) of each block bj, so block and
+// trip counts are known at compile time: the loops unroll and their shared loads issue ahead of
+// the sums; each sum still adds its terms in order of m, as written.
 template <int kBi>
 __device__ __forceinline__ void sweep_block_row(const float* l, float* a, float* scratch) {
   constexpr int S = kSqStride;
-  static_assert(kBi * 256 % kThreads == 0, "the block row's entries split evenly over the threads");
+  static_assert(kThreads == 256, "one thread per entry of a 16 x 16 block");
+  const int r = static_cast<int>(threadIdx.x) / 16, c = static_cast<int>(threadIdx.x) % 16;
 #pragma unroll
-  for (int pass = 0; pass < kBi * 256 / kThreads; ++pass) {
-    const int idx = static_cast<int>(threadIdx.x) + pass * kThreads;
-    const int bj = idx / 256, r = (idx / 16) % 16, c = idx % 16;
+  for (int bj = 0; bj < kBi; ++bj) {
     float sum = 0.0f;
 #pragma unroll
-    for (int m = 0; m < 16 * kBi; ++m)
-      if (m >= 16 * bj) sum += l[(16 * kBi + r) * S + m] * a[m * S + 16 * bj + c];
+    for (int m = 16 * bj; m < 16 * kBi; ++m) sum += l[(16 * kBi + r) * S + m] * a[m * S + 16 * bj + c];
     scratch[r * S + 16 * bj + c] = sum;
   }
   __syncthreads();
 #pragma unroll
-  for (int pass = 0; pass < kBi * 256 / kThreads; ++pass) {
-    const int idx = static_cast<int>(threadIdx.x) + pass * kThreads;
-    const int bj = idx / 256, r = (idx / 16) % 16, c = idx % 16;
+  for (int bj = 0; bj < kBi; ++bj) {
     float sum = 0.0f;
 #pragma unroll
     for (int m = 0; m < 16; ++m)
@@ -478,15 +474,24 @@ __global__ void __launch_bounds__(kThreads, 2)
   // past len and columns past Dv not stored); a head dim that is not a multiple of 8, or an o not
   // on 16 bytes, stores element by element.
   const bool staged = Dv % 8 == 0 && (reinterpret_cast<uintptr_t>(o) & 15) == 0;
-  if (staged) __syncthreads();
-  for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
-    const __nv_bfloat16 value = __float2bfloat16(acc[mt][nt][r]);
-    if (staged)
-      sm.vn[i * kColBf16Stride + e] = value;
-    else if (i < len && e < cols)
-      o[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = value;
-  });
-  if (!staged) return;
+  if (!staged) {
+    for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
+      if (i < len && e < cols)
+        o[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = __float2bfloat16(acc[mt][nt][r]);
+    });
+    return;
+  }
+  __syncthreads();
+  {
+    // A fragment's column pairs, (r, r + 1) for r = 0, 2, go in as one bf16 pair each.
+    const int lane = tid & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<__nv_bfloat162*>(&sm.vn[(m0 + g + 8 * half) * kColBf16Stride + n0 + 8 * nt + 2 * t]) =
+            __floats2bfloat162_rn(acc[0][nt][2 * half], acc[0][nt][2 * half + 1]);
+  }
   __syncthreads();
   for (int idx = tid; idx < len * (kScanCols / 8); idx += kThreads) {
     const int i = idx / (kScanCols / 8), e0 = 8 * (idx % (kScanCols / 8));
