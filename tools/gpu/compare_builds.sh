@@ -11,6 +11,8 @@
 #   TIMED (default *Qwen35BShapeTimed*), REPS (default 2): the timed cases, run REPS times per build,
 #       interleaved, their TIMING and STAGE lines printed
 # Needs gpu_bundle/ (its env.sh finds the CUDA libraries). Output: stdout and $OUT/compare_builds.txt.
+# Exits non-zero when a program is missing or fails; differing fingerprints are listed, not judged
+# (some may be expected: say which in the change that explains them).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 : "${BUILDS:?BUILDS must name at least two builds: name=folder ...}"
