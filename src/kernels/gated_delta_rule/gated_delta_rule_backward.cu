@@ -343,7 +343,7 @@ struct LocalSmem {
   alignas(16) __nv_bfloat16 v[kChunk * kBf16Stride];
   alignas(16) __nv_bfloat16 a[kChunk * kSqBf16Stride];   // A = (I + L)^-1
   alignas(16) __nv_bfloat16 ge[kChunk * kSqBf16Stride];  // G_ij e^(gamma_i - gamma_j), j <= i
-  alignas(16) __nv_bfloat16 da[kChunk * kSqBf16Stride];  // dA, then C + C^T with C = dL beta_i e^(gamma_i - gamma_j)
+  alignas(16) __nv_bfloat16 da[kChunk * kSqBf16Stride];  // P, then dA, then C + C^T with C = dL beta_i e^(gamma_i - gamma_j)
   alignas(16) __nv_bfloat16 x1[kChunk * kBf16Stride];  // V_new, then dW, then t1 = dA A^T ([64][kSqBf16Stride])
   alignas(16) __nv_bfloat16 x2[kChunk * kBf16Stride];  // d_o, then dV_new, then q
   float gamma[kChunk], beta[kChunk], exp_gamma[kChunk];
@@ -398,6 +398,10 @@ __device__ __forceinline__ void grads_local_head(const GatedDeltaRuleShape& s, f
             static_cast<int64_t>(Hv) * Dv, len, Dv);
   load_tile(d_o_tile, kBf16Stride, kChunk, kD, d_o + row_first * Dv, static_cast<int64_t>(Hv) * Dv,
             len, Dv);
+  // P rides in dA's tile (free until dA is formed) for M = G o P below, instead of a scattered
+  // 2-byte global load per element.
+  __nv_bfloat16* const p_tile = sm.da;
+  load_tile(p_tile, kSqBf16Stride, kChunk, kChunk, ws.p + square_first, square_row, len, kChunk);
   if (tid < kChunk) {
     const bool valid = tid < len;
     sm.gamma[tid] = valid ? ws.gamma[row_of(tid)] : 0.0f;
@@ -417,12 +421,11 @@ __device__ __forceinline__ void grads_local_head(const GatedDeltaRuleShape& s, f
     float acc[1][4][4], m_plus[1][4][4], m_minus[1][4][4];
     zero_acc(acc);
     warp_mma<1, 4, kD>(acc, rows_of<kBf16Stride>(d_o_tile), sm0, transposed<kBf16Stride>(sm.x1), sn0);
-    const __nv_bfloat16* p_in = ws.p + square_first;
     for_each_acc<1, 4>(sm0, sn0, [&](int mt, int nt, int r, int i, int j) {
       float ge = 0.0f, m = 0.0f;
       if (i < len && j <= i) {
         ge = acc[mt][nt][r] * expf(sm.gamma[i] - sm.gamma[j]);
-        if (j < i) m = acc[mt][nt][r] * __bfloat162float(p_in[i * square_row + j]);
+        if (j < i) m = acc[mt][nt][r] * __bfloat162float(p_tile[i * kSqBf16Stride + j]);
       }
       sm.ge[i * kSqBf16Stride + j] = __float2bfloat16(ge);
       m_plus[mt][nt][r] = m;
