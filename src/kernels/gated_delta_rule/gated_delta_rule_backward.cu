@@ -195,9 +195,18 @@ __device__ __forceinline__ void grads_states_head(const GatedDeltaRuleShape& s, 
   const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
   const int64_t key_row_first = static_cast<int64_t>(ci.t0) * Hk + kh;  // rows of q, k, dq_acc, dk_acc
   const int64_t qk_first = key_row_first * Dk;
-  auto add_key_term = [&](float* acc_array, int i, int d, float value) {
-    float& slot = acc_array[(key_row_first + static_cast<int64_t>(i) * Hk) * Dk + d];
-    slot = first_head ? value : slot + value;
+  // The key-head arrays, k and dW are touched two adjacent elements (d, d + 1) at a time: as one
+  // 8-byte (fp32) or 4-byte (bf16) access when Dk is even and k sits on 4 bytes, else one by one.
+  const bool pairs = Dk % 2 == 0 && (reinterpret_cast<uintptr_t>(k) & 3) == 0;
+  auto add_key_terms = [&](float* acc_array, int i, int d, float v0, float v1) {
+    float* slot = acc_array + (key_row_first + static_cast<int64_t>(i) * Hk) * Dk + d;
+    if (pairs) {
+      float2& both = *reinterpret_cast<float2*>(slot);
+      both = first_head ? make_float2(v0, v1) : make_float2(both.x + v0, both.y + v1);
+      return;
+    }
+    slot[0] = first_head ? v0 : slot[0] + v0;
+    if (d + 1 < Dk) slot[1] = first_head ? v1 : slot[1] + v1;
   };
   __nv_bfloat16* d_o_tile = sm.x;
   __nv_bfloat16* q_tile = sm.x + kChunk * kBf16Stride;
@@ -217,12 +226,14 @@ __device__ __forceinline__ void grads_states_head(const GatedDeltaRuleShape& s, 
   // dq_i = e^gamma_i sum_e do_ie H_de.
   zero_acc(acc);
   warp_mma<1, 8, kD>(acc, rows_of<kBf16Stride>(d_o_tile), m0, transposed<kBf16Stride>(sm.h), n0);
-  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
-    const float value = expf(sm.gamma[i]) * acc[mt][nt][r];
-    part[mt][nt][r] = 0.0f;
+  for_each_acc_pair<1, 8>(m0, n0, [&](int mt, int nt, int half, int i, int d) {
+    const float decay = expf(sm.gamma[i]);
+    const float v0 = decay * acc[mt][nt][2 * half], v1 = decay * acc[mt][nt][2 * half + 1];
+    part[mt][nt][2 * half] = part[mt][nt][2 * half + 1] = 0.0f;
     if (i < len && d < Dk) {
-      add_key_term(ws.dq_acc, i, d, value);
-      part[mt][nt][r] = scale * __bfloat162float(q_tile[i * kBf16Stride + d]) * value;
+      add_key_terms(ws.dq_acc, i, d, v0, v1);
+      part[mt][nt][2 * half] = scale * __bfloat162float(q_tile[i * kBf16Stride + d]) * v0;
+      if (d + 1 < Dk) part[mt][nt][2 * half + 1] = scale * __bfloat162float(q_tile[i * kBf16Stride + d + 1]) * v1;
     }
   });
   add_row_sums(part, m0, sm.s_q);
@@ -234,9 +245,15 @@ __device__ __forceinline__ void grads_states_head(const GatedDeltaRuleShape& s, 
   // dW_i = -sum_e dV_new_ie H_de.
   zero_acc(acc);
   warp_mma<1, 8, kD>(acc, rows_of<kBf16Stride>(sm.x), m0, transposed<kBf16Stride>(sm.h), n0);
-  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
-    if (i < len && d < Dk)
-      ws.dw[(row_first + static_cast<int64_t>(i) * Hv) * Dk + d] = __float2bfloat16(-acc[mt][nt][r]);
+  for_each_acc_pair<1, 8>(m0, n0, [&](int mt, int nt, int half, int i, int d) {
+    if (i >= len || d >= Dk) return;
+    __nv_bfloat16* out = ws.dw + (row_first + static_cast<int64_t>(i) * Hv) * Dk + d;
+    if (pairs) {
+      *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(-acc[mt][nt][2 * half], -acc[mt][nt][2 * half + 1]);
+    } else {
+      out[0] = __float2bfloat16(-acc[mt][nt][2 * half]);
+      if (d + 1 < Dk) out[1] = __float2bfloat16(-acc[mt][nt][2 * half + 1]);
+    }
   });
   __syncthreads();
   // dH replaces H in place; each thread multiplies the H values it overwrites into <H, dH>.
@@ -293,13 +310,21 @@ __device__ __forceinline__ void grads_states_head(const GatedDeltaRuleShape& s, 
   // per SM leave no room): its values come from global memory (L2).
   zero_acc(acc);
   warp_mma<1, 8, kD>(acc, rows_of<kBf16Stride>(sm.x), m0, transposed<kBf16Stride>(sm.h), n0);
-  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int j, int d) {
-    part[mt][nt][r] = 0.0f;
+  for_each_acc_pair<1, 8>(m0, n0, [&](int mt, int nt, int half, int j, int d) {
+    part[mt][nt][2 * half] = part[mt][nt][2 * half + 1] = 0.0f;
     if (j < len && d < Dk) {
-      const float value = expf(g_last - sm.gamma[j]) * acc[mt][nt][r];
-      add_key_term(ws.dk_acc, j, d, value);
-      const __nv_bfloat16 k_value = k[qk_first + static_cast<int64_t>(j) * Hk * Dk + d];
-      part[mt][nt][r] = __bfloat162float(k_value) * value;
+      const float decay = expf(g_last - sm.gamma[j]);
+      const float v0 = decay * acc[mt][nt][2 * half], v1 = decay * acc[mt][nt][2 * half + 1];
+      add_key_terms(ws.dk_acc, j, d, v0, v1);
+      const __nv_bfloat16* k_row = k + qk_first + static_cast<int64_t>(j) * Hk * Dk + d;
+      if (pairs) {
+        const float2 k_values = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(k_row));
+        part[mt][nt][2 * half] = k_values.x * v0;
+        part[mt][nt][2 * half + 1] = k_values.y * v1;
+      } else {
+        part[mt][nt][2 * half] = __bfloat162float(k_row[0]) * v0;
+        if (d + 1 < Dk) part[mt][nt][2 * half + 1] = __bfloat162float(k_row[1]) * v1;
+      }
     }
   });
   add_row_sums(part, m0, sm.s_k);

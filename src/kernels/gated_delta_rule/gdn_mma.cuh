@@ -245,6 +245,19 @@ __device__ __forceinline__ void for_each_acc(int m0, int n0, F&& f) {
         f(mt, nt, r, m0 + 16 * mt + g + 8 * (r >> 1), n0 + 8 * nt + 2 * t + (r & 1));
 }
 
+// Calls f(mt, nt, half, row, col) for every pair of adjacent accumulator elements this lane holds:
+// (row, col) is entry r = 2 half, (row, col + 1) entry r = 2 half + 1; col is even.
+template <int MT, int NT, typename F>
+__device__ __forceinline__ void for_each_acc_pair(int m0, int n0, F&& f) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) f(mt, nt, half, m0 + 16 * mt + g + 8 * half, n0 + 8 * nt + 2 * t);
+}
+
 // dst[row] += sum over this warp's columns of values (laid out like an accumulator); one shared
 // atomic per row and warp. Every lane of the warp must call it.
 template <int MT, int NT>
