@@ -399,11 +399,26 @@ __device__ __forceinline__ void grads_local_head(const GatedDeltaRuleShape& s, f
   const int64_t qk_first = key_row_first * Dk;
   // Element (i, d) of the key head's dq or dk: the fp32 sum so far plus this head's term, kept for
   // the next head or, after the last, written in bf16 (times `factor`: dq's scale).
-  auto finish_key_term = [&](float* sums, __nv_bfloat16* out, int i, int d, float term, float factor) {
+  // Two adjacent elements (d, d + 1) at a time: one 8-byte fp32 and one 4-byte bf16 access when Dk
+  // is even and dq, dk sit on 4 bytes, else one by one.
+  const bool pairs = Dk % 2 == 0 && ((reinterpret_cast<uintptr_t>(dq) | reinterpret_cast<uintptr_t>(dk)) & 3) == 0;
+  auto finish_key_terms = [&](float* sums, __nv_bfloat16* out, int i, int d, float term0, float term1,
+                              float factor) {
     const int64_t at = (key_row_first + static_cast<int64_t>(i) * Hk) * Dk + d;
-    const float total = sums[at] + term;
-    if (last_head) out[at] = __float2bfloat16(factor * total);
-    else sums[at] = total;
+    if (pairs) {
+      float2& both = *reinterpret_cast<float2*>(sums + at);
+      const float total0 = both.x + term0, total1 = both.y + term1;
+      if (last_head)
+        *reinterpret_cast<__nv_bfloat162*>(out + at) = __floats2bfloat162_rn(factor * total0, factor * total1);
+      else
+        both = make_float2(total0, total1);
+      return;
+    }
+    for (int u = 0; u < 2 && d + u < Dk; ++u) {
+      const float total = sums[at + u] + (u == 0 ? term0 : term1);
+      if (last_head) out[at + u] = __float2bfloat16(factor * total);
+      else sums[at + u] = total;
+    }
   };
   // A and P rows are stored at their tokens ([T, Hv, 64]); rows past len are not stored.
   const int64_t square_first = row_first * kChunk, square_row = static_cast<int64_t>(Hv) * kChunk;
@@ -566,14 +581,16 @@ __device__ __forceinline__ void grads_local_head(const GatedDeltaRuleShape& s, f
     acc[mt][nt][r] = scale * acc[mt][nt][r] + dk_direct[mt][nt][r];
   });
   warp_mma<1, 8, kChunk>(acc, rows_of<kSqBf16Stride>(sm.da), m0, rows_of<kBf16Stride>(sm.k), n0);
-  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
-    if (i < len && d < Dk) finish_key_term(ws.dk_acc, dk, i, d, acc[mt][nt][r], 1.0f);
+  for_each_acc_pair<1, 8>(m0, n0, [&](int mt, int nt, int half, int i, int d) {
+    if (i < len && d < Dk)
+      finish_key_terms(ws.dk_acc, dk, i, d, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1], 1.0f);
   });
   // dq_i = scale (dq_acc_i + sum_{j<=i} G_ij e^(gamma_i - gamma_j) k_j), summed over the group.
   zero_acc(acc);
   warp_mma<1, 8, kChunk>(acc, rows_of<kSqBf16Stride>(sm.ge), m0, rows_of<kBf16Stride>(sm.k), n0);
-  for_each_acc<1, 8>(m0, n0, [&](int mt, int nt, int r, int i, int d) {
-    if (i < len && d < Dk) finish_key_term(ws.dq_acc, dq, i, d, acc[mt][nt][r], scale);
+  for_each_acc_pair<1, 8>(m0, n0, [&](int mt, int nt, int half, int i, int d) {
+    if (i < len && d < Dk)
+      finish_key_terms(ws.dq_acc, dq, i, d, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1], scale);
   });
   __syncthreads();
   if (warp == 0) {
