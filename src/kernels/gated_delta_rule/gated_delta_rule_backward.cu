@@ -195,9 +195,10 @@ __device__ __forceinline__ void grads_states_head(const GatedDeltaRuleShape& s, 
   const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
   const int64_t key_row_first = static_cast<int64_t>(ci.t0) * Hk + kh;  // rows of q, k, dq_acc, dk_acc
   const int64_t qk_first = key_row_first * Dk;
-  // The key-head arrays, k and dW are touched two adjacent elements (d, d + 1) at a time: as one
-  // 8-byte (fp32) or 4-byte (bf16) access when Dk is even and k sits on 4 bytes, else one by one.
-  const bool pairs = Dk % 2 == 0 && (reinterpret_cast<uintptr_t>(k) & 3) == 0;
+  // The key-head sums, dW and k are touched two adjacent elements (d, d + 1) at a time: as one
+  // 8-byte (fp32) or 4-byte (bf16) access when Dk is even (the workspace arrays start on 256 bytes;
+  // k, the caller's, must also sit on 4 bytes), else one by one.
+  const bool pairs = Dk % 2 == 0, k_pairs = pairs && (reinterpret_cast<uintptr_t>(k) & 3) == 0;
   auto add_key_terms = [&](float* acc_array, int i, int d, float v0, float v1) {
     float* slot = acc_array + (key_row_first + static_cast<int64_t>(i) * Hk) * Dk + d;
     if (pairs) {
@@ -317,7 +318,7 @@ __device__ __forceinline__ void grads_states_head(const GatedDeltaRuleShape& s, 
       const float v0 = decay * acc[mt][nt][2 * half], v1 = decay * acc[mt][nt][2 * half + 1];
       add_key_terms(ws.dk_acc, j, d, v0, v1);
       const __nv_bfloat16* k_row = k + qk_first + static_cast<int64_t>(j) * Hk * Dk + d;
-      if (pairs) {
+      if (k_pairs) {
         const float2 k_values = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(k_row));
         part[mt][nt][2 * half] = k_values.x * v0;
         part[mt][nt][2 * half + 1] = k_values.y * v1;
