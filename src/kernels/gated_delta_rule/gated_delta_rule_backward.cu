@@ -60,14 +60,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   // dL/dH: the dH update's accumulator tile of this warp, rows 16 warp, all kCols columns.
   constexpr int kStateNT = kCols / 8;
   const int state_m0 = 16 * warp;
-  float dstate[1][kStateNT][4];
-  for_each_acc<1, kStateNT>(state_m0, 0, [&](int mt, int nt, int r, int d, int e) {
-    const float value = (d_final_state != nullptr && d < Dk && e < cols)
-                            ? d_final_state[state_base + static_cast<int64_t>(d) * Dv + e]
-                            : 0.0f;
-    dstate[mt][nt][r] = value;
-    sm.dhb[d * kBf16ColStride + e] = __float2bfloat16(value);
-  });
+  RunningState<kCols> dstate;
+  load_running_state<kCols>(dstate, d_final_state == nullptr ? nullptr : d_final_state + state_base, s, cols, sm.dhb,
+                            kBf16ColStride);
   const int first = ws.chunk_offsets[n], last = ws.chunk_offsets[n + 1];
   // A chunk's inputs come in two groups of copies that overlap the other half of the work: K, P,
   // d_o and gamma (the dV_new half) fly during the previous chunk's dH half, W and Q (the dH half)
@@ -158,11 +153,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       });
     }
   }
-  if (d_initial_state != nullptr) {
-    for_each_acc<1, kStateNT>(state_m0, 0, [&](int mt, int nt, int r, int d, int e) {
-      if (d < Dk && e < cols) d_initial_state[state_base + static_cast<int64_t>(d) * Dv + e] = dstate[mt][nt][r];
-    });
-  }
+  if (d_initial_state != nullptr) store_running_state<kCols>(dstate, d_initial_state + state_base, s, cols);
 }
 
 // Shared tiles of the state-gradient kernel (~70 KB: two blocks per SM, so that one block's

@@ -354,14 +354,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   // The state: the update's accumulator tile of this warp, rows 16 warp, all kCols columns.
   constexpr int kStateNT = kCols / 8;
   const int state_m0 = 16 * warp;
-  float state[1][kStateNT][4];
-  for_each_acc<1, kStateNT>(state_m0, 0, [&](int mt, int nt, int r, int d, int e) {
-    const float value = (initial_state != nullptr && d < Dk && e < cols)
-                            ? initial_state[state_base + static_cast<int64_t>(d) * Dv + e]
-                            : 0.0f;
-    state[mt][nt][r] = value;
-    sm.hb[d * kBf16Cols + e] = __float2bfloat16(value);
-  });
+  RunningState<kCols> state;
+  load_running_state<kCols>(state, initial_state == nullptr ? nullptr : initial_state + state_base, s, cols, sm.hb,
+                            kBf16Cols);
   for (int c = 0; c < chunks; ++c) {
     const ChunkInfo ci = sequence_chunk(begin, end, n, slot0, c);
     const int len = ci.len;
@@ -416,11 +411,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       });
     }
   }
-  if (final_state != nullptr) {
-    for_each_acc<1, kStateNT>(state_m0, 0, [&](int mt, int nt, int r, int d, int e) {
-      if (d < Dk && e < cols) final_state[state_base + static_cast<int64_t>(d) * Dv + e] = state[mt][nt][r];
-    });
-  }
+  if (final_state != nullptr) store_running_state<kCols>(state, final_state + state_base, s, cols);
 }
 
 // Shared tiles of the output kernel (~54 KB).

@@ -170,6 +170,34 @@ __device__ inline void store_state_slice(__nv_bfloat16* slot, const __nv_bfloat1
   }
 }
 
+// The running fp32 state of a scan (or its gradient) as the warp's accumulator tile of the state
+// update: rows 16 warp, all kCols columns of [col0, col0 + kCols), one fragment per lane. Loaded
+// from the caller's fp32 [Dk, Dv] state at `base` (already offset by col0; null: zeros, as are rows
+// past Dk and columns past `cols`), with its bf16 copy written into a shared tile of row stride
+// `bf16_stride`; stored back to the caller's array (rows < Dk, columns < cols).
+template <int kCols>
+using RunningState = float[1][kCols / 8][4];
+
+template <int kCols>
+__device__ __forceinline__ void load_running_state(RunningState<kCols>& state, const float* base,
+                                                   const GatedDeltaRuleShape& s, int cols,
+                                                   __nv_bfloat16* bf16_tile, int bf16_stride) {
+  for_each_acc<1, kCols / 8>(16 * (static_cast<int>(threadIdx.x) >> 5), 0, [&](int mt, int nt, int r, int d, int e) {
+    const float value =
+        (base != nullptr && d < s.key_dim && e < cols) ? base[static_cast<int64_t>(d) * s.value_dim + e] : 0.0f;
+    state[mt][nt][r] = value;
+    bf16_tile[d * bf16_stride + e] = __float2bfloat16(value);
+  });
+}
+
+template <int kCols>
+__device__ __forceinline__ void store_running_state(const RunningState<kCols>& state, float* base,
+                                                    const GatedDeltaRuleShape& s, int cols) {
+  for_each_acc<1, kCols / 8>(16 * (static_cast<int>(threadIdx.x) >> 5), 0, [&](int mt, int nt, int r, int d, int e) {
+    if (d < s.key_dim && e < cols) base[static_cast<int64_t>(d) * s.value_dim + e] = state[mt][nt][r];
+  });
+}
+
 // Carves the workspace (base may be null to measure); returns the bytes needed.
 size_t carve_workspace(const GatedDeltaRuleShape& shape, bool backward, void* base,
                        Workspace* out);
