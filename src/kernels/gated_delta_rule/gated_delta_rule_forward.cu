@@ -254,11 +254,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   copy_out(u_tile, ws.v_new, Dv);
 }
 
-// State columns one forward-scan block carries. The scan is a chain of dependent steps per
-// block: 32 columns (4 blocks per head) halve each block's step and let two blocks share an SM,
-// against one block of 64 columns. The price: the 4 blocks of a head each pull the chunk's W and K
-// (measured on an H100: the scan runs at 71% of L2 throughput).
-constexpr int kStateScanCols = 32;
+// State columns one forward-scan block carries. Every block of a head pulls the chunk's W and K,
+// so the scan's L2 traffic falls with the number of column blocks: with 32 columns (4 blocks a
+// head) the scan ran at 71% of L2 throughput on an H100. 64 columns (2 blocks a head) halve that
+// traffic and double each block's share of the (small) products of a step.
+constexpr int kStateScanCols = 64;
 
 // Shared tiles of the forward state scan carrying kStateScanCols state columns. The running fp32
 // state lives in registers (the state update's accumulators); shared memory holds its bf16 copy
@@ -282,10 +282,10 @@ struct ScanSmem {
   alignas(16) __nv_bfloat16 vn[kChunk * kBf16Cols];      // e^(gamma_last - gamma_j) V_new_j
   Inputs in[kStages];
 };
-// Two blocks per SM, each with the 1 KB the driver reserves: one stage within sm_80's 164 KB, two
-// within Hopper's 228 KB.
-static_assert(2 * (sizeof(ScanSmem<1>) + 1024) <= 164 * 1024 && 2 * (sizeof(ScanSmem<2>) + 1024) <= 228 * 1024,
-              "two scan blocks per SM: one stage on sm_80, two on Hopper");
+// Each block with the 1 KB the driver reserves: two one-stage blocks per SM within sm_80's 164 KB; on
+// Hopper a two-stage block (~117 KB at 64 columns) is alone on its SM, which a step of 64 columns fills.
+static_assert(2 * (sizeof(ScanSmem<1>) + 1024) <= 164 * 1024 && sizeof(ScanSmem<2>) + 1024 <= 228 * 1024,
+              "two one-stage scan blocks per SM on sm_80, a two-stage one on Hopper");
 
 // Starts the asynchronous copies of one chunk's V_new inputs (W, U, gamma); the caller commits.
 template <typename Inputs>
@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                                s, cols);
     const float g_last = in.gamma[len - 1];
     {
-      // V_new = U - W H: 64 x 32, warp tile rows 16 (warp % 4), columns 16 (warp / 4).
+      // V_new = U - W H: 64 x kCols, warp tile rows 16 (warp % 4), columns kCols / 2 (warp / 4).
       constexpr int kNT = kCols / 16;
       const int m0 = 16 * (warp & 3), n0 = (kCols / 2) * (warp >> 2);
       float acc[1][kNT][4];
