@@ -263,9 +263,9 @@ constexpr int kStateScanCols = 64;
 // Shared tiles of the forward state scan carrying kStateScanCols state columns. The running fp32
 // state lives in registers (the state update's accumulators); shared memory holds its bf16 copy
 // (the operand of V_new = U - W H and the stored slot), V_new scaled for the update, and a ring of
-// kStages chunks' inputs. With two stages (~94 KB, two blocks per SM on Hopper) chunk i + 1's K and
+// kStages chunks' inputs. With two stages (~116 KB, one block per SM on Hopper) chunk i + 1's K and
 // chunk i + 2's W, U and gamma are in flight while chunk i runs, so a step does not wait on a load's
-// latency; one stage (~55 KB) keeps two blocks per SM within sm_80's 164 KB, and each half of a step
+// latency; one stage (~72 KB) keeps two blocks per SM within sm_80's 164 KB, and each half of a step
 // then covers the other half's loads.
 constexpr int kScanBf16Cols = kStateScanCols + 8;  // row stride of the scan's bf16 column slices
 
@@ -283,7 +283,7 @@ struct ScanSmem {
   Inputs in[kStages];
 };
 // Each block with the 1 KB the driver reserves: two one-stage blocks per SM within sm_80's 164 KB; on
-// Hopper a two-stage block (~117 KB at 64 columns) is alone on its SM, which a step of 64 columns fills.
+// Hopper a two-stage block (~116 KB at 64 columns) is alone on its SM, which a step of 64 columns fills.
 static_assert(2 * (sizeof(ScanSmem<1>) + 1024) <= 164 * 1024 && sizeof(ScanSmem<2>) + 1024 <= 228 * 1024,
               "two one-stage scan blocks per SM on sm_80, a two-stage one on Hopper");
 
