@@ -13,6 +13,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 : "${OUT:?OUT must name the folder whose files come back}" "${PROGRAM:?}" "${KERNELS:?}"
 ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
 [ -n "$ncu_bin" ] || { echo "kernel_stalls: no ncu on this machine"; exit 1; }
+set -f  # ARGS (e.g. --gtest_filter=*Timed*) and KERNELS split on spaces, never globbed
 work=/tmp/kernel_stalls
 rm -rf "$work" && mkdir -p "$work"
 start=$(date +%s)
