@@ -350,6 +350,12 @@ TEST(GatedDeltaRuleGpu, FullHeadDimsWithStates) {
   run_case({{65, 130}, 2, 4, 128, 128, true});
 }
 
+// 96 value columns: the forward scan's and the output's second 64-column block is partial, the
+// reverse scan's third 32-column block is full.
+TEST(GatedDeltaRuleGpu, ValueDimOfOneAndAHalfScanBlocksWithStates) {
+  run_case({{65, 130}, 2, 4, 128, 96, true});
+}
+
 TEST(GatedDeltaRuleGpu, SingleToken) { run_case({{1}, 1, 2, 16, 24, true}); }
 
 TEST(GatedDeltaRuleGpu, EmptySequenceInTheMiddle) { run_case({{5, 0, 70}, 1, 1, 32, 32, true}); }
