@@ -105,10 +105,16 @@ __device__ __forceinline__ void sweep_block_row(const float* l, float* a, float*
 // A_ij = -A_ii sum_{j <= m < i} L_im A_mj. `scratch` holds 16 rows of the inner sums.
 __device__ void invert_unit_lower(const float* l, float* a, float* scratch) {
   constexpr int S = kSqStride;
+  static_assert(kThreads == 256 && kChunk == 64, "one thread per entry of a 16 x 16 block, 4 x 4 blocks");
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  for (int idx = tid; idx < kChunk * kChunk; idx += blockDim.x) {
-    const int i = idx / kChunk, j = idx % kChunk;
-    if (j / 16 > i / 16) a[i * S + j] = 0.0f;
+  {
+    // The six blocks above the diagonal are zeros: entry (tid / 16, tid % 16) of each, block
+    // places known at compile time (no division or bounds test per element).
+    const int r = tid / 16, c = tid % 16;
+#pragma unroll
+    for (int bi = 0; bi < 3; ++bi)
+#pragma unroll
+      for (int bj = bi + 1; bj < 4; ++bj) a[(16 * bi + r) * S + 16 * bj + c] = 0.0f;
   }
   if (warp < 4) {
     // Lane c keeps column c of the block in registers (zeros above the diagonal), so row r is
