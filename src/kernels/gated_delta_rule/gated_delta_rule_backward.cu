@@ -156,6 +156,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (d_initial_state != nullptr) store_running_state<kCols>(dstate, d_initial_state + state_base, s, cols);
 }
 
+// Runs f(0), ..., f(kParts - 1): the pieces of a 64 x 128 product's warp tile (its 8 column tiles,
+// 8 / kParts a piece). The fp32 key-head sums a lane adds its terms to are read for a piece, all
+// loads in flight at once, before any is written; smaller pieces hold fewer registers.
+template <int kParts, typename F>
+__device__ __forceinline__ void for_each_tile_part(F&& f) {
+#pragma unroll
+  for (int piece = 0; piece < kParts; ++piece) f(piece);
+}
+
 // Shared tiles of the state-gradient kernel (~70 KB: two blocks per SM, so that one block's
 // copies overlap the other's products). x holds d_o and q, then dV_new, then V_new.
 struct StatesSmem {
@@ -190,15 +199,24 @@ __device__ __forceinline__ void grads_states_head(const GatedDeltaRuleShape& s, 
   // 8-byte (fp32) or 4-byte (bf16) access when Dk is even (the workspace arrays start on 256 bytes;
   // k, the caller's, must also sit on 4 bytes), else one by one.
   const bool pairs = Dk % 2 == 0, k_pairs = pairs && (reinterpret_cast<uintptr_t>(k) & 3) == 0;
-  auto add_key_terms = [&](float* acc_array, int i, int d, float v0, float v1) {
+  // A lane's key-head sums are all read before any is written (see for_each_tile_part): a
+  // store may alias a later load, so reading and writing them pair by pair made each pair wait a
+  // full L2 round trip. The first value head of the group reads nothing: it writes its terms.
+  auto read_key_sums = [&](const float* acc_array, int i, int d) {
+    if (first_head || i >= len || d >= Dk) return make_float2(0.0f, 0.0f);
+    const float* slot = acc_array + (key_row_first + static_cast<int64_t>(i) * Hk) * Dk + d;
+    if (pairs) return *reinterpret_cast<const float2*>(slot);
+    return make_float2(slot[0], d + 1 < Dk ? slot[1] : 0.0f);
+  };
+  auto write_key_terms = [&](float* acc_array, int i, int d, float2 sum, float v0, float v1) {
     float* slot = acc_array + (key_row_first + static_cast<int64_t>(i) * Hk) * Dk + d;
+    const float2 total = first_head ? make_float2(v0, v1) : make_float2(sum.x + v0, sum.y + v1);
     if (pairs) {
-      float2& both = *reinterpret_cast<float2*>(slot);
-      both = first_head ? make_float2(v0, v1) : make_float2(both.x + v0, both.y + v1);
+      *reinterpret_cast<float2*>(slot) = total;
       return;
     }
-    slot[0] = first_head ? v0 : slot[0] + v0;
-    if (d + 1 < Dk) slot[1] = first_head ? v1 : slot[1] + v1;
+    slot[0] = total.x;
+    if (d + 1 < Dk) slot[1] = total.y;
   };
   __nv_bfloat16* d_o_tile = sm.x;
   __nv_bfloat16* q_tile = sm.x + kChunk * kBf16Stride;
@@ -214,19 +232,29 @@ __device__ __forceinline__ void grads_states_head(const GatedDeltaRuleShape& s, 
   __syncthreads();
   const float g_last = sm.gamma[len - 1];
   const int m0 = 16 * (warp & 3), n0 = 64 * (warp >> 2);  // 64 x 128 outputs
+  // The warp tile's column tiles in pieces whose sums are read together (for_each_tile_part):
+  // fewer pieces, fewer round trips; more, fewer registers held.
+  constexpr int kDqParts = 4, kDkParts = 4;
   float acc[1][8][4], part[1][8][4];
   // dq_i = e^gamma_i sum_e do_ie H_de.
   zero_acc(acc);
   warp_mma<1, 8, kD>(acc, rows_of<kBf16Stride>(d_o_tile), m0, transposed<kBf16Stride>(sm.h), n0);
-  for_each_acc_pair<1, 8>(m0, n0, [&](int mt, int nt, int half, int i, int d) {
-    const float decay = expf(sm.gamma[i]);
-    const float v0 = decay * acc[mt][nt][2 * half], v1 = decay * acc[mt][nt][2 * half + 1];
-    part[mt][nt][2 * half] = part[mt][nt][2 * half + 1] = 0.0f;
-    if (i < len && d < Dk) {
-      add_key_terms(ws.dq_acc, i, d, v0, v1);
-      part[mt][nt][2 * half] = scale * __bfloat162float(q_tile[i * kBf16Stride + d]) * v0;
-      if (d + 1 < Dk) part[mt][nt][2 * half + 1] = scale * __bfloat162float(q_tile[i * kBf16Stride + d + 1]) * v1;
-    }
+  for_each_tile_part<kDqParts>([&](int piece) {
+    float2 sums[8 / kDqParts][2];
+    for_each_acc_pair<1, 8>(m0, n0, [&](int, int nt, int half, int i, int d) {
+      if (nt / (8 / kDqParts) == piece) sums[nt % (8 / kDqParts)][half] = read_key_sums(ws.dq_acc, i, d);
+    });
+    for_each_acc_pair<1, 8>(m0, n0, [&](int mt, int nt, int half, int i, int d) {
+      if (nt / (8 / kDqParts) != piece) return;
+      const float decay = expf(sm.gamma[i]);
+      const float v0 = decay * acc[mt][nt][2 * half], v1 = decay * acc[mt][nt][2 * half + 1];
+      part[mt][nt][2 * half] = part[mt][nt][2 * half + 1] = 0.0f;
+      if (i < len && d < Dk) {
+        write_key_terms(ws.dq_acc, i, d, sums[nt % (8 / kDqParts)][half], v0, v1);
+        part[mt][nt][2 * half] = scale * __bfloat162float(q_tile[i * kBf16Stride + d]) * v0;
+        if (d + 1 < Dk) part[mt][nt][2 * half + 1] = scale * __bfloat162float(q_tile[i * kBf16Stride + d + 1]) * v1;
+      }
+    });
   });
   add_row_sums(part, m0, sm.s_q);
   __syncthreads();  // d_o and q are done: dV_new takes their place
@@ -302,22 +330,33 @@ __device__ __forceinline__ void grads_states_head(const GatedDeltaRuleShape& s, 
   // per SM leave no room): its values come from global memory (L2).
   zero_acc(acc);
   warp_mma<1, 8, kD>(acc, rows_of<kBf16Stride>(sm.x), m0, transposed<kBf16Stride>(sm.h), n0);
-  for_each_acc_pair<1, 8>(m0, n0, [&](int mt, int nt, int half, int j, int d) {
-    part[mt][nt][2 * half] = part[mt][nt][2 * half + 1] = 0.0f;
-    if (j < len && d < Dk) {
-      const float decay = expf(g_last - sm.gamma[j]);
-      const float v0 = decay * acc[mt][nt][2 * half], v1 = decay * acc[mt][nt][2 * half + 1];
-      add_key_terms(ws.dk_acc, j, d, v0, v1);
-      const __nv_bfloat16* k_row = k + qk_first + static_cast<int64_t>(j) * Hk * Dk + d;
-      if (k_pairs) {
-        const float2 k_values = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(k_row));
-        part[mt][nt][2 * half] = k_values.x * v0;
-        part[mt][nt][2 * half + 1] = k_values.y * v1;
-      } else {
-        part[mt][nt][2 * half] = __bfloat162float(k_row[0]) * v0;
-        if (d + 1 < Dk) part[mt][nt][2 * half + 1] = __bfloat162float(k_row[1]) * v1;
+  for_each_tile_part<kDkParts>([&](int piece) {
+    // k's values come with the sums, before the first write, for the same reason.
+    float2 sums[8 / kDkParts][2];
+    __nv_bfloat162 k_values[8 / kDkParts][2];  // kept in bf16: one register a pair
+    for_each_acc_pair<1, 8>(m0, n0, [&](int, int nt, int half, int j, int d) {
+      if (nt / (8 / kDkParts) != piece) return;
+      sums[nt % (8 / kDkParts)][half] = read_key_sums(ws.dk_acc, j, d);
+      __nv_bfloat162 k_pair = __floats2bfloat162_rn(0.0f, 0.0f);
+      if (j < len && d < Dk) {
+        const __nv_bfloat16* k_row = k + qk_first + static_cast<int64_t>(j) * Hk * Dk + d;
+        if (k_pairs) k_pair = *reinterpret_cast<const __nv_bfloat162*>(k_row);
+        else k_pair = __halves2bfloat162(k_row[0], d + 1 < Dk ? k_row[1] : __float2bfloat16(0.0f));
       }
-    }
+      k_values[nt % (8 / kDkParts)][half] = k_pair;
+    });
+    for_each_acc_pair<1, 8>(m0, n0, [&](int mt, int nt, int half, int j, int d) {
+      if (nt / (8 / kDkParts) != piece) return;
+      part[mt][nt][2 * half] = part[mt][nt][2 * half + 1] = 0.0f;
+      if (j < len && d < Dk) {
+        const float decay = expf(g_last - sm.gamma[j]);
+        const float v0 = decay * acc[mt][nt][2 * half], v1 = decay * acc[mt][nt][2 * half + 1];
+        write_key_terms(ws.dk_acc, j, d, sums[nt % (8 / kDkParts)][half], v0, v1);
+        const float2 k_pair = __bfloat1622float2(k_values[nt % (8 / kDkParts)][half]);
+        part[mt][nt][2 * half] = k_pair.x * v0;
+        if (d + 1 < Dk) part[mt][nt][2 * half + 1] = k_pair.y * v1;
+      }
+    });
   });
   add_row_sums(part, m0, sm.s_k);
   __syncthreads();
@@ -394,20 +433,26 @@ __device__ __forceinline__ void grads_local_head(const GatedDeltaRuleShape& s, f
   // Two adjacent elements (d, d + 1) at a time: one 8-byte fp32 and one 4-byte bf16 access when Dk
   // is even and dq, dk sit on 4 bytes, else one by one.
   const bool pairs = Dk % 2 == 0 && ((reinterpret_cast<uintptr_t>(dq) | reinterpret_cast<uintptr_t>(dk)) & 3) == 0;
-  auto finish_key_terms = [&](float* sums, __nv_bfloat16* out, int i, int d, float term0, float term1,
+  // The sums are read before any is written, part of a warp tile at a time (for_each_tile_part).
+  auto read_key_sums = [&](const float* sums, int i, int d) {
+    if (i >= len || d >= Dk) return make_float2(0.0f, 0.0f);
+    const int64_t at = (key_row_first + static_cast<int64_t>(i) * Hk) * Dk + d;
+    if (pairs) return *reinterpret_cast<const float2*>(sums + at);
+    return make_float2(sums[at], d + 1 < Dk ? sums[at + 1] : 0.0f);
+  };
+  auto finish_key_terms = [&](float* sums, __nv_bfloat16* out, int i, int d, float2 sum, float term0, float term1,
                               float factor) {
     const int64_t at = (key_row_first + static_cast<int64_t>(i) * Hk) * Dk + d;
+    const float total0 = sum.x + term0, total1 = sum.y + term1;
     if (pairs) {
-      float2& both = *reinterpret_cast<float2*>(sums + at);
-      const float total0 = both.x + term0, total1 = both.y + term1;
       if (last_head)
         *reinterpret_cast<__nv_bfloat162*>(out + at) = __floats2bfloat162_rn(factor * total0, factor * total1);
       else
-        both = make_float2(total0, total1);
+        *reinterpret_cast<float2*>(sums + at) = make_float2(total0, total1);
       return;
     }
     for (int u = 0; u < 2 && d + u < Dk; ++u) {
-      const float total = sums[at + u] + (u == 0 ? term0 : term1);
+      const float total = u == 0 ? total0 : total1;
       if (last_head) out[at + u] = __float2bfloat16(factor * total);
       else sums[at + u] = total;
     }
@@ -448,6 +493,21 @@ __device__ __forceinline__ void grads_local_head(const GatedDeltaRuleShape& s, f
   const int sm0 = 16 * (warp & 3), sn0 = 32 * (warp >> 2);
   // 64 x 128 products: warp tile rows 16 (warp % 4), columns 64 (warp / 4).
   const int m0 = 16 * (warp & 3), n0 = 64 * (warp >> 2);
+  // dk or dq: the key head's sums plus this head's terms `acc`, read in kParts pieces.
+  constexpr int kParts = 2;
+  auto finish_key_tile = [&](float* sums, __nv_bfloat16* out, const float (&acc)[1][8][4], float factor) {
+    for_each_tile_part<kParts>([&](int piece) {
+      float2 old[8 / kParts][2];
+      for_each_acc_pair<1, 8>(m0, n0, [&](int, int nt, int half, int i, int d) {
+        if (nt / (8 / kParts) == piece) old[nt % (8 / kParts)][half] = read_key_sums(sums, i, d);
+      });
+      for_each_acc_pair<1, 8>(m0, n0, [&](int mt, int nt, int half, int i, int d) {
+        if (nt / (8 / kParts) == piece && i < len && d < Dk)
+          finish_key_terms(sums, out, i, d, old[nt % (8 / kParts)][half], acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1],
+                           factor);
+      });
+    });
+  };
   {
     // G_ij = do_i . v_new_j (j <= i): intra-chunk output term; M_ij = G_ij P_ij moves gamma.
     float acc[1][4][4], m_plus[1][4][4], m_minus[1][4][4];
@@ -573,17 +633,11 @@ __device__ __forceinline__ void grads_local_head(const GatedDeltaRuleShape& s, f
     acc[mt][nt][r] = scale * acc[mt][nt][r] + dk_direct[mt][nt][r];
   });
   warp_mma<1, 8, kChunk>(acc, rows_of<kSqBf16Stride>(sm.da), m0, rows_of<kBf16Stride>(sm.k), n0);
-  for_each_acc_pair<1, 8>(m0, n0, [&](int mt, int nt, int half, int i, int d) {
-    if (i < len && d < Dk)
-      finish_key_terms(ws.dk_acc, dk, i, d, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1], 1.0f);
-  });
+  finish_key_tile(ws.dk_acc, dk, acc, 1.0f);
   // dq_i = scale (dq_acc_i + sum_{j<=i} G_ij e^(gamma_i - gamma_j) k_j), summed over the group.
   zero_acc(acc);
   warp_mma<1, 8, kChunk>(acc, rows_of<kSqBf16Stride>(sm.ge), m0, rows_of<kBf16Stride>(sm.k), n0);
-  for_each_acc_pair<1, 8>(m0, n0, [&](int mt, int nt, int half, int i, int d) {
-    if (i < len && d < Dk)
-      finish_key_terms(ws.dq_acc, dq, i, d, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1], scale);
-  });
+  finish_key_tile(ws.dq_acc, dq, acc, scale);
   __syncthreads();
   if (warp == 0) {
     // gamma is the chunk-local prefix sum of g, so dg is the reverse cumulative sum of d gamma:
