@@ -50,6 +50,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                        const __nv_bfloat16* k, const __nv_bfloat16* d_o,
                        const float* d_final_state, float* d_initial_state, Workspace ws) {
   constexpr int kBf16ColStride = DScanSmem<kCols>::kBf16ColStride;
+  static_assert(kCols % 8 == 0, "rows of the scaled d_o and of dV_new move in 16-byte pieces");
   const int n = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kCols;
   const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
   const int kh = key_head_of(s, h), tid = threadIdx.x, warp = tid >> 5;
@@ -63,12 +64,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   RunningState<kCols> dstate;
   load_running_state<kCols>(dstate, d_final_state == nullptr ? nullptr : d_final_state + state_base, s, cols, sm.dhb,
                             kBf16ColStride);
-  const int first = ws.chunk_offsets[n], last = ws.chunk_offsets[n + 1];
+  // The chunks' places come from cu_seqlens (sequence_chunk), not from the table: no step waits
+  // on a table read before it can address its inputs.
+  const int begin = s.cu_seqlens[n], end = s.cu_seqlens[n + 1], slot0 = ws.slot_offsets[n];
+  const int chunks = (end - begin + kChunk - 1) / kChunk;
   // A chunk's inputs come in two groups of copies that overlap the other half of the work: K, P,
   // d_o and gamma (the dV_new half) fly during the previous chunk's dH half, W and Q (the dH half)
   // during this chunk's dV_new half. No extra shared memory.
   auto issue_dvn_inputs = [&](int c) {
-    const ChunkInfo ci = ws.chunks[c];
+    const ChunkInfo ci = sequence_chunk(begin, end, n, slot0, c);
     const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
     load_tile(sm.k, kBf16Stride, kChunk, kD, k + (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk,
               static_cast<int64_t>(Hk) * Dk, ci.len, Dk);
@@ -84,7 +88,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     cp_async_commit();
   };
   auto issue_dh_inputs = [&](int c) {
-    const ChunkInfo ci = ws.chunks[c];
+    const ChunkInfo ci = sequence_chunk(begin, end, n, slot0, c);
     const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
     load_tile(sm.w, kBf16Stride, kChunk, kD, ws.w + row_first * Dk, static_cast<int64_t>(Hv) * Dk,
               ci.len, Dk);
@@ -92,9 +96,9 @@ __global__ void __launch_bounds__(kThreads, 2)
               static_cast<int64_t>(Hk) * Dk, ci.len, Dk);
     cp_async_commit();
   };
-  if (first < last) issue_dvn_inputs(last - 1);
-  for (int c = last - 1; c >= first; --c) {
-    const ChunkInfo ci = ws.chunks[c];
+  if (chunks > 0) issue_dvn_inputs(chunks - 1);
+  for (int c = chunks - 1; c >= 0; --c) {
+    const ChunkInfo ci = sequence_chunk(begin, end, n, slot0, c);
     const int len = ci.len;
     const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
     cp_async_wait<0>();  // the dV_new inputs of chunk c
@@ -104,10 +108,18 @@ __global__ void __launch_bounds__(kThreads, 2)
       store_state_slice<kCols>(ws.dh + (static_cast<int64_t>(ci.dh_slot) * Hv + h) * Dk * Dv + col0, sm.dhb,
                                kBf16ColStride, s, cols);
     const float g_last = sm.gamma[len - 1];
-    for (int idx = tid; idx < kChunk * kCols; idx += kThreads) {
-      const int i = idx / kCols, e = idx % kCols;
-      sm.d_o_scaled[i * kBf16ColStride + e] =
-          __float2bfloat16(scale * expf(sm.gamma[i]) * __bfloat162float(sm.d_o[i * kBf16ColStride + e]));
+    // Eight columns of one row a thread: one exponential and one 16-byte load and store each.
+    for (int idx = tid; idx < kChunk * (kCols / 8); idx += kThreads) {
+      const int i = idx / (kCols / 8), e0 = 8 * (idx % (kCols / 8));
+      const float factor = scale * expf(sm.gamma[i]);
+      uint4 piece = *reinterpret_cast<const uint4*>(&sm.d_o[i * kBf16ColStride + e0]);
+      auto* pairs = reinterpret_cast<__nv_bfloat162*>(&piece);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float2 x = __bfloat1622float2(pairs[u]);
+        pairs[u] = __floats2bfloat162_rn(factor * x.x, factor * x.y);
+      }
+      *reinterpret_cast<uint4*>(&sm.d_o_scaled[i * kBf16ColStride + e0]) = piece;
     }
     {
       // dV_new: 64 x kCols, warp tile rows 16 (warp % 4), columns kCols / 2 (warp / 4).
@@ -116,9 +128,11 @@ __global__ void __launch_bounds__(kThreads, 2)
       float acc[1][NT][4];
       zero_acc(acc);
       warp_mma<1, NT, kD>(acc, rows_of<kBf16Stride>(sm.k), m0, rows_of<kBf16ColStride>(sm.dhb), n0);
-      for_each_acc<1, NT>(m0, n0, [&](int mt, int nt, int r, int j, int) {
-        acc[mt][nt][r] *= j < len ? expf(g_last - sm.gamma[j]) : 0.0f;
-      });
+      // A lane's accumulators lie on two rows, j and j + 8: one decay each.
+      const int j0 = m0 + ((tid & 31) >> 2);
+      const float row_decay[2] = {j0 < len ? expf(g_last - sm.gamma[j0]) : 0.0f,
+                                  j0 + 8 < len ? expf(g_last - sm.gamma[j0 + 8]) : 0.0f};
+      for_each_acc<1, NT>(m0, n0, [&](int mt, int nt, int r, int, int) { acc[mt][nt][r] *= row_decay[r >> 1]; });
       warp_mma<1, NT, kChunk>(acc, transposed<kSqBf16Stride>(sm.p), m0, rows_of<kBf16ColStride>(sm.d_o), n0);
       for_each_acc<1, NT>(m0, n0, [&](int mt, int nt, int r, int j, int e) {
         const __nv_bfloat16 value = __float2bfloat16(acc[mt][nt][r]);
@@ -127,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       });
     }
     __syncthreads();  // K, P, d_o, gamma are free; dV_new and the scaled d_o are complete
-    if (c > first) {
+    if (c > 0) {
       issue_dvn_inputs(c - 1);
       cp_async_wait<1>();  // W and Q of chunk c (the newer group may still fly)
     } else {

@@ -16,14 +16,6 @@ namespace deltamoe {
 namespace gdn_cuda {
 namespace {
 
-// Chunk i of sequence `seq` (tokens [begin, end), first state slot slot0): the table's entry,
-// computed. Boundary b, between the sequence's chunks b and b + 1, is slot slot0 + b.
-__device__ __forceinline__ ChunkInfo sequence_chunk(int begin, int end, int seq, int slot0, int i) {
-  const int t0 = begin + i * kChunk;
-  const bool last = t0 + kChunk >= end;
-  return ChunkInfo{t0, min(kChunk, end - t0), seq, i > 0 ? slot0 + i - 1 : -1, last ? -1 : slot0 + i};
-}
-
 // One block: thread 0 counts chunks and state slots (boundaries between two chunks of one
 // sequence) per sequence, then all threads fill the table and zero its entries past the count
 // (the forward's load_chunk tells a block past the count by its entry's zero length).

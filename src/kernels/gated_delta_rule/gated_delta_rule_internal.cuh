@@ -46,6 +46,15 @@ struct ChunkInfo {
 static_assert(sizeof(ChunkInfo) == kGatedDeltaRuleChunkInfoBytes,
               "the workspace layout counts chunk-table entries of this size");
 
+// Chunk i of sequence `seq` (tokens [begin, end), first state slot slot0): the table's entry,
+// computed. Boundary b, between the sequence's chunks b and b + 1, is slot slot0 + b. The scans
+// use it instead of the table, so that no step waits on a table read to address its inputs.
+__device__ __forceinline__ ChunkInfo sequence_chunk(int begin, int end, int seq, int slot0, int i) {
+  const int t0 = begin + i * kChunk;
+  const bool last = t0 + kChunk >= end;
+  return ChunkInfo{t0, min(kChunk, end - t0), seq, i > 0 ? slot0 + i - 1 : -1, last ? -1 : slot0 + i};
+}
+
 // Upper bound of the chunk count: every sequence adds at most one partial chunk.
 inline int64_t max_chunks(const GatedDeltaRuleShape& s) {
   return gated_delta_rule_max_chunks(s.num_tokens, s.num_seqs);
