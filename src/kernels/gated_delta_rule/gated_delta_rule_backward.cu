@@ -96,6 +96,9 @@ __global__ void __launch_bounds__(kThreads, 2)
               static_cast<int64_t>(Hk) * Dk, ci.len, Dk);
     cp_async_commit();
   };
+  // dV_new leaves in 16-byte row pieces from its shared tile; a value dim that is not a multiple
+  // of 8 stores it element by element.
+  const bool staged = Dv % 8 == 0;
   if (chunks > 0) issue_dvn_inputs(chunks - 1);
   for (int c = chunks - 1; c >= 0; --c) {
     const ChunkInfo ci = sequence_chunk(begin, end, n, slot0, c);
@@ -136,11 +139,20 @@ __global__ void __launch_bounds__(kThreads, 2)
       warp_mma<1, NT, kChunk>(acc, transposed<kSqBf16Stride>(sm.p), m0, rows_of<kBf16ColStride>(sm.d_o), n0);
       for_each_acc<1, NT>(m0, n0, [&](int mt, int nt, int r, int j, int e) {
         const __nv_bfloat16 value = __float2bfloat16(acc[mt][nt][r]);
-        if (j < len && e < cols) ws.dv_new[(row_first + static_cast<int64_t>(j) * Hv) * Dv + col0 + e] = value;
+        if (!staged && j < len && e < cols) ws.dv_new[(row_first + static_cast<int64_t>(j) * Hv) * Dv + col0 + e] = value;
         sm.dvn[j * kBf16ColStride + e] = value;
       });
     }
     __syncthreads();  // K, P, d_o, gamma are free; dV_new and the scaled d_o are complete
+    if (staged) {
+      // dV_new leaves from its shared tile in 16-byte row pieces (the dH half only reads the tile).
+      for (int idx = tid; idx < len * (kCols / 8); idx += kThreads) {
+        const int j = idx / (kCols / 8), e0 = 8 * (idx % (kCols / 8));
+        if (e0 < cols)
+          *reinterpret_cast<uint4*>(ws.dv_new + (row_first + static_cast<int64_t>(j) * Hv) * Dv + col0 + e0) =
+              *reinterpret_cast<const uint4*>(&sm.dvn[j * kBf16ColStride + e0]);
+      }
+    }
     if (c > 0) {
       issue_dvn_inputs(c - 1);
       cp_async_wait<1>();  // W and Q of chunk c (the newer group may still fly)

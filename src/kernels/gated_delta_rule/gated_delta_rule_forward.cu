@@ -260,11 +260,11 @@ constexpr int kStateScanCols = 64;
 
 // Shared tiles of the forward state scan carrying kStateScanCols state columns. The running fp32
 // state lives in registers (the state update's accumulators); shared memory holds its bf16 copy
-// (the operand of V_new = U - W H and the stored slot), V_new scaled for the update, and a ring of
-// kStages chunks' inputs. With two stages (~116 KB, one block per SM on Hopper) chunk i + 1's K and
-// chunk i + 2's W, U and gamma are in flight while chunk i runs, so a step does not wait on a load's
-// latency; one stage (~72 KB) keeps two blocks per SM within sm_80's 164 KB, and each half of a step
-// then covers the other half's loads.
+// (the operand of V_new = U - W H and the stored slot), V_new scaled for the update, V_new on its
+// way out, and a ring of kStages chunks' inputs. With two stages (~125 KB, one block per SM on
+// Hopper) chunk i + 1's K and chunk i + 2's W, U and gamma are in flight while chunk i runs, so a
+// step does not wait on a load's latency; one stage (~81 KB) keeps two blocks per SM within sm_80's
+// 164 KB, and each half of a step then covers the other half's loads.
 constexpr int kScanBf16Cols = kStateScanCols + 8;  // row stride of the scan's bf16 column slices
 
 template <int kStages>
@@ -278,10 +278,11 @@ struct ScanSmem {
   };
   alignas(16) __nv_bfloat16 hb[kD * kBf16Cols];          // state columns [col0, col0 + kStateScanCols), bf16
   alignas(16) __nv_bfloat16 vn[kChunk * kBf16Cols];      // e^(gamma_last - gamma_j) V_new_j
+  alignas(16) __nv_bfloat16 v_out[kChunk * kBf16Cols];   // V_new on its way out in 16-byte row pieces
   Inputs in[kStages];
 };
 // Each block with the 1 KB the driver reserves: two one-stage blocks per SM within sm_80's 164 KB; on
-// Hopper a two-stage block (~116 KB at 64 columns) is alone on its SM, which a step of 64 columns fills.
+// Hopper a two-stage block (~125 KB at 64 columns) is alone on its SM, which a step of 64 columns fills.
 static_assert(2 * (sizeof(ScanSmem<1>) + 1024) <= 164 * 1024 && sizeof(ScanSmem<2>) + 1024 <= 228 * 1024,
               "two one-stage scan blocks per SM on sm_80, a two-stage one on Hopper");
 
@@ -355,6 +356,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   RunningState<kCols> state;
   load_running_state<kCols>(state, initial_state == nullptr ? nullptr : initial_state + state_base, s, cols, sm.hb,
                             kBf16Cols);
+  // V_new leaves through a shared tile in 16-byte row pieces: a fragment alone would store
+  // scattered 2-byte values. A value dim that is not a multiple of 8 stores them one by one.
+  const bool staged = Dv % 8 == 0;
   for (int c = 0; c < chunks; ++c) {
     const ChunkInfo ci = sequence_chunk(begin, end, n, slot0, c);
     const int len = ci.len;
@@ -381,7 +385,9 @@ __global__ void __launch_bounds__(kThreads, 2)
                               row0 + 8 < len ? expf(g_last - in.gamma[row0 + 8]) : 0.0f};
       for_each_acc<1, kNT>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
         const float value = __bfloat162float(in.u[i * kBf16Cols + e]) - acc[mt][nt][r];
-        if (i < len && e < cols)
+        if (staged)
+          sm.v_out[i * kBf16Cols + e] = __float2bfloat16(value);
+        else if (i < len && e < cols)
           ws.v_new[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = __float2bfloat16(value);
         sm.vn[i * kBf16Cols + e] = __float2bfloat16(decay[r >> 1] * value);
       });
@@ -395,6 +401,15 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();  // V_new is complete, K is in; W, U, gamma of chunk c are free
     if constexpr (kStages > 1) issue_vnew(c + kStages);
+    if (staged) {
+      static_assert(kCols % 8 == 0, "whole 16-byte pieces of a row");
+      for (int idx = tid; idx < len * (kCols / 8); idx += kThreads) {
+        const int i = idx / (kCols / 8), e0 = 8 * (idx % (kCols / 8));
+        if (e0 < cols)
+          *reinterpret_cast<uint4*>(ws.v_new + (row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e0) =
+              *reinterpret_cast<const uint4*>(&sm.v_out[i * kBf16Cols + e0]);
+      }
+    }
     {
       // H <- e^gamma_last H + K^T (decayed V_new), in this warp's registers; then its bf16 copy.
       const float chunk_decay = expf(g_last);
