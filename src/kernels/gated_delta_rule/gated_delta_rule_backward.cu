@@ -130,13 +130,13 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int m0 = 16 * (warp & 3), n0 = (kCols / 2) * (warp >> 2);
       float acc[1][NT][4];
       zero_acc(acc);
-      warp_mma<1, NT, kD>(acc, rows_of<kBf16Stride>(sm.k), m0, rows_of<kBf16ColStride>(sm.dhb), n0);
+      warp_mma<1, NT, kD, kD / 16>(acc, rows_of<kBf16Stride>(sm.k), m0, rows_of<kBf16ColStride>(sm.dhb), n0);
       // A lane's accumulators lie on two rows, j and j + 8: one decay each.
       const int j0 = m0 + ((tid & 31) >> 2);
       const float row_decay[2] = {j0 < len ? expf(g_last - sm.gamma[j0]) : 0.0f,
                                   j0 + 8 < len ? expf(g_last - sm.gamma[j0 + 8]) : 0.0f};
       for_each_acc<1, NT>(m0, n0, [&](int mt, int nt, int r, int, int) { acc[mt][nt][r] *= row_decay[r >> 1]; });
-      warp_mma<1, NT, kChunk>(acc, transposed<kSqBf16Stride>(sm.p), m0, rows_of<kBf16ColStride>(sm.d_o), n0);
+      warp_mma<1, NT, kChunk, kChunk / 16>(acc, transposed<kSqBf16Stride>(sm.p), m0, rows_of<kBf16ColStride>(sm.d_o), n0);
       for_each_acc<1, NT>(m0, n0, [&](int mt, int nt, int r, int j, int e) {
         const __nv_bfloat16 value = __float2bfloat16(acc[mt][nt][r]);
         if (!staged && j < len && e < cols) ws.dv_new[(row_first + static_cast<int64_t>(j) * Hv) * Dv + col0 + e] = value;
@@ -167,10 +167,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       for_each_acc<1, kStateNT>(state_m0, 0, [&](int mt, int nt, int r, int, int) {
         acc[mt][nt][r] = chunk_decay * dstate[mt][nt][r];
       });
-      warp_mma<1, kStateNT, kChunk>(acc, transposed<kBf16Stride>(sm.q), state_m0,
+      warp_mma<1, kStateNT, kChunk, kChunk / 16>(acc, transposed<kBf16Stride>(sm.q), state_m0,
                                     rows_of<kBf16ColStride>(sm.d_o_scaled), 0);
       zero_acc(minus);
-      warp_mma<1, kStateNT, kChunk>(minus, transposed<kBf16Stride>(sm.w), state_m0,
+      warp_mma<1, kStateNT, kChunk, kChunk / 16>(minus, transposed<kBf16Stride>(sm.w), state_m0,
                                     rows_of<kBf16ColStride>(sm.dvn), 0);
       for_each_acc<1, kStateNT>(state_m0, 0, [&](int mt, int nt, int r, int d, int e) {
         const float value = acc[mt][nt][r] - minus[mt][nt][r];

@@ -169,8 +169,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     float kk[1][4][4], qk[1][4][4];
     zero_acc(kk);
     zero_acc(qk);
-    warp_mma<1, 4, kD>(kk, rows_of<kBf16Stride>(sm.k), m0, transposed<kBf16Stride>(sm.k), n0);
-    warp_mma<1, 4, kD>(qk, rows_of<kBf16Stride>(sm.q), m0, transposed<kBf16Stride>(sm.k), n0);
+    warp_mma<1, 4, kD, kD / 16>(kk, rows_of<kBf16Stride>(sm.k), m0, transposed<kBf16Stride>(sm.k), n0);
+    warp_mma<1, 4, kD, kD / 16>(qk, rows_of<kBf16Stride>(sm.q), m0, transposed<kBf16Stride>(sm.k), n0);
     for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int j) {
       float l_value = 0.0f, p_value = 0.0f;
       if (i < len && j <= i) {
@@ -467,11 +467,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int m0 = 16 * (warp & 3), n0 = 32 * (warp >> 2);
   float acc[1][4][4];
   zero_acc(acc);
-  warp_mma<1, 4, kD>(acc, rows_of<kBf16Stride>(sm.q), m0, rows_of<kColBf16Stride>(sm.h), n0);
+  warp_mma<1, 4, kD, kD / 16>(acc, rows_of<kBf16Stride>(sm.q), m0, rows_of<kColBf16Stride>(sm.h), n0);
   for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int) {
     acc[mt][nt][r] *= scale * sm.exp_gamma[i];
   });
-  warp_mma<1, 4, kChunk>(acc, rows_of<kSqBf16Stride>(sm.p), m0, rows_of<kColBf16Stride>(sm.vn), n0);
+  warp_mma<1, 4, kChunk, kChunk / 16>(acc, rows_of<kSqBf16Stride>(sm.p), m0, rows_of<kColBf16Stride>(sm.vn), n0);
   // o leaves in 16-byte row pieces through V_new's tile once every warp is done reading it (rows
   // past len and columns past Dv not stored); a head dim that is not a multiple of 8, or an o not
   // on 16 bytes, stores element by element.

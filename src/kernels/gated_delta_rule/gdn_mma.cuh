@@ -177,11 +177,13 @@ __device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
 // conflict-free with a row stride of 8 (mod 32) words, a pair one row apart (transposed A,
 // row-major B) with 4 (mod 32). bf16 views go through ldmatrix: rows of 16 bytes times an odd
 // number (mod 128 bytes) are conflict-free.
-template <int MT, int NT, int kK, typename ViewA, typename ViewB>
+// kUnroll k-steps are unrolled: 2 by default (code size, registers); all of them (kK / 16) lets the
+// fragment loads of later steps issue ahead of the mmas where registers allow.
+template <int MT, int NT, int kK, int kUnroll = 2, typename ViewA, typename ViewB>
 __device__ __forceinline__ void warp_mma(float (&acc)[MT][NT][4], ViewA a, int m0, ViewB b, int n0) {
   static_assert(kK % 16 == 0, "warp_mma: kK must be a multiple of 16");
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll 2
+#pragma unroll kUnroll
   for (int k0 = 0; k0 < kK; k0 += 16) {
     uint32_t a_hi[MT][4], a_lo[MT][4], b_hi[NT][2], b_lo[NT][2];
 #pragma unroll
