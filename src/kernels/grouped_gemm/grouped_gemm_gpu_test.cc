@@ -461,6 +461,7 @@ TEST(GroupedGemmGpu, Timing35BRouting) {
   device_fill_bytes(d_gu_w.view, 0);
   device_fill_bytes(d_down_w.view, 0);
   DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(256));
+  DeviceBuffer square_sums(sizeof(double)), squares_scratch(kWeightGradSquaresScratchBytes);
   const double gu_flops = 2.0 * rows * (2 * inter) * hidden, down_flops = 2.0 * rows * hidden * inter;
   struct Routing {
     const char* name;
@@ -506,6 +507,19 @@ TEST(GroupedGemmGpu, Timing35BRouting) {
                                       experts, hidden, inter, output, s);
       });
     }
+    // Written with the sum of squares of the gradient divided by a token count, as a step of one
+    // backward forms its expert gradients.
+    const WeightGradSquares squares{static_cast<double*>(square_sums.data()), 8191.0, squares_scratch.data()};
+    time("gate_up dW f32= squares", gu_flops, [&](cudaStream_t s) {
+      grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::automatic, bf16_ptr(h), bf16_ptr(x),
+                                         static_cast<float*>(d_gu_w.view.data), off, experts, 2 * inter, hidden,
+                                         WeightGradOutput::written, s, &squares);
+    });
+    time("down dW f32= squares", down_flops, [&](cudaStream_t s) {
+      grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::automatic, bf16_ptr(x), bf16_ptr(h_i),
+                                         static_cast<float*>(d_down_w.view.data), off, experts, hidden, inter,
+                                         WeightGradOutput::written, s, &squares);
+    });
   }
   device_synchronize();
 }
