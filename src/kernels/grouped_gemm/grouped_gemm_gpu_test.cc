@@ -507,19 +507,23 @@ TEST(GroupedGemmGpu, Timing35BRouting) {
                                       experts, hidden, inter, output, s);
       });
     }
-    // Written with the sum of squares of the gradient divided by a token count, as a step of one
-    // backward forms its expert gradients.
-    const WeightGradSquares squares{static_cast<double*>(square_sums.data()), 8191.0, squares_scratch.data()};
-    time("gate_up dW f32= squares", gu_flops, [&](cudaStream_t s) {
-      grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::automatic, bf16_ptr(h), bf16_ptr(x),
-                                         static_cast<float*>(d_gu_w.view.data), off, experts, 2 * inter, hidden,
-                                         WeightGradOutput::written, s, &squares);
-    });
-    time("down dW f32= squares", down_flops, [&](cudaStream_t s) {
-      grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::automatic, bf16_ptr(x), bf16_ptr(h_i),
-                                         static_cast<float*>(d_down_w.view.data), off, experts, hidden, inter,
-                                         WeightGradOutput::written, s, &squares);
-    });
+    // Written with the sum of squares of the gradient divided by 1, by a token count (the form a
+    // step of one backward uses) and by a fraction (fp64 quotient).
+    for (const auto& [divide, divisor] : {std::pair{"/1", 1.0}, std::pair{"/8191", 8191.0}, std::pair{"/0.37", 0.37}}) {
+      const WeightGradSquares squares{static_cast<double*>(square_sums.data()), divisor, squares_scratch.data()};
+      const std::string gate_up_label = std::string("gate_up dW f32= squares") + divide;
+      const std::string down_label = std::string("down dW f32= squares") + divide;
+      time(gate_up_label.c_str(), gu_flops, [&](cudaStream_t s) {
+        grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::automatic, bf16_ptr(h), bf16_ptr(x),
+                                           static_cast<float*>(d_gu_w.view.data), off, experts, 2 * inter, hidden,
+                                           WeightGradOutput::written, s, &squares);
+      });
+      time(down_label.c_str(), down_flops, [&](cudaStream_t s) {
+        grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::automatic, bf16_ptr(x), bf16_ptr(h_i),
+                                           static_cast<float*>(d_down_w.view.data), off, experts, hidden, inter,
+                                           WeightGradOutput::written, s, &squares);
+      });
+    }
   }
   device_synchronize();
 }
