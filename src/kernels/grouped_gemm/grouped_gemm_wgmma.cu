@@ -689,8 +689,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x0), "f"(x1) : "memory");
           if constexpr (kSquares) {
             if (row < rows_valid && 8 * J < cols_valid) {
-              const double q0 = divide_gradient<kDivide>(x0, p.divisor);
-              const double q1 = divide_gradient<kDivide>(x1, p.divisor);
+              const double q0 = divide_gradient_for_squares<kDivide>(x0, p.divisor);
+              const double q1 = divide_gradient_for_squares<kDivide>(x1, p.divisor);
               squares[J % 4] = __fma_rn(q1, q1, __fma_rn(q0, q0, squares[J % 4]));
             }
           }
