@@ -12,6 +12,12 @@ here=$(cd "$(dirname "$0")" && pwd)  # run from the repository root; layer_profi
 name=${1:-profile}
 out=${OUT:-/tmp}
 DELTAMOE=${DELTAMOE:-gpu_bundle/bin/deltamoe}
+# The bundle's program needs the bundle's library paths (image codecs, CUDA's libraries there).
+if [ "$DELTAMOE" = gpu_bundle/bin/deltamoe ] && [ -f gpu_bundle/env.sh ]; then
+  set +u
+  source gpu_bundle/env.sh
+  set -u
+fi
 BENCH_ARGS=${BENCH_ARGS:---layers 4 --tokens 8192 --seqs 2 --steps 1 --warmup 1}
 ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
 [ -n "$ncu_bin" ] || { echo "layer_profile: no ncu on this machine"; exit 1; }
