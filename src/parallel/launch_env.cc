@@ -78,57 +78,42 @@ bool pair_present(const EnvMap& env, const std::string& a, const std::string& b,
   return has_a;
 }
 
-std::optional<Candidate> torchrun_candidate(const EnvMap& env) {
-  if (!pair_present(env, "RANK", "WORLD_SIZE", "torchrun (and deltamoe launch)")) return std::nullopt;
-  Candidate c;
-  c.launcher = Launcher::torchrun;
-  c.rank_var = "RANK";
-  c.world_var = "WORLD_SIZE";
-  c.local_rank_var = "LOCAL_RANK";
-  c.world = *int_var(env, "WORLD_SIZE", 1, "a world size (an integer >= 1)");
-  c.rank = *int_var(env, "RANK", 0, "a rank (an integer >= 0)");
-  c.local_rank = int_var(env, "LOCAL_RANK", 0, "a local rank (an integer >= 0)").value_or(-1);
-  c.local_world = int_var(env, "LOCAL_WORLD_SIZE", 1, "a local world size (an integer >= 1)").value_or(-1);
-  c.node = int_var(env, "GROUP_RANK", 0, "a node rank (an integer >= 0)").value_or(-1);
-  c.origin = str_cat("RANK=", c.rank, " WORLD_SIZE=", c.world);
-  if (c.local_rank >= 0) c.origin += str_cat(" LOCAL_RANK=", c.local_rank);
-  if (c.local_world >= 0) c.origin += str_cat(" LOCAL_WORLD_SIZE=", c.local_world);
-  if (c.node >= 0) c.origin += str_cat(" GROUP_RANK=", c.node);
-  return c;
-}
+// The variables of a launcher that sets its rank and world size as a pair (slurm's world size has
+// alternatives and is read apart); node may be null.
+struct PairLauncher {
+  Launcher launcher;
+  const char* rank;
+  const char* world;
+  const char* local_rank;
+  const char* local_world;
+  const char* node;
+  const char* sets_both;  // who sets the pair, for the message when one is missing
+};
 
-std::optional<Candidate> open_mpi_candidate(const EnvMap& env) {
-  if (!pair_present(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun")) return std::nullopt;
-  Candidate c;
-  c.launcher = Launcher::open_mpi;
-  c.rank_var = "OMPI_COMM_WORLD_RANK";
-  c.world_var = "OMPI_COMM_WORLD_SIZE";
-  c.local_rank_var = "OMPI_COMM_WORLD_LOCAL_RANK";
-  c.world = *int_var(env, "OMPI_COMM_WORLD_SIZE", 1, "a world size (an integer >= 1)");
-  c.rank = *int_var(env, "OMPI_COMM_WORLD_RANK", 0, "a rank (an integer >= 0)");
-  c.local_rank = int_var(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0, "a local rank (an integer >= 0)").value_or(-1);
-  c.local_world = int_var(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, "a local world size (an integer >= 1)").value_or(-1);
-  c.node = int_var(env, "OMPI_COMM_WORLD_NODE_RANK", 0, "a node rank (an integer >= 0)").value_or(-1);
-  c.origin = str_cat("OMPI_COMM_WORLD_RANK=", c.rank, " OMPI_COMM_WORLD_SIZE=", c.world);
-  if (c.local_rank >= 0) c.origin += str_cat(" OMPI_COMM_WORLD_LOCAL_RANK=", c.local_rank);
-  if (c.local_world >= 0) c.origin += str_cat(" OMPI_COMM_WORLD_LOCAL_SIZE=", c.local_world);
-  return c;
-}
+constexpr PairLauncher kTorchrun{Launcher::torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                 "GROUP_RANK", "torchrun (and deltamoe launch)"};
+constexpr PairLauncher kOpenMpi{Launcher::open_mpi,           "OMPI_COMM_WORLD_RANK",       "OMPI_COMM_WORLD_SIZE",
+                                "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK",
+                                "Open MPI's mpirun"};
+constexpr PairLauncher kMpich{Launcher::mpich,  "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", nullptr,
+                              "MPICH's Hydra (mpiexec)"};
 
-std::optional<Candidate> mpich_candidate(const EnvMap& env) {
-  if (!pair_present(env, "PMI_RANK", "PMI_SIZE", "MPICH's Hydra (mpiexec)")) return std::nullopt;
+std::optional<Candidate> pair_candidate(const EnvMap& env, const PairLauncher& vars) {
+  if (!pair_present(env, vars.rank, vars.world, vars.sets_both)) return std::nullopt;
   Candidate c;
-  c.launcher = Launcher::mpich;
-  c.rank_var = "PMI_RANK";
-  c.world_var = "PMI_SIZE";
-  c.local_rank_var = "MPI_LOCALRANKID";
-  c.world = *int_var(env, "PMI_SIZE", 1, "a world size (an integer >= 1)");
-  c.rank = *int_var(env, "PMI_RANK", 0, "a rank (an integer >= 0)");
-  c.local_rank = int_var(env, "MPI_LOCALRANKID", 0, "a local rank (an integer >= 0)").value_or(-1);
-  c.local_world = int_var(env, "MPI_LOCALNRANKS", 1, "a local world size (an integer >= 1)").value_or(-1);
-  c.origin = str_cat("PMI_RANK=", c.rank, " PMI_SIZE=", c.world);
-  if (c.local_rank >= 0) c.origin += str_cat(" MPI_LOCALRANKID=", c.local_rank);
-  if (c.local_world >= 0) c.origin += str_cat(" MPI_LOCALNRANKS=", c.local_world);
+  c.launcher = vars.launcher;
+  c.rank_var = vars.rank;
+  c.world_var = vars.world;
+  c.local_rank_var = vars.local_rank;
+  c.world = *int_var(env, vars.world, 1, "a world size (an integer >= 1)");
+  c.rank = *int_var(env, vars.rank, 0, "a rank (an integer >= 0)");
+  c.local_rank = int_var(env, vars.local_rank, 0, "a local rank (an integer >= 0)").value_or(-1);
+  c.local_world = int_var(env, vars.local_world, 1, "a local world size (an integer >= 1)").value_or(-1);
+  if (vars.node != nullptr) c.node = int_var(env, vars.node, 0, "a node rank (an integer >= 0)").value_or(-1);
+  c.origin = str_cat(vars.rank, "=", c.rank, " ", vars.world, "=", c.world);
+  if (c.local_rank >= 0) c.origin += str_cat(" ", vars.local_rank, "=", c.local_rank);
+  if (c.local_world >= 0) c.origin += str_cat(" ", vars.local_world, "=", c.local_world);
+  if (c.node >= 0) c.origin += str_cat(" ", vars.node, "=", c.node);
   return c;
 }
 
@@ -268,12 +253,14 @@ std::string LaunchEnv::describe() const {
 
 LaunchEnv read_launch_env(const EnvMap& env) {
   std::vector<Candidate> candidates;
-  for (auto* reader : {torchrun_candidate, open_mpi_candidate, mpich_candidate, slurm_candidate}) {
-    if (auto c = reader(env)) {
-      validate(*c);
-      candidates.push_back(std::move(*c));
-    }
-  }
+  // In precedence order, each read and checked before the next is read.
+  auto add = [&](std::optional<Candidate> c) {
+    if (!c) return;
+    validate(*c);
+    candidates.push_back(std::move(*c));
+  };
+  for (const PairLauncher* vars : {&kTorchrun, &kOpenMpi, &kMpich}) add(pair_candidate(env, *vars));
+  add(slurm_candidate(env));
   LaunchEnv out;
   out.run_id = choose_run_id(env);
   if (candidates.empty()) return out;
