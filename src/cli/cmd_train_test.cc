@@ -27,17 +27,7 @@ class CmdTrainTest : public ::testing::Test {
     delete root_;
   }
 
-  struct Result {
-    int exit_code;
-    std::string output;
-  };
-  static Result run(const std::string& flags) {
-    const char* binary = std::getenv("DELTAMOE_BINARY");
-    EXPECT_NE(binary, nullptr) << "DELTAMOE_BINARY is not set (run through ctest)";
-    const fs::path log = *root_ / "out.log";
-    const int status = std::system(str_cat(binary, " train ", flags, " > ", log.string(), " 2>&1").c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_bytes(log)};
-  }
+  static ProgramRun run(const std::string& flags) { return run_deltamoe("train " + flags, *root_ / "out.log"); }
   // Flags of a valid short run; cases replace one of them.
   static std::string good(const std::string& extra = "") {
     return str_cat("--model ", (*root_ / "tiny-vl").string(), " --dataset ", (*root_ / "data" / "train.jsonl").string(),
@@ -87,7 +77,7 @@ TEST_F(CmdTrainTest, BadInputFailsBeforeAnyWork) {
       {good("--config /nonexistent.json"), "--config: cannot read /nonexistent.json"},
   };
   for (const Case& c : cases) {
-    const Result result = run(c.flags);
+    const ProgramRun result = run(c.flags);
     EXPECT_EQ(result.exit_code, 1) << c.flags << "\n" << result.output;
     EXPECT_NE(result.output.find(c.message), std::string::npos)
         << "expected '" << c.message << "' for: " << c.flags << "\ngot: " << result.output;
@@ -104,7 +94,7 @@ TEST_F(CmdTrainTest, ConfigFileSuppliesFlagsAndCommandLineWins) {
          << "\", \"max_steps\": 5, \"lr\": 1e-3, \"freeze_vit\": false, \"max_length\": 128, \"min_pixels\": 4096,"
          << " \"max_pixels\": 4096, \"save_steps\": 1, \"save_total_limit\": 1}";
   }
-  const Result result = run(str_cat("--config ", config.string(), " --max_steps 2"));
+  const ProgramRun result = run(str_cat("--config ", config.string(), " --max_steps 2"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("step 2/2"), std::string::npos) << result.output;
   EXPECT_TRUE(fs::exists(*root_ / "from_config" / "checkpoint-2" / "optimizer.safetensors"));
@@ -114,14 +104,14 @@ TEST_F(CmdTrainTest, ConfigFileSuppliesFlagsAndCommandLineWins) {
   std::ofstream bad(*root_ / "bad.json");
   bad << "{\"lr\": [1, 2]}";
   bad.close();
-  const Result bad_result = run(good(str_cat("--config ", (*root_ / "bad.json").string())));
+  const ProgramRun bad_result = run(good(str_cat("--config ", (*root_ / "bad.json").string())));
   EXPECT_EQ(bad_result.exit_code, 1);
   EXPECT_NE(bad_result.output.find("'lr' must be a list of strings"), std::string::npos) << bad_result.output;
 }
 
 TEST_F(CmdTrainTest, SplitDatasetRatioHoldsOutSeededValidationSamples) {
   const fs::path out = *root_ / "split_run";
-  const Result result = run(str_cat("--model ", (*root_ / "tiny-vl").string(), " --dataset ",
+  const ProgramRun result = run(str_cat("--model ", (*root_ / "tiny-vl").string(), " --dataset ",
                                     (*root_ / "data" / "train.jsonl").string(), " --output_dir ", out.string(),
                                     " --max_length 128 --min_pixels 4096 --max_pixels 4096 --max_steps 1",
                                     " --split_dataset_ratio 0.25 --seed 3"));
@@ -155,8 +145,7 @@ TEST_F(CmdTrainTest, SplitDatasetRatioHoldsOutSeededValidationSamples) {
 }
 
 TEST_F(CmdTrainTest, SigtermFinishesTheStepSavesAndResumes) {
-  const char* binary = std::getenv("DELTAMOE_BINARY");
-  ASSERT_NE(binary, nullptr);
+  const std::string binary = deltamoe_binary();
   const fs::path out = *root_ / "sigterm";
   const fs::path log = *root_ / "sigterm.log";
   const std::string flags = str_cat("--model ", (*root_ / "tiny-vl").string(), " --dataset ",
@@ -189,7 +178,7 @@ TEST_F(CmdTrainTest, SigtermFinishesTheStepSavesAndResumes) {
   std::printf("  stopped and saved at step %lld of 500\n", static_cast<long long>(saved_step));
   ASSERT_GE(saved_step, 1) << read_bytes(log);
   EXPECT_LT(saved_step, 500);
-  const Result resumed = run(str_cat(flags, " --resume auto --stop_after_steps 1"));
+  const ProgramRun resumed = run(str_cat(flags, " --resume auto --stop_after_steps 1"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(fs::exists(out / str_cat("checkpoint-", saved_step + 1))) << resumed.output;
 }

@@ -18,8 +18,7 @@ using namespace train_test;
 
 // Runs the demo with env (VAR=value ...) and checks that the validation loss halves.
 void run_demo_and_check(const std::string& env, const std::string& name, bool lora) {
-  const char* binary = std::getenv("DELTAMOE_BINARY");
-  ASSERT_NE(binary, nullptr) << "DELTAMOE_BINARY is not set (run through ctest)";
+  const std::string binary = deltamoe_binary();
   const fs::path out = fresh_temp_dir(name);
   const auto start = std::chrono::steady_clock::now();
   const std::string command = str_cat("cd ", source_dir(), " && ", env, " bash tools/demo/run_demo.sh ", binary, " ",

@@ -152,8 +152,7 @@ TEST_F(LoraTrainTest, MergedExportGivesTheAdapterModelsLogits) {
   run_training(options, "cpu");
   const fs::path ckpt = *root_ / "f32run" / "checkpoint-3";
   const fs::path merged_dir = *root_ / "merged";
-  const std::string binary = std::getenv("DELTAMOE_BINARY") != nullptr ? std::getenv("DELTAMOE_BINARY") : "";
-  ASSERT_FALSE(binary.empty()) << "DELTAMOE_BINARY is not set (run through ctest)";
+  const std::string binary = deltamoe_binary();
   run_or_fail(str_cat(binary, " export --adapters ", ckpt.string(), " --merge_lora true --output_dir ",
                       merged_dir.string(), " > /dev/null"));
   const ModelCheckpoint base = load_model_dir((*root_ / "tiny-vl-f32").string());

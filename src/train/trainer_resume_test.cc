@@ -120,8 +120,7 @@ TEST_F(TrainerResumeTest, TwentyStepsEqualTenPlusResumePlusTen) {
 }
 
 TEST_F(TrainerResumeTest, KilledSaveLeavesPreviousCheckpointLoadable) {
-  const std::string binary = std::getenv("DELTAMOE_BINARY") != nullptr ? std::getenv("DELTAMOE_BINARY") : "";
-  ASSERT_FALSE(binary.empty()) << "DELTAMOE_BINARY is not set (run through ctest)";
+  const std::string binary = deltamoe_binary();
   const fs::path out = *root_ / "killed";
   const std::string command =
       str_cat("DELTAMOE_FAIL_SAVE_AT_STEP=4 ", binary, " train --model ", (*root_ / "tiny-vl").string(),
@@ -178,8 +177,7 @@ TrainOptions binary_run_options(const fs::path& root, const fs::path& out) {
 // `env deltamoe train` with the flags of binary_run_options; returns the wait status.
 int run_binary(const fs::path& root, const fs::path& out, const std::string& env, const std::string& extra,
                const fs::path& log) {
-  const std::string binary = std::getenv("DELTAMOE_BINARY") != nullptr ? std::getenv("DELTAMOE_BINARY") : "";
-  EXPECT_FALSE(binary.empty()) << "DELTAMOE_BINARY is not set (run through ctest)";
+  const std::string binary = deltamoe_binary();
   return std::system(str_cat(env, " ", binary, " train --model ", (root / "tiny-vl").string(), " --dataset ",
                              (root / "data" / "train.jsonl").string(), " --output_dir ", out.string(),
                              " --max_steps 6 --save_steps 2 --lr 1e-3 --max_length 128 --micro_batch_tokens 256",
