@@ -28,8 +28,8 @@ class SwiftUserTest : public ::testing::Test {
     delete root_;
   }
   // Runs `env deltamoe <command>` from the fixture folder (so relative paths are the user's).
-  static ProgramRun run(const std::string& command, const std::string& env = "") {
-    return run_deltamoe(command, *root_ / "out.log", root_->string(), str_cat(env, env.empty() ? "" : " ", "timeout 300"));
+  static CommandResult run(const std::string& command, const std::string& env = "") {
+    return run_command(str_cat("cd ", root_->string(), " && ", env, " timeout 300 ", deltamoe_binary(), " ", command));
   }
   static std::string base(const std::string& out) {
     return str_cat("train --model tiny-vl --dataset data/train.jsonl --output_dir ", out,
@@ -39,7 +39,7 @@ class SwiftUserTest : public ::testing::Test {
 };
 fs::path* SwiftUserTest::root_ = nullptr;
 
-void expect_has(const ProgramRun& result, const std::string& text) {
+void expect_has(const CommandResult& result, const std::string& text) {
   EXPECT_NE(result.output.find(text), std::string::npos) << "expected '" << text << "' in:\n" << result.output;
 }
 
@@ -48,7 +48,7 @@ void expect_has(const ProgramRun& result, const std::string& text) {
 // local paths, and --add_version / --report_to tensorboard as ms-swift writes runs.
 TEST_F(SwiftUserTest, SwiftQwen35ExampleGoesThroughInOneRun) {
   const std::string env = "PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True' MAX_PIXELS=4096 VIDEO_MAX_PIXELS=50176 FPS_MAX_FRAMES=12";
-  const ProgramRun result = run(
+  const CommandResult result = run(
       "train --model tiny-vl --tuner_type full --dataset 'data/train.jsonl#24' --load_from_cache_file true"
       " --add_non_thinking_prefix true --split_dataset_ratio 0.2 --torch_dtype bfloat16 --num_train_epochs 1"
       " --per_device_train_batch_size 4 --per_device_eval_batch_size 4 --learning_rate 1e-4 --experts_impl grouped_mm"
@@ -88,13 +88,13 @@ TEST_F(SwiftUserTest, SwiftQwen35ExampleGoesThroughInOneRun) {
 }
 
 TEST_F(SwiftUserTest, RunsNeverMixInOneFolder) {
-  const ProgramRun first = run(base("versions") + "--max_steps 2 --add_version");
+  const CommandResult first = run(base("versions") + "--max_steps 2 --add_version");
   ASSERT_EQ(first.exit_code, 0) << first.output;
   fs::path first_dir;
   for (const auto& entry : fs::directory_iterator(*root_ / "versions")) first_dir = entry.path();
   const std::string first_metrics = read_bytes(first_dir / "metrics.jsonl");
   const std::string first_weights = read_bytes(first_dir / "checkpoint-2" / "model.safetensors");
-  const ProgramRun second = run(base("versions") + "--max_steps 3 --add_version --seed 5");
+  const CommandResult second = run(base("versions") + "--max_steps 3 --add_version --seed 5");
   ASSERT_EQ(second.exit_code, 0) << second.output;
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(*root_ / "versions")) names.push_back(entry.path().filename().string());
@@ -105,24 +105,24 @@ TEST_F(SwiftUserTest, RunsNeverMixInOneFolder) {
   EXPECT_EQ(read_bytes(first_dir / "checkpoint-2" / "model.safetensors"), first_weights);
   EXPECT_FALSE(fs::exists(first_dir / "checkpoint-3"));
   // Without --add_version a fresh run into a used folder is refused, and nothing of it changes.
-  const ProgramRun plain = run(base("versions/" + names[0]) + "--max_steps 1");
+  const CommandResult plain = run(base("versions/" + names[0]) + "--max_steps 1");
   EXPECT_EQ(plain.exit_code, 1) << plain.output;
   EXPECT_EQ(read_bytes(first_dir / "metrics.jsonl"), first_metrics);
 }
 
 TEST_F(SwiftUserTest, ResumeRefusesAChangedLearningRate) {
-  const ProgramRun first = run(base("resume_lr") + "--max_steps 4 --save_steps 1 --stop_after_steps 2");
+  const CommandResult first = run(base("resume_lr") + "--max_steps 4 --save_steps 1 --stop_after_steps 2");
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  const ProgramRun changed = run(base("resume_lr") + "--max_steps 4 --save_steps 1 --resume auto --lr 5e-4");
+  const CommandResult changed = run(base("resume_lr") + "--max_steps 4 --save_steps 1 --resume auto --lr 5e-4");
   EXPECT_EQ(changed.exit_code, 1) << changed.output;
   expect_has(changed, "--lr 0.001 -> 0.0005");
   expect_has(changed, "--ignore_args_check");
   EXPECT_EQ(changed.output.find("step 3/4"), std::string::npos) << "refused before training";
   // Options that do not change what is trained may change.
-  const ProgramRun same = run(base("resume_lr") + "--max_steps 4 --save_steps 1 --resume auto --logging_steps 2 --stop_after_steps 1");
+  const CommandResult same = run(base("resume_lr") + "--max_steps 4 --save_steps 1 --resume auto --logging_steps 2 --stop_after_steps 1");
   EXPECT_EQ(same.exit_code, 0) << same.output;
   expect_has(same, "step 3/4");
-  const ProgramRun ignored = run(base("resume_lr") + "--max_steps 4 --save_steps 1 --resume auto --lr 5e-4 --ignore_args_check");
+  const CommandResult ignored = run(base("resume_lr") + "--max_steps 4 --save_steps 1 --resume auto --lr 5e-4 --ignore_args_check");
   EXPECT_EQ(ignored.exit_code, 0) << ignored.output;
   expect_has(ignored, "options that change what is trained (--ignore_args_check)");
   expect_has(ignored, "step 4/4");
@@ -134,14 +134,14 @@ TEST_F(SwiftUserTest, ADatasetThatWouldLoseTooMuchFailsBeforeStepOne) {
   std::ofstream(*root_ / "data" / "lossy.jsonl") << text;  // 4 of 20 lines bad: 20%
   const std::string flags = str_cat("train --model tiny-vl --dataset data/lossy.jsonl --max_length 128 --min_pixels 4096",
                                     " --max_pixels 4096 --max_steps 2 --output_dir ");
-  const ProgramRun refused = run(flags + "lossy_out");
+  const CommandResult refused = run(flags + "lossy_out");
   EXPECT_EQ(refused.exit_code, 1) << refused.output;
   expect_has(refused, "--max_skip_ratio: 4 of the 20 lines of the training data (20%) would be skipped");
   expect_has(refused, "malformed_json 4");
   EXPECT_EQ(refused.output.find("step 1/"), std::string::npos) << refused.output;
-  const ProgramRun allowed = run(flags + "lossy_out2 --max_skip_ratio 0.25");
+  const CommandResult allowed = run(flags + "lossy_out2 --max_skip_ratio 0.25");
   EXPECT_EQ(allowed.exit_code, 0) << allowed.output;
-  const ProgramRun strict = run(flags + "lossy_out3 --strict");
+  const CommandResult strict = run(flags + "lossy_out3 --strict");
   EXPECT_EQ(strict.exit_code, 1) << strict.output;
   expect_has(strict, "--strict: malformed_json: data/lossy.jsonl:");  // the first bad line in the shuffled order
   expect_has(strict, "not valid JSON");
@@ -154,11 +154,11 @@ TEST_F(SwiftUserTest, AChatTemplateTheRendererDoesNotReproduceIsRefused) {
   std::ofstream(model / "chat_template.jinja") << "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
   const std::string flags = str_cat("train --model other_template --dataset data/train.jsonl --max_length 128",
                                     " --min_pixels 4096 --max_pixels 4096 --max_steps 1 --output_dir ");
-  const ProgramRun refused = run(flags + "template_out");
+  const CommandResult refused = run(flags + "template_out");
   EXPECT_EQ(refused.exit_code, 1) << refused.output;
   expect_has(refused, "other_template/chat_template.jinja (fingerprint ");
   expect_has(refused, "--template");
-  const ProgramRun chosen = run(flags + "template_out2 --template qwen3_5");
+  const CommandResult chosen = run(flags + "template_out2 --template qwen3_5");
   EXPECT_EQ(chosen.exit_code, 0) << chosen.output;
 }
 
@@ -174,7 +174,7 @@ TEST_F(SwiftUserTest, MtpTensorsPassThroughEverySaveUnchanged) {
   checkpoint.passthrough["mtp.norm.weight"] = StoredTensor::from_host(norm);
   save_model_dir(checkpoint, model.string());
   copy_side_files((*root_ / "tiny-vl").string(), model.string());
-  const ProgramRun result = run(str_cat("train --model with_mtp --dataset data/train.jsonl --output_dir mtp_out --max_length 128",
+  const CommandResult result = run(str_cat("train --model with_mtp --dataset data/train.jsonl --output_dir mtp_out --max_length 128",
                                     " --min_pixels 4096 --max_pixels 4096 --max_steps 2 --save_steps 1 --freeze_llm false"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const ModelCheckpoint input = load_model_dir(model.string());
@@ -196,10 +196,10 @@ TEST_F(SwiftUserTest, AHubIdIsFoundInTheLocalCacheOrTheDownloadIsNamed) {
   fs::remove_all(snapshot);
   fs::copy(*root_ / "tiny-vl", snapshot);
   const std::string env = str_cat("HF_HUB_CACHE=", (*root_ / "hf").string());
-  const ProgramRun found = run("data --model Tiny/tiny-vl --dataset data/val.jsonl --num_workers 1", env);
+  const CommandResult found = run("data --model Tiny/tiny-vl --dataset data/val.jsonl --num_workers 1", env);
   EXPECT_EQ(found.exit_code, 0) << found.output;
   expect_has(found, "max_length 8192");  // the model's max_position_embeddings, as in `train`
-  const ProgramRun missing = run("data --model Tiny/not-there --dataset data/val.jsonl", env);
+  const CommandResult missing = run("data --model Tiny/not-there --dataset data/val.jsonl", env);
   EXPECT_EQ(missing.exit_code, 1) << missing.output;
   expect_has(missing, "huggingface-cli download Tiny/not-there");
 }

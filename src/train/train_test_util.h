@@ -3,7 +3,6 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
@@ -18,6 +17,7 @@
 #include "checkpoint/random_init.h"
 #include "core/error.h"
 #include "model/config.h"
+#include "testing/run_command.h"
 #include "train/train_options.h"
 
 namespace deltamoe::train_test {
@@ -77,29 +77,6 @@ inline std::string read_bytes(const fs::path& path) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
-}
-
-// The deltamoe program under test: ctest sets DELTAMOE_BINARY; without it the test fails here.
-inline std::string deltamoe_binary() {
-  const char* binary = std::getenv("DELTAMOE_BINARY");
-  EXPECT_NE(binary, nullptr) << "DELTAMOE_BINARY is not set (run through ctest)";
-  return binary != nullptr ? binary : "false";
-}
-
-// One run of the program: `[cd dir &&] [prefix] deltamoe args > log 2>&1` (prefix: environment
-// assignments or a wrapper such as `timeout 300`); the exit code (-1 when it did not exit) and what
-// it printed.
-struct ProgramRun {
-  int exit_code;
-  std::string output;
-};
-
-inline ProgramRun run_deltamoe(const std::string& args, const fs::path& log, const std::string& dir = "",
-                               const std::string& prefix = "") {
-  const std::string command = str_cat(dir.empty() ? "" : str_cat("cd ", dir, " && "), prefix, prefix.empty() ? "" : " ",
-                                      deltamoe_binary(), " ", args, " > ", log.string(), " 2>&1");
-  const int status = std::system(command.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_bytes(log)};
 }
 
 // max |a - b| / max |a| over n values (printed), the error measure the tests compare.
