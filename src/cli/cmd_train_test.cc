@@ -146,6 +146,7 @@ TEST_F(CmdTrainTest, SplitDatasetRatioHoldsOutSeededValidationSamples) {
 }
 
 TEST_F(CmdTrainTest, SigtermFinishesTheStepSavesAndResumes) {
+  ASSERT_TRUE(deltamoe_binary_set());
   const std::string binary = deltamoe_binary();
   const fs::path out = *root_ / "sigterm";
   const fs::path log = *root_ / "sigterm.log";

@@ -29,6 +29,7 @@ class SwiftUserTest : public ::testing::Test {
   }
   // Runs `env deltamoe <command>` from the fixture folder (so relative paths are the user's).
   static CommandResult run(const std::string& command, const std::string& env = "") {
+    deltamoe_binary_set();
     return run_command(str_cat("cd ", root_->string(), " && ", env, " timeout 300 ", deltamoe_binary(), " ", command));
   }
   static std::string base(const std::string& out) {

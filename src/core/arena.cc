@@ -1,24 +1,20 @@
-// The bump arena every arena is, the bump arithmetic, and the host arena.
+// The bump arena every arena is, and the host arena.
 #include "core/arena.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace deltamoe {
 
-size_t arena_bump(const std::string& name, size_t capacity, size_t* used, size_t* high_water,
-                  size_t bytes, size_t alignment) {
-  CHECK(alignment != 0 && (alignment & (alignment - 1)) == 0, name, ": alignment ", alignment,
-        " is not a power of two");
-  size_t offset = (*used + alignment - 1) & ~(alignment - 1);
-  CHECK(offset + bytes <= capacity, name, ": out of space (", offset + bytes, " bytes needed, ",
-        capacity, " planned); plan a larger arena");
-  *used = offset + bytes;
-  if (*used > *high_water) *high_water = *used;
-  return offset;
-}
-
 void* BumpArena::allocate(size_t bytes, size_t alignment) {
-  return base_ + arena_bump(name_, capacity_, &used_, &high_water_, bytes, alignment);
+  CHECK(alignment != 0 && (alignment & (alignment - 1)) == 0, name_, ": alignment ", alignment,
+        " is not a power of two");
+  const size_t offset = (used_ + alignment - 1) & ~(alignment - 1);
+  CHECK(offset + bytes <= capacity_, name_, ": out of space (", offset + bytes, " bytes needed, ", capacity_,
+        " planned); plan a larger arena");
+  used_ = offset + bytes;
+  high_water_ = std::max(high_water_, used_);
+  return base_ + offset;
 }
 
 TensorView BumpArena::allocate_tensor(DType dtype, Shape shape) {

@@ -54,8 +54,4 @@ class DeviceArena : public BumpArena {
   ~DeviceArena();
 };
 
-// Shared bump logic: returns the offset for an allocation or throws when it does not fit.
-size_t arena_bump(const std::string& name, size_t capacity, size_t* used, size_t* high_water,
-                  size_t bytes, size_t alignment);
-
 }  // namespace deltamoe

@@ -92,11 +92,11 @@ struct PairLauncher {
 
 constexpr PairLauncher kTorchrun{Launcher::torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                  "GROUP_RANK", "torchrun (and deltamoe launch)"};
-constexpr PairLauncher kOpenMpi{Launcher::open_mpi,           "OMPI_COMM_WORLD_RANK",       "OMPI_COMM_WORLD_SIZE",
-                                "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK",
-                                "Open MPI's mpirun"};
-constexpr PairLauncher kMpich{Launcher::mpich,  "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", nullptr,
-                              "MPICH's Hydra (mpiexec)"};
+constexpr PairLauncher kOpenMpi{Launcher::open_mpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                "OMPI_COMM_WORLD_NODE_RANK", "Open MPI's mpirun"};
+constexpr PairLauncher kMpich{Launcher::mpich, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+                              nullptr, "MPICH's Hydra (mpiexec)"};
 
 std::optional<Candidate> pair_candidate(const EnvMap& env, const PairLauncher& vars) {
   if (!pair_present(env, vars.rank, vars.world, vars.sets_both)) return std::nullopt;

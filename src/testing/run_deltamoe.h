@@ -14,9 +14,15 @@ namespace deltamoe {
 
 using RunResult = CommandResult;
 
+// Whether DELTAMOE_BINARY is set (ctest sets it); a test failure saying so where it is not.
+inline bool deltamoe_binary_set() {
+  const bool set = std::getenv("DELTAMOE_BINARY") != nullptr;
+  EXPECT_TRUE(set) << "DELTAMOE_BINARY is not set (run through ctest)";
+  return set;
+}
+
 inline RunResult run_deltamoe(const std::string& args) {
-  EXPECT_NE(std::getenv("DELTAMOE_BINARY"), nullptr) << "DELTAMOE_BINARY is not set (run through ctest)";
-  if (std::getenv("DELTAMOE_BINARY") == nullptr) return {};
+  if (!deltamoe_binary_set()) return {};
   return run_command(deltamoe_binary() + " " + args);
 }
 

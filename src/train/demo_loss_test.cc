@@ -18,6 +18,7 @@ using namespace train_test;
 
 // Runs the demo with env (VAR=value ...) and checks that the validation loss halves.
 void run_demo_and_check(const std::string& env, const std::string& name, bool lora) {
+  ASSERT_TRUE(deltamoe_binary_set());
   const std::string binary = deltamoe_binary();
   const fs::path out = fresh_temp_dir(name);
   const auto start = std::chrono::steady_clock::now();

@@ -152,6 +152,7 @@ TEST_F(LoraTrainTest, MergedExportGivesTheAdapterModelsLogits) {
   run_training(options, "cpu");
   const fs::path ckpt = *root_ / "f32run" / "checkpoint-3";
   const fs::path merged_dir = *root_ / "merged";
+  ASSERT_TRUE(deltamoe_binary_set());
   const std::string binary = deltamoe_binary();
   run_or_fail(str_cat(binary, " export --adapters ", ckpt.string(), " --merge_lora true --output_dir ",
                       merged_dir.string(), " > /dev/null"));

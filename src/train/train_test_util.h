@@ -17,7 +17,7 @@
 #include "checkpoint/random_init.h"
 #include "core/error.h"
 #include "model/config.h"
-#include "testing/run_command.h"
+#include "testing/run_deltamoe.h"
 #include "train/train_options.h"
 
 namespace deltamoe::train_test {

@@ -120,6 +120,7 @@ TEST_F(TrainerResumeTest, TwentyStepsEqualTenPlusResumePlusTen) {
 }
 
 TEST_F(TrainerResumeTest, KilledSaveLeavesPreviousCheckpointLoadable) {
+  ASSERT_TRUE(deltamoe_binary_set());
   const std::string binary = deltamoe_binary();
   const fs::path out = *root_ / "killed";
   const std::string command =
@@ -177,6 +178,7 @@ TrainOptions binary_run_options(const fs::path& root, const fs::path& out) {
 // `env deltamoe train` with the flags of binary_run_options; returns the wait status.
 int run_binary(const fs::path& root, const fs::path& out, const std::string& env, const std::string& extra,
                const fs::path& log) {
+  EXPECT_TRUE(deltamoe_binary_set());
   const std::string binary = deltamoe_binary();
   return std::system(str_cat(env, " ", binary, " train --model ", (root / "tiny-vl").string(), " --dataset ",
                              (root / "data" / "train.jsonl").string(), " --output_dir ", out.string(),
