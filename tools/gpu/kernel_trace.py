@@ -1,0 +1,79 @@
+"""Where the GPU waits in `deltamoe bench`'s steps, from kernel_trace.cc's CSV: per measured step (one
+embedding forward to the next) the wall time, the time some kernel, copy or fill ran (busy), and
+the idle rest; then the idle time per gap site (the work before and the work the GPU waited for),
+split by whether that work had been submitted by the host when the GPU went idle (if not, the host
+was behind: launch-bound or a host wait). Usage: python3 kernel_trace.py trace.csv [label]"""
+import csv
+import re
+import sys
+from collections import defaultdict
+
+
+def short(name):
+    name = re.sub(r"<unnamed>::|\(anonymous namespace\)::", "", name)
+    name = re.sub(r"\(.*$", "", name)  # the argument list
+    name = re.sub(r"^void ", "", name)
+    name = re.sub(r"deltamoe::", "", name)
+    return name[:80]
+
+
+def main(path, label):
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["submitted_ns"] or 0), short(r["name"])))
+    rows.sort()
+    starts = [i for i, r in enumerate(rows) if "embedding_forward" in r[3]]
+    if len(starts) < 3:
+        print(f"kernel_trace: {len(starts)} embedding forwards in {path}; need 3 or more (2 whole steps)")
+        return 1
+    # Whole steps only, the first (warm-up, plans, allocations) left out.
+    steps = [(starts[k], starts[k + 1]) for k in range(1, len(starts) - 1)]
+    walls, busys, gaps_host, gaps_gpu = [], [], [], []
+    sites = defaultdict(lambda: [0.0, 0, 0.0])  # (before, after) -> [idle ns, count, host-late ns]
+    for a, b in steps:
+        t0, t1 = rows[a][0], rows[b][0]
+        busy = idle_host = idle_gpu = 0
+        frontier = t0
+        prev = "(step start)"
+        # The step's work, then the next step's first kernel (the idle before it belongs to this step).
+        for s, e, sub, name in rows[a:b + 1]:
+            if s >= t1 and s <= frontier:
+                break
+            if s > frontier:
+                gap = s - frontier
+                late = sub > frontier  # submitted after the GPU went idle: the host was behind
+                if late:
+                    idle_host += gap
+                else:
+                    idle_gpu += gap
+                site = sites[(prev, name)]
+                site[0] += gap
+                site[1] += 1
+                site[2] += gap if late else 0
+            if s >= t1:
+                break
+            busy += max(0, e - max(s, frontier))
+            if e > frontier:
+                frontier = e
+                prev = name
+        walls.append(t1 - t0)
+        busys.append(busy)
+        gaps_host.append(idle_host)
+        gaps_gpu.append(idle_gpu)
+    n = len(steps)
+    ms = lambda ns: ns / 1e6
+    wall, busy = sum(walls) / n, sum(busys) / n
+    print(f"## {label}: {n} measured steps, {len(rows)} records")
+    print(f"wall {ms(wall):.2f} ms a step; busy {ms(busy):.2f} ms; idle {ms(wall - busy):.2f} ms "
+          f"(host behind {ms(sum(gaps_host) / n):.2f}, submitted but not started {ms(sum(gaps_gpu) / n):.2f})")
+    print(f"SUMMARY {label} wall_ms={ms(wall):.3f} busy_ms={ms(busy):.3f} idle_ms={ms(wall - busy):.3f} "
+          f"host_behind_ms={ms(sum(gaps_host) / n):.3f}")
+    print("\nidle ms a step | gaps a step | host behind ms | before -> waited for")
+    for (before, after), (idle, count, late) in sorted(sites.items(), key=lambda kv: -kv[1][0])[:40]:
+        print(f"{ms(idle / n):8.3f} | {count / n:6.1f} | {ms(late / n):8.3f} | {before} -> {after}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else sys.argv[1]))
