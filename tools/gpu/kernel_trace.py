@@ -1,8 +1,9 @@
 """Where the GPU waits in `deltamoe bench`'s steps, from kernel_trace.cc's CSV: per measured step (one
 embedding forward to the next) the wall time, the time some kernel, copy or fill ran (busy), and
 the idle rest; then the idle time per gap site (the work before and the work the GPU waited for),
-split by whether that work had been submitted by the host when the GPU went idle (if not, the host
-was behind: launch-bound or a host wait). Usage: python3 kernel_trace.py trace.csv [label]"""
+split by whether the host had queued that work when the GPU went idle (if not, the host was
+behind: launch-bound or a host wait; if so, the gap is the GPU's own latency between dependent
+launches). CUPTI's "submitted" time is when the GPU front end took the work, just before it ran. Usage: python3 kernel_trace.py trace.csv [label]"""
 import csv
 import re
 import sys
@@ -21,7 +22,7 @@ def main(path, label):
     rows = []
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
-            rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["submitted_ns"] or 0), short(r["name"])))
+            rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["queued_ns"] or 0), short(r["name"])))
     rows.sort()
     starts = [i for i, r in enumerate(rows) if "embedding_forward" in r[3]]
     if len(starts) < 3:
@@ -37,12 +38,12 @@ def main(path, label):
         frontier = t0
         prev = "(step start)"
         # The step's work, then the next step's first kernel (the idle before it belongs to this step).
-        for s, e, sub, name in rows[a:b + 1]:
+        for s, e, queued, name in rows[a:b + 1]:
             if s >= t1 and s <= frontier:
                 break
             if s > frontier:
                 gap = s - frontier
-                late = sub > frontier  # submitted after the GPU went idle: the host was behind
+                late = queued > frontier  # queued by the host after the GPU went idle: the host was behind
                 if late:
                     idle_host += gap
                 else:
@@ -66,7 +67,7 @@ def main(path, label):
     wall, busy = sum(walls) / n, sum(busys) / n
     print(f"## {label}: {n} measured steps, {len(rows)} records")
     print(f"wall {ms(wall):.2f} ms a step; busy {ms(busy):.2f} ms; idle {ms(wall - busy):.2f} ms "
-          f"(host behind {ms(sum(gaps_host) / n):.2f}, submitted but not started {ms(sum(gaps_gpu) / n):.2f})")
+          f"(host behind {ms(sum(gaps_host) / n):.2f}, queued but not started {ms(sum(gaps_gpu) / n):.2f})")
     print(f"SUMMARY {label} wall_ms={ms(wall):.3f} busy_ms={ms(busy):.3f} idle_ms={ms(wall - busy):.3f} "
           f"host_behind_ms={ms(sum(gaps_host) / n):.3f}")
     print("\nidle ms a step | gaps a step | host behind ms | before -> waited for")
