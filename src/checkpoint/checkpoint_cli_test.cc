@@ -30,7 +30,7 @@ std::string with_commas(int64_t value) {
 }
 
 TEST(CheckpointCli, InspectReports35BParameterCounts) {
-  RunResult result = run_deltamoe("inspect --config qwen3.5-35b-a3b");
+  CommandResult result = run_deltamoe("inspect --config qwen3.5-35b-a3b");
   std::printf("%s", result.output.c_str());
   EXPECT_EQ(result.exit_code, 0);
   // Summed from the released checkpoint's tensor shapes: 35,107,181,936 parameters without mtp.*.
@@ -43,24 +43,24 @@ TEST(CheckpointCli, InspectReports35BParameterCounts) {
 
 TEST(CheckpointCli, InitInspectConvertRoundTrip) {
   ScratchDir dir("cli");
-  RunResult init = run_deltamoe("init --config tiny-vl --out " + dir.path("a") + " --seed 3 --shard_size 0");
+  CommandResult init = run_deltamoe("init --config tiny-vl --out " + dir.path("a") + " --seed 3 --shard_size 0");
   ASSERT_EQ(init.exit_code, 0) << init.output;
   EXPECT_TRUE(std::filesystem::exists(dir.path("a/preprocessor_config.json")));
-  RunResult inspect = run_deltamoe("inspect " + dir.path("a") + " --tensors");
+  CommandResult inspect = run_deltamoe("inspect " + dir.path("a") + " --tensors");
   EXPECT_EQ(inspect.exit_code, 0) << inspect.output;
   EXPECT_NE(inspect.output.find("complete"), std::string::npos) << inspect.output;
   EXPECT_NE(inspect.output.find("model.language_model.layers.0.linear_attn.A_log"), std::string::npos);
 
-  RunResult to_per_expert = run_deltamoe("convert --in " + dir.path("a") + " --out " + dir.path("b") +
+  CommandResult to_per_expert = run_deltamoe("convert --in " + dir.path("a") + " --out " + dir.path("b") +
                                          " --layout per_expert --shard_size 400000");
   ASSERT_EQ(to_per_expert.exit_code, 0) << to_per_expert.output;
   EXPECT_TRUE(std::filesystem::exists(dir.path(std::string("b/") + kWeightsIndexFile)));
   EXPECT_TRUE(std::filesystem::exists(dir.path("b/preprocessor_config.json"))) << "side files are copied";
-  RunResult inspect_b = run_deltamoe("inspect " + dir.path("b"));
+  CommandResult inspect_b = run_deltamoe("inspect " + dir.path("b"));
   EXPECT_EQ(inspect_b.exit_code, 0) << inspect_b.output;
   EXPECT_NE(inspect_b.output.find("experts stored per_expert"), std::string::npos) << inspect_b.output;
 
-  RunResult back =
+  CommandResult back =
       run_deltamoe("convert --in " + dir.path("b") + " --out " + dir.path("c") + " --layout fused --shard_size 0");
   ASSERT_EQ(back.exit_code, 0) << back.output;
   for (const char* name : {"model.safetensors", "config.json", "preprocessor_config.json"}) {
@@ -84,12 +84,12 @@ TEST(CheckpointCli, InspectFailsOnAnIncompleteCheckpoint) {
   std::filesystem::create_directories(dir.path("b"));
   write_weights_dir(dir.path("b"), kept, 0);
   std::filesystem::copy_file(dir.path("a/config.json"), dir.path("b/config.json"));
-  RunResult result = run_deltamoe("inspect " + dir.path("b"));
+  CommandResult result = run_deltamoe("inspect " + dir.path("b"));
   std::printf("%s", result.output.c_str());
   EXPECT_NE(result.exit_code, 0);
   EXPECT_NE(result.output.find(dropped), std::string::npos);
   EXPECT_NE(result.output.find("model.layers.3.self_attn.o_proj.bias"), std::string::npos);
-  RunResult convert = run_deltamoe("convert --in " + dir.path("b") + " --out " + dir.path("c"));
+  CommandResult convert = run_deltamoe("convert --in " + dir.path("b") + " --out " + dir.path("c"));
   EXPECT_NE(convert.exit_code, 0);
   EXPECT_NE(convert.output.find(dropped), std::string::npos) << convert.output;
 }
@@ -119,7 +119,7 @@ TEST(CheckpointCli, ConvertKeepsResidentMemoryFarBelowCheckpointSize) {
   single.max_shard_bytes = 0;
   save_model_dir(checkpoint, dir.path("a"), single);
   const int64_t file_bytes = static_cast<int64_t>(std::filesystem::file_size(dir.path("a/model.safetensors")));
-  RunResult convert = run_deltamoe("convert --in " + dir.path("a") + " --out " + dir.path("b") +
+  CommandResult convert = run_deltamoe("convert --in " + dir.path("a") + " --out " + dir.path("b") +
                                    " --layout per_expert --shard_size 100000000");
   ASSERT_EQ(convert.exit_code, 0) << convert.output;
   struct rusage usage {};
@@ -133,16 +133,16 @@ TEST(CheckpointCli, ConvertKeepsResidentMemoryFarBelowCheckpointSize) {
 }
 
 TEST(CheckpointCli, BadArgumentsGiveClearErrors) {
-  RunResult both = run_deltamoe("inspect /tmp --config tiny");
+  CommandResult both = run_deltamoe("inspect /tmp --config tiny");
   EXPECT_NE(both.exit_code, 0);
   EXPECT_NE(both.output.find("either a checkpoint directory or --config"), std::string::npos) << both.output;
-  RunResult preset = run_deltamoe("inspect --config tinyy");
+  CommandResult preset = run_deltamoe("inspect --config tinyy");
   EXPECT_NE(preset.exit_code, 0);
   EXPECT_NE(preset.output.find("'tinyy' is neither a preset"), std::string::npos) << preset.output;
-  RunResult dtype = run_deltamoe("init --config tiny --out /tmp/unused_deltamoe_dir --dtype int8");
+  CommandResult dtype = run_deltamoe("init --config tiny --out /tmp/unused_deltamoe_dir --dtype int8");
   EXPECT_NE(dtype.exit_code, 0);
   EXPECT_NE(dtype.output.find("--dtype"), std::string::npos) << dtype.output;
-  RunResult missing = run_deltamoe("inspect /nonexistent_deltamoe_dir");
+  CommandResult missing = run_deltamoe("inspect /nonexistent_deltamoe_dir");
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.output.find("/nonexistent_deltamoe_dir"), std::string::npos) << missing.output;
 }

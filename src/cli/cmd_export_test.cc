@@ -29,7 +29,7 @@ TEST(CmdExport, RefusesWhatItCannotMerge) {
   save_peft_adapter((root / "adapter").string(), init_lora_adapters(config, options, 3), (root / "base").string());
 
   const std::string adapter = (root / "adapter").string(), out = (root / "out").string();
-  RunResult r = run_deltamoe("export --adapters " + adapter + " --output_dir " + out);
+  CommandResult r = run_deltamoe("export --adapters " + adapter + " --output_dir " + out);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("give --merge_lora true"), std::string::npos) << r.output;
   r = run_deltamoe("export --adapters " + (root / "base").string() + " --merge_lora true --output_dir " + out);

@@ -19,7 +19,8 @@ TEST(CmdImage, WritesPixelValuesAndGridThw) {
   const RgbImage image = image_test::gradient_image(70, 130);
   const std::string in = image_test::write_temp_file("cmd_image.png", image_test::encode_png_rgb(image));
   const std::string out = in + ".safetensors";
-  const RunResult run = run_deltamoe("image --in " + in + " --out " + out + " --min_pixels 4096 --max_pixels 20000");
+  const CommandResult run =
+      run_deltamoe("image --in " + in + " --out " + out + " --min_pixels 4096 --max_pixels 20000");
   std::printf("%s", run.output.c_str());
   ASSERT_EQ(run.exit_code, 0);
 
@@ -45,7 +46,7 @@ TEST(CmdImage, WritesPixelValuesAndGridThw) {
 
 TEST(CmdImage, BrokenImageFailsNamingTheFile) {
   const std::string in = image_test::write_temp_file("cmd_image_broken.jpg", {0xFF, 0xD8, 0xFF, 0xE0, 0, 16, 'J'});
-  const RunResult run = run_deltamoe("image --in " + in + " --out " + in + ".safetensors");
+  const CommandResult run = run_deltamoe("image --in " + in + " --out " + in + ".safetensors");
   std::printf("%s", run.output.c_str());
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_NE(run.output.find(in), std::string::npos);

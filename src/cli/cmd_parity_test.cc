@@ -45,7 +45,7 @@ class CmdParity : public ::testing::Test {
 };
 
 TEST_F(CmdParity, OutputEqualsInProcessRun) {
-  const RunResult run = run_deltamoe(str_cat("parity --model ", dir_.path("model"), " --inputs ",
+  const CommandResult run = run_deltamoe(str_cat("parity --model ", dir_.path("model"), " --inputs ",
                                              dir_.path("inputs.safetensors"), " --out ", dir_.path("out.safetensors")));
   std::printf("%s", run.output.c_str());
   ASSERT_EQ(run.exit_code, 0);
@@ -67,7 +67,7 @@ TEST_F(CmdParity, OutputEqualsInProcessRun) {
 }
 
 TEST_F(CmdParity, BadCommandLinesAndInputsFailClearly) {
-  RunResult run =
+  CommandResult run =
       run_deltamoe(str_cat("parity --model ", dir_.path("model"), " --inputs ", dir_.path("inputs.safetensors")));
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.output.find("--out"), std::string::npos) << run.output;
@@ -85,7 +85,7 @@ TEST_F(CmdParity, BadCommandLinesAndInputsFailClearly) {
 #if !DELTAMOE_WITH_CUDA
 // A CPU-only build names why --device cuda cannot run, before reading the model.
 TEST_F(CmdParity, CudaDeviceNeedsACudaBuild) {
-  const RunResult run = run_deltamoe(str_cat("parity --model ", dir_.path("model"), " --inputs ",
+  const CommandResult run = run_deltamoe(str_cat("parity --model ", dir_.path("model"), " --inputs ",
                                              dir_.path("inputs.safetensors"), " --out ", dir_.path("out.safetensors"),
                                              " --device cuda"));
   std::printf("%s", run.output.c_str());
@@ -104,7 +104,7 @@ TEST_F(CmdParity, ImagesAndFreezeFlags) {
   const ParityInputs inputs = load_parity_inputs(golden + "/inputs.safetensors");
   ASSERT_TRUE(inputs.pixel_values.has_value()) << golden << " has no images";
   for (const bool frozen : {false, true}) {
-    const RunResult run =
+    const CommandResult run =
         run_deltamoe(str_cat("parity --model ", golden, "/model --inputs ", golden, "/inputs.safetensors --out ",
                              dir_.path("vlm.safetensors"), frozen ? " --freeze_vit --freeze_llm" : ""));
     std::printf("%s", run.output.c_str());

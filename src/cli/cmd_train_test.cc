@@ -28,7 +28,7 @@ class CmdTrainTest : public ::testing::Test {
     delete root_;
   }
 
-  static RunResult run(const std::string& flags) { return run_deltamoe("train " + flags); }
+  static CommandResult run(const std::string& flags) { return run_deltamoe("train " + flags); }
   // Flags of a valid short run; cases replace one of them.
   static std::string good(const std::string& extra = "") {
     return str_cat("--model ", (*root_ / "tiny-vl").string(), " --dataset ", (*root_ / "data" / "train.jsonl").string(),
@@ -78,7 +78,7 @@ TEST_F(CmdTrainTest, BadInputFailsBeforeAnyWork) {
       {good("--config /nonexistent.json"), "--config: cannot read /nonexistent.json"},
   };
   for (const Case& c : cases) {
-    const RunResult result = run(c.flags);
+    const CommandResult result = run(c.flags);
     EXPECT_EQ(result.exit_code, 1) << c.flags << "\n" << result.output;
     EXPECT_NE(result.output.find(c.message), std::string::npos)
         << "expected '" << c.message << "' for: " << c.flags << "\ngot: " << result.output;
@@ -95,7 +95,7 @@ TEST_F(CmdTrainTest, ConfigFileSuppliesFlagsAndCommandLineWins) {
          << "\", \"max_steps\": 5, \"lr\": 1e-3, \"freeze_vit\": false, \"max_length\": 128, \"min_pixels\": 4096,"
          << " \"max_pixels\": 4096, \"save_steps\": 1, \"save_total_limit\": 1}";
   }
-  const RunResult result = run(str_cat("--config ", config.string(), " --max_steps 2"));
+  const CommandResult result = run(str_cat("--config ", config.string(), " --max_steps 2"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("step 2/2"), std::string::npos) << result.output;
   EXPECT_TRUE(fs::exists(*root_ / "from_config" / "checkpoint-2" / "optimizer.safetensors"));
@@ -105,17 +105,17 @@ TEST_F(CmdTrainTest, ConfigFileSuppliesFlagsAndCommandLineWins) {
   std::ofstream bad(*root_ / "bad.json");
   bad << "{\"lr\": [1, 2]}";
   bad.close();
-  const RunResult bad_result = run(good(str_cat("--config ", (*root_ / "bad.json").string())));
+  const CommandResult bad_result = run(good(str_cat("--config ", (*root_ / "bad.json").string())));
   EXPECT_EQ(bad_result.exit_code, 1);
   EXPECT_NE(bad_result.output.find("'lr' must be a list of strings"), std::string::npos) << bad_result.output;
 }
 
 TEST_F(CmdTrainTest, SplitDatasetRatioHoldsOutSeededValidationSamples) {
   const fs::path out = *root_ / "split_run";
-  const RunResult result = run(str_cat("--model ", (*root_ / "tiny-vl").string(), " --dataset ",
-                                    (*root_ / "data" / "train.jsonl").string(), " --output_dir ", out.string(),
-                                    " --max_length 128 --min_pixels 4096 --max_pixels 4096 --max_steps 1",
-                                    " --split_dataset_ratio 0.25 --seed 3"));
+  const CommandResult result = run(str_cat("--model ", (*root_ / "tiny-vl").string(), " --dataset ",
+                                        (*root_ / "data" / "train.jsonl").string(), " --output_dir ", out.string(),
+                                        " --max_length 128 --min_pixels 4096 --max_pixels 4096 --max_steps 1",
+                                        " --split_dataset_ratio 0.25 --seed 3"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("eval step 0/1"), std::string::npos) << result.output;
   auto lines_of = [](const fs::path& path) {
@@ -180,7 +180,7 @@ TEST_F(CmdTrainTest, SigtermFinishesTheStepSavesAndResumes) {
   std::printf("  stopped and saved at step %lld of 500\n", static_cast<long long>(saved_step));
   ASSERT_GE(saved_step, 1) << read_bytes(log);
   EXPECT_LT(saved_step, 500);
-  const RunResult resumed = run(str_cat(flags, " --resume auto --stop_after_steps 1"));
+  const CommandResult resumed = run(str_cat(flags, " --resume auto --stop_after_steps 1"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(fs::exists(out / str_cat("checkpoint-", saved_step + 1))) << resumed.output;
 }

@@ -33,8 +33,9 @@ TEST(DataCli, ReportsCountsSkipsAndPreview) {
                             R"({"messages": [{"role": "user", "content": "<image>x"}, {"role": "assistant", "content": "y"}], "images": ["dog.jpg"]})"
                             "\n" + data_test::chat_line("Bye", "See you"));
   const fs::path model = tokenizer_only_model(folder);
-  const RunResult result = run_deltamoe("data --dataset " + (folder / "data/train.jsonl").string() + " --model " + model.string() +
-                                        " --max_length 256 --min_pixels 1024 --num_workers 1 --preview 1");
+  const CommandResult result =
+      run_deltamoe("data --dataset " + (folder / "data/train.jsonl").string() + " --model " + model.string() +
+                   " --max_length 256 --min_pixels 1024 --num_workers 1 --preview 1");
   std::printf("%s", result.output.c_str());
   EXPECT_EQ(result.exit_code, 0);
   EXPECT_NE(result.output.find("3 kept, 2 skipped (malformed_json 1, missing_image 1)"), std::string::npos);
@@ -48,7 +49,8 @@ TEST(DataCli, ReportsCountsSkipsAndPreview) {
 TEST(DataCli, BadFlagsAndFilesAreClearErrors) {
   const fs::path folder = data_test::temp_folder();
   const fs::path model = tokenizer_only_model(folder);
-  RunResult result = run_deltamoe("data --dataset " + (folder / "none.jsonl").string() + " --model " + model.string());
+  CommandResult result =
+      run_deltamoe("data --dataset " + (folder / "none.jsonl").string() + " --model " + model.string());
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_NE(result.output.find("none.jsonl"), std::string::npos) << result.output;
   data_test::write_text(folder / "one.jsonl", data_test::chat_line("q", "a"));
@@ -74,7 +76,8 @@ TEST(DataCli, ImageSettingsAreCheckedAsTrainChecksThem) {
   const fs::path model = tokenizer_only_model(folder);
   data_test::write_text(model / "preprocessor_config.json", R"({"image_std": [0.5, 0.0, 0.5]})");
   data_test::write_text(folder / "one.jsonl", data_test::chat_line("q", "a"));
-  const RunResult result = run_deltamoe("data --dataset " + (folder / "one.jsonl").string() + " --model " + model.string());
+  const CommandResult result =
+      run_deltamoe("data --dataset " + (folder / "one.jsonl").string() + " --model " + model.string());
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_NE(result.output.find("image_std[1] is 0; it must be a positive finite number"), std::string::npos)
       << result.output;

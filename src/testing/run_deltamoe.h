@@ -12,8 +12,6 @@
 
 namespace deltamoe {
 
-using RunResult = CommandResult;
-
 // Whether DELTAMOE_BINARY is set (ctest sets it); a test failure saying so where it is not.
 inline bool deltamoe_binary_set() {
   const bool set = std::getenv("DELTAMOE_BINARY") != nullptr;
@@ -21,7 +19,7 @@ inline bool deltamoe_binary_set() {
   return set;
 }
 
-inline RunResult run_deltamoe(const std::string& args) {
+inline CommandResult run_deltamoe(const std::string& args) {
   if (!deltamoe_binary_set()) return {};
   return run_command(deltamoe_binary() + " " + args);
 }

@@ -39,8 +39,6 @@ def main(path, label):
         prev = "(step start)"
         # The step's work, then the next step's first kernel (the idle before it belongs to this step).
         for s, e, queued, name in rows[a:b + 1]:
-            if s >= t1 and s <= frontier:
-                break
             if s > frontier:
                 gap = s - frontier
                 late = queued > frontier  # queued by the host after the GPU went idle: the host was behind
@@ -52,7 +50,7 @@ def main(path, label):
                 site[0] += gap
                 site[1] += 1
                 site[2] += gap if late else 0
-            if s >= t1:
+            if s >= t1:  # the next step's first work: only the idle before it is this step's
                 break
             busy += max(0, e - max(s, frontier))
             if e > frontier:
