@@ -23,6 +23,7 @@
 #include "data/packer.h"
 #include "model/config.h"
 #include "model/vision/mrope_positions.h"
+#include "train/memory_plan.h"
 #include "train/step_floors.h"
 
 #if DELTAMOE_WITH_CUDA
@@ -283,12 +284,17 @@ int run_bench(const ArgParser& args) {
   const bool with_floors = host_world == nullptr && simulated_ranks == 0;
   const bool text_trained = !options.freeze.freeze_llm;
   const int64_t trained_params = engine.state().layout().num_parameters();
+  // The parameters whose masters the one-GPU engine keeps split (AdamW's floor is 2 bytes lower
+  // there; the models never read routed experts in fp32).
+  int64_t split_params = 0;
+  for (const ParamEntry& entry : engine.state().layout().entries())
+    if (master_kept_split(entry.name, options.lora != nullptr, false)) split_params += entry.numel;
   StepFloors floors;
   ComponentFloor optimizer_floor;
   auto add_step_floors = [&](const std::vector<MicroBatch>& batches) {
     if (!with_floors) return;
     for (const MicroBatch& batch : batches) floors += micro_batch_floors(config.text, batch.cu_seqlens, text_trained);
-    optimizer_floor += adamw_floor(trained_params, options.adamw.moment_dtype);
+    optimizer_floor += adamw_floor(trained_params, options.adamw.moment_dtype, split_params);
   };
   // What the steps after the first take that the first did not: allocations (device, pinned), GPU
   // memory (anything a library takes, module loads), cuDNN plans, cuBLASLt heuristic queries.

@@ -2,12 +2,14 @@
 // FMA and the result equals the CPU reference bitwise. Memory-bound (22 bytes a parameter with bf16
 // moments, 30 with fp32 ones): each thread updates four consecutive elements per iteration through
 // 16-byte (fp32) and 8-byte (bf16) accesses, and the gradient's division by the token count is the
-// exact fp32 form where one exists (gradient_divide.h), not fp64 division per element.
+// exact fp32 form where one exists (gradient_divide.h), not fp64 division per element. A split
+// master (split_master.h) takes 20 bytes: its two halves read and written, no separate copy.
 #include <algorithm>
 #include <cstdint>
 
 #include "core/cuda_check.h"
 #include "optim/adamw_cuda.h"
+#include "optim/split_master.h"
 #include "kernels/common/gradient_divide.h"
 
 namespace deltamoe {
@@ -70,123 +72,211 @@ __device__ __forceinline__ void store_moments(__nv_bfloat16* ptr, const float (&
   *reinterpret_cast<uint2*>(ptr) = pack_bf16(x);
 }
 
-template <typename Moment, GradientDivide kDivide>
+// A span's master as the kernel sees it (MasterSpan on the device): kSplit false reads and writes
+// f32 (and writes weights, when set, with bf16(master)); kSplit true joins and splits the two halves.
+struct DeviceMaster {
+  float* f32;
+  __nv_bfloat16* weights;
+  uint16_t* low;
+  bool weights_vector;  // f32 form: the bf16 copy stored 8 bytes at a time (else one by one)
+};
+
+template <bool kSplit>
+__device__ __forceinline__ float load_master(const DeviceMaster& master, int64_t i) {
+  if constexpr (kSplit) {
+    return __uint_as_float(join_split_master(__bfloat16_as_ushort(master.weights[i]), master.low[i]));
+  } else {
+    return master.f32[i];
+  }
+}
+
+template <bool kSplit>
+__device__ __forceinline__ void store_master(const DeviceMaster& master, int64_t i, float p) {
+  if constexpr (kSplit) {
+    const uint32_t bits = __float_as_uint(p);
+    master.weights[i] = __ushort_as_bfloat16(split_master_high(bits));
+    master.low[i] = split_master_low(bits);
+  } else {
+    master.f32[i] = p;
+    if (master.weights != nullptr) master.weights[i] = __float2bfloat16_rn(p);
+  }
+}
+
+// Four consecutive masters at e (aligned for the vectors there).
+template <bool kSplit>
+__device__ __forceinline__ void load_masters(const DeviceMaster& master, int64_t e, float (&p)[kVector]) {
+  if constexpr (kSplit) {
+    const uint2 high = *reinterpret_cast<const uint2*>(master.weights + e);
+    const uint2 low = *reinterpret_cast<const uint2*>(master.low + e);
+    const uint32_t highs[2] = {high.x, high.y}, lows[2] = {low.x, low.y};
+#pragma unroll
+    for (int u = 0; u < kVector; ++u) {
+      const int shift = 16 * (u % 2);
+      p[u] = __uint_as_float(join_split_master(static_cast<uint16_t>(highs[u / 2] >> shift),
+                                               static_cast<uint16_t>(lows[u / 2] >> shift)));
+    }
+  } else {
+    const float4 p4 = *reinterpret_cast<const float4*>(master.f32 + e);
+    p[0] = p4.x, p[1] = p4.y, p[2] = p4.z, p[3] = p4.w;
+  }
+}
+
+template <bool kSplit>
+__device__ __forceinline__ void store_masters(const DeviceMaster& master, int64_t e, const float (&p)[kVector]) {
+  if constexpr (kSplit) {
+    uint32_t highs[2] = {0, 0}, lows[2] = {0, 0};
+#pragma unroll
+    for (int u = 0; u < kVector; ++u) {
+      const uint32_t bits = __float_as_uint(p[u]);
+      highs[u / 2] |= static_cast<uint32_t>(split_master_high(bits)) << (16 * (u % 2));
+      lows[u / 2] |= static_cast<uint32_t>(split_master_low(bits)) << (16 * (u % 2));
+    }
+    *reinterpret_cast<uint2*>(master.weights + e) = make_uint2(highs[0], highs[1]);
+    *reinterpret_cast<uint2*>(master.low + e) = make_uint2(lows[0], lows[1]);
+  } else {
+    *reinterpret_cast<float4*>(master.f32 + e) = make_float4(p[0], p[1], p[2], p[3]);
+    if (master.weights == nullptr) return;
+    if (master.weights_vector) {
+      *reinterpret_cast<uint2*>(master.weights + e) = pack_bf16(p);
+    } else {
+#pragma unroll
+      for (int u = 0; u < kVector; ++u) master.weights[e + u] = __float2bfloat16_rn(p[u]);
+    }
+  }
+}
+
+template <typename Moment, GradientDivide kDivide, bool kSplit>
 __device__ __forceinline__ void update_one(const AdamWStepScalars& s, float decay_factor, const DeviceScaling& scaling,
-                                           int64_t i, float* master, const float* grad, Moment* m, Moment* v,
-                                           __nv_bfloat16* weights_bf16) {
-  float p = master[i], m_value = load_moment(m + i), v_value = load_moment(v + i);
+                                           int64_t i, const DeviceMaster& master, const float* grad, Moment* m,
+                                           Moment* v) {
+  float p = load_master<kSplit>(master, i), m_value = load_moment(m + i), v_value = load_moment(v + i);
   adamw_element<kDivide>(s, decay_factor, scaling, p, grad[i], m_value, v_value);
-  master[i] = p;
+  store_master<kSplit>(master, i, p);
   store_moment(m + i, m_value);
   store_moment(v + i, v_value);
-  if (weights_bf16 != nullptr) weights_bf16[i] = __float2bfloat16_rn(p);
 }
 
 // Elements [head, head + 4 n4) four at a time (master, gradient and moments aligned there for their
-// vector widths; the bf16 weights too when weights_vector, else stored one by one: a ZeRO-2 piece's
-// weight copy starts wherever its bucket puts it), [0, head) and [head + 4 n4, count) one at a
-// time. Each element's arithmetic is the same either way.
-template <typename Moment, GradientDivide kDivide>
+// vector widths; an fp32 master's bf16 copy too when weights_vector, else stored one by one: a
+// ZeRO-2 piece's weight copy starts wherever its bucket puts it), [0, head) and [head + 4 n4,
+// count) one at a time. Each element's arithmetic is the same either way.
+template <typename Moment, GradientDivide kDivide, bool kSplit>
 __global__ void adamw_kernel(AdamWStepScalars scalars, float decay_factor, DeviceScaling scaling, int64_t count,
-                             int64_t head, int64_t n4, float* master, const float* grad, Moment* m, Moment* v,
-                             __nv_bfloat16* weights_bf16, bool weights_vector) {
+                             int64_t head, int64_t n4, DeviceMaster master, const float* grad, Moment* m,
+                             Moment* v) {
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t i = tid; i < n4; i += stride) {
     const int64_t e = head + kVector * i;
-    const float4 p4 = *reinterpret_cast<const float4*>(master + e);
     const float4 g4 = *reinterpret_cast<const float4*>(grad + e);
-    float p[kVector] = {p4.x, p4.y, p4.z, p4.w}, m_values[kVector], v_values[kVector];
+    float p[kVector], m_values[kVector], v_values[kVector];
     const float g[kVector] = {g4.x, g4.y, g4.z, g4.w};
+    load_masters<kSplit>(master, e, p);
     load_moments(m + e, m_values);
     load_moments(v + e, v_values);
 #pragma unroll
     for (int u = 0; u < kVector; ++u)
       adamw_element<kDivide>(scalars, decay_factor, scaling, p[u], g[u], m_values[u], v_values[u]);
-    *reinterpret_cast<float4*>(master + e) = make_float4(p[0], p[1], p[2], p[3]);
+    store_masters<kSplit>(master, e, p);
     store_moments(m + e, m_values);
     store_moments(v + e, v_values);
-    if (weights_bf16 != nullptr) {
-      if (weights_vector) {
-        *reinterpret_cast<uint2*>(weights_bf16 + e) = pack_bf16(p);
-      } else {
-#pragma unroll
-        for (int u = 0; u < kVector; ++u) weights_bf16[e + u] = __float2bfloat16_rn(p[u]);
-      }
-    }
   }
   for (int64_t i = tid; i < head; i += stride)
-    update_one<Moment, kDivide>(scalars, decay_factor, scaling, i, master, grad, m, v, weights_bf16);
+    update_one<Moment, kDivide, kSplit>(scalars, decay_factor, scaling, i, master, grad, m, v);
   for (int64_t i = head + kVector * n4 + tid; i < count; i += stride)
-    update_one<Moment, kDivide>(scalars, decay_factor, scaling, i, master, grad, m, v, weights_bf16);
+    update_one<Moment, kDivide, kSplit>(scalars, decay_factor, scaling, i, master, grad, m, v);
 }
 
 bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-template <typename Moment>
-void launch_adamw(const AdamWStepScalars& scalars, float decay_factor, const GradientScaling& scaling, int64_t count,
-                  float* master, const float* grad, Moment* m, Moment* v, __nv_bfloat16* weights_bf16,
-                  cudaStream_t stream) {
-  // The vectors start where master is 16-byte aligned; the gradient and moments must be aligned for
-  // their widths at the same element (true for the flat layout's pieces, kFlatAlignmentElements),
-  // else every element goes one at a time. The bf16 weights are stored 8 bytes at a time where they
-  // are aligned too, else one by one.
-  const auto misalignment = static_cast<int64_t>((reinterpret_cast<uintptr_t>(master) % 16) / sizeof(float));
-  int64_t head = std::min<int64_t>(count, (kVector - misalignment) % kVector);
-  const bool vectors = aligned(master, sizeof(float)) && aligned(grad + head, 16) &&
-                       aligned(m + head, kVector * sizeof(Moment)) && aligned(v + head, kVector * sizeof(Moment));
-  if (!vectors) head = count;
-  const bool weights_vector = weights_bf16 == nullptr || aligned(weights_bf16 + head, kVector * sizeof(__nv_bfloat16));
-  const int64_t n4 = (count - head) / kVector;
-  const int64_t work = std::max<int64_t>(n4, std::max<int64_t>(head, count - head - kVector * n4));
-  const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
-  const DeviceScaling device_scaling{gradient_divisor(scaling.divisor), scaling.clip_coef, scaling.clip_coef < 1.0f};
-  switch (device_scaling.divisor.kind) {
+template <typename Moment, bool kSplit>
+void launch_for_divisor(const AdamWStepScalars& scalars, float decay_factor, const DeviceScaling& scaling,
+                        int64_t count, int64_t head, int64_t n4, const DeviceMaster& master, const float* grad,
+                        Moment* m, Moment* v, unsigned blocks, cudaStream_t stream) {
+  switch (scaling.divisor.kind) {
     case GradientDivide::none:
-      adamw_kernel<Moment, GradientDivide::none><<<blocks, kThreads, 0, stream>>>(
-          scalars, decay_factor, device_scaling, count, head, n4, master, grad, m, v, weights_bf16, weights_vector);
+      adamw_kernel<Moment, GradientDivide::none, kSplit><<<blocks, kThreads, 0, stream>>>(
+          scalars, decay_factor, scaling, count, head, n4, master, grad, m, v);
       break;
     case GradientDivide::f32:
-      adamw_kernel<Moment, GradientDivide::f32><<<blocks, kThreads, 0, stream>>>(
-          scalars, decay_factor, device_scaling, count, head, n4, master, grad, m, v, weights_bf16, weights_vector);
+      adamw_kernel<Moment, GradientDivide::f32, kSplit><<<blocks, kThreads, 0, stream>>>(
+          scalars, decay_factor, scaling, count, head, n4, master, grad, m, v);
       break;
     case GradientDivide::f64:
-      adamw_kernel<Moment, GradientDivide::f64><<<blocks, kThreads, 0, stream>>>(
-          scalars, decay_factor, device_scaling, count, head, n4, master, grad, m, v, weights_bf16, weights_vector);
+      adamw_kernel<Moment, GradientDivide::f64, kSplit><<<blocks, kThreads, 0, stream>>>(
+          scalars, decay_factor, scaling, count, head, n4, master, grad, m, v);
       break;
   }
   CUDA_CHECK_LAUNCH();
 }
 
+template <typename Moment>
+void launch_adamw(const AdamWStepScalars& scalars, float decay_factor, const GradientScaling& scaling, int64_t count,
+                  const MasterSpan& span, const float* grad, Moment* m, Moment* v,
+                  cudaStream_t stream) {
+  // The vectors start where the master (its low halves when split) is aligned for four elements;
+  // the gradient, the moments and a split master's high halves must be aligned for their widths at
+  // the same element (true for the flat layouts' pieces, kFlatAlignmentElements), else every
+  // element goes one at a time. An fp32 master's bf16 copy is stored 8 bytes at a time where it is
+  // aligned too, else one by one.
+  const bool split = span.low != nullptr;
+  const auto misalignment =
+      split ? static_cast<int64_t>((reinterpret_cast<uintptr_t>(span.low) % 8) / sizeof(uint16_t))
+            : static_cast<int64_t>((reinterpret_cast<uintptr_t>(span.f32) % 16) / sizeof(float));
+  int64_t head = std::min<int64_t>(count, (kVector - misalignment) % kVector);
+  const bool vectors = (split ? aligned(span.low, sizeof(uint16_t)) && aligned(span.weights_bf16 + head, 8)
+                              : aligned(span.f32, sizeof(float))) &&
+                       aligned(grad + head, 16) && aligned(m + head, kVector * sizeof(Moment)) &&
+                       aligned(v + head, kVector * sizeof(Moment));
+  if (!vectors) head = count;
+  const DeviceMaster master{span.f32, span.weights_bf16, span.low,
+                            span.weights_bf16 == nullptr || aligned(span.weights_bf16 + head, 8)};
+  const int64_t n4 = (count - head) / kVector;
+  const int64_t work = std::max<int64_t>(n4, std::max<int64_t>(head, count - head - kVector * n4));
+  const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
+  const DeviceScaling device_scaling{gradient_divisor(scaling.divisor), scaling.clip_coef, scaling.clip_coef < 1.0f};
+  if (split) {
+    launch_for_divisor<Moment, true>(scalars, decay_factor, device_scaling, count, head, n4, master, grad, m,
+                                     v, blocks, stream);
+  } else {
+    launch_for_divisor<Moment, false>(scalars, decay_factor, device_scaling, count, head, n4, master, grad, m,
+                                      v, blocks, stream);
+  }
+}
+
 }  // namespace
 
 void adamw_update_span_cuda(const AdamWStepScalars& scalars, bool decay, DType moment_dtype, int64_t count,
-                            float* master, const float* grad, const GradientScaling& scaling, void* m, void* v,
-                            __nv_bfloat16* weights_bf16, cudaStream_t stream) {
+                            const MasterSpan& master, const float* grad, const GradientScaling& scaling, void* m,
+                            void* v, cudaStream_t stream) {
   CHECK(scaling.divisor > 0 && scaling.clip_coef > 0, "adamw_update_span_cuda: gradient divisor ", scaling.divisor,
         " and clip factor ", scaling.clip_coef, " must be positive");
   CHECK(count >= 0, "adamw_update_span_cuda: negative count ", count);
   CHECK(moment_dtype == DType::f32 || moment_dtype == DType::bf16,
         "adamw_update_span_cuda: moments must be f32 or bf16, not ", dtype_name(moment_dtype));
   if (count == 0) return;
-  CHECK(master != nullptr && grad != nullptr && m != nullptr && v != nullptr,
-        "adamw_update_span_cuda: null master, gradient or moment buffer");
+  CHECK((master.f32 != nullptr) != (master.low != nullptr),
+        "adamw_update_span_cuda: a master is either fp32 or split, so exactly one of its fp32 values and its low "
+        "halves is given");
+  CHECK(master.low == nullptr || master.weights_bf16 != nullptr,
+        "adamw_update_span_cuda: a split master needs its high halves (the bf16 weights)");
+  CHECK(grad != nullptr && m != nullptr && v != nullptr, "adamw_update_span_cuda: null gradient or moment buffer");
   const float decay_factor = decay ? scalars.decay_factor : scalars.decay_factor_no_decay;
   if (moment_dtype == DType::f32) {
-    launch_adamw(scalars, decay_factor, scaling, count, master, grad, static_cast<float*>(m), static_cast<float*>(v),
-                 weights_bf16, stream);
+    launch_adamw(scalars, decay_factor, scaling, count, master, grad, static_cast<float*>(m),
+                 static_cast<float*>(v), stream);
   } else {
     launch_adamw(scalars, decay_factor, scaling, count, master, grad, static_cast<__nv_bfloat16*>(m),
-                 static_cast<__nv_bfloat16*>(v), weights_bf16, stream);
+                 static_cast<__nv_bfloat16*>(v), stream);
   }
 }
 
 void adamw_step_cuda(const ParamLayout& layout, const AdamWConfig& config, double lr, int64_t adam_step,
-                     const GradientScaling& scaling, float* master, const float* grad, void* m, void* v,
-                     const std::vector<__nv_bfloat16*>& weights_bf16, cudaStream_t stream) {
+                     const GradientScaling& scaling, const std::vector<MasterSpan>& masters, const float* grad,
+                     void* m, void* v, cudaStream_t stream) {
   validate_adamw_config(config);
-  CHECK(static_cast<int>(weights_bf16.size()) == layout.num_tensors(), "adamw_step_cuda: ", weights_bf16.size(),
-        " bf16 destinations for ", layout.num_tensors(), " pieces");
+  CHECK(static_cast<int>(masters.size()) == layout.num_tensors(), "adamw_step_cuda: ", masters.size(),
+        " masters for ", layout.num_tensors(), " pieces");
   const AdamWStepScalars base_scalars = adamw_step_scalars(config, lr, adam_step);
   const size_t element_size = dtype_size(config.moment_dtype);
   for (int i = 0; i < layout.num_tensors(); ++i) {
@@ -194,10 +284,20 @@ void adamw_step_cuda(const ParamLayout& layout, const AdamWConfig& config, doubl
     const AdamWStepScalars scalars =
         entry.lr_scale == 1.0 ? base_scalars : adamw_step_scalars(config, lr * entry.lr_scale, adam_step);
     const size_t moment_offset = static_cast<size_t>(entry.offset) * element_size;
-    adamw_update_span_cuda(scalars, entry.decay, config.moment_dtype, entry.numel, master + entry.offset,
+    adamw_update_span_cuda(scalars, entry.decay, config.moment_dtype, entry.numel, masters[static_cast<size_t>(i)],
                            grad + entry.offset, scaling, static_cast<uint8_t*>(m) + moment_offset,
-                           static_cast<uint8_t*>(v) + moment_offset, weights_bf16[static_cast<size_t>(i)], stream);
+                           static_cast<uint8_t*>(v) + moment_offset, stream);
   }
+}
+
+std::vector<MasterSpan> flat_master_spans(const ParamLayout& layout, float* master,
+                                          const std::vector<__nv_bfloat16*>& weights_bf16) {
+  CHECK(static_cast<int>(weights_bf16.size()) == layout.num_tensors(), "flat_master_spans: ", weights_bf16.size(),
+        " bf16 destinations for ", layout.num_tensors(), " pieces");
+  std::vector<MasterSpan> spans;
+  for (int i = 0; i < layout.num_tensors(); ++i)
+    spans.push_back({master + layout.entry(i).offset, weights_bf16[static_cast<size_t>(i)], nullptr});
+  return spans;
 }
 
 }  // namespace deltamoe

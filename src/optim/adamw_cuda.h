@@ -1,6 +1,7 @@
 // CUDA AdamW over the same flat buffers as the CPU AdamW (optim/adamw.h), bit for bit its
 // arithmetic (every operation rounded alone, no fused multiply-add), also writing the bf16 copy
-// of the weights that the forward reads.
+// of the weights that the forward reads, or keeping the master split into that copy and a low half
+// (split_master.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,19 +24,33 @@ struct GradientScaling {
   float clip_coef = 1.0f;
 };
 
-// adamw_update_span on the device: count elements; master, grad f32; m, v of moment_dtype (f32 or
-// bf16), updated in place; grad scaled as `scaling` says. weights_bf16 (count elements, or null)
-// is written with bf16(master).
+// Where a span's fp32 master lives: an fp32 array (f32; weights_bf16, when not null, is written
+// with its round-to-nearest-even bf16 copy), or split (split_master.h): the bf16 working weights
+// (weights_bf16, the high halves) and `low`, the low halves. Exactly one of f32 and low is set.
+struct MasterSpan {
+  float* f32 = nullptr;
+  __nv_bfloat16* weights_bf16 = nullptr;
+  uint16_t* low = nullptr;
+};
+
+// adamw_update_span on the device: count elements; master as `master` says (the span's first
+// element at each pointer); grad f32; m, v of moment_dtype (f32 or bf16), updated in place; grad
+// scaled as `scaling` says.
 void adamw_update_span_cuda(const AdamWStepScalars& scalars, bool decay, DType moment_dtype, int64_t count,
-                            float* master, const float* grad, const GradientScaling& scaling, void* m, void* v,
-                            __nv_bfloat16* weights_bf16, cudaStream_t stream);
+                            const MasterSpan& master, const float* grad, const GradientScaling& scaling, void* m,
+                            void* v, cudaStream_t stream);
 
 // AdamW::step's walk on the device: one update of every piece of layout with adam_step counted from
-// 1 (the value after the increment) and lr scaled per piece by lr_scale. master, grad, m, v are the
-// layout's flat device buffers (padding left untouched); weights_bf16 has one entry per piece: where
-// that piece's bf16 working copy goes (null: none). One launch per piece.
+// 1 (the value after the increment) and lr scaled per piece by lr_scale. grad, m, v are the
+// layout's flat device buffers (padding left untouched); masters has one entry per piece: where
+// that piece's master (and bf16 working copy) is. One launch per piece.
 void adamw_step_cuda(const ParamLayout& layout, const AdamWConfig& config, double lr, int64_t adam_step,
-                     const GradientScaling& scaling, float* master, const float* grad, void* m, void* v,
-                     const std::vector<__nv_bfloat16*>& weights_bf16, cudaStream_t stream);
+                     const GradientScaling& scaling, const std::vector<MasterSpan>& masters, const float* grad,
+                     void* m, void* v, cudaStream_t stream);
+
+// The master spans of a flat fp32 master buffer laid out as `layout` (entry offsets), each with
+// its bf16 copy at weights_bf16[i] (null: none).
+std::vector<MasterSpan> flat_master_spans(const ParamLayout& layout, float* master,
+                                          const std::vector<__nv_bfloat16*>& weights_bf16);
 
 }  // namespace deltamoe

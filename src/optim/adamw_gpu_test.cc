@@ -2,7 +2,8 @@
 // both moments, f32 and bf16 moments, decay on and off, several steps, the gradient divided by an
 // integer or a fractional count and clipped on the fly as the CPU engine does it in place, buffers
 // aligned for the kernel's vectors or not), the layout walk over pieces equals AdamW::step with
-// per-tensor lr scales, and timing over a large flat buffer with either moment type.
+// per-tensor lr scales, masters kept split (split_master.h), and timing over a large flat buffer
+// with either moment type and master form.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -12,6 +13,7 @@
 #include "kernels/gemm/gpu_timing.h"
 #include "optim/adamw.h"
 #include "optim/adamw_cuda.h"
+#include "optim/split_master.h"
 
 namespace deltamoe {
 namespace {
@@ -64,11 +66,14 @@ struct SpanShift {
   int weights = 0;  // the bf16 weight copy
 };
 
+// split: the master kept as the
+// bf16 weights (high halves, at shift.weights) and low halves (at shift.master); joined, it must
+// equal the CPU's fp32 master bit for bit, and the weights its ties-away bf16 rounding.
 void check_span(DType moment_dtype, bool decay, int64_t count, uint64_t seed, SpanShift shift = {},
-                double divisor = 777.0) {
-  std::printf("adamw span n=%lld moments %s decay %d, shifted by %d (bf16 weights %d), divisor %g\n",
+                double divisor = 777.0, bool split = false) {
+  std::printf("adamw span n=%lld moments %s decay %d, shifted by %d (bf16 weights %d), divisor %g%s\n",
               static_cast<long long>(count), std::string(dtype_name(moment_dtype)).c_str(), decay, shift.master,
-              shift.weights, divisor);
+              shift.weights, divisor, split ? ", split master" : "");
   AdamWConfig config;
   config.moment_dtype = moment_dtype;
   config.weight_decay = 0.1;
@@ -93,6 +98,15 @@ void check_span(DType moment_dtype, bool decay, int64_t count, uint64_t seed, Sp
   };
   DeviceBuffer master_d = shifted_upload(master.data(), 4), m_d = shifted_upload(m.data(), moment_size);
   DeviceBuffer v_d = shifted_upload(v.data(), moment_size), weights_d(static_cast<size_t>(count + shift.weights) * 2);
+  std::vector<uint16_t> highs(static_cast<size_t>(count)), lows(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) split_master(master[static_cast<size_t>(i)], highs[i], lows[i]);
+  DeviceBuffer low_d = shifted_upload(lows.data(), 2);
+  CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(weights_d.data()) + shift.weights, highs.data(),
+                        static_cast<size_t>(count) * 2, cudaMemcpyHostToDevice));
+  const MasterSpan span = split ? MasterSpan{nullptr, static_cast<__nv_bfloat16*>(at(weights_d, 2, shift.weights)),
+                                             static_cast<uint16_t*>(at(low_d, 2, shift.master))}
+                                : MasterSpan{static_cast<float*>(at(master_d, 4, shift.master)),
+                                             static_cast<__nv_bfloat16*>(at(weights_d, 2, shift.weights)), nullptr};
   for (int step = 1; step <= 4; ++step) {
     // Gradients of widely varying scale, with exact zeros and tiny values mixed in.
     std::vector<float> grad = random_floats(count, seed + 100 * step, step == 3 ? 1e-6f : 1.0f);
@@ -106,25 +120,36 @@ void check_span(DType moment_dtype, bool decay, int64_t count, uint64_t seed, Sp
       if (scaling.clip_coef < 1.0f) g *= scaling.clip_coef;
     }
     adamw_update_span(scalars, decay, moment_dtype, count, master.data(), grad.data(), m.data(), v.data());
-    adamw_update_span_cuda(scalars, decay, moment_dtype, count, static_cast<float*>(at(master_d, 4, shift.master)),
+    adamw_update_span_cuda(scalars, decay, moment_dtype, count, span,
                            static_cast<const float*>(at(grad_d, 4, shift.master)), scaling,
-                           at(m_d, moment_size, shift.master), at(v_d, moment_size, shift.master),
-                           static_cast<__nv_bfloat16*>(at(weights_d, 2, shift.weights)), nullptr);
+                           at(m_d, moment_size, shift.master), at(v_d, moment_size, shift.master), nullptr);
     device_synchronize();
   }
-  const std::vector<uint8_t> master_got = shifted_download(master_d, 4, shift.master);
+  std::vector<uint8_t> master_got = shifted_download(master_d, 4, shift.master);
+  const std::vector<uint8_t> weights_got = shifted_download(weights_d, 2, shift.weights);
+  if (split) {  // join the halves
+    const std::vector<uint8_t> low_got = shifted_download(low_d, 2, shift.master);
+    for (int64_t i = 0; i < count; ++i) {
+      uint16_t high, low;
+      std::memcpy(&high, weights_got.data() + i * 2, 2);
+      std::memcpy(&low, low_got.data() + i * 2, 2);
+      const float joined = join_split_master_float(high, low);
+      std::memcpy(master_got.data() + i * 4, &joined, 4);
+    }
+  }
   const std::vector<uint8_t> master_ref(bytes_of(master), bytes_of(master) + count * 4);
   const int64_t master_mismatch = count_mismatches(master_got, master_ref, count, 4);
   const int64_t m_mismatch = count_mismatches(shifted_download(m_d, moment_size, shift.master), m, count, moment_size);
   const int64_t v_mismatch = count_mismatches(shifted_download(v_d, moment_size, shift.master), v, count, moment_size);
-  // The bf16 weight copy is bf16(master) with round-to-nearest-even.
+  // The bf16 weight copy is bf16(master) with round-to-nearest-even; a split master's high half
+  // rounds ties away from zero.
   std::vector<uint8_t> weights_ref(static_cast<size_t>(count) * 2);
   for (int64_t i = 0; i < count; ++i) {
-    const uint16_t bits = float_to_bf16_bits(master[static_cast<size_t>(i)]);
+    uint16_t bits = float_to_bf16_bits(master[static_cast<size_t>(i)]), low;
+    if (split) split_master(master[static_cast<size_t>(i)], bits, low);
     std::memcpy(weights_ref.data() + i * 2, &bits, 2);
   }
-  const int64_t weights_mismatch =
-      count_mismatches(shifted_download(weights_d, 2, shift.weights), weights_ref, count, 2);
+  const int64_t weights_mismatch = count_mismatches(weights_got, weights_ref, count, 2);
   std::printf("  after 4 steps: master max|diff| %.3e, mismatching elements: master %lld, m %lld, v %lld, "
               "bf16 weights %lld (of %lld)\n",
               max_abs_diff_f32(master_got, master_ref, count), static_cast<long long>(master_mismatch),
@@ -164,6 +189,17 @@ TEST(AdamWGpu, MisalignedSpansMatchCpuBitForBit) {
   }
 }
 
+// Masters kept split (the one-GPU engine's routed experts): aligned and shifted spans, both moment
+// types.
+TEST(AdamWGpu, SplitMastersMatchCpuBitForBit) {
+  for (DType moments : {DType::bf16, DType::f32}) {
+    check_span(moments, true, 100003, 81, {}, 777.0, true);
+    check_span(moments, false, 10007, 82, {1, 1}, 8192.0, true);
+    check_span(moments, true, 10007, 83, {2, 3}, 777.5, true);  // halves misaligned against each other
+    check_span(moments, true, 3, 84, {3, 3}, 777.0, true);
+  }
+}
+
 TEST(AdamWGpu, LayoutWalkMatchesAdamWStepOverPieces) {
   ParamLayout layout;
   layout.add_piece("embed", {37, 19}, 100, 500);
@@ -189,8 +225,10 @@ TEST(AdamWGpu, LayoutWalkMatchesAdamWStepOverPieces) {
       const double lr = 1e-3 / step;
       cpu.step(lr, master.data(), grad.data());
       DeviceBuffer grad_d = upload(grad.data(), n * 4);
-      adamw_step_cuda(layout, config, lr, step, GradientScaling{}, master_d.as<float>(), grad_d.as<float>(),
-                      m_d.data(), v_d.data(), std::vector<__nv_bfloat16*>(layout.num_tensors(), nullptr), nullptr);
+      adamw_step_cuda(layout, config, lr, step, GradientScaling{},
+                      flat_master_spans(layout, master_d.as<float>(),
+                                        std::vector<__nv_bfloat16*>(layout.num_tensors(), nullptr)),
+                      grad_d.as<float>(), m_d.data(), v_d.data(), nullptr);
     }
     device_synchronize();
     const std::vector<uint8_t> master_ref(bytes_of(master), bytes_of(master) + n * 4);
@@ -213,16 +251,25 @@ TEST(AdamWGpu, BadArgumentsAreRejected) {
   layout.add("w", {4, 4});
   AdamWConfig config;
   DeviceBuffer buffer(1024);
-  EXPECT_THROW(adamw_step_cuda(layout, config, 1e-3, 1, GradientScaling{}, buffer.as<float>(), buffer.as<float>(),
-                               buffer.data(), buffer.data(), {}, nullptr),
+  const MasterSpan f32_master{buffer.as<float>(), nullptr, nullptr};
+  EXPECT_THROW(adamw_step_cuda(layout, config, 1e-3, 1, GradientScaling{}, {}, buffer.as<float>(), buffer.data(),
+                               buffer.data(), nullptr),
                Error);
-  EXPECT_THROW(adamw_update_span_cuda(adamw_step_scalars(config, 1e-3, 1), true, DType::f16, 4, buffer.as<float>(),
-                                      buffer.as<float>(), GradientScaling{}, buffer.data(), buffer.data(), nullptr,
+  EXPECT_THROW(adamw_update_span_cuda(adamw_step_scalars(config, 1e-3, 1), true, DType::f16, 4, f32_master,
+                                      buffer.as<float>(), GradientScaling{}, buffer.data(), buffer.data(), nullptr),
+               Error);
+  EXPECT_THROW(adamw_update_span_cuda(adamw_step_scalars(config, 1e-3, 1), true, DType::f32, 4, f32_master,
+                                      buffer.as<float>(), GradientScaling{0.0, 1.0f}, buffer.data(), buffer.data(),
                                       nullptr),
                Error);
-  EXPECT_THROW(adamw_update_span_cuda(adamw_step_scalars(config, 1e-3, 1), true, DType::f32, 4, buffer.as<float>(),
-                                      buffer.as<float>(), GradientScaling{0.0, 1.0f}, buffer.data(), buffer.data(),
-                                      nullptr, nullptr),
+  // A master both fp32 and split, and a split one without its high halves.
+  EXPECT_THROW(adamw_update_span_cuda(adamw_step_scalars(config, 1e-3, 1), true, DType::f32, 4,
+                                      MasterSpan{buffer.as<float>(), nullptr, buffer.as<uint16_t>()},
+                                      buffer.as<float>(), GradientScaling{}, buffer.data(), buffer.data(), nullptr),
+               Error);
+  EXPECT_THROW(adamw_update_span_cuda(adamw_step_scalars(config, 1e-3, 1), true, DType::f32, 4,
+                                      MasterSpan{nullptr, nullptr, buffer.as<uint16_t>()}, buffer.as<float>(),
+                                      GradientScaling{}, buffer.data(), buffer.data(), nullptr),
                Error);
 }
 
@@ -235,17 +282,26 @@ TEST(AdamWGpu, TimingOverAFlatBuffer) {
       CUDA_CHECK(cudaMemcpy(buffer->as<float>() + offset, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
   AdamWConfig config;
   const AdamWStepScalars scalars = adamw_step_scalars(config, 1e-4, 10);
-  for (const DType moment_dtype : {DType::f32, DType::bf16}) {
-    CUDA_CHECK(cudaMemset(v.data(), 0, count * 4));  // a valid (non-negative) second moment
-    const double ms = median_ms([&](cudaStream_t s) {
-      adamw_update_span_cuda(scalars, true, moment_dtype, count, master.as<float>(), grad.as<float>(),
-                             GradientScaling{8192.0, 0.5f}, m.data(), v.data(), weights.as<__nv_bfloat16>(), s);
-    }, nullptr);
-    // Read master, grad, m, v; write master, m, v, bf16 weights: 30 B with fp32 moments, 22 with bf16.
-    const double bytes = (moment_dtype == DType::f32 ? 30.0 : 22.0) * count;
-    print_bandwidth_timing(moment_dtype == DType::f32 ? "adamw f32 moments, 268M params"
-                                                      : "adamw bf16 moments, 268M params",
-                           ms, bytes);
+  CUDA_CHECK(cudaMemset(weights.data(), 0x3c, count * 2));  // bf16 0x3c3c, ~0.0115: a split master's high halves
+  for (const bool split : {false, true}) {
+    for (const DType moment_dtype : {DType::f32, DType::bf16}) {
+      if (split && moment_dtype == DType::f32) continue;
+      CUDA_CHECK(cudaMemset(v.data(), 0, count * 4));  // a valid (non-negative) second moment
+      // Split: the low halves in the first half of the master buffer (random bits from its floats).
+      const MasterSpan span = split ? MasterSpan{nullptr, weights.as<__nv_bfloat16>(), master.as<uint16_t>()}
+                                    : MasterSpan{master.as<float>(), weights.as<__nv_bfloat16>(), nullptr};
+      const double ms = median_ms([&](cudaStream_t s) {
+        adamw_update_span_cuda(scalars, true, moment_dtype, count, span, grad.as<float>(),
+                               GradientScaling{8192.0, 0.5f}, m.data(), v.data(), s);
+      }, nullptr);
+      // Read master, grad, m, v; write master, m, v, bf16 weights: 30 B with fp32 moments, 22 with
+      // bf16; a split master reads and writes its two halves: 20 B.
+      const double bytes = (moment_dtype == DType::f32 ? 30.0 : split ? 20.0 : 22.0) * count;
+      print_bandwidth_timing(moment_dtype == DType::f32 ? "adamw f32 moments, 268M params"
+                             : split                    ? "adamw bf16 moments, split master, 268M params"
+                                                        : "adamw bf16 moments, 268M params",
+                             ms, bytes);
+    }
   }
 }
 

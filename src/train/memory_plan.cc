@@ -16,6 +16,7 @@
 #include "model/vision/vision_weights.h"
 #include "model/vision/vision_tower.h"
 #include "optim/param_layout.h"
+#include "train/parallel_layout.h"
 
 namespace deltamoe {
 
@@ -57,13 +58,17 @@ int64_t max_image_tokens_in(int64_t tokens, int64_t max_pixels, const VisionConf
   return best;
 }
 
+bool master_kept_split(const std::string& name, bool lora, bool read_in_f32) {
+  return !lora && !read_in_f32 && is_routed_expert_tensor(name);
+}
+
 void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DType moment_dtype, MemoryPlan* plan,
                       const LoraAdapters* lora) {
   std::set<std::string> read_in_f32 = text_params_read_in_f32(config.text, config.text_prefix());
   if (config.has_vision) {
     for (const std::string& name : vision_params_read_in_f32(config.vision, kVisionPrefix)) read_in_f32.insert(name);
   }
-  size_t all = 0, trained = 0, frozen_f32 = 0;
+  size_t all = 0, trained = 0, split = 0, frozen_f32 = 0;  // split: trained with a split master (2 bytes)
   std::set<std::string> saved_whole;
   if (lora != nullptr) {
     saved_whole.insert(lora->modules_to_save.begin(), lora->modules_to_save.end());
@@ -86,6 +91,7 @@ void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DT
     const bool frozen = lora != nullptr ? saved_whole.count(spec.name) == 0 : is_frozen(spec.name, freeze);
     if (!frozen) {
       trained += numel;
+      if (master_kept_split(spec.name, lora != nullptr, read_in_f32.count(spec.name) != 0)) split += numel;
       const ParamGroup group = param_group(spec.name);
       plan->vit_trained = plan->vit_trained || group == ParamGroup::vit;
       plan->merger_trained = plan->merger_trained || group == ParamGroup::aligner;
@@ -94,7 +100,7 @@ void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DT
     }
   }
   plan->weights = all * 2;
-  plan->master = trained * 4;
+  plan->master = (trained - split) * 4 + split * 2;
   plan->gradients = trained * 4;
   plan->moments = trained * 2 * dtype_size(moment_dtype);
   plan->frozen_f32 = frozen_f32 * 4;

@@ -32,7 +32,7 @@ struct MemoryPlan {
   bool keep_expert_rows = false, keep_gdn_forward = false;
   // Bytes by kind.
   size_t weights = 0;     // bf16 working copies of every parameter
-  size_t master = 0;      // fp32 master weights of the trained tensors
+  size_t master = 0;      // master weights of the trained tensors: fp32, or 2-byte low halves where split
   size_t gradients = 0;   // fp32 gradients of the trained tensors
   size_t moments = 0;     // AdamW m and v
   size_t frozen_f32 = 0;  // fp32 copies of frozen tensors the math reads in fp32 (sharded: of trained ones too)
@@ -57,6 +57,10 @@ int64_t planned_max_sequences(const EngineOptions& options);
 // than max_pixels pixels (0: no bound, every token could be an image token): images of P tokens
 // each, plus their two marker tokens (<|vision_start|>, <|vision_end|>).
 int64_t max_image_tokens_in(int64_t tokens, int64_t max_pixels, const VisionConfig& vision);
+
+// Whether one GPU's engine keeps trained tensor `name`'s master split (optim/split_master.h): the
+// routed experts' stacks in full training (under LoRA they are frozen), unless read in fp32.
+bool master_kept_split(const std::string& name, bool lora, bool read_in_f32);
 
 // The state's part of the plan: element counts of the parameter table split by the freeze choice,
 // laid out as DeviceParams lays them out (tensors aligned to 64 elements).

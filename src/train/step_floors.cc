@@ -55,11 +55,14 @@ StepFloors micro_batch_floors(const TextConfig& c, const std::vector<int32_t>& c
   return f;
 }
 
-ComponentFloor adamw_floor(int64_t trained_params, DType moment_dtype) {
+ComponentFloor adamw_floor(int64_t trained_params, DType moment_dtype, int64_t split_params) {
   CHECK(trained_params >= 0, "step floors: negative trained parameter count ", trained_params);
+  CHECK(split_params >= 0 && split_params <= trained_params, "step floors: ", split_params,
+        " split masters among ", trained_params, " trained parameters");
   const double moment_bytes = static_cast<double>(dtype_size(moment_dtype));
   ComponentFloor f;
-  f.bytes = (4.0 + 4.0 + 4.0 + 4.0 * moment_bytes + 2.0) * static_cast<double>(trained_params);
+  f.bytes = (4.0 + 4.0 + 4.0 + 4.0 * moment_bytes + 2.0) * static_cast<double>(trained_params) -
+            2.0 * static_cast<double>(split_params);
   return f;
 }
 

@@ -41,7 +41,8 @@ StepFloors micro_batch_floors(const TextConfig& config, const std::vector<int32_
 
 // AdamW's floor for one step: per trained parameter the fp32 master read and written, the
 // gradient read, both moments read and written, the bf16 weight written (22 bytes with bf16
-// moments, 30 with fp32); no FLOPs counted.
-ComponentFloor adamw_floor(int64_t trained_params, DType moment_dtype);
+// moments, 30 with fp32); 2 bytes less for each of the split_params whose master is kept split
+// (its two halves read and written, the weight being one of them: optim/split_master.h). No FLOPs.
+ComponentFloor adamw_floor(int64_t trained_params, DType moment_dtype, int64_t split_params = 0);
 
 }  // namespace deltamoe

@@ -56,6 +56,7 @@ TEST(StepFloors, FrozenTextWritesNoGradientsAndFp32MomentsCostMore) {
   EXPECT_DOUBLE_EQ(frozen.moe.bytes * 2.0, trained.moe.bytes);  // 4 bytes a weight instead of 8
   EXPECT_DOUBLE_EQ(frozen.moe.flops, trained.moe.flops);
   EXPECT_DOUBLE_EQ(adamw_floor(1000, DType::f32).bytes, 30.0 * 1000.0);
+  EXPECT_DOUBLE_EQ(adamw_floor(1000, DType::bf16, 600).bytes, 22.0 * 400.0 + 20.0 * 600.0);
   // One sequence of 8,192 has twice the attention pairs of two of 4,096.
   const StepFloors packed = micro_batch_floors(c, {0, 4096, 8192}, true);
   EXPECT_DOUBLE_EQ(trained.attention.flops - packed.attention.flops,
@@ -68,6 +69,7 @@ TEST(StepFloors, FrozenTextWritesNoGradientsAndFp32MomentsCostMore) {
   EXPECT_DOUBLE_EQ(two.attention.flops, packed.attention.flops);
   EXPECT_THROW(micro_batch_floors(c, {0}, true), std::exception);
   EXPECT_THROW(adamw_floor(-1, DType::f32), std::exception);
+  EXPECT_THROW(adamw_floor(10, DType::f32, 11), std::exception);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// DeviceParams: flat buffers per kind (bf16 weights, fp32 master, fp32 gradients, fp32 frozen
-// copies), uploads through pinned staging, device init, the typed views.
+// DeviceParams: flat buffers per kind (bf16 weights, fp32 master, split masters' low halves, fp32
+// gradients, fp32 frozen copies), uploads through pinned staging, device init, the typed views.
 #include "model/gpu/device_params.h"
 
 #include <algorithm>
@@ -10,6 +10,8 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "model/gpu/param_init.h"
+#include "optim/split_master.h"
+#include "optim/split_master_cuda.h"
 
 namespace deltamoe {
 
@@ -49,8 +51,17 @@ DeviceParams::DeviceParams(const std::vector<DeviceParamSpec>& specs, bool maste
     } else {
       CHECK(spec.full_first == 0, "device params: '", spec.name, "' has a slice start but no whole size");
     }
+    CHECK(!spec.master_split || (spec.trained && !spec.needs_f32 && !master_elsewhere), "device params: '",
+          spec.name, "' cannot keep its master split: only a trained tensor read in bf16 alone, with its master here");
     if (spec.trained) {
       slot.trained_index = trained_.add(spec.name, spec.shape);
+      if (!master_elsewhere) {
+        if (spec.master_split) {
+          slot.low_offset = low_layout_.entry(low_layout_.add(spec.name, spec.shape)).offset;
+        } else {
+          slot.master_offset = master_layout_.entry(master_layout_.add(spec.name, spec.shape)).offset;
+        }
+      }
       slot.grad_offset = trained_.entry(slot.trained_index).offset;
       if (gradients != nullptr) {
         const auto at = gradients->offset.find(spec.name);
@@ -69,10 +80,11 @@ DeviceParams::DeviceParams(const std::vector<DeviceParamSpec>& specs, bool maste
     slots_.push_back(std::move(slot));
   }
   weights_ = DeviceBuffer(static_cast<size_t>(weights_layout_.total_numel()) * 2);
-  master_ = DeviceBuffer(master_elsewhere ? 0 : static_cast<size_t>(trained_.total_numel()) * 4);
+  master_ = DeviceBuffer(static_cast<size_t>(master_layout_.total_numel()) * 4);
+  master_low_ = DeviceBuffer(static_cast<size_t>(low_layout_.total_numel()) * 2);
   grads_ = DeviceBuffer(static_cast<size_t>(gradients != nullptr ? gradients->elements : trained_.total_numel()) * 4);
   frozen_f32_ = DeviceBuffer(static_cast<size_t>(frozen_layout_.total_numel()) * 4);
-  for (DeviceBuffer* buffer : {&weights_, &master_, &grads_, &frozen_f32_})
+  for (DeviceBuffer* buffer : {&weights_, &master_, &master_low_, &grads_, &frozen_f32_})
     CUDA_CHECK(cudaMemset(buffer->data(), 0, buffer->bytes()));
 }
 
@@ -90,13 +102,13 @@ DeviceParam DeviceParams::param(const std::string& name, bool needs_f32) const {
   p.w = weights_.as<__nv_bfloat16>() + s.weight_offset;
   p.numel = s.numel;
   if (s.trained_index >= 0) {
-    const int64_t offset = trained_.entry(s.trained_index).offset;
-    if (!master_elsewhere_) p.f32 = master_.as<float>() + offset;
+    if (s.master_offset >= 0) p.f32 = master_.as<float>() + s.master_offset;
     p.grad = grads_.as<float>() + s.grad_offset;
   }
   if (s.frozen_offset >= 0) p.f32 = frozen_f32_.as<float>() + s.frozen_offset;
   CHECK(!needs_f32 || p.f32 != nullptr, "device params: '", name, "' is read in fp32 but has no fp32 values ",
-        "(a frozen tensor must be listed with needs_f32)");
+        s.low_offset >= 0 ? "(its master is split: list it with needs_f32 and without master_split)"
+                          : "(a frozen tensor must be listed with needs_f32)");
   return p;
 }
 
@@ -121,10 +133,12 @@ void DeviceParams::upload(const std::string& name, int64_t first, int64_t count,
     convert_floats(src, dtype, f32, DType::f32, n);
     const int64_t at = first + done;
     __nv_bfloat16* weight = weights_.as<__nv_bfloat16>() + s.weight_offset + at;
-    if (s.trained_index >= 0 && !master_elsewhere_) {
-      float* master = master_.as<float>() + trained_.entry(s.trained_index).offset + at;
+    if (s.master_offset >= 0) {
+      float* master = master_.as<float>() + s.master_offset + at;
       CUDA_CHECK(cudaMemcpy(master, f32, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
       convert_f32_to_bf16_cuda(master, weight, n, nullptr);
+    } else if (s.low_offset >= 0) {
+      upload_split(f32, n, weight, master_low_.as<uint16_t>() + s.low_offset + at);
     } else {
       if (s.frozen_offset >= 0) {
         CUDA_CHECK(cudaMemcpy(frozen_f32_.as<float>() + s.frozen_offset + at, f32, static_cast<size_t>(n) * 4,
@@ -139,17 +153,32 @@ void DeviceParams::upload(const std::string& name, int64_t first, int64_t count,
 }
 
 void DeviceParams::randomize(uint64_t seed) {
-  const auto has_master = [&](const Slot& s) { return s.trained_index >= 0 && !master_elsewhere_; };
-  int64_t largest_frozen = 0;
-  for (const Slot& s : slots_)
-    if (!has_master(s)) largest_frozen = std::max(largest_frozen, s.numel);
-  DeviceBuffer temp(static_cast<size_t>(std::max<int64_t>(largest_frozen, 1)) * 4);
+  // fp32 masters and frozen fp32 copies take the values in place; the others go through a
+  // temporary (split masters chunk by chunk, then split into their halves).
+  int64_t largest_temp = 0;
   for (const Slot& s : slots_) {
-    float* values = has_master(s) ? master_.as<float>() + trained_.entry(s.trained_index).offset
-                                  : (s.frozen_offset >= 0 ? frozen_f32_.as<float>() + s.frozen_offset : temp.as<float>());
+    if (s.master_offset >= 0 || s.frozen_offset >= 0) continue;
+    largest_temp = std::max(largest_temp, s.low_offset >= 0 ? std::min(s.numel, kStagingElements) : s.numel);
+  }
+  DeviceBuffer temp(static_cast<size_t>(std::max<int64_t>(largest_temp, 1)) * 4);
+  for (const Slot& s : slots_) {
+    __nv_bfloat16* weight = weights_.as<__nv_bfloat16>() + s.weight_offset;
+    if (s.low_offset >= 0) {
+      for (int64_t done = 0; done < s.numel; done += kStagingElements) {
+        const int64_t n = std::min(kStagingElements, s.numel - done);
+        init_param_cuda(s.spec.init, static_cast<float>(s.spec.init_std), temp.as<float>(), n, seed,
+                        name_stream(s.spec.name), nullptr, s.spec.full_first + done);
+        split_master_cuda(temp.as<float>(), weight + done, master_low_.as<uint16_t>() + s.low_offset + done, n,
+                          nullptr);
+      }
+      continue;
+    }
+    float* values = s.master_offset >= 0 ? master_.as<float>() + s.master_offset
+                                         : (s.frozen_offset >= 0 ? frozen_f32_.as<float>() + s.frozen_offset
+                                                                 : temp.as<float>());
     init_param_cuda(s.spec.init, static_cast<float>(s.spec.init_std), values, s.numel, seed, name_stream(s.spec.name),
                     nullptr, s.spec.full_first);
-    convert_f32_to_bf16_cuda(values, weights_.as<__nv_bfloat16>() + s.weight_offset, s.numel, nullptr);
+    convert_f32_to_bf16_cuda(values, weight, s.numel, nullptr);
   }
   CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -167,11 +196,75 @@ std::vector<__nv_bfloat16*> DeviceParams::trained_weights_bf16() const {
   return out;
 }
 
+std::vector<MasterSpan> DeviceParams::trained_masters() const {
+  CHECK(!master_elsewhere_, "device params: the master of these weights is kept by the sharded training state");
+  std::vector<MasterSpan> out;
+  for (const ParamEntry& e : trained_.entries()) {
+    const Slot& s = slot(e.name);
+    __nv_bfloat16* weight = weights_.as<__nv_bfloat16>() + s.weight_offset;
+    if (s.low_offset >= 0) {
+      out.push_back({nullptr, weight, master_low_.as<uint16_t>() + s.low_offset});
+    } else {
+      out.push_back({master_.as<float>() + s.master_offset, weight, nullptr});
+    }
+  }
+  return out;
+}
+
+const DeviceParams::Slot& DeviceParams::trained_slot(int index, int64_t first, int64_t count) const {
+  CHECK(!master_elsewhere_, "device params: the master of these weights is kept by the sharded training state");
+  CHECK(index >= 0 && index < trained_.num_tensors(), "device params: no trained piece ", index);
+  const ParamEntry& e = trained_.entry(index);
+  CHECK(first >= 0 && count >= 0 && first + count <= e.numel, "device params: elements [", first, ", ", first + count,
+        ") are outside trained '", e.name, "' of ", e.numel);
+  return slot(e.name);
+}
+
+void DeviceParams::read_master(int index, int64_t first, int64_t count, float* host) const {
+  const Slot& s = trained_slot(index, first, count);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  if (s.master_offset >= 0) {
+    CUDA_CHECK(cudaMemcpy(host, master_.as<float>() + s.master_offset + first, static_cast<size_t>(count) * 4,
+                          cudaMemcpyDeviceToHost));
+    return;
+  }
+  std::vector<uint16_t> high(static_cast<size_t>(count)), low(static_cast<size_t>(count));
+  CUDA_CHECK(cudaMemcpy(high.data(), weights_.as<__nv_bfloat16>() + s.weight_offset + first, high.size() * 2,
+                        cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(low.data(), master_low_.as<uint16_t>() + s.low_offset + first, low.size() * 2,
+                        cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < high.size(); ++i) host[i] = join_split_master_float(high[i], low[i]);
+}
+
+void DeviceParams::write_master(int index, int64_t first, int64_t count, const float* host) {
+  const Slot& s = trained_slot(index, first, count);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  if (s.master_offset >= 0) {
+    CUDA_CHECK(cudaMemcpy(master_.as<float>() + s.master_offset + first, host, static_cast<size_t>(count) * 4,
+                          cudaMemcpyHostToDevice));
+  } else {
+    upload_split(host, count, weights_.as<__nv_bfloat16>() + s.weight_offset + first,
+                 master_low_.as<uint16_t>() + s.low_offset + first);
+  }
+  // cudaMemcpy from pageable memory may return before the copy lands; callers read on other streams.
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void DeviceParams::upload_split(const float* host, int64_t count, __nv_bfloat16* high, uint16_t* low) {
+  std::vector<uint16_t> highs(static_cast<size_t>(count)), lows(static_cast<size_t>(count));
+  for (size_t i = 0; i < highs.size(); ++i) split_master(host[i], highs[i], lows[i]);
+  CUDA_CHECK(cudaMemcpy(high, highs.data(), highs.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(low, lows.data(), lows.size() * 2, cudaMemcpyHostToDevice));
+}
+
 void DeviceParams::refresh_trained_weights(cudaStream_t stream) const {
   CHECK(!master_elsewhere_, "device params: the master of these weights is kept by the sharded training state");
-  for (const ParamEntry& e : trained_.entries())
-    convert_f32_to_bf16_cuda(master_.as<float>() + e.offset, weights_.as<__nv_bfloat16>() + slot(e.name).weight_offset,
+  for (const ParamEntry& e : trained_.entries()) {
+    const Slot& s = slot(e.name);
+    if (s.master_offset < 0) continue;  // split: the weight is the master's high half
+    convert_f32_to_bf16_cuda(master_.as<float>() + s.master_offset, weights_.as<__nv_bfloat16>() + s.weight_offset,
                              e.numel, stream);
+  }
 }
 
 void DeviceParams::zero_gradients(cudaStream_t stream, bool leave_written_first) const {
@@ -229,7 +322,9 @@ std::vector<float> DeviceParams::read_values(const std::string& name) const {
   std::vector<float> host(static_cast<size_t>(s.numel));
   CUDA_CHECK(cudaDeviceSynchronize());
   const float* f32 = param(name, false).f32;
-  if (f32 != nullptr) {
+  if (s.low_offset >= 0) {
+    read_master(s.trained_index, 0, s.numel, host.data());
+  } else if (f32 != nullptr) {
     CUDA_CHECK(cudaMemcpy(host.data(), f32, host.size() * 4, cudaMemcpyDeviceToHost));
   } else {
     std::vector<uint16_t> bits(host.size());
@@ -241,7 +336,7 @@ std::vector<float> DeviceParams::read_values(const std::string& name) const {
 }
 
 DeviceParamBytes DeviceParams::bytes() const {
-  return {weights_.bytes(), master_.bytes(), grads_.bytes(), frozen_f32_.bytes()};
+  return {weights_.bytes(), master_.bytes() + master_low_.bytes(), grads_.bytes(), frozen_f32_.bytes()};
 }
 
 }  // namespace deltamoe

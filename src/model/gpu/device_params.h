@@ -1,6 +1,8 @@
 // DeviceParams: the one owner of a model's parameters on the device — the bf16 working weights of
 // every tensor, the fp32 master and the fp32 gradients of the trained ones, and fp32 copies of the
-// frozen tensors the math reads in fp32. Frozen tensors have no master and no gradient. The GPU
+// frozen tensors the math reads in fp32. A trained tensor the math reads only in bf16 may keep its
+// master split (optim/split_master.h): its bf16 weight is the master's high half and a 16-bit low
+// half lies beside it, 2 bytes a parameter instead of 4 + AdamW's separate bf16 write. Frozen tensors have no master and no gradient. The GPU
 // models read it through typed views (DeviceParam) bound once; the engine's training state adds the
 // optimizer moments on top.
 // On one rank of a parallel job (master_elsewhere): a tensor may be a slice of the model's (the
@@ -24,6 +26,7 @@
 #include "kernels/common/sum_of_squares_cuda.h"
 #include "model/device_param.h"
 #include "model/param_table.h"
+#include "optim/adamw_cuda.h"
 #include "optim/param_layout.h"
 
 namespace deltamoe {
@@ -40,6 +43,10 @@ struct DeviceParamSpec {
   // upload() takes the model tensor's element indices and keeps the slice's.
   int64_t full_first = 0;
   int64_t full_numel = 0;
+  // A trained tensor's master kept split (optim/split_master.h): the bf16 weight (rounded from the
+  // master with ties away from zero) plus a low half. Not for tensors read in fp32 (their math
+  // needs the fp32 values), nor where the master is elsewhere.
+  bool master_split = false;
 };
 
 // Where the trained tensors' gradients live when the gradient buffer is not simply the trained
@@ -54,15 +61,15 @@ struct GradientPlacement {
 
 struct DeviceParamBytes {
   size_t weights = 0;     // bf16, every tensor
-  size_t master = 0;      // fp32, trained tensors
+  size_t master = 0;      // trained tensors: fp32, or the low halves of split masters
   size_t gradients = 0;   // fp32, trained tensors
   size_t frozen_f32 = 0;  // fp32 copies of frozen tensors read in fp32 (and, master_elsewhere, of trained ones)
 };
 
 class DeviceParams {
  public:
-  // Allocates every buffer (zeros). Names must be unique. master_elsewhere: no fp32 master here
-  // (master() is null); trained tensors read in fp32 get an fp32 working copy instead.
+  // Allocates every buffer (zeros). Names must be unique. master_elsewhere: no master here
+  // (the sharded training state keeps it); trained tensors read in fp32 get an fp32 working copy.
   // gradients: where each trained tensor's gradient lives (null: the trained layout).
   explicit DeviceParams(const std::vector<DeviceParamSpec>& specs, bool master_elsewhere = false,
                         const GradientPlacement* gradients = nullptr);
@@ -90,15 +97,22 @@ class DeviceParams {
                    cudaStream_t stream) const;
   bool master_elsewhere() const { return master_elsewhere_; }
 
-  // The trained tensors' flat layout (master and, unless placed otherwise, gradients share it) and
-  // buffers.
+  // The trained tensors' flat layout (gradients and the optimizer's moments follow it unless placed
+  // otherwise) and the gradient buffer.
   const ParamLayout& trained_layout() const { return trained_; }
-  float* master() const { return master_.as<float>(); }
   float* gradients() const { return grads_.as<float>(); }
   // Per trained piece, where its bf16 working weight lives (AdamW writes bf16(master) there).
   std::vector<__nv_bfloat16*> trained_weights_bf16() const;
-  // Rebuilds every trained tensor's bf16 weight from its master (after a restore; not with
-  // master_elsewhere).
+  // Per trained piece, where AdamW finds its master: fp32 with its bf16 copy, or split. Not with
+  // master_elsewhere.
+  std::vector<MasterSpan> trained_masters() const;
+  // Elements [first, first + count) of trained piece `index`'s master (fp32 values, split ones
+  // joined) to or from the host. Synchronous. Not with master_elsewhere. write_master leaves an fp32
+  // master's bf16 copy to refresh_trained_weights; a split one's high half is that copy.
+  void read_master(int index, int64_t first, int64_t count, float* host) const;
+  void write_master(int index, int64_t first, int64_t count, const float* host);
+  // Rebuilds every trained tensor's bf16 weight from its fp32 master (after a restore; not with
+  // master_elsewhere). Split masters hold theirs already.
   void refresh_trained_weights(cudaStream_t stream) const;
   // Zeroes the gradients; with leave_written_first, not those of the tensors named to
   // set_written_first (their first product of a step writes them: the routed experts'), so the
@@ -122,18 +136,24 @@ class DeviceParams {
     DeviceParamSpec spec;
     int64_t numel = 0;
     int64_t weight_offset = 0;  // in weights_ (bf16 elements)
-    int trained_index = -1;     // in trained_ (master; gradients unless placed elsewhere)
+    int trained_index = -1;     // in trained_ (gradients unless placed elsewhere)
+    int64_t master_offset = -1;  // in master_ (fp32 elements): trained tensors with an fp32 master here
+    int64_t low_offset = -1;     // in master_low_ (16-bit elements): split masters
     int64_t grad_offset = -1;   // in grads_ (fp32 elements), trained tensors
     bool grad_aliased = false;  // shares its gradient memory with other tensors
     int64_t frozen_offset = -1;  // in frozen_f32_ (fp32 elements), or -1
   };
   const Slot& slot(const std::string& name) const;
+  // Trained piece `index`'s slot, elements [first, first + count) checked against it.
+  const Slot& trained_slot(int index, int64_t first, int64_t count) const;
+  // Host fp32 values split into their halves and copied to the device (synchronous).
+  static void upload_split(const float* host, int64_t count, __nv_bfloat16* high, uint16_t* low);
 
   bool master_elsewhere_ = false;
   std::vector<Slot> slots_;
   std::unordered_map<std::string, int> index_;
-  ParamLayout weights_layout_, trained_, frozen_layout_;
-  DeviceBuffer weights_, master_, grads_, frozen_f32_;
+  ParamLayout weights_layout_, trained_, frozen_layout_, master_layout_, low_layout_;
+  DeviceBuffer weights_, master_, master_low_, grads_, frozen_f32_;
   // The pieces of grads_ zero_gradients(.., true) clears: all but the written-first tensors'
   // (element offset, count), in order.
   std::vector<std::pair<int64_t, int64_t>> zeroed_when_leaving_;

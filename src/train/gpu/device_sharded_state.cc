@@ -188,6 +188,8 @@ void DeviceTrainState::setup_sharded(const std::vector<GradientPhase>& phases) {
   bucket_bf16_ = reinterpret_cast<__nv_bfloat16*>(region + region_.bucket_bf16_at);
   bucket_f32_ = reinterpret_cast<float*>(region + region_.bucket_f32_at);
   for (const int64_t at : dense_weight_at) dense_weights_.push_back(piece_bf16_ + at);
+  expert_masters_ = flat_master_spans(experts_, master_.as<float>(), expert_weights_);
+  dense_masters_ = flat_master_spans(dense_, master_.as<float>() + dense_base_, dense_weights_);
 
   // The phases in backward order and, for each, how many groups are complete once it is.
   CHECK(layout_->num_groups() == 0 || !phases.empty() || layout_->num_groups() == 1,
@@ -312,13 +314,13 @@ void DeviceTrainState::sharded_adamw_step(double lr, const GradientScaling& scal
   const int64_t step = adam_step_ + 1;
   const size_t moment = dtype_size(adamw_.moment_dtype);
   if (experts_.num_tensors() > 0) {
-    adamw_step_cuda(experts_, adamw_, lr, step, scaling, master_.as<float>(), params_->gradients(), exp_avg_.data(),
-                    exp_avg_sq_.data(), expert_weights_, stream_);
+    adamw_step_cuda(experts_, adamw_, lr, step, scaling, expert_masters_, params_->gradients(), exp_avg_.data(),
+                    exp_avg_sq_.data(), stream_);
   }
   if (dense_.num_tensors() > 0) {
-    adamw_step_cuda(dense_, adamw_, lr, step, scaling, master_.as<float>() + dense_base_, piece_grads_.as<float>(),
+    adamw_step_cuda(dense_, adamw_, lr, step, scaling, dense_masters_, piece_grads_.as<float>(),
                     exp_avg_.as<char>() + dense_base_ * static_cast<int64_t>(moment),
-                    exp_avg_sq_.as<char>() + dense_base_ * static_cast<int64_t>(moment), dense_weights_, stream_);
+                    exp_avg_sq_.as<char>() + dense_base_ * static_cast<int64_t>(moment), stream_);
   }
   adam_step_ = step;
   gather_weights();

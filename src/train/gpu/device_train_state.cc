@@ -21,7 +21,7 @@ DeviceTrainState::DeviceTrainState(const std::vector<DeviceParamSpec>& specs, co
   CUDA_CHECK(cudaMemset(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes()));
   norm_scratch_ = DeviceBuffer(kSumOfSquaresWorkspaceBytes + 256);
   norm_host_ = static_cast<double*>(pinned_malloc(2 * sizeof(double), "train state: gradient norm"));
-  weights_of_pieces_ = params_->trained_weights_bf16();
+  masters_of_pieces_ = params_->trained_masters();
 }
 
 size_t DeviceTrainState::master_bytes() const { return sharded() ? master_.bytes() : params_->bytes().master; }
@@ -59,8 +59,8 @@ void DeviceTrainState::adamw_step(double lr, const GradientScaling& scaling) {
     sharded_adamw_step(lr, scaling);
     return;
   }
-  adamw_step_cuda(params_->trained_layout(), adamw_, lr, adam_step_ + 1, scaling, params_->master(),
-                  params_->gradients(), exp_avg_.data(), exp_avg_sq_.data(), weights_of_pieces_, stream_);
+  adamw_step_cuda(params_->trained_layout(), adamw_, lr, adam_step_ + 1, scaling, masters_of_pieces_,
+                  params_->gradients(), exp_avg_.data(), exp_avg_sq_.data(), stream_);
   ++adam_step_;
 }
 
@@ -75,7 +75,9 @@ void* DeviceTrainState::address(StateKind kind, int index, int64_t first, int64_
         first + count, ") are outside piece '", entry.name, "' of ", entry.numel);
   const int64_t element = entry.offset + first;
   switch (kind) {
-    case StateKind::master: return master_data() + element;
+    case StateKind::master:
+      CHECK(sharded(), "train state: one rank's masters are read and written through its parameters");
+      return master_.as<float>() + element;
     case StateKind::exp_avg:
       return exp_avg_.as<char>() + element * static_cast<int64_t>(dtype_size(adamw_.moment_dtype));
     case StateKind::exp_avg_sq:
@@ -86,12 +88,20 @@ void* DeviceTrainState::address(StateKind kind, int index, int64_t first, int64_
 
 void DeviceTrainState::read_state(StateKind kind, int index, int64_t first, int64_t count, void* host) const {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (kind == StateKind::master && !sharded()) {  // fp32 or split: DeviceParams knows which
+    params_->read_master(index, first, count, static_cast<float*>(host));
+    return;
+  }
   CUDA_CHECK(cudaMemcpy(host, address(kind, index, first, count),
                         static_cast<size_t>(count) * dtype_size(state_dtype(kind, adamw_)), cudaMemcpyDeviceToHost));
 }
 
 void DeviceTrainState::write_state(StateKind kind, int index, int64_t first, int64_t count, const void* host) {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (kind == StateKind::master && !sharded()) {
+    params_->write_master(index, first, count, static_cast<const float*>(host));
+    return;
+  }
   CUDA_CHECK(cudaMemcpy(address(kind, index, first, count), host,
                         static_cast<size_t>(count) * dtype_size(state_dtype(kind, adamw_)), cudaMemcpyHostToDevice));
 }
@@ -107,8 +117,6 @@ void DeviceTrainState::state_restored() {
   }
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
-
-float* DeviceTrainState::master_data() const { return sharded() ? master_.as<float>() : params_->master(); }
 
 std::vector<float> DeviceTrainState::read_piece_gradient(int index) const {
   const ParamEntry& entry = layout().entry(index);

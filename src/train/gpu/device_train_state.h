@@ -135,7 +135,6 @@ class DeviceTrainState : public TrainStateStore {
     std::vector<BucketSegment> segments;
   };
   void* address(StateKind kind, int index, int64_t first, int64_t count) const;
-  float* master_data() const;
   void setup_sharded(const std::vector<GradientPhase>& phases);
   void reduce_groups_before(int end_group);
   void start_sharded_sum_of_squares(double divisor, const double* expert_sums, int64_t num_expert_sums);
@@ -150,7 +149,7 @@ class DeviceTrainState : public TrainStateStore {
   DeviceBuffer norm_scratch_;  // the reduction's partials + the result (sharded: two results)
   double* norm_host_ = nullptr;  // pinned, two doubles
   int64_t adam_step_ = 0;
-  std::vector<__nv_bfloat16*> weights_of_pieces_;
+  std::vector<MasterSpan> masters_of_pieces_;  // one rank: AdamW's master per piece (DeviceParams')
 
   // Sharded only.
   const ParallelLayout* layout_ = nullptr;
@@ -169,6 +168,7 @@ class DeviceTrainState : public TrainStateStore {
   int64_t dense_base_ = 0;       // state offset of dense_'s element 0
   int64_t expert_elements_ = 0;  // expert pieces' span at the front of the state and of the gradients
   std::vector<__nv_bfloat16*> expert_weights_, dense_weights_;  // AdamW's bf16 outputs per piece
+  std::vector<MasterSpan> expert_masters_, dense_masters_;      // AdamW's masters per piece (fp32)
   std::vector<Bucket> buckets_;
   float* group_region_ = nullptr;   // where every dense gradient group lives while it is being built
   std::vector<GradientPhaseId> phase_ids_;  // the layout's phases, in backward order
