@@ -65,6 +65,14 @@ __device__ __forceinline__ uint2 pack_bf16(const float (&x)[kVector]) {
   const __nv_bfloat162 lo = __floats2bfloat162_rn(x[0], x[1]), hi = __floats2bfloat162_rn(x[2], x[3]);
   return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
 }
+// Four masters' bf16 working weights (their high halves, split_master.h), packed.
+__device__ __forceinline__ uint2 pack_high_halves(const float (&x)[kVector]) {
+  uint32_t halves[2] = {0, 0};
+#pragma unroll
+  for (int u = 0; u < kVector; ++u)
+    halves[u / 2] |= static_cast<uint32_t>(split_master_high(__float_as_uint(x[u]))) << (16 * (u % 2));
+  return make_uint2(halves[0], halves[1]);
+}
 __device__ __forceinline__ void store_moments(float* ptr, const float (&x)[kVector]) {
   *reinterpret_cast<float4*>(ptr) = make_float4(x[0], x[1], x[2], x[3]);
 }
@@ -73,7 +81,8 @@ __device__ __forceinline__ void store_moments(__nv_bfloat16* ptr, const float (&
 }
 
 // A span's master as the kernel sees it (MasterSpan on the device): kSplit false reads and writes
-// f32 (and writes weights, when set, with bf16(master)); kSplit true joins and splits the two halves.
+// f32 (and writes weights, when set, with the master's high half: bf16, ties away from zero, the
+// same weight a split master holds); kSplit true joins and splits the two halves.
 struct DeviceMaster {
   float* f32;
   __nv_bfloat16* weights;
@@ -98,7 +107,7 @@ __device__ __forceinline__ void store_master(const DeviceMaster& master, int64_t
     master.low[i] = split_master_low(bits);
   } else {
     master.f32[i] = p;
-    if (master.weights != nullptr) master.weights[i] = __float2bfloat16_rn(p);
+    if (master.weights != nullptr) master.weights[i] = __ushort_as_bfloat16(split_master_high(__float_as_uint(p)));
   }
 }
 
@@ -137,10 +146,10 @@ __device__ __forceinline__ void store_masters(const DeviceMaster& master, int64_
     *reinterpret_cast<float4*>(master.f32 + e) = make_float4(p[0], p[1], p[2], p[3]);
     if (master.weights == nullptr) return;
     if (master.weights_vector) {
-      *reinterpret_cast<uint2*>(master.weights + e) = pack_bf16(p);
+      *reinterpret_cast<uint2*>(master.weights + e) = pack_high_halves(p);
     } else {
 #pragma unroll
-      for (int u = 0; u < kVector; ++u) master.weights[e + u] = __float2bfloat16_rn(p[u]);
+      for (int u = 0; u < kVector; ++u) master.weights[e + u] = __ushort_as_bfloat16(split_master_high(__float_as_uint(p[u])));
     }
   }
 }

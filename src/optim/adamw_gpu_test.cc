@@ -68,7 +68,7 @@ struct SpanShift {
 
 // split: the master kept as the
 // bf16 weights (high halves, at shift.weights) and low halves (at shift.master); joined, it must
-// equal the CPU's fp32 master bit for bit, and the weights its ties-away bf16 rounding.
+// equal the CPU's fp32 master bit for bit. Either way the weights are its high halves.
 void check_span(DType moment_dtype, bool decay, int64_t count, uint64_t seed, SpanShift shift = {},
                 double divisor = 777.0, bool split = false) {
   std::printf("adamw span n=%lld moments %s decay %d, shifted by %d (bf16 weights %d), divisor %g%s\n",
@@ -141,13 +141,12 @@ void check_span(DType moment_dtype, bool decay, int64_t count, uint64_t seed, Sp
   const int64_t master_mismatch = count_mismatches(master_got, master_ref, count, 4);
   const int64_t m_mismatch = count_mismatches(shifted_download(m_d, moment_size, shift.master), m, count, moment_size);
   const int64_t v_mismatch = count_mismatches(shifted_download(v_d, moment_size, shift.master), v, count, moment_size);
-  // The bf16 weight copy is bf16(master) with round-to-nearest-even; a split master's high half
-  // rounds ties away from zero.
+  // The bf16 weight is the master's high half (ties away from zero) in both forms.
   std::vector<uint8_t> weights_ref(static_cast<size_t>(count) * 2);
   for (int64_t i = 0; i < count; ++i) {
-    uint16_t bits = float_to_bf16_bits(master[static_cast<size_t>(i)]), low;
-    if (split) split_master(master[static_cast<size_t>(i)], bits, low);
-    std::memcpy(weights_ref.data() + i * 2, &bits, 2);
+    uint16_t high, low;
+    split_master(master[static_cast<size_t>(i)], high, low);
+    std::memcpy(weights_ref.data() + i * 2, &high, 2);
   }
   const int64_t weights_mismatch = count_mismatches(weights_got, weights_ref, count, 2);
   std::printf("  after 4 steps: master max|diff| %.3e, mismatching elements: master %lld, m %lld, v %lld, "

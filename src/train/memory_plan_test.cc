@@ -12,6 +12,7 @@
 #include "model/param_table.h"
 #include "model/vision/vision_activations.h"
 #include "model/vision/vision_tower.h"
+#include "train/parallel_layout.h"
 
 namespace deltamoe {
 namespace {
@@ -49,7 +50,7 @@ int64_t numel_of(const ModelConfig& config, bool vision) {
 int64_t routed_expert_numel(const ModelConfig& config) {
   int64_t count = 0;
   for (const ParamSpec& spec : build_param_table(config))
-    if (is_routed_expert_stack(spec.name)) count += spec.shape.numel();
+    if (is_routed_expert_tensor(spec.name)) count += spec.shape.numel();
   return count;
 }
 

@@ -136,7 +136,7 @@ void DeviceParams::upload(const std::string& name, int64_t first, int64_t count,
     if (s.master_offset >= 0) {
       float* master = master_.as<float>() + s.master_offset + at;
       CUDA_CHECK(cudaMemcpy(master, f32, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
-      convert_f32_to_bf16_cuda(master, weight, n, nullptr);
+      master_weights_cuda(master, weight, n, nullptr);
     } else if (s.low_offset >= 0) {
       upload_split(f32, n, weight, master_low_.as<uint16_t>() + s.low_offset + at);
     } else {
@@ -144,8 +144,19 @@ void DeviceParams::upload(const std::string& name, int64_t first, int64_t count,
         CUDA_CHECK(cudaMemcpy(frozen_f32_.as<float>() + s.frozen_offset + at, f32, static_cast<size_t>(n) * 4,
                               cudaMemcpyHostToDevice));
       }
-      // bf16 in place in the staging buffer (the first half of it), then up.
-      convert_floats(f32, DType::f32, f32, DType::bf16, n);
+      // bf16 in place in the staging buffer (the first half of it), then up: a trained tensor's
+      // (master elsewhere) as its master's high half, as every trained weight is rounded
+      // (optim/split_master_cuda.h); a frozen one's to nearest even.
+      if (s.trained_index >= 0) {
+        auto* halves = reinterpret_cast<uint16_t*>(f32);
+        for (int64_t i = 0; i < n; ++i) {
+          uint32_t bits;
+          std::memcpy(&bits, f32 + i, 4);
+          halves[i] = split_master_high(bits);  // writes bytes [2i, 2i + 2), below the floats not yet read
+        }
+      } else {
+        convert_floats(f32, DType::f32, f32, DType::bf16, n);
+      }
       CUDA_CHECK(cudaMemcpy(weight, f32, static_cast<size_t>(n) * 2, cudaMemcpyHostToDevice));
     }
   }
@@ -178,7 +189,11 @@ void DeviceParams::randomize(uint64_t seed) {
                                                                  : temp.as<float>());
     init_param_cuda(s.spec.init, static_cast<float>(s.spec.init_std), values, s.numel, seed, name_stream(s.spec.name),
                     nullptr, s.spec.full_first);
-    convert_f32_to_bf16_cuda(values, weight, s.numel, nullptr);
+    if (s.trained_index >= 0) {
+      master_weights_cuda(values, weight, s.numel, nullptr);  // how every trained weight is rounded
+    } else {
+      convert_f32_to_bf16_cuda(values, weight, s.numel, nullptr);
+    }
   }
   CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -262,8 +277,8 @@ void DeviceParams::refresh_trained_weights(cudaStream_t stream) const {
   for (const ParamEntry& e : trained_.entries()) {
     const Slot& s = slot(e.name);
     if (s.master_offset < 0) continue;  // split: the weight is the master's high half
-    convert_f32_to_bf16_cuda(master_.as<float>() + s.master_offset, weights_.as<__nv_bfloat16>() + s.weight_offset,
-                             e.numel, stream);
+    master_weights_cuda(master_.as<float>() + s.master_offset, weights_.as<__nv_bfloat16>() + s.weight_offset,
+                        e.numel, stream);
   }
 }
 

@@ -15,6 +15,7 @@
 #include "core/tensor.h"
 #include "model/gpu/param_init.h"
 #include "optim/grad_accumulate_cuda.h"
+#include "optim/split_master_cuda.h"
 #include "kernels/common/sum_of_squares_cuda.h"
 #include "train/gpu/device_train_state.h"
 #include "train/sharded_region.h"
@@ -357,13 +358,13 @@ void DeviceTrainState::gather_weights() {
 void DeviceTrainState::restore_sharded_weights() {
   for (int i = 0; i < experts_.num_tensors(); ++i) {
     const ParamEntry& piece = experts_.entry(i);
-    convert_f32_to_bf16_cuda(master_.as<float>() + piece.offset, expert_weights_[static_cast<size_t>(i)], piece.numel,
-                             stream_);
+    master_weights_cuda(master_.as<float>() + piece.offset, expert_weights_[static_cast<size_t>(i)], piece.numel,
+                        stream_);
   }
   for (int i = 0; i < dense_.num_tensors(); ++i) {
     const ParamEntry& piece = dense_.entry(i);
-    convert_f32_to_bf16_cuda(master_.as<float>() + dense_base_ + piece.offset, dense_weights_[static_cast<size_t>(i)],
-                             piece.numel, stream_);
+    master_weights_cuda(master_.as<float>() + dense_base_ + piece.offset, dense_weights_[static_cast<size_t>(i)],
+                        piece.numel, stream_);
   }
   gather_weights();
 }
