@@ -65,12 +65,16 @@ __device__ __forceinline__ uint2 pack_bf16(const float (&x)[kVector]) {
   const __nv_bfloat162 lo = __floats2bfloat162_rn(x[0], x[1]), hi = __floats2bfloat162_rn(x[2], x[3]);
   return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
 }
-// Four masters' bf16 working weights (their high halves, split_master.h), packed.
-__device__ __forceinline__ uint2 pack_high_halves(const float (&x)[kVector]) {
+// Four masters' halves (split_master.h), packed: the bf16 working weights (high) or the low halves.
+template <bool kHigh>
+__device__ __forceinline__ uint2 pack_halves(const float (&x)[kVector]) {
   uint32_t halves[2] = {0, 0};
 #pragma unroll
-  for (int u = 0; u < kVector; ++u)
-    halves[u / 2] |= static_cast<uint32_t>(split_master_high(__float_as_uint(x[u]))) << (16 * (u % 2));
+  for (int u = 0; u < kVector; ++u) {
+    const uint32_t bits = __float_as_uint(x[u]);
+    const uint16_t half = kHigh ? split_master_high(bits) : split_master_low(bits);
+    halves[u / 2] |= static_cast<uint32_t>(half) << (16 * (u % 2));
+  }
   return make_uint2(halves[0], halves[1]);
 }
 __device__ __forceinline__ void store_moments(float* ptr, const float (&x)[kVector]) {
@@ -133,23 +137,17 @@ __device__ __forceinline__ void load_masters(const DeviceMaster& master, int64_t
 template <bool kSplit>
 __device__ __forceinline__ void store_masters(const DeviceMaster& master, int64_t e, const float (&p)[kVector]) {
   if constexpr (kSplit) {
-    uint32_t highs[2] = {0, 0}, lows[2] = {0, 0};
-#pragma unroll
-    for (int u = 0; u < kVector; ++u) {
-      const uint32_t bits = __float_as_uint(p[u]);
-      highs[u / 2] |= static_cast<uint32_t>(split_master_high(bits)) << (16 * (u % 2));
-      lows[u / 2] |= static_cast<uint32_t>(split_master_low(bits)) << (16 * (u % 2));
-    }
-    *reinterpret_cast<uint2*>(master.weights + e) = make_uint2(highs[0], highs[1]);
-    *reinterpret_cast<uint2*>(master.low + e) = make_uint2(lows[0], lows[1]);
+    *reinterpret_cast<uint2*>(master.weights + e) = pack_halves<true>(p);
+    *reinterpret_cast<uint2*>(master.low + e) = pack_halves<false>(p);
   } else {
     *reinterpret_cast<float4*>(master.f32 + e) = make_float4(p[0], p[1], p[2], p[3]);
     if (master.weights == nullptr) return;
     if (master.weights_vector) {
-      *reinterpret_cast<uint2*>(master.weights + e) = pack_high_halves(p);
+      *reinterpret_cast<uint2*>(master.weights + e) = pack_halves<true>(p);
     } else {
 #pragma unroll
-      for (int u = 0; u < kVector; ++u) master.weights[e + u] = __ushort_as_bfloat16(split_master_high(__float_as_uint(p[u])));
+      for (int u = 0; u < kVector; ++u)
+        master.weights[e + u] = __ushort_as_bfloat16(split_master_high(__float_as_uint(p[u])));
     }
   }
 }

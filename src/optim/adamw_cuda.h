@@ -25,8 +25,9 @@ struct GradientScaling {
 };
 
 // Where a span's fp32 master lives: an fp32 array (f32; weights_bf16, when not null, is written
-// with its bf16 copy, the high half a split master would keep: ties away from zero), or split (split_master.h): the bf16 working weights
-// (weights_bf16, the high halves) and `low`, the low halves. Exactly one of f32 and low is set.
+// with its bf16 copy, the high half a split master would keep: ties away from zero), or split
+// (split_master.h): the bf16 working weights (weights_bf16, the high halves) and `low`, the low
+// halves. Exactly one of f32 and low is set.
 struct MasterSpan {
   float* f32 = nullptr;
   __nv_bfloat16* weights_bf16 = nullptr;

@@ -2,9 +2,9 @@
 // every tensor, the fp32 master and the fp32 gradients of the trained ones, and fp32 copies of the
 // frozen tensors the math reads in fp32. A trained tensor the math reads only in bf16 may keep its
 // master split (optim/split_master.h): its bf16 weight is the master's high half and a 16-bit low
-// half lies beside it, 2 bytes a parameter instead of 4 + AdamW's separate bf16 write. Frozen tensors have no master and no gradient. The GPU
-// models read it through typed views (DeviceParam) bound once; the engine's training state adds the
-// optimizer moments on top.
+// half lies beside it, 2 bytes a parameter instead of 4 + AdamW's separate bf16 write. Frozen
+// tensors have no master and no gradient. The GPU models read it through typed views (DeviceParam)
+// bound once; the engine's training state adds the optimizer moments on top.
 // On one rank of a parallel job (master_elsewhere): a tensor may be a slice of the model's (the
 // rank's own routed experts, [E_local, ...]), and the fp32 master lives with the sharded training
 // state (DeviceTrainState) instead: trained tensors keep their fp32 gradient here where the state
