@@ -243,12 +243,17 @@ void DeviceParams::read_master(int index, int64_t first, int64_t count, float* h
                           cudaMemcpyDeviceToHost));
     return;
   }
-  std::vector<uint16_t> high(static_cast<size_t>(count)), low(static_cast<size_t>(count));
-  CUDA_CHECK(cudaMemcpy(high.data(), weights_.as<__nv_bfloat16>() + s.weight_offset + first, high.size() * 2,
-                        cudaMemcpyDeviceToHost));
-  CUDA_CHECK(cudaMemcpy(low.data(), master_low_.as<uint16_t>() + s.low_offset + first, low.size() * 2,
-                        cudaMemcpyDeviceToHost));
-  for (size_t i = 0; i < high.size(); ++i) host[i] = join_split_master_float(high[i], low[i]);
+  // Split: both halves down a chunk at a time, joined on the host.
+  const int64_t chunk = std::min(count, kStagingElements);
+  std::vector<uint16_t> high(static_cast<size_t>(chunk)), low(static_cast<size_t>(chunk));
+  for (int64_t done = 0; done < count; done += chunk) {
+    const int64_t n = std::min(chunk, count - done);
+    CUDA_CHECK(cudaMemcpy(high.data(), weights_.as<__nv_bfloat16>() + s.weight_offset + first + done,
+                          static_cast<size_t>(n) * 2, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(low.data(), master_low_.as<uint16_t>() + s.low_offset + first + done,
+                          static_cast<size_t>(n) * 2, cudaMemcpyDeviceToHost));
+    for (int64_t i = 0; i < n; ++i) host[done + i] = join_split_master_float(high[i], low[i]);
+  }
 }
 
 void DeviceParams::write_master(int index, int64_t first, int64_t count, const float* host) {
@@ -266,10 +271,14 @@ void DeviceParams::write_master(int index, int64_t first, int64_t count, const f
 }
 
 void DeviceParams::upload_split(const float* host, int64_t count, __nv_bfloat16* high, uint16_t* low) {
-  std::vector<uint16_t> highs(static_cast<size_t>(count)), lows(static_cast<size_t>(count));
-  for (size_t i = 0; i < highs.size(); ++i) split_master(host[i], highs[i], lows[i]);
-  CUDA_CHECK(cudaMemcpy(high, highs.data(), highs.size() * 2, cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(low, lows.data(), lows.size() * 2, cudaMemcpyHostToDevice));
+  const int64_t chunk = std::min(count, kStagingElements);
+  std::vector<uint16_t> highs(static_cast<size_t>(chunk)), lows(static_cast<size_t>(chunk));
+  for (int64_t done = 0; done < count; done += chunk) {
+    const int64_t n = std::min(chunk, count - done);
+    for (int64_t i = 0; i < n; ++i) split_master(host[done + i], highs[i], lows[i]);
+    CUDA_CHECK(cudaMemcpy(high + done, highs.data(), static_cast<size_t>(n) * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(low + done, lows.data(), static_cast<size_t>(n) * 2, cudaMemcpyHostToDevice));
+  }
 }
 
 void DeviceParams::refresh_trained_weights(cudaStream_t stream) const {

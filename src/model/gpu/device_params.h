@@ -146,7 +146,8 @@ class DeviceParams {
   const Slot& slot(const std::string& name) const;
   // Trained piece `index`'s slot, elements [first, first + count) checked against it.
   const Slot& trained_slot(int index, int64_t first, int64_t count) const;
-  // Host fp32 values split into their halves and copied to the device (synchronous).
+  // Host fp32 values split into their halves and copied to the device, a staging chunk at a time
+  // (synchronous).
   static void upload_split(const float* host, int64_t count, __nv_bfloat16* high, uint16_t* low);
 
   bool master_elsewhere_ = false;
