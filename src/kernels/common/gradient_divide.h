@@ -17,11 +17,7 @@
 #include <cmath>
 #include <initializer_list>
 
-#if defined(__CUDACC__)
-#define DELTAMOE_HOST_DEVICE __host__ __device__
-#else
-#define DELTAMOE_HOST_DEVICE
-#endif
+#include "kernels/common/host_device.h"
 
 namespace deltamoe {
 

@@ -204,13 +204,6 @@ void DeviceParams::init_values(const std::string& name, int64_t first, int64_t c
   init_param_cuda(spec.init, static_cast<float>(spec.init_std), out, count, seed, name_stream(name), stream, first);
 }
 
-std::vector<__nv_bfloat16*> DeviceParams::trained_weights_bf16() const {
-  std::vector<__nv_bfloat16*> out;
-  for (const ParamEntry& e : trained_.entries())
-    out.push_back(weights_.as<__nv_bfloat16>() + slot(e.name).weight_offset);
-  return out;
-}
-
 std::vector<MasterSpan> DeviceParams::trained_masters() const {
   CHECK(!master_elsewhere_, "device params: the master of these weights is kept by the sharded training state");
   std::vector<MasterSpan> out;

@@ -101,8 +101,6 @@ class DeviceParams {
   // otherwise) and the gradient buffer.
   const ParamLayout& trained_layout() const { return trained_; }
   float* gradients() const { return grads_.as<float>(); }
-  // Per trained piece, where its bf16 working weight lives (AdamW writes bf16(master) there).
-  std::vector<__nv_bfloat16*> trained_weights_bf16() const;
   // Per trained piece, where AdamW finds its master: fp32 with its bf16 copy, or split. Not with
   // master_elsewhere.
   std::vector<MasterSpan> trained_masters() const;

@@ -13,7 +13,6 @@
 #include "core/device_alloc.h"
 #include "core/error.h"
 #include "core/tensor.h"
-#include "model/gpu/param_init.h"
 #include "optim/grad_accumulate_cuda.h"
 #include "optim/split_master_cuda.h"
 #include "kernels/common/sum_of_squares_cuda.h"
