@@ -1,16 +1,14 @@
 // The gradient's division by the step's supervised-token count on the device, as the CPU engine
 // does it (divide_gradient: fl32(fl64(g) / divisor)), shared by the sum of squares behind the
-// gradient norm (sum_of_squares.cu, and the grouped GEMM's dW epilogue that forms it) and AdamW
-// (optim/adamw.cu). Plain C++ apart from the device function at the end, so that a CPU test checks
-// the arithmetic (gradient_divide_test).
+// gradient norm (sum_of_squares.cu) and AdamW (optim/adamw.cu). Plain C++ apart from the device
+// function at the end, so that a CPU test checks the arithmetic (gradient_divide_test).
 //
 // When the divisor is an integer below 2^24 (a token count) the quotient is formed in fp32: the
 // correctly rounded fp32 quotient of two such numbers equals the fp64 one rounded to fp32 (the
 // exact quotient is never within an fp64 half-ulp of an fp32 rounding midpoint unless it is one).
-// And not by fp32 division either, a sequence of ~10 instructions with a slow path, which made
-// the dW epilogue's squares cost as much as its stores: by the correctly rounded reciprocal r and
-// one FMA correction (Markstein), q0 = g r, q = q0 + (g - q0 d) r, which is the correctly rounded
-// quotient whenever that is a normal number. A quotient below 2^-125 (or an infinite g) takes the
+// And not by fp32 division either, a sequence of ~10 instructions with a slow path: by the
+// correctly rounded reciprocal r and one FMA correction (Markstein), q0 = g r, q = q0 + (g - q0 d) r,
+// which is the correctly rounded quotient whenever that is a normal number. A quotient below 2^-125 (or an infinite g) takes the
 // division.
 #pragma once
 
@@ -76,40 +74,12 @@ DELTAMOE_HOST_DEVICE inline float divide_by_integer(float g, float d, float r) {
 #endif
 }
 
-// divide_by_integer's reciprocal-and-correction step alone, without its test and rare division: the
-// quotient a sum of squares takes where it is formed per element inside a product's epilogue (the
-// grouped GEMM's dW). Wherever divide_by_integer takes that step (|q| >= 2^-125) the two agree bit
-// for bit, so a sum of normal quotients' squares is unchanged; below, the square (under 2^-250)
-// may be off by far less than an fp64 ulp of any sum holding a normal square, and an infinite g
-// gives NaN instead of an infinity (the sum is not finite either way). Zeros give zero (their sign
-// may differ, their square does not). The per-element test and its out-of-line division had cost
-// the dW epilogue more than its stores: 1.72 against 1.01 ms at 35B widths on an H100.
-DELTAMOE_HOST_DEVICE inline float divide_by_integer_unchecked(float g, float d, float r) {
-#if defined(__CUDA_ARCH__)
-  const float q0 = __fmul_rn(g, r);
-  return __fmaf_rn(__fmaf_rn(-q0, d, g), r, q0);
-#else
-  const float q0 = g * r;
-  return std::fma(std::fma(-q0, d, g), r, q0);
-#endif
-}
-
 #if defined(__CUDACC__)
 template <GradientDivide kDivide>
 __device__ __forceinline__ float divide_gradient(float g, const GradientDivisor& divisor) {
   if constexpr (kDivide == GradientDivide::f32) return divide_by_integer(g, divisor.f32, divisor.reciprocal);
   if constexpr (kDivide == GradientDivide::f64) return __double2float_rn(__ddiv_rn(static_cast<double>(g), divisor.f64));
   return g;
-}
-
-// The quotient a per-element sum of squares takes: divide_gradient's, with the integer form
-// unchecked (divide_by_integer_unchecked).
-template <GradientDivide kDivide>
-__device__ __forceinline__ float divide_gradient_for_squares(float g, const GradientDivisor& divisor) {
-  if constexpr (kDivide == GradientDivide::f32)
-    return divide_by_integer_unchecked(g, divisor.f32, divisor.reciprocal);
-  else
-    return divide_gradient<kDivide>(g, divisor);
 }
 #endif
 

@@ -40,10 +40,14 @@ void grouped_gemm_rows_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, bool
 enum class WeightGradOutput { added_to, written };
 
 // The sum of squares of a written weight gradient as the optimizer's gradient norm counts it:
-// *sum = sum over c's elements of fl32(fl64(c) / divisor)^2 in fp64 (kernels/common/
-// sum_of_squares_cuda.h), deterministic. The sm_90a "written" kernel forms it from the products'
-// registers as it stores them, so the norm need not read c back (4 bytes per parameter); the other
-// kernels sum c after the product. scratch: kWeightGradSquaresScratchBytes of device memory.
+// *sum = sum over c's elements of (c / divisor)^2 in fp64, deterministic (the same bits every call).
+// The other kernels sum c after the product (sum_of_squares_cuda.h: fl32(fl64(c) / divisor)^2). The
+// sm_90a "written" kernel forms it from the products' registers as it stores them, so the norm need
+// not read c back (4 bytes per parameter): the undivided squares, their total times 1 / divisor^2,
+// within kWrittenSquaresRelError of the other form (which rounds each quotient to fp32).
+// scratch: kWeightGradSquaresScratchBytes of device memory.
+// |fl32(q)^2 - q^2| <= (2 u + u^2) q^2 with u = 2^-24, and fp64's roundings: rounded up.
+constexpr double kWrittenSquaresRelError = 1.5e-7;
 struct WeightGradSquares {
   double* sum = nullptr;
   double divisor = 1.0;

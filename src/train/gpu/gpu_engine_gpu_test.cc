@@ -23,6 +23,7 @@
 #include "checkpoint/stored_tensor.h"
 #include "core/error.h"
 #include "kernels/common/tensor_compare.h"
+#include "kernels/grouped_gemm/grouped_gemm_cuda.h"
 #include "model/config.h"
 #include "model/vision/mrope_positions.h"
 #include "optim/grad_clip.h"
@@ -422,7 +423,7 @@ TEST(GpuEngine, TrainStepIsTheAccumulatedGradientAndTheCpuAdamW) {
 
 // A step of one micro-batch, where the routed experts' products form their sums of squares as
 // they write them and the norm reads only the other gradients: its norm is that of the gradient it
-// leaves behind, within fp64 order noise, step after step (TrainStepIs... checks two micro-batches).
+// leaves behind, within the epilogue sums' bound, step after step (TrainStepIs... checks two micro-batches).
 TEST(GpuEngine, StepNormIsThatOfTheGradientItLeaves) {
   Fixture& f = fixture();
   EngineOptions options = engine_options({false, false, false});
@@ -448,7 +449,8 @@ TEST(GpuEngine, StepNormIsThatOfTheGradientItLeaves) {
                 result.grad_norm, norm);
     EXPECT_TRUE(gpu.last_step_summed_expert_squares()) << "the experts' norm share was read back, not summed";
     EXPECT_GT(norm, 0.0);
-    EXPECT_NEAR(result.grad_norm, norm, 1e-12 * norm) << batches.size() << " micro-batch(es)";
+    // The experts' share within kWrittenSquaresRelError (the undivided squares), so the norm within half.
+    EXPECT_NEAR(result.grad_norm, norm, 0.5 * kWrittenSquaresRelError * norm) << batches.size() << " micro-batch(es)";
   }
 }
 
