@@ -197,7 +197,7 @@ std::string MemoryPlan::describe() const {
   line("fp32 copies of frozen", frozen_f32, "norms, gates, tables read in fp32");
   if (sharding > 0) line("ZeRO-2 step buffers", sharding, "this rank's reduced gradient pieces");
   line("text activations", text.activations,
-       str_cat(max_tokens, " tokens per micro-batch", keep_expert_rows ? ", experts' gate/up rows kept" : "",
+       str_cat(max_tokens, " tokens per micro-batch", keep_expert_rows ? ", experts' inputs and gate/up rows kept" : "",
                keep_gdn_forward ? ", GDN forward kept" : ""));
   line("text workspace + inputs", text.workspace + text.inputs, "");
   if (max_patches > 0) {

@@ -162,13 +162,15 @@ TEST(MemoryPlan, FullRecomputeTakesEveryVisionBlock) {
   EXPECT_EQ(plan_training_memory(config, frozen).vision.activations, frozen_bytes);
 }
 
-// Keeping the experts' gate/up rows adds T K x 2 I bf16 (256-byte aligned) to each layer that is
-// not fully recomputed and nothing else; a fully recomputed layer recomputes them.
-TEST(MemoryPlan, KeptExpertRowsCostEachKeptLayerItsGateUpRows) {
+// Keeping the experts' rows adds T K x C and T K x 2 I bf16 (each 256-byte aligned) to each layer
+// that is not fully recomputed and nothing else; a fully recomputed layer forms them again.
+TEST(MemoryPlan, KeptExpertRowsCostEachKeptLayerItsInputAndGateUpRows) {
   const ModelConfig config = four_layer_model();
   const TextConfig& text = config.text;
-  const size_t rows_bytes =
-      (static_cast<size_t>(8192 * text.num_experts_per_tok * 2 * text.moe_intermediate_size * 2) + 255) / 256 * 256;
+  const auto aligned = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  const size_t rows = static_cast<size_t>(8192 * text.num_experts_per_tok);
+  const size_t rows_bytes = aligned(rows * static_cast<size_t>(text.hidden_size) * 2) +
+                            aligned(rows * static_cast<size_t>(2 * text.moe_intermediate_size) * 2);
   for (const int64_t recomputed : {int64_t{0}, int64_t{1}, int64_t{4}}) {
     EngineOptions options = run_options(false);
     options.recompute.layers = recomputed;

@@ -21,8 +21,9 @@ struct RecomputeOptions {
   // everything fits, else the fewest ViT blocks, then (all of those and) the fewest decoder layers
   // with which the plan fits (a run that does not fit even then is refused as before).
   bool automatic = false;
-  // The routed experts' gate/up rows of every layer not fully recomputed are kept from the
-  // forward ([T K, 2 I] bf16 a layer), so that the experts' backward skips recomputing them. The
+  // The routed experts' permuted inputs and gate/up rows of every layer not fully recomputed are
+  // kept from the forward ([T K, C + 2 I] bf16 a layer), so that the experts' backward skips forming
+  // them again (a permute and a grouped GEMM). The
   // GPU engine sets it when the plan has room for them as it stands (after --recompute's own
   // choice it never recomputes more to make room); never with expert parallelism.
   bool keep_expert_rows = false;

@@ -123,17 +123,18 @@ size_t moe_experts_lora_workspace_bytes(const MoeExpertsDims& d, int64_t rank) {
 void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
                               const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
                               __nv_bfloat16* y, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                              const MoeExpertsLora* lora, __nv_bfloat16* keep_gate_up) {
+                              const MoeExpertsLora* lora, const MoeExpertRows* keep) {
   check_dims(dims, "moe_experts_forward_cuda");
   if (dims.num_tokens == 0) return;
   const int64_t rows = dims.num_tokens * dims.top_k, C = dims.hidden, I = dims.intermediate, E = dims.num_experts;
   WorkspaceCarver carve("moe_experts", workspace, workspace_bytes);
   const size_t tile_bytes = grouped_gemm_rows_workspace_bytes(E);
   void* tiles = carve.take<char>(static_cast<int64_t>(tile_bytes));
-  nvbf16* xp = carve.take<nvbf16>(rows * C);  // later reused for the expert outputs
+  nvbf16* xp_scratch = carve.take<nvbf16>(rows * C);  // later the expert outputs
   nvbf16* gu_scratch = carve.take<nvbf16>(rows * 2 * I);
   nvbf16* h = carve.take<nvbf16>(rows * I);
-  nvbf16* gu = keep_gate_up != nullptr ? keep_gate_up : gu_scratch;
+  nvbf16* xp = keep != nullptr && keep->inputs != nullptr ? keep->inputs : xp_scratch;
+  nvbf16* gu = keep != nullptr && keep->gate_up != nullptr ? keep->gate_up : gu_scratch;
 
   moe_permute_cuda(x, plan.sorted_slot, xp, rows, C, dims.top_k, stream);
   grouped_gemm_rows_cuda(xp, gate_up, true, gu, DType::bf16, plan.expert_offsets, E, rows, 2 * I, C, tiles, tile_bytes,
@@ -148,7 +149,7 @@ void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& 
   else
     launch_swiglu_forward<1>(gu, h, rows, I, stream);
   CUDA_CHECK_LAUNCH();
-  nvbf16* y_expert = xp;
+  nvbf16* y_expert = xp_scratch;
   grouped_gemm_rows_cuda(h, down, true, y_expert, DType::bf16, plan.expert_offsets, E, rows, C, I, tiles, tile_bytes,
                          stream);
   if (lora != nullptr && lora->down.attached()) {
@@ -163,7 +164,7 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
                                const __nv_bfloat16* dy, __nv_bfloat16* dx, float* d_topk_weight, float* d_gate_up,
                                float* d_down, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                                const MoeExpertsLora* lora, WeightGradOutput expert_grads,
-                               const ExpertGradSquares* squares, const __nv_bfloat16* kept_gate_up) {
+                               const ExpertGradSquares* squares, const MoeExpertRows* kept) {
   check_dims(dims, "moe_experts_backward_cuda");
   CHECK(squares == nullptr || expert_grads == WeightGradOutput::written,
         "moe_experts_backward_cuda: the gradients' sums of squares are formed when they are written");
@@ -186,15 +187,16 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
   WorkspaceCarver carve("moe_experts", workspace, workspace_bytes);
   const size_t tile_bytes = grouped_gemm_rows_workspace_bytes(E);
   void* tiles = carve.take<char>(static_cast<int64_t>(tile_bytes));
-  nvbf16* xp = carve.take<nvbf16>(rows * C);
+  nvbf16* xp_scratch = carve.take<nvbf16>(rows * C);
   nvbf16* dyp = carve.take<nvbf16>(rows * C);     // later reused for the permuted input gradient
   nvbf16* d_gu = carve.take<nvbf16>(rows * 2 * I);  // the recomputed gu, then (in place) d_gu
   float* dh_u = carve.take<float>(rows * I);
   nvbf16* hw = carve.take<nvbf16>(rows * I);
 
-  // gu = x W_gu^T in expert-major order: the forward's kept rows, else recomputed (the same bits:
-  // the same product of the same operands).
-  moe_permute_cuda(x, plan.sorted_slot, xp, rows, C, dims.top_k, stream);
+  // xp = x in expert-major order and gu = xp W_gu^T: the forward's kept rows, else formed again.
+  const nvbf16* xp = kept != nullptr && kept->inputs != nullptr ? kept->inputs : xp_scratch;
+  if (xp == xp_scratch) moe_permute_cuda(x, plan.sorted_slot, xp_scratch, rows, C, dims.top_k, stream);
+  const nvbf16* kept_gate_up = kept != nullptr ? kept->gate_up : nullptr;
   const nvbf16* gu = kept_gate_up != nullptr ? kept_gate_up : d_gu;
   if (kept_gate_up == nullptr) {
     grouped_gemm_rows_cuda(xp, gate_up, true, d_gu, DType::bf16, plan.expert_offsets, E, rows, 2 * I, C, tiles,

@@ -45,14 +45,21 @@ size_t moe_experts_lora_workspace_bytes(const MoeExpertsDims& dims, int64_t rank
 
 // Workspace (bytes) of the forward and the backward: moe_experts_sizes.h.
 
+// Expert-major rows a forward keeps for its backward, which then need not form them again (null:
+// not kept): the permuted inputs [T K, C] bf16 and the gate/up rows [T K, 2I] bf16 (adapters
+// included). Each may be kept without the other.
+struct MoeExpertRows {
+  __nv_bfloat16* inputs = nullptr;
+  __nv_bfloat16* gate_up = nullptr;
+};
+
 // x [T, C] bf16; topk_weight [T, K] f32; gate_up [E, 2I, C] bf16; down [E, C, I] bf16;
 // y [T, C] bf16 written (each token sums its K weighted expert outputs in slot order, in fp32).
-// keep_gate_up (null: none): [T K, 2I] bf16 that receives the expert-major gate/up rows (adapters
-// included), for a backward that then need not recompute them.
+// keep (null: nothing kept): the rows written into its buffers, for the backward's `kept`.
 void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
                               const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
                               __nv_bfloat16* y, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                              const MoeExpertsLora* lora = nullptr, __nv_bfloat16* keep_gate_up = nullptr);
+                              const MoeExpertsLora* lora = nullptr, const MoeExpertRows* keep = nullptr);
 
 // The sums of squares of written expert gradients as the optimizer's norm counts them (the grouped
 // GEMM's WeightGradSquares): *gate_up and *down (device doubles) set; scratch of
@@ -67,8 +74,9 @@ struct ExpertGradSquares {
 // dy [T, C] bf16 -> dx [T, C] bf16 and d_topk_weight [T, K] f32 written; d_gate_up [E, 2I, C]
 // and d_down [E, C, I] f32 added to, or with expert_grads = written overwritten (zeros for experts
 // without rows, and everywhere when T = 0), so that a step's first product needs no zeroed
-// gradient (null: frozen, the weight products are skipped). The gate/up rows come from
-// kept_gate_up (the same forward's keep_gate_up, unchanged here), else they are recomputed.
+// gradient (null: frozen, the weight products are skipped). The permuted inputs and the gate/up
+// rows come from `kept` (the same forward's `keep`, read only here) where it holds them, else they
+// are formed again (the same bits: the same permute, the same product of the same operands).
 // squares (written only; null: none): each written gradient's sum of squares, 0 for one not formed.
 void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
                                const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
@@ -76,8 +84,7 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
                                float* d_down, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                                const MoeExpertsLora* lora = nullptr,
                                WeightGradOutput expert_grads = WeightGradOutput::added_to,
-                               const ExpertGradSquares* squares = nullptr,
-                               const __nv_bfloat16* kept_gate_up = nullptr);
+                               const ExpertGradSquares* squares = nullptr, const MoeExpertRows* kept = nullptr);
 
 // Pieces, exposed for the tests and for fusing later. R = T*K expert-major rows.
 // xp[r] = x[sorted_slot[r] / K]: [R, C] bf16.

@@ -1,6 +1,6 @@
 // GPU test of the routed experts against the CPU reference: routing plan (exact), forward,
 // backward (dx, routing-weight and weight gradients) over T=1, odd H, experts without tokens,
-// and the Qwen3.5-35B-A3B widths; determinism, also with the forward's gate/up rows kept for the
+// and the Qwen3.5-35B-A3B widths; determinism, also with the forward's expert rows kept for the
 // backward; timing at 8192 tokens.
 #include <gtest/gtest.h>
 
@@ -245,9 +245,9 @@ TEST(MoeExpertsGpu, MatchesReference) {
 // with --gtest_filter=-*Widths35B*.
 TEST(MoeExpertsGpu, MatchesReferenceWidths35B) { check_case({64, 2048, 256, 256, 8, 512}, 1070); }
 
-// Two runs give the same bits; so does a third whose forward keeps the gate/up rows and whose
-// backward takes them instead of recomputing them (the same product of the same operands), on the
-// 16-byte path (I = 96) and the element path (I = 37).
+// Two runs give the same bits; so does a third whose forward keeps the permuted inputs and the
+// gate/up rows and whose backward takes them instead of forming them again (the same permute, the
+// same product of the same operands), on the 16-byte path (I = 96) and the element path (I = 37).
 TEST(MoeExpertsGpu, IsDeterministicAndKeptRowsGiveTheSameBits) {
   for (const ExpertCase& c : {ExpertCase{200, 256, 16, 12, 4, 96}, ExpertCase{50, 40, 8, 6, 2, 37}}) {
     const MoeExpertsDims dims{c.tokens, c.hidden, c.experts, c.top_k, c.inter};
@@ -260,9 +260,11 @@ TEST(MoeExpertsGpu, IsDeterministicAndKeptRowsGiveTheSameBits) {
     DeviceTensor dy_d = to_device(random_normal_tensor({c.tokens, c.hidden}, 9), DType::bf16);
     DeviceBuffer fwd_ws(moe_experts_forward_workspace_bytes(dims)), bwd_ws(moe_experts_backward_workspace_bytes(dims));
     DeviceTensor kept = device_tensor(DType::bf16, {c.tokens * c.top_k, 2 * c.inter});
+    DeviceTensor kept_inputs = device_tensor(DType::bf16, {c.tokens * c.top_k, c.hidden});
+    const MoeExpertRows kept_rows{bf16_mut(kept_inputs), bf16_mut(kept)};
     // One backward onto zeroed gradients over a poisoned workspace: dx, d_topk_weight, d_gate_up,
     // d_down.
-    auto backward = [&](const DevicePlan& p, const __nv_bfloat16* kept_rows) {
+    auto backward = [&](const DevicePlan& p, const MoeExpertRows* rows_kept) {
       DeviceTensor dx_d = device_tensor(DType::bf16, {c.tokens, c.hidden});
       DeviceTensor dw_d = device_tensor(DType::f32, {c.tokens, c.top_k});
       DeviceTensor d_gu_d = device_tensor(DType::f32, {c.experts, 2 * c.inter, c.hidden});
@@ -273,7 +275,7 @@ TEST(MoeExpertsGpu, IsDeterministicAndKeptRowsGiveTheSameBits) {
       moe_experts_backward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
                                 bf16_ptr(dy_d), bf16_mut(dx_d), f32_ptr(dw_d), f32_ptr(d_gu_d), f32_ptr(d_down_d),
                                 bwd_ws.data(), bwd_ws.bytes(), nullptr, nullptr, WeightGradOutput::added_to, nullptr,
-                                kept_rows);
+                                rows_kept);
       std::vector<HostTensor> out;
       for (DeviceTensor* t : {&dx_d, &dw_d, &d_gu_d, &d_down_d}) out.push_back(to_host(t->view));
       return out;
@@ -285,18 +287,28 @@ TEST(MoeExpertsGpu, IsDeterministicAndKeptRowsGiveTheSameBits) {
       DeviceTensor y_d = device_tensor(DType::bf16, {c.tokens, c.hidden});
       // The workspaces are poisoned between the passes: nothing may carry over but the kept rows.
       device_fill_bytes(kept.view, 0xFF);
+      device_fill_bytes(kept_inputs.view, 0xFF);
       moe_experts_forward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
                                bf16_mut(y_d), fwd_ws.data(), fwd_ws.bytes(), nullptr, nullptr,
-                               keep ? bf16_mut(kept) : nullptr);
+                               keep ? &kept_rows : nullptr);
       CUDA_CHECK(cudaMemset(fwd_ws.data(), 0xFF, fwd_ws.bytes()));
       outputs[run].push_back(to_host(y_d.view));
-      for (HostTensor& t : backward(p, keep ? bf16_ptr(kept) : nullptr)) outputs[run].push_back(std::move(t));
+      for (HostTensor& t : backward(p, keep ? &kept_rows : nullptr)) outputs[run].push_back(std::move(t));
     }
-    // The backward reads the kept rows: zeroed rows (silu(0) * 0 = 0) must change its outputs.
+    // The backward reads the kept rows: zeroed gate/up rows (silu(0) * 0 = 0) must change d_down,
+    // zeroed inputs d_gate_up (d_gate_up = d_gu^T xp), each with the other left as the forward kept it.
     {
       DevicePlan p = build_plan(idx_d, dims);
+      const MoeExpertRows gate_up_only{nullptr, bf16_mut(kept)};
+      device_fill_bytes(kept_inputs.view, 0);
+      const std::vector<HostTensor> zeroed_inputs = backward(p, &kept_rows);
+      EXPECT_NE(std::memcmp(zeroed_inputs[2].data(), outputs[2][3].data(), zeroed_inputs[2].nbytes()), 0)
+          << "I " << c.inter << ": the backward ignored the kept inputs (d_gate_up unchanged)";
+      const std::vector<HostTensor> inputs_formed = backward(p, &gate_up_only);
+      EXPECT_EQ(std::memcmp(inputs_formed[2].data(), outputs[2][3].data(), inputs_formed[2].nbytes()), 0)
+          << "I " << c.inter << ": the inputs permuted again differ from the kept ones";
       device_fill_bytes(kept.view, 0);
-      const std::vector<HostTensor> zeroed = backward(p, bf16_ptr(kept));
+      const std::vector<HostTensor> zeroed = backward(p, &gate_up_only);
       EXPECT_NE(std::memcmp(zeroed[3].data(), outputs[2][4].data(), zeroed[3].nbytes()), 0)
           << "I " << c.inter << ": the backward ignored the kept rows (d_down unchanged)";
     }

@@ -58,11 +58,14 @@ void carve_moe_saved(ArenaCarver& c, const TextConfig& cfg, int64_t T, bool keep
   m->topk_idx = c.take<int32_t>(T * K);
   m->topk_weight = c.take<float>(T * K);
   m->plan_memory = c.take_bytes(moe_routing_plan_bytes(T, E, K));
-  if (keep_expert_rows) m->gate_up_rows = c.take<DeviceBf16>(T * K * 2 * cfg.moe_intermediate_size);
+  if (keep_expert_rows) {
+    m->input_rows = c.take<DeviceBf16>(T * K * cfg.hidden_size);
+    m->gate_up_rows = c.take<DeviceBf16>(T * K * 2 * cfg.moe_intermediate_size);
+  }
 }
 
 // A layer's saved state besides its input and its mixer internals: norms, streams, router outputs
-// (and the experts' gate/up rows when kept).
+// (and the experts' permuted inputs and gate/up rows when kept).
 void carve_layer_state(ArenaCarver& c, const TextConfig& cfg, int64_t T, bool keep_expert_rows, LayerActivations* b) {
   const int64_t C = cfg.hidden_size;
   b->normed_in = c.take<DeviceBf16>(T * C);

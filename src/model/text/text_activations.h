@@ -41,12 +41,13 @@ struct AttentionSaved {
 };
 
 // Sparse MoE block: router outputs, the routing plan's memory and, with keep_expert_rows, the
-// routed experts' gate/up rows (else the experts' backward recomputes them).
+// routed experts' permuted inputs and gate/up rows (else the experts' backward forms them again).
 struct MoeSaved {
   float *logits = nullptr, *probs = nullptr;
   int32_t* topk_idx = nullptr;
   float* topk_weight = nullptr;
   void* plan_memory = nullptr;  // moe_routing_plan_bytes(T, E, K)
+  DeviceBf16* input_rows = nullptr;    // [T K, C], expert-major (null: not kept)
   DeviceBf16* gate_up_rows = nullptr;  // [T K, 2 I], expert-major (null: not kept)
 };
 
@@ -113,9 +114,10 @@ struct TextActivationSpec {
   // (x_in); everything else they save is one set shared by them, refilled by rerunning the layer's
   // forward just before its backward.
   int64_t recompute_layers = 0;
-  // Every layer not fully recomputed keeps its routed experts' gate/up rows from the forward, so
-  // that the experts' backward skips recomputing them (one grouped GEMM a layer) for T K x 2 I bf16
-  // a layer. (A fully recomputed layer's rerun does not run the experts: it recomputes them.)
+  // Every layer not fully recomputed keeps its routed experts' permuted inputs and gate/up rows
+  // from the forward, so that the experts' backward skips forming them again (a permute and a
+  // grouped GEMM a layer) for T K x (C + 2 I) bf16 a layer. (A fully recomputed layer's rerun does
+  // not run the experts: it forms them again.)
   bool keep_expert_rows = false;
   // Every GDN set (a layer's own, or the one that rerun mixers share) keeps the gated delta rule
   // forward's workspace for its backward (gated_delta_rule_backward_after_forward_cuda), which then

@@ -373,7 +373,7 @@ struct GpuEngine::Impl {
   }
 
   // What the backward would otherwise recompute, kept from the forward when the plan has room for
-  // it (train/kept_intermediates.h): the routed experts' gate/up rows and each GDN set's chunk
+  // it (train/kept_intermediates.h): the routed experts' permuted inputs and gate/up rows and each GDN set's chunk
   // quantities and states. Under --recompute auto with nothing recomputed, else with the recompute
   // the user chose, so keeping never makes the run recompute more. Under expert parallelism the
   // rows are exchanged and recomputed, and the GDN forward is kept only if the plan fits with it
@@ -407,7 +407,7 @@ struct GpuEngine::Impl {
     plan_with(kept);
     if (kept.expert_rows || kept.gdn_forward) {
       log_info("train: kept from the forward for the backward: ",
-               kept.expert_rows ? "the routed experts' gate/up rows" : "",
+               kept.expert_rows ? "the routed experts' permuted inputs and gate/up rows" : "",
                kept.expert_rows && kept.gdn_forward ? " and " : "",
                kept.gdn_forward ? "the gated delta rule's chunk quantities and states" : "",
                !kept.expert_rows && rows_layers > 0 ? " (the experts' rows are recomputed: no room)" : "",

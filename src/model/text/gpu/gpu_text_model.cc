@@ -101,7 +101,7 @@ TextActivationSpec activation_spec(const TextConfig& config, const GpuModelOptio
   spec.share_mixer_state = options.recompute_mixers;
   spec.recompute_layers = options.recompute_layers;
   CHECK(!options.keep_expert_rows || options.expert_parallel == nullptr,
-        "gpu model: the experts' gate/up rows are kept only when every expert is on this rank");
+        "gpu model: the experts' rows are kept only when every expert is on this rank");
   spec.keep_expert_rows = options.keep_expert_rows;
   spec.keep_gdn_forward = options.keep_gdn_forward;
   spec.capture_layer_grads = options.capture_layer_grads;

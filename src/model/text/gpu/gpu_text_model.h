@@ -65,8 +65,9 @@ struct GpuModelOptions {
   // before their backward; their other saved state is one shared set. read_layer_activation and
   // read_topk_idx then show the last rerun's values for those layers.
   int64_t recompute_layers = 0;
-  // Keep the routed experts' gate/up rows of the layers not fully recomputed from the forward, so
-  // that their backward skips recomputing them (TextActivationSpec::keep_expert_rows); not with
+  // Keep the routed experts' permuted inputs and gate/up rows of the layers not fully recomputed
+  // from the forward, so that their backward skips forming them again
+  // (TextActivationSpec::keep_expert_rows); not with
   // expert parallelism (the exchanged rows are recomputed there).
   bool keep_expert_rows = false;
   // Keep each GDN set's gated delta rule forward workspace for its backward, which then skips

@@ -576,9 +576,10 @@ void GpuTextModel::moe_forward(int64_t layer, bool recompute) {
   if (recompute) return;
   const MoeExpertsDims dims{T, C, E, K, c.moe_intermediate_size};
   MoeExpertsLora lora;
+  const MoeExpertRows keep{s.input_rows, s.gate_up_rows};
   moe_experts_forward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
                            W.experts_gate_up.w, W.experts_down.w, b.moe_out, workspace_.data(), workspace_bytes_,
-                           stream_, experts_lora(layer, &lora), s.gate_up_rows);
+                           stream_, experts_lora(layer, &lora), &keep);
   shared_expert_forward_cuda(cublas_, b.normed_post, W.shared_gate_proj.w,
                              W.shared_up_proj.w,
                              W.shared_down_proj.w,
@@ -622,11 +623,12 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
                                with_squares ? &squares : nullptr);
   } else {
     MoeExpertsLora lora;
+    const MoeExpertRows kept{s.input_rows, s.gate_up_rows};
     moe_experts_backward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
                               W.experts_gate_up.w, W.experts_down.w, dy, experts_dx, w.d_topk_weight,
                               W.experts_gate_up.grad, W.experts_down.grad, workspace_.data(), workspace_bytes_,
                               stream_, experts_lora(layer, &lora), expert_grads, with_squares ? &squares : nullptr,
-                              s.gate_up_rows);
+                              &kept);
   }
   const bool with_aux = options_.aux_loss_weight != 0.0f;
   if (with_aux)
