@@ -53,12 +53,14 @@ void plan_rank_state_bytes(const ModelConfig& config, const FreezeOptions& freez
   // elements of padding at most).
   ParamLayout full;
   size_t all = 0, f32_copies = 0;
+  bool experts_split = ep > 1;  // a rank's trained expert slices keep their masters split, as the engine's
   for (const ParamSpec& spec : build_param_table(config)) {
     const bool expert = ep > 1 && is_routed_expert_tensor(spec.name);
     const size_t numel = aligned_elements(spec.shape.numel() / (expert ? ep : 1));
     all += numel;
     if (read_in_f32.count(spec.name) != 0) f32_copies += numel;  // frozen, or trained with the master elsewhere
     if (is_frozen(spec.name, freeze)) continue;
+    if (expert) experts_split = experts_split && master_kept_split(spec.name, false, read_in_f32.count(spec.name) != 0);
     full.add(spec.name, spec.shape.to_vector());
     const ParamGroup group = param_group(spec.name);
     plan->vit_trained = plan->vit_trained || group == ParamGroup::vit;
@@ -72,7 +74,8 @@ void plan_rank_state_bytes(const ModelConfig& config, const FreezeOptions& freez
   const ShardedRegion region =
       plan_sharded_region(rank, [&](const std::string& name) { return read_in_f32.count(name) != 0; });
   plan->weights = 2 * all;
-  plan->master = 4 * state;
+  // fp32 masters of the dense pieces; the expert slices' low halves (2 bytes) when split.
+  plan->master = experts_split ? 4 * (state - experts) + 2 * experts : 4 * state;
   // The expert slices' gradients, then the region every dense gradient group takes in turn (and the
   // weight all-gather stages in at the step end).
   plan->gradients = 4 * aligned_elements(static_cast<int64_t>(experts)) + static_cast<size_t>(region.bytes());

@@ -51,16 +51,15 @@ DeviceParams::DeviceParams(const std::vector<DeviceParamSpec>& specs, bool maste
     } else {
       CHECK(spec.full_first == 0, "device params: '", spec.name, "' has a slice start but no whole size");
     }
-    CHECK(!spec.master_split || (spec.trained && !spec.needs_f32 && !master_elsewhere), "device params: '",
-          spec.name, "' cannot keep its master split: only a trained tensor read in bf16 alone, with its master here");
+    CHECK(!spec.master_split || (spec.trained && !spec.needs_f32), "device params: '", spec.name,
+          "' cannot keep its master split: only a trained tensor read in bf16 alone");
     if (spec.trained) {
       slot.trained_index = trained_.add(spec.name, spec.shape);
-      if (!master_elsewhere) {
-        if (spec.master_split) {
-          slot.low_offset = low_layout_.entry(low_layout_.add(spec.name, spec.shape)).offset;
-        } else {
-          slot.master_offset = master_layout_.entry(master_layout_.add(spec.name, spec.shape)).offset;
-        }
+      // A split master stays here even where the other masters live with the sharded state.
+      if (spec.master_split) {
+        slot.low_offset = low_layout_.entry(low_layout_.add(spec.name, spec.shape)).offset;
+      } else if (!master_elsewhere) {
+        slot.master_offset = master_layout_.entry(master_layout_.add(spec.name, spec.shape)).offset;
       }
       slot.grad_offset = trained_.entry(slot.trained_index).offset;
       if (gradients != nullptr) {
@@ -219,13 +218,21 @@ std::vector<MasterSpan> DeviceParams::trained_masters() const {
   return out;
 }
 
+MasterSpan DeviceParams::split_master_span(const std::string& name) const {
+  const Slot& s = slot(name);
+  CHECK(s.low_offset >= 0, "device params: the master of '", name, "' is not kept split");
+  return {nullptr, weights_.as<__nv_bfloat16>() + s.weight_offset, master_low_.as<uint16_t>() + s.low_offset};
+}
+
 const DeviceParams::Slot& DeviceParams::trained_slot(int index, int64_t first, int64_t count) const {
-  CHECK(!master_elsewhere_, "device params: the master of these weights is kept by the sharded training state");
   CHECK(index >= 0 && index < trained_.num_tensors(), "device params: no trained piece ", index);
   const ParamEntry& e = trained_.entry(index);
   CHECK(first >= 0 && count >= 0 && first + count <= e.numel, "device params: elements [", first, ", ", first + count,
         ") are outside trained '", e.name, "' of ", e.numel);
-  return slot(e.name);
+  const Slot& s = slot(e.name);
+  CHECK(s.master_offset >= 0 || s.low_offset >= 0, "device params: the master of '", e.name,
+        "' is kept by the sharded training state");
+  return s;
 }
 
 void DeviceParams::read_master(int index, int64_t first, int64_t count, float* host) const {

@@ -7,9 +7,10 @@
 // bound once; the engine's training state adds the optimizer moments on top.
 // On one rank of a parallel job (master_elsewhere): a tensor may be a slice of the model's (the
 // rank's own routed experts, [E_local, ...]), and the fp32 master lives with the sharded training
-// state (DeviceTrainState) instead: trained tensors keep their fp32 gradient here where the state
-// places it (GradientPlacement: the dense ones share one region, phase by phase), and an fp32
-// working copy when the math reads them in fp32.
+// state (DeviceTrainState) instead, except a split one (the rank's expert slices), which stays
+// here: trained tensors keep their fp32 gradient here where the state places it
+// (GradientPlacement: the dense ones share one region, phase by phase), and an fp32 working copy
+// when the math reads them in fp32.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -44,8 +45,8 @@ struct DeviceParamSpec {
   int64_t full_first = 0;
   int64_t full_numel = 0;
   // A trained tensor's master kept split (optim/split_master.h): the bf16 weight (rounded from the
-  // master with ties away from zero) plus a low half. Not for tensors read in fp32 (their math
-  // needs the fp32 values), nor where the master is elsewhere.
+  // master with ties away from zero) plus a low half, kept here even with master_elsewhere. Not
+  // for tensors read in fp32 (their math needs the fp32 values).
   bool master_split = false;
 };
 
@@ -104,9 +105,12 @@ class DeviceParams {
   // Per trained piece, where AdamW finds its master: fp32 with its bf16 copy, or split. Not with
   // master_elsewhere.
   std::vector<MasterSpan> trained_masters() const;
+  // Where AdamW finds the split master of `name` (its bf16 weight and low half); checked split.
+  MasterSpan split_master_span(const std::string& name) const;
   // Elements [first, first + count) of trained piece `index`'s master (fp32 values, split ones
-  // joined) to or from the host. Synchronous. Not with master_elsewhere. write_master leaves an fp32
-  // master's bf16 copy to refresh_trained_weights; a split one's high half is that copy.
+  // joined) to or from the host. Synchronous. Only masters kept here (fp32 without
+  // master_elsewhere, or split). write_master leaves an fp32 master's bf16 copy to
+  // refresh_trained_weights; a split one's high half is that copy.
   void read_master(int index, int64_t first, int64_t count, float* host) const;
   void write_master(int index, int64_t first, int64_t count, const float* host);
   // Rebuilds every trained tensor's bf16 weight from its fp32 master (after a restore; not with

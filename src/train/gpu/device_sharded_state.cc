@@ -88,7 +88,16 @@ DeviceTrainState::DeviceTrainState(const std::vector<DeviceParamSpec>& specs, co
   params_ = std::make_unique<DeviceParams>(specs, /*master_elsewhere=*/true, &placement);
   group_region_ = params_->gradients() + region_begin;
   const int64_t total = layout.state().total_numel();
-  master_ = DeviceBuffer(static_cast<size_t>(std::max<int64_t>(total, 1)) * 4);
+  // The expert slices keep their masters split in DeviceParams (all of them or none); the fp32
+  // masters here start after them.
+  int num_split = 0;
+  for (const auto& [state_index, full_index] : layout.expert_pieces())
+    if (params_->spec(layout.full().entry(full_index).name).master_split) ++num_split;
+  CHECK(num_split == 0 || num_split == static_cast<int>(layout.expert_pieces().size()), "train state: ", num_split,
+        " of this rank's ", layout.expert_pieces().size(), " expert slices keep their masters split: all or none");
+  experts_split_ = num_split > 0;
+  master_base_ = experts_split_ ? layout.dense_state_begin() : 0;
+  master_ = DeviceBuffer(static_cast<size_t>(std::max<int64_t>(total - master_base_, 1)) * 4);
   const size_t moment_bytes = static_cast<size_t>(std::max<int64_t>(total, 1)) * dtype_size(adamw_.moment_dtype);
   exp_avg_ = DeviceBuffer(moment_bytes);
   exp_avg_sq_ = DeviceBuffer(moment_bytes);
@@ -119,6 +128,8 @@ void DeviceTrainState::setup_sharded(const std::vector<GradientPhase>& phases) {
     expert_elements_ = piece.offset + piece.numel;
   }
   dense_base_ = num_expert < state.num_tensors() ? state.entry(num_expert).offset : state.total_numel();
+  CHECK(!experts_split_ || dense_base_ == master_base_, "train state: the dense pieces start at ", dense_base_,
+        ", the layout says ", master_base_);
   for (int i = num_expert; i < state.num_tensors(); ++i) {
     const ParamEntry& piece = state.entry(i);
     const int index = dense_.add_piece(piece.name, piece.shape, piece.tensor_begin, piece.tensor_begin + piece.numel);
@@ -188,8 +199,12 @@ void DeviceTrainState::setup_sharded(const std::vector<GradientPhase>& phases) {
   bucket_bf16_ = reinterpret_cast<__nv_bfloat16*>(region + region_.bucket_bf16_at);
   bucket_f32_ = reinterpret_cast<float*>(region + region_.bucket_f32_at);
   for (const int64_t at : dense_weight_at) dense_weights_.push_back(piece_bf16_ + at);
-  expert_masters_ = flat_master_spans(experts_, master_.as<float>(), expert_weights_);
-  dense_masters_ = flat_master_spans(dense_, master_.as<float>() + dense_base_, dense_weights_);
+  if (experts_split_) {
+    for (const ParamEntry& piece : experts_.entries()) expert_masters_.push_back(params_->split_master_span(piece.name));
+  } else {
+    expert_masters_ = flat_master_spans(experts_, master_at(0), expert_weights_);
+  }
+  dense_masters_ = flat_master_spans(dense_, master_at(dense_base_), dense_weights_);
 
   // The phases in backward order and, for each, how many groups are complete once it is.
   CHECK(layout_->num_groups() == 0 || !phases.empty() || layout_->num_groups() == 1,
@@ -204,6 +219,11 @@ void DeviceTrainState::setup_sharded(const std::vector<GradientPhase>& phases) {
 
 size_t DeviceTrainState::sharded_step_bytes() const { return piece_grads_.bytes(); }
 
+float* DeviceTrainState::master_at(int64_t state_offset) const {
+  CHECK(state_offset >= master_base_, "train state: element ", state_offset, " of the state has no fp32 master here");
+  return master_.as<float>() + (state_offset - master_base_);
+}
+
 void DeviceTrainState::upload_master(const std::string& name, int64_t first, int64_t count, const void* host,
                                      DType dtype) {
   CHECK(sharded(), "train state: upload_master is for a rank's pieces");
@@ -211,21 +231,28 @@ void DeviceTrainState::upload_master(const std::string& name, int64_t first, int
   std::vector<float> values;
   const auto [begin, end] = pieces_of_.equal_range(name);
   for (auto it = begin; it != end; ++it) {
+    // A split master took these values with the weights (DeviceParams::upload).
+    if (split_piece(it->second)) continue;
     const ParamEntry& piece = layout_->state().entry(it->second);
     const int64_t lo = std::max(first, piece.tensor_begin), hi = std::min(first + count, piece.tensor_begin + piece.numel);
     if (lo >= hi) continue;
     values.resize(static_cast<size_t>(hi - lo));
     convert_floats(static_cast<const uint8_t*>(host) + static_cast<size_t>(lo - first) * element, dtype, values.data(),
                    DType::f32, hi - lo);
-    CUDA_CHECK(cudaMemcpy(master_.as<float>() + piece.offset + (lo - piece.tensor_begin), values.data(),
+    CUDA_CHECK(cudaMemcpy(master_at(piece.offset + (lo - piece.tensor_begin)), values.data(),
                           values.size() * sizeof(float), cudaMemcpyHostToDevice));
   }
 }
 
 void DeviceTrainState::randomize_master(uint64_t seed) {
   CHECK(sharded(), "train state: randomize_master is for a rank's pieces");
-  for (const ParamEntry& piece : layout_->state().entries())
-    params_->init_values(piece.name, piece.tensor_begin, piece.numel, seed, master_.as<float>() + piece.offset, stream_);
+  // Split masters took their values with the weights (DeviceParams::randomize, the same rule).
+  const ParamLayout& state = layout_->state();
+  for (int i = 0; i < state.num_tensors(); ++i) {
+    const ParamEntry& piece = state.entry(i);
+    if (!split_piece(i))
+      params_->init_values(piece.name, piece.tensor_begin, piece.numel, seed, master_at(piece.offset), stream_);
+  }
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -344,7 +371,7 @@ void DeviceTrainState::gather_weights() {
     float* mine = gathered_f32 + rank * bucket.f32_count;
     for (const BucketSegment& s : bucket.segments) {
       if (s.rank == rank && s.f32 != nullptr)
-        copy_async(mine + s.f32_at, master_.as<float>() + s.state_offset, s.count * 4, stream_);
+        copy_async(mine + s.f32_at, master_at(s.state_offset), s.count * 4, stream_);
     }
     world_->all_gather(mine, gathered_f32, bucket.f32_count, DType::f32, on);
     for (const BucketSegment& s : bucket.segments) {
@@ -355,15 +382,15 @@ void DeviceTrainState::gather_weights() {
 }
 
 void DeviceTrainState::restore_sharded_weights() {
-  for (int i = 0; i < experts_.num_tensors(); ++i) {
+  // Split expert masters: their high halves are the weights already (write_state put them there).
+  for (int i = 0; i < experts_.num_tensors() && !experts_split_; ++i) {
     const ParamEntry& piece = experts_.entry(i);
-    master_weights_cuda(master_.as<float>() + piece.offset, expert_weights_[static_cast<size_t>(i)], piece.numel,
-                        stream_);
+    master_weights_cuda(master_at(piece.offset), expert_weights_[static_cast<size_t>(i)], piece.numel, stream_);
   }
   for (int i = 0; i < dense_.num_tensors(); ++i) {
     const ParamEntry& piece = dense_.entry(i);
-    master_weights_cuda(master_.as<float>() + dense_base_ + piece.offset, dense_weights_[static_cast<size_t>(i)],
-                        piece.numel, stream_);
+    master_weights_cuda(master_at(dense_base_ + piece.offset), dense_weights_[static_cast<size_t>(i)], piece.numel,
+                        stream_);
   }
   gather_weights();
 }

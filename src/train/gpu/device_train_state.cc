@@ -24,7 +24,9 @@ DeviceTrainState::DeviceTrainState(const std::vector<DeviceParamSpec>& specs, co
   masters_of_pieces_ = params_->trained_masters();
 }
 
-size_t DeviceTrainState::master_bytes() const { return sharded() ? master_.bytes() : params_->bytes().master; }
+size_t DeviceTrainState::master_bytes() const {
+  return params_->bytes().master + (sharded() ? master_.bytes() : 0);
+}
 
 DeviceTrainState::~DeviceTrainState() {
   if (norm_host_ != nullptr) cudaFreeHost(norm_host_);
@@ -76,8 +78,9 @@ void* DeviceTrainState::address(StateKind kind, int index, int64_t first, int64_
   const int64_t element = entry.offset + first;
   switch (kind) {
     case StateKind::master:
-      CHECK(sharded(), "train state: one rank's masters are read and written through its parameters");
-      return master_.as<float>() + element;
+      CHECK(sharded() && !split_piece(index), "train state: masters kept by the parameters are read and written ",
+            "through them");
+      return master_at(element);
     case StateKind::exp_avg:
       return exp_avg_.as<char>() + element * static_cast<int64_t>(dtype_size(adamw_.moment_dtype));
     case StateKind::exp_avg_sq:
@@ -88,7 +91,9 @@ void* DeviceTrainState::address(StateKind kind, int index, int64_t first, int64_
 
 void DeviceTrainState::read_state(StateKind kind, int index, int64_t first, int64_t count, void* host) const {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  if (kind == StateKind::master && !sharded()) {  // fp32 or split: DeviceParams knows which
+  // One rank's masters (fp32 or split) and a rank's split expert slices: DeviceParams holds them
+  // (a rank's expert pieces are its first trained tensors, checked in setup_sharded).
+  if (kind == StateKind::master && (!sharded() || split_piece(index))) {
     params_->read_master(index, first, count, static_cast<float*>(host));
     return;
   }
@@ -98,7 +103,7 @@ void DeviceTrainState::read_state(StateKind kind, int index, int64_t first, int6
 
 void DeviceTrainState::write_state(StateKind kind, int index, int64_t first, int64_t count, const void* host) {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  if (kind == StateKind::master && !sharded()) {
+  if (kind == StateKind::master && (!sharded() || split_piece(index))) {
     params_->write_master(index, first, count, static_cast<const float*>(host));
     return;
   }

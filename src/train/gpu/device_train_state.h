@@ -4,8 +4,9 @@
 // AdamW writing the new bf16 weights). It is the engine's TrainStateStore: host copies are made
 // only to save or resume.
 // On one rank of a parallel job (the sharded constructor) it holds this rank's pieces of the
-// ParallelLayout: its own routed experts whole (bf16 weights, master, gradient, moments) and, under
-// ZeRO-2, only its piece of each dense bucket's fp32 master, moments and reduced gradient; the
+// ParallelLayout: its own routed experts whole (bf16 weights, master, gradient, moments; the master
+// split as on one GPU, its bf16 weight plus a low half kept by DeviceParams) and, under ZeRO-2,
+// only its piece of each dense bucket's fp32 master, moments and reduced gradient; the
 // dense bf16 weights stay full on every rank. The dense gradients never exist whole: every gradient
 // group (one backward phase: a decoder layer, the loss head, a vision block) is placed at the start
 // of one shared region, and as the backward reports a phase finished (gradients_ready) its buckets
@@ -141,6 +142,10 @@ class DeviceTrainState : public TrainStateStore {
   void sharded_adamw_step(double lr, const GradientScaling& scaling);
   void restore_sharded_weights();
   void gather_weights();
+  // Sharded: whether state piece `index`'s master is split (kept by DeviceParams: the rank's
+  // expert slices when their masters are split), and where an fp32 one lies in master_.
+  bool split_piece(int index) const { return experts_split_ && index < experts_.num_tensors(); }
+  float* master_at(int64_t state_offset) const;
 
   std::unique_ptr<DeviceParams> params_;
   AdamWConfig adamw_;
@@ -155,7 +160,9 @@ class DeviceTrainState : public TrainStateStore {
   const ParallelLayout* layout_ = nullptr;
   Communicator* world_ = nullptr;
   Communicator* expert_replicas_ = nullptr;
-  DeviceBuffer master_;        // layout().state(), fp32
+  DeviceBuffer master_;        // layout().state() from master_base_ on, fp32
+  int64_t master_base_ = 0;    // the first state element with an fp32 master here (after split experts)
+  bool experts_split_ = false;  // the expert pieces' masters are split (DeviceParams holds them)
   DeviceBuffer piece_grads_;   // dense_ layout, fp32: this rank's reduced pieces, summed over micro-batches
   // The all-gather's staging, in the gradient region at the step end (sharded_region.h): every
   // bucket's own piece in bf16 (AdamW's output, the all-gather input), one gathered bf16 bucket, and

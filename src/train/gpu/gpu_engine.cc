@@ -173,9 +173,10 @@ struct GpuEngine::Impl {
       spec.needs_f32 = read_in_f32.count(p.name) != 0;
       spec.init = p.init;
       spec.init_std = p.component == Component::vision ? config.vision.initializer_range : config.text.initializer_range;
-      // One GPU: the trained routed experts (the bulk of the parameters, read in bf16 only) keep
-      // their master split into the bf16 weight and a low half (optim/split_master.h): AdamW moves
-      // 20 bytes a parameter instead of 22. The sharded state keeps fp32 masters of its own.
+      // The trained routed experts (the bulk of the parameters, read in bf16 only) keep their
+      // master split into the bf16 weight and a low half (optim/split_master.h): AdamW moves 20
+      // bytes a parameter instead of 22. On one GPU, and on a rank of an expert-parallel job for
+      // its own slices (local_expert_specs); the sharded state keeps the dense pieces' fp32 masters.
       spec.master_split = spec.trained && parallel == nullptr &&
                           master_kept_split(p.name, options.lora != nullptr, spec.needs_f32);
       specs.push_back(std::move(spec));
@@ -220,6 +221,7 @@ struct GpuEngine::Impl {
       spec.full_numel = numel;
       spec.full_first = parallel->first_local_expert() * (numel / E);
       spec.shape[0] = local;
+      spec.master_split = spec.trained && master_kept_split(spec.name, options.lora != nullptr, spec.needs_f32);
       (spec.trained ? experts : rest).push_back(std::move(spec));
     }
     std::vector<DeviceParamSpec> ordered;
