@@ -54,8 +54,9 @@ class DeviceTrainState : public TrainStateStore {
   const DeviceParams& params() const { return *params_; }
   size_t moment_bytes() const { return exp_avg_.bytes() + exp_avg_sq_.bytes(); }
   bool sharded() const { return layout_ != nullptr; }
-  // Device bytes of the fp32 master (sharded: this rank's pieces) and of the sharded step's own
-  // buffer (the reduced gradient pieces; the staging shares the gradient region); 0 on one rank.
+  // Device bytes of the masters (fp32, and the low halves of split ones; sharded: this rank's
+  // pieces) and of the sharded step's own buffer (the reduced gradient pieces; the staging shares
+  // the gradient region; 0 on one rank).
   size_t master_bytes() const;
   size_t sharded_step_bytes() const;
 
