@@ -2,13 +2,43 @@
 #include "train/trainable_params.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <vector>
 
 #include "core/error.h"
+#include "core/tensor.h"
+#include "optim/split_master.h"
 
 namespace deltamoe {
+
+namespace {
+
+// Masters into a 16-bit on-disk dtype. bf16 as the engines' working weights are rounded: the
+// master's high half, ties away from zero (optim/split_master.h), so a saved model computes with
+// the weights training computed with; NaN stays NaN (its high half could carry into -0). fp16 to
+// nearest even.
+void write_rounded(const float* master, DType disk_dtype, uint8_t* target, int64_t count) {
+  if (disk_dtype != DType::bf16) {
+    convert_floats(master, DType::f32, target, disk_dtype, count);
+    return;
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    uint16_t half;
+    if (std::isnan(master[i])) {
+      convert_floats(master + i, DType::f32, &half, DType::bf16, 1);
+    } else {
+      uint32_t bits;
+      std::memcpy(&bits, master + i, 4);
+      half = split_master_high(bits);
+    }
+    std::memcpy(target + 2 * i, &half, 2);
+  }
+}
+
+}  // namespace
 
 ParamGroup param_group(const std::string& name) {
   if (name.starts_with("model.visual.merger.")) return ParamGroup::aligner;
@@ -98,7 +128,7 @@ ModelCheckpoint checkpoint_with_state(const ModelCheckpoint& base, const TrainSt
             } else {
               master.resize(static_cast<size_t>(count));
               state.read_state(StateKind::master, index, first - piece.tensor_begin, count, master.data());
-              convert_floats(master.data(), DType::f32, target, disk_dtype, count);
+              write_rounded(master.data(), disk_dtype, target, count);
             }
             first += count;
           }
