@@ -3,9 +3,9 @@
 // synthetic packed micro-batches; with --images the samples carry images of the given sizes through
 // the vision tower. Prints step time, tokens/s, model TFLOP/s, MFU, the memory plan and time by
 // component (CUDA events), then the same steps back to back (one synchronisation around them all,
-// the host preparing each batch while the GPU runs the previous optimizer step). With --simulate_expert_parallel N it runs rank 0 of an N-GPU job (MirrorComm:
-// the exchange as device copies) and prints the N-GPU step the exchange model predicts. Needs a CUDA
-// build.
+// the host preparing each batch while the GPU runs the previous optimizer step). With
+// --simulate_expert_parallel N it runs rank 0 of an N-GPU job (MirrorComm: the exchange as device
+// copies) and prints the N-GPU step the exchange model predicts. Needs a CUDA build.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -443,7 +443,8 @@ int run_bench(const ArgParser& args) {
                 static_cast<long long>(seqs), static_cast<long long>(tokens / 2), static_cast<long long>(tokens),
                 measured_tokens / static_cast<double>(steps));
   }
-  std::printf("after step 1, steps 2-%lld and the back-to-back steps: %lld device allocations (%lld bytes), %lld pinned, %lld cuDNN plans built, "
+  std::printf("after step 1, steps 2-%lld and the back-to-back steps: %lld device allocations (%lld bytes), "
+              "%lld pinned, %lld cuDNN plans built, "
               "GPU memory in use %+lld bytes (cudaMemGetInfo); %lld cuBLASLt heuristic queries (one per GEMM shape "
               "not seen before: new token counts): %s\n",
               static_cast<long long>(warmup + steps), static_cast<long long>(new_allocations),

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -26,15 +25,13 @@ void write_rounded(const float* master, DType disk_dtype, uint8_t* target, int64
     return;
   }
   for (int64_t i = 0; i < count; ++i) {
-    uint16_t half;
+    uint16_t high, low;
     if (std::isnan(master[i])) {
-      convert_floats(master + i, DType::f32, &half, DType::bf16, 1);
+      convert_floats(master + i, DType::f32, &high, DType::bf16, 1);
     } else {
-      uint32_t bits;
-      std::memcpy(&bits, master + i, 4);
-      half = split_master_high(bits);
+      split_master(master[i], high, low);
     }
-    std::memcpy(target + 2 * i, &half, 2);
+    std::memcpy(target + 2 * i, &high, 2);
   }
 }
 

@@ -3,6 +3,7 @@
 // computes with the weights training computed with; an fp16 one is rounded to nearest even.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,12 +16,6 @@
 
 namespace deltamoe {
 namespace {
-
-float from_bits(uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, 4);
-  return value;
-}
 
 // The first trained tensor's first elements as saved, in their on-disk bits.
 std::vector<uint16_t> saved_bits(DType dtype, const std::vector<float>& masters) {
@@ -43,14 +38,14 @@ std::vector<uint16_t> saved_bits(DType dtype, const std::vector<float>& masters)
 
 TEST(CheckpointWithState, Bf16RoundsTiesAwayFromZeroAsTheWorkingWeights) {
   const std::vector<float> masters = {
-      from_bits(0x3F808000u),  // halfway between 0x3F80 and 0x3F81: away from zero (to nearest even: 0x3F80)
-      from_bits(0xBF808000u),  // the same, negative
-      from_bits(0x3F818000u),  // halfway above an odd half: 0x3F82 either way
-      from_bits(0x3F807FFFu),  // below halfway: 0x3F80
-      from_bits(0x3F80C000u),  // above halfway: 0x3F81
+      std::bit_cast<float>(0x3F808000u),  // halfway between 0x3F80 and 0x3F81: away from zero (nearest even: 0x3F80)
+      std::bit_cast<float>(0xBF808000u),  // the same, negative
+      std::bit_cast<float>(0x3F818000u),  // halfway above an odd half: 0x3F82 either way
+      std::bit_cast<float>(0x3F807FFFu),  // below halfway: 0x3F80
+      std::bit_cast<float>(0x3F80C000u),  // above halfway: 0x3F81
       1.0f,
       std::nanf(""),
-      from_bits(0x7FFFFFFFu),  // a NaN whose high half would carry into -0
+      std::bit_cast<float>(0x7FFFFFFFu),  // a NaN whose high half would carry into -0
       INFINITY,
   };
   const std::vector<uint16_t> got = saved_bits(DType::bf16, masters);

@@ -7,9 +7,9 @@
 // correctly rounded fp32 quotient of two such numbers equals the fp64 one rounded to fp32 (the
 // exact quotient is never within an fp64 half-ulp of an fp32 rounding midpoint unless it is one).
 // And not by fp32 division either, a sequence of ~10 instructions with a slow path: by the
-// correctly rounded reciprocal r and one FMA correction (Markstein), q0 = g r, q = q0 + (g - q0 d) r,
-// which is the correctly rounded quotient whenever that is a normal number. A quotient below 2^-125 (or an infinite g) takes the
-// division.
+// correctly rounded reciprocal r and one FMA correction (Markstein), q0 = g r,
+// q = q0 + (g - q0 d) r, which is the correctly rounded quotient whenever that is a normal number.
+// A quotient below 2^-125 (or an infinite g) takes the division.
 #pragma once
 
 #include <cmath>

@@ -222,7 +222,8 @@ double host_sum_of_squares(const HostTensor& c, double divisor) {
 // A written dW with its sum of squares (WeightGradSquares), on every kernel: c bit for bit what the
 // product without the sum stores; the sum that of the stored c within its bound (fp64 order noise,
 // or kWrittenSquaresRelError where formed in the epilogue), for a divisor of 1, an integer and a
-// fraction; the same bits on a second call. The last shape gives every wgmma block several tiles (groups without rows among them).
+// fraction; the same bits on a second call. The last shape gives every wgmma block several tiles
+// (groups without rows among them).
 TEST(GroupedGemmGpu, WrittenWeightGradSumsItsSquares) {
   const GroupedShape shapes[] = {{1, 4, 3, 24, 40}, {300, 5, 2, 64, 96}, {1200, 2, 0, 264, 200},
                                  {97, 6, 2, 37, 53}, {3000, 64, 9, 256, 512}};

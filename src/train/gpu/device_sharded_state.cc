@@ -200,7 +200,8 @@ void DeviceTrainState::setup_sharded(const std::vector<GradientPhase>& phases) {
   bucket_f32_ = reinterpret_cast<float*>(region + region_.bucket_f32_at);
   for (const int64_t at : dense_weight_at) dense_weights_.push_back(piece_bf16_ + at);
   if (experts_split_) {
-    for (const ParamEntry& piece : experts_.entries()) expert_masters_.push_back(params_->split_master_span(piece.name));
+    for (const ParamEntry& piece : experts_.entries())
+      expert_masters_.push_back(params_->split_master_span(piece.name));
   } else {
     expert_masters_ = flat_master_spans(experts_, master_at(0), expert_weights_);
   }
