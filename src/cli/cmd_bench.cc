@@ -294,7 +294,14 @@ int run_bench(const ArgParser& args) {
   ComponentFloor optimizer_floor;
   auto add_step_floors = [&](const std::vector<MicroBatch>& batches) {
     if (!with_floors) return;
-    for (const MicroBatch& batch : batches) floors += micro_batch_floors(config.text, batch.cu_seqlens, text_trained);
+    for (const MicroBatch& batch : batches) {
+      // The loss head's rows: the tokens whose next token is supervised, within each sequence.
+      int64_t head_rows = 0;
+      for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s)
+        for (int32_t t = batch.cu_seqlens[s] + 1; t < batch.cu_seqlens[s + 1]; ++t)
+          head_rows += batch.labels[static_cast<size_t>(t)] != -100;
+      floors += micro_batch_floors(config.text, batch.cu_seqlens, text_trained, head_rows);
+    }
     optimizer_floor += adamw_floor(trained_params, options.adamw.moment_dtype, split_params);
   };
   // What the steps after the first take that the first did not: allocations (device, pinned), GPU

@@ -124,7 +124,10 @@ ModelBytes estimate_text_bytes(const TextConfig& config, int64_t max_tokens, int
   const int64_t T = max_tokens, C = config.hidden_size, I = config.moe_intermediate_size;
   const int64_t rows = T * config.num_experts_per_tok;
   const size_t experts = static_cast<size_t>(rows) * static_cast<size_t>(2 * C * 2 + 2 * I * 2 + I * 4 + I * 2);
-  const size_t logits = static_cast<size_t>(std::min(loss_chunk_rows, T)) * static_cast<size_t>(config.vocab_size) * 2;
+  // The loss chunk: its bf16 logits, and the gathered supervised rows' hidden states and their gradient.
+  const size_t chunk = static_cast<size_t>(std::min(loss_chunk_rows, T));
+  const size_t logits = chunk * static_cast<size_t>(config.vocab_size) * 2 + chunk * static_cast<size_t>(C) * 4 +
+                        chunk * 8 + 3 * 256;
   // The GDN backward's workspace (it holds the forward's too) is the kernels' own layout: per token
   // but for the chunk table and the states between chunks inside a sequence, so it hardly grows
   // with the number of sequences (gated_delta_rule_workspace.h).

@@ -27,9 +27,13 @@ StepFloors& StepFloors::operator+=(const StepFloors& other) {
   return *this;
 }
 
-StepFloors micro_batch_floors(const TextConfig& c, const std::vector<int32_t>& cu_seqlens, bool text_trained) {
+StepFloors micro_batch_floors(const TextConfig& c, const std::vector<int32_t>& cu_seqlens, bool text_trained,
+                              int64_t lm_head_rows) {
   CHECK(cu_seqlens.size() >= 2, "step floors: cu_seqlens needs at least two entries");
   const double tokens = static_cast<double>(cu_seqlens.back() - cu_seqlens.front());
+  CHECK(lm_head_rows >= -1 && static_cast<double>(lm_head_rows) <= tokens, "step floors: ", lm_head_rows,
+        " lm_head rows of ", tokens, " tokens");
+  const double head_rows = lm_head_rows < 0 ? tokens : static_cast<double>(lm_head_rows);
   const MatmulParamsByPart per_token = matmul_params_by_part(c);
   // Bytes per matmul weight: read by the forward and the backward, and the gradient written.
   const double weight_bytes = 2.0 + 2.0 + (text_trained ? 4.0 : 0.0);
@@ -50,7 +54,7 @@ StepFloors micro_batch_floors(const TextConfig& c, const std::vector<int32_t>& c
   f.attention.bytes = weight_bytes * static_cast<double>(per_token.attention) * attention_layers;
   f.moe.flops = 6.0 * static_cast<double>(per_token.moe) * tokens * layers;
   f.moe.bytes = weight_bytes * moe_weights * layers;
-  f.lm_head_loss.flops = 6.0 * static_cast<double>(per_token.lm_head) * tokens;
+  f.lm_head_loss.flops = 6.0 * static_cast<double>(per_token.lm_head) * head_rows;
   f.lm_head_loss.bytes = weight_bytes * static_cast<double>(per_token.lm_head);
   return f;
 }

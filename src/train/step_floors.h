@@ -37,7 +37,10 @@ struct StepFloors {
   ComponentFloor gdn, attention, moe, lm_head_loss;
   StepFloors& operator+=(const StepFloors& other);
 };
-StepFloors micro_batch_floors(const TextConfig& config, const std::vector<int32_t>& cu_seqlens, bool text_trained);
+// lm_head_rows: the rows that pass through lm_head (the supervised ones: the loss head skips the
+// others); -1: every token.
+StepFloors micro_batch_floors(const TextConfig& config, const std::vector<int32_t>& cu_seqlens, bool text_trained,
+                              int64_t lm_head_rows = -1);
 
 // AdamW's floor for one step: per trained parameter the fp32 master read and written, the
 // gradient read, both moments read and written, the bf16 weight written (22 bytes with bf16

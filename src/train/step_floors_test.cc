@@ -67,6 +67,14 @@ TEST(StepFloors, FrozenTextWritesNoGradientsAndFp32MomentsCostMore) {
   EXPECT_DOUBLE_EQ(two.moe.flops, packed.moe.flops);
   EXPECT_DOUBLE_EQ(two.moe.bytes, 2.0 * packed.moe.bytes);
   EXPECT_DOUBLE_EQ(two.attention.flops, packed.attention.flops);
+  // Only the supervised rows pass through lm_head: its FLOPs follow them, the rest does not.
+  const StepFloors half = micro_batch_floors(c, {0, 4096, 8192}, true, 4096);
+  EXPECT_DOUBLE_EQ(half.lm_head_loss.flops, packed.lm_head_loss.flops / 2.0);
+  EXPECT_DOUBLE_EQ(half.lm_head_loss.bytes, packed.lm_head_loss.bytes);
+  EXPECT_DOUBLE_EQ(half.moe.flops, packed.moe.flops);
+  EXPECT_DOUBLE_EQ(micro_batch_floors(c, {0, 4096, 8192}, true, 8192).lm_head_loss.flops,
+                   packed.lm_head_loss.flops);
+  EXPECT_THROW(micro_batch_floors(c, {0, 4096}, true, 4097), std::exception);
   EXPECT_THROW(micro_batch_floors(c, {0}, true), std::exception);
   EXPECT_THROW(adamw_floor(-1, DType::f32), std::exception);
   EXPECT_THROW(adamw_floor(10, DType::f32, 11), std::exception);

@@ -1,7 +1,9 @@
 // CUDA kernels of the chunked lm_head + cross-entropy: the per-row online log-sum-exp / gradient
-// kernel (one block per row), a fixed-order loss reduction, and the chunk loop over cuBLASLt.
+// kernel (one block per row), a fixed-order loss reduction, the row copies that gather the
+// supervised rows and scatter their gradient back, and the chunk loop over cuBLASLt.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "core/cuda_check.h"
 #include "kernels/cross_entropy/cross_entropy.h"
@@ -107,6 +109,38 @@ __global__ void mean_loss_kernel(const float* token_loss, int64_t rows, float in
   }
 }
 
+// dst[i] = src[rows[i]] for i < n: whole bf16 rows of `hidden` elements (a multiple of 8, 16-byte
+// aligned rows: the loss head's hidden states) and, when labels_src is set, the rows' labels. One
+// warp a row. Used the other way round (scatter) with `inverse`: dst[rows[i]] = src[i].
+template <bool kInverse>
+__global__ void copy_rows_kernel(const __nv_bfloat16* src, const int32_t* rows, int64_t n, int64_t hidden,
+                                 __nv_bfloat16* dst, const int64_t* labels_src, int64_t* labels_dst) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (i >= n) return;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t row = rows[i];
+  const int64_t from = kInverse ? i : row, to = kInverse ? row : i;
+  const uint4* in = reinterpret_cast<const uint4*>(src + from * hidden);
+  uint4* out = reinterpret_cast<uint4*>(dst + to * hidden);
+  for (int64_t c = lane; c < hidden / 8; c += 32) out[c] = in[c];
+  if (labels_src != nullptr && lane == 0) labels_dst[i] = labels_src[row];
+}
+
+void copy_rows(bool inverse, const __nv_bfloat16* src, const int32_t* rows, int64_t n, int64_t hidden,
+               __nv_bfloat16* dst, const int64_t* labels_src, int64_t* labels_dst, cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr int kWarps = 8;
+  const unsigned grid = static_cast<unsigned>((n + kWarps - 1) / kWarps);
+  if (inverse) {
+    copy_rows_kernel<true><<<grid, 32 * kWarps, 0, stream>>>(src, rows, n, hidden, dst, labels_src, labels_dst);
+  } else {
+    copy_rows_kernel<false><<<grid, 32 * kWarps, 0, stream>>>(src, rows, n, hidden, dst, labels_src, labels_dst);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+size_t aligned_bytes(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
 }  // namespace
 
 void cross_entropy_rows_cuda(__nv_bfloat16* logits, const int64_t* labels, int64_t rows, int64_t vocab,
@@ -126,9 +160,12 @@ void cross_entropy_rows_cuda(__nv_bfloat16* logits, const int64_t* labels, int64
   CUDA_CHECK_LAUNCH();
 }
 
-size_t lm_head_cross_entropy_workspace_bytes(int64_t chunk_rows, int64_t vocab) {
-  const size_t bytes = static_cast<size_t>(chunk_rows) * static_cast<size_t>(vocab) * sizeof(__nv_bfloat16);
-  return (bytes + 255) / 256 * 256;
+size_t lm_head_cross_entropy_workspace_bytes(int64_t chunk_rows, int64_t vocab, int64_t hidden) {
+  const size_t n = static_cast<size_t>(chunk_rows);
+  // The chunk's logits, then (for the supervised rows' form) its gathered hidden states, their
+  // gradient and labels.
+  return aligned_bytes(n * static_cast<size_t>(vocab) * 2) + 2 * aligned_bytes(n * static_cast<size_t>(hidden) * 2) +
+         aligned_bytes(n * sizeof(int64_t));
 }
 
 void lm_head_cross_entropy_cuda(GemmContext& ctx, const LmHeadLossArgs& args, void* workspace, size_t workspace_bytes,
@@ -141,28 +178,55 @@ void lm_head_cross_entropy_cuda(GemmContext& ctx, const LmHeadLossArgs& args, vo
         args.num_supervised);
   CHECK(args.hidden && args.weight && args.labels && args.token_loss && args.lse && args.loss,
         "lm_head_cross_entropy_cuda: a required pointer (hidden, weight, labels, token_loss, lse, loss) is null");
+  const bool gathered = args.rows != nullptr;
+  CHECK(!gathered || (args.num_rows >= 0 && args.num_rows <= tokens), "lm_head_cross_entropy_cuda: ", args.num_rows,
+        " listed rows of ", tokens, " tokens");
+  CHECK(!gathered || (hidden % 8 == 0 && reinterpret_cast<uintptr_t>(args.hidden) % 16 == 0 &&
+                      (args.d_hidden == nullptr || reinterpret_cast<uintptr_t>(args.d_hidden) % 16 == 0)),
+        "lm_head_cross_entropy_cuda: listed rows need 16-byte rows of hidden states (H = ", hidden, ")");
   const int64_t chunk_rows = std::min(args.chunk_rows, std::max<int64_t>(tokens, 1));
-  CHECK(workspace_bytes >= lm_head_cross_entropy_workspace_bytes(chunk_rows, vocab),
-        "lm_head_cross_entropy_cuda: workspace of ", workspace_bytes, " bytes, needs ",
-        lm_head_cross_entropy_workspace_bytes(chunk_rows, vocab), " for ", chunk_rows, " x ", vocab, " logits");
+  const size_t needed = lm_head_cross_entropy_workspace_bytes(chunk_rows, vocab, hidden);
+  CHECK(workspace_bytes >= needed, "lm_head_cross_entropy_cuda: workspace of ", workspace_bytes, " bytes, needs ",
+        needed, " for ", chunk_rows, " x ", vocab, " logits and ", chunk_rows, " x ", hidden, " rows");
   const bool backward = args.d_hidden != nullptr || args.d_weight != nullptr;
   // d(mean)/d(token loss) = d_loss / N; N = 0 means nothing is supervised: zero gradient.
   const float grad_scale =
       args.num_supervised > 0 ? static_cast<float>(static_cast<double>(args.d_loss) / args.num_supervised) : 0.0f;
-  auto* logits = static_cast<__nv_bfloat16*>(workspace);
-  for (int64_t begin = 0; begin < tokens; begin += chunk_rows) {
-    const int64_t rows = std::min(chunk_rows, tokens - begin);
+  char* at = static_cast<char*>(workspace);
+  auto* logits = reinterpret_cast<__nv_bfloat16*>(at);
+  at += aligned_bytes(static_cast<size_t>(chunk_rows * vocab) * 2);
+  auto* x_rows = reinterpret_cast<__nv_bfloat16*>(at);
+  at += aligned_bytes(static_cast<size_t>(chunk_rows * hidden) * 2);
+  auto* dx_rows = reinterpret_cast<__nv_bfloat16*>(at);
+  at += aligned_bytes(static_cast<size_t>(chunk_rows * hidden) * 2);
+  auto* label_rows = reinterpret_cast<int64_t*>(at);
+  // Listed rows: the others take no part, so their input gradient is zero.
+  if (gathered && args.d_hidden != nullptr) {
+    CUDA_CHECK(cudaMemsetAsync(args.d_hidden, 0, static_cast<size_t>(tokens * hidden) * 2, stream));
+  }
+  const int64_t total = gathered ? args.num_rows : tokens;
+  for (int64_t begin = 0; begin < total; begin += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, total - begin);
     const __nv_bfloat16* x_chunk = args.hidden + begin * hidden;
+    const int64_t* labels = args.labels + begin;
+    if (gathered) {
+      copy_rows(false, args.hidden, args.rows + begin, rows, hidden, x_rows, args.labels, label_rows, stream);
+      x_chunk = x_rows;
+      labels = label_rows;
+    }
     linear_forward_cuda(ctx, x_chunk, args.weight, logits, DType::bf16, rows, hidden, vocab, stream);
-    cross_entropy_rows_cuda(logits, args.labels + begin, rows, vocab, backward, grad_scale, args.token_loss + begin,
+    cross_entropy_rows_cuda(logits, labels, rows, vocab, backward, grad_scale, args.token_loss + begin,
                             args.lse + begin, args.bad_label_position, stream);
-    if (args.d_hidden != nullptr)
-      linear_backward_input_cuda(ctx, logits, args.weight, args.d_hidden + begin * hidden, rows, hidden, vocab, stream);
+    if (args.d_hidden != nullptr) {
+      __nv_bfloat16* dx = gathered ? dx_rows : args.d_hidden + begin * hidden;
+      linear_backward_input_cuda(ctx, logits, args.weight, dx, rows, hidden, vocab, stream);
+      if (gathered) copy_rows(true, dx_rows, args.rows + begin, rows, hidden, args.d_hidden, nullptr, nullptr, stream);
+    }
     if (args.d_weight != nullptr)
       linear_backward_weight_cuda(ctx, logits, x_chunk, args.d_weight, rows, hidden, vocab, stream);
   }
   const float inv_count = args.num_supervised > 0 ? 1.0f / static_cast<float>(args.num_supervised) : 0.0f;
-  mean_loss_kernel<<<1, kReduceThreads, 0, stream>>>(args.token_loss, tokens, inv_count, args.loss);
+  mean_loss_kernel<<<1, kReduceThreads, 0, stream>>>(args.token_loss, total, inv_count, args.loss);
   CUDA_CHECK_LAUNCH();
 }
 

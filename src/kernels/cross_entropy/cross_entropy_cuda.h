@@ -24,21 +24,29 @@ void cross_entropy_rows_cuda(__nv_bfloat16* logits, const int64_t* labels, int64
                              bool write_grad, float grad_scale, float* token_loss, float* lse,
                              int32_t* bad_label_position, cudaStream_t stream);
 
-// Bytes of scratch for lm_head_cross_entropy_cuda: one bf16 logits chunk [chunk_rows, V].
-size_t lm_head_cross_entropy_workspace_bytes(int64_t chunk_rows, int64_t vocab);
+// Bytes of scratch for lm_head_cross_entropy_cuda: one bf16 logits chunk [chunk_rows, V], and
+// for listed rows the chunk's gathered hidden states and their gradient [chunk_rows, H] and labels.
+size_t lm_head_cross_entropy_workspace_bytes(int64_t chunk_rows, int64_t vocab, int64_t hidden);
 
 struct LmHeadLossArgs {
   const __nv_bfloat16* hidden = nullptr;  // [T, H], the final-normed states
   const __nv_bfloat16* weight = nullptr;  // [V, H], lm_head (or the tied embedding)
   const int64_t* labels = nullptr;        // [T], shifted; -100 ignored
   int64_t num_tokens = 0, hidden_size = 0, vocab = 0;
+  // The rows that carry a label (int32 indices into [0, T), num_rows of them), or null: every row.
+  // Listed, only those rows pass through lm_head, so an SFT batch's prompt and image tokens cost
+  // no logits: they would add nothing (an ignored row's loss and gradient are zero). token_loss
+  // and lse then hold num_rows values in the list's order, and d_hidden is zero on the other rows.
+  // Needs H a multiple of 8 and 16-byte aligned hidden / d_hidden.
+  const int32_t* rows = nullptr;
+  int64_t num_rows = 0;
   // The mean is over this many supervised tokens: the global batch's count, known on the host
   // from the packed labels, so that micro-batches and ranks normalise alike (no device sync).
   int64_t num_supervised = 0;
   float d_loss = 1.0f;       // upstream gradient of the mean loss
   int64_t chunk_rows = 1024; // tokens per chunk
-  float* token_loss = nullptr;  // [T] f32 written
-  float* lse = nullptr;         // [T] f32 written
+  float* token_loss = nullptr;  // [T] f32 written (listed rows: [num_rows])
+  float* lse = nullptr;         // [T] f32 written (listed rows: [num_rows])
   float* loss = nullptr;        // [1] f32 written: sum(token_loss) / num_supervised (0 when 0)
   __nv_bfloat16* d_hidden = nullptr;  // [T, H] written, or null (then no backward at all when d_weight is null too)
   float* d_weight = nullptr;          // [V, H] f32 added to, or null

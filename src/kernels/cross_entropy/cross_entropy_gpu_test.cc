@@ -77,12 +77,29 @@ TEST(CrossEntropyGpu, RowKernelMatchesReference) {
 
 struct LmHeadCase {
   int64_t tokens, hidden, vocab, chunk_rows, extra_global_count;
+  bool listed = false;  // only the supervised rows, listed (LmHeadLossArgs::rows)
 };
 
+// The rows whose label is not ignored, in order, on the device.
+std::vector<int32_t> supervised_rows(const HostTensor& labels) {
+  std::vector<int32_t> rows;
+  for (int64_t i = 0; i < labels.numel(); ++i)
+    if (labels.as<int64_t>()[i] != kIgnoreIndex) rows.push_back(static_cast<int32_t>(i));
+  return rows;
+}
+
+DeviceBuffer rows_to_device(const std::vector<int32_t>& rows) {
+  DeviceBuffer out(std::max<size_t>(rows.size(), 1) * sizeof(int32_t));
+  if (!rows.empty())
+    CUDA_CHECK(cudaMemcpy(out.data(), rows.data(), rows.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  return out;
+}
+
 void check_lm_head(const LmHeadCase& c, uint64_t seed) {
-  std::printf("lm_head+CE T=%lld H=%lld V=%lld chunk=%lld global count = local + %lld\n",
+  std::printf("lm_head+CE T=%lld H=%lld V=%lld chunk=%lld global count = local + %lld%s\n",
               static_cast<long long>(c.tokens), static_cast<long long>(c.hidden), static_cast<long long>(c.vocab),
-              static_cast<long long>(c.chunk_rows), static_cast<long long>(c.extra_global_count));
+              static_cast<long long>(c.chunk_rows), static_cast<long long>(c.extra_global_count),
+              c.listed ? ", supervised rows listed" : "");
   HostTensor x = random_bf16_exact({c.tokens, c.hidden}, seed);
   HostTensor w = random_bf16_exact({c.vocab, c.hidden}, seed + 1, 2.0f / std::sqrt(static_cast<float>(c.hidden)));
   HostTensor labels = random_labels(c.tokens, c.vocab, seed + 2);
@@ -122,9 +139,15 @@ void check_lm_head(const LmHeadCase& c, uint64_t seed) {
   DeviceTensor dx_d = poisoned_device_tensor(DType::bf16, {c.tokens, c.hidden});
   DeviceTensor dw_d = to_device(dw_init, DType::f32);
   DeviceTensor flag = zero_flag();
-  DeviceBuffer workspace(lm_head_cross_entropy_workspace_bytes(c.chunk_rows, c.vocab));
+  DeviceBuffer workspace(lm_head_cross_entropy_workspace_bytes(c.chunk_rows, c.vocab, c.hidden));
+  const std::vector<int32_t> rows = supervised_rows(labels);
+  const DeviceBuffer rows_d = rows_to_device(rows);
   GemmContext ctx;
   LmHeadLossArgs args;
+  if (c.listed) {
+    args.rows = rows_d.as<int32_t>();
+    args.num_rows = static_cast<int64_t>(rows.size());
+  }
   args.hidden = bf16_ptr(x_d);
   args.weight = bf16_ptr(w_d);
   args.labels = labels_d.view.as<int64_t>();
@@ -155,7 +178,27 @@ void check_lm_head(const LmHeadCase& c, uint64_t seed) {
   // land near a rounding boundary; the loss averages that out far below 1e-3.
   EXPECT_LE(loss_error, 1e-3);
   EXPECT_LE(loss_vs_fp32_logits, 1e-2);  // bf16 logits stay close to the exact loss
-  expect_close("lse (f32)", lse_d, lse_ref, 1e-3);
+  if (c.listed) {
+    // lse holds the listed rows' values in order; the other rows' input gradient is exactly zero.
+    HostTensor lse_got = to_host(lse_d.view), lse_listed(DType::f32, {std::max<int64_t>(1, args.num_rows)}),
+               lse_want(DType::f32, {std::max<int64_t>(1, args.num_rows)});
+    for (size_t i = 0; i < rows.size(); ++i) {
+      lse_listed.as<float>()[i] = lse_got.as<float>()[i];
+      lse_want.as<float>()[i] = lse_ref.as<float>()[rows[i]];
+    }
+    if (!rows.empty()) {
+      EXPECT_LE(compare_tensors("lse of the listed rows (f32)", lse_listed, lse_want).rel_l2, 1e-3);
+    }
+    HostTensor dx_got = to_host(dx_d.view).to_f32();
+    int64_t nonzero_unlisted = 0;
+    for (int64_t t = 0; t < c.tokens; ++t) {
+      if (labels.as<int64_t>()[t] != kIgnoreIndex) continue;
+      for (int64_t h = 0; h < c.hidden; ++h) nonzero_unlisted += dx_got.as<float>()[t * c.hidden + h] != 0.0f;
+    }
+    EXPECT_EQ(nonzero_unlisted, 0) << "d_hidden of rows not listed";
+  } else {
+    expect_close("lse (f32)", lse_d, lse_ref, 1e-3);
+  }
   expect_close("d_hidden (bf16)", dx_d, dx_ref, 1e-2);
   HostTensor dw_added = to_host(dw_d.view);
   for (int64_t i = 0; i < c.vocab * c.hidden; ++i) dw_added.as<float>()[i] -= dw_init.as<float>()[i];
@@ -172,35 +215,51 @@ TEST(CrossEntropyGpu, ChunkedLmHeadMatchesReference) {
   check_lm_head({128, 2048, 300, 64, 0}, 40); // the 35B hidden width
 }
 
+// Only the supervised rows through lm_head: the same loss and gradients as every row.
+TEST(CrossEntropyGpu, ListedSupervisedRowsMatchReference) {
+  check_lm_head({67, 96, 1000, 16, 0, true}, 50);    // several chunks of listed rows, partial last one
+  check_lm_head({1, 64, 512, 1024, 0, true}, 60);    // T = 1 (listed or not, by the seed's draw)
+  check_lm_head({45, 40, 517, 7, 11, true}, 70);     // odd V, global count > local
+  check_lm_head({128, 2048, 300, 64, 0, true}, 80);  // the 35B hidden width
+}
+
 TEST(CrossEntropyGpu, NothingSupervisedGivesZeroLossAndGradient) {
-  const int64_t tokens = 6, hidden = 16, vocab = 40;
-  HostTensor labels(DType::i64, {tokens});
-  for (int64_t i = 0; i < tokens; ++i) labels.as<int64_t>()[i] = kIgnoreIndex;
-  DeviceTensor x = to_device(random_bf16_exact({tokens, hidden}, 1), DType::bf16);
-  DeviceTensor w = to_device(random_bf16_exact({vocab, hidden}, 2), DType::bf16);
-  DeviceTensor labels_d = to_device(labels);
-  DeviceTensor token_loss = poisoned_device_tensor(DType::f32, {tokens}), lse = poisoned_device_tensor(DType::f32, {tokens});
-  DeviceTensor loss = poisoned_device_tensor(DType::f32, {1});
-  DeviceTensor dx = poisoned_device_tensor(DType::bf16, {tokens, hidden});
-  DeviceBuffer workspace(lm_head_cross_entropy_workspace_bytes(tokens, vocab));
-  GemmContext ctx;
-  LmHeadLossArgs args;
-  args.hidden = bf16_ptr(x);
-  args.weight = bf16_ptr(w);
-  args.labels = labels_d.view.as<int64_t>();
-  args.num_tokens = tokens;
-  args.hidden_size = hidden;
-  args.vocab = vocab;
-  args.num_supervised = 0;
-  args.chunk_rows = tokens;
-  args.token_loss = f32_ptr(token_loss);
-  args.lse = f32_ptr(lse);
-  args.loss = f32_ptr(loss);
-  args.d_hidden = bf16_ptr(dx);
-  lm_head_cross_entropy_cuda(ctx, args, workspace.data(), workspace.bytes(), nullptr);
-  EXPECT_EQ(to_host(loss.view).as<float>()[0], 0.0f);
-  HostTensor dx_host = to_host(dx.view).to_f32();
-  for (int64_t i = 0; i < tokens * hidden; ++i) EXPECT_EQ(dx_host.as<float>()[i], 0.0f);
+  for (const bool listed : {false, true}) {
+    const int64_t tokens = 6, hidden = 16, vocab = 40;
+    HostTensor labels(DType::i64, {tokens});
+    for (int64_t i = 0; i < tokens; ++i) labels.as<int64_t>()[i] = kIgnoreIndex;
+    DeviceTensor x = to_device(random_bf16_exact({tokens, hidden}, 1), DType::bf16);
+    DeviceTensor w = to_device(random_bf16_exact({vocab, hidden}, 2), DType::bf16);
+    DeviceTensor labels_d = to_device(labels);
+    DeviceTensor token_loss = poisoned_device_tensor(DType::f32, {tokens});
+    DeviceTensor lse = poisoned_device_tensor(DType::f32, {tokens});
+    DeviceTensor loss = poisoned_device_tensor(DType::f32, {1});
+    DeviceTensor dx = poisoned_device_tensor(DType::bf16, {tokens, hidden});
+    DeviceBuffer workspace(lm_head_cross_entropy_workspace_bytes(tokens, vocab, hidden));
+    const DeviceBuffer no_rows(sizeof(int32_t));
+    GemmContext ctx;
+    LmHeadLossArgs args;
+    if (listed) {
+      args.rows = no_rows.as<int32_t>();  // an empty list
+      args.num_rows = 0;
+    }
+    args.hidden = bf16_ptr(x);
+    args.weight = bf16_ptr(w);
+    args.labels = labels_d.view.as<int64_t>();
+    args.num_tokens = tokens;
+    args.hidden_size = hidden;
+    args.vocab = vocab;
+    args.num_supervised = 0;
+    args.chunk_rows = tokens;
+    args.token_loss = f32_ptr(token_loss);
+    args.lse = f32_ptr(lse);
+    args.loss = f32_ptr(loss);
+    args.d_hidden = bf16_ptr(dx);
+    lm_head_cross_entropy_cuda(ctx, args, workspace.data(), workspace.bytes(), nullptr);
+    EXPECT_EQ(to_host(loss.view).as<float>()[0], 0.0f) << (listed ? "listed" : "every row");
+    HostTensor dx_host = to_host(dx.view).to_f32();
+    for (int64_t i = 0; i < tokens * hidden; ++i) EXPECT_EQ(dx_host.as<float>()[i], 0.0f);
+  }
 }
 
 TEST(CrossEntropyGpu, BadLabelIsReportedAndIgnored) {
@@ -242,7 +301,7 @@ TEST(CrossEntropyGpu, TimingAt35BShapes) {
   DeviceTensor dx = device_tensor(DType::bf16, {tokens, hidden});
   DeviceTensor dw = device_tensor(DType::f32, {vocab, hidden});
   device_fill_bytes(dw.view, 0);
-  DeviceBuffer workspace(lm_head_cross_entropy_workspace_bytes(chunk_rows, vocab));
+  DeviceBuffer workspace(lm_head_cross_entropy_workspace_bytes(chunk_rows, vocab, hidden));
   GemmContext ctx;
   LmHeadLossArgs args;
   args.hidden = bf16_ptr(x);
@@ -267,6 +326,18 @@ TEST(CrossEntropyGpu, TimingAt35BShapes) {
     lm_head_cross_entropy_cuda(ctx, args, workspace.data(), workspace.bytes(), s);
   }, nullptr, 2, 5);
   print_flop_timing("lm_head+CE fwd+bwd (6 T V H) T=8192", full, 3 * gemm_flops);
+  // Half the rows supervised (a chat batch's prompts, an image's tokens), listed: half the work.
+  std::vector<int32_t> half;
+  for (int32_t t = 0; t < tokens; t += 2) half.push_back(t);
+  const DeviceBuffer half_d = rows_to_device(half);
+  args.rows = half_d.as<int32_t>();
+  args.num_rows = static_cast<int64_t>(half.size());
+  double listed = median_ms([&](cudaStream_t s) {
+    lm_head_cross_entropy_cuda(ctx, args, workspace.data(), workspace.bytes(), s);
+  }, nullptr, 2, 5);
+  print_flop_timing("lm_head+CE fwd+bwd, half the rows listed", listed, 1.5 * gemm_flops);
+  args.rows = nullptr;
+  args.num_rows = 0;
   DeviceTensor row_logits = to_device(random_normal_tensor({chunk_rows, vocab}, 4, 3.0f), DType::bf16);
   double rows_ms = median_ms([&](cudaStream_t s) {
     cross_entropy_rows_cuda(bf16_ptr(row_logits), labels.view.as<int64_t>(), chunk_rows, vocab, false, 0.0f,

@@ -199,6 +199,7 @@ void carve_text_inputs(ArenaCarver& c, const TextConfig& cfg, const TextActivati
   const int64_t half_rotary = std::max<int64_t>(text_rotary_dim(cfg) / 2, 1);
   out->ids = c.take<int64_t>(T);
   out->labels = c.take<int64_t>(T);
+  out->supervised_rows = c.take<int32_t>(T);
   out->embed_sorted_tokens = c.take<int32_t>(T);
   out->embed_segment_offsets = c.take<int32_t>(T + 1);
   out->embed_segment_ids = c.take<int64_t>(T);

@@ -156,6 +156,7 @@ size_t text_activation_bytes(const TextConfig& config, const TextActivationSpec&
 struct TextInputs {
   int64_t* ids = nullptr;                  // [T]
   int64_t* labels = nullptr;               // [T] shifted, -100 ignored
+  int32_t* supervised_rows = nullptr;      // [T] the rows whose label is not ignored, in order (first S used)
   int32_t* embed_sorted_tokens = nullptr;  // [T]   (embedding_grad_plan.h)
   int32_t* embed_segment_offsets = nullptr;  // [T + 1]
   int64_t* embed_segment_ids = nullptr;    // [T]
@@ -163,8 +164,8 @@ struct TextInputs {
   int64_t* positions = nullptr;            // [3, T]
   float* rope_cos = nullptr;               // [T, rotary / 2]
   float* rope_sin = nullptr;
-  float* token_loss = nullptr;             // [T]
-  float* lse = nullptr;                    // [T]
+  float* token_loss = nullptr;             // [T] (the supervised rows' first, in order)
+  float* lse = nullptr;                    // [T] (likewise)
   float* loss = nullptr;                   // mean CE of the last forward
   double* aux_loss = nullptr;
   double* aux_counts = nullptr;            // [E] selection counts over all layers

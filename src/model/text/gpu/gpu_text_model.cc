@@ -80,7 +80,7 @@ size_t step_workspace_bytes(const TextConfig& cfg, int64_t T, int64_t num_seqs, 
   need(shared_expert_forward_workspace_bytes(T, C, cfg.shared_expert_intermediate_size));
   need(shared_expert_backward_workspace_bytes(T, C, cfg.shared_expert_intermediate_size));
   need(moe_aux_loss_accumulate_workspace_bytes(T, E));
-  need(lm_head_cross_entropy_workspace_bytes(std::min(loss_chunk_rows, T), cfg.vocab_size));
+  need(lm_head_cross_entropy_workspace_bytes(std::min(loss_chunk_rows, T), cfg.vocab_size, C));
   return bytes;
 }
 
@@ -295,6 +295,16 @@ void GpuTextModel::set_batch(const std::vector<int64_t>& ids, const std::vector<
   };
   stage(inputs_.ids, host.ids, ids.data(), static_cast<size_t>(T) * 8);
   stage(inputs_.labels, host.labels, shifted_labels.data(), static_cast<size_t>(T) * 8);
+  // The supervised rows, listed for the loss head (only they pass through lm_head), written
+  // straight into the pinned staging.
+  int64_t listed = 0;
+  for (int64_t t = 0; t < T; ++t)
+    if (shifted_labels[static_cast<size_t>(t)] != -100) host.supervised_rows[listed++] = static_cast<int32_t>(t);
+  if (listed > 0) {
+    CUDA_CHECK(cudaMemcpyAsync(inputs_.supervised_rows, host.supervised_rows, static_cast<size_t>(listed) * 4,
+                               cudaMemcpyHostToDevice, stream_));
+    uploaded += static_cast<uint64_t>(listed) * 4;
+  }
   stage(inputs_.embed_sorted_tokens, host.embed_sorted_tokens, embed_plan.sorted_tokens.data(),
         embed_plan.sorted_tokens.size() * 4);
   stage(inputs_.embed_segment_offsets, host.embed_segment_offsets, embed_plan.segment_offsets.data(),

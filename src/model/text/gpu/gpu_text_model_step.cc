@@ -222,6 +222,8 @@ void GpuTextModel::forward_loss() {
   loss.hidden_size = config_.hidden_size;
   loss.vocab = config_.vocab_size;
   loss.num_supervised = num_supervised_;
+  loss.rows = inputs_.supervised_rows;
+  loss.num_rows = num_supervised_;
   loss.d_loss = 0.0f;
   loss.chunk_rows = options_.loss_chunk_rows;
   loss.token_loss = inputs_.token_loss;
@@ -272,6 +274,8 @@ void GpuTextModel::backward() {
   loss.hidden_size = C;
   loss.vocab = c.vocab_size;
   loss.num_supervised = num_supervised_;
+  loss.rows = inputs_.supervised_rows;
+  loss.num_rows = num_supervised_;
   loss.d_loss = options_.ce_loss_weight;
   loss.chunk_rows = options_.loss_chunk_rows;
   loss.token_loss = inputs_.token_loss;
