@@ -109,10 +109,10 @@ __global__ void mean_loss_kernel(const float* token_loss, int64_t rows, float in
   }
 }
 
-// dst[i] = src[rows[i]] for i < n: whole bf16 rows of `hidden` elements (a multiple of 8, 16-byte
-// aligned rows: the loss head's hidden states) and, when labels_src is set, the rows' labels. One
-// warp a row. Used the other way round (scatter) with `inverse`: dst[rows[i]] = src[i].
-template <bool kInverse>
+// dst[i] = src[rows[i]] for i < n: whole bf16 rows of `hidden` elements (16-byte words when the
+// rows allow, kVector) and, when labels_src is set, the rows' labels. One warp a row. With
+// kInverse the other way round (scatter): dst[rows[i]] = src[i].
+template <bool kInverse, bool kVector>
 __global__ void copy_rows_kernel(const __nv_bfloat16* src, const int32_t* rows, int64_t n, int64_t hidden,
                                  __nv_bfloat16* dst, const int64_t* labels_src, int64_t* labels_dst) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -120,10 +120,25 @@ __global__ void copy_rows_kernel(const __nv_bfloat16* src, const int32_t* rows, 
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t row = rows[i];
   const int64_t from = kInverse ? i : row, to = kInverse ? row : i;
-  const uint4* in = reinterpret_cast<const uint4*>(src + from * hidden);
-  uint4* out = reinterpret_cast<uint4*>(dst + to * hidden);
-  for (int64_t c = lane; c < hidden / 8; c += 32) out[c] = in[c];
+  if constexpr (kVector) {
+    const uint4* in = reinterpret_cast<const uint4*>(src + from * hidden);
+    uint4* out = reinterpret_cast<uint4*>(dst + to * hidden);
+    for (int64_t c = lane; c < hidden / 8; c += 32) out[c] = in[c];
+  } else {
+    for (int64_t c = lane; c < hidden; c += 32) dst[to * hidden + c] = src[from * hidden + c];
+  }
   if (labels_src != nullptr && lane == 0) labels_dst[i] = labels_src[row];
+}
+
+template <bool kInverse>
+void launch_copy_rows(bool vector, unsigned grid, unsigned threads, const __nv_bfloat16* src, const int32_t* rows,
+                      int64_t n, int64_t hidden, __nv_bfloat16* dst, const int64_t* labels_src, int64_t* labels_dst,
+                      cudaStream_t stream) {
+  if (vector) {
+    copy_rows_kernel<kInverse, true><<<grid, threads, 0, stream>>>(src, rows, n, hidden, dst, labels_src, labels_dst);
+  } else {
+    copy_rows_kernel<kInverse, false><<<grid, threads, 0, stream>>>(src, rows, n, hidden, dst, labels_src, labels_dst);
+  }
 }
 
 void copy_rows(bool inverse, const __nv_bfloat16* src, const int32_t* rows, int64_t n, int64_t hidden,
@@ -131,10 +146,12 @@ void copy_rows(bool inverse, const __nv_bfloat16* src, const int32_t* rows, int6
   if (n == 0) return;
   constexpr int kWarps = 8;
   const unsigned grid = static_cast<unsigned>((n + kWarps - 1) / kWarps);
+  const bool vector = hidden % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(dst) % 16 == 0;
   if (inverse) {
-    copy_rows_kernel<true><<<grid, 32 * kWarps, 0, stream>>>(src, rows, n, hidden, dst, labels_src, labels_dst);
+    launch_copy_rows<true>(vector, grid, 32 * kWarps, src, rows, n, hidden, dst, labels_src, labels_dst, stream);
   } else {
-    copy_rows_kernel<false><<<grid, 32 * kWarps, 0, stream>>>(src, rows, n, hidden, dst, labels_src, labels_dst);
+    launch_copy_rows<false>(vector, grid, 32 * kWarps, src, rows, n, hidden, dst, labels_src, labels_dst, stream);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -181,9 +198,6 @@ void lm_head_cross_entropy_cuda(GemmContext& ctx, const LmHeadLossArgs& args, vo
   const bool gathered = args.rows != nullptr;
   CHECK(!gathered || (args.num_rows >= 0 && args.num_rows <= tokens), "lm_head_cross_entropy_cuda: ", args.num_rows,
         " listed rows of ", tokens, " tokens");
-  CHECK(!gathered || (hidden % 8 == 0 && reinterpret_cast<uintptr_t>(args.hidden) % 16 == 0 &&
-                      (args.d_hidden == nullptr || reinterpret_cast<uintptr_t>(args.d_hidden) % 16 == 0)),
-        "lm_head_cross_entropy_cuda: listed rows need 16-byte rows of hidden states (H = ", hidden, ")");
   const int64_t chunk_rows = std::min(args.chunk_rows, std::max<int64_t>(tokens, 1));
   const size_t needed = lm_head_cross_entropy_workspace_bytes(chunk_rows, vocab, hidden);
   CHECK(workspace_bytes >= needed, "lm_head_cross_entropy_cuda: workspace of ", workspace_bytes, " bytes, needs ",

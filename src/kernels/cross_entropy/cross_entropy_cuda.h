@@ -37,7 +37,6 @@ struct LmHeadLossArgs {
   // Listed, only those rows pass through lm_head, so an SFT batch's prompt and image tokens cost
   // no logits: they would add nothing (an ignored row's loss and gradient are zero). token_loss
   // and lse then hold num_rows values in the list's order, and d_hidden is zero on the other rows.
-  // Needs H a multiple of 8 and 16-byte aligned hidden / d_hidden.
   const int32_t* rows = nullptr;
   int64_t num_rows = 0;
   // The mean is over this many supervised tokens: the global batch's count, known on the host
