@@ -275,6 +275,17 @@ int run_bench(const ArgParser& args) {
     image_tokens += batch.num_image_tokens;
     images += static_cast<int64_t>(batch.image_grid_thw.size());
   }
+  // A sample takes images, in --images' order, while the next one fits its share of the tokens; one
+  // that does not ends the sample's images. Asked for images and given none, the run would time a
+  // text step under a VLM label: refuse it.
+  int64_t images_in_any_step = 0;
+  for (const std::vector<MicroBatch>& batches : step_batches)
+    for (const MicroBatch& batch : batches) images_in_any_step += static_cast<int64_t>(batch.image_grid_thw.size());
+  CHECK(grids.empty() || images_in_any_step > 0, "bench: --images ", args.get("images"),
+        " but no image fits a sample: the next image, ", grids[next_grid % grids.size()].first, "x",
+        grids[next_grid % grids.size()].second, " merged tokens + 2, is more than --image_fraction ", image_fraction,
+        " of a sample's tokens (", tokens, " over ", seqs, " samples); use fewer --seqs, a larger --image_fraction ",
+        "or smaller --images");
 
   std::vector<double> step_ms;
   double first_loss = 0, last_loss = 0, flops = 0;
