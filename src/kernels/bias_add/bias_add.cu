@@ -56,14 +56,18 @@ __global__ void column_sum_partial_kernel(const TDy* dy, float* partial, int64_t
   store_block_column_sums<kVec>(acc, c < features, partial + chunk * features + c);
 }
 
-// d_bias[c] += the sum over chunks of partial[chunk, c].
+// outs.out[k][c] += the sum over chunks of partial[k][chunk, c] (blockIdx.y = k; a null output's
+// blocks leave at once).
 __global__ void column_partials_reduce_kernel(const float* partial, int64_t num_chunks, int64_t features,
-                                              float* d_bias) {
+                                              ColumnPartialsOutputs outs) {
+  float* out = outs.out[blockIdx.y];
+  if (out == nullptr) return;
+  partial += static_cast<int64_t>(blockIdx.y) * num_chunks * features;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnSumThreads + threadIdx.x;
   float acc[1] = {0.0f};
   if (c < features)
     for (int64_t chunk = threadIdx.y; chunk < num_chunks; chunk += kColumnSumRows) acc[0] += partial[chunk * features + c];
-  store_block_column_sums<1, true>(acc, c < features, d_bias + c);
+  store_block_column_sums<1, true>(acc, c < features, out + c);
 }
 
 unsigned grid_stride_blocks(int64_t work) {
@@ -126,14 +130,26 @@ size_t bias_add_backward_workspace_bytes(int64_t rows, int64_t features) {
          sizeof(float);
 }
 
-void column_partials_reduce_cuda(const float* partial, int64_t num_chunks, int64_t features, float* d_bias,
-                                 cudaStream_t stream) {
+void column_partials_reduce_cuda(const float* partial, int64_t num_chunks, int64_t features,
+                                 const ColumnPartialsOutputs& outs, cudaStream_t stream) {
   CHECK(num_chunks > 0 && features > 0, "column_partials_reduce_cuda: bad size chunks ", num_chunks, ", features ",
         features);
-  const unsigned blocks = static_cast<unsigned>((features + kColumnSumThreads - 1) / kColumnSumThreads);
-  column_partials_reduce_kernel<<<blocks, dim3(kColumnSumThreads, kColumnSumRows), 0, stream>>>(partial, num_chunks,
-                                                                                                features, d_bias);
+  int arrays = 0;
+  for (int k = 0; k < ColumnPartialsOutputs::kMaxArrays; ++k)
+    if (outs.out[k] != nullptr) arrays = k + 1;
+  if (arrays == 0) return;
+  const dim3 grid(static_cast<unsigned>((features + kColumnSumThreads - 1) / kColumnSumThreads),
+                  static_cast<unsigned>(arrays));
+  column_partials_reduce_kernel<<<grid, dim3(kColumnSumThreads, kColumnSumRows), 0, stream>>>(partial, num_chunks,
+                                                                                              features, outs);
   CUDA_CHECK_LAUNCH();
+}
+
+void column_partials_reduce_cuda(const float* partial, int64_t num_chunks, int64_t features, float* d_bias,
+                                 cudaStream_t stream) {
+  ColumnPartialsOutputs outs;
+  outs.out[0] = d_bias;
+  column_partials_reduce_cuda(partial, num_chunks, features, outs, stream);
 }
 
 void bias_add_backward_cuda(const __nv_bfloat16* dy, float* d_bias, int64_t rows, int64_t features, void* workspace,

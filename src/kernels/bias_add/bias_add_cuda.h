@@ -33,4 +33,14 @@ void bias_add_backward_cuda(const float* dy, float* d_bias, int64_t rows, int64_
 void column_partials_reduce_cuda(const float* partial, int64_t num_chunks, int64_t features, float* d_bias,
                                  cudaStream_t stream);
 
+// Several sums at once (LayerNorm's parameter and stream-bias gradients): partial holds
+// kMaxArrays stacked [num_chunks, features] arrays; out[k] (null: not wanted) += array k's column
+// sums, chunks in order. One launch.
+struct ColumnPartialsOutputs {
+  static constexpr int kMaxArrays = 4;
+  float* out[kMaxArrays] = {};
+};
+void column_partials_reduce_cuda(const float* partial, int64_t num_chunks, int64_t features,
+                                 const ColumnPartialsOutputs& outs, cudaStream_t stream);
+
 }  // namespace deltamoe

@@ -162,17 +162,16 @@ TEST(VisionBlockGpu, TimingAtEightImagesOf448) {
     void* ws = scratch.data();
     const size_t ws_bytes = scratch.bytes();
     // fc2 (its output joins the residual stream: d_out reaches both fc2 and h1).
-    // The branch products read the bf16 copy of the stream gradient.
-    bias_add_backward_cuda(bf(d_out_bf16), f32_ptr(g.fc2_b), n, kWidth, ws, ws_bytes, s);
+    // The branch products read the bf16 copy of the stream gradient; norm2's backward sums the fp32
+    // stream gradients into the biases of fc2 (the one it reads) and proj (the one it writes).
     linear_backward_input_cuda(gemm, bf(d_out_bf16), bf(w.fc2_w), bf(d_act), n, kMlp, kWidth, s);
     linear_backward_weight_cuda(gemm, bf(d_out_bf16), bf(act), f32_ptr(g.fc2_w), n, kMlp, kWidth, s);
     gelu_backward_cuda(GeluKind::tanh, bf(fc1), bf(d_act), bf(d_act), f32_ptr(g.fc1_b), n, kMlp, ws, ws_bytes, s);
     linear_backward_input_cuda(gemm, bf(d_act), bf(w.fc1_w), bf(d_ln2), n, kWidth, kMlp, s);
     linear_backward_weight_cuda(gemm, bf(d_act), bf(ln2), f32_ptr(g.fc1_w), n, kWidth, kMlp, s);
     layer_norm_backward_cuda(f32_ptr(h1), f32_ptr(w.norm2_w), f32_ptr(mean2), f32_ptr(rstd2), bf(d_ln2),
-                             f32_ptr(d_out), f32_ptr(d_h1), bf(d_h1_bf16), f32_ptr(g.norm2_w), f32_ptr(g.norm2_b), n,
-                             kWidth, ws, ws_bytes, s);
-    bias_add_backward_cuda(bf(d_h1_bf16), f32_ptr(g.proj_b), n, kWidth, ws, ws_bytes, s);
+                             f32_ptr(d_out), f32_ptr(d_h1), bf(d_h1_bf16), f32_ptr(g.norm2_w), f32_ptr(g.norm2_b),
+                             {.of_d_skip = f32_ptr(g.fc2_b), .of_dx = f32_ptr(g.proj_b)}, n, kWidth, ws, ws_bytes, s);
     linear_backward_input_cuda(gemm, bf(d_h1_bf16), bf(w.proj_w), bf(d_attn), n, hd, kWidth, s);
     linear_backward_weight_cuda(gemm, bf(d_h1_bf16), bf(attn), f32_ptr(g.proj_w), n, hd, kWidth, s);
     bidirectional_attention_backward_cuda(bf(q), bf(k), bf(v), bf(attn), f32_ptr(lse), bf(d_attn),
@@ -187,8 +186,8 @@ TEST(VisionBlockGpu, TimingAtEightImagesOf448) {
     linear_backward_input_cuda(gemm, bf(dqkv), bf(w.qkv_w), bf(d_ln1), n, kWidth, 3 * hd, s);
     linear_backward_weight_cuda(gemm, bf(dqkv), bf(ln1), f32_ptr(g.qkv_w), n, kWidth, 3 * hd, s);
     layer_norm_backward_cuda(f32_ptr(x), f32_ptr(w.norm1_w), f32_ptr(mean1), f32_ptr(rstd1), bf(d_ln1), f32_ptr(d_h1),
-                             f32_ptr(dx), bf(dx_bf16), f32_ptr(g.norm1_w), f32_ptr(g.norm1_b), n, kWidth, ws, ws_bytes,
-                             s);
+                             f32_ptr(dx), bf(dx_bf16), f32_ptr(g.norm1_w), f32_ptr(g.norm1_b), {}, n, kWidth, ws,
+                             ws_bytes, s);
   };
 
   block_forward(nullptr);

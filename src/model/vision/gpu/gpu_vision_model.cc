@@ -415,7 +415,7 @@ void GpuVisionModel::backward(const Bf16* d_merged) {
   const float* merger_x = config_.depth > 0 ? acts_.merger_in : acts_.embedded;
   layer_norm_backward_cuda(merger_x, W.merger_norm_weight.f32, acts_.merger_mean, acts_.merger_rstd, acts_.grad_norm,
                            nullptr, acts_.grad_stream, acts_.grad_stream_bf16, W.merger_norm_weight.grad,
-                           W.merger_norm_bias.grad, N, C, ws, ws_bytes, stream_);
+                           W.merger_norm_bias.grad, {}, N, C, ws, ws_bytes, stream_);
   report(GradientPhaseKind::vision_merger, 0);
   if (!spec_.blocks_backward) return;  // nothing below the merger is trained
 
@@ -450,9 +450,9 @@ void GpuVisionModel::block_backward(int64_t block) {
   void* ws = workspace_.data();
   const size_t ws_bytes = workspace_bytes_;
   const Bf16* d_out = acts_.grad_stream_bf16;
-  // MLP branch: d_out reaches both fc2 and, through the residual, h1.
-  // Biases whose output joins the stream take their gradient from the fp32 stream gradient.
-  bias_grad(W.fc2_bias, acts_.grad_stream, true, N, C);
+  // MLP branch: d_out reaches both fc2 and, through the residual, h1. Biases whose output joins the
+  // stream take their gradient from the fp32 stream gradient: norm2's backward sums the one it reads
+  // (fc2's) and the one it writes (proj's) on its pass.
   linear_backward_input_cuda(*gemm_, d_out, W.fc2_weight.w, acts_.grad_wide, N, I, C, stream_);
   lora_backward(W.fc2_weight, b.act, d_out, acts_.grad_wide, DType::bf16, N, I, C);
   weight_grad(W.fc2_weight, d_out, b.act, N, I, C);
@@ -463,10 +463,9 @@ void GpuVisionModel::block_backward(int64_t block) {
   lora_backward(W.fc1_weight, b.ln2, acts_.grad_wide, acts_.grad_norm, DType::f32, N, C, I);
   weight_grad(W.fc1_weight, acts_.grad_wide, b.ln2, N, C, I);
   layer_norm_backward_cuda(b.h1, W.norm2_weight.f32, b.mean2, b.rstd2, acts_.grad_norm, acts_.grad_stream,
-                           acts_.grad_h1, acts_.grad_h1_bf16, W.norm2_weight.grad, W.norm2_bias.grad, N, C, ws, ws_bytes,
-                           stream_);
+                           acts_.grad_h1, acts_.grad_h1_bf16, W.norm2_weight.grad, W.norm2_bias.grad,
+                           {.of_d_skip = W.fc2_bias.grad, .of_dx = W.proj_bias.grad}, N, C, ws, ws_bytes, stream_);
   // Attention branch: the gradient reaching h1 reaches both proj and, through the residual, x_in.
-  bias_grad(W.proj_bias, acts_.grad_h1, true, N, C);
   linear_backward_input_cuda(*gemm_, acts_.grad_h1_bf16, W.proj_weight.w, acts_.grad_attn, N, C, C, stream_);
   lora_backward(W.proj_weight, b.attn, acts_.grad_h1_bf16, acts_.grad_attn, DType::bf16, N, C, C);
   weight_grad(W.proj_weight, acts_.grad_h1_bf16, b.attn, N, C, C);
@@ -493,8 +492,8 @@ void GpuVisionModel::block_backward(int64_t block) {
   weight_grad(W.qkv_weight, d_qkv, b.ln1, N, C, 3 * C);
   // The stream gradient is free again (norm2's backward consumed it): it now receives the input's.
   layer_norm_backward_cuda(b.x_in, W.norm1_weight.f32, b.mean1, b.rstd1, acts_.grad_norm, acts_.grad_h1,
-                           acts_.grad_stream, acts_.grad_stream_bf16, W.norm1_weight.grad, W.norm1_bias.grad, N, C, ws,
-                           ws_bytes, stream_);
+                           acts_.grad_stream, acts_.grad_stream_bf16, W.norm1_weight.grad, W.norm1_bias.grad, {}, N, C,
+                           ws, ws_bytes, stream_);
 }
 
 }  // namespace deltamoe
