@@ -1,7 +1,7 @@
-// CUDA LayerNorm over the fp32 stream: one warp per row for the forward (mean, then squared
-// deviations, then output: the row stays in L1); the backward in one pass that writes dx and the
-// per-chunk partials of every column sum (parameter and stream-bias gradients), reduced in a fixed
-// order afterwards (no atomics, same bits every run).
+// CUDA LayerNorm over the fp32 stream: forward and backward each read their inputs once (a block's
+// rows held a group at a time in registers); the backward writes dx and the per-chunk partials of
+// every column sum (parameter and stream-bias gradients) on that pass, reduced in a fixed order
+// afterwards (no atomics, same bits every run).
 #include <algorithm>
 
 #include "core/cuda_check.h"
@@ -11,8 +11,6 @@
 
 namespace deltamoe {
 namespace {
-
-constexpr int kWarpsPerBlock = 8;
 
 using Bf16 = __nv_bfloat16;
 
@@ -29,79 +27,121 @@ __device__ __forceinline__ void load_input(const Bf16* delta, const float* resid
   }
 }
 
+// Both kernels: a block owns a run of rows and a thread kVec consecutive columns of every row (one
+// sweep covers the row: blockDim.x * kVec >= hidden), rows kGroup at a time held in registers, so
+// that every input is read once from memory. A row's sums over its columns are added over the
+// block's threads in a fixed order (block_row_sums).
+constexpr int kGroup = 4;
+// Threads a block may have: with 8-column vectors a backward thread holds ~165 registers (the
+// group's x, dy and d_skip, four column sums), so 384 threads fit one SM's register file; the
+// forward takes the same widths.
 template <int kVec>
-__global__ void layer_norm_forward_kernel(const Bf16* delta, const float* residual, float* sum_out,
-                                          const float* weight, const float* bias, Bf16* y, float* mean, float* rstd,
-                                          int64_t rows, int64_t hidden, float eps) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (row >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const int64_t base = row * hidden;
-  float sum = 0;
-  for (int64_t c = lane * kVec; c < hidden; c += 32 * kVec) {
-    float s[kVec];
-    load_input<kVec>(delta, residual, base + c, s);
+constexpr int kMaxRowThreads = kVec == 8 ? 384 : 1024;
+constexpr int64_t kForwardRowsPerBlock = 2 * kGroup;
+
+// totals[k] = the sum of parts[k] over the block's threads (warps in order), for every thread.
+// Every thread of the block calls it; the shared arrays are the caller's, reused call after call.
+template <int kN, int kMaxWarps>
+__device__ __forceinline__ void block_row_sums(float (&parts)[kN], float (&warp_parts)[kMaxWarps][kN],
+                                               float (&shared_totals)[kN], float (&totals)[kN]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) sum += s[i];
-  }
-  const float mu = warp_sum(sum) / static_cast<float>(hidden);
-  // Deviations from the mean in a second pass: no cancellation for rows with a large offset.
-  float squares = 0;
-  for (int64_t c = lane * kVec; c < hidden; c += 32 * kVec) {
-    float s[kVec];
-    load_input<kVec>(delta, residual, base + c, s);
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) squares += (s[i] - mu) * (s[i] - mu);
-  }
-  const float inv_std = rsqrtf(warp_sum(squares) / static_cast<float>(hidden) + eps);
+  for (int k = 0; k < kN; ++k) parts[k] = warp_sum(parts[k]);
   if (lane == 0) {
-    mean[row] = mu;
-    rstd[row] = inv_std;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) warp_parts[warp][k] = parts[k];
   }
-  for (int64_t c = lane * kVec; c < hidden; c += 32 * kVec) {
-    float s[kVec], w[kVec], b[kVec], out[kVec];
-    load_input<kVec>(delta, residual, base + c, s);
+  __syncthreads();
+  if (threadIdx.x < kN) {
+    float total = 0;
+    for (int v = 0; v < static_cast<int>(blockDim.x / 32); ++v) total += warp_parts[v][threadIdx.x];
+    shared_totals[threadIdx.x] = total;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < kN; ++k) totals[k] = shared_totals[k];
+}
+
+template <int kVec>
+__global__ void __launch_bounds__(kMaxRowThreads<kVec>) layer_norm_forward_kernel(
+    const Bf16* delta, const float* residual, float* sum_out, const float* weight, const float* bias, Bf16* y,
+    float* mean, float* rstd, int64_t rows, int64_t hidden, float eps) {
+  __shared__ float warp_parts[kMaxRowThreads<kVec> / 32][kGroup];
+  __shared__ float shared_totals[kGroup];
+  const int64_t c = static_cast<int64_t>(threadIdx.x) * kVec;
+  const bool in_row = c < hidden;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kForwardRowsPerBlock;
+  const int64_t last = std::min(rows, first + kForwardRowsPerBlock);
+  const float inv_hidden = 1.0f / static_cast<float>(hidden);
+  float w[kVec] = {}, b[kVec] = {};
+  if (in_row) {
     load_as_f32<kVec>(weight + c, w);
     load_as_f32<kVec>(bias + c, b);
+  }
+  for (int64_t r0 = first; r0 < last; r0 += kGroup) {
+    float s[kGroup][kVec], parts[kGroup], mu[kGroup], inv_std[kGroup];
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) out[i] = (s[i] - mu) * inv_std * w[i] + b[i];
-    // sum_out may alias residual: each element is read and written by the same lane, and this is
-    // the last pass that reads it.
-    if (sum_out != nullptr) store_from_f32<kVec>(sum_out + base + c, s);
-    store_from_f32<kVec>(y + base + c, out);
+    for (int j = 0; j < kGroup; ++j) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) s[j][i] = 0.0f;
+      if (in_row && r0 + j < last) load_input<kVec>(delta, residual, (r0 + j) * hidden + c, s[j]);
+      parts[j] = 0;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) parts[j] += s[j][i];
+    }
+    block_row_sums(parts, warp_parts, shared_totals, mu);
+    // Deviations from the mean in a second sum: no cancellation for rows with a large offset.
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      mu[j] *= inv_hidden;
+      parts[j] = 0;
+      if (in_row) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) parts[j] += (s[j][i] - mu[j]) * (s[j][i] - mu[j]);
+      }
+    }
+    block_row_sums(parts, warp_parts, shared_totals, inv_std);
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      if (r0 + j >= last) break;
+      inv_std[j] = rsqrtf(inv_std[j] * inv_hidden + eps);
+      if (threadIdx.x == 0) {
+        mean[r0 + j] = mu[j];
+        rstd[r0 + j] = inv_std[j];
+      }
+      if (!in_row) continue;
+      float out[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) out[i] = (s[j][i] - mu[j]) * inv_std[j] * w[i] + b[i];
+      // sum_out may alias residual: the group's elements were all read above by this thread.
+      if (sum_out != nullptr) store_from_f32<kVec>(sum_out + (r0 + j) * hidden + c, s[j]);
+      store_from_f32<kVec>(y + (r0 + j) * hidden + c, out);
+    }
   }
 }
 
-// The backward in one pass over the rows. A block owns a chunk of rows and a thread kVec
-// consecutive columns of every row (one sweep covers the row: blockDim.x * kVec >= hidden). Rows go
-// kGroup at a time: each thread loads its columns of x, dy (and d_skip) for the group into
-// registers, the block adds up each row's sum(g) and sum(g xhat) (g = dy w) over its threads in a
-// fixed order, then every thread writes its dx and adds to its column sums: dy xhat (d_weight), dy
+// The backward: a block owns a chunk of rows. For each group, each thread loads its columns of x,
+// dy (and d_skip) into registers, the block adds up each row's sum(g) and sum(g xhat) (g = dy w),
+// then every thread writes its dx and adds to its column sums: dy xhat (d_weight), dy
 // (d_bias), d_skip and dx (the bias gradients of the Linears whose outputs joined the stream here),
 // written per chunk to partials[sum][chunk][column] and reduced in chunk order afterwards. Nothing is
 // read twice from memory, and the sums need no second walk over the rows.
-constexpr int kGroup = 4;
-// Threads a backward block may have: with 8-column vectors a thread holds ~165 registers (the
-// group's x, dy and d_skip, four column sums), so 384 threads fit one SM's register file.
-template <int kVec>
-constexpr int kMaxBackwardThreads = kVec == 8 ? 384 : 1024;
-
 struct LayerNormBackwardSums {  // which column sums the caller wants (partials written for)
   bool d_weight, d_bias, d_skip, dx;
 };
 
 template <int kVec, typename TDy>
-__global__ void __launch_bounds__(kMaxBackwardThreads<kVec>) layer_norm_backward_kernel(
+__global__ void __launch_bounds__(kMaxRowThreads<kVec>) layer_norm_backward_kernel(
     const float* x, const float* weight, const float* mean, const float* rstd, const TDy* dy, const float* d_skip,
     float* dx, Bf16* dx_bf16, float* partials, LayerNormBackwardSums wanted, int64_t rows, int64_t hidden,
     int64_t rows_per_chunk, int64_t chunks) {
-  __shared__ float warp_parts[kMaxBackwardThreads<kVec> / 32][2 * kGroup];
-  __shared__ float row_means[2 * kGroup];  // mean(g), mean(g xhat) of the group's rows
+  __shared__ float warp_parts[kMaxRowThreads<kVec> / 32][2 * kGroup];
+  __shared__ float shared_totals[2 * kGroup];
   const int64_t c = static_cast<int64_t>(threadIdx.x) * kVec;
   const bool in_row = c < hidden;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_chunk;
   const int64_t last = std::min(rows, first + rows_per_chunk);
+  const float inv_hidden = 1.0f / static_cast<float>(hidden);
   float w[kVec] = {};
   if (in_row) load_as_f32<kVec>(weight + c, w);
   float sum_w[kVec] = {}, sum_b[kVec] = {}, sum_skip[kVec] = {}, sum_dx[kVec] = {};
@@ -131,20 +171,13 @@ __global__ void __launch_bounds__(kMaxBackwardThreads<kVec>) layer_norm_backward
         sg += gw;
         sgx += gw * (xv[j][i] - mu[j]) * inv_std[j];
       }
-      parts[2 * j] = warp_sum(sg);
-      parts[2 * j + 1] = warp_sum(sgx);
+      parts[2 * j] = sg;
+      parts[2 * j + 1] = sgx;
     }
-    if (lane == 0) {
+    float row_means[2 * kGroup];  // mean(g), mean(g xhat) of the group's rows
+    block_row_sums(parts, warp_parts, shared_totals, row_means);
 #pragma unroll
-      for (int k = 0; k < 2 * kGroup; ++k) warp_parts[warp][k] = parts[k];
-    }
-    __syncthreads();
-    if (threadIdx.x < 2 * kGroup) {
-      float total = 0;
-      for (int v = 0; v < warps; ++v) total += warp_parts[v][threadIdx.x];
-      row_means[threadIdx.x] = total / static_cast<float>(hidden);
-    }
-    __syncthreads();
+    for (int k = 0; k < 2 * kGroup; ++k) row_means[k] *= inv_hidden;
 #pragma unroll
     for (int j = 0; j < kGroup; ++j) {
       if (!in_row || r0 + j >= last) continue;
@@ -172,6 +205,17 @@ __global__ void __launch_bounds__(kMaxBackwardThreads<kVec>) layer_norm_backward
   if (wanted.dx) store_from_f32<kVec>(partials + 3 * sum_stride + chunk_offset, sum_dx);
 }
 
+// Threads of a block of either kernel: one per kVec columns, whole warps; a row wider than one
+// block's sweep is refused.
+unsigned row_threads(const char* who, int64_t hidden, bool vec8) {
+  const int64_t vec = vec8 ? 8 : 1;
+  const int64_t threads = ((hidden + vec - 1) / vec + 31) / 32 * 32;
+  const int64_t max_threads = vec8 ? kMaxRowThreads<8> : kMaxRowThreads<1>;
+  CHECK(threads <= max_threads, who, ": hidden ", hidden, " is wider than one pass takes (", max_threads * vec,
+        vec8 ? ")" : " columns without 16-byte vectors: hidden not a multiple of 8 or a tensor not 16-byte aligned)");
+  return static_cast<unsigned>(threads);
+}
+
 }  // namespace
 
 void layer_norm_forward_cuda(const Bf16* delta, const float* residual, float* sum_out, const float* weight,
@@ -184,14 +228,16 @@ void layer_norm_forward_cuda(const Bf16* delta, const float* residual, float* su
   CHECK(eps >= 0, "layer_norm_forward_cuda: eps must be >= 0, got ", eps);
   CHECK(residual != nullptr && weight != nullptr && bias != nullptr,
         "layer_norm_forward_cuda: the stream, weight and bias are required");
+  const bool vec8 = can_use_vec8(hidden, delta, residual, sum_out, y) && can_use_vec8(hidden, weight, bias);
+  const unsigned threads = row_threads("layer_norm_forward_cuda", hidden, vec8);
   if (rows == 0) return;
-  const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  if (can_use_vec8(hidden, delta, residual, sum_out, y) && can_use_vec8(hidden, weight, bias)) {
-    layer_norm_forward_kernel<8><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
-        delta, residual, sum_out, weight, bias, y, mean, rstd, rows, hidden, static_cast<float>(eps));
+  const unsigned blocks = static_cast<unsigned>((rows + kForwardRowsPerBlock - 1) / kForwardRowsPerBlock);
+  if (vec8) {
+    layer_norm_forward_kernel<8><<<blocks, threads, 0, stream>>>(delta, residual, sum_out, weight, bias, y, mean, rstd,
+                                                                 rows, hidden, static_cast<float>(eps));
   } else {
-    layer_norm_forward_kernel<1><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
-        delta, residual, sum_out, weight, bias, y, mean, rstd, rows, hidden, static_cast<float>(eps));
+    layer_norm_forward_kernel<1><<<blocks, threads, 0, stream>>>(delta, residual, sum_out, weight, bias, y, mean, rstd,
+                                                                 rows, hidden, static_cast<float>(eps));
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -242,16 +288,11 @@ void launch_backward(const float* x, const float* weight, const float* mean, con
   CHECK(workspace_bytes >= needed, "layer_norm_backward_cuda: workspace of ", workspace_bytes, " bytes, needs ",
         needed);
   const bool vec8 = can_use_vec8(hidden, x, dy, d_skip, dx) && can_use_vec8(hidden, weight, dx_bf16);
-  const int64_t vec = vec8 ? 8 : 1;
-  const int64_t threads = ((hidden + vec - 1) / vec + 31) / 32 * 32;
-  const int64_t max_threads = vec8 ? kMaxBackwardThreads<8> : kMaxBackwardThreads<1>;
-  CHECK(threads <= max_threads, "layer_norm_backward_cuda: hidden ", hidden, " is wider than one pass takes (",
-        max_threads * vec, vec8 ? ")" : " columns without 16-byte vectors: hidden not a multiple of 8 or a tensor "
-        "not 16-byte aligned)");
+  const unsigned threads = row_threads("layer_norm_backward_cuda", hidden, vec8);
   if (rows == 0) return;
   const int64_t rows_per_chunk = backward_rows_per_chunk(rows), chunks = backward_chunks(rows);
   float* partials = sums ? static_cast<float*>(workspace) : nullptr;
-  const dim3 grid(static_cast<unsigned>(chunks)), block(static_cast<unsigned>(threads));
+  const dim3 grid(static_cast<unsigned>(chunks)), block(threads);
   if (vec8) {
     layer_norm_backward_kernel<8, TDy><<<grid, block, 0, stream>>>(x, weight, mean, rstd, dy, d_skip, dx, dx_bf16,
                                                                    partials, wanted, rows, hidden, rows_per_chunk,

@@ -16,7 +16,7 @@ namespace deltamoe {
 // residual [T, C] f32: the stream; delta [T, C] bf16 or null: a block output added to it first.
 // s = residual (+ delta) in fp32 is normalised; sum_out [T, C] f32 receives s when delta is given
 // (may alias residual) and must be null otherwise. weight, bias [C] f32; y [T, C] bf16, mean and
-// rstd [T] f32 written.
+// rstd [T] f32 written. C as the backward takes it (below).
 void layer_norm_forward_cuda(const __nv_bfloat16* delta, const float* residual, float* sum_out, const float* weight,
                              const float* bias, __nv_bfloat16* y, float* mean, float* rstd, int64_t rows,
                              int64_t hidden, double eps, cudaStream_t stream);

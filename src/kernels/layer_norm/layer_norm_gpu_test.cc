@@ -165,6 +165,10 @@ TEST(LayerNormGpu, BadArgumentsAreRejected) {
   EXPECT_THROW(layer_norm_backward_cuda(f32_ptr(wide), f32_ptr(wide_w), f32_ptr(r), f32_ptr(r), f32_ptr(wide), nullptr,
                                         f32_ptr(wide), nullptr, nullptr, nullptr, {}, 1, 3080, nullptr, 0, nullptr),
                Error);
+  DeviceTensor wide_y = device_tensor(DType::bf16, {1, 3080});
+  EXPECT_THROW(layer_norm_forward_cuda(nullptr, f32_ptr(wide), nullptr, f32_ptr(wide_w), f32_ptr(wide_w),
+                                       bf16_ptr(wide_y), f32_ptr(r), f32_ptr(r), 1, 3080, kEps, nullptr),
+               Error);
 }
 
 TEST(LayerNormGpu, TimingAtVisionShapes) {
