@@ -488,6 +488,9 @@ constexpr int kWeightGradSmemBytes = kWeightGradStages * kStageBytes + kConsumer
 static_assert(kWeightGradSmemBytes <= 227 * 1024, "fits the opt-in shared memory of an sm_90 block");
 static_assert(kBlockN % kWeightGradStagingCols == 0 && kWeightGradStagingCols % kWeightGradStoreBoxCols == 0,
               "whole parts of whole boxes");
+static_assert(kWeightGradStagingBufferBytes ==
+                  kWeightGradStagingCols / kWeightGradStoreBoxCols * kWeightGradStoreBoxBytes,
+              "a staging buffer is its store boxes side by side");
 static_assert((kWeightGradStages * kStageBytes) % 1024 == 0 && kWeightGradStagingBufferBytes % 1024 == 0,
               "staging tiles keep the 1024-byte swizzle alignment");
 constexpr int kProducerThreads = 128;
