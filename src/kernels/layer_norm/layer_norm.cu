@@ -218,6 +218,10 @@ unsigned row_threads(const char* who, int64_t hidden, bool vec8) {
 
 }  // namespace
 
+bool layer_norm_cuda_takes(int64_t hidden) {
+  return hidden > 0 && (hidden % 8 == 0 ? hidden <= 8 * kMaxRowThreads<8> : hidden <= kMaxRowThreads<1>);
+}
+
 void layer_norm_forward_cuda(const Bf16* delta, const float* residual, float* sum_out, const float* weight,
                              const float* bias, Bf16* y, float* mean, float* rstd, int64_t rows, int64_t hidden,
                              double eps, cudaStream_t stream) {

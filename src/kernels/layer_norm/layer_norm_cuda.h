@@ -29,6 +29,10 @@ struct LayerNormStreamBiasGrads {
   float* of_dx = nullptr;      // [C] f32 += column sums of dx
 };
 
+// Whether both kernels take rows of `hidden` columns (see the backward's widths below; 16-byte
+// aligned tensors assumed), so that a model can refuse a config when it is built.
+bool layer_norm_cuda_takes(int64_t hidden);
+
 // Scratch for the backward: fp32 per-chunk partials of the column sums.
 size_t layer_norm_backward_workspace_bytes(int64_t rows, int64_t hidden);
 

@@ -171,6 +171,15 @@ TEST(LayerNormGpu, BadArgumentsAreRejected) {
                Error);
 }
 
+TEST(LayerNormGpu, WidthsTheKernelsTakeAreKnownUpFront) {
+  EXPECT_TRUE(layer_norm_cuda_takes(1152));   // the tower's
+  EXPECT_TRUE(layer_norm_cuda_takes(3072));   // the widest with 16-byte vectors
+  EXPECT_FALSE(layer_norm_cuda_takes(3080));
+  EXPECT_TRUE(layer_norm_cuda_takes(1021));   // unvectorised up to 1,024
+  EXPECT_FALSE(layer_norm_cuda_takes(1025));
+  EXPECT_FALSE(layer_norm_cuda_takes(0));
+}
+
 TEST(LayerNormGpu, TimingAtVisionShapes) {
   const int64_t rows = 8 * 28 * 28, hidden = 1152;  // 8 images of 448x448 at patch 16
   DeviceTensor delta = tiled_random_device_tensor({rows, hidden}, 1, 1.0f);

@@ -148,6 +148,8 @@ GpuVisionModel::GpuVisionModel(const VisionConfig& config, const VisionWeights& 
   CHECK(static_cast<int64_t>(weights_.blocks.size()) == config_.depth, "gpu vision model: ", weights_.blocks.size(),
         " bound blocks for depth ", config_.depth);
   block_gelu_kind(config_);  // rejects an unknown activation now rather than in the first forward
+  CHECK(layer_norm_cuda_takes(config_.hidden_size), "gpu vision model: hidden_size ", config_.hidden_size,
+        " is wider than the LayerNorm kernels take (3,072 columns, a multiple of 8; else 1,024)");
   grid_side_ = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(config_.num_position_embeddings))));
   CHECK(grid_side_ * grid_side_ == config_.num_position_embeddings, "gpu vision model: num_position_embeddings ",
         config_.num_position_embeddings, " is not a square");
