@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "kernels/cross_entropy/lm_head_loss_workspace.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_workspace.h"
 #include "kernels/lora/lora_dropout_mask.h"
 #include "model/param_table.h"
@@ -125,9 +126,7 @@ ModelBytes estimate_text_bytes(const TextConfig& config, int64_t max_tokens, int
   const int64_t rows = T * config.num_experts_per_tok;
   const size_t experts = static_cast<size_t>(rows) * static_cast<size_t>(2 * C * 2 + 2 * I * 2 + I * 4 + I * 2);
   // The loss chunk: its bf16 logits, and the gathered supervised rows' hidden states and their gradient.
-  const size_t chunk = static_cast<size_t>(std::min(loss_chunk_rows, T));
-  const size_t logits = chunk * static_cast<size_t>(config.vocab_size) * 2 + chunk * static_cast<size_t>(C) * 4 +
-                        chunk * 8 + 3 * 256;
+  const size_t logits = lm_head_cross_entropy_workspace_bytes(std::min(loss_chunk_rows, T), config.vocab_size, C);
   // The GDN backward's workspace (it holds the forward's too) is the kernels' own layout: per token
   // but for the chunk table and the states between chunks inside a sequence, so it hardly grows
   // with the number of sequences (gated_delta_rule_workspace.h).

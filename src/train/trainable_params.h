@@ -38,11 +38,10 @@ LoraAdapters lora_adapters_from_state(const LoraAdapters& lora, const TrainState
 // A copy of base whose trained tensors read the state's master weights when written, converted to
 // the dtype each tensor had on disk (bf16 checkpoints stay bf16, rounded as the working weights
 // are: ties away from zero, so the file holds the weights training computed with); frozen and
-// passthrough tensors are
-// base's own. On one rank the state holds every trained tensor whole; on a rank of several it holds
-// pieces (tensor, element range), and reading elements it does not hold throws (each rank writes
-// only its own byte ranges: train/rank_checkpoint.h). The copy refers to state: keep it alive and
-// unchanged until the save is done.
+// passthrough tensors are base's own. On one rank the state holds every trained tensor whole; on a
+// rank of several it holds pieces (tensor, element range), and reading elements it does not hold
+// throws (each rank writes only its own byte ranges: train/rank_checkpoint.h). The copy refers to
+// state: keep it alive and unchanged until the save is done.
 ModelCheckpoint checkpoint_with_state(const ModelCheckpoint& base, const TrainStateStore& state);
 
 }  // namespace deltamoe

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/cuda_check.h"
+#include "core/workspace_carver.h"
 #include "kernels/cross_entropy/cross_entropy.h"
 #include "kernels/cross_entropy/cross_entropy_cuda.h"
 #include "kernels/gemm/bf16_vector.cuh"
@@ -156,8 +157,6 @@ void copy_rows(bool inverse, const __nv_bfloat16* src, const int32_t* rows, int6
   CUDA_CHECK_LAUNCH();
 }
 
-size_t aligned_bytes(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 }  // namespace
 
 void cross_entropy_rows_cuda(__nv_bfloat16* logits, const int64_t* labels, int64_t rows, int64_t vocab,
@@ -175,14 +174,6 @@ void cross_entropy_rows_cuda(__nv_bfloat16* logits, const int64_t* labels, int64
                                                                      token_loss, lse, bad_label_position);
   }
   CUDA_CHECK_LAUNCH();
-}
-
-size_t lm_head_cross_entropy_workspace_bytes(int64_t chunk_rows, int64_t vocab, int64_t hidden) {
-  const size_t n = static_cast<size_t>(chunk_rows);
-  // The chunk's logits, then (for the supervised rows' form) its gathered hidden states, their
-  // gradient and labels.
-  return aligned_bytes(n * static_cast<size_t>(vocab) * 2) + 2 * aligned_bytes(n * static_cast<size_t>(hidden) * 2) +
-         aligned_bytes(n * sizeof(int64_t));
 }
 
 void lm_head_cross_entropy_cuda(GemmContext& ctx, const LmHeadLossArgs& args, void* workspace, size_t workspace_bytes,
@@ -206,14 +197,11 @@ void lm_head_cross_entropy_cuda(GemmContext& ctx, const LmHeadLossArgs& args, vo
   // d(mean)/d(token loss) = d_loss / N; N = 0 means nothing is supervised: zero gradient.
   const float grad_scale =
       args.num_supervised > 0 ? static_cast<float>(static_cast<double>(args.d_loss) / args.num_supervised) : 0.0f;
-  char* at = static_cast<char*>(workspace);
-  auto* logits = reinterpret_cast<__nv_bfloat16*>(at);
-  at += aligned_bytes(static_cast<size_t>(chunk_rows * vocab) * 2);
-  auto* x_rows = reinterpret_cast<__nv_bfloat16*>(at);
-  at += aligned_bytes(static_cast<size_t>(chunk_rows * hidden) * 2);
-  auto* dx_rows = reinterpret_cast<__nv_bfloat16*>(at);
-  at += aligned_bytes(static_cast<size_t>(chunk_rows * hidden) * 2);
-  auto* label_rows = reinterpret_cast<int64_t*>(at);
+  WorkspaceCarver carve("lm_head_cross_entropy_cuda", workspace, workspace_bytes);
+  auto* logits = carve.take<__nv_bfloat16>(chunk_rows * vocab);
+  auto* x_rows = carve.take<__nv_bfloat16>(chunk_rows * hidden);
+  auto* dx_rows = carve.take<__nv_bfloat16>(chunk_rows * hidden);
+  auto* label_rows = carve.take<int64_t>(chunk_rows);
   // Listed rows: the others take no part, so their input gradient is zero.
   if (gathered && args.d_hidden != nullptr) {
     CUDA_CHECK(cudaMemsetAsync(args.d_hidden, 0, static_cast<size_t>(tokens * hidden) * 2, stream));

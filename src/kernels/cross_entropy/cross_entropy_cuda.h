@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cross_entropy/lm_head_loss_workspace.h"
 #include "kernels/gemm/gemm_cuda.h"
 
 namespace deltamoe {
@@ -24,9 +25,7 @@ void cross_entropy_rows_cuda(__nv_bfloat16* logits, const int64_t* labels, int64
                              bool write_grad, float grad_scale, float* token_loss, float* lse,
                              int32_t* bad_label_position, cudaStream_t stream);
 
-// Bytes of scratch for lm_head_cross_entropy_cuda: one bf16 logits chunk [chunk_rows, V], and
-// for listed rows the chunk's gathered hidden states and their gradient [chunk_rows, H] and labels.
-size_t lm_head_cross_entropy_workspace_bytes(int64_t chunk_rows, int64_t vocab, int64_t hidden);
+// Its scratch: lm_head_cross_entropy_workspace_bytes (lm_head_loss_workspace.h).
 
 struct LmHeadLossArgs {
   const __nv_bfloat16* hidden = nullptr;  // [T, H], the final-normed states
