@@ -1,8 +1,8 @@
 // CUDA forward of the chunked gated delta rule: chunk table, per-chunk UT/WY preparation
-// (A = (I + L)^-1, W, U, P), the sequential state scan over chunks (32-column slices of the state
-// in parallel) and the chunk outputs; the products run on tensor cores (gdn_mma.cuh: bf16
-// operands, and W's and U's fp32 coefficients split in two), the triangular inverse, the running
-// state and the gates in fp32.
+// (A = (I + L)^-1, W, U, P), the sequential state scan over chunks (64-column slices of the state
+// in parallel), which on Hopper also writes the chunk outputs (an output kernel after it on sm_80);
+// the products run on tensor cores (gdn_mma.cuh: bf16 operands, and W's and U's fp32 coefficients
+// split in two), the triangular inverse, the running state and the gates in fp32.
 #include <algorithm>
 #include <cstddef>
 
@@ -278,13 +278,39 @@ struct ScanSmem {
   };
   alignas(16) __nv_bfloat16 hb[kD * kBf16Cols];          // state columns [col0, col0 + kStateScanCols), bf16
   alignas(16) __nv_bfloat16 vn[kChunk * kBf16Cols];      // e^(gamma_last - gamma_j) V_new_j
-  alignas(16) __nv_bfloat16 v_out[kChunk * kBf16Cols];   // V_new on its way out in 16-byte row pieces
+  alignas(16) __nv_bfloat16 v_out[kChunk * kBf16Cols];   // V_new (bf16, as stored), on its way out in 16-byte row pieces
   Inputs in[kStages];
 };
 // Each block with the 1 KB the driver reserves: two one-stage blocks per SM within sm_80's 164 KB; on
 // Hopper a two-stage block (~125 KB at 64 columns) is alone on its SM, which a step of 64 columns fills.
 static_assert(2 * (sizeof(ScanSmem<1>) + 1024) <= 164 * 1024 && sizeof(ScanSmem<2>) + 1024 <= 228 * 1024,
               "two one-stage scan blocks per SM on sm_80, a two-stage one on Hopper");
+
+// What a scan that also writes the chunk outputs holds beyond ScanSmem (placed after it): each
+// stage's Q and P, and o on its way out. The output's products read the state's bf16 copy and V_new
+// as the scan has them in shared memory, so o costs no second pass over the H slots and V_new.
+// On Hopper the two-stage block with them (~187 KB) is still one an SM; on sm_80 a one-stage block
+// would grow to ~117 KB, one an SM, which on an A800's 108 SMs runs 2 x 32 heads x 2 column blocks
+// in two waves: that path keeps the separate output kernel.
+template <int kStages>
+struct ScanOutputSmem {
+  struct Inputs {
+    alignas(16) __nv_bfloat16 q[kChunk * kBf16Stride];    // Q of the key head
+    alignas(16) __nv_bfloat16 p[kChunk * kSqBf16Stride];  // P
+  };
+  alignas(16) __nv_bfloat16 o[kChunk * kScanBf16Cols];    // o, the block's columns
+  Inputs in[kStages];
+};
+static_assert(sizeof(ScanSmem<2>) + sizeof(ScanOutputSmem<2>) + 1024 <= 228 * 1024 &&
+                  sizeof(ScanSmem<2>) % 16 == 0,
+              "a two-stage scan with the outputs fits one Hopper SM, its output tiles on 16 bytes");
+
+// The output a scan writes as it goes (o null: none; the backward's recompute of the scan).
+struct ScanOutput {
+  float scale = 0.0f;
+  const __nv_bfloat16* q = nullptr;
+  __nv_bfloat16* o = nullptr;
+};
 
 // Starts the asynchronous copies of one chunk's V_new inputs (W, U, gamma); the caller commits.
 template <typename Inputs>
@@ -319,31 +345,52 @@ __device__ void issue_state_input(Inputs& in, const GatedDeltaRuleShape& s,
 // V_new = U - W H and advances H <- e^gamma_last H + K^T diag(e^(gamma_last - gamma)) V_new.
 // The chunks' places come from cu_seqlens as the table's builder computes them (sequence_chunk),
 // so no step waits on a table read before it can address the next inputs.
-template <int kStages>
+// kOutput: also o_i = e^gamma_i (scale q_i)^T H + sum_{j<=i} P_ij v_new_j for the block's columns,
+// the output kernel's products on the same bf16 operands in the same order (the same bits). Q H
+// runs beside W H and P V_new beside the state update: neither is on the chain from one chunk's
+// state to the next, so they fill the steps' latency. Q goes with W, U, gamma and P with K (P is
+// read after the step's second barrier, when the stage's W slot already takes chunk c + kStages).
+template <int kStages, bool kOutput>
 __global__ void __launch_bounds__(kThreads, 2)
     state_scan_kernel(GatedDeltaRuleShape s, const __nv_bfloat16* k, const float* initial_state,
-                      float* final_state, Workspace ws) {
+                      float* final_state, Workspace ws, ScanOutput out) {
   using Smem = ScanSmem<kStages>;
+  using OutSmem = ScanOutputSmem<kStages>;
   constexpr int kCols = kStateScanCols, kBf16Cols = Smem::kBf16Cols;
   const int n = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * kCols;
-  const int Dk = s.key_dim, Dv = s.value_dim, Hv = s.num_value_heads;
+  const int Dk = s.key_dim, Dv = s.value_dim, Hk = s.num_key_heads, Hv = s.num_value_heads;
   const int tid = threadIdx.x, warp = tid >> 5;
   const int cols = min(kCols, Dv - col0);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  OutSmem& osm = *reinterpret_cast<OutSmem*>(smem_raw + sizeof(Smem));  // kOutput only
   const int64_t state_base = (static_cast<int64_t>(n) * Hv + h) * Dk * Dv + col0;
   const int begin = s.cu_seqlens[n], end = s.cu_seqlens[n + 1], slot0 = ws.slot_offsets[n];
   const int chunks = (end - begin + kChunk - 1) / kChunk;
+  const int64_t qk_head = static_cast<int64_t>(key_head_of(s, h)) * Dk;
   // Every issue commits one group, empty past the sequence's last chunk, so each wait below counts
-  // the same younger groups: W, U, gamma of chunk i are issued kStages chunks ahead (before the
-  // loop, or in step i - kStages once chunk i - kStages is done with them), K of chunk i at the top
-  // of step i - kStages + 1.
+  // the same younger groups: W, U, gamma (and Q) of chunk i are issued kStages chunks ahead (before
+  // the loop, or in step i - kStages once chunk i - kStages is done with them), K (and P) of chunk i
+  // at the top of step i - kStages + 1.
   const auto issue_vnew = [&](int i) {
-    if (i < chunks) issue_vnew_inputs(sm.in[i % kStages], s, ws, sequence_chunk(begin, end, n, slot0, i), h, col0, cols);
+    if (i < chunks) {
+      const ChunkInfo ci = sequence_chunk(begin, end, n, slot0, i);
+      issue_vnew_inputs(sm.in[i % kStages], s, ws, ci, h, col0, cols);
+      if constexpr (kOutput)
+        load_tile(osm.in[i % kStages].q, kBf16Stride, kChunk, kD, out.q + static_cast<int64_t>(ci.t0) * Hk * Dk + qk_head,
+                  static_cast<int64_t>(Hk) * Dk, ci.len, Dk);
+    }
     cp_async_commit();
   };
   const auto issue_k = [&](int i) {
-    if (i < chunks) issue_state_input(sm.in[i % kStages], s, k, sequence_chunk(begin, end, n, slot0, i), h);
+    if (i < chunks) {
+      const ChunkInfo ci = sequence_chunk(begin, end, n, slot0, i);
+      issue_state_input(sm.in[i % kStages], s, k, ci, h);
+      if constexpr (kOutput)
+        load_tile(osm.in[i % kStages].p, kSqBf16Stride, kChunk, kChunk,
+                  ws.p + (static_cast<int64_t>(ci.t0) * Hv + h) * kChunk, static_cast<int64_t>(Hv) * kChunk, ci.len,
+                  kChunk);
+    }
     cp_async_commit();
   };
   for (int i = 0; i < kStages; ++i) {
@@ -356,48 +403,75 @@ __global__ void __launch_bounds__(kThreads, 2)
   RunningState<kCols> state;
   load_running_state<kCols>(state, initial_state == nullptr ? nullptr : initial_state + state_base, s, cols, sm.hb,
                             kBf16Cols);
-  // V_new leaves through a shared tile in 16-byte row pieces: a fragment alone would store
-  // scattered 2-byte values. A value dim that is not a multiple of 8 stores them one by one.
+  // V_new and o leave through shared tiles in 16-byte row pieces: a fragment alone would store
+  // scattered 2-byte values. A value dim that is not a multiple of 8 (or an o not on 16 bytes)
+  // stores them one by one.
   const bool staged = Dv % 8 == 0;
+  const bool o_staged = staged && (reinterpret_cast<uintptr_t>(out.o) & 15) == 0;
+  // o of chunk c leaves at the top of step c + 1 (after its first barrier) or after the loop.
+  const auto store_o = [&](int c) {
+    const ChunkInfo ci = sequence_chunk(begin, end, n, slot0, c);
+    const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
+    for (int idx = tid; idx < ci.len * (kCols / 8); idx += kThreads) {
+      const int i = idx / (kCols / 8), e0 = 8 * (idx % (kCols / 8));
+      if (e0 < cols)
+        *reinterpret_cast<uint4*>(out.o + (row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e0) =
+            *reinterpret_cast<const uint4*>(&osm.o[i * kBf16Cols + e0]);
+    }
+  };
+  // The V_new and o warp tile: rows 16 (warp % 4), columns kCols / 2 (warp / 4).
+  constexpr int kNT = kCols / 16;
+  const int m0 = 16 * (warp & 3), n0 = (kCols / 2) * (warp >> 2);
   for (int c = 0; c < chunks; ++c) {
     const ChunkInfo ci = sequence_chunk(begin, end, n, slot0, c);
     const int len = ci.len;
     const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
     auto& in = sm.in[c % kStages];
     cp_async_wait<2 * (kStages - 1)>();  // chunk c's W, U, gamma (younger: K of c .. c + kStages - 2, W of .. c + kStages - 1)
-    __syncthreads();  // ... are in; everybody is done with chunk c - 1 (its K, V_new and the state's bf16 copy)
+    __syncthreads();  // ... are in; everybody is done with chunk c - 1 (its K, V_new, o and the state's bf16 copy)
+    if constexpr (kOutput) {
+      if (o_staged && c > 0) store_o(c - 1);
+    }
     issue_k(c + kStages - 1);
     // (A chunk that begins its sequence enters with its initial state: nothing to store.)
     if (ci.h_slot >= 0)
       store_state_slice<kCols>(ws.h + (static_cast<int64_t>(ci.h_slot) * Hv + h) * Dk * Dv + col0, sm.hb, kBf16Cols,
                                s, cols);
     const float g_last = in.gamma[len - 1];
+    float o_acc[1][kNT][4];
     {
-      // V_new = U - W H: 64 x kCols, warp tile rows 16 (warp % 4), columns kCols / 2 (warp / 4).
-      constexpr int kNT = kCols / 16;
-      const int m0 = 16 * (warp & 3), n0 = (kCols / 2) * (warp >> 2);
+      // V_new = U - W H: 64 x kCols.
       float acc[1][kNT][4];
       zero_acc(acc);
       warp_mma<1, kNT, kD>(acc, rows_of<kBf16Stride>(in.w), m0, rows_of<kBf16Cols>(sm.hb), n0);
+      if constexpr (kOutput) {
+        zero_acc(o_acc);
+        warp_mma<1, kNT, kD, kD / 16>(o_acc, rows_of<kBf16Stride>(osm.in[c % kStages].q), m0,
+                                      rows_of<kBf16Cols>(sm.hb), n0);
+      }
       // This lane's rows are m0 + g and m0 + g + 8: their decays once, not per element.
       const int row0 = m0 + ((tid & 31) >> 2);
+      if constexpr (kOutput) {
+        const float o_gate[2] = {row0 < len ? expf(in.gamma[row0]) : 0.0f,
+                                 row0 + 8 < len ? expf(in.gamma[row0 + 8]) : 0.0f};
+        for_each_acc<1, kNT>(m0, n0, [&](int mt, int nt, int r, int, int) { o_acc[mt][nt][r] *= out.scale * o_gate[r >> 1]; });
+      }
       const float decay[2] = {row0 < len ? expf(g_last - in.gamma[row0]) : 0.0f,
                               row0 + 8 < len ? expf(g_last - in.gamma[row0 + 8]) : 0.0f};
       for_each_acc<1, kNT>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
         const float value = __bfloat162float(in.u[i * kBf16Cols + e]) - acc[mt][nt][r];
-        if (staged)
-          sm.v_out[i * kBf16Cols + e] = __float2bfloat16(value);
-        else if (i < len && e < cols)
-          ws.v_new[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = __float2bfloat16(value);
+        const __nv_bfloat16 stored = __float2bfloat16(value);
+        sm.v_out[i * kBf16Cols + e] = stored;
+        if (!staged && i < len && e < cols) ws.v_new[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = stored;
         sm.vn[i * kBf16Cols + e] = __float2bfloat16(decay[r >> 1] * value);
       });
     }
     if constexpr (kStages == 1) {
-      __syncthreads();  // W, U, gamma are free: chunk c + 1's fly during the state half
+      __syncthreads();  // W, U, gamma (and Q) are free: chunk c + 1's fly during the state half
       issue_vnew(c + 1);
-      cp_async_wait<1>();  // K of chunk c (younger: W of c + 1)
+      cp_async_wait<1>();  // K (and P) of chunk c (younger: W of c + 1)
     } else {
-      cp_async_wait<2 * kStages - 2>();  // K of chunk c (younger: W of c + 1 .. , K of c + 1 ..)
+      cp_async_wait<2 * kStages - 2>();  // K (and P) of chunk c (younger: W of c + 1 .. , K of c + 1 ..)
     }
     __syncthreads();  // V_new is complete, K is in; W, U, gamma of chunk c are free
     if constexpr (kStages > 1) issue_vnew(c + kStages);
@@ -422,6 +496,32 @@ __global__ void __launch_bounds__(kThreads, 2)
         state[mt][nt][r] = acc[mt][nt][r];
         sm.hb[d * kBf16Cols + e] = __float2bfloat16(acc[mt][nt][r]);
       });
+    }
+    if constexpr (kOutput) {
+      // o += P V_new (V_new as stored in bf16); it leaves at the top of the next step.
+      warp_mma<1, kNT, kChunk, kChunk / 16>(o_acc, rows_of<kSqBf16Stride>(osm.in[c % kStages].p), m0,
+                                            rows_of<kBf16Cols>(sm.v_out), n0);
+      if (o_staged) {
+        // A fragment's column pairs, (r, r + 1) for r = 0, 2, go in as one bf16 pair each.
+        const int lane = tid & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+            *reinterpret_cast<__nv_bfloat162*>(&osm.o[(m0 + g + 8 * half) * kBf16Cols + n0 + 8 * nt + 2 * t]) =
+                __floats2bfloat162_rn(o_acc[0][nt][2 * half], o_acc[0][nt][2 * half + 1]);
+      } else {
+        for_each_acc<1, kNT>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
+          if (i < len && e < cols)
+            out.o[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = __float2bfloat16(o_acc[mt][nt][r]);
+        });
+      }
+    }
+  }
+  if constexpr (kOutput) {
+    if (o_staged && chunks > 0) {
+      __syncthreads();
+      store_o(chunks - 1);
     }
   }
   if (final_state != nullptr) store_running_state<kCols>(state, final_state + state_base, s, cols);
@@ -596,22 +696,30 @@ void launch_prepare_chunks(const GatedDeltaRuleShape& s, float scale, const __nv
   CUDA_CHECK_LAUNCH();
 }
 
-void launch_state_scan(const GatedDeltaRuleShape& s, const __nv_bfloat16* k,
-                       const float* initial_state, float* final_state, const Workspace& ws,
-                       cudaStream_t stream) {
+bool launch_state_scan(const GatedDeltaRuleShape& s, const __nv_bfloat16* k, const float* initial_state,
+                       float* final_state, const Workspace& ws, const ScanOutput& output, cudaStream_t stream) {
   const dim3 grid(s.num_seqs, s.num_value_heads,
                   (s.value_dim + kStateScanCols - 1) / kStateScanCols);
   // The stage count follows the kernel path, not the GPU: the forced sm_80 path on a Hopper GPU
-  // runs what an A800 runs.
+  // runs what an A800 runs (one stage, and the outputs by the output kernel: ScanOutputSmem says why).
   const auto launch = [&](auto kernel, size_t smem) {
     allow_smem(kernel, smem);
-    kernel<<<grid, kThreads, smem, stream>>>(s, k, initial_state, final_state, ws);
+    kernel<<<grid, kThreads, smem, stream>>>(s, k, initial_state, final_state, ws, output);
     CUDA_CHECK_LAUNCH();
   };
-  if (kernel_path().sm90a)
-    launch(state_scan_kernel<2>, sizeof(ScanSmem<2>));
+  const bool with_output = output.o != nullptr && kernel_path().sm90a;
+  if (with_output)
+    launch(state_scan_kernel<2, true>, sizeof(ScanSmem<2>) + sizeof(ScanOutputSmem<2>));
+  else if (kernel_path().sm90a)
+    launch(state_scan_kernel<2, false>, sizeof(ScanSmem<2>));
   else
-    launch(state_scan_kernel<1>, sizeof(ScanSmem<1>));
+    launch(state_scan_kernel<1, false>, sizeof(ScanSmem<1>));
+  return with_output;
+}
+
+void launch_state_scan(const GatedDeltaRuleShape& s, const __nv_bfloat16* k, const float* initial_state,
+                       float* final_state, const Workspace& ws, cudaStream_t stream) {
+  launch_state_scan(s, k, initial_state, final_state, ws, ScanOutput{}, stream);
 }
 
 void launch_output(const GatedDeltaRuleShape& s, float scale, const __nv_bfloat16* q,
@@ -633,10 +741,11 @@ void run_forward(const GatedDeltaRuleShape& shape, float scale, const __nv_bfloa
   // An empty batch still writes the final states (= initial states) below, so no early return.
   if (shape.num_tokens > 0) launch_prepare_chunks(shape, scale, q, k, v, g, beta, ws, stream);
   mark_stage(marks, "forward chunk table + prepare (UT/WY)", stream);
-  launch_state_scan(shape, k, initial_state, final_state, ws, stream);
-  mark_stage(marks, "forward state scan", stream);
-  if (shape.num_tokens > 0) launch_output(shape, scale, q, initial_state, ws, o, stream);
-  mark_stage(marks, "forward output", stream);
+  // On Hopper the scan writes o as it goes; the sm_80 path runs the output kernel after it.
+  const bool output_done = launch_state_scan(shape, k, initial_state, final_state, ws, ScanOutput{scale, q, o}, stream);
+  mark_stage(marks, output_done ? "forward state scan + output" : "forward state scan", stream);
+  if (!output_done && shape.num_tokens > 0) launch_output(shape, scale, q, initial_state, ws, o, stream);
+  if (!output_done) mark_stage(marks, "forward output", stream);
 }
 
 }  // namespace gdn_cuda
