@@ -25,8 +25,9 @@ import fla.ops.common.chunk_o as fla_chunk_o  # noqa: E402
 fla_chunk_o.TRITON_ABOVE_3_7_1 = True
 
 
-def kernel_ms(fn, iters=5):
-    """Sum of the GPU kernel times of one call of fn (mean over iters), from torch.profiler."""
+def kernel_ms(fn, label, iters=5):
+    """Sum of the GPU kernel times of one call of fn (mean over iters), from torch.profiler; each
+    kernel's share printed as a KERNEL line (which of FLA's stages ours should be held against)."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
@@ -34,7 +35,10 @@ def kernel_ms(fn, iters=5):
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    total_us = sum(event.self_device_time_total for event in prof.key_averages())
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    for event in sorted(events, key=lambda e: -e.self_device_time_total):
+        print(f"KERNEL {label} {event.self_device_time_total / 1000.0 / iters:8.4f} ms  {event.key[:90]}")
+    total_us = sum(event.self_device_time_total for event in events)
     return total_us / 1000.0 / iters
 
 
@@ -67,8 +71,8 @@ def main():
     fwd = median_ms(forward)
     fwd_bwd = median_ms(forward_backward)
     try:
-        kernels = {"kernel_forward_ms": round(kernel_ms(forward), 4),
-                   "kernel_forward_backward_ms": round(kernel_ms(forward_backward), 4)}
+        kernels = {"kernel_forward_ms": round(kernel_ms(forward, "forward"), 4),
+                   "kernel_forward_backward_ms": round(kernel_ms(forward_backward, "forward+backward"), 4)}
         kernels["kernel_backward_ms"] = round(kernels["kernel_forward_backward_ms"] -
                                               kernels["kernel_forward_ms"], 4)
     except Exception as error:  # the event times above still stand
