@@ -4,7 +4,8 @@
 #   1. `deltamoe bench --layers LO` and `--layers HI` (2 x 4,096 tokens, bf16 moments as the
 #      anchor's);
 #   2. the anchor: ../shared/tools/hf_anchor.py (carried as .anchors_src/hf_anchor.py, with FLA's
-#      source as .anchors_src/fla) at the same depths, variant grouped_mm+fla;
+#      source as .anchors_src/fla) at the same depths, variant grouped_mm+fla, run with the model's
+#      cache off (hf_anchor_no_cache.py: transformers cannot build a 1-layer model with it on);
 #   3. `deltamoe bench --layers 4 --vary_lengths true --seqs 8`: a new packing and token count every
 #      step; steps 2..n must allocate nothing and build nothing (exit 4 otherwise);
 #   4. a table: step ms, tokens/s, per-layer cost (L_HI - L_LO) / (HI - LO) for both, the ratio.
@@ -47,7 +48,7 @@ for layers in $layer_counts; do
   case " $stages " in *" anchor "*)
     if [ -f .anchors_src/hf_anchor.py ] && [ -d .anchors_src/fla ]; then
       echo "=== hf_anchor.py --layers $layers grouped_mm+fla"
-      python3 .anchors_src/hf_anchor.py --layers "$layers" --seq 4096 --batch 2 --steps 4 \
+      python3 tools/gpu/hf_anchor_no_cache.py --layers "$layers" --seq 4096 --batch 2 --steps 4 \
         --variants grouped_mm+fla --out "$out" > "$out/anchor_L$layers.log" 2>&1 || { echo "anchor L$layers FAILED"; status=1; }
       grep -E "^grouped_mm\+fla|fla import" "$out/anchor_L$layers.log"
     else
