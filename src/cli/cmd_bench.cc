@@ -379,6 +379,10 @@ int run_bench(const ArgParser& args) {
   // the host prepares the batch. No component timing here (its events would synchronise).
   engine.text_model().timer().set_enabled(false);
   CUDA_CHECK(cudaDeviceSynchronize());
+  // What the GPU's memory in use did over the timed steps, apart from the back-to-back ones below
+  // (the per-step lines above show the timed steps' own changes).
+  size_t free_before_block = 0, total_before_block = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_before_block, &total_before_block));
   const auto block_start = std::chrono::steady_clock::now();
   double block_tokens = 0;
   for (int64_t step = 0; step < steps; ++step) {
@@ -402,6 +406,7 @@ int run_bench(const ArgParser& args) {
   const int64_t new_plans = CudnnSdpa::plans_built() - plans_after_first;
   const int64_t new_queries = GemmContext::heuristic_queries() - queries_after_first;
   const int64_t memory_change = static_cast<int64_t>(free_after_first) - static_cast<int64_t>(free_now);
+  const int64_t memory_change_back_to_back = static_cast<int64_t>(free_before_block) - static_cast<int64_t>(free_now);
   const bool steady = new_allocations == 0 && new_pinned == 0 && new_plans == 0 && memory_change == 0;
   const int64_t step_tokens = tokens * micro_batches;
   const double step_median_ms = median(step_ms);
@@ -463,12 +468,13 @@ int run_bench(const ArgParser& args) {
   }
   std::printf("after step 1, steps 2-%lld and the back-to-back steps: %lld device allocations (%lld bytes), "
               "%lld pinned, %lld cuDNN plans built, "
-              "GPU memory in use %+lld bytes (cudaMemGetInfo); %lld cuBLASLt heuristic queries (one per GEMM shape "
-              "not seen before: new token counts): %s\n",
+              "GPU memory in use %+lld bytes (cudaMemGetInfo; %+lld of them over the back-to-back steps); %lld "
+              "cuBLASLt heuristic queries (one per GEMM shape not seen before: new token counts): %s\n",
               static_cast<long long>(warmup + steps), static_cast<long long>(new_allocations),
               static_cast<long long>(allocations_now.device_bytes - allocations_after_first.device_bytes),
               static_cast<long long>(new_pinned), static_cast<long long>(new_plans),
-              static_cast<long long>(memory_change), static_cast<long long>(new_queries),
+              static_cast<long long>(memory_change), static_cast<long long>(memory_change_back_to_back),
+              static_cast<long long>(new_queries),
               steady ? "STEADY" : "NOT STEADY");
   std::printf("host<->device per step: %llu bytes in, %llu bytes out\n",
               static_cast<unsigned long long>(last.host_to_device_bytes),
@@ -544,6 +550,7 @@ int run_bench(const ArgParser& args) {
                              {"pinned_allocations", new_pinned},
                              {"cudnn_plans", new_plans},
                              {"gpu_memory_change_bytes", memory_change},
+                             {"gpu_memory_change_back_to_back_bytes", memory_change_back_to_back},
                              {"cublaslt_heuristic_queries", new_queries},
                              {"steady", steady}}}};
   if (simulated_ranks > 0) {
