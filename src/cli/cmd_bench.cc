@@ -385,13 +385,30 @@ int run_bench(const ArgParser& args) {
   CUDA_CHECK(cudaMemGetInfo(&free_before_block, &total_before_block));
   const auto block_start = std::chrono::steady_clock::now();
   double block_tokens = 0;
+  // Which back-to-back step changed the memory in use, and its packing (cudaMemGetInfo does not
+  // wait for the device: the change shows at the step that caused it or shortly after).
+  std::string block_memory_changes;
+  size_t free_in_block = free_before_block;
   for (int64_t step = 0; step < steps; ++step) {
     const std::vector<MicroBatch>& batches =
         step_batches[static_cast<size_t>(warmup + steps + step) % step_batches.size()];
     const StepResult result = engine.train_step(batches, 1e-5, 1.0);
     CHECK(!result.skipped && result.num_supervised > 0 && std::isfinite(result.ce_sum),
           "bench: the loss or the gradient norm is not finite at back-to-back step ", step + 1);
-    for (const MicroBatch& batch : batches) block_tokens += static_cast<double>(batch.num_tokens());
+    int64_t step_samples = 0;
+    for (const MicroBatch& batch : batches) {
+      block_tokens += static_cast<double>(batch.num_tokens());
+      step_samples += batch.num_samples();
+    }
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (free_bytes != free_in_block && rank == 0) {
+      block_memory_changes += str_cat("back-to-back step ", step + 1, " (", static_cast<int64_t>(result.num_tokens),
+                                      " tokens in ", step_samples, " samples): GPU memory in use ",
+                                      static_cast<int64_t>(free_in_block) - static_cast<int64_t>(free_bytes),
+                                      " bytes\n");
+    }
+    free_in_block = free_bytes;
   }
   CUDA_CHECK(cudaDeviceSynchronize());
   const double block_ms =
@@ -476,6 +493,7 @@ int run_bench(const ArgParser& args) {
               static_cast<long long>(memory_change), static_cast<long long>(memory_change_back_to_back),
               static_cast<long long>(new_queries),
               steady ? "STEADY" : "NOT STEADY");
+  std::printf("%s", block_memory_changes.c_str());
   std::printf("host<->device per step: %llu bytes in, %llu bytes out\n",
               static_cast<unsigned long long>(last.host_to_device_bytes),
               static_cast<unsigned long long>(last.device_to_host_bytes));
