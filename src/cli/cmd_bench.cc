@@ -26,6 +26,7 @@
 #include "model/vision/mrope_positions.h"
 #include "train/memory_plan.h"
 #include "train/step_floors.h"
+#include "train/train_engine.h"
 
 #if DELTAMOE_WITH_CUDA
 #include <cuda_runtime.h>
@@ -306,11 +307,10 @@ int run_bench(const ArgParser& args) {
   auto add_step_floors = [&](const std::vector<MicroBatch>& batches) {
     if (!with_floors) return;
     for (const MicroBatch& batch : batches) {
-      // The loss head's rows: the tokens whose next token is supervised, within each sequence.
-      int64_t head_rows = 0;
-      for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s)
-        for (int32_t t = batch.cu_seqlens[s] + 1; t < batch.cu_seqlens[s + 1]; ++t)
-          head_rows += batch.labels[static_cast<size_t>(t)] != -100;
+      // The loss head's rows: those whose shifted label is supervised, as the engine lists them.
+      const std::vector<int64_t> shifted = shift_packed_labels(batch);
+      const int64_t head_rows =
+          std::count_if(shifted.begin(), shifted.end(), [](int64_t label) { return label != kIgnoreLabel; });
       floors += micro_batch_floors(config.text, batch.cu_seqlens, text_trained, head_rows);
     }
     optimizer_floor += adamw_floor(trained_params, options.adamw.moment_dtype, split_params);
