@@ -16,13 +16,21 @@
 
 namespace deltamoe {
 
-// Device workspace to plan for the cuDNN path (0 where it will not be tried): its fixed parts and
-// kCudnnPlanWorkspaceAllowance for the plans' own scratch, which is known only once they exist.
-constexpr size_t kCudnnPlanWorkspaceAllowance = size_t{16} << 20;
+// Device workspace to plan for the cuDNN path: what its plans for `config` ask, found by building
+// them once per process and configuration (cuDNN tells a plan's own scratch only once the plan
+// exists, and that scratch grows with the sequences a plan takes: with 2 sequences of 8,192 tokens
+// it fits 16 MiB, with 8 it took ~1.07 GB on an H100). 0 where cuDNN will not be used: the sm_80
+// path, DELTAMOE_ATTENTION=ours, a shape cuDNN builds no plan for, or a need above
+// kCudnnWorkspaceLimit.
 size_t cudnn_attention_workspace_reserve(const CudnnSdpaConfig& config);
 
-// The cuDNN plans, or null for our kernel. `workspace_bytes` is what the caller's workspace holds;
-// `who` names the model part in the log line.
+// The most step workspace the cuDNN path may ask; above it our kernel runs (and needs none). The
+// workspace is memory the activations cannot have; 4 GiB is ~5% of an 80 GB GPU.
+constexpr size_t kCudnnWorkspaceLimit = size_t{4} << 30;
+
+// The cuDNN plans, or null for our kernel. `workspace_bytes` is what the caller's workspace holds
+// (cudnn_attention_workspace_reserve(config) where it was planned); `who` names the model part in
+// the log line.
 std::unique_ptr<CudnnSdpa> choose_cudnn_attention(const CudnnSdpaConfig& config, size_t workspace_bytes,
                                                   const char* who);
 

@@ -8,10 +8,13 @@
 #include <cudnn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/cuda_check.h"
 #include "kernels/attention/attention.h"
@@ -248,6 +251,42 @@ TEST(CudnnSdpaGpu, SdpaFollowsTheKernelPath) {
     std::printf("refused: %s\n", why_not.c_str());
     EXPECT_EQ(cudnn_attention_workspace_reserve(config), 0u);
     EXPECT_EQ(choose_cudnn_attention(config, size_t{1} << 30, "test"), nullptr);
+  }
+}
+
+// The step workspace a model plans for the cuDNN path (cudnn_attention_workspace_reserve) is what
+// the plans ask, whatever the number of sequences they take, and the choice then takes cuDNN; a
+// need over kCudnnWorkspaceLimit plans nothing and runs our kernel. The WORKSPACE lines show how the
+// plans' scratch grows with the sequences (text: 8,192 tokens, 16 / 2 heads of 256; vision: 6,272
+// patches, 16 heads, q/k 80 and v 72, non-causal).
+TEST(CudnnSdpaGpu, WorkspaceReserveIsWhatThePlansAsk) {
+  SKIP_UNLESS_HOPPER();
+  std::vector<CudnnSdpaConfig> configs;
+  for (int64_t segments : {1, 2, 4, 8, 16, 64}) configs.push_back(config_for(8192, segments, 16, 2, 256, true));
+  for (int64_t segments : {8, 64}) {
+    CudnnSdpaConfig vision = config_for(6272, segments, 16, 16, 80, false);
+    vision.value_dim = 72;
+    configs.push_back(vision);
+  }
+  for (const CudnnSdpaConfig& config : configs) {
+    std::string why_not;
+    const std::unique_ptr<CudnnSdpa> sdpa = CudnnSdpa::create(config, &why_not);
+    ASSERT_NE(sdpa, nullptr) << why_not;
+    const size_t need = std::max(sdpa->forward_workspace_bytes(), sdpa->backward_workspace_bytes());
+    const size_t reserve = cudnn_attention_workspace_reserve(config);
+    std::printf("WORKSPACE T=%lld N=%lld D=%lld%s: fixed %zu, forward %zu, backward %zu bytes; reserve %zu\n",
+                static_cast<long long>(config.max_tokens), static_cast<long long>(config.max_segments),
+                static_cast<long long>(config.head_dim), config.causal ? " causal" : "",
+                CudnnSdpa::fixed_workspace_bytes(config), sdpa->forward_workspace_bytes(),
+                sdpa->backward_workspace_bytes(), reserve);
+    EXPECT_EQ(cudnn_attention_workspace_reserve(config), reserve) << "the same configuration, asked again";
+    if (need <= kCudnnWorkspaceLimit) {
+      EXPECT_EQ(reserve, need);
+      EXPECT_NE(choose_cudnn_attention(config, reserve, "test"), nullptr);
+    } else {
+      EXPECT_EQ(reserve, 0u);
+      EXPECT_EQ(choose_cudnn_attention(config, SIZE_MAX, "test"), nullptr);
+    }
   }
 }
 
