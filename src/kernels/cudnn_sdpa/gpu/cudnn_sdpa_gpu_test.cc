@@ -257,12 +257,16 @@ TEST(CudnnSdpaGpu, SdpaFollowsTheKernelPath) {
 // The step workspace a model plans for the cuDNN path (cudnn_attention_workspace_reserve) is what
 // the plans ask, whatever the number of sequences they take, and the choice then takes cuDNN; a
 // need over kCudnnWorkspaceLimit plans nothing and runs our kernel. The WORKSPACE lines show how the
-// plans' scratch grows with the sequences (text: 8,192 tokens, 16 / 2 heads of 256; vision: 6,272
-// patches, 16 heads, q/k 80 and v 72, non-causal).
+// plans' scratch grows with the sequences (text: 8,192 tokens, 16 / 2 heads of 256, and 16 / 16;
+// vision: 6,272 patches, 16 heads, q/k 80 and v 72, non-causal). On an H100 with cuDNN 9.19 the
+// grouped text plan's scratch was 134,217,728 bytes a sequence (N x Hq x T x D x 4), the tower's flat.
 TEST(CudnnSdpaGpu, WorkspaceReserveIsWhatThePlansAsk) {
   SKIP_UNLESS_HOPPER();
   std::vector<CudnnSdpaConfig> configs;
   for (int64_t segments : {1, 2, 4, 8, 16, 64}) configs.push_back(config_for(8192, segments, 16, 2, 256, true));
+  // The same without grouped heads: whether the growth with the sequences is the GQA reduction's
+  // per-query-head dK / dV (the tower, 16 heads of its own, does not grow).
+  for (int64_t segments : {8, 64}) configs.push_back(config_for(8192, segments, 16, 16, 256, true));
   for (int64_t segments : {8, 64}) {
     CudnnSdpaConfig vision = config_for(6272, segments, 16, 16, 80, false);
     vision.value_dim = 72;
