@@ -138,10 +138,13 @@ ModelBytes estimate_text_bytes(const TextConfig& config, int64_t max_tokens, int
                                .total
                          : 0;
   // Full attention through cuDNN's SDPA on sm_90 (kernels/cudnn_sdpa/gpu): the fp32 dQ
-  // accumulator and row sums [T, Hq, D + 1] and a 16 MiB allowance for its plans' scratch.
+  // accumulator and row sums [T, Hq, D + 1], with grouped heads the per-query-head dK and dV [T, Hq,
+  // 2 D] at 4 bytes an element, and a 16 MiB allowance for its plans' own scratch (the GPU engine
+  // plans what the plans ask).
   const int64_t Hq = config.num_attention_heads, D = config.head_dim;
+  const int64_t full_heads = config.num_key_value_heads < Hq ? 2 * D : 0;
   const size_t attention = config.num_layers_of(LayerType::full_attention) > 0
-                               ? static_cast<size_t>(4 * T * Hq * (D + 1)) + (size_t{16} << 20)
+                               ? static_cast<size_t>(4 * T * Hq * (D + 1 + full_heads)) + (size_t{16} << 20)
                                : 0;
   bytes.workspace = std::max({experts, logits, gdn, attention}) + (size_t{32} << 20);  // + cuBLASLt's workspace
   return bytes;

@@ -18,10 +18,8 @@ namespace deltamoe {
 
 // Device workspace to plan for the cuDNN path: what its plans for `config` ask, found by building
 // them once per process and configuration (cuDNN tells a plan's own scratch only once the plan
-// exists, and that scratch grows with the sequences a plan takes: with 2 sequences of 8,192 tokens
-// it fits 16 MiB, with 8 it took ~1.07 GB on an H100). 0 where cuDNN will not be used: the sm_80
-// path, DELTAMOE_ATTENTION=ours, a shape cuDNN builds no plan for, or a need above
-// kCudnnWorkspaceLimit.
+// exists). 0 where cuDNN will not be used: the sm_80 path, DELTAMOE_ATTENTION=ours, a shape cuDNN
+// builds no plan for, or a need above kCudnnWorkspaceLimit.
 size_t cudnn_attention_workspace_reserve(const CudnnSdpaConfig& config);
 
 // The most step workspace the cuDNN path may ask; above it our kernel runs (and needs none). The

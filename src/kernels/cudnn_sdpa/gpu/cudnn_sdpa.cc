@@ -290,7 +290,7 @@ struct CudnnSdpa::Impl {
     int64_t seq_len_q = -1, seq_len_kv = -1, offsets_q = -1, offsets_k = -1, offsets_o = -1, offsets_v = -1,
             offsets_stats = -1;
     int64_t q = -1, k = -1, v = -1, o = -1, stats = -1, d_o = -1, dq = -1, dk = -1, dv = -1;
-    int64_t softmax_sum = -1, dq_accum = -1;
+    int64_t softmax_sum = -1, dq_accum = -1, dk_full = -1, dv_full = -1;
   };
   Graph forward_graph{"cuDNN SDPA forward"};
   Graph backward_graph{"cuDNN SDPA backward"};
@@ -300,7 +300,7 @@ struct CudnnSdpa::Impl {
 
   // Workspace layout: batch arrays | (backward: softmax_sum fp32 [T, Hq] | dQ accumulator fp32
   // [T, Hq, D]) | the plan's own workspace.
-  size_t batch_array_bytes = 0, softmax_sum_bytes = 0, dq_accum_bytes = 0;
+  size_t batch_array_bytes = 0, softmax_sum_bytes = 0, dq_accum_bytes = 0, full_heads_bytes = 0;
 
   ~Impl() {
     if (handle != nullptr) cudnnDestroy(handle);
@@ -436,7 +436,7 @@ void build_backward(CudnnSdpa::Impl& impl, const CudnnSdpaConfig& c) {
   Graph& g = impl.backward_graph;
   CudnnSdpa::Impl::Uids& u = impl.bwd;
   const ScoreShapes s = score_shapes(c);
-  const int64_t N = c.max_segments, Hq = c.num_q_heads, Hkv = c.num_kv_heads, S = c.max_tokens, D = c.head_dim;
+  const int64_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, S = c.max_tokens, D = c.head_dim;
   const int64_t Dv = value_dim(c);
   const bool grouped = c.num_q_heads != c.num_kv_heads;
   add_batch_arrays(g, c, u);
@@ -478,11 +478,16 @@ void build_backward(CudnnSdpa::Impl& impl, const CudnnSdpaConfig& c) {
   // dV = P^T dO (summed over each KV head's query heads for GQA).
   const int64_t probs_t = g.virt("P^T (bf16)", CUDNN_DATA_BFLOAT16, s.scores, s.transposed_strides);
   g.reshape("reshape_p", probs, probs_t);
+  // GQA: dV and dK per query head, summed over each KV head's group by the graph. Those per-head
+  // tensors live in the workspace packed as [T, Hq, dim] rows at dV's and dK's ragged offsets, which
+  // cuDNN scales by Hq / Hkv (cudnn-frontend's packed layout for them): as virtual tensors they were
+  // padded to [N, Hq, S, dim], 134 MB of plan scratch a sequence slot at 8,192 tokens and 16 query
+  // heads of 256, so a plan for a packed micro-batch of many samples did not fit.
   if (grouped) {
-    const int64_t dv_full = g.virt("dV per query head", CUDNN_DATA_BFLOAT16, {N, Hq, S, Dv},
-                                   {Hq * S * Dv, S * Dv, Dv, 1});
-    g.matmul("matmul_pT_dO", probs_t, u.d_o, dv_full, u.seq_len_kv, -1, u.seq_len_q);
-    g.reduction("red_dV_head", CUDNN_REDUCE_TENSOR_ADD, dv_full, u.dv);
+    u.dv_full = g.tensor("dV per query head", CUDNN_DATA_BFLOAT16, rows_dims(c, Hq, Dv), rows_strides(c, Hq, Dv),
+                         false, u.offsets_v);
+    g.matmul("matmul_pT_dO", probs_t, u.d_o, u.dv_full, u.seq_len_kv, -1, u.seq_len_q);
+    g.reduction("red_dV_head", CUDNN_REDUCE_TENSOR_ADD, u.dv_full, u.dv);
   } else {
     g.matmul("matmul_pT_dO", probs_t, u.d_o, u.dv, u.seq_len_kv, -1, u.seq_len_q);
   }
@@ -501,9 +506,10 @@ void build_backward(CudnnSdpa::Impl& impl, const CudnnSdpaConfig& c) {
   const int64_t ds_t = g.virt("dS^T (bf16)", CUDNN_DATA_BFLOAT16, s.scores, s.transposed_strides);
   g.reshape("reshape_dS", ds, ds_t);
   if (grouped) {
-    const int64_t dk_full = g.virt("dK per query head", CUDNN_DATA_BFLOAT16, {N, Hq, S, D}, {Hq * S * D, S * D, D, 1});
-    g.matmul("matmul_dST_Q", ds_t, u.q, dk_full, u.seq_len_kv, -1, u.seq_len_q);
-    g.reduction("red_dK_head", CUDNN_REDUCE_TENSOR_ADD, dk_full, u.dk);
+    u.dk_full = g.tensor("dK per query head", CUDNN_DATA_BFLOAT16, rows_dims(c, Hq, D), rows_strides(c, Hq, D), false,
+                         u.offsets_k);
+    g.matmul("matmul_dST_Q", ds_t, u.q, u.dk_full, u.seq_len_kv, -1, u.seq_len_q);
+    g.reduction("red_dK_head", CUDNN_REDUCE_TENSOR_ADD, u.dk_full, u.dk);
   } else {
     g.matmul("matmul_dST_Q", ds_t, u.q, u.dk, u.seq_len_kv, -1, u.seq_len_q);
   }
@@ -529,6 +535,16 @@ size_t softmax_sum_bytes(const CudnnSdpaConfig& c) {
 }
 size_t dq_accum_bytes(const CudnnSdpaConfig& c) {
   return align_up(sizeof(float) * static_cast<size_t>(c.max_tokens * c.num_q_heads * c.head_dim));
+}
+// The grouped backward's per-query-head dK [T, Hq, D] or dV [T, Hq, Dv] (bf16 tensors; sized at 4
+// bytes an element, as cudnn-frontend sizes them, in case an engine keeps them in fp32); none without
+// grouped heads.
+size_t full_head_bytes(const CudnnSdpaConfig& c, int64_t dim) {
+  if (c.num_q_heads == c.num_kv_heads) return 0;
+  return align_up(sizeof(float) * static_cast<size_t>(c.max_tokens * c.num_q_heads * dim));
+}
+size_t full_heads_bytes(const CudnnSdpaConfig& c) {
+  return full_head_bytes(c, c.head_dim) + full_head_bytes(c, value_dim(c));
 }
 
 std::string describe(const CudnnSdpaConfig& c) {
@@ -586,6 +602,7 @@ std::unique_ptr<CudnnSdpa> CudnnSdpa::create(const CudnnSdpaConfig& config, std:
   impl->batch_array_bytes = batch_array_bytes(c);
   impl->softmax_sum_bytes = softmax_sum_bytes(c);
   impl->dq_accum_bytes = dq_accum_bytes(c);
+  impl->full_heads_bytes = full_heads_bytes(c);
   return std::unique_ptr<CudnnSdpa>(new CudnnSdpa(config, std::move(impl)));
 }
 
@@ -597,7 +614,7 @@ CudnnSdpa::~CudnnSdpa() = default;
 int64_t CudnnSdpa::plans_built() { return g_plans_built.load(); }
 
 size_t CudnnSdpa::fixed_workspace_bytes(const CudnnSdpaConfig& config) {
-  return batch_array_bytes(config) + softmax_sum_bytes(config) + dq_accum_bytes(config);
+  return batch_array_bytes(config) + softmax_sum_bytes(config) + dq_accum_bytes(config) + full_heads_bytes(config);
 }
 
 size_t CudnnSdpa::forward_workspace_bytes() const {
@@ -605,7 +622,7 @@ size_t CudnnSdpa::forward_workspace_bytes() const {
 }
 
 size_t CudnnSdpa::backward_workspace_bytes() const {
-  return impl_->batch_array_bytes + impl_->softmax_sum_bytes + impl_->dq_accum_bytes +
+  return impl_->batch_array_bytes + impl_->softmax_sum_bytes + impl_->dq_accum_bytes + impl_->full_heads_bytes +
          align_up(static_cast<size_t>(impl_->backward_plan_workspace));
 }
 
@@ -692,6 +709,10 @@ void CudnnSdpa::backward(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
   cursor += impl_->softmax_sum_bytes;
   void* dq_accum = cursor;
   cursor += impl_->dq_accum_bytes;
+  // Grouped heads: dK, then dV per query head (full_heads_bytes), before the plan's own scratch.
+  void* dk_full = cursor;
+  void* dv_full = cursor + full_head_bytes(config_, config_.head_dim);
+  cursor += impl_->full_heads_bytes;
   // cuDNN >= 9.6 initialises the accumulator itself (cudnn-frontend stopped clearing it there);
   // clearing it costs ~0.05 ms at T = 8192 and removes the dependence on that.
   CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, impl_->dq_accum_bytes, stream));
@@ -717,6 +738,12 @@ void CudnnSdpa::backward(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
                               dv,
                               softmax_sum,
                               dq_accum};
+  if (impl_->full_heads_bytes > 0) {
+    uids.push_back(u.dk_full);
+    pointers.push_back(dk_full);
+    uids.push_back(u.dv_full);
+    pointers.push_back(dv_full);
+  }
   for (const auto& [uid, value] : impl_->backward_graph.by_value()) {
     uids.push_back(uid);
     pointers.push_back(const_cast<float*>(value));
