@@ -458,12 +458,19 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       const float decay[2] = {row0 < len ? expf(g_last - in.gamma[row0]) : 0.0f,
                               row0 + 8 < len ? expf(g_last - in.gamma[row0 + 8]) : 0.0f};
-      for_each_acc<1, kNT>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
-        const float value = __bfloat162float(in.u[i * kBf16Cols + e]) - acc[mt][nt][r];
-        const __nv_bfloat16 stored = __float2bfloat16(value);
-        sm.v_out[i * kBf16Cols + e] = stored;
-        if (!staged && i < len && e < cols) ws.v_new[(row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e] = stored;
-        sm.vn[i * kBf16Cols + e] = __float2bfloat16(decay[r >> 1] * value);
+      // A fragment's column pairs read U and write V_new and its decayed copy 4 bytes at a time.
+      for_each_acc_pair<1, kNT>(m0, n0, [&](int mt, int nt, int half, int i, int e) {
+        const float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&in.u[i * kBf16Cols + e]));
+        const float value0 = u.x - acc[mt][nt][2 * half], value1 = u.y - acc[mt][nt][2 * half + 1];
+        const __nv_bfloat162 stored = __floats2bfloat162_rn(value0, value1);
+        *reinterpret_cast<__nv_bfloat162*>(&sm.v_out[i * kBf16Cols + e]) = stored;
+        if (!staged && i < len) {
+          __nv_bfloat16* row = ws.v_new + (row_first + static_cast<int64_t>(i) * Hv) * Dv + col0;
+          if (e < cols) row[e] = stored.x;
+          if (e + 1 < cols) row[e + 1] = stored.y;
+        }
+        *reinterpret_cast<__nv_bfloat162*>(&sm.vn[i * kBf16Cols + e]) =
+            __floats2bfloat162_rn(decay[half] * value0, decay[half] * value1);
       });
     }
     if constexpr (kStages == 1) {
@@ -492,9 +499,11 @@ __global__ void __launch_bounds__(kThreads, 2)
         acc[mt][nt][r] = chunk_decay * state[mt][nt][r];
       });
       warp_mma<1, kStateNT, kChunk>(acc, transposed<kBf16Stride>(in.k), state_m0, rows_of<kBf16Cols>(sm.vn), 0);
-      for_each_acc<1, kStateNT>(state_m0, 0, [&](int mt, int nt, int r, int d, int e) {
-        state[mt][nt][r] = acc[mt][nt][r];
-        sm.hb[d * kBf16Cols + e] = __float2bfloat16(acc[mt][nt][r]);
+      for_each_acc_pair<1, kStateNT>(state_m0, 0, [&](int mt, int nt, int half, int d, int e) {
+        state[mt][nt][2 * half] = acc[mt][nt][2 * half];
+        state[mt][nt][2 * half + 1] = acc[mt][nt][2 * half + 1];
+        *reinterpret_cast<__nv_bfloat162*>(&sm.hb[d * kBf16Cols + e]) =
+            __floats2bfloat162_rn(acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
       });
     }
     if constexpr (kOutput) {
