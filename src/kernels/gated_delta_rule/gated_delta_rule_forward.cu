@@ -44,42 +44,56 @@ __global__ void build_chunk_table_kernel(const int32_t* cu_seqlens, int num_seqs
   }
 }
 
-// Shared tiles of the preparation kernel (~105 KB: two blocks per SM).
+// Shared tiles of the preparation kernel (~71 KB: three blocks per SM on Hopper, two on an A800),
+// each region reused once its first content is dead:
+//   k   K; then W's bf16 rows on their way out
+//   qv  Q; then V, loaded once Q K^T is done (its latency hides behind P's stores and the inverse)
+//   l   L, whose finished block rows hold the inverse's inner sums; then A diag(beta e^gamma); then
+//       U's bf16 rows on their way out
+//   a   P's bf16 rows on their way out; then A = (I + L)^-1; then A diag(beta), in place
 struct PrepareSmem {
   __nv_bfloat16 k[kChunk * kBf16Stride];
-  __nv_bfloat16 q[kChunk * kBf16Stride];
-  __nv_bfloat16 v[kChunk * kBf16Stride];
-  float l[kChunk * kSqStride];   // L, then A diag(beta e^gamma)
-  float a[kChunk * kSqStride];   // A = (I + L)^-1
-  float au[kChunk * kSqStride];  // scratch of the inverse, then A diag(beta)
+  __nv_bfloat16 qv[kChunk * kBf16Stride];
+  float l[kChunk * kSqStride];
+  float a[kChunk * kSqStride];
   float gamma[kChunk], beta[kChunk], exp_gamma[kChunk];
 };
-static_assert(sizeof(PrepareSmem) <= kSm80MaxSharedBytesPerBlock, "the shared tiles must fit sm_80's 163 KB");
-static_assert(sizeof(PrepareSmem::a) >= sizeof(__nv_bfloat16) * kChunk * kBf16Stride &&
-                  offsetof(PrepareSmem, a) % 16 == 0 && offsetof(PrepareSmem, q) % 16 == 0 &&
-                  (kBf16Stride * sizeof(__nv_bfloat16)) % 16 == 0 && (kSqStride * sizeof(float)) % 16 == 0,
-              "U's bf16 tile fits the inverse's A, and the staged rows are read 16 bytes at a time");
-static_assert(sizeof(PrepareSmem::au) >= sizeof(__nv_bfloat16) * kChunk * kSqBf16Stride &&
-                  offsetof(PrepareSmem, au) % 16 == 0 && (kSqBf16Stride * sizeof(__nv_bfloat16)) % 16 == 0,
-              "P's bf16 tile fits the inverse's scratch, its rows read 16 bytes at a time");
+static_assert(3 * (sizeof(PrepareSmem) + 1024) <= 228 * 1024 && 2 * (sizeof(PrepareSmem) + 1024) <= 164 * 1024,
+              "three preparation blocks per Hopper SM, two per A800 SM");
+static_assert(sizeof(PrepareSmem::l) >= sizeof(__nv_bfloat16) * kChunk * kBf16Stride &&
+                  sizeof(PrepareSmem::a) >= sizeof(__nv_bfloat16) * kChunk * kSqBf16Stride &&
+                  offsetof(PrepareSmem, l) % 16 == 0 && offsetof(PrepareSmem, a) % 16 == 0 &&
+                  offsetof(PrepareSmem, qv) % 16 == 0 && (kBf16Stride * sizeof(__nv_bfloat16)) % 16 == 0 &&
+                  (kSqStride * sizeof(float)) % 16 == 0 && (kSqBf16Stride * sizeof(__nv_bfloat16)) % 16 == 0,
+              "U's bf16 tile fits L's, P's fits A's, and the staged rows are read 16 bytes at a time");
+// Blocks per SM the preparation's registers allow for: three where the shared tiles fit three.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr int kPrepareBlocksPerSm = 2;
+#else
+constexpr int kPrepareBlocksPerSm = 3;
+#endif
 
 // Block row kBi of the inverse below the diagonal, once blocks rows < kBi and the diagonal block
 // kBi are done: A_{kBi,bj} = -A_{kBi,kBi} sum_{bj <= m < kBi} L_{kBi,m} A_{m,bj} for bj < kBi, the
-// inner sums through `scratch`. Thread t takes entry (t / 16, t % 16) of each block bj, so block and
-// trip counts are known at compile time: the loops unroll and their shared loads issue ahead of
-// the sums; each sum still adds its terms in order of m, as written.
+// inner sums through `scratch` (which may lie in l's earlier block rows: every sum is formed before
+// any is written). Thread t takes entry (t / 16, t % 16) of each block bj, so block and trip counts
+// are known at compile time: the loops unroll and their shared loads issue ahead of the sums; each
+// sum still adds its terms in order of m, as written.
 template <int kBi>
 __device__ __forceinline__ void sweep_block_row(const float* l, float* a, float* scratch) {
   constexpr int S = kSqStride;
   static_assert(kThreads == 256, "one thread per entry of a 16 x 16 block");
   const int r = static_cast<int>(threadIdx.x) / 16, c = static_cast<int>(threadIdx.x) % 16;
+  float sums[kBi];
 #pragma unroll
   for (int bj = 0; bj < kBi; ++bj) {
     float sum = 0.0f;
 #pragma unroll
     for (int m = 16 * bj; m < 16 * kBi; ++m) sum += l[(16 * kBi + r) * S + m] * a[m * S + 16 * bj + c];
-    scratch[r * S + 16 * bj + c] = sum;
+    sums[bj] = sum;
   }
+#pragma unroll
+  for (int bj = 0; bj < kBi; ++bj) scratch[r * S + 16 * bj + c] = sums[bj];
   __syncthreads();
 #pragma unroll
   for (int bj = 0; bj < kBi; ++bj) {
@@ -94,8 +108,9 @@ __device__ __forceinline__ void sweep_block_row(const float* l, float* a, float*
 
 // a = (I + L)^-1 for a strictly lower triangular 64 x 64 L, in fp32: the four 16 x 16 diagonal
 // blocks by forward substitution (one warp each), then the block rows below them in turn,
-// A_ij = -A_ii sum_{j <= m < i} L_im A_mj. `scratch` holds 16 rows of the inner sums.
-__device__ void invert_unit_lower(const float* l, float* a, float* scratch) {
+// A_ij = -A_ii sum_{j <= m < i} L_im A_mj. Block row i's inner sums go into L's block row i - 1,
+// which nothing reads once block row i - 1 is done (each sweep reads L's rows of its own block row).
+__device__ void invert_unit_lower(float* l, float* a) {
   constexpr int S = kSqStride;
   static_assert(kThreads == 256 && kChunk == 64, "one thread per entry of a 16 x 16 block, 4 x 4 blocks");
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -126,9 +141,9 @@ __device__ void invert_unit_lower(const float* l, float* a, float* scratch) {
     }
   }
   __syncthreads();
-  sweep_block_row<1>(l, a, scratch);
-  sweep_block_row<2>(l, a, scratch);
-  sweep_block_row<3>(l, a, scratch);
+  sweep_block_row<1>(l, a, l + 0 * 16 * S);
+  sweep_block_row<2>(l, a, l + 1 * 16 * S);
+  sweep_block_row<3>(l, a, l + 2 * 16 * S);
 }
 
 // Grid (max_chunks, Hv). Builds gamma, P = (scale q_i . k_j) e^(gamma_i - gamma_j) (j <= i),
@@ -136,7 +151,7 @@ __device__ void invert_unit_lower(const float* l, float* a, float* scratch) {
 // e^gamma) K and U = A diag(beta) V of one chunk and head. K K^T and Q K^T run on tensor cores
 // with exact bf16 operands; the inverse is fp32 FMA; W and U split A into two bf16 parts. P, A, W
 // and U are stored in bf16, the form the later products take them in.
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm)
     prepare_chunks_kernel(GatedDeltaRuleShape s, float scale, const __nv_bfloat16* q,
                           const __nv_bfloat16* k, const __nv_bfloat16* v, const float* g,
                           const float* beta, Workspace ws) {
@@ -151,18 +166,16 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t qk_first = (static_cast<int64_t>(ci.t0) * Hk + kh) * Dk;
   const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;  // [T, Hv] index of token t0
   load_tile(sm.k, kBf16Stride, kChunk, kD, k + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
-  load_tile(sm.q, kBf16Stride, kChunk, kD, q + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
-  load_tile(sm.v, kBf16Stride, kChunk, kD, v + row_first * Dv, static_cast<int64_t>(Hv) * Dv, len,
-            Dv);
+  load_tile(sm.qv, kBf16Stride, kChunk, kD, q + qk_first, static_cast<int64_t>(Hk) * Dk, len, Dk);
   if (warp == 0)
     load_chunk_gates(g, beta, row_first, Hv, len, sm.gamma, sm.beta, sm.exp_gamma, ws.gamma);
   wait_tile_loads();
   __syncthreads();
 
   // P and A are stored by rows at their tokens ([T, Hv, 64]): rows past len are not stored. P's
-  // bf16 rows gather in the inverse's scratch (free until the inverse) on their way out.
+  // bf16 rows gather in A's tile (free until the inverse) on their way out.
   const int64_t square_first = row_first * kChunk, square_row = static_cast<int64_t>(Hv) * kChunk;
-  __nv_bfloat16* const p_tile = reinterpret_cast<__nv_bfloat16*>(sm.au);
+  __nv_bfloat16* const p_tile = reinterpret_cast<__nv_bfloat16*>(sm.a);
   {
     // Warp tile: rows 16 (warp % 4), columns 32 (warp / 4) of the 64 x 64 products.
     const int m0 = 16 * (warp & 3), n0 = 32 * (warp >> 2);
@@ -170,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     zero_acc(kk);
     zero_acc(qk);
     warp_mma<1, 4, kD, kD / 16>(kk, rows_of<kBf16Stride>(sm.k), m0, transposed<kBf16Stride>(sm.k), n0);
-    warp_mma<1, 4, kD, kD / 16>(qk, rows_of<kBf16Stride>(sm.q), m0, transposed<kBf16Stride>(sm.k), n0);
+    warp_mma<1, 4, kD, kD / 16>(qk, rows_of<kBf16Stride>(sm.qv), m0, transposed<kBf16Stride>(sm.k), n0);
     for_each_acc<1, 4>(m0, n0, [&](int mt, int nt, int r, int i, int j) {
       float l_value = 0.0f, p_value = 0.0f;
       if (i < len && j <= i) {
@@ -183,16 +196,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     });
   }
   __syncthreads();
-  // P leaves in 16-byte row pieces, rows past len not stored; the inverse's scratch, which held it,
-  // is first written after the inverse's first barrier.
+  // Q is done: V takes its tile, in flight through P's stores and the inverse.
+  load_tile(sm.qv, kBf16Stride, kChunk, kD, v + row_first * Dv, static_cast<int64_t>(Hv) * Dv, len, Dv);
+  // P leaves in 16-byte row pieces, rows past len not stored.
   for (int idx = tid; idx < len * (kChunk / 8); idx += kThreads) {
     const int i = idx / (kChunk / 8), j0 = 8 * (idx % (kChunk / 8));
     *reinterpret_cast<uint4*>(ws.p + square_first + i * square_row + j0) =
         *reinterpret_cast<const uint4*>(&p_tile[i * kSqBf16Stride + j0]);
   }
-  invert_unit_lower(sm.l, sm.a, sm.au);
-  // A leaves in 16-byte row pieces (8 columns a thread); A diag(beta e^gamma) and A diag(beta)
-  // take its place for the W and U products.
+  __syncthreads();  // P's tile is read: the inverse may write A's
+  invert_unit_lower(sm.l, sm.a);
+  // A leaves in 16-byte row pieces (8 columns a thread); A diag(beta e^gamma) takes L's place and
+  // A diag(beta) A's (each thread rewrites the elements it read), for the W and U products.
   __nv_bfloat16* a_out = ws.a_inv + square_first;
   for (int idx = tid; idx < kChunk * kChunk / 8; idx += kThreads) {
     const int i = idx / (kChunk / 8), j0 = 8 * (idx % (kChunk / 8));
@@ -204,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int u = 0; u < 8; ++u) {
       const int j = j0 + u;
       sm.l[i * kSqStride + j] = a[u] * sm.beta[j] * sm.exp_gamma[j];
-      sm.au[i * kSqStride + j] = a[u] * sm.beta[j];
+      sm.a[i * kSqStride + j] = a[u] * sm.beta[j];
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -214,14 +229,16 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (i < len)
       *reinterpret_cast<uint4*>(a_out + i * square_row + j0) = make_uint4(a_bf16[0], a_bf16[1], a_bf16[2], a_bf16[3]);
   }
-  __syncthreads();
+  wait_tile_loads();  // this thread's copies of V
+  __syncthreads();    // everybody's, and the coefficients
   // W and U: 64 x 128 each; warp tile rows 16 (warp % 4), columns 64 (warp / 4). Their bf16 values
-  // go through shared tiles nothing reads any more (W through q's, U through the inverse's A) and
-  // leave as 16-byte row pieces, rows past len not stored: a thread's fragment alone would store 64
-  // scattered 2-byte values a matrix. A head dim that is not a multiple of 8 stores them one by one.
+  // go through tiles nothing reads any more (W through K's once every warp is done with it, U through
+  // L's once the W product is) and leave as 16-byte row pieces, rows past len not stored: a thread's
+  // fragment alone would store 64 scattered 2-byte values a matrix. A head dim that is not a
+  // multiple of 8 stores them one by one.
   const bool staged = Dk % 8 == 0 && Dv % 8 == 0;
-  __nv_bfloat16* const w_tile = sm.q;
-  __nv_bfloat16* const u_tile = reinterpret_cast<__nv_bfloat16*>(sm.a);
+  __nv_bfloat16* const w_tile = sm.k;
+  __nv_bfloat16* const u_tile = reinterpret_cast<__nv_bfloat16*>(sm.l);
   const int m0 = 16 * (warp & 3), n0 = 64 * (warp >> 2);
   float acc[1][8][4];
   const auto put = [&](const float (&values)[1][8][4], __nv_bfloat16* tile, __nv_bfloat16* out, int dim) {
@@ -235,9 +252,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   zero_acc(acc);
   warp_mma<1, 8, kChunk>(acc, rows_of<kSqStride>(sm.l), m0, rows_of<kBf16Stride>(sm.k), n0);
+  __syncthreads();  // K and A diag(beta e^gamma) are read
   put(acc, w_tile, ws.w, Dk);
   zero_acc(acc);
-  warp_mma<1, 8, kChunk>(acc, rows_of<kSqStride>(sm.au), m0, rows_of<kBf16Stride>(sm.v), n0);
+  warp_mma<1, 8, kChunk>(acc, rows_of<kSqStride>(sm.a), m0, rows_of<kBf16Stride>(sm.qv), n0);
   put(acc, u_tile, ws.v_new, Dv);
   if (!staged) return;
   __syncthreads();
