@@ -151,6 +151,30 @@ std::vector<int64_t> sample_lengths(int64_t tokens, int64_t seqs, bool varied, R
 
 double gib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
+// A step's packing as the step lines print it: its samples and its longest sample, over its
+// micro-batches (what a library that sizes work by sequence could key on).
+struct PackingShape {
+  int64_t samples = 0;
+  int64_t longest = 0;
+};
+PackingShape packing_shape(const std::vector<MicroBatch>& batches) {
+  PackingShape shape;
+  for (const MicroBatch& batch : batches) {
+    shape.samples += batch.num_samples();
+    for (size_t i = 0; i + 1 < batch.cu_seqlens.size(); ++i)
+      shape.longest = std::max<int64_t>(shape.longest, batch.cu_seqlens[i + 1] - batch.cu_seqlens[i]);
+  }
+  return shape;
+}
+
+// The per-thread stack the driver holds local memory for (cudaLimitStackSize): it raises it, and
+// takes more device memory, when a kernel with a larger frame than any before it launches.
+int64_t stack_bytes() {
+  size_t bytes = 0;
+  CUDA_CHECK(cudaDeviceGetLimit(&bytes, cudaLimitStackSize));
+  return static_cast<int64_t>(bytes);
+}
+
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
@@ -320,6 +344,7 @@ int run_bench(const ArgParser& args) {
   AllocationCounts allocations_after_first;
   int64_t plans_after_first = 0, queries_after_first = 0;
   size_t free_after_first = 0;
+  int64_t stack_after_first = 0;
   int64_t queries_before = 0;
   size_t free_before = 0;
   for (int64_t step = 0; step < warmup + steps; ++step) {
@@ -328,6 +353,7 @@ int run_bench(const ArgParser& args) {
     CUDA_CHECK(cudaDeviceSynchronize());
     const auto start = std::chrono::steady_clock::now();
     const std::vector<MicroBatch>& batches = step_batches[static_cast<size_t>(step) % step_batches.size()];
+    const PackingShape shape = packing_shape(batches);
     last = engine.train_step(batches, 1e-5, 1.0);
     engine.text_model().timer().finish(engine.text_model().stream());
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -346,13 +372,15 @@ int run_bench(const ArgParser& args) {
       const int64_t queries = GemmContext::heuristic_queries();
       if (step > 0 && (queries != queries_before || free_bytes != free_before)) {
         taken = str_cat("  (+", queries - queries_before, " cuBLASLt heuristic queries, GPU memory in use ",
-                        static_cast<int64_t>(free_before) - static_cast<int64_t>(free_bytes), " bytes)");
+                        static_cast<int64_t>(free_before) - static_cast<int64_t>(free_bytes),
+                        " bytes; per-thread stack ", stack_bytes(), " bytes)");
       }
       queries_before = queries;
       free_before = free_bytes;
-      std::printf("step %3lld %s %8.2f ms  loss %.4f  grad_norm %.3f  tokens %lld%s\n", static_cast<long long>(step + 1),
-                  measured ? "    " : "warm", ms, loss, last.grad_norm,
-                  static_cast<long long>(last.num_tokens), taken.c_str());
+      std::printf("step %3lld %s %8.2f ms  loss %.4f  grad_norm %.3f  tokens %lld in %lld samples (longest %lld)%s\n",
+                  static_cast<long long>(step + 1), measured ? "    " : "warm", ms, loss, last.grad_norm,
+                  static_cast<long long>(last.num_tokens), static_cast<long long>(shape.samples),
+                  static_cast<long long>(shape.longest), taken.c_str());
       std::fflush(stdout);
     }
     if (measured) {
@@ -369,6 +397,7 @@ int run_bench(const ArgParser& args) {
       queries_after_first = GemmContext::heuristic_queries();
       size_t total_bytes = 0;
       CUDA_CHECK(cudaMemGetInfo(&free_after_first, &total_bytes));
+      stack_after_first = stack_bytes();
     }
   }
   // The measured steps once more, back to back, with one synchronisation before and one after: the
@@ -395,18 +424,16 @@ int run_bench(const ArgParser& args) {
     const StepResult result = engine.train_step(batches, 1e-5, 1.0);
     CHECK(!result.skipped && result.num_supervised > 0 && std::isfinite(result.ce_sum),
           "bench: the loss or the gradient norm is not finite at back-to-back step ", step + 1);
-    int64_t step_samples = 0;
-    for (const MicroBatch& batch : batches) {
-      block_tokens += static_cast<double>(batch.num_tokens());
-      step_samples += batch.num_samples();
-    }
+    for (const MicroBatch& batch : batches) block_tokens += static_cast<double>(batch.num_tokens());
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     if (free_bytes != free_in_block && rank == 0) {
+      const PackingShape shape = packing_shape(batches);
       block_memory_changes += str_cat("back-to-back step ", step + 1, " (", static_cast<int64_t>(result.num_tokens),
-                                      " tokens in ", step_samples, " samples): GPU memory in use ",
+                                      " tokens in ", shape.samples, " samples, longest ", shape.longest,
+                                      "): GPU memory in use ",
                                       static_cast<int64_t>(free_in_block) - static_cast<int64_t>(free_bytes),
-                                      " bytes\n");
+                                      " bytes; per-thread stack ", stack_bytes(), " bytes\n");
     }
     free_in_block = free_bytes;
   }
@@ -494,6 +521,8 @@ int run_bench(const ArgParser& args) {
               static_cast<long long>(new_queries),
               steady ? "STEADY" : "NOT STEADY");
   std::printf("%s", block_memory_changes.c_str());
+  std::printf("per-thread stack (cudaLimitStackSize): %lld bytes after step 1, %lld now\n",
+              static_cast<long long>(stack_after_first), static_cast<long long>(stack_bytes()));
   std::printf("host<->device per step: %llu bytes in, %llu bytes out\n",
               static_cast<unsigned long long>(last.host_to_device_bytes),
               static_cast<unsigned long long>(last.device_to_host_bytes));

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/cuda_check.h"
@@ -298,6 +299,80 @@ TEST(CudnnSdpaGpu, WorkspaceReserveIsWhatThePlansAsk) {
       EXPECT_EQ(choose_cudnn_attention(config, SIZE_MAX, "test"), nullptr);
     }
   }
+}
+
+// One plan over many packings of the text model's shape (8,192 rows, up to 8 sequences, 16 / 2
+// heads of 256), as a training run's steps feed it: after the first packing, no forward or backward
+// may change the GPU's memory in use (cudaMemGetInfo, after a synchronisation). Each change is
+// printed with the call and the packing that made it. The packings vary as the benchmark's do:
+// between half the rows and all of them, 1 to 8 sequences of random lengths.
+TEST(CudnnSdpaGpu, MemoryInUseHoldsOverPackings) {
+  SKIP_UNLESS_HOPPER();
+  constexpr int64_t kTokens = 8192, kSegments = 8, kQHeads = 16, kKvHeads = 2, kHeadDim = 256;
+  auto sdpa = build_plan(config_for(kTokens, kSegments, kQHeads, kKvHeads, kHeadDim, true));
+  ASSERT_NE(sdpa, nullptr);
+  DeviceTensor q = tiled_random_device_tensor({kTokens, kQHeads, kHeadDim}, 1, 1.0f);
+  DeviceTensor k = tiled_random_device_tensor({kTokens, kKvHeads, kHeadDim}, 2, 1.0f);
+  DeviceTensor v = tiled_random_device_tensor({kTokens, kKvHeads, kHeadDim}, 3, 1.0f);
+  DeviceTensor d_out = tiled_random_device_tensor({kTokens, kQHeads, kHeadDim}, 4, 1.0f);
+  DeviceTensor out = device_tensor(DType::bf16, {kTokens, kQHeads, kHeadDim});
+  DeviceTensor lse = device_tensor(DType::f32, {kTokens, kQHeads});
+  DeviceTensor dq = device_tensor(DType::bf16, {kTokens, kQHeads, kHeadDim});
+  DeviceTensor dk = device_tensor(DType::bf16, {kTokens, kKvHeads, kHeadDim});
+  DeviceTensor dv = device_tensor(DType::bf16, {kTokens, kKvHeads, kHeadDim});
+  DeviceBuffer workspace(std::max(sdpa->forward_workspace_bytes(), sdpa->backward_workspace_bytes()));
+  DeviceBuffer cu(sizeof(int32_t) * (kSegments + 1));
+  auto free_bytes = [] {
+    device_synchronize();
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return static_cast<int64_t>(free);
+  };
+  uint64_t state = 12345;
+  auto below = [&state](int64_t n) {  // a small LCG: the packings need only vary
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(n));
+  };
+  int64_t changes = 0, before = 0;
+  for (int packing = 0; packing < 64; ++packing) {
+    const int64_t total = (kTokens / 2 + below(kTokens / 2 + 1)) / 8 * 8;
+    const int64_t n = 1 + below(kSegments);
+    std::vector<int> lengths(static_cast<size_t>(n), 16);
+    for (int64_t left = total - 16 * n; left > 0;) {
+      const int64_t piece = std::min<int64_t>(left, 1 + below(total));
+      lengths[static_cast<size_t>(below(n))] += static_cast<int>(piece);
+      left -= piece;
+    }
+    const std::vector<int32_t> cu_host = [&] {
+      std::vector<int32_t> c{0};
+      for (int length : lengths) c.push_back(c.back() + length);
+      return c;
+    }();
+    CUDA_CHECK(cudaMemcpy(cu.data(), cu_host.data(), cu_host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    const int32_t* cu_ptr = static_cast<const int32_t*>(cu.data());
+    std::string packing_text;
+    for (int length : lengths) {
+      if (!packing_text.empty()) packing_text.push_back(' ');
+      packing_text.append(std::to_string(length));
+    }
+    if (packing == 0) before = free_bytes();
+    sdpa->forward(bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), cu_ptr, n, bf16_ptr(out), f32_ptr(lse), workspace.data(),
+                  workspace.bytes(), nullptr);
+    const int64_t after_forward = free_bytes();
+    sdpa->backward(bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), bf16_ptr(out), f32_ptr(lse), bf16_ptr(d_out), cu_ptr, n,
+                   bf16_ptr(dq), bf16_ptr(dk), bf16_ptr(dv), workspace.data(), workspace.bytes(), nullptr);
+    const int64_t after_backward = free_bytes();
+    for (const auto& [call, before_call, after] :
+         {std::tuple{"forward", before, after_forward}, std::tuple{"backward", after_forward, after_backward}}) {
+      if (after == before_call) continue;
+      std::printf("MEMORY packing %d (%lld rows: %s) %s: GPU memory in use %+lld bytes\n", packing,
+                  static_cast<long long>(total), packing_text.c_str(), call,
+                  static_cast<long long>(before_call - after));
+      if (packing > 0) ++changes;
+    }
+    before = after_backward;
+  }
+  EXPECT_EQ(changes, 0) << "forward / backward calls after the first packing changed the memory in use";
 }
 
 TEST(CudnnSdpaGpu, RefusesWhatItCannotRun) {
