@@ -1,10 +1,11 @@
 // Router kernels: one warp per token holds its E probabilities in registers (E <= 512), picks the
-// top K by K rounds of a warp arg-max, and the matching backward; projections through cuBLAS.
+// top K by K rounds of a warp arg-max, and the matching backward; projections through cuBLASLt.
 #include <algorithm>
 #include <cfloat>
 #include <climits>
 
 #include "core/cuda_check.h"
+#include "kernels/gemm/gemm_cuda.h"
 #include "kernels/moe_router/moe_router_cuda.h"
 
 namespace deltamoe {
@@ -126,28 +127,23 @@ unsigned token_blocks(int64_t num_tokens) {
 namespace {
 
 // logits (beta 0: =, beta 1: +=) x [T, C] bf16 @ w [E, C]^T, fp32 accumulate and output.
-void router_product(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* w, float* logits, float beta,
-                    int64_t num_tokens, int64_t hidden, int64_t num_experts) {
-  const float alpha = 1.0f;
-  // Column-major view: logits^T [E, T] = W [E, C] (stored as C x E, transposed) * x^T [C, T].
-  CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(num_experts),
-                            static_cast<int>(num_tokens), static_cast<int>(hidden), &alpha, w, CUDA_R_16BF,
-                            static_cast<int>(hidden), x, CUDA_R_16BF, static_cast<int>(hidden), &beta, logits,
-                            CUDA_R_32F, static_cast<int>(num_experts), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+void router_product(GemmContext& gemm, const __nv_bfloat16* x, const __nv_bfloat16* w, float* logits, float beta,
+                    int64_t num_tokens, int64_t hidden, int64_t num_experts, cudaStream_t stream) {
+  gemm_bf16_cuda(gemm, false, true, num_tokens, num_experts, hidden, 1.0f, x, hidden, w, hidden, beta, logits,
+                 DType::f32, num_experts, stream);
 }
 
 }  // namespace
 
-void moe_router_logits_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* w, float* logits,
+void moe_router_logits_cuda(GemmContext& gemm, const __nv_bfloat16* x, const __nv_bfloat16* w, float* logits,
                             int64_t num_tokens, int64_t hidden, int64_t num_experts, cudaStream_t stream) {
   CHECK(num_tokens >= 0 && hidden >= 1 && num_experts >= 1, "moe_router_logits_cuda: bad sizes T=", num_tokens,
         " C=", hidden, " E=", num_experts);
   if (num_tokens == 0) return;
-  CUBLAS_CHECK(cublasSetStream(handle, stream));
-  router_product(handle, x, w, logits, 0.0f, num_tokens, hidden, num_experts);
+  router_product(gemm, x, w, logits, 0.0f, num_tokens, hidden, num_experts, stream);
 }
 
-void moe_router_logits_split_cuda(cublasHandle_t handle, const __nv_bfloat16* x_hi, const __nv_bfloat16* x_lo,
+void moe_router_logits_split_cuda(GemmContext& gemm, const __nv_bfloat16* x_hi, const __nv_bfloat16* x_lo,
                                   const __nv_bfloat16* w_hi, const __nv_bfloat16* w_lo, float* logits,
                                   int64_t num_tokens, int64_t hidden, int64_t num_experts, cudaStream_t stream) {
   CHECK(num_tokens >= 0 && hidden >= 1 && num_experts >= 1, "moe_router_logits_split_cuda: bad sizes T=", num_tokens,
@@ -155,11 +151,10 @@ void moe_router_logits_split_cuda(cublasHandle_t handle, const __nv_bfloat16* x_
   CHECK(x_hi != nullptr && x_lo != nullptr && w_hi != nullptr && w_lo != nullptr && logits != nullptr,
         "moe_router_logits_split_cuda: every operand is required");
   if (num_tokens == 0) return;
-  CUBLAS_CHECK(cublasSetStream(handle, stream));
   // The small terms first, then the large one: lo x lo (~2^-18 relative) is left out.
-  router_product(handle, x_lo, w_hi, logits, 0.0f, num_tokens, hidden, num_experts);
-  router_product(handle, x_hi, w_lo, logits, 1.0f, num_tokens, hidden, num_experts);
-  router_product(handle, x_hi, w_hi, logits, 1.0f, num_tokens, hidden, num_experts);
+  router_product(gemm, x_lo, w_hi, logits, 0.0f, num_tokens, hidden, num_experts, stream);
+  router_product(gemm, x_hi, w_lo, logits, 1.0f, num_tokens, hidden, num_experts, stream);
+  router_product(gemm, x_hi, w_hi, logits, 1.0f, num_tokens, hidden, num_experts, stream);
 }
 
 void moe_router_forward_cuda(const float* logits, float* probs, int32_t* topk_idx, float* topk_weight,
@@ -183,22 +178,19 @@ void moe_router_backward_cuda(const float* probs, const int32_t* topk_idx, const
   CUDA_CHECK_LAUNCH();
 }
 
-void moe_router_logits_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* w,
+void moe_router_logits_backward_cuda(GemmContext& gemm, const __nv_bfloat16* x, const __nv_bfloat16* w,
                                      const __nv_bfloat16* d_logits_bf16, __nv_bfloat16* dx, bool accumulate_dx,
                                      float* d_w, int64_t num_tokens, int64_t hidden, int64_t num_experts,
                                      cudaStream_t stream) {
   CHECK(num_tokens >= 0 && hidden >= 1 && num_experts >= 1, "moe_router_logits_backward_cuda: bad sizes T=", num_tokens,
         " C=", hidden, " E=", num_experts);
   if (num_tokens == 0) return;
-  const int T = static_cast<int>(num_tokens), C = static_cast<int>(hidden), E = static_cast<int>(num_experts);
-  const float one = 1.0f, beta_dx = accumulate_dx ? 1.0f : 0.0f;
-  CUBLAS_CHECK(cublasSetStream(handle, stream));
-  // dx^T [C, T] = W^T [C, E] (W stored C x E column-major) * d_logits^T [E, T].
-  CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, C, T, E, &one, w, CUDA_R_16BF, C, d_logits_bf16,
-                            CUDA_R_16BF, E, &beta_dx, dx, CUDA_R_16BF, C, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  // d_w^T [C, E] += x^T [C, T] * d_logits [T, E].
-  CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, C, E, T, &one, x, CUDA_R_16BF, C, d_logits_bf16,
-                            CUDA_R_16BF, E, &one, d_w, CUDA_R_32F, C, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  const int64_t T = num_tokens, C = hidden, E = num_experts;
+  // dx [T, C] = d_logits [T, E] W [E, C].
+  gemm_bf16_cuda(gemm, false, false, T, C, E, 1.0f, d_logits_bf16, E, w, C, accumulate_dx ? 1.0f : 0.0f, dx,
+                 DType::bf16, C, stream);
+  // d_w [E, C] += d_logits^T [E, T] x [T, C].
+  gemm_bf16_cuda(gemm, true, false, E, C, T, 1.0f, d_logits_bf16, E, x, C, 1.0f, d_w, DType::f32, C, stream);
 }
 
 }  // namespace deltamoe

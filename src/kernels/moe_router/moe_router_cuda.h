@@ -1,8 +1,8 @@
-// CUDA router of the Qwen3.5-MoE block (the spec is moe_router.h): projection through cuBLAS,
-// fp32 softmax, top-k (ties to the lower expert) and renormalisation, one warp per token.
+// CUDA router of the Qwen3.5-MoE block (the spec is moe_router.h): projection through the
+// caller's cuBLASLt GemmContext, fp32 softmax, top-k (ties to the lower expert) and
+// renormalisation, one warp per token.
 #pragma once
 
-#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -10,13 +10,15 @@
 
 namespace deltamoe {
 
+class GemmContext;
+
 // Largest expert count and top-k of the warp-per-token kernels (Qwen3.5: E 256 or 512, K 8 or 10).
 constexpr int64_t kRouterMaxExperts = 512;
 constexpr int64_t kRouterMaxTopK = 32;
 
 // logits [T, E] f32 = x [T, C] bf16 @ w [E, C]^T (bf16 operands, fp32 accumulate and output:
 // the router works on unrounded logits, more exact than HF's bf16 logits).
-void moe_router_logits_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* w, float* logits,
+void moe_router_logits_cuda(GemmContext& gemm, const __nv_bfloat16* x, const __nv_bfloat16* w, float* logits,
                             int64_t num_tokens, int64_t hidden, int64_t num_experts, cudaStream_t stream);
 
 // The same product with both operands carried as bf16 hi/lo pairs (x = x_hi + x_lo, w = w_hi +
@@ -24,7 +26,7 @@ void moe_router_logits_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const
 // fp32 logits that match an fp32 product to ~2^-16 relative. Why: the aux loss's gradient is a
 // difference of routing probabilities that cancels, and the router's bf16 input and weight each
 // moved golden aux-loss gradients by up to 8e-3 / 1.2e-2 (docs/vision.md, "Rounding probe").
-void moe_router_logits_split_cuda(cublasHandle_t handle, const __nv_bfloat16* x_hi, const __nv_bfloat16* x_lo,
+void moe_router_logits_split_cuda(GemmContext& gemm, const __nv_bfloat16* x_hi, const __nv_bfloat16* x_lo,
                                   const __nv_bfloat16* w_hi, const __nv_bfloat16* w_lo, float* logits,
                                   int64_t num_tokens, int64_t hidden, int64_t num_experts, cudaStream_t stream);
 
@@ -42,7 +44,7 @@ void moe_router_backward_cuda(const float* probs, const int32_t* topk_idx, const
                               cudaStream_t stream);
 
 // Projection backward: dx [T, C] bf16 written (accumulate false) or added to; d_w [E, C] f32 added to.
-void moe_router_logits_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* w,
+void moe_router_logits_backward_cuda(GemmContext& gemm, const __nv_bfloat16* x, const __nv_bfloat16* w,
                                      const __nv_bfloat16* d_logits_bf16, __nv_bfloat16* dx, bool accumulate_dx,
                                      float* d_w, int64_t num_tokens, int64_t hidden, int64_t num_experts,
                                      cudaStream_t stream);

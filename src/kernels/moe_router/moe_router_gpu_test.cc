@@ -13,6 +13,7 @@
 #include "core/device_buffer.h"
 #include "core/dtype.h"
 #include "kernels/common/tensor_compare.h"
+#include "kernels/gemm/gemm_cuda.h"
 #include "kernels/gemm/gpu_timing.h"
 #include "kernels/linear/linear.h"
 #include "kernels/moe_router/moe_router.h"
@@ -33,16 +34,6 @@ HostTensor plus(const HostTensor& a, const HostTensor& b) {
   for (int64_t i = 0; i < a.numel(); ++i) out.as<float>()[i] = a.as<float>()[i] + b.as<float>()[i];
   return out;
 }
-
-class CublasHandle {
- public:
-  CublasHandle() { CUBLAS_CHECK(cublasCreate(&handle_)); }
-  ~CublasHandle() { cublasDestroy(handle_); }
-  cublasHandle_t get() const { return handle_; }
-
- private:
-  cublasHandle_t handle_ = nullptr;
-};
 
 struct RouterCase {
   int64_t tokens, experts, top_k;
@@ -152,7 +143,7 @@ TEST(MoeRouterGpu, TiesGoToTheLowerExpert) {
 }
 
 TEST(MoeRouterGpu, ProjectionMatchesLinearReference) {
-  CublasHandle handle;
+  GemmContext gemm;
   const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{1, 64, 8}, {45, 131, 37}, {300, 2048, 256}};
   for (const auto& [T, C, E] : shapes) {
     std::printf("router projection T=%lld C=%lld E=%lld\n", static_cast<long long>(T), static_cast<long long>(C),
@@ -170,8 +161,8 @@ TEST(MoeRouterGpu, ProjectionMatchesLinearReference) {
     DeviceTensor logits_d = device_tensor(DType::f32, {T, E}), dx_d = device_tensor(DType::bf16, {T, C});
     device_fill_bytes(logits_d.view, 0xFF);
     device_fill_bytes(dx_d.view, 0xFF);
-    moe_router_logits_cuda(handle.get(), bf16_ptr(x_d), bf16_ptr(w_d), f32_ptr(logits_d), T, C, E, nullptr);
-    moe_router_logits_backward_cuda(handle.get(), bf16_ptr(x_d), bf16_ptr(w_d), bf16_ptr(dl_d),
+    moe_router_logits_cuda(gemm, bf16_ptr(x_d), bf16_ptr(w_d), f32_ptr(logits_d), T, C, E, nullptr);
+    moe_router_logits_backward_cuda(gemm, bf16_ptr(x_d), bf16_ptr(w_d), bf16_ptr(dl_d),
                                     static_cast<__nv_bfloat16*>(dx_d.view.data), false, f32_ptr(d_w_d), T, C, E,
                                     nullptr);
     HostTensor d_w_got = to_host(d_w_d.view);
@@ -197,7 +188,7 @@ void split_hi_lo(const HostTensor& v, HostTensor* hi, HostTensor* lo) {
 }
 
 TEST(MoeRouterGpu, SplitProjectionMatchesFp32Product) {
-  CublasHandle handle;
+  GemmContext gemm;
   const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{1, 64, 8}, {45, 131, 37}, {300, 2048, 256}};
   for (const auto& [T, C, E] : shapes) {
     // fp32 operands that bf16 cannot hold: the plain bf16 product is off by ~2e-3, the split one
@@ -212,9 +203,9 @@ TEST(MoeRouterGpu, SplitProjectionMatchesFp32Product) {
     DeviceTensor w_hi_d = to_device(w_hi, DType::bf16), w_lo_d = to_device(w_lo, DType::bf16);
     DeviceTensor split_d = device_tensor(DType::f32, {T, E}), plain_d = device_tensor(DType::f32, {T, E});
     device_fill_bytes(split_d.view, 0xFF);
-    moe_router_logits_split_cuda(handle.get(), bf16_ptr(x_hi_d), bf16_ptr(x_lo_d), bf16_ptr(w_hi_d), bf16_ptr(w_lo_d),
+    moe_router_logits_split_cuda(gemm, bf16_ptr(x_hi_d), bf16_ptr(x_lo_d), bf16_ptr(w_hi_d), bf16_ptr(w_lo_d),
                                  f32_ptr(split_d), T, C, E, nullptr);
-    moe_router_logits_cuda(handle.get(), bf16_ptr(x_hi_d), bf16_ptr(w_hi_d), f32_ptr(plain_d), T, C, E, nullptr);
+    moe_router_logits_cuda(gemm, bf16_ptr(x_hi_d), bf16_ptr(w_hi_d), f32_ptr(plain_d), T, C, E, nullptr);
     std::printf("router split projection T=%lld C=%lld E=%lld\n", static_cast<long long>(T),
                 static_cast<long long>(C), static_cast<long long>(E));
     CompareResult split = compare_tensors("logits, hi/lo operands", to_host(split_d.view), logits_ref);
@@ -235,7 +226,7 @@ TEST(MoeRouterGpu, BadSizesAreRefused) {
 
 TEST(MoeRouterGpu, Timing35B) {
   const int64_t T = 8192, C = 2048, E = 256, K = 8;
-  CublasHandle handle;
+  GemmContext gemm;
   DeviceTensor x_d = to_device(random_normal_tensor({T, C}, 1), DType::bf16);
   DeviceTensor w_d = to_device(random_normal_tensor({E, C}, 2, 0.02f), DType::bf16);
   DeviceTensor logits_d = device_tensor(DType::f32, {T, E}), probs_d = device_tensor(DType::f32, {T, E});
@@ -246,7 +237,7 @@ TEST(MoeRouterGpu, Timing35B) {
   print_flop_timing("logits x W^T (cuBLAS, f32 out)",
                     median_ms(
                         [&](cudaStream_t s) {
-                          moe_router_logits_cuda(handle.get(), bf16_ptr(x_d), bf16_ptr(w_d), f32_ptr(logits_d), T, C, E,
+                          moe_router_logits_cuda(gemm, bf16_ptr(x_d), bf16_ptr(w_d), f32_ptr(logits_d), T, C, E,
                                                  s);
                         },
                         nullptr),

@@ -5,6 +5,7 @@
 #include "core/cuda_check.h"
 #include "core/workspace_carver.h"
 #include "kernels/gemm/bf16_vector.cuh"
+#include "kernels/gemm/gemm_cuda.h"
 #include "kernels/gemm/f32_operand_cuda.h"
 #include "kernels/shared_expert/shared_expert_cuda.h"
 
@@ -16,15 +17,13 @@ using nvbf16 = __nv_bfloat16;
 
 constexpr int kTokensPerChunk = 256;  // rows per partial sum of d_expert_gate
 
-// Row-major C [M, N] = alpha op(A) op(B) + beta C; A stored [M, K] ([K, M] when trans_a), B
-// stored [K, N] ([N, K] when trans_b). cuBLAS is column-major: compute C^T = op(B)^T op(A)^T.
-void gemm_row_major(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const nvbf16* a,
-                    int64_t lda, const nvbf16* b, int64_t ldb, float beta, void* c, cudaDataType c_type, int64_t ldc) {
-  const float alpha = 1.0f;
-  CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                            static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_16BF,
-                            static_cast<int>(ldb), a, CUDA_R_16BF, static_cast<int>(lda), &beta, c, c_type,
-                            static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+// Row-major C [M, N] = op(A) op(B) + beta C through the model's cuBLASLt context (its workspace,
+// its algorithm per token-count bucket: a new token count neither queries nor loads a kernel nor
+// takes memory); A stored [M, K] ([K, M] when trans_a), B stored [K, N] ([N, K] when trans_b).
+void gemm_row_major(GemmContext& gemm, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const nvbf16* a,
+                    int64_t lda, const nvbf16* b, int64_t ldb, float beta, void* c, DType c_type, int64_t ldc,
+                    cudaStream_t stream) {
+  gemm_bf16_cuda(gemm, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, c_type, ldc, stream);
 }
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + __expf(-x)); }
@@ -236,13 +235,12 @@ void lora_backward(const SharedExpertLora* lora, const LoraDeviceAdapter& adapte
 
 // gate, up and logit = x . w_gate (f32), each product with its adapter's term added: what the
 // backward recomputes.
-void run_gate_products(cublasHandle_t handle, const nvbf16* x, const nvbf16* gate_proj, const nvbf16* up_proj,
+void run_gate_products(GemmContext& gemm, const nvbf16* x, const nvbf16* gate_proj, const nvbf16* up_proj,
                        const nvbf16* expert_gate, const ForwardBuffers& b, int64_t T, int64_t C, int64_t I,
                        cudaStream_t stream, const SharedExpertLora* lora) {
-  CUBLAS_CHECK(cublasSetStream(handle, stream));
-  gemm_row_major(handle, false, true, T, I, C, x, C, gate_proj, C, 0.0f, b.gate, CUDA_R_16BF, I);
-  gemm_row_major(handle, false, true, T, I, C, x, C, up_proj, C, 0.0f, b.up, CUDA_R_16BF, I);
-  gemm_row_major(handle, false, true, T, 1, C, x, C, expert_gate, C, 0.0f, b.logit, CUDA_R_32F, 1);
+  gemm_row_major(gemm, false, true, T, I, C, x, C, gate_proj, C, 0.0f, b.gate, DType::bf16, I, stream);
+  gemm_row_major(gemm, false, true, T, I, C, x, C, up_proj, C, 0.0f, b.up, DType::bf16, I, stream);
+  gemm_row_major(gemm, false, true, T, 1, C, x, C, expert_gate, C, 0.0f, b.logit, DType::f32, 1, stream);
   if (lora != nullptr) {
     lora_forward(lora, lora->gate_proj, lora->gate_proj_dropout, x, b.gate, DType::bf16, T, C, I, stream);
     lora_forward(lora, lora->up_proj, lora->up_proj_dropout, x, b.up, DType::bf16, T, C, I, stream);
@@ -257,12 +255,12 @@ void run_swiglu(const ForwardBuffers& b, int64_t T, int64_t I, cudaStream_t stre
 }
 
 // The gate products, h, and out = h W_down^T (f32), each product with its adapter's term added.
-void run_forward(cublasHandle_t handle, const nvbf16* x, const nvbf16* gate_proj, const nvbf16* up_proj,
+void run_forward(GemmContext& gemm, const nvbf16* x, const nvbf16* gate_proj, const nvbf16* up_proj,
                  const nvbf16* down_proj, const nvbf16* expert_gate, const ForwardBuffers& b, int64_t T, int64_t C,
                  int64_t I, cudaStream_t stream, const SharedExpertLora* lora) {
-  run_gate_products(handle, x, gate_proj, up_proj, expert_gate, b, T, C, I, stream, lora);
+  run_gate_products(gemm, x, gate_proj, up_proj, expert_gate, b, T, C, I, stream, lora);
   run_swiglu(b, T, I, stream);
-  gemm_row_major(handle, false, true, T, C, I, b.h, I, down_proj, I, 0.0f, b.out, CUDA_R_32F, C);
+  gemm_row_major(gemm, false, true, T, C, I, b.h, I, down_proj, I, 0.0f, b.out, DType::f32, C, stream);
   if (lora != nullptr) lora_forward(lora, lora->down_proj, lora->down_proj_dropout, b.h, b.out, DType::f32, T, I, C, stream);
 }
 
@@ -284,7 +282,7 @@ size_t shared_expert_backward_workspace_bytes(int64_t num_tokens, int64_t hidden
          align256(T * sizeof(float)) + align256(chunks * C * sizeof(float));
 }
 
-void shared_expert_forward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
+void shared_expert_forward_cuda(GemmContext& gemm, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
                                 const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
                                 const __nv_bfloat16* expert_gate, __nv_bfloat16* y, bool accumulate, int64_t num_tokens,
                                 int64_t hidden, int64_t intermediate, void* workspace, size_t workspace_bytes,
@@ -295,7 +293,7 @@ void shared_expert_forward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
   WorkspaceCarver carve("shared_expert", workspace, workspace_bytes);
   const ForwardBuffers b = take_forward_buffers(carve, T, C, I);
   if (lora != nullptr && !lora->any()) lora = nullptr;
-  run_forward(handle, x, gate_proj, up_proj, down_proj, expert_gate, b, T, C, I, stream, lora);
+  run_forward(gemm, x, gate_proj, up_proj, down_proj, expert_gate, b, T, C, I, stream, lora);
   shared_expert_forward_apply_cuda(SharedExpertPending{b.out, b.logit}, y, accumulate, T, C, stream);
 }
 
@@ -311,7 +309,7 @@ SharedExpertPending shared_expert_pending_in(void* memory, size_t bytes, int64_t
   return pending;
 }
 
-void shared_expert_forward_products_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
+void shared_expert_forward_products_cuda(GemmContext& gemm, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
                                          const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
                                          const __nv_bfloat16* expert_gate, const SharedExpertPending& pending,
                                          int64_t num_tokens, int64_t hidden, int64_t intermediate, void* workspace,
@@ -327,7 +325,7 @@ void shared_expert_forward_products_cuda(cublasHandle_t handle, const __nv_bfloa
   b.out = pending.out;
   b.logit = pending.logit;
   if (lora != nullptr && !lora->any()) lora = nullptr;
-  run_forward(handle, x, gate_proj, up_proj, down_proj, expert_gate, b, T, C, I, stream, lora);
+  run_forward(gemm, x, gate_proj, up_proj, down_proj, expert_gate, b, T, C, I, stream, lora);
 }
 
 void shared_expert_forward_apply_cuda(const SharedExpertPending& pending, __nv_bfloat16* y, bool accumulate,
@@ -342,7 +340,7 @@ void shared_expert_forward_apply_cuda(const SharedExpertPending& pending, __nv_b
   CUDA_CHECK_LAUNCH();
 }
 
-void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
+void shared_expert_backward_cuda(GemmContext& gemm, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
                                  const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
                                  const __nv_bfloat16* expert_gate, const __nv_bfloat16* dy, __nv_bfloat16* dx,
                                  bool accumulate_dx, float* d_gate_proj, float* d_up_proj, float* d_down_proj,
@@ -363,9 +361,9 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
   if (lora != nullptr && !lora->any()) lora = nullptr;
   // Only the gate products are recomputed: the output gradient's path through the down
   // projection needs u = dy W_down and the forward's h, not the forward's output (gate_backward_kernel).
-  run_gate_products(handle, x, gate_proj, up_proj, expert_gate, b, T, C, I, stream, lora);
+  run_gate_products(gemm, x, gate_proj, up_proj, expert_gate, b, T, C, I, stream, lora);
   float* u = d_h;
-  gemm_row_major(handle, false, false, T, I, C, dy, C, down_proj, I, 0.0f, u, CUDA_R_32F, I);
+  gemm_row_major(gemm, false, false, T, I, C, dy, C, down_proj, I, 0.0f, u, DType::f32, I, stream);
   const bool down_adapter = lora != nullptr && lora->down_proj.attached();
   if (down_adapter) {
     // The adapter's share of u, from dy (linear in it); its weight gradients come below from the
@@ -390,13 +388,13 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
     gate_backward_kernel<1><<<gate_blocks, 32 * warps_per_block, 0, stream>>>(b.gate, b.up, u, b.logit, d_logit, hs, T, I);
   CUDA_CHECK_LAUNCH();
   // d_down += dy^T (s h).
-  if (d_down_proj != nullptr) gemm_row_major(handle, true, false, C, I, T, dy, C, hs, I, 1.0f, d_down_proj, CUDA_R_32F, I);
+  if (d_down_proj != nullptr) gemm_row_major(gemm, true, false, C, I, T, dy, C, hs, I, 1.0f, d_down_proj, DType::f32, I, stream);
   const nvbf16* d_gate = b.gate;
   const nvbf16* d_up = b.up;
   // dx32 = d_gate W_gate + d_up W_up (reusing the f32 out buffer), then + d_logit w_gate.
   float* dx32 = b.out;
-  gemm_row_major(handle, false, false, T, C, I, d_gate, I, gate_proj, C, 0.0f, dx32, CUDA_R_32F, C);
-  gemm_row_major(handle, false, false, T, C, I, d_up, I, up_proj, C, 1.0f, dx32, CUDA_R_32F, C);
+  gemm_row_major(gemm, false, false, T, C, I, d_gate, I, gate_proj, C, 0.0f, dx32, DType::f32, C, stream);
+  gemm_row_major(gemm, false, false, T, C, I, d_up, I, up_proj, C, 1.0f, dx32, DType::f32, C, stream);
   if (lora != nullptr) {
     lora_backward(lora, lora->gate_proj, lora->gate_proj_dropout, x, d_gate, dx32, T, C, I, stream);
     lora_backward(lora, lora->up_proj, lora->up_proj_dropout, x, d_up, dx32, T, C, I, stream);
@@ -415,8 +413,8 @@ void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, 
     finish_dx_kernel<1><<<row_grid(T), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx, C, T);
   CUDA_CHECK_LAUNCH();
   // Frozen weights (null gradients) skip their products.
-  if (d_gate_proj != nullptr) gemm_row_major(handle, true, false, I, C, T, d_gate, I, x, C, 1.0f, d_gate_proj, CUDA_R_32F, C);
-  if (d_up_proj != nullptr) gemm_row_major(handle, true, false, I, C, T, d_up, I, x, C, 1.0f, d_up_proj, CUDA_R_32F, C);
+  if (d_gate_proj != nullptr) gemm_row_major(gemm, true, false, I, C, T, d_gate, I, x, C, 1.0f, d_gate_proj, DType::f32, C, stream);
+  if (d_up_proj != nullptr) gemm_row_major(gemm, true, false, I, C, T, d_up, I, x, C, 1.0f, d_up_proj, DType::f32, C, stream);
   if (d_expert_gate == nullptr) return;
   const dim3 partial_grid(static_cast<unsigned>((C + 255) / 256), static_cast<unsigned>(chunks));
   gate_grad_partial_kernel<<<partial_grid, 256, 0, stream>>>(d_logit, x, partial, T, C);

@@ -1,11 +1,10 @@
 // CUDA shared expert with its sigmoid gate (the spec is shared_expert.h): dense products through
-// cuBLAS (bf16 operands, fp32 accumulation), SiLU gate and scaling kernels in fp32. LoRA adapters
-// on its four Linears (gate_proj, up_proj, down_proj, shared_expert_gate) add their low-rank terms
-// where each base product is issued (kernels/lora/lora_cuda.h), forward and in the backward's
+// the caller's cuBLASLt GemmContext (bf16 operands, fp32 accumulation), SiLU gate and scaling
+// kernels in fp32. LoRA adapters on its four Linears (gate_proj, up_proj, down_proj,
+// shared_expert_gate) add their low-rank terms where each base product is issued (kernels/lora/lora_cuda.h), forward and in the backward's
 // recompute; their backward forms dA, dB and the input-gradient terms, never a base dW.
 #pragma once
 
-#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -41,7 +40,7 @@ size_t shared_expert_backward_workspace_bytes(int64_t num_tokens, int64_t hidden
 
 // x [T, C]; gate_proj, up_proj [I, C]; down_proj [C, I]; expert_gate [1, C]; all bf16.
 // y [T, C] bf16 written (accumulate false) or added to (true: y = routed + shared, summed in fp32).
-void shared_expert_forward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
+void shared_expert_forward_cuda(GemmContext& gemm, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
                                 const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
                                 const __nv_bfloat16* expert_gate, __nv_bfloat16* y, bool accumulate, int64_t num_tokens,
                                 int64_t hidden, int64_t intermediate, void* workspace, size_t workspace_bytes,
@@ -62,7 +61,7 @@ struct SharedExpertPending {
 // Carves the two arrays for `num_tokens` tokens from `memory` (shared_expert_pending_bytes,
 // kernels/moe_experts/moe_experts_sizes.h).
 SharedExpertPending shared_expert_pending_in(void* memory, size_t bytes, int64_t num_tokens, int64_t hidden);
-void shared_expert_forward_products_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
+void shared_expert_forward_products_cuda(GemmContext& gemm, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
                                          const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
                                          const __nv_bfloat16* expert_gate, const SharedExpertPending& pending,
                                          int64_t num_tokens, int64_t hidden, int64_t intermediate, void* workspace,
@@ -76,7 +75,7 @@ void shared_expert_forward_apply_cuda(const SharedExpertPending& pending, __nv_b
 // frozen weight, its product skipped). Recomputes the gate and up products and the gate logit
 // (with the adapters' terms), not the down projection: the logit's gradient is s (1 - s) h . (dy W_down);
 // the adapters' gradients are added to their own grad_a / grad_b.
-void shared_expert_backward_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
+void shared_expert_backward_cuda(GemmContext& gemm, const __nv_bfloat16* x, const __nv_bfloat16* gate_proj,
                                  const __nv_bfloat16* up_proj, const __nv_bfloat16* down_proj,
                                  const __nv_bfloat16* expert_gate, const __nv_bfloat16* dy, __nv_bfloat16* dx,
                                  bool accumulate_dx, float* d_gate_proj, float* d_up_proj, float* d_down_proj,

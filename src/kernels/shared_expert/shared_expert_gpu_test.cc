@@ -10,6 +10,7 @@
 #include "core/cuda_check.h"
 #include "core/device_buffer.h"
 #include "kernels/common/tensor_compare.h"
+#include "kernels/gemm/gemm_cuda.h"
 #include "kernels/gemm/gpu_timing.h"
 #include "kernels/shared_expert/shared_expert.h"
 #include "kernels/shared_expert/shared_expert_cuda.h"
@@ -31,17 +32,7 @@ HostTensor combine(const HostTensor& a, const HostTensor& b, float sign) {
   return out;
 }
 
-class CublasHandle {
- public:
-  CublasHandle() { CUBLAS_CHECK(cublasCreate(&handle_)); }
-  ~CublasHandle() { cublasDestroy(handle_); }
-  cublasHandle_t get() const { return handle_; }
-
- private:
-  cublasHandle_t handle_ = nullptr;
-};
-
-void check_shared(cublasHandle_t handle, int64_t T, int64_t C, int64_t I, uint64_t seed) {
+void check_shared(GemmContext& gemm, int64_t T, int64_t C, int64_t I, uint64_t seed) {
   std::printf("shared expert T=%lld C=%lld I=%lld\n", static_cast<long long>(T), static_cast<long long>(C),
               static_cast<long long>(I));
   const float wc = 1.0f / std::sqrt(static_cast<float>(C)), wi = 1.0f / std::sqrt(static_cast<float>(I));
@@ -72,18 +63,18 @@ void check_shared(cublasHandle_t handle, int64_t T, int64_t C, int64_t I, uint64
   DeviceBuffer fwd_ws(shared_expert_forward_workspace_bytes(T, C, I));
   DeviceBuffer bwd_ws(shared_expert_backward_workspace_bytes(T, C, I));
   device_fill_bytes(TensorView(bwd_ws.data(), DType::u8, {static_cast<int64_t>(bwd_ws.bytes())}, Device::cuda), 0xFF);
-  shared_expert_forward_cuda(handle, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d), bf16_ptr(eg_d),
+  shared_expert_forward_cuda(gemm, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d), bf16_ptr(eg_d),
                              bf16_mut(y_d), false, T, C, I, fwd_ws.data(), fwd_ws.bytes(), nullptr);
-  shared_expert_forward_cuda(handle, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d), bf16_ptr(eg_d),
+  shared_expert_forward_cuda(gemm, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d), bf16_ptr(eg_d),
                              bf16_mut(y_acc_d), true, T, C, I, fwd_ws.data(), fwd_ws.bytes(), nullptr);
   // First backward writes dx and adds the weight gradients; the second only checks dx "added to"
   // (weight gradients of that call go to scratch copies).
-  shared_expert_backward_cuda(handle, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d), bf16_ptr(eg_d),
+  shared_expert_backward_cuda(gemm, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d), bf16_ptr(eg_d),
                               bf16_ptr(dy_d), bf16_mut(dx_d), false, f32_ptr(dg_d), f32_ptr(du_d), f32_ptr(dd_d),
                               f32_ptr(de_d), T, C, I, bwd_ws.data(), bwd_ws.bytes(), nullptr);
   DeviceTensor s1 = device_tensor(DType::f32, {I, C}), s2 = device_tensor(DType::f32, {I, C});
   DeviceTensor s3 = device_tensor(DType::f32, {C, I}), s4 = device_tensor(DType::f32, {1, C});
-  shared_expert_backward_cuda(handle, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d), bf16_ptr(eg_d),
+  shared_expert_backward_cuda(gemm, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d), bf16_ptr(eg_d),
                               bf16_ptr(dy_d), bf16_mut(dx_acc_d), true, f32_ptr(s1), f32_ptr(s2), f32_ptr(s3),
                               f32_ptr(s4), T, C, I, bwd_ws.data(), bwd_ws.bytes(), nullptr);
   device_synchronize();
@@ -110,17 +101,17 @@ void check_shared(cublasHandle_t handle, int64_t T, int64_t C, int64_t I, uint64
 }
 
 TEST(SharedExpertGpu, MatchesReference) {
-  CublasHandle handle;
-  check_shared(handle.get(), 1, 64, 32, 10);       // T = 1
-  check_shared(handle.get(), 37, 53, 19, 20);      // odd everything
-  check_shared(handle.get(), 600, 96, 40, 30);     // more than two token chunks of the gate gradient
-  check_shared(handle.get(), 128, 2048, 512, 40);  // Qwen3.5-35B-A3B widths
+  GemmContext gemm;
+  check_shared(gemm, 1, 64, 32, 10);       // T = 1
+  check_shared(gemm, 37, 53, 19, 20);      // odd everything
+  check_shared(gemm, 600, 96, 40, 30);     // more than two token chunks of the gate gradient
+  check_shared(gemm, 128, 2048, 512, 40);  // Qwen3.5-35B-A3B widths
 }
 
 // The forward in two calls (products into a pending buffer, other work, then apply) gives the
 // fused call's y bitwise, written and added to: the expert-parallel MoE block relies on it to stay
 // bitwise equal to one rank.
-void check_split_forward(cublasHandle_t handle, int64_t T, int64_t C, int64_t I, uint64_t seed) {
+void check_split_forward(GemmContext& gemm, int64_t T, int64_t C, int64_t I, uint64_t seed) {
   const float wc = 1.0f / std::sqrt(static_cast<float>(C)), wi = 1.0f / std::sqrt(static_cast<float>(I));
   DeviceTensor x_d = to_device(random_bf16_exact({T, C}, seed), DType::bf16);
   DeviceTensor gate_d = to_device(random_bf16_exact({I, C}, seed + 1, wc), DType::bf16);
@@ -133,9 +124,9 @@ void check_split_forward(cublasHandle_t handle, int64_t T, int64_t C, int64_t I,
   const SharedExpertPending pending = shared_expert_pending_in(pending_memory.data(), pending_memory.bytes(), T, C);
   for (bool accumulate : {false, true}) {
     DeviceTensor fused = to_device(y_init, DType::bf16), split = to_device(y_init, DType::bf16);
-    shared_expert_forward_cuda(handle, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d),
+    shared_expert_forward_cuda(gemm, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d),
                                bf16_ptr(eg_d), bf16_mut(fused), accumulate, T, C, I, ws.data(), ws.bytes(), nullptr);
-    shared_expert_forward_products_cuda(handle, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d),
+    shared_expert_forward_products_cuda(gemm, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d),
                                         bf16_ptr(eg_d), pending, T, C, I, ws.data(), ws.bytes(), nullptr);
     // Other work reusing the workspace in between must not matter.
     device_fill_bytes(TensorView(ws.data(), DType::u8, {static_cast<int64_t>(ws.bytes())}, Device::cuda), 0xFF);
@@ -149,26 +140,26 @@ void check_split_forward(cublasHandle_t handle, int64_t T, int64_t C, int64_t I,
 }
 
 TEST(SharedExpertGpu, SplitForwardIsTheFusedForwardBitwise) {
-  CublasHandle handle;
-  check_split_forward(handle.get(), 1, 64, 32, 50);
-  check_split_forward(handle.get(), 37, 53, 19, 60);
-  check_split_forward(handle.get(), 512, 2048, 512, 70);  // Qwen3.5-35B-A3B widths
+  GemmContext gemm;
+  check_split_forward(gemm, 1, 64, 32, 50);
+  check_split_forward(gemm, 37, 53, 19, 60);
+  check_split_forward(gemm, 512, 2048, 512, 70);  // Qwen3.5-35B-A3B widths
   EXPECT_THROW(shared_expert_pending_in(nullptr, 0, 4, 8), Error);
 }
 
 TEST(SharedExpertGpu, BadSizesAreRefused) {
-  CublasHandle handle;
-  EXPECT_THROW(shared_expert_forward_cuda(handle.get(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, false, 4,
+  GemmContext gemm;
+  EXPECT_THROW(shared_expert_forward_cuda(gemm, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, false, 4,
                                           0, 8, nullptr, 0, nullptr),
                Error);
-  EXPECT_THROW(shared_expert_forward_cuda(handle.get(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, false, 4,
+  EXPECT_THROW(shared_expert_forward_cuda(gemm, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, false, 4,
                                           8, 8, nullptr, 16, nullptr),
                Error);  // workspace too small
 }
 
 TEST(SharedExpertGpu, Timing35B) {
   const int64_t T = 8192, C = 2048, I = 512;
-  CublasHandle handle;
+  GemmContext gemm;
   DeviceTensor x_d = to_device(random_normal_tensor({T, C}, 1), DType::bf16);
   DeviceTensor gate_d = to_device(random_normal_tensor({I, C}, 2, 0.02f), DType::bf16);
   DeviceTensor up_d = to_device(random_normal_tensor({I, C}, 3, 0.02f), DType::bf16);
@@ -186,7 +177,7 @@ TEST(SharedExpertGpu, Timing35B) {
   print_flop_timing("forward (3 GEMMs + gate)",
                     median_ms(
                         [&](cudaStream_t s) {
-                          shared_expert_forward_cuda(handle.get(), bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d),
+                          shared_expert_forward_cuda(gemm, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d),
                                                      bf16_ptr(down_d), bf16_ptr(eg_d), bf16_mut(y_d), false, T, C, I,
                                                      fwd_ws.data(), fwd_ws.bytes(), s);
                         },
@@ -195,7 +186,7 @@ TEST(SharedExpertGpu, Timing35B) {
   print_flop_timing("backward (recompute 3 + 6 GEMMs)",
                     median_ms(
                         [&](cudaStream_t s) {
-                          shared_expert_backward_cuda(handle.get(), bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d),
+                          shared_expert_backward_cuda(gemm, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d),
                                                       bf16_ptr(down_d), bf16_ptr(eg_d), bf16_ptr(dy_d), bf16_mut(dx_d),
                                                       false, f32_ptr(dg_d), f32_ptr(du_d), f32_ptr(dd_d), f32_ptr(de_d),
                                                       T, C, I, bwd_ws.data(), bwd_ws.bytes(), s);

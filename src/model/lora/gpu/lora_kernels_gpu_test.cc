@@ -388,8 +388,6 @@ void run_shared_expert(GemmContext& gemm, int64_t T, int64_t C, int64_t I, int64
   const size_t ws_bytes = std::max(shared_expert_forward_workspace_bytes(T, C, I),
                                    shared_expert_backward_workspace_bytes(T, C, I));
   DeviceBuffer workspace(ws_bytes);
-  cublasHandle_t handle = nullptr;
-  CUBLAS_CHECK(cublasCreate(&handle));
   DeviceTensor x_d = to_device(x, DType::bf16), dy_d = to_device(dy, DType::bf16);
   DeviceTensor y_d = device_tensor(DType::bf16, {T, C}), dx_d = device_tensor(DType::bf16, {T, C});
   device_fill_bytes(y_d.view, 0xFF);
@@ -397,13 +395,12 @@ void run_shared_expert(GemmContext& gemm, int64_t T, int64_t C, int64_t I, int64
   auto* y_p = static_cast<__nv_bfloat16*>(y_d.view.data);
   auto* dx_p = static_cast<__nv_bfloat16*>(dx_d.view.data);
   // The base frozen: null weight gradients, so only the adapters' products form gradients.
-  shared_expert_forward_cuda(handle, bf16p(x_d), bf16p(linears[0].w_d), bf16p(linears[1].w_d), bf16p(linears[2].w_d),
+  shared_expert_forward_cuda(gemm, bf16p(x_d), bf16p(linears[0].w_d), bf16p(linears[1].w_d), bf16p(linears[2].w_d),
                              bf16p(linears[3].w_d), y_p, false, T, C, I, workspace.data(), ws_bytes, nullptr, &lora);
-  shared_expert_backward_cuda(handle, bf16p(x_d), bf16p(linears[0].w_d), bf16p(linears[1].w_d), bf16p(linears[2].w_d),
+  shared_expert_backward_cuda(gemm, bf16p(x_d), bf16p(linears[0].w_d), bf16p(linears[1].w_d), bf16p(linears[2].w_d),
                               bf16p(linears[3].w_d), bf16p(dy_d), dx_p, false, nullptr, nullptr, nullptr, nullptr, T, C,
                               I, workspace.data(), ws_bytes, nullptr, &lora);
   device_synchronize();
-  CUBLAS_CHECK(cublasDestroy(handle));
   expect_close("shared expert y", y_d, from_f64(y, {T, C}));
   expect_close("shared expert dx", dx_d, from_f64(dx, {T, C}));
   for (Linear& l : linears) {

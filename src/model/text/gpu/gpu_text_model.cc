@@ -157,12 +157,9 @@ GpuTextModel::GpuTextModel(const TextConfig& config, const TextWeights& weights,
         weights_.layers.size(), " bound layers for ", config_.num_hidden_layers);
   spec_ = activation_spec(config_, options_);
   max_image_rows_ = spec_.max_image_rows;
-  CUBLAS_CHECK(cublasCreate(&cublas_));
-  CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
-  // bf16 products through this handle (router logits, shared expert) add split-K parts in fp32 only,
-  // as the cuBLASLt ones do (GemmContext).
-  CUBLAS_CHECK(cublasSetMathMode(
-      cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  // Every dense product of the model (the router's and the shared expert's included) goes through
+  // this one context: its workspace, and its algorithm per token-count bucket, so a micro-batch of
+  // a new length neither queries cuBLASLt nor loads a kernel nor takes device memory.
   gemm_ = std::make_unique<GemmContext>();
 
   bytes_ = planned_bytes(config_, options_);
@@ -256,7 +253,6 @@ GpuTextModel::GpuTextModel(const TextConfig& config, const TextWeights& weights,
 GpuTextModel::~GpuTextModel() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   gemm_.reset();
-  if (cublas_ != nullptr) cublasDestroy(cublas_);
 }
 
 void GpuTextModel::set_batch(const std::vector<int64_t>& ids, const std::vector<int64_t>& shifted_labels,

@@ -7,7 +7,6 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <cublas_v2.h>
 
 #include <cstdint>
 #include <memory>
@@ -244,7 +243,6 @@ class GpuTextModel {
   TextWeights weights_;
   GpuModelOptions options_;
   cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<GemmContext> gemm_;
   ComponentTimer timer_;
   GradientReadyHook gradient_ready_;

@@ -550,7 +550,7 @@ void GpuTextModel::moe_forward(int64_t layer, bool recompute) {
   const int64_t Is = c.shared_expert_intermediate_size;
   const MoeWeights& W = weights_.layers[static_cast<size_t>(layer)].mlp;
   split_router_operands(layer);
-  moe_router_logits_split_cuda(cublas_, b.normed_post, acts_.scratch.router_x_lo, acts_.scratch.gate_weight_stack,
+  moe_router_logits_split_cuda(*gemm_, b.normed_post, acts_.scratch.router_x_lo, acts_.scratch.gate_weight_stack,
                                acts_.scratch.gate_weight_stack + E * C, s.logits, T, C, E, stream_);
   moe_router_forward_cuda(s.logits, s.probs, s.topk_idx, s.topk_weight, T, E, K, stream_);
   // A rerun refills the router's outputs only: the aux statistics already count this layer, the
@@ -567,7 +567,7 @@ void GpuTextModel::moe_forward(int64_t layer, bool recompute) {
     expert_parallel_->start_forward(layer, T, s.topk_idx);
     const SharedExpertPending pending =
         shared_expert_pending_in(shared_expert_pending_.data(), shared_expert_pending_.bytes(), T, C);
-    shared_expert_forward_products_cuda(cublas_, b.normed_post, W.shared_gate_proj.w, W.shared_up_proj.w,
+    shared_expert_forward_products_cuda(*gemm_, b.normed_post, W.shared_gate_proj.w, W.shared_up_proj.w,
                                         W.shared_down_proj.w, W.shared_expert_gate.w, pending, T, C, Is,
                                         workspace_.data(), workspace_bytes_, stream_,
                                         shared_expert_lora(layer, &shared_lora));
@@ -584,7 +584,7 @@ void GpuTextModel::moe_forward(int64_t layer, bool recompute) {
   moe_experts_forward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
                            W.experts_gate_up.w, W.experts_down.w, b.moe_out, workspace_.data(), workspace_bytes_,
                            stream_, experts_lora(layer, &lora), &keep);
-  shared_expert_forward_cuda(cublas_, b.normed_post, W.shared_gate_proj.w,
+  shared_expert_forward_cuda(*gemm_, b.normed_post, W.shared_gate_proj.w,
                              W.shared_up_proj.w,
                              W.shared_down_proj.w,
                              W.shared_expert_gate.w, b.moe_out, true, T, C, Is,
@@ -662,7 +662,7 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
     add_product(packed, w.router_x_lo);
   }
   SharedExpertLora shared_lora;
-  shared_expert_backward_cuda(cublas_, b.normed_post, W.shared_gate_proj.w,
+  shared_expert_backward_cuda(*gemm_, b.normed_post, W.shared_gate_proj.w,
                               W.shared_up_proj.w,
                               W.shared_down_proj.w,
                               W.shared_expert_gate.w, dy, shared_dx, false,
