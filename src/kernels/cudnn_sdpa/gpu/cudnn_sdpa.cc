@@ -603,7 +603,14 @@ std::unique_ptr<CudnnSdpa> CudnnSdpa::create(const CudnnSdpaConfig& config, std:
   impl->softmax_sum_bytes = softmax_sum_bytes(c);
   impl->dq_accum_bytes = dq_accum_bytes(c);
   impl->full_heads_bytes = full_heads_bytes(c);
-  return std::unique_ptr<CudnnSdpa>(new CudnnSdpa(config, std::move(impl)));
+  std::unique_ptr<CudnnSdpa> sdpa(new CudnnSdpa(config, std::move(impl)));
+  if (c.max_segments > kCudnnNarrowSegments) {
+    CudnnSdpaConfig narrow = c;
+    narrow.max_segments = kCudnnNarrowSegments;
+    sdpa->narrow_ = create(narrow, why_not);
+    if (sdpa->narrow_ == nullptr) return nullptr;  // why_not says why
+  }
+  return sdpa;
 }
 
 CudnnSdpa::CudnnSdpa(const CudnnSdpaConfig& config, std::unique_ptr<Impl> impl)
@@ -618,12 +625,14 @@ size_t CudnnSdpa::fixed_workspace_bytes(const CudnnSdpaConfig& config) {
 }
 
 size_t CudnnSdpa::forward_workspace_bytes() const {
-  return impl_->batch_array_bytes + align_up(static_cast<size_t>(impl_->forward_plan_workspace));
+  const size_t own = impl_->batch_array_bytes + align_up(static_cast<size_t>(impl_->forward_plan_workspace));
+  return narrow_ == nullptr ? own : std::max(own, narrow_->forward_workspace_bytes());
 }
 
 size_t CudnnSdpa::backward_workspace_bytes() const {
-  return impl_->batch_array_bytes + impl_->softmax_sum_bytes + impl_->dq_accum_bytes + impl_->full_heads_bytes +
-         align_up(static_cast<size_t>(impl_->backward_plan_workspace));
+  const size_t own = impl_->batch_array_bytes + impl_->softmax_sum_bytes + impl_->dq_accum_bytes +
+                     impl_->full_heads_bytes + align_up(static_cast<size_t>(impl_->backward_plan_workspace));
+  return narrow_ == nullptr ? own : std::max(own, narrow_->backward_workspace_bytes());
 }
 
 namespace {
@@ -665,6 +674,10 @@ void CudnnSdpa::forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __
                         const int32_t* cu_seqlens, int64_t num_segments, __nv_bfloat16* out, float* lse,
                         void* workspace, size_t workspace_bytes, cudaStream_t stream) const {
   constexpr const char* where = "cuDNN SDPA forward";
+  if (narrow_ != nullptr && num_segments <= narrow_->config().max_segments) {
+    narrow_->forward(q, k, v, cu_seqlens, num_segments, out, lse, workspace, workspace_bytes, stream);
+    return;
+  }
   check_workspace(workspace, workspace_bytes, forward_workspace_bytes(), where);
   const std::initializer_list<std::pair<const void*, const char*>> pointers_to_check{
       {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}};
@@ -699,6 +712,11 @@ void CudnnSdpa::backward(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
                          const int32_t* cu_seqlens, int64_t num_segments, __nv_bfloat16* dq, __nv_bfloat16* dk,
                          __nv_bfloat16* dv, void* workspace, size_t workspace_bytes, cudaStream_t stream) const {
   constexpr const char* where = "cuDNN SDPA backward";
+  if (narrow_ != nullptr && num_segments <= narrow_->config().max_segments) {
+    narrow_->backward(q, k, v, out, lse, d_out, cu_seqlens, num_segments, dq, dk, dv, workspace, workspace_bytes,
+                      stream);
+    return;
+  }
   check_workspace(workspace, workspace_bytes, backward_workspace_bytes(), where);
   const std::initializer_list<std::pair<const void*, const char*>> pointers_to_check{
       {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}, {d_out, "d_out"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"}};

@@ -235,6 +235,22 @@ TEST(CudnnSdpaGpu, OnePlanServesEveryPacking) {
   EXPECT_EQ(CudnnSdpa::plans_built(), built) << "a step built a plan";
 }
 
+// A plan for more than kCudnnNarrowSegments sequences also builds plans for that many; packings
+// that fit them run there, the others through the wide plans: both against the reference.
+TEST(CudnnSdpaGpu, NarrowPlansTakeFewSequences) {
+  SKIP_UNLESS_HOPPER();
+  auto causal = build_plan(config_for(512, kCudnnNarrowSegments + 36, 16, 2, 256, true));
+  ASSERT_NE(causal, nullptr);
+  const int64_t built = CudnnSdpa::plans_built();
+  check_packing(*causal, {100, 1, 200, 211}, 90);  // 4 sequences: the narrow plans
+  std::vector<int> many(static_cast<size_t>(kCudnnNarrowSegments + 16), 5);  // 80 sequences: the wide ones
+  many.back() = 512 - 5 * static_cast<int>(many.size() - 1);
+  check_packing(*causal, many, 100);
+  std::vector<int> limit(static_cast<size_t>(kCudnnNarrowSegments), 8);  // exactly the narrow capacity
+  check_packing(*causal, limit, 110);
+  EXPECT_EQ(CudnnSdpa::plans_built(), built) << "a call built a plan";
+}
+
 // Where the sm_90a kernels may not run, create() refuses with the path in its reason, the model's
 // choice falls back to our kernel and plans no cuDNN workspace; where they may, it builds plans.
 TEST(CudnnSdpaGpu, SdpaFollowsTheKernelPath) {
@@ -569,6 +585,50 @@ TEST(CudnnSdpaGpu, TimingVisionShape) {
   expect_close_heads("vision cuDNN dq vs ours", dq_c, to_host(dq.view), 2e-2);
   expect_close_heads("vision cuDNN dk vs ours", dk_c, to_host(dk.view), 2e-2);
   expect_close("vision cuDNN dv vs ours", dv_c, to_host(dv.view), 2e-2);
+}
+
+// What a plan's sequence capacity costs: the same packings (2 x 4,096; 8 of ~1,024) through plans
+// built for 2 / 8, 64 and 1,024 sequences (`train` plans for up to max_tokens / 8 of them; each
+// sequence slot is a batch entry of cuDNN's grid, empty ones included). The plan for 1,024 runs
+// these packings through its narrower plans (kCudnnNarrowSegments), so it should time as the 64.
+TEST(CudnnSdpaGpu, TimingByPlannedSequences) {
+  SKIP_UNLESS_HOPPER();
+  constexpr int64_t kTokens = 8192, kQHeads = 16, kKvHeads = 2, kHeadDim = 256;
+  DeviceTensor q = tiled_random_device_tensor({kTokens, kQHeads, kHeadDim}, 1, 1.0f);
+  DeviceTensor k = tiled_random_device_tensor({kTokens, kKvHeads, kHeadDim}, 2, 1.0f);
+  DeviceTensor v = tiled_random_device_tensor({kTokens, kKvHeads, kHeadDim}, 3, 1.0f);
+  DeviceTensor d_out = tiled_random_device_tensor({kTokens, kQHeads, kHeadDim}, 4, 1.0f);
+  DeviceTensor out = device_tensor(DType::bf16, {kTokens, kQHeads, kHeadDim});
+  DeviceTensor lse = device_tensor(DType::f32, {kTokens, kQHeads});
+  DeviceTensor dq = device_tensor(DType::bf16, {kTokens, kQHeads, kHeadDim});
+  DeviceTensor dk = device_tensor(DType::bf16, {kTokens, kKvHeads, kHeadDim});
+  DeviceTensor dv = device_tensor(DType::bf16, {kTokens, kKvHeads, kHeadDim});
+  const std::vector<std::vector<int>> packings{{4096, 4096}, {1000, 1100, 900, 1024, 1200, 800, 1068, 1100}};
+  for (const std::vector<int>& lengths : packings) {
+    ASSERT_EQ(total_length(lengths), kTokens);
+    const int64_t n = static_cast<int64_t>(lengths.size());
+    DeviceTensor cu = to_device(cu_seqlens_from_lengths(lengths));
+    const int32_t* cu_ptr = cu.view.as<int32_t>();
+    const double flops = attention_forward_flops(lengths, kQHeads, kHeadDim, true);
+    for (int64_t planned : {n, int64_t{64}, int64_t{1024}}) {
+      auto sdpa = build_plan(config_for(kTokens, planned, kQHeads, kKvHeads, kHeadDim, true));
+      ASSERT_NE(sdpa, nullptr);
+      DeviceBuffer workspace(std::max(sdpa->forward_workspace_bytes(), sdpa->backward_workspace_bytes()));
+      auto forward = [&](cudaStream_t stream) {
+        sdpa->forward(bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), cu_ptr, n, bf16_ptr(out), f32_ptr(lse), workspace.data(),
+                      workspace.bytes(), stream);
+      };
+      auto backward = [&](cudaStream_t stream) {
+        sdpa->backward(bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), bf16_ptr(out), f32_ptr(lse), bf16_ptr(d_out), cu_ptr, n,
+                       bf16_ptr(dq), bf16_ptr(dk), bf16_ptr(dv), workspace.data(), workspace.bytes(), stream);
+      };
+      const double forward_ms = median_ms(forward, nullptr, 2, 7), backward_ms = median_ms(backward, nullptr, 2, 7);
+      std::printf("PLANNED %lld sequences, packing of %lld: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f "
+                  "TFLOP/s), workspace %zu bytes\n",
+                  static_cast<long long>(planned), static_cast<long long>(n), forward_ms, flops / forward_ms * 1e-9,
+                  backward_ms, 2.5 * flops / backward_ms * 1e-9, workspace.bytes());
+    }
+  }
 }
 
 TEST(CudnnSdpaGpu, Timing35BShapes) {
