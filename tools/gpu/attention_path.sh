@@ -5,7 +5,7 @@
 # sequences a micro-batch (a train run plans for up to max_tokens / 8 of them), printing the choice
 # it logged, the attention component's time and the steady-step line (with the back-to-back share and
 # the step that moved the memory in use). Carry gpu_bundle (with cudnn_sdpa_gpu_test).
-#   SEQS (default "2 8 64"), STEPS (default 6). Output: $OUT/attention_path/*.log; summary on stdout.
+#   SEQS (default "8 64 1024"), STEPS (default 6). Output: $OUT/attention_path/*.log; summary on stdout.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 : "${OUT:?OUT must name the folder whose files come back}"
@@ -21,7 +21,7 @@ if [ -x gpu_bundle/bin/cudnn_sdpa_gpu_test ]; then
 else
   echo "cudnn_sdpa_gpu_test not in the bundle"; status=1
 fi
-for seqs in ${SEQS:-2 8 64}; do
+for seqs in ${SEQS:-8 64 1024}; do
   log=$out/bench_seqs$seqs.log
   timeout 200 gpu_bundle/bin/deltamoe bench --layers 4 --tokens 8192 --seqs "$seqs" --vary_lengths true \
     --steps "${STEPS:-6}" --warmup 1 > "$log" 2>&1 || { echo "FAILED bench --seqs $seqs (exit $?)"; status=1; }
