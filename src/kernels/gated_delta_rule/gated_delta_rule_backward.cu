@@ -144,15 +144,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       });
     }
     __syncthreads();  // K, P, d_o, gamma are free; dV_new and the scaled d_o are complete
-    if (staged) {
-      // dV_new leaves from its shared tile in 16-byte row pieces (the dH half only reads the tile).
-      for (int idx = tid; idx < len * (kCols / 8); idx += kThreads) {
-        const int j = idx / (kCols / 8), e0 = 8 * (idx % (kCols / 8));
-        if (e0 < cols)
-          *reinterpret_cast<uint4*>(ws.dv_new + (row_first + static_cast<int64_t>(j) * Hv) * Dv + col0 + e0) =
-              *reinterpret_cast<const uint4*>(&sm.dvn[j * kBf16ColStride + e0]);
-      }
-    }
+    // dV_new leaves from its shared tile in 16-byte row pieces (the dH half only reads the tile).
+    if (staged)
+      copy_tile_rows<kCols, kBf16ColStride, kThreads>(ws.dv_new + row_first * Dv + col0, static_cast<int64_t>(Hv) * Dv,
+                                                      sm.dvn, len, cols);
     if (c > 0) {
       issue_dvn_inputs(c - 1);
       cp_async_wait<1>();  // W and Q of chunk c (the newer group may still fly)

@@ -430,12 +430,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const auto store_o = [&](int c) {
     const ChunkInfo ci = sequence_chunk(begin, end, n, slot0, c);
     const int64_t row_first = static_cast<int64_t>(ci.t0) * Hv + h;
-    for (int idx = tid; idx < ci.len * (kCols / 8); idx += kThreads) {
-      const int i = idx / (kCols / 8), e0 = 8 * (idx % (kCols / 8));
-      if (e0 < cols)
-        *reinterpret_cast<uint4*>(out.o + (row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e0) =
-            *reinterpret_cast<const uint4*>(&osm.o[i * kBf16Cols + e0]);
-    }
+    copy_tile_rows<kCols, kBf16Cols, kThreads>(out.o + row_first * Dv + col0, static_cast<int64_t>(Hv) * Dv, osm.o,
+                                               ci.len, cols);
   };
   // The V_new and o warp tile: rows 16 (warp % 4), columns kCols / 2 (warp / 4).
   constexpr int kNT = kCols / 16;
@@ -500,15 +496,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();  // V_new is complete, K is in; W, U, gamma of chunk c are free
     if constexpr (kStages > 1) issue_vnew(c + kStages);
-    if (staged) {
-      static_assert(kCols % 8 == 0, "whole 16-byte pieces of a row");
-      for (int idx = tid; idx < len * (kCols / 8); idx += kThreads) {
-        const int i = idx / (kCols / 8), e0 = 8 * (idx % (kCols / 8));
-        if (e0 < cols)
-          *reinterpret_cast<uint4*>(ws.v_new + (row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e0) =
-              *reinterpret_cast<const uint4*>(&sm.v_out[i * kBf16Cols + e0]);
-      }
-    }
+    if (staged)
+      copy_tile_rows<kCols, kBf16Cols, kThreads>(ws.v_new + row_first * Dv + col0, static_cast<int64_t>(Hv) * Dv,
+                                                 sm.v_out, len, cols);
     {
       // H <- e^gamma_last H + K^T (decayed V_new), in this warp's registers; then its bf16 copy.
       const float chunk_decay = expf(g_last);
@@ -529,14 +519,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       warp_mma<1, kNT, kChunk, kChunk / 16>(o_acc, rows_of<kSqBf16Stride>(osm.in[c % kStages].p), m0,
                                             rows_of<kBf16Cols>(sm.v_out), n0);
       if (o_staged) {
-        // A fragment's column pairs, (r, r + 1) for r = 0, 2, go in as one bf16 pair each.
-        const int lane = tid & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-          for (int half = 0; half < 2; ++half)
-            *reinterpret_cast<__nv_bfloat162*>(&osm.o[(m0 + g + 8 * half) * kBf16Cols + n0 + 8 * nt + 2 * t]) =
-                __floats2bfloat162_rn(o_acc[0][nt][2 * half], o_acc[0][nt][2 * half + 1]);
+        store_acc_bf16_pairs<1, kNT, kBf16Cols>(o_acc, osm.o, m0, n0);
       } else {
         for_each_acc<1, kNT>(m0, n0, [&](int mt, int nt, int r, int i, int e) {
           if (i < len && e < cols)
@@ -611,23 +594,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     return;
   }
   __syncthreads();
-  {
-    // A fragment's column pairs, (r, r + 1) for r = 0, 2, go in as one bf16 pair each.
-    const int lane = tid & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        *reinterpret_cast<__nv_bfloat162*>(&sm.vn[(m0 + g + 8 * half) * kColBf16Stride + n0 + 8 * nt + 2 * t]) =
-            __floats2bfloat162_rn(acc[0][nt][2 * half], acc[0][nt][2 * half + 1]);
-  }
+  store_acc_bf16_pairs<1, 4, kColBf16Stride>(acc, sm.vn, m0, n0);
   __syncthreads();
-  for (int idx = tid; idx < len * (kScanCols / 8); idx += kThreads) {
-    const int i = idx / (kScanCols / 8), e0 = 8 * (idx % (kScanCols / 8));
-    if (e0 < cols)
-      *reinterpret_cast<uint4*>(o + (row_first + static_cast<int64_t>(i) * Hv) * Dv + col0 + e0) =
-          *reinterpret_cast<const uint4*>(&sm.vn[i * kColBf16Stride + e0]);
-  }
+  copy_tile_rows<kScanCols, kColBf16Stride, kThreads>(o + row_first * Dv + col0, static_cast<int64_t>(Hv) * Dv, sm.vn,
+                                                      len, cols);
 }
 
 }  // namespace

@@ -157,6 +157,22 @@ __device__ inline void load_state_tile(__nv_bfloat16* dst, int dst_stride, int t
   }
 }
 
+// Block-wide: rows [0, rows) of a bf16 shared tile (row stride kTileStride, kTileCols columns of
+// which the first `cols` are kept) to global rows `row_stride` elements apart from dst, 16 bytes at
+// a time: a warp's fragments alone would store scattered 2-byte values. kTileCols, cols, row_stride
+// and dst's offset are multiples of 8 elements.
+template <int kTileCols, int kTileStride, int kBlockThreads>
+__device__ __forceinline__ void copy_tile_rows(__nv_bfloat16* dst, int64_t row_stride, const __nv_bfloat16* tile,
+                                               int rows, int cols) {
+  static_assert(kTileCols % 8 == 0 && kTileStride % 8 == 0, "whole 16-byte pieces of a row");
+  for (int idx = threadIdx.x; idx < rows * (kTileCols / 8); idx += kBlockThreads) {
+    const int i = idx / (kTileCols / 8), e = 8 * (idx % (kTileCols / 8));
+    if (e < cols)
+      *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(i) * row_stride + e) =
+          *reinterpret_cast<const uint4*>(&tile[i * kTileStride + e]);
+  }
+}
+
 // Block-wide: stores columns [col0, col0 + cols) of a state slot (the caller offsets `slot` by col0)
 // from a bf16 tile of kCols columns (row stride tile_stride), Dk rows; 16-byte stores when Dv % 8
 // == 0 (then cols, col0 and the slot's rows are multiples of 8 elements).

@@ -260,6 +260,17 @@ __device__ __forceinline__ void for_each_acc_pair(int m0, int n0, F&& f) {
       for (int half = 0; half < 2; ++half) f(mt, nt, half, m0 + 16 * mt + g + 8 * half, n0 + 8 * nt + 2 * t);
 }
 
+// A warp's accumulator tile (rows m0.., columns n0..) into a bf16 shared tile of row stride
+// kStride, each fragment column pair as one bf16 pair (one 4-byte store instead of two 2-byte ones).
+template <int MT, int NT, int kStride>
+__device__ __forceinline__ void store_acc_bf16_pairs(const float (&acc)[MT][NT][4], __nv_bfloat16* tile, int m0,
+                                                     int n0) {
+  for_each_acc_pair<MT, NT>(m0, n0, [&](int mt, int nt, int half, int row, int col) {
+    *reinterpret_cast<__nv_bfloat162*>(&tile[row * kStride + col]) =
+        __floats2bfloat162_rn(acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
+  });
+}
+
 // dst[row] += sum over this warp's columns of values (laid out like an accumulator); one shared
 // atomic per row and warp. Every lane of the warp must call it.
 template <int MT, int NT>
