@@ -317,6 +317,33 @@ TEST(CudnnSdpaGpu, WorkspaceReserveIsWhatThePlansAsk) {
   }
 }
 
+// The text model's attention operands at `tokens` rows (16 / 2 heads of 256): random inputs, the
+// outputs and gradients unset. For the tests that run many calls and check memory or time.
+struct TextAttentionOperands {
+  static constexpr int64_t kQHeads = 16, kKvHeads = 2, kHeadDim = 256;
+  explicit TextAttentionOperands(int64_t tokens)
+      : q(tiled_random_device_tensor({tokens, kQHeads, kHeadDim}, 1, 1.0f)),
+        k(tiled_random_device_tensor({tokens, kKvHeads, kHeadDim}, 2, 1.0f)),
+        v(tiled_random_device_tensor({tokens, kKvHeads, kHeadDim}, 3, 1.0f)),
+        d_out(tiled_random_device_tensor({tokens, kQHeads, kHeadDim}, 4, 1.0f)),
+        out(device_tensor(DType::bf16, {tokens, kQHeads, kHeadDim})),
+        lse(device_tensor(DType::f32, {tokens, kQHeads})),
+        dq(device_tensor(DType::bf16, {tokens, kQHeads, kHeadDim})),
+        dk(device_tensor(DType::bf16, {tokens, kKvHeads, kHeadDim})),
+        dv(device_tensor(DType::bf16, {tokens, kKvHeads, kHeadDim})) {}
+  void forward(const CudnnSdpa& sdpa, const int32_t* cu_seqlens, int64_t n, DeviceBuffer& workspace,
+               cudaStream_t stream) {
+    sdpa.forward(bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), cu_seqlens, n, bf16_ptr(out), f32_ptr(lse), workspace.data(),
+                 workspace.bytes(), stream);
+  }
+  void backward(const CudnnSdpa& sdpa, const int32_t* cu_seqlens, int64_t n, DeviceBuffer& workspace,
+                cudaStream_t stream) {
+    sdpa.backward(bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), bf16_ptr(out), f32_ptr(lse), bf16_ptr(d_out), cu_seqlens, n,
+                  bf16_ptr(dq), bf16_ptr(dk), bf16_ptr(dv), workspace.data(), workspace.bytes(), stream);
+  }
+  DeviceTensor q, k, v, d_out, out, lse, dq, dk, dv;
+};
+
 // One plan over many packings of the text model's shape (8,192 rows, up to 8 sequences, 16 / 2
 // heads of 256), as a training run's steps feed it: after the first packing, no forward or backward
 // may change the GPU's memory in use (cudaMemGetInfo, after a synchronisation). Each change is
@@ -324,18 +351,11 @@ TEST(CudnnSdpaGpu, WorkspaceReserveIsWhatThePlansAsk) {
 // between half the rows and all of them, 1 to 8 sequences of random lengths.
 TEST(CudnnSdpaGpu, MemoryInUseHoldsOverPackings) {
   SKIP_UNLESS_HOPPER();
-  constexpr int64_t kTokens = 8192, kSegments = 8, kQHeads = 16, kKvHeads = 2, kHeadDim = 256;
-  auto sdpa = build_plan(config_for(kTokens, kSegments, kQHeads, kKvHeads, kHeadDim, true));
+  constexpr int64_t kTokens = 8192, kSegments = 8;
+  using T = TextAttentionOperands;
+  auto sdpa = build_plan(config_for(kTokens, kSegments, T::kQHeads, T::kKvHeads, T::kHeadDim, true));
   ASSERT_NE(sdpa, nullptr);
-  DeviceTensor q = tiled_random_device_tensor({kTokens, kQHeads, kHeadDim}, 1, 1.0f);
-  DeviceTensor k = tiled_random_device_tensor({kTokens, kKvHeads, kHeadDim}, 2, 1.0f);
-  DeviceTensor v = tiled_random_device_tensor({kTokens, kKvHeads, kHeadDim}, 3, 1.0f);
-  DeviceTensor d_out = tiled_random_device_tensor({kTokens, kQHeads, kHeadDim}, 4, 1.0f);
-  DeviceTensor out = device_tensor(DType::bf16, {kTokens, kQHeads, kHeadDim});
-  DeviceTensor lse = device_tensor(DType::f32, {kTokens, kQHeads});
-  DeviceTensor dq = device_tensor(DType::bf16, {kTokens, kQHeads, kHeadDim});
-  DeviceTensor dk = device_tensor(DType::bf16, {kTokens, kKvHeads, kHeadDim});
-  DeviceTensor dv = device_tensor(DType::bf16, {kTokens, kKvHeads, kHeadDim});
+  TextAttentionOperands x(kTokens);
   DeviceBuffer workspace(std::max(sdpa->forward_workspace_bytes(), sdpa->backward_workspace_bytes()));
   DeviceBuffer cu(sizeof(int32_t) * (kSegments + 1));
   auto free_bytes = [] {
@@ -372,11 +392,9 @@ TEST(CudnnSdpaGpu, MemoryInUseHoldsOverPackings) {
       packing_text.append(std::to_string(length));
     }
     if (packing == 0) before = free_bytes();
-    sdpa->forward(bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), cu_ptr, n, bf16_ptr(out), f32_ptr(lse), workspace.data(),
-                  workspace.bytes(), nullptr);
+    x.forward(*sdpa, cu_ptr, n, workspace, nullptr);
     const int64_t after_forward = free_bytes();
-    sdpa->backward(bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), bf16_ptr(out), f32_ptr(lse), bf16_ptr(d_out), cu_ptr, n,
-                   bf16_ptr(dq), bf16_ptr(dk), bf16_ptr(dv), workspace.data(), workspace.bytes(), nullptr);
+    x.backward(*sdpa, cu_ptr, n, workspace, nullptr);
     const int64_t after_backward = free_bytes();
     for (const auto& [call, before_call, after] :
          {std::tuple{"forward", before, after_forward}, std::tuple{"backward", after_forward, after_backward}}) {
@@ -593,35 +611,22 @@ TEST(CudnnSdpaGpu, TimingVisionShape) {
 // these packings through its narrower plans (kCudnnNarrowSegments), so it should time as the 64.
 TEST(CudnnSdpaGpu, TimingByPlannedSequences) {
   SKIP_UNLESS_HOPPER();
-  constexpr int64_t kTokens = 8192, kQHeads = 16, kKvHeads = 2, kHeadDim = 256;
-  DeviceTensor q = tiled_random_device_tensor({kTokens, kQHeads, kHeadDim}, 1, 1.0f);
-  DeviceTensor k = tiled_random_device_tensor({kTokens, kKvHeads, kHeadDim}, 2, 1.0f);
-  DeviceTensor v = tiled_random_device_tensor({kTokens, kKvHeads, kHeadDim}, 3, 1.0f);
-  DeviceTensor d_out = tiled_random_device_tensor({kTokens, kQHeads, kHeadDim}, 4, 1.0f);
-  DeviceTensor out = device_tensor(DType::bf16, {kTokens, kQHeads, kHeadDim});
-  DeviceTensor lse = device_tensor(DType::f32, {kTokens, kQHeads});
-  DeviceTensor dq = device_tensor(DType::bf16, {kTokens, kQHeads, kHeadDim});
-  DeviceTensor dk = device_tensor(DType::bf16, {kTokens, kKvHeads, kHeadDim});
-  DeviceTensor dv = device_tensor(DType::bf16, {kTokens, kKvHeads, kHeadDim});
+  constexpr int64_t kTokens = 8192;
+  using T = TextAttentionOperands;
+  TextAttentionOperands x(kTokens);
   const std::vector<std::vector<int>> packings{{4096, 4096}, {1000, 1100, 900, 1024, 1200, 800, 1068, 1100}};
   for (const std::vector<int>& lengths : packings) {
     ASSERT_EQ(total_length(lengths), kTokens);
     const int64_t n = static_cast<int64_t>(lengths.size());
     DeviceTensor cu = to_device(cu_seqlens_from_lengths(lengths));
     const int32_t* cu_ptr = cu.view.as<int32_t>();
-    const double flops = attention_forward_flops(lengths, kQHeads, kHeadDim, true);
+    const double flops = attention_forward_flops(lengths, T::kQHeads, T::kHeadDim, true);
     for (int64_t planned : {n, int64_t{64}, int64_t{1024}}) {
-      auto sdpa = build_plan(config_for(kTokens, planned, kQHeads, kKvHeads, kHeadDim, true));
+      auto sdpa = build_plan(config_for(kTokens, planned, T::kQHeads, T::kKvHeads, T::kHeadDim, true));
       ASSERT_NE(sdpa, nullptr);
       DeviceBuffer workspace(std::max(sdpa->forward_workspace_bytes(), sdpa->backward_workspace_bytes()));
-      auto forward = [&](cudaStream_t stream) {
-        sdpa->forward(bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), cu_ptr, n, bf16_ptr(out), f32_ptr(lse), workspace.data(),
-                      workspace.bytes(), stream);
-      };
-      auto backward = [&](cudaStream_t stream) {
-        sdpa->backward(bf16_ptr(q), bf16_ptr(k), bf16_ptr(v), bf16_ptr(out), f32_ptr(lse), bf16_ptr(d_out), cu_ptr, n,
-                       bf16_ptr(dq), bf16_ptr(dk), bf16_ptr(dv), workspace.data(), workspace.bytes(), stream);
-      };
+      auto forward = [&](cudaStream_t stream) { x.forward(*sdpa, cu_ptr, n, workspace, stream); };
+      auto backward = [&](cudaStream_t stream) { x.backward(*sdpa, cu_ptr, n, workspace, stream); };
       const double forward_ms = median_ms(forward, nullptr, 2, 7), backward_ms = median_ms(backward, nullptr, 2, 7);
       std::printf("PLANNED %lld sequences, packing of %lld: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f "
                   "TFLOP/s), workspace %zu bytes\n",
