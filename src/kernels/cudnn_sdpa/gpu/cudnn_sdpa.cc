@@ -299,7 +299,7 @@ struct CudnnSdpa::Impl {
   int64_t forward_plan_workspace = 0, backward_plan_workspace = 0;
 
   // Workspace layout: batch arrays | (backward: softmax_sum fp32 [T, Hq] | dQ accumulator fp32
-  // [T, Hq, D]) | the plan's own workspace.
+  // [T, Hq, D] | with grouped heads, the per-query-head dK and dV) | the plan's own workspace.
   size_t batch_array_bytes = 0, softmax_sum_bytes = 0, dq_accum_bytes = 0, full_heads_bytes = 0;
 
   ~Impl() {
