@@ -1,8 +1,8 @@
-// CUDA_CHECK / CUBLAS_CHECK: every CUDA runtime and cuBLAS call goes through one of these.
+// CUDA_CHECK / CUBLAS_CHECK: every CUDA runtime and cuBLASLt call goes through one of these.
 // Only included by files compiled with CUDA (DELTAMOE_WITH_CUDA).
 #pragma once
 
-#include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include "core/error.h"
@@ -17,9 +17,9 @@
 // After a kernel launch: catches bad launch configurations immediately (no sync).
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
-#define CUBLAS_CHECK(call)                                                                    \
-  do {                                                                                        \
-    cublasStatus_t status_ = (call);                                                          \
-    CHECK(status_ == CUBLAS_STATUS_SUCCESS, #call, " failed: ", cublasGetStatusName(status_), \
-          " (", cublasGetStatusString(status_), ")");                                         \
+#define CUBLAS_CHECK(call)                                                                      \
+  do {                                                                                          \
+    cublasStatus_t status_ = (call);                                                            \
+    CHECK(status_ == CUBLAS_STATUS_SUCCESS, #call, " failed: ", cublasLtGetStatusName(status_), \
+          " (", cublasLtGetStatusString(status_), ")");                                         \
   } while (0)
