@@ -279,6 +279,12 @@ int run_bench(const ArgParser& args) {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  // The floors' memory rate: this GPU's (memory clock x bus width), else the H200's.
+  int memory_clock_khz = 0, bus_width_bits = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&memory_clock_khz, cudaDevAttrMemoryClockRate, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&bus_width_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+  const double device_bytes_per_s = memory_bytes_per_second(memory_clock_khz, bus_width_bits);
+  const double floor_bytes_per_s = device_bytes_per_s > 0 ? device_bytes_per_s : kH200BytesPerSecond;
 
   Rng rng(static_cast<uint64_t>(args.get_int("seed")), 1 + static_cast<uint64_t>(rank));  // each rank its own tokens
   size_t next_grid = 0;
@@ -552,7 +558,7 @@ int run_bench(const ArgParser& args) {
     std::string beside;
     if (floor != nullptr) {
       const double floor_ms =
-          floor->ms(kH200PeakMatmulFlopsPerSecond, kH200BytesPerSecond) / static_cast<double>(steps);
+          floor->ms(kH200PeakMatmulFlopsPerSecond, floor_bytes_per_s) / static_cast<double>(steps);
       char text[64];
       std::snprintf(text, sizeof(text), "   floor %8.2f ms (%.1fx)", floor_ms, floor_ms > 0 ? ms / floor_ms : 0.0);
       beside = text;
@@ -563,7 +569,9 @@ int run_bench(const ArgParser& args) {
   }
   if (with_floors)
     std::printf("  (floors: model FLOPs at 989 TFLOP/s or the weights', gradients' and optimizer state's bytes at "
-                "4.8 TB/s, the H200's rates, whichever is longer; train/step_floors.h)\n");
+                "%.2f TB/s (%s), whichever is longer; train/step_floors.h)\n",
+                floor_bytes_per_s / 1e12,
+                device_bytes_per_s > 0 ? "this GPU's memory clock x bus width" : "the H200's: this GPU's unknown");
   nlohmann::json result = {{"engine", "deltamoe"},
                            {"gpu", prop.name},
                            {"kernels", path.name()},
@@ -591,6 +599,7 @@ int run_bench(const ArgParser& args) {
                            {"loss_last", last_loss},
                            {"components_ms", components},
                            {"component_floors_ms", component_floors},
+                           {"floor_memory_bytes_per_s", floor_bytes_per_s},
                            {"varied_lengths", varied},
                            {"after_first_step",
                             {{"device_allocations", new_allocations},

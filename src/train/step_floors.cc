@@ -59,6 +59,11 @@ StepFloors micro_batch_floors(const TextConfig& c, const std::vector<int32_t>& c
   return f;
 }
 
+double memory_bytes_per_second(int64_t memory_clock_khz, int64_t bus_width_bits) {
+  if (memory_clock_khz <= 0 || bus_width_bits <= 0) return 0.0;
+  return 2.0 * static_cast<double>(memory_clock_khz) * 1e3 * static_cast<double>(bus_width_bits) / 8.0;
+}
+
 ComponentFloor adamw_floor(int64_t trained_params, DType moment_dtype, int64_t split_params) {
   CHECK(trained_params >= 0, "step floors: negative trained parameter count ", trained_params);
   CHECK(split_params >= 0 && split_params <= trained_params, "step floors: ", split_params,

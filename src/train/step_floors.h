@@ -12,9 +12,15 @@
 
 namespace deltamoe {
 
-// The H200's spec-sheet rates (dense bf16 matmul; HBM3e), which bench's MFU uses too.
+// The H200's spec-sheet rates (dense bf16 matmul, the same on an H100 SXM; HBM3e): bench's MFU and
+// floors use the matmul rate, and the memory rate where a GPU does not report its own.
 constexpr double kH200PeakMatmulFlopsPerSecond = 989e12;
 constexpr double kH200BytesPerSecond = 4.8e12;
+
+// A GPU's peak memory bandwidth from its memory clock (kHz, as cudaDevAttrMemoryClockRate reports
+// it) and bus width (bits): two transfers a clock (HBM and GDDR both). An H100 SXM (2,619 MHz, 5,120
+// bits) gives 3.35 TB/s, an A800 80 GB (1,593 MHz, 5,120) 2.04 TB/s. 0 where either is unknown (<= 0).
+double memory_bytes_per_second(int64_t memory_clock_khz, int64_t bus_width_bits);
 
 struct ComponentFloor {
   double flops = 0;  // model FLOPs (forward + backward)

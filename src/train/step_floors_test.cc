@@ -80,5 +80,15 @@ TEST(StepFloors, FrozenTextWritesNoGradientsAndFp32MomentsCostMore) {
   EXPECT_THROW(adamw_floor(10, DType::f32, 11), std::exception);
 }
 
+TEST(StepFloors, MemoryBandwidthFromClockAndBusWidth) {
+  // H100 SXM: 2,619 MHz HBM3 on 5,120 bits, 3.35 TB/s on its spec sheet; A800 80 GB: 1,593 MHz HBM2e,
+  // 2.04 TB/s; H200: 6,144 bits, 4.8 TB/s at ~3.1 GHz.
+  EXPECT_NEAR(memory_bytes_per_second(2619000, 5120), 3.352e12, 1e9);
+  EXPECT_NEAR(memory_bytes_per_second(1593000, 5120), 2.039e12, 1e9);
+  EXPECT_NEAR(memory_bytes_per_second(3125000, 6144), 4.8e12, 1e9);
+  EXPECT_EQ(memory_bytes_per_second(0, 5120), 0.0);
+  EXPECT_EQ(memory_bytes_per_second(2619000, -1), 0.0);
+}
+
 }  // namespace
 }  // namespace deltamoe
