@@ -2,8 +2,8 @@
 // losses and gradients (text and images, under each freezing choice), evaluation; the optimizer
 // step on the device against the CPU AdamW on the gradient it formed (bit for bit), and its norm
 // against that of the gradient (one and two micro-batches); determinism and an
-// exact resume through the optimizer-state file; the memory plan against the CPU planner; and the
-// batches and runs the engine must refuse.
+// exact resume through the optimizer-state file; steps of new packings that take nothing; the memory
+// plan against the CPU planner; and the batches and runs the engine must refuse.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,8 +21,11 @@
 
 #include "checkpoint/random_init.h"
 #include "checkpoint/stored_tensor.h"
+#include "core/cuda_check.h"
+#include "core/device_alloc.h"
 #include "core/error.h"
 #include "kernels/common/tensor_compare.h"
+#include "kernels/cudnn_sdpa/gpu/cudnn_sdpa.h"
 #include "kernels/grouped_gemm/grouped_gemm_cuda.h"
 #include "model/config.h"
 #include "model/vision/mrope_positions.h"
@@ -502,6 +505,63 @@ TEST(GpuEngine, StepsAreDeterministicAndResumeExactly) {
   EXPECT_TRUE(read_moments(resumed.state()) == read_moments(a.state()));
   EXPECT_GT(std::fabs(losses_a[3] - losses_a[0]), 0.0);
   unsetenv("DELTAMOE_ATTENTION");
+}
+
+// Steps after the first take nothing however the packing changes: no device or pinned allocation,
+// no cuDNN plan, and the GPU's memory in use unchanged (cudaMemGetInfo after a synchronisation): a
+// library that picks or loads code by the exact token count shows here (a classic cuBLAS handle
+// did, 2 MiB at one packing of the 35B bench; `deltamoe bench --vary_lengths true` checks the same at
+// full widths). Text and image micro-batches of random sample counts, lengths and grids, one or two
+// a step.
+TEST(GpuEngine, StepsOfNewPackingsTakeNothing) {
+  Fixture& f = fixture();
+  GpuEngine gpu(f.checkpoint, engine_options({false, false, false}));
+  std::mt19937 rng(20261206);
+  auto below = [&rng](int n) { return static_cast<int>(rng() % static_cast<uint32_t>(n)); };
+  auto text_batch = [&](uint32_t seed) {
+    const int samples = 1 + below(6);
+    std::vector<int32_t> lengths;
+    for (int i = 0; i < samples; ++i) lengths.push_back(8 + below(static_cast<int>(kTokenBudget) / samples - 8));
+    return packed_text_batch(lengths, seed);
+  };
+  auto image_batch = [&](uint32_t seed) {
+    std::vector<std::vector<GridThw>> grids(static_cast<size_t>(1 + below(3)));
+    for (auto& sample : grids)
+      if (below(4) != 0) sample.push_back(GridThw{1, 2 * (1 + below(3)), 2 * (1 + below(3))});
+    return packed_image_batch(grids, seed);
+  };
+  auto free_bytes = [] {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return static_cast<int64_t>(free);
+  };
+  gpu.train_step({text_batch(1), image_batch(2)}, 1e-4, 1.0);
+  const AllocationCounts allocations = allocation_counts();
+  const int64_t plans = CudnnSdpa::plans_built();
+  int64_t before = free_bytes();
+  const int64_t after_first = before;
+  for (uint32_t step = 0; step < 24; ++step) {
+    std::vector<MicroBatch> batches;
+    const int micro_batches = 1 + below(2);
+    for (int m = 0; m < micro_batches; ++m) {
+      const uint32_t seed = 10 + 2 * step + static_cast<uint32_t>(m);
+      batches.push_back(below(2) == 0 ? text_batch(seed) : image_batch(seed));
+    }
+    const StepResult r = gpu.train_step(batches, 1e-4, 1.0);
+    ASSERT_FALSE(r.skipped) << "step " << step + 2;
+    const int64_t now = free_bytes();
+    if (now != before) {
+      std::printf("step %u (%zu micro-batches, %lld tokens): GPU memory in use %+lld bytes\n", step + 2,
+                  batches.size(), static_cast<long long>(r.num_tokens), static_cast<long long>(before - now));
+    }
+    before = now;
+  }
+  const AllocationCounts after = allocation_counts();
+  EXPECT_EQ(after.device, allocations.device) << "device allocations after the first step";
+  EXPECT_EQ(after.pinned, allocations.pinned) << "pinned allocations after the first step";
+  EXPECT_EQ(CudnnSdpa::plans_built(), plans) << "cuDNN plans built after the first step";
+  EXPECT_EQ(before, after_first) << "the GPU's memory in use moved after the first step";
 }
 
 // The engine's exact plan against the CPU planner: the state's bytes and the activation layouts
