@@ -167,14 +167,6 @@ PackingShape packing_shape(const std::vector<MicroBatch>& batches) {
   return shape;
 }
 
-// The per-thread stack the driver holds local memory for (cudaLimitStackSize): it raises it, and
-// takes more device memory, when a kernel with a larger frame than any before it launches.
-int64_t stack_bytes() {
-  size_t bytes = 0;
-  CUDA_CHECK(cudaDeviceGetLimit(&bytes, cudaLimitStackSize));
-  return static_cast<int64_t>(bytes);
-}
-
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
@@ -350,7 +342,6 @@ int run_bench(const ArgParser& args) {
   AllocationCounts allocations_after_first;
   int64_t plans_after_first = 0, queries_after_first = 0;
   size_t free_after_first = 0;
-  int64_t stack_after_first = 0;
   int64_t queries_before = 0;
   size_t free_before = 0;
   for (int64_t step = 0; step < warmup + steps; ++step) {
@@ -378,8 +369,7 @@ int run_bench(const ArgParser& args) {
       const int64_t queries = GemmContext::heuristic_queries();
       if (step > 0 && (queries != queries_before || free_bytes != free_before)) {
         taken = str_cat("  (+", queries - queries_before, " cuBLASLt heuristic queries, GPU memory in use ",
-                        static_cast<int64_t>(free_before) - static_cast<int64_t>(free_bytes),
-                        " bytes; per-thread stack ", stack_bytes(), " bytes)");
+                        static_cast<int64_t>(free_before) - static_cast<int64_t>(free_bytes), " bytes)");
       }
       queries_before = queries;
       free_before = free_bytes;
@@ -403,7 +393,6 @@ int run_bench(const ArgParser& args) {
       queries_after_first = GemmContext::heuristic_queries();
       size_t total_bytes = 0;
       CUDA_CHECK(cudaMemGetInfo(&free_after_first, &total_bytes));
-      stack_after_first = stack_bytes();
     }
   }
   // The measured steps once more, back to back, with one synchronisation before and one after: the
@@ -439,7 +428,7 @@ int run_bench(const ArgParser& args) {
                                       " tokens in ", shape.samples, " samples, longest ", shape.longest,
                                       "): GPU memory in use ",
                                       static_cast<int64_t>(free_in_block) - static_cast<int64_t>(free_bytes),
-                                      " bytes; per-thread stack ", stack_bytes(), " bytes\n");
+                                      " bytes\n");
     }
     free_in_block = free_bytes;
   }
@@ -527,8 +516,6 @@ int run_bench(const ArgParser& args) {
               static_cast<long long>(new_queries),
               steady ? "STEADY" : "NOT STEADY");
   std::printf("%s", block_memory_changes.c_str());
-  std::printf("per-thread stack (cudaLimitStackSize): %lld bytes after step 1, %lld now\n",
-              static_cast<long long>(stack_after_first), static_cast<long long>(stack_bytes()));
   std::printf("host<->device per step: %llu bytes in, %llu bytes out\n",
               static_cast<unsigned long long>(last.host_to_device_bytes),
               static_cast<unsigned long long>(last.device_to_host_bytes));

@@ -40,12 +40,12 @@ void print_help() {
 
 int main(int argc, char** argv) {
   using namespace deltamoe;
-  // Every kernel loads when the CUDA context starts, not at its first launch. Under CUDA's default
+  // Every kernel loads when the CUDA context starts, not at its first launch: under CUDA's default
   // lazy loading, a kernel first launched in a later step (a choice that follows the batch's
-  // lengths, ours or a library's) takes device memory for its code inside that step: the
-  // varied-length bench on an H100 grew by 2 MiB after step 1. Eager loading costs the context
-  // ~0.4 GiB (cuBLAS's kernels with ours), which the memory plan's runtime reserve holds. Set
-  // before any CUDA call; a CUDA_MODULE_LOADING the user set is kept.
+  // lengths, ours or a library's) would take device memory for its code inside that step. Eager
+  // loading makes the context ~0.4 GiB larger (measured with cuBLASLt's kernels and ours), which the
+  // memory plan's runtime reserve holds. Set before any CUDA call; a CUDA_MODULE_LOADING the user
+  // set is kept.
   setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0 ||
       std::strcmp(argv[1], "help") == 0) {

@@ -1,5 +1,6 @@
-// Shared expert on the device: cuBLAS products in row-major terms, then small fp32 kernels for the
-// SiLU gate, the per-token sigmoid scale and its gradients (ordered reductions, no atomics).
+// Shared expert on the device: cuBLASLt products (the caller's GemmContext) in row-major terms, then
+// small fp32 kernels for the SiLU gate, the per-token sigmoid scale and its gradients (ordered
+// reductions, no atomics).
 #include <algorithm>
 
 #include "core/cuda_check.h"
@@ -16,15 +17,6 @@ namespace {
 using nvbf16 = __nv_bfloat16;
 
 constexpr int kTokensPerChunk = 256;  // rows per partial sum of d_expert_gate
-
-// Row-major C [M, N] = op(A) op(B) + beta C through the model's cuBLASLt context (its workspace,
-// its algorithm per token-count bucket: a new token count neither queries nor loads a kernel nor
-// takes memory); A stored [M, K] ([K, M] when trans_a), B stored [K, N] ([N, K] when trans_b).
-void gemm_row_major(GemmContext& gemm, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const nvbf16* a,
-                    int64_t lda, const nvbf16* b, int64_t ldb, float beta, void* c, DType c_type, int64_t ldc,
-                    cudaStream_t stream) {
-  gemm_bf16_cuda(gemm, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, c_type, ldc, stream);
-}
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
@@ -238,9 +230,9 @@ void lora_backward(const SharedExpertLora* lora, const LoraDeviceAdapter& adapte
 void run_gate_products(GemmContext& gemm, const nvbf16* x, const nvbf16* gate_proj, const nvbf16* up_proj,
                        const nvbf16* expert_gate, const ForwardBuffers& b, int64_t T, int64_t C, int64_t I,
                        cudaStream_t stream, const SharedExpertLora* lora) {
-  gemm_row_major(gemm, false, true, T, I, C, x, C, gate_proj, C, 0.0f, b.gate, DType::bf16, I, stream);
-  gemm_row_major(gemm, false, true, T, I, C, x, C, up_proj, C, 0.0f, b.up, DType::bf16, I, stream);
-  gemm_row_major(gemm, false, true, T, 1, C, x, C, expert_gate, C, 0.0f, b.logit, DType::f32, 1, stream);
+  gemm_bf16_cuda(gemm, false, true, T, I, C, 1.0f, x, C, gate_proj, C, 0.0f, b.gate, DType::bf16, I, stream);
+  gemm_bf16_cuda(gemm, false, true, T, I, C, 1.0f, x, C, up_proj, C, 0.0f, b.up, DType::bf16, I, stream);
+  gemm_bf16_cuda(gemm, false, true, T, 1, C, 1.0f, x, C, expert_gate, C, 0.0f, b.logit, DType::f32, 1, stream);
   if (lora != nullptr) {
     lora_forward(lora, lora->gate_proj, lora->gate_proj_dropout, x, b.gate, DType::bf16, T, C, I, stream);
     lora_forward(lora, lora->up_proj, lora->up_proj_dropout, x, b.up, DType::bf16, T, C, I, stream);
@@ -260,7 +252,7 @@ void run_forward(GemmContext& gemm, const nvbf16* x, const nvbf16* gate_proj, co
                  int64_t I, cudaStream_t stream, const SharedExpertLora* lora) {
   run_gate_products(gemm, x, gate_proj, up_proj, expert_gate, b, T, C, I, stream, lora);
   run_swiglu(b, T, I, stream);
-  gemm_row_major(gemm, false, true, T, C, I, b.h, I, down_proj, I, 0.0f, b.out, DType::f32, C, stream);
+  gemm_bf16_cuda(gemm, false, true, T, C, I, 1.0f, b.h, I, down_proj, I, 0.0f, b.out, DType::f32, C, stream);
   if (lora != nullptr) lora_forward(lora, lora->down_proj, lora->down_proj_dropout, b.h, b.out, DType::f32, T, I, C, stream);
 }
 
@@ -363,7 +355,7 @@ void shared_expert_backward_cuda(GemmContext& gemm, const __nv_bfloat16* x, cons
   // projection needs u = dy W_down and the forward's h, not the forward's output (gate_backward_kernel).
   run_gate_products(gemm, x, gate_proj, up_proj, expert_gate, b, T, C, I, stream, lora);
   float* u = d_h;
-  gemm_row_major(gemm, false, false, T, I, C, dy, C, down_proj, I, 0.0f, u, DType::f32, I, stream);
+  gemm_bf16_cuda(gemm, false, false, T, I, C, 1.0f, dy, C, down_proj, I, 0.0f, u, DType::f32, I, stream);
   const bool down_adapter = lora != nullptr && lora->down_proj.attached();
   if (down_adapter) {
     // The adapter's share of u, from dy (linear in it); its weight gradients come below from the
@@ -388,13 +380,14 @@ void shared_expert_backward_cuda(GemmContext& gemm, const __nv_bfloat16* x, cons
     gate_backward_kernel<1><<<gate_blocks, 32 * warps_per_block, 0, stream>>>(b.gate, b.up, u, b.logit, d_logit, hs, T, I);
   CUDA_CHECK_LAUNCH();
   // d_down += dy^T (s h).
-  if (d_down_proj != nullptr) gemm_row_major(gemm, true, false, C, I, T, dy, C, hs, I, 1.0f, d_down_proj, DType::f32, I, stream);
+  if (d_down_proj != nullptr)
+    gemm_bf16_cuda(gemm, true, false, C, I, T, 1.0f, dy, C, hs, I, 1.0f, d_down_proj, DType::f32, I, stream);
   const nvbf16* d_gate = b.gate;
   const nvbf16* d_up = b.up;
   // dx32 = d_gate W_gate + d_up W_up (reusing the f32 out buffer), then + d_logit w_gate.
   float* dx32 = b.out;
-  gemm_row_major(gemm, false, false, T, C, I, d_gate, I, gate_proj, C, 0.0f, dx32, DType::f32, C, stream);
-  gemm_row_major(gemm, false, false, T, C, I, d_up, I, up_proj, C, 1.0f, dx32, DType::f32, C, stream);
+  gemm_bf16_cuda(gemm, false, false, T, C, I, 1.0f, d_gate, I, gate_proj, C, 0.0f, dx32, DType::f32, C, stream);
+  gemm_bf16_cuda(gemm, false, false, T, C, I, 1.0f, d_up, I, up_proj, C, 1.0f, dx32, DType::f32, C, stream);
   if (lora != nullptr) {
     lora_backward(lora, lora->gate_proj, lora->gate_proj_dropout, x, d_gate, dx32, T, C, I, stream);
     lora_backward(lora, lora->up_proj, lora->up_proj_dropout, x, d_up, dx32, T, C, I, stream);
@@ -413,8 +406,10 @@ void shared_expert_backward_cuda(GemmContext& gemm, const __nv_bfloat16* x, cons
     finish_dx_kernel<1><<<row_grid(T), 256, 0, stream>>>(dx32, d_logit, expert_gate, dx, accumulate_dx, C, T);
   CUDA_CHECK_LAUNCH();
   // Frozen weights (null gradients) skip their products.
-  if (d_gate_proj != nullptr) gemm_row_major(gemm, true, false, I, C, T, d_gate, I, x, C, 1.0f, d_gate_proj, DType::f32, C, stream);
-  if (d_up_proj != nullptr) gemm_row_major(gemm, true, false, I, C, T, d_up, I, x, C, 1.0f, d_up_proj, DType::f32, C, stream);
+  if (d_gate_proj != nullptr)
+    gemm_bf16_cuda(gemm, true, false, I, C, T, 1.0f, d_gate, I, x, C, 1.0f, d_gate_proj, DType::f32, C, stream);
+  if (d_up_proj != nullptr)
+    gemm_bf16_cuda(gemm, true, false, I, C, T, 1.0f, d_up, I, x, C, 1.0f, d_up_proj, DType::f32, C, stream);
   if (d_expert_gate == nullptr) return;
   const dim3 partial_grid(static_cast<unsigned>((C + 255) / 256), static_cast<unsigned>(chunks));
   gate_grad_partial_kernel<<<partial_grid, 256, 0, stream>>>(d_logit, x, partial, T, C);
