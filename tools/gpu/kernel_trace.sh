@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The GPU's idle time inside `deltamoe bench` steps at 4 and 8 layers (CUPTI activity records through
-# kernel_trace.cc, no serialisation), and per added layer: (L8 - L4) / 4 of the busy and idle time.
+# The GPU's idle time inside `deltamoe bench` steps at the LAYERS depths (CUPTI activity records
+# through kernel_trace.cc, no serialisation), and per added layer between the first and the last
+# depth: the busy and idle time, and each kernel's time.
 # Builds the tracer with the machine's compiler when CUPTI's header is there, else uses one carried
 # in gpu_bundle/exp/libkernel_trace.so. Usage: bash tools/gpu/kernel_trace.sh
 #   LAYERS (default "4 8"), STEPS (measured steps, default 4), BENCH_EXTRA (more bench flags).
-# Output: $OUT/trace_L<n>.txt (kernel_trace.py's summary), $OUT/trace_L<n>.csv.gz.
+# Output: $OUT/trace_L<n>.txt (kernel_trace.py's summary), $OUT/trace_L<n>.csv.gz, and between the
+# first and last depth $OUT/trace_per_layer.txt (kernel_trace_diff.py: each kernel's ms per added layer).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 : "${OUT:?OUT must name the folder whose files come back}"
@@ -37,16 +39,23 @@ for layers in ${LAYERS:-4 8}; do
   head -25 "$OUT/trace_L$layers.txt"
   gzip -c "$csv" > "$OUT/trace_L$layers.csv.gz"
 done
-python3 - "$OUT" <<'EOF'
+# Per added layer between the first and the last depth: busy and idle, then by kernel.
+read -r -a depths <<< "${LAYERS:-4 8}"
+first=${depths[0]} last=${depths[${#depths[@]}-1]}
+if [ "$first" != "$last" ] && [ -f "$OUT/trace_L$first.txt" ] && [ -f "$OUT/trace_L$last.txt" ]; then
+  python3 - "$OUT" "$first" "$last" <<'EOF'
 import re, sys, os
+out, first, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 vals = {}
-for layers in (4, 8):
-    p = os.path.join(sys.argv[1], f"trace_L{layers}.txt")
-    if not os.path.exists(p): sys.exit(0)
-    m = re.search(r"SUMMARY \S+ (.*)", open(p).read())
+for layers in (first, last):
+    m = re.search(r"SUMMARY \S+ (.*)", open(os.path.join(out, f"trace_L{layers}.txt")).read())
     if m: vals[layers] = {k: float(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
 if len(vals) == 2:
-    print("per added layer (L8 - L4) / 4, ms: " +
-          ", ".join(f"{k[:-3]} {(vals[8][k] - vals[4][k]) / 4:.3f}" for k in vals[4]))
+    print(f"per added layer (L{last} - L{first}) / {last - first}, ms: " +
+          ", ".join(f"{k[:-3]} {(vals[last][k] - vals[first][k]) / (last - first):.3f}" for k in vals[first]))
 EOF
+  python3 tools/gpu/kernel_trace_diff.py "$OUT/trace_L$first.csv.gz" "$OUT/trace_L$last.csv.gz" $((last - first)) \
+    > "$OUT/trace_per_layer.txt" || status=1
+  head -30 "$OUT/trace_per_layer.txt"
+fi
 exit $status
