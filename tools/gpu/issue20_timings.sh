@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Issue 20's timing rows in one device call, most important first, each bounded by what is left of
 # the call: the per-layer table beside transformers + grouped_mm + FLA (layer_anchor.sh), then the
-# GDN core beside FLA's chunk_gated_delta_rule, AdamW over a flat buffer, the grouped GEMM at 35B
-# widths, and last the per-kernel profile of one 4-layer step (layer_profile.sh). Carry gpu_bundle
-# and .anchors_src. Logs: $OUT/timings.tgz; summary on stdout.
+# GDN core beside FLA's chunk_gated_delta_rule, AdamW over a flat buffer (beside a copy of its
+# bytes), the grouped GEMM at 35B widths, attention beside PyTorch's cuDNN SDPA, the vision tower
+# beside transformers', and last the per-kernel profile of one 4-layer step (layer_profile.sh).
+# Carry gpu_bundle (PROGRAMS="gated_delta_rule_gpu_test adamw_gpu_test grouped_gemm_gpu_test
+# cudnn_sdpa_gpu_test gpu_vision_model_gpu_test") and .anchors_src. Logs: $OUT/timings.tgz;
+# summary on stdout.
 #   BUDGET_S (default 570): the whole call's seconds; a stage that cannot start with 30 s left is
 #   reported NOT RUN.
 set -uo pipefail
@@ -37,6 +40,12 @@ stage adamw gpu_bundle/bin/adamw_gpu_test --gtest_filter='*Timing*'
 grep -iE "ms|GB/s|FAILED|PASSED" "$out/adamw.log" | tail -8
 stage grouped_gemm gpu_bundle/bin/grouped_gemm_gpu_test --gtest_filter='*Timing35B*'
 grep -iE "TFLOP|ms|FAILED|PASSED" "$out/grouped_gemm.log" | tail -12
+# The attention and vision rows beside their anchors (PyTorch's cuDNN SDPA, transformers' tower),
+# each pair in one stage so that both sides share the machine's state.
+stage attention bash -c "gpu_bundle/bin/cudnn_sdpa_gpu_test --gtest_filter='*Timing*' && python3 tools/gpu/attention_anchor.py"
+grep -E "TIMING (forward|backward)|ANCHOR" "$out/attention.log" | cut -c1-160
+stage vision bash -c "gpu_bundle/bin/gpu_vision_model_gpu_test --gtest_filter='*TimingFullTower*' && cd tools/gpu && python3 vision_anchor.py"
+grep -E "VISION_OURS|VISION_ANCHOR" "$out/vision.log" | cut -c1-200
 OUT=$out stage profile bash tools/gpu/layer_profile.sh step
 head -45 "$out/step_profile.txt" 2>/dev/null
 tar czf "$OUT/timings.tgz" -C "$out" . && rm -rf "$out"
