@@ -5,8 +5,9 @@
 # Builds the tracer with the machine's compiler when CUPTI's header is there, else uses one carried
 # in gpu_bundle/exp/libkernel_trace.so. Usage: bash tools/gpu/kernel_trace.sh
 #   LAYERS (default "4 8"), STEPS (measured steps, default 4), BENCH_EXTRA (more bench flags).
-# Output: $OUT/trace_L<n>.txt (kernel_trace.py's summary), $OUT/trace_L<n>.csv.gz, and between the
-# first and last depth $OUT/trace_per_layer.txt (kernel_trace_diff.py: each kernel's ms per added layer).
+# Output: $OUT/kernel_trace.tgz (per depth trace_L<n>.txt, kernel_trace.py's summary, trace_L<n>.csv.gz
+# and the bench log) and between the first and last depth $OUT/trace_per_layer.txt
+# (kernel_trace_diff.py: each kernel's ms per added layer).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 : "${OUT:?OUT must name the folder whose files come back}"
@@ -58,4 +59,7 @@ EOF
     > "$OUT/trace_per_layer.txt" || status=1
   head -30 "$OUT/trace_per_layer.txt"
 fi
+# A device call brings back at most 8 files: everything but the per-layer table in one archive.
+tar czf "$OUT/kernel_trace.tgz" -C "$OUT" $(cd "$OUT" && ls trace_L* trace_bench_L* 2>/dev/null) &&
+  (cd "$OUT" && rm -f trace_L* trace_bench_L*)
 exit $status
