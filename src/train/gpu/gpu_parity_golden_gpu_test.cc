@@ -15,10 +15,11 @@
 // max(2e-2, kAutocastFactor x transformers' own autocast error on that tensor) there: a bar 25% above
 // what transformers' mixed precision itself gets on the tensor, so that a tensor bf16 already moves
 // close to 2e-2 (vlm_gain015's visual.blocks.0.norm1.bias: 1.683e-2 under autocast) is held to the
-// reference implementation's precision, not to a flat number the last bits land on either side of. Why: on tiny models one bf16
-// rounding per activation moves gate and norm gradients (sums over few tokens that cancel) by several
-// percent; the older golden models (gain-1 matrices, router near-ties) move past 2e-2 even from bf16
-// weights alone (parity_bf16_sensitivity_test, docs/vision.md "bf16 parity and conditioning"); on
+// reference implementation's precision, not to a flat number the last bits land on either side of.
+// Why: on tiny models one bf16 rounding per activation moves gate and norm gradients (sums over few
+// tokens that cancel) by several percent; the older golden models (gain-1 matrices, router
+// near-ties) move past 2e-2 even from bf16 weights alone (parity_bf16_sensitivity_test,
+// docs/vision.md "bf16 parity and conditioning"); on
 // text_8layer every ce gradient is chaotic (pinned bf16 move 0.05 to 5.0, measured on the CPU), so
 // there the losses and the zero aux gradients are what is asserted. A zero reference gradient must
 // be zero on the GPU (norm_ratio).
