@@ -18,18 +18,26 @@ def short(name):
     return name[:80]
 
 
+def measured_steps(names):
+    """(first, next step's first) row indices of each whole measured step of a time-sorted trace, cut
+    at the embedding forward, the first step (warm-up, plans, allocations) left out; None when the
+    trace holds fewer than two whole steps after it."""
+    starts = [i for i, name in enumerate(names) if "embedding_forward" in name]
+    if len(starts) < 3:
+        return None
+    return [(starts[k], starts[k + 1]) for k in range(1, len(starts) - 1)]
+
+
 def main(path, label):
     rows = []
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
             rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["queued_ns"] or 0), short(r["name"])))
     rows.sort()
-    starts = [i for i, r in enumerate(rows) if "embedding_forward" in r[3]]
-    if len(starts) < 3:
-        print(f"kernel_trace: {len(starts)} embedding forwards in {path}; need 3 or more (2 whole steps)")
+    steps = measured_steps([r[3] for r in rows])
+    if steps is None:
+        print(f"kernel_trace: fewer than 3 embedding forwards in {path}; need 2 whole steps after the first")
         return 1
-    # Whole steps only, the first (warm-up, plans, allocations) left out.
-    steps = [(starts[k], starts[k + 1]) for k in range(1, len(starts) - 1)]
     walls, busys, gaps_host, gaps_gpu = [], [], [], []
     sites = defaultdict(lambda: [0.0, 0, 0.0])  # (before, after) -> [idle ns, count, host-late ns]
     for a, b in steps:

@@ -1,13 +1,13 @@
 """Per-kernel busy time a measured step in two kernel_trace.cc CSVs (plain or .gz) of `deltamoe bench`
 at different depths, and the difference per added layer: which kernels an added layer costs, and how
-often each runs. Steps are cut at the embedding forward and the first one is left out, as in
-kernel_trace.py. Usage: python3 kernel_trace_diff.py shallow.csv[.gz] deep.csv[.gz] added_layers [rows]"""
+often each runs, over kernel_trace.py's measured steps.
+Usage: python3 kernel_trace_diff.py shallow.csv[.gz] deep.csv[.gz] added_layers [rows]"""
 import csv
 import gzip
 import sys
 from collections import defaultdict
 
-from kernel_trace import short
+from kernel_trace import measured_steps, short
 
 
 def per_step(path):
@@ -15,10 +15,9 @@ def per_step(path):
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", newline="") as f:
         rows = sorted((int(r["start_ns"]), int(r["end_ns"]), short(r["name"])) for r in csv.DictReader(f))
-    starts = [i for i, r in enumerate(rows) if "embedding_forward" in r[2]]
-    if len(starts) < 3:
-        sys.exit(f"kernel_trace_diff: {len(starts)} embedding forwards in {path}; need 3 or more (2 whole steps)")
-    steps = [(starts[k], starts[k + 1]) for k in range(1, len(starts) - 1)]
+    steps = measured_steps([r[2] for r in rows])
+    if steps is None:
+        sys.exit(f"kernel_trace_diff: fewer than 3 embedding forwards in {path}; need 2 whole steps after the first")
     ms, launches = defaultdict(float), defaultdict(float)
     for a, b in steps:
         for start, end, name in rows[a:b]:
