@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/device_bf16.h"
+#include "core/dtype.h"
 
 namespace deltamoe {
 
@@ -29,9 +30,15 @@ struct DeviceParam {
   // fp32 values, for the tensors the math reads in fp32 (norm weights, gates, the embedding and
   // position tables, the router): the master of a trained tensor, an fp32 copy of a frozen one.
   const float* f32 = nullptr;
-  float* grad = nullptr;  // fp32 gradient, added to; null: frozen, so its weight-gradient work is skipped
+  float* grad = nullptr;  // fp32 gradient, added to
+  // bf16 gradient instead of grad (the routed experts': DeviceParamSpec::grad_bf16). Both null:
+  // frozen, so its weight-gradient work is skipped.
+  DeviceBf16* grad_bf16 = nullptr;
   int64_t numel = 0;
-  bool trained() const { return grad != nullptr; }
+  bool trained() const { return grad != nullptr || grad_bf16 != nullptr; }
+  // The gradient whichever its type (null: frozen), and that type.
+  void* grad_data() const { return grad_bf16 != nullptr ? static_cast<void*>(grad_bf16) : static_cast<void*>(grad); }
+  DType grad_dtype() const { return grad_bf16 != nullptr ? DType::bf16 : DType::f32; }
   DeviceLoraViews lora;  // the projection's adapter, if one is attached (bind_text_weights)
 };
 

@@ -3,7 +3,8 @@
 // moments, 30 with fp32 ones): each thread updates four consecutive elements per iteration through
 // 16-byte (fp32) and 8-byte (bf16) accesses, and the gradient's division by the token count is the
 // exact fp32 form where one exists (gradient_divide.h), not fp64 division per element. A split
-// master (split_master.h) takes 20 bytes: its two halves read and written, no separate copy.
+// master (split_master.h) takes 20 bytes: its two halves read and written, no separate copy; 18
+// with a bf16 gradient (the routed experts').
 #include <algorithm>
 #include <cstdint>
 
@@ -61,6 +62,13 @@ __device__ __forceinline__ void load_moments(const __nv_bfloat16* ptr, float (&o
   const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
   out[0] = lo.x, out[1] = lo.y, out[2] = hi.x, out[3] = hi.y;
 }
+// Four consecutive gradients, widened (16 bytes of fp32 or 8 of bf16, aligned to their size).
+__device__ __forceinline__ void load_grads(const float* ptr, float (&out)[kVector]) { load_moments(ptr, out); }
+__device__ __forceinline__ void load_grads(const __nv_bfloat16* ptr, float (&out)[kVector]) {
+  load_moments(ptr, out);
+}
+__device__ __forceinline__ float load_grad(const float* ptr) { return *ptr; }
+__device__ __forceinline__ float load_grad(const __nv_bfloat16* ptr) { return __bfloat162float(*ptr); }
 __device__ __forceinline__ uint2 pack_bf16(const float (&x)[kVector]) {
   const __nv_bfloat162 lo = __floats2bfloat162_rn(x[0], x[1]), hi = __floats2bfloat162_rn(x[2], x[3]);
   return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
@@ -152,12 +160,12 @@ __device__ __forceinline__ void store_masters(const DeviceMaster& master, int64_
   }
 }
 
-template <typename Moment, GradientDivide kDivide, bool kSplit>
+template <typename Moment, typename Grad, GradientDivide kDivide, bool kSplit>
 __device__ __forceinline__ void update_one(const AdamWStepScalars& s, float decay_factor, const DeviceScaling& scaling,
-                                           int64_t i, const DeviceMaster& master, const float* grad, Moment* m,
+                                           int64_t i, const DeviceMaster& master, const Grad* grad, Moment* m,
                                            Moment* v) {
   float p = load_master<kSplit>(master, i), m_value = load_moment(m + i), v_value = load_moment(v + i);
-  adamw_element<kDivide>(s, decay_factor, scaling, p, grad[i], m_value, v_value);
+  adamw_element<kDivide>(s, decay_factor, scaling, p, load_grad(grad + i), m_value, v_value);
   store_master<kSplit>(master, i, p);
   store_moment(m + i, m_value);
   store_moment(v + i, v_value);
@@ -167,17 +175,16 @@ __device__ __forceinline__ void update_one(const AdamWStepScalars& s, float deca
 // vector widths; an fp32 master's bf16 copy too when weights_vector, else stored one by one: a
 // ZeRO-2 piece's weight copy starts wherever its bucket puts it), [0, head) and [head + 4 n4,
 // count) one at a time. Each element's arithmetic is the same either way.
-template <typename Moment, GradientDivide kDivide, bool kSplit>
+template <typename Moment, typename Grad, GradientDivide kDivide, bool kSplit>
 __global__ void adamw_kernel(AdamWStepScalars scalars, float decay_factor, DeviceScaling scaling, int64_t count,
-                             int64_t head, int64_t n4, DeviceMaster master, const float* grad, Moment* m,
+                             int64_t head, int64_t n4, DeviceMaster master, const Grad* grad, Moment* m,
                              Moment* v) {
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t i = tid; i < n4; i += stride) {
     const int64_t e = head + kVector * i;
-    const float4 g4 = *reinterpret_cast<const float4*>(grad + e);
-    float p[kVector], m_values[kVector], v_values[kVector];
-    const float g[kVector] = {g4.x, g4.y, g4.z, g4.w};
+    float p[kVector], g[kVector], m_values[kVector], v_values[kVector];
+    load_grads(grad + e, g);
     load_masters<kSplit>(master, e, p);
     load_moments(m + e, m_values);
     load_moments(v + e, v_values);
@@ -189,37 +196,37 @@ __global__ void adamw_kernel(AdamWStepScalars scalars, float decay_factor, Devic
     store_moments(v + e, v_values);
   }
   for (int64_t i = tid; i < head; i += stride)
-    update_one<Moment, kDivide, kSplit>(scalars, decay_factor, scaling, i, master, grad, m, v);
+    update_one<Moment, Grad, kDivide, kSplit>(scalars, decay_factor, scaling, i, master, grad, m, v);
   for (int64_t i = head + kVector * n4 + tid; i < count; i += stride)
-    update_one<Moment, kDivide, kSplit>(scalars, decay_factor, scaling, i, master, grad, m, v);
+    update_one<Moment, Grad, kDivide, kSplit>(scalars, decay_factor, scaling, i, master, grad, m, v);
 }
 
 bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-template <typename Moment, bool kSplit>
+template <typename Moment, typename Grad, bool kSplit>
 void launch_for_divisor(const AdamWStepScalars& scalars, float decay_factor, const DeviceScaling& scaling,
-                        int64_t count, int64_t head, int64_t n4, const DeviceMaster& master, const float* grad,
+                        int64_t count, int64_t head, int64_t n4, const DeviceMaster& master, const Grad* grad,
                         Moment* m, Moment* v, unsigned blocks, cudaStream_t stream) {
   switch (scaling.divisor.kind) {
     case GradientDivide::none:
-      adamw_kernel<Moment, GradientDivide::none, kSplit><<<blocks, kThreads, 0, stream>>>(
+      adamw_kernel<Moment, Grad, GradientDivide::none, kSplit><<<blocks, kThreads, 0, stream>>>(
           scalars, decay_factor, scaling, count, head, n4, master, grad, m, v);
       break;
     case GradientDivide::f32:
-      adamw_kernel<Moment, GradientDivide::f32, kSplit><<<blocks, kThreads, 0, stream>>>(
+      adamw_kernel<Moment, Grad, GradientDivide::f32, kSplit><<<blocks, kThreads, 0, stream>>>(
           scalars, decay_factor, scaling, count, head, n4, master, grad, m, v);
       break;
     case GradientDivide::f64:
-      adamw_kernel<Moment, GradientDivide::f64, kSplit><<<blocks, kThreads, 0, stream>>>(
+      adamw_kernel<Moment, Grad, GradientDivide::f64, kSplit><<<blocks, kThreads, 0, stream>>>(
           scalars, decay_factor, scaling, count, head, n4, master, grad, m, v);
       break;
   }
   CUDA_CHECK_LAUNCH();
 }
 
-template <typename Moment>
+template <typename Moment, typename Grad>
 void launch_adamw(const AdamWStepScalars& scalars, float decay_factor, const GradientScaling& scaling, int64_t count,
-                  const MasterSpan& span, const float* grad, Moment* m, Moment* v,
+                  const MasterSpan& span, const Grad* grad, Moment* m, Moment* v,
                   cudaStream_t stream) {
   // The vectors start where the master (its low halves when split) is aligned for four elements;
   // the gradient, the moments and a split master's high halves must be aligned for their widths at
@@ -233,7 +240,7 @@ void launch_adamw(const AdamWStepScalars& scalars, float decay_factor, const Gra
   int64_t head = std::min<int64_t>(count, (kVector - misalignment) % kVector);
   const bool vectors = (split ? aligned(span.low, sizeof(uint16_t)) && aligned(span.weights_bf16 + head, 8)
                               : aligned(span.f32, sizeof(float))) &&
-                       aligned(grad + head, 16) && aligned(m + head, kVector * sizeof(Moment)) &&
+                       aligned(grad + head, kVector * sizeof(Grad)) && aligned(m + head, kVector * sizeof(Moment)) &&
                        aligned(v + head, kVector * sizeof(Moment));
   if (!vectors) head = count;
   const DeviceMaster master{span.f32, span.weights_bf16, span.low,
@@ -243,19 +250,31 @@ void launch_adamw(const AdamWStepScalars& scalars, float decay_factor, const Gra
   const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
   const DeviceScaling device_scaling{gradient_divisor(scaling.divisor), scaling.clip_coef, scaling.clip_coef < 1.0f};
   if (split) {
-    launch_for_divisor<Moment, true>(scalars, decay_factor, device_scaling, count, head, n4, master, grad, m,
-                                     v, blocks, stream);
+    launch_for_divisor<Moment, Grad, true>(scalars, decay_factor, device_scaling, count, head, n4, master, grad, m,
+                                           v, blocks, stream);
   } else {
-    launch_for_divisor<Moment, false>(scalars, decay_factor, device_scaling, count, head, n4, master, grad, m,
-                                      v, blocks, stream);
+    launch_for_divisor<Moment, Grad, false>(scalars, decay_factor, device_scaling, count, head, n4, master, grad,
+                                            m, v, blocks, stream);
+  }
+}
+
+template <typename Moment>
+void launch_adamw_for_grad(const AdamWStepScalars& scalars, float decay_factor, const GradientScaling& scaling,
+                           int64_t count, const MasterSpan& span, const GradientSpan& grad, Moment* m, Moment* v,
+                           cudaStream_t stream) {
+  if (grad.dtype == DType::bf16) {
+    launch_adamw(scalars, decay_factor, scaling, count, span, static_cast<const __nv_bfloat16*>(grad.data), m, v,
+                 stream);
+  } else {
+    launch_adamw(scalars, decay_factor, scaling, count, span, static_cast<const float*>(grad.data), m, v, stream);
   }
 }
 
 }  // namespace
 
 void adamw_update_span_cuda(const AdamWStepScalars& scalars, bool decay, DType moment_dtype, int64_t count,
-                            const MasterSpan& master, const float* grad, const GradientScaling& scaling, void* m,
-                            void* v, cudaStream_t stream) {
+                            const MasterSpan& master, const GradientSpan& grad, const GradientScaling& scaling,
+                            void* m, void* v, cudaStream_t stream) {
   CHECK(scaling.divisor > 0 && scaling.clip_coef > 0, "adamw_update_span_cuda: gradient divisor ", scaling.divisor,
         " and clip factor ", scaling.clip_coef, " must be positive");
   CHECK(count >= 0, "adamw_update_span_cuda: negative count ", count);
@@ -267,23 +286,28 @@ void adamw_update_span_cuda(const AdamWStepScalars& scalars, bool decay, DType m
         "halves is given");
   CHECK(master.low == nullptr || master.weights_bf16 != nullptr,
         "adamw_update_span_cuda: a split master needs its high halves (the bf16 weights)");
-  CHECK(grad != nullptr && m != nullptr && v != nullptr, "adamw_update_span_cuda: null gradient or moment buffer");
+  CHECK(grad.data != nullptr && m != nullptr && v != nullptr,
+        "adamw_update_span_cuda: null gradient or moment buffer");
+  CHECK(grad.dtype == DType::f32 || grad.dtype == DType::bf16,
+        "adamw_update_span_cuda: gradients must be f32 or bf16, not ", dtype_name(grad.dtype));
   const float decay_factor = decay ? scalars.decay_factor : scalars.decay_factor_no_decay;
   if (moment_dtype == DType::f32) {
-    launch_adamw(scalars, decay_factor, scaling, count, master, grad, static_cast<float*>(m),
-                 static_cast<float*>(v), stream);
+    launch_adamw_for_grad(scalars, decay_factor, scaling, count, master, grad, static_cast<float*>(m),
+                          static_cast<float*>(v), stream);
   } else {
-    launch_adamw(scalars, decay_factor, scaling, count, master, grad, static_cast<__nv_bfloat16*>(m),
-                 static_cast<__nv_bfloat16*>(v), stream);
+    launch_adamw_for_grad(scalars, decay_factor, scaling, count, master, grad, static_cast<__nv_bfloat16*>(m),
+                          static_cast<__nv_bfloat16*>(v), stream);
   }
 }
 
 void adamw_step_cuda(const ParamLayout& layout, const AdamWConfig& config, double lr, int64_t adam_step,
-                     const GradientScaling& scaling, const std::vector<MasterSpan>& masters, const float* grad,
-                     void* m, void* v, cudaStream_t stream) {
+                     const GradientScaling& scaling, const std::vector<MasterSpan>& masters,
+                     const std::vector<GradientSpan>& grads, void* m, void* v, cudaStream_t stream) {
   validate_adamw_config(config);
-  CHECK(static_cast<int>(masters.size()) == layout.num_tensors(), "adamw_step_cuda: ", masters.size(),
-        " masters for ", layout.num_tensors(), " pieces");
+  CHECK(static_cast<int>(masters.size()) == layout.num_tensors() &&
+            static_cast<int>(grads.size()) == layout.num_tensors(),
+        "adamw_step_cuda: ", masters.size(), " masters and ", grads.size(), " gradients for ", layout.num_tensors(),
+        " pieces");
   const AdamWStepScalars base_scalars = adamw_step_scalars(config, lr, adam_step);
   const size_t element_size = dtype_size(config.moment_dtype);
   for (int i = 0; i < layout.num_tensors(); ++i) {
@@ -292,9 +316,15 @@ void adamw_step_cuda(const ParamLayout& layout, const AdamWConfig& config, doubl
         entry.lr_scale == 1.0 ? base_scalars : adamw_step_scalars(config, lr * entry.lr_scale, adam_step);
     const size_t moment_offset = static_cast<size_t>(entry.offset) * element_size;
     adamw_update_span_cuda(scalars, entry.decay, config.moment_dtype, entry.numel, masters[static_cast<size_t>(i)],
-                           grad + entry.offset, scaling, static_cast<uint8_t*>(m) + moment_offset,
+                           grads[static_cast<size_t>(i)], scaling, static_cast<uint8_t*>(m) + moment_offset,
                            static_cast<uint8_t*>(v) + moment_offset, stream);
   }
+}
+
+std::vector<GradientSpan> flat_gradient_spans(const ParamLayout& layout, const float* grad) {
+  std::vector<GradientSpan> spans;
+  for (int i = 0; i < layout.num_tensors(); ++i) spans.push_back({grad + layout.entry(i).offset, DType::f32});
+  return spans;
 }
 
 std::vector<MasterSpan> flat_master_spans(const ParamLayout& layout, float* master,

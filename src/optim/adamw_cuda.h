@@ -34,20 +34,31 @@ struct MasterSpan {
   uint16_t* low = nullptr;
 };
 
+// Where a span's accumulated gradient lives: its first element, fp32 or bf16 (the routed experts'
+// gradients, device_params.h). A bf16 gradient is widened exactly, so the update is the one the
+// fp32 form gives for the same values.
+struct GradientSpan {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+};
+
 // adamw_update_span on the device: count elements; master as `master` says (the span's first
-// element at each pointer); grad f32; m, v of moment_dtype (f32 or bf16), updated in place; grad
-// scaled as `scaling` says.
+// element at each pointer); grad f32 or bf16; m, v of moment_dtype (f32 or bf16), updated in place;
+// grad scaled as `scaling` says.
 void adamw_update_span_cuda(const AdamWStepScalars& scalars, bool decay, DType moment_dtype, int64_t count,
-                            const MasterSpan& master, const float* grad, const GradientScaling& scaling, void* m,
-                            void* v, cudaStream_t stream);
+                            const MasterSpan& master, const GradientSpan& grad, const GradientScaling& scaling,
+                            void* m, void* v, cudaStream_t stream);
 
 // AdamW::step's walk on the device: one update of every piece of layout with adam_step counted from
-// 1 (the value after the increment) and lr scaled per piece by lr_scale. grad, m, v are the
-// layout's flat device buffers (padding left untouched); masters has one entry per piece: where
-// that piece's master (and bf16 working copy) is. One launch per piece.
+// 1 (the value after the increment) and lr scaled per piece by lr_scale. m, v are the layout's flat
+// device buffers (padding left untouched); masters and grads have one entry per piece: where that
+// piece's master (and bf16 working copy) and its gradient are. One launch per piece.
 void adamw_step_cuda(const ParamLayout& layout, const AdamWConfig& config, double lr, int64_t adam_step,
-                     const GradientScaling& scaling, const std::vector<MasterSpan>& masters, const float* grad,
-                     void* m, void* v, cudaStream_t stream);
+                     const GradientScaling& scaling, const std::vector<MasterSpan>& masters,
+                     const std::vector<GradientSpan>& grads, void* m, void* v, cudaStream_t stream);
+
+// The gradient spans of a flat fp32 gradient buffer laid out as `layout` (entry offsets).
+std::vector<GradientSpan> flat_gradient_spans(const ParamLayout& layout, const float* grad);
 
 // The master spans of a flat fp32 master buffer laid out as `layout` (entry offsets), each with
 // its bf16 copy at weights_bf16[i] (null: none).

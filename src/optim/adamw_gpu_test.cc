@@ -2,8 +2,9 @@
 // both moments, f32 and bf16 moments, decay on and off, several steps, the gradient divided by an
 // integer or a fractional count and clipped on the fly as the CPU engine does it in place, buffers
 // aligned for the kernel's vectors or not), the layout walk over pieces equals AdamW::step with
-// per-tensor lr scales, masters kept split (split_master.h), and timing over a large flat buffer
-// with either moment type and master form.
+// per-tensor lr scales, masters kept split (split_master.h), bf16 gradients (the routed experts':
+// widened, they give the fp32 form's update), and timing over a large flat buffer with either
+// moment type, master form and gradient type.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -69,11 +70,12 @@ struct SpanShift {
 // split: the master kept as the
 // bf16 weights (high halves, at shift.weights) and low halves (at shift.master); joined, it must
 // equal the CPU's fp32 master bit for bit. Either way the weights are its high halves.
+// bf16_grad: the gradient stored in bf16 (at shift.master); the CPU steps with its widened values.
 void check_span(DType moment_dtype, bool decay, int64_t count, uint64_t seed, SpanShift shift = {},
-                double divisor = 777.0, bool split = false) {
-  std::printf("adamw span n=%lld moments %s decay %d, shifted by %d (bf16 weights %d), divisor %g%s\n",
+                double divisor = 777.0, bool split = false, bool bf16_grad = false) {
+  std::printf("adamw span n=%lld moments %s decay %d, shifted by %d (bf16 weights %d), divisor %g%s%s\n",
               static_cast<long long>(count), std::string(dtype_name(moment_dtype)).c_str(), decay, shift.master,
-              shift.weights, divisor, split ? ", split master" : "");
+              shift.weights, divisor, split ? ", split master" : "", bf16_grad ? ", bf16 gradient" : "");
   AdamWConfig config;
   config.moment_dtype = moment_dtype;
   config.weight_decay = 0.1;
@@ -114,14 +116,22 @@ void check_span(DType moment_dtype, bool decay, int64_t count, uint64_t seed, Sp
     const AdamWStepScalars scalars = adamw_step_scalars(config, 3e-4 * step, step);
     // Steps 2 and 4 divide by a token count and clip, the way the engines prepare the gradient.
     const GradientScaling scaling = step % 2 == 0 ? GradientScaling{divisor, 0.37f} : GradientScaling{};
-    DeviceBuffer grad_d = shifted_upload(grad.data(), 4);
+    std::vector<uint16_t> grad_bf16;
+    if (bf16_grad) {
+      for (float& g : grad) {
+        grad_bf16.push_back(float_to_bf16_bits(g));
+        g = bf16_bits_to_float(grad_bf16.back());
+      }
+    }
+    DeviceBuffer grad_d = bf16_grad ? shifted_upload(grad_bf16.data(), 2) : shifted_upload(grad.data(), 4);
     for (float& g : grad) {
       if (scaling.divisor != 1.0) g = static_cast<float>(static_cast<double>(g) / scaling.divisor);
       if (scaling.clip_coef < 1.0f) g *= scaling.clip_coef;
     }
     adamw_update_span(scalars, decay, moment_dtype, count, master.data(), grad.data(), m.data(), v.data());
-    adamw_update_span_cuda(scalars, decay, moment_dtype, count, span,
-                           static_cast<const float*>(at(grad_d, 4, shift.master)), scaling,
+    const GradientSpan grad_span = bf16_grad ? GradientSpan{at(grad_d, 2, shift.master), DType::bf16}
+                                             : GradientSpan{at(grad_d, 4, shift.master), DType::f32};
+    adamw_update_span_cuda(scalars, decay, moment_dtype, count, span, grad_span, scaling,
                            at(m_d, moment_size, shift.master), at(v_d, moment_size, shift.master), nullptr);
     device_synchronize();
   }
@@ -199,6 +209,18 @@ TEST(AdamWGpu, SplitMastersMatchCpuBitForBit) {
   }
 }
 
+// bf16 gradients (the routed experts'), with split and fp32 masters, aligned, shifted (a head one at
+// a time) and shorter than a vector.
+TEST(AdamWGpu, Bf16GradientsMatchCpuBitForBit) {
+  for (DType moments : {DType::bf16, DType::f32}) {
+    check_span(moments, true, 100003, 91, {}, 777.0, true, true);
+    check_span(moments, false, 10007, 92, {1, 1}, 8192.0, true, true);
+    check_span(moments, true, 10007, 93, {2, 3}, 777.5, true, true);
+    check_span(moments, true, 10007, 94, {3, 1}, 777.0, false, true);
+    check_span(moments, true, 3, 95, {1, 1}, 777.0, true, true);
+  }
+}
+
 TEST(AdamWGpu, LayoutWalkMatchesAdamWStepOverPieces) {
   ParamLayout layout;
   layout.add_piece("embed", {37, 19}, 100, 500);
@@ -227,7 +249,7 @@ TEST(AdamWGpu, LayoutWalkMatchesAdamWStepOverPieces) {
       adamw_step_cuda(layout, config, lr, step, GradientScaling{},
                       flat_master_spans(layout, master_d.as<float>(),
                                         std::vector<__nv_bfloat16*>(layout.num_tensors(), nullptr)),
-                      grad_d.as<float>(), m_d.data(), v_d.data(), nullptr);
+                      flat_gradient_spans(layout, grad_d.as<float>()), m_d.data(), v_d.data(), nullptr);
     }
     device_synchronize();
     const std::vector<uint8_t> master_ref(bytes_of(master), bytes_of(master) + n * 4);
@@ -251,23 +273,28 @@ TEST(AdamWGpu, BadArgumentsAreRejected) {
   AdamWConfig config;
   DeviceBuffer buffer(1024);
   const MasterSpan f32_master{buffer.as<float>(), nullptr, nullptr};
-  EXPECT_THROW(adamw_step_cuda(layout, config, 1e-3, 1, GradientScaling{}, {}, buffer.as<float>(), buffer.data(),
-                               buffer.data(), nullptr),
-               Error);
-  EXPECT_THROW(adamw_update_span_cuda(adamw_step_scalars(config, 1e-3, 1), true, DType::f16, 4, f32_master,
-                                      buffer.as<float>(), GradientScaling{}, buffer.data(), buffer.data(), nullptr),
+  const GradientSpan grad{buffer.data(), DType::f32};
+  EXPECT_THROW(adamw_step_cuda(layout, config, 1e-3, 1, GradientScaling{}, {}, {grad}, buffer.data(), buffer.data(),
+                               nullptr),
                Error);
   EXPECT_THROW(adamw_update_span_cuda(adamw_step_scalars(config, 1e-3, 1), true, DType::f32, 4, f32_master,
-                                      buffer.as<float>(), GradientScaling{0.0, 1.0f}, buffer.data(), buffer.data(),
+                                      GradientSpan{buffer.data(), DType::f16}, GradientScaling{}, buffer.data(),
+                                      buffer.data(), nullptr),
+               Error);
+  EXPECT_THROW(adamw_update_span_cuda(adamw_step_scalars(config, 1e-3, 1), true, DType::f16, 4, f32_master,
+                                      grad, GradientScaling{}, buffer.data(), buffer.data(), nullptr),
+               Error);
+  EXPECT_THROW(adamw_update_span_cuda(adamw_step_scalars(config, 1e-3, 1), true, DType::f32, 4, f32_master,
+                                      grad, GradientScaling{0.0, 1.0f}, buffer.data(), buffer.data(),
                                       nullptr),
                Error);
   // A master both fp32 and split, and a split one without its high halves.
   EXPECT_THROW(adamw_update_span_cuda(adamw_step_scalars(config, 1e-3, 1), true, DType::f32, 4,
                                       MasterSpan{buffer.as<float>(), nullptr, buffer.as<uint16_t>()},
-                                      buffer.as<float>(), GradientScaling{}, buffer.data(), buffer.data(), nullptr),
+                                      grad, GradientScaling{}, buffer.data(), buffer.data(), nullptr),
                Error);
   EXPECT_THROW(adamw_update_span_cuda(adamw_step_scalars(config, 1e-3, 1), true, DType::f32, 4,
-                                      MasterSpan{nullptr, nullptr, buffer.as<uint16_t>()}, buffer.as<float>(),
+                                      MasterSpan{nullptr, nullptr, buffer.as<uint16_t>()}, grad,
                                       GradientScaling{}, buffer.data(), buffer.data(), nullptr),
                Error);
 }
@@ -282,25 +309,29 @@ TEST(AdamWGpu, TimingOverAFlatBuffer) {
   AdamWConfig config;
   const AdamWStepScalars scalars = adamw_step_scalars(config, 1e-4, 10);
   CUDA_CHECK(cudaMemset(weights.data(), 0x3c, count * 2));  // bf16 0x3c3c, ~0.0115: a split master's high halves
-  for (const bool split : {false, true}) {
-    for (const DType moment_dtype : {DType::f32, DType::bf16}) {
-      if (split && moment_dtype == DType::f32) continue;
-      CUDA_CHECK(cudaMemset(v.data(), 0, count * 4));  // a valid (non-negative) second moment
-      // Split: the low halves in the first half of the master buffer (random bits from its floats).
-      const MasterSpan span = split ? MasterSpan{nullptr, weights.as<__nv_bfloat16>(), master.as<uint16_t>()}
-                                    : MasterSpan{master.as<float>(), weights.as<__nv_bfloat16>(), nullptr};
-      const double ms = median_ms([&](cudaStream_t s) {
-        adamw_update_span_cuda(scalars, true, moment_dtype, count, span, grad.as<float>(),
-                               GradientScaling{8192.0, 0.5f}, m.data(), v.data(), s);
-      }, nullptr);
-      // Read master, grad, m, v; write master, m, v, bf16 weights: 30 B with fp32 moments, 22 with
-      // bf16; a split master reads and writes its two halves: 20 B.
-      const double bytes = (moment_dtype == DType::f32 ? 30.0 : split ? 20.0 : 22.0) * count;
-      print_bandwidth_timing(moment_dtype == DType::f32 ? "adamw f32 moments, 268M params"
-                             : split                    ? "adamw bf16 moments, split master, 268M params"
-                                                        : "adamw bf16 moments, 268M params",
-                             ms, bytes);
-    }
+  // Forms: fp32 master with fp32 or bf16 moments; split master with bf16 moments and an fp32 or a
+  // bf16 gradient (the routed experts').
+  for (const int form : {0, 1, 2, 3}) {
+    const bool split = form >= 2, bf16_grad = form == 3;
+    const DType moment_dtype = form == 0 ? DType::f32 : DType::bf16;
+    CUDA_CHECK(cudaMemset(v.data(), 0, count * 4));  // a valid (non-negative) second moment
+    // Split: the low halves in the first half of the master buffer (random bits from its floats).
+    const MasterSpan span = split ? MasterSpan{nullptr, weights.as<__nv_bfloat16>(), master.as<uint16_t>()}
+                                  : MasterSpan{master.as<float>(), weights.as<__nv_bfloat16>(), nullptr};
+    const double ms = median_ms([&](cudaStream_t s) {
+      // A bf16 gradient: the fp32 buffer's bytes read as bf16 values (any bits: the time does not depend on them).
+      adamw_update_span_cuda(scalars, true, moment_dtype, count, span,
+                             GradientSpan{grad.data(), bf16_grad ? DType::bf16 : DType::f32},
+                             GradientScaling{8192.0, 0.5f}, m.data(), v.data(), s);
+    }, nullptr);
+    // Read master, grad, m, v; write master, m, v, bf16 weights: 30 B with fp32 moments, 22 with
+    // bf16; a split master reads and writes its two halves: 20 B; 18 with a bf16 gradient.
+    const double bytes = (form == 0 ? 30.0 : form == 1 ? 22.0 : form == 2 ? 20.0 : 18.0) * count;
+    print_bandwidth_timing(form == 0   ? "adamw f32 moments, 268M params"
+                           : form == 1 ? "adamw bf16 moments, 268M params"
+                           : form == 2 ? "adamw bf16 moments, split master, 268M params"
+                                       : "adamw bf16 moments, split master, bf16 gradient, 268M params",
+                           ms, bytes);
   }
   // The ceiling beside it: device copies of the split form's bytes (10 read and 10 written a
   // parameter) through the runtime's own copy kernels.

@@ -102,7 +102,7 @@ void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DT
   }
   plan->weights = all * 2;
   plan->master = (trained - split) * 4 + split * 2;
-  plan->gradients = trained * 4;
+  plan->gradients = (trained - split) * 4 + split * 2;  // the split ones keep bf16 gradients too
   plan->moments = trained * 2 * dtype_size(moment_dtype);
   plan->frozen_f32 = frozen_f32 * 4;
 }

@@ -33,7 +33,7 @@ struct MemoryPlan {
   // Bytes by kind.
   size_t weights = 0;     // bf16 working copies of every parameter
   size_t master = 0;      // master weights of the trained tensors: fp32, or 2-byte low halves where split
-  size_t gradients = 0;   // fp32 gradients of the trained tensors
+  size_t gradients = 0;   // gradients of the trained tensors (fp32; the routed experts' bf16)
   size_t moments = 0;     // AdamW m and v
   size_t frozen_f32 = 0;  // fp32 copies of frozen tensors the math reads in fp32 (sharded: of trained ones too)
   // One rank of a parallel job (ZeRO-2 on the device): its reduced gradient pieces, its pieces'

@@ -61,17 +61,19 @@ TEST(MemoryPlan, StateFollowsTheTableAndTheFreezeChoice) {
   const int64_t text = numel_of(config, false), vision = numel_of(config, true);
   std::printf("text %.3f B, vision %.3f B parameters\nall trained:\n%sViT and merger frozen:\n%s", text / 1e9,
               vision / 1e9, all.describe().c_str(), frozen.describe().c_str());
-  // fp32 gradients, fp32 moments x2 of every trained element; fp32 master but for the routed
-  // experts, whose split masters keep 2 bytes beside their bf16 weights; bf16 weights of all
-  // (padding to 64 elements per tensor makes them a little larger).
+  // fp32 moments x2 of every trained element; fp32 master and gradients but for the routed
+  // experts, whose split masters keep 2 bytes beside their bf16 weights and whose gradients are
+  // bf16; bf16 weights of all (padding to 64 elements per tensor makes them a little larger).
   const int64_t experts = routed_expert_numel(config);
   ASSERT_GT(experts, text / 2);
   const auto master_bytes = [&](int64_t trained) { return static_cast<size_t>(trained - experts) * 4 + experts * 2; };
   EXPECT_GE(all.master, master_bytes(text + vision));
   EXPECT_LE(all.master, master_bytes(text + vision) + (size_t{1} << 20));
-  EXPECT_GE(all.gradients, static_cast<size_t>(text + vision) * 4);
-  EXPECT_LE(all.gradients, static_cast<size_t>(text + vision) * 4 + (size_t{1} << 20));
-  EXPECT_EQ(all.moments, 2 * all.gradients);
+  EXPECT_GE(all.gradients, master_bytes(text + vision));
+  EXPECT_LE(all.gradients, master_bytes(text + vision) + (size_t{1} << 20));
+  EXPECT_EQ(all.gradients, all.master);  // the same 4 or 2 bytes a parameter, the same padding
+  EXPECT_GE(all.moments, static_cast<size_t>(text + vision) * 8);
+  EXPECT_LE(all.moments, static_cast<size_t>(text + vision) * 8 + (size_t{1} << 21));
   // Frozen vision: no vision master, gradients or moments; only the text model's remain.
   EXPECT_GE(frozen.master, master_bytes(text));
   EXPECT_LT(frozen.master, master_bytes(text) + (size_t{1} << 20));

@@ -76,9 +76,11 @@ void plan_rank_state_bytes(const ModelConfig& config, const FreezeOptions& freez
   plan->weights = 2 * all;
   // fp32 masters of the dense pieces; the expert slices' low halves (2 bytes) when split.
   plan->master = experts_split ? 4 * (state - experts) + 2 * experts : 4 * state;
-  // The expert slices' gradients, then the region every dense gradient group takes in turn (and the
-  // weight all-gather stages in at the step end).
-  plan->gradients = 4 * aligned_elements(static_cast<int64_t>(experts)) + static_cast<size_t>(region.bytes());
+  // The expert slices' gradients (bf16 where their masters are split, as the engine keeps them),
+  // then the region every dense gradient group takes in turn (and the weight all-gather stages in
+  // at the step end).
+  plan->gradients = (experts_split ? 2 : 4) * aligned_elements(static_cast<int64_t>(experts)) +
+                    static_cast<size_t>(region.bytes());
   plan->moments = 2 * dtype_size(moment_dtype) * state;
   plan->frozen_f32 = 4 * f32_copies;
   plan->sharding = 4 * (state - experts);  // the reduced dense pieces, summed over the micro-batches

@@ -43,13 +43,14 @@ TEST(ParallelMemoryPlan, AgainstTheDesignTable) {
     RecomputeChoice recompute;
     double study_gib;  // the layout study's "per-GPU total with activations"
     bool study_fits_80gb, study_fits_141gb;
-    bool fits_80gb;  // the engine's: also (a) bf16 selective, once the experts' masters are split
+    bool fits_80gb;  // the engine's: also (a) bf16 selective, once the experts' masters are split,
+                     // and (a) fp32 full, once their gradients are bf16 too
   };
   // The study's "selective" recompute is closest to the engine's mixer recompute.
   const Cell cells[] = {
       {true, DType::f32, RecomputeChoice::none, 132.6, false, true, false},
       {true, DType::f32, RecomputeChoice::selective, 116.6, false, true, false},
-      {true, DType::f32, RecomputeChoice::full, 87.5, false, true, false},
+      {true, DType::f32, RecomputeChoice::full, 87.5, false, true, true},
       {true, DType::bf16, RecomputeChoice::none, 116.2, false, true, false},
       {true, DType::bf16, RecomputeChoice::selective, 100.2, false, true, true},
       {true, DType::bf16, RecomputeChoice::full, 71.1, true, true, true},
@@ -69,11 +70,13 @@ TEST(ParallelMemoryPlan, AgainstTheDesignTable) {
   // - it rounds activations up: 0.9 GiB per layer (36 GiB) where its own breakdown (GDN 0.77,
   //   attention 0.60) gives ~30.6 as the engine does, and ~0.5 GiB per layer with selective
   //   recompute where its breakdown drops 0.38 of a GDN layer's 0.77.
-  // - it counts the experts' fp32 master at 4 bytes a parameter; the engine keeps it split, 2 bytes
-  //   beside the bf16 weight (7.5 GiB less a rank).
+  // - it counts the experts' fp32 master and gradient at 4 bytes a parameter each; the engine keeps
+  //   the master split, 2 bytes beside the bf16 weight, and the gradient in bf16 (2 x 7.5 GiB less
+  //   a rank).
   // The planner's totals are the engine's (measured peaks within 0.5%, docs/performance.md), so what
   // is asserted is which layouts fit 80 GB parts (78 GiB usable; the study: only EP8 + ZeRO-2 with
-  // bf16 moments and full recompute; the engine also with mixer recompute) and that layout (a) fits
+  // bf16 moments and full recompute; the engine also with mixer recompute, and with fp32 moments
+  // and full recompute) and that layout (a) fits
   // the H200 (137 GiB), as the study concludes.
   const double kept_rows_gib = 65536.0 * 4096 * 1.25 * 40 / (1024.0 * 1024 * 1024);
   for (const Cell& cell : cells) {
@@ -99,8 +102,9 @@ TEST(ParallelMemoryPlan, AgainstTheDesignTable) {
 
 TEST(ParallelMemoryPlan, StatesSplitAsTheDesignCountsThem) {
   // The study's state rows. (a) fp32: experts 67.5 GiB (w 7.5, master 15, grad 15, m+v 30) + dense 10.8 = 78.3; bf16: 61.9.
-  // The engine keeps the experts' masters split (a 2-byte low half beside the bf16 weight): 7.5 GiB
-  // less than the study's fp32 master, 70.8 and 54.4.
+  // The engine keeps the experts' masters split (a 2-byte low half beside the bf16 weight) and
+  // their gradients in bf16: 2 x 7.5 GiB less than the study's fp32 master and gradient, 63.3 and
+  // 46.9.
   const ParallelMemoryPlan fp32 = plan_35b(true, DType::f32, RecomputeChoice::none);
   const ParallelMemoryPlan bf16 = plan_35b(true, DType::bf16, RecomputeChoice::none);
   // Beyond the study's rows, a rank holds the fp32 working copy of the token embedding (its rows
@@ -109,10 +113,11 @@ TEST(ParallelMemoryPlan, StatesSplitAsTheDesignCountsThem) {
   const double embedding = 248320.0 * 2048 * 4 / (1024.0 * 1024 * 1024);
   // (with the routers, norms and position table, also read in fp32: 0.09 GiB)
   EXPECT_NEAR(gib(fp32.plan.frozen_f32), embedding + 0.09, 0.01);
-  const double region = gib(fp32.plan.gradients) - gib(4 * size_t{32} * 40 * 3 * 512 * 2048);
+  // The expert slices' gradients are bf16 (another 7.5 GiB less than the study's fp32 ones).
+  const double region = gib(fp32.plan.gradients) - gib(2 * size_t{32} * 40 * 3 * 512 * 2048);
   EXPECT_NEAR(region, embedding, 0.01);
-  EXPECT_NEAR(gib(fp32.plan.state()) - gib(fp32.plan.frozen_f32) - region, 78.3 - 7.5, 0.8);
-  EXPECT_NEAR(gib(bf16.plan.state()) - gib(bf16.plan.frozen_f32) - region, 61.9 - 7.5, 0.6);
+  EXPECT_NEAR(gib(fp32.plan.state()) - gib(fp32.plan.frozen_f32) - region, 78.3 - 15.0, 0.8);
+  EXPECT_NEAR(gib(bf16.plan.state()) - gib(bf16.plan.frozen_f32) - region, 61.9 - 15.0, 0.6);
   EXPECT_NEAR(gib(fp32.plan.weights), 7.5 + 5.4, 0.13);
   // (c): dense state replicated: 116.0 / 90.2 minus activations is what the state adds.
   const ParallelMemoryPlan replicated = plan_35b(false, DType::f32, RecomputeChoice::none);
@@ -160,8 +165,9 @@ TEST(ParallelMemoryPlan, RankStateIsWhatTheGpuEngineHolds) {
   EXPECT_NEAR(gib(rank.master), experts / 2 + dense / 8, 0.02);
   EXPECT_NEAR(gib(rank.moments), 2 * (experts + dense / 8), 0.04);
   EXPECT_NEAR(gib(rank.sharding), dense / 8, 0.02);  // the reduced pieces
-  // The whole dense gradient (10.8 GiB) never exists: one group at a time, the largest lm_head's.
-  EXPECT_NEAR(gib(rank.gradients) - experts, 248320.0 * 2048 * 4 / (1024.0 * 1024 * 1024), 0.01);
+  // The experts' gradients in bf16; the whole dense gradient (10.8 GiB) never exists: one group at
+  // a time, the largest lm_head's.
+  EXPECT_NEAR(gib(rank.gradients) - experts / 2, 248320.0 * 2048 * 4 / (1024.0 * 1024 * 1024), 0.01);
 
   ModelConfig tiny = model_config_preset("tiny");
   ParamLayout full;

@@ -35,15 +35,18 @@ StepFloors micro_batch_floors(const TextConfig& c, const std::vector<int32_t>& c
         " lm_head rows of ", tokens, " tokens");
   const double head_rows = lm_head_rows < 0 ? tokens : static_cast<double>(lm_head_rows);
   const MatmulParamsByPart per_token = matmul_params_by_part(c);
-  // Bytes per matmul weight: read by the forward and the backward, and the gradient written.
+  // Bytes per matmul weight: read by the forward and the backward, and the gradient written (fp32;
+  // the routed experts' bf16).
   const double weight_bytes = 2.0 + 2.0 + (text_trained ? 4.0 : 0.0);
+  const double routed_expert_bytes = 2.0 + 2.0 + (text_trained ? 2.0 : 0.0);
   const double gdn_layers = static_cast<double>(c.num_layers_of(LayerType::linear_attention));
   const double attention_layers = static_cast<double>(c.num_layers_of(LayerType::full_attention));
   const double layers = static_cast<double>(c.num_hidden_layers);
   // Every routed expert's weights are read (and their gradients written), not only the top-k's.
   const int64_t C = c.hidden_size;
-  const double moe_weights = static_cast<double>(c.num_experts * 3 * c.moe_intermediate_size * C +
-                                                 3 * c.shared_expert_intermediate_size * C + C + c.num_experts * C);
+  const double routed_weights = static_cast<double>(c.num_experts * 3 * c.moe_intermediate_size * C);
+  const double other_moe_weights =
+      static_cast<double>(3 * c.shared_expert_intermediate_size * C + C + c.num_experts * C);
 
   StepFloors f;
   f.gdn.flops = 6.0 * static_cast<double>(per_token.gdn) * tokens * gdn_layers;
@@ -53,7 +56,7 @@ StepFloors micro_batch_floors(const TextConfig& c, const std::vector<int32_t>& c
       attention_layers;
   f.attention.bytes = weight_bytes * static_cast<double>(per_token.attention) * attention_layers;
   f.moe.flops = 6.0 * static_cast<double>(per_token.moe) * tokens * layers;
-  f.moe.bytes = weight_bytes * moe_weights * layers;
+  f.moe.bytes = (routed_expert_bytes * routed_weights + weight_bytes * other_moe_weights) * layers;
   f.lm_head_loss.flops = 6.0 * static_cast<double>(per_token.lm_head) * head_rows;
   f.lm_head_loss.bytes = weight_bytes * static_cast<double>(per_token.lm_head);
   return f;
@@ -71,7 +74,7 @@ ComponentFloor adamw_floor(int64_t trained_params, DType moment_dtype, int64_t s
   const double moment_bytes = static_cast<double>(dtype_size(moment_dtype));
   ComponentFloor f;
   f.bytes = (4.0 + 4.0 + 4.0 + 4.0 * moment_bytes + 2.0) * static_cast<double>(trained_params) -
-            2.0 * static_cast<double>(split_params);
+            4.0 * static_cast<double>(split_params);
   return f;
 }
 

@@ -36,8 +36,9 @@ struct ComponentFloor {
 //   attention's 6 S^2 Hq D per sequence. The gated delta rule's chunk products, norms and
 //   elementwise work are not counted.
 // - Bytes: each matmul weight read by the forward and by the backward (bf16, 2 + 2 bytes) and, when
-//   the text model trains, its fp32 gradient written once (4 bytes): every routed expert's, not
-//   only the top-k's. Activations are not counted.
+//   the text model trains, its gradient written once (4 bytes, fp32; 2 for the routed experts,
+//   whose gradients are bf16): every routed expert's, not only the top-k's. Activations are not
+//   counted.
 // Each floor is lower than any kernel can reach; the ratio measured / floor says how far it is.
 struct StepFloors {
   ComponentFloor gdn, attention, moe, lm_head_loss;
@@ -48,10 +49,11 @@ struct StepFloors {
 StepFloors micro_batch_floors(const TextConfig& config, const std::vector<int32_t>& cu_seqlens, bool text_trained,
                               int64_t lm_head_rows = -1);
 
-// AdamW's floor for one step: per trained parameter the fp32 master read and written, the
+// AdamW's floor for one step: per trained parameter the fp32 master read and written, the fp32
 // gradient read, both moments read and written, the bf16 weight written (22 bytes with bf16
-// moments, 30 with fp32); 2 bytes less for each of the split_params whose master is kept split
-// (its two halves read and written, the weight being one of them: optim/split_master.h). No FLOPs.
+// moments, 30 with fp32); 4 bytes less for each of the split_params, the routed experts, whose
+// master is kept split (its two halves read and written, the weight being one of them:
+// optim/split_master.h) and whose gradient is bf16. No FLOPs.
 ComponentFloor adamw_floor(int64_t trained_params, DType moment_dtype, int64_t split_params = 0);
 
 }  // namespace deltamoe

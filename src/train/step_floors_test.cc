@@ -22,9 +22,10 @@ TEST(StepFloors, MatchHandCountsFor35BLayers) {
   const ComponentFloor adamw = adamw_floor(1000000000, DType::bf16);
   // MoE per layer: 256 x 2048 router + 8 x 3 x 512 x 2048 routed + 3 x 512 x 2048 shared + 2048
   // gate = 28,837,888 matmul parameters per token; 6 x that x 8,192 FLOPs. Weights: every expert
-  // (805,306,368) + shared 3,145,728 + gate 2,048 + router 524,288 at 2 + 2 + 4 bytes.
+  // (805,306,368) at 2 + 2 + 2 bytes (bf16 gradients), shared 3,145,728 + gate 2,048 + router
+  // 524,288 at 2 + 2 + 4.
   EXPECT_DOUBLE_EQ(f.moe.flops / 40.0, 6.0 * 28837888.0 * 8192.0);
-  EXPECT_DOUBLE_EQ(f.moe.bytes / 40.0, 8.0 * 808978432.0);
+  EXPECT_DOUBLE_EQ(f.moe.bytes / 40.0, 6.0 * 805306368.0 + 8.0 * 3672064.0);
   // GDN per layer: in_proj_qkv 8192 x 2048 + in_proj_z 4096 x 2048 + in_proj_b, _a 2 x 32 x 2048 +
   // out_proj 2048 x 4096 = 33,685,504.
   EXPECT_DOUBLE_EQ(f.gdn.flops / 30.0, 6.0 * 33685504.0 * 8192.0);
@@ -42,7 +43,7 @@ TEST(StepFloors, MatchHandCountsFor35BLayers) {
               "lm_head %.2f ms; AdamW %.3f ms per 1e9 parameters\n",
               moe_ms, gdn_ms, f.attention.ms(kPeak, kBandwidth) / 10.0, f.lm_head_loss.ms(kPeak, kBandwidth),
               adamw.ms(kPeak, kBandwidth));
-  // The MoE floor is its FLOPs (1.433 ms) rather than its weights' bytes (1.348 ms).
+  // The MoE floor is its FLOPs (1.433 ms) rather than its weights' bytes (1.013 ms).
   EXPECT_NEAR(moe_ms, 1.4332, 1e-3);
   EXPECT_NEAR(gdn_ms, 1.6741, 1e-3);
   EXPECT_NEAR(adamw.ms(kPeak, kBandwidth), 22e9 / 4.8e12 * 1e3, 1e-9);
@@ -53,10 +54,12 @@ TEST(StepFloors, FrozenTextWritesNoGradientsAndFp32MomentsCostMore) {
   const std::vector<int32_t> cu = {0, 8192};
   const StepFloors trained = micro_batch_floors(c, cu, true);
   const StepFloors frozen = micro_batch_floors(c, cu, false);
-  EXPECT_DOUBLE_EQ(frozen.moe.bytes * 2.0, trained.moe.bytes);  // 4 bytes a weight instead of 8
+  // 4 bytes a weight instead of 6 (routed experts) and 8 (the rest).
+  EXPECT_DOUBLE_EQ(frozen.moe.bytes, 4.0 * 808978432.0 * 40.0);
+  EXPECT_DOUBLE_EQ(trained.moe.bytes, (6.0 * 805306368.0 + 8.0 * 3672064.0) * 40.0);
   EXPECT_DOUBLE_EQ(frozen.moe.flops, trained.moe.flops);
   EXPECT_DOUBLE_EQ(adamw_floor(1000, DType::f32).bytes, 30.0 * 1000.0);
-  EXPECT_DOUBLE_EQ(adamw_floor(1000, DType::bf16, 600).bytes, 22.0 * 400.0 + 20.0 * 600.0);
+  EXPECT_DOUBLE_EQ(adamw_floor(1000, DType::bf16, 600).bytes, 22.0 * 400.0 + 18.0 * 600.0);
   // One sequence of 8,192 has twice the attention pairs of two of 4,096.
   const StepFloors packed = micro_batch_floors(c, {0, 4096, 8192}, true);
   EXPECT_DOUBLE_EQ(trained.attention.flops - packed.attention.flops,

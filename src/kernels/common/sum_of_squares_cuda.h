@@ -1,11 +1,13 @@
-// The deterministic fp64 sum of squares of fp32 values divided by a divisor, as the optimizer's
-// global gradient norm counts a gradient: sum over the values of fl32(fl64(g) / divisor)^2 in fp64
-// (grad_clip.h's sum_of_squares_f64 on the CPU, after divide_gradient). A fixed grid walks the
-// values and its partial sums are added in block order, so a call gives the same bits every time.
+// The deterministic fp64 sum of squares of fp32 (or bf16, widened) values divided by a divisor, as
+// the optimizer's global gradient norm counts a gradient: sum over the values of
+// fl32(fl64(g) / divisor)^2 in fp64 (grad_clip.h's sum_of_squares_f64 on the CPU, after
+// divide_gradient). A fixed grid walks the values and its partial sums are added in block order, so
+// a call gives the same bits every time.
 // Sums formed elsewhere (a product's epilogue, kernels/grouped_gemm/grouped_gemm_cuda.h's
 // WeightGradSquares) join as extra device doubles, added in their order.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -24,6 +26,10 @@ constexpr size_t kSumOfSquaresWorkspaceBytes = 1024 * sizeof(double);
 
 // *out (device double) = sum over i < count of fl32(fl64(values[i]) / divisor)^2 in fp64. No host sync.
 void sum_of_squares_cuda(const float* values, int64_t count, double divisor, double* out, void* workspace,
+                         cudaStream_t stream);
+// The same over bf16 values (2-byte aligned), each widened to fp32 (exactly) first: the gradients
+// stored in bf16 (the routed experts').
+void sum_of_squares_cuda(const __nv_bfloat16* values, int64_t count, double divisor, double* out, void* workspace,
                          cudaStream_t stream);
 
 // *out = the same sum over every span of spans (a device array of num_spans, read on the device; a

@@ -4,7 +4,8 @@
 // of 1, integer divisors (the fp32 quotient path) and a fractional one (the fp64 path), over values
 // of every magnitude including subnormal quotients. Long buffers, at every alignment of the start
 // and with tails, are compared within fp64 summation-order noise, and so are span lists with
-// extra sums. Timing over a 1 GiB gradient.
+// extra sums. The bf16 form (values widened to fp32 first) the same way. Timing over a 1 GiB
+// gradient.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -153,6 +154,62 @@ TEST(SumOfSquaresGpu, SpanListsWithExtraSums) {
     EXPECT_NEAR(got[2], extras_sum, 1e-15 * extras_sum) << "divisor " << divisor << ": the extras alone";
     EXPECT_NEAR(got[3], spans_sum, 1e-12 * spans_sum) << "divisor " << divisor << ": the spans alone";
   }
+}
+
+// bf16 values (the f32 values above rounded, subnormals and zeros among them) against the host
+// formula over their widened values: one-element sums bit for bit, long buffers at every start
+// modulo 16 bytes (8 values a vector) and with tails within fp64 order noise, the same bits twice.
+TEST(SumOfSquaresGpu, Bf16ValuesAsTheirWidenedFloats) {
+  const int64_t n = (int64_t{1} << 21) + 11;
+  const std::vector<float> raw = varied_values(n, 17);
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  std::vector<float> widened(static_cast<size_t>(n));
+  for (size_t i = 0; i < bits.size(); ++i) {
+    bits[i] = float_to_bf16_bits(raw[i]);
+    widened[i] = bf16_bits_to_float(bits[i]);
+  }
+  DeviceBuffer grad(bits.size() * sizeof(uint16_t) + 16), out(4096 * sizeof(double)),
+      workspace(kSumOfSquaresWorkspaceBytes);
+  CUDA_CHECK(cudaMemcpy(grad.data(), bits.data(), bits.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  const auto at = [&](int64_t i) { return static_cast<const __nv_bfloat16*>(grad.data()) + i; };
+  const auto result = [&](int64_t i) { return static_cast<double*>(out.data()) + i; };
+  const auto results = [&](int64_t count) {
+    std::vector<double> host(static_cast<size_t>(count));
+    CUDA_CHECK(cudaMemcpy(host.data(), out.data(), host.size() * sizeof(double), cudaMemcpyDeviceToHost));
+    return host;
+  };
+  for (const double divisor : {1.0, 3.0, 8191.0, 16777215.0, 3.7, 1e-3}) {
+    const int64_t singles = 4096;
+    for (int64_t i = 0; i < singles; ++i)
+      sum_of_squares_cuda(at(i), 1, divisor, result(i), workspace.data(), nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<double> got = results(singles);
+    int64_t mismatches = 0;
+    for (int64_t i = 0; i < singles; ++i) {
+      const double want = host_sum_of_squares(&widened[static_cast<size_t>(i)], 1, divisor);
+      if (std::memcmp(&got[static_cast<size_t>(i)], &want, sizeof(double)) != 0) ++mismatches;
+    }
+    EXPECT_EQ(mismatches, 0) << "divisor " << divisor << ": bf16 elements whose squared quotient differs";
+  }
+  for (const int64_t start : {0, 1, 3, 7, 8}) {
+    for (const int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{9}, int64_t{4099}, n - 8}) {
+      for (const double divisor : {1.0, 8192.0, 12.5}) {
+        sum_of_squares_cuda(at(start), count, divisor, result(0), workspace.data(), nullptr);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const double got = results(1)[0];
+        const double want = host_sum_of_squares(&widened[static_cast<size_t>(start)], count, divisor);
+        EXPECT_NEAR(got, want, 1e-12 * want) << "start " << start << ", count " << count << ", divisor " << divisor;
+        if (count == 0) {
+          EXPECT_EQ(got, 0.0);
+        }
+      }
+    }
+  }
+  sum_of_squares_cuda(at(3), n - 8, 8191.0, result(0), workspace.data(), nullptr);
+  sum_of_squares_cuda(at(3), n - 8, 8191.0, result(1), workspace.data(), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<double> twice = results(2);
+  EXPECT_EQ(std::memcmp(&twice[0], &twice[1], sizeof(double)), 0);
 }
 
 TEST(SumOfSquaresGpu, Timing1GiB) {

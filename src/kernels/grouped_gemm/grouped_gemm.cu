@@ -38,6 +38,7 @@ using grouped_gemm_detail::aligned16;
 using grouped_gemm_detail::cp_async_commit;
 using grouped_gemm_detail::cp_async_wait;
 using grouped_gemm_detail::GroupedParams;
+using grouped_gemm_detail::kAddBf16;
 using grouped_gemm_detail::kAddF32;
 using grouped_gemm_detail::kStoreBf16;
 using grouped_gemm_detail::kStoreF32;
@@ -110,9 +111,15 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
 __device__ __forceinline__ uint4 pack_bf16x8(const float* v) {
   return make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
 }
+// Two bf16 of a 32-bit word (the lower address in the low half) widened, each plus its float, rounded.
+__device__ __forceinline__ unsigned add_bf16x2(unsigned old, float lo, float hi) {
+  const float2 widened = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&old));
+  return pack_bf16x2(widened.x + lo, widened.y + hi);
+}
 
 // Rows mode (kRowsMode): A [R, K] k-major, B_g [N, K] (kBKMajor) or [K, N], C [R, N].
-// Weight mode: A [R, M] and B [R, N] both k-outer with K = the group's rows, C_g [M, N] f32 +=.
+// Weight mode: A [R, M] and B [R, N] both k-outer with K = the group's rows, C_g [M, N] f32 or
+// bf16 (kAddBf16) +=.
 template <bool kRowsMode, bool kBKMajor, bool kAligned, int kEpilogue>
 __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedParams p) {
   constexpr bool kAKMajor = kRowsMode;
@@ -158,7 +165,11 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedParams p)
     ta = {p.a + static_cast<int64_t>(r0) * p.m + m0, p.m, rows_valid, k_extent};
     tb = {p.b + static_cast<int64_t>(r0) * p.n + n0, p.n, cols_valid, k_extent};
     ldc = p.n;
-    c_f32 = static_cast<float*>(p.c) + static_cast<int64_t>(g) * p.m * p.n + static_cast<int64_t>(m0) * p.n + n0;
+    const int64_t c_offset = static_cast<int64_t>(g) * p.m * p.n + static_cast<int64_t>(m0) * p.n + n0;
+    if constexpr (kEpilogue == kAddBf16)
+      c_bf16 = static_cast<nvbf16*>(p.c) + c_offset;
+    else
+      c_f32 = static_cast<float*>(p.c) + c_offset;
   }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -240,6 +251,11 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedParams p)
         if (kAligned && col + 8 <= cols_valid) {
           if constexpr (kEpilogue == kStoreBf16) {
             *reinterpret_cast<uint4*>(c_bf16 + at) = pack_bf16x8(v);
+          } else if constexpr (kEpilogue == kAddBf16) {
+            uint4* dst = reinterpret_cast<uint4*>(c_bf16 + at);
+            const uint4 old = *dst;
+            *dst = make_uint4(add_bf16x2(old.x, v[0], v[1]), add_bf16x2(old.y, v[2], v[3]),
+                              add_bf16x2(old.z, v[4], v[5]), add_bf16x2(old.w, v[6], v[7]));
           } else {
             float4* dst = reinterpret_cast<float4*>(c_f32 + at);
             float4 lo = make_float4(v[0], v[1], v[2], v[3]), hi = make_float4(v[4], v[5], v[6], v[7]);
@@ -255,6 +271,8 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedParams p)
           for (int e = 0; e < 8 && col + e < cols_valid; ++e) {
             if constexpr (kEpilogue == kStoreBf16)
               c_bf16[at + e] = __float2bfloat16(v[e]);
+            else if constexpr (kEpilogue == kAddBf16)
+              c_bf16[at + e] = __float2bfloat16_rn(__bfloat162float(c_bf16[at + e]) + v[e]);
             else if constexpr (kEpilogue == kStoreF32)
               c_f32[at + e] = v[e];
             else
@@ -331,11 +349,11 @@ void grouped_gemm_rows_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, bool
                               max_rows, n, k, workspace, workspace_bytes, stream);
 }
 
-void grouped_gemm_weight_grad_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
-                                   int64_t num_groups, int64_t m, int64_t n, WeightGradOutput output,
-                                   cudaStream_t stream, const WeightGradSquares* squares) {
-  grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::automatic, a, b, c, offsets, num_groups, m, n, output,
-                                     stream, squares);
+void grouped_gemm_weight_grad_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, void* c, DType c_dtype,
+                                   const int32_t* offsets, int64_t num_groups, int64_t m, int64_t n,
+                                   WeightGradOutput output, cudaStream_t stream, const WeightGradSquares* squares) {
+  grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::automatic, a, b, c, c_dtype, offsets, num_groups, m, n,
+                                     output, stream, squares);
 }
 
 void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b,
@@ -393,14 +411,15 @@ void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* 
 
 namespace {
 
-// dW on the mma.sync or WMMA kernel, which only add: "written" is a zeroing pass, then the sum.
-void weight_grad_by_addition(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b, float* c,
-                             const int32_t* offsets, int64_t num_groups, int64_t m, int64_t n,
+// dW on the mma.sync or WMMA kernel, which only add: "written" is a zeroing pass, then the sum
+// (bf16: bf16_rn(0 + product), the written value).
+void weight_grad_by_addition(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b, void* c,
+                             DType c_dtype, const int32_t* offsets, int64_t num_groups, int64_t m, int64_t n,
                              WeightGradOutput output, bool mma_aligned, cudaStream_t stream) {
   if (output == WeightGradOutput::written)
-    CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<size_t>(num_groups * m * n) * sizeof(float), stream));
+    CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<size_t>(num_groups * m * n) * dtype_size(c_dtype), stream));
   if (kernel != GroupedGemmKernel::wmma && mma_aligned) {
-    grouped_gemm_detail::weight_grad_mma(mma_tile(kernel, kWeightGradMmaTile), a, b, c, offsets,
+    grouped_gemm_detail::weight_grad_mma(mma_tile(kernel, kWeightGradMmaTile), a, b, c, c_dtype, offsets,
                                          static_cast<int>(num_groups), static_cast<int>(m), static_cast<int>(n),
                                          stream);
     return;
@@ -410,19 +429,28 @@ void weight_grad_by_addition(GroupedGemmKernel kernel, const __nv_bfloat16* a, c
   const dim3 grid(static_cast<unsigned>((m + kTileM - 1) / kTileM), static_cast<unsigned>((n + kTileN - 1) / kTileN),
                   static_cast<unsigned>(num_groups));
   const bool aligned = m % 8 == 0 && n % 8 == 0 && aligned16(a) && aligned16(b) && aligned16(c);
-  if (aligned)
-    launch<false, false, true, kAddF32>(params, grid, stream);
-  else
-    launch<false, false, false, kAddF32>(params, grid, stream);
+  if (c_dtype == DType::bf16) {
+    if (aligned)
+      launch<false, false, true, kAddBf16>(params, grid, stream);
+    else
+      launch<false, false, false, kAddBf16>(params, grid, stream);
+  } else {
+    if (aligned)
+      launch<false, false, true, kAddF32>(params, grid, stream);
+    else
+      launch<false, false, false, kAddF32>(params, grid, stream);
+  }
 }
 
 }  // namespace
 
 void grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b,
-                                        float* c, const int32_t* offsets, int64_t num_groups, int64_t m, int64_t n,
-                                        WeightGradOutput output, cudaStream_t stream,
+                                        void* c, DType c_dtype, const int32_t* offsets, int64_t num_groups, int64_t m,
+                                        int64_t n, WeightGradOutput output, cudaStream_t stream,
                                         const WeightGradSquares* squares) {
   if (kernel == GroupedGemmKernel::wgmma) require_sm90a_kernels("grouped_gemm_weight_grad_cuda_with(wgmma)");
+  CHECK(c_dtype == DType::f32 || c_dtype == DType::bf16,
+        "grouped_gemm_weight_grad_cuda: the gradient must be f32 or bf16, got ", dtype_name(c_dtype));
   CHECK(squares == nullptr || output == WeightGradOutput::written,
         "grouped_gemm_weight_grad_cuda: the sum of squares is formed for a written gradient only");
   CHECK(squares == nullptr || (squares->sum != nullptr && squares->scratch != nullptr && squares->divisor > 0),
@@ -435,14 +463,20 @@ void grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel kernel, const __nv_bfl
   const bool mma_aligned = grouped_gemm_detail::mma_applies(a, b, c, m, n);
   if ((kernel == GroupedGemmKernel::automatic || kernel == GroupedGemmKernel::wgmma) &&
       output == WeightGradOutput::written && mma_aligned && grouped_gemm_detail::wgmma_available()) {
-    grouped_gemm_detail::weight_grad_written_wgmma(a, b, c, offsets, static_cast<int>(num_groups),
+    grouped_gemm_detail::weight_grad_written_wgmma(a, b, c, c_dtype, offsets, static_cast<int>(num_groups),
                                                    static_cast<int>(m), static_cast<int>(n), stream, squares);
     return;
   }
-  weight_grad_by_addition(kernel, a, b, c, offsets, num_groups, m, n, output, mma_aligned, stream);
-  // These kernels store c with no hook for the squares: a pass over it.
-  if (squares != nullptr)
-    sum_of_squares_cuda(c, num_groups * m * n, squares->divisor, squares->sum, squares->scratch, stream);
+  weight_grad_by_addition(kernel, a, b, c, c_dtype, offsets, num_groups, m, n, output, mma_aligned, stream);
+  // These kernels store c with no hook for the squares: a pass over it (the stored values).
+  if (squares != nullptr) {
+    if (c_dtype == DType::bf16)
+      sum_of_squares_cuda(static_cast<const __nv_bfloat16*>(c), num_groups * m * n, squares->divisor, squares->sum,
+                          squares->scratch, stream);
+    else
+      sum_of_squares_cuda(static_cast<const float*>(c), num_groups * m * n, squares->divisor, squares->sum,
+                          squares->scratch, stream);
+  }
 }
 
 }  // namespace deltamoe

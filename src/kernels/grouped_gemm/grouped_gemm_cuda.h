@@ -45,6 +45,8 @@ enum class WeightGradOutput { added_to, written };
 // sm_90a "written" kernel forms it from the products' registers as it stores them, so the norm need
 // not read c back (4 bytes per parameter): the undivided squares, their total times 1 / divisor^2,
 // within kWrittenSquaresRelError of the other form (which rounds each quotient to fp32).
+// With bf16 c the sum is over the stored values, i.e. each product rounded to bf16 and widened back
+// (exactly) to fp32, in both forms and with the same bound: what the optimizer reads is the stored c.
 // scratch: kWeightGradSquaresScratchBytes of device memory.
 // |fl32(q)^2 - q^2| <= (2 u + u^2) q^2 with u = 2^-24, and fp64's roundings: rounded up.
 constexpr double kWrittenSquaresRelError = 1.5e-7;
@@ -56,11 +58,15 @@ struct WeightGradSquares {
 // The reduction's partials, then one fp64 sum per consumer warp of at most 256 dW blocks.
 constexpr size_t kWeightGradSquaresScratchBytes = kSumOfSquaresWorkspaceBytes + 256 * 8 * sizeof(double);
 
-// The weight-gradient product of grouped_gemm.h: c [G, M, N] f32, added to or written (output);
+// The weight-gradient product of grouped_gemm.h: c [G, M, N], added to or written (output);
 // each element is owned by one block (no atomics, deterministic). squares (written only; null:
 // none) also sets *squares->sum, above.
-void grouped_gemm_weight_grad_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
-                                   int64_t num_groups, int64_t m, int64_t n, WeightGradOutput output,
-                                   cudaStream_t stream, const WeightGradSquares* squares = nullptr);
+// c_dtype: f32, or bf16 (the routed experts' gradients, half the bytes to store and to read back):
+// the product is accumulated in fp32 either way; bf16 written stores c = bf16_rn(product), bf16
+// added to stores c = bf16_rn(float(c) + product) (one fp32 add, one rounding per call).
+void grouped_gemm_weight_grad_cuda(const __nv_bfloat16* a, const __nv_bfloat16* b, void* c, DType c_dtype,
+                                   const int32_t* offsets, int64_t num_groups, int64_t m, int64_t n,
+                                   WeightGradOutput output, cudaStream_t stream,
+                                   const WeightGradSquares* squares = nullptr);
 
 }  // namespace deltamoe

@@ -10,8 +10,9 @@
 
 namespace deltamoe::grouped_gemm_detail {
 
-// How a kernel writes C: bf16 store, f32 store, or f32 add to what is there (weight gradients).
-enum Epilogue : int { kStoreBf16 = 0, kStoreF32 = 1, kAddF32 = 2 };
+// How a kernel writes C: bf16 store, f32 store, or an add to what is there (weight gradients):
+// f32, or bf16 (the stored value widened, one fp32 add, one rounding to nearest even).
+enum Epilogue : int { kStoreBf16 = 0, kStoreF32 = 1, kAddF32 = 2, kAddBf16 = 3 };
 
 struct GroupedParams {
   const __nv_bfloat16* a;

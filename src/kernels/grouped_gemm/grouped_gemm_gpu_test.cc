@@ -1,7 +1,7 @@
 // GPU test of the grouped GEMM against its CPU reference, for every kernel this process may run
 // (wgmma, which sm_90a callers get, on the sm_90a kernel path only; mma.sync, the sm_80 path; the
 // WMMA fallback): row-grouped products (weights [N, K] and [K, N], bf16 and f32 outputs) and weight
-// gradients ("added to" and "written", with the written one's sum of squares), over
+// gradients in f32 and bf16 ("added to" and "written", with the written one's sum of squares), over
 // empty groups, single rows, odd sizes, K not a multiple of the k-step and the Qwen3.5-35B-A3B
 // expert widths; then timing side by side at 8192 tokens x 8 experts, and under three routings.
 #include <gtest/gtest.h>
@@ -150,7 +150,7 @@ void check_weight_grad(const GroupedShape& s, uint64_t seed) {
       const bool added = output == WeightGradOutput::added_to;
       DeviceTensor c_d = to_device(c_init, DType::f32);
       if (!added) device_fill_bytes(c_d.view, 0xFF);
-      grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), static_cast<float*>(c_d.view.data),
+      grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), c_d.view.data, DType::f32,
                                          static_cast<const int32_t*>(off_d.view.data), s.groups, m, n, output,
                                          nullptr);
       device_synchronize();
@@ -159,6 +159,123 @@ void check_weight_grad(const GroupedShape& s, uint64_t seed) {
       CompareResult r = compare_tensors(name, to_host(c_d.view), added ? c_ref : c_ref_written);
       EXPECT_TRUE(r.all_finite);
       EXPECT_LE(r.rel_l2, 1e-4);
+    }
+  }
+}
+
+// A bf16 dW stores the fp32 product p rounded to nearest even (added to: bf16_rn(fl32(c + p))).
+// Two checks. (1) Against the same kernel's f32 gradient from the same start, rounded on the host:
+// bit for bit, since a kernel accumulates the same p whatever c's type (and adds c the same way).
+// (2) Against the fp64 reference, independently of the f32 path: each stored value between the
+// bf16 roundings of the ends of an interval known to hold p (or fl32(c + p)); bf16 rounding is
+// monotone. The interval: the fp64 product (exact but for fp64's own roundings, ~2^-45 relative)
+// widened by K_g 2^-22 sum |a b|, twice the worst case of fp32 sums of K_g terms in any order with
+// truncating adds (the tensor cores' accumulation), K_g the group's rows; added to, further by
+// 2^-23 |c + p|, twice the fp32 add's rounding. That is the f32 error bound plus bf16's rounding
+// (at most 2^-8 |p|), and where the interval holds no rounding boundary (most elements of small
+// groups) exactly the correctly rounded value.
+struct Bf16WeightGradReference {
+  std::vector<double> product;  // c_g = a_g^T b_g in fp64
+  std::vector<double> error;    // K_g 2^-22 sum over the group's rows of |a b|
+};
+
+Bf16WeightGradReference bf16_weight_grad_reference(const HostTensor& a, const HostTensor& b,
+                                                   const std::vector<int32_t>& offsets, int64_t groups, int64_t m,
+                                                   int64_t n) {
+  const auto widen = [](const HostTensor& t, bool magnitude) {
+    std::vector<double> out(static_cast<size_t>(t.numel()));
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double v = t.as<float>()[i];
+      out[static_cast<size_t>(i)] = magnitude ? std::fabs(v) : v;
+    }
+    return out;
+  };
+  Bf16WeightGradReference r;
+  r.product.assign(static_cast<size_t>(groups * m * n), 0.0);
+  r.error.assign(r.product.size(), 0.0);
+  grouped_gemm_weight_grad_ref(widen(a, false).data(), widen(b, false).data(), r.product.data(), offsets.data(),
+                               groups, m, n);
+  grouped_gemm_weight_grad_ref(widen(a, true).data(), widen(b, true).data(), r.error.data(), offsets.data(), groups,
+                               m, n);
+  for (int64_t g = 0; g < groups; ++g) {
+    const double k_g = offsets[static_cast<size_t>(g) + 1] - offsets[static_cast<size_t>(g)];
+    for (int64_t i = g * m * n; i < (g + 1) * m * n; ++i) r.error[static_cast<size_t>(i)] *= k_g * 0x1p-22;
+  }
+  return r;
+}
+
+// Stored bf16 values outside [bf16_rn(lo), bf16_rn(hi)], lo and hi the floats just outside
+// [want - error, want + error] (NaN or an unwritten value among them), want the reference product
+// plus c_start's value where added to (c_start null: written). Prints the first few and a summary.
+int64_t bf16_rounding_misses(const std::string& name, const HostTensor& got_bf16, const Bf16WeightGradReference& ref,
+                             const HostTensor* c_start) {
+  const HostTensor got = got_bf16.to_f32();
+  int64_t misses = 0;
+  double diff_sq = 0, want_sq = 0, max_diff = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const auto at = static_cast<size_t>(i);
+    double want = ref.product[at], error = ref.error[at];
+    if (c_start != nullptr) {
+      want += c_start->as<float>()[i];
+      error += 0x1p-23 * (std::fabs(want) + error);
+    }
+    const float lo = round_to_bf16(std::nextafter(static_cast<float>(want - error), -INFINITY));
+    const float hi = round_to_bf16(std::nextafter(static_cast<float>(want + error), INFINITY));
+    const float v = got.as<float>()[i];
+    const double diff = static_cast<double>(v) - want;
+    diff_sq += diff * diff;
+    want_sq += want * want;
+    max_diff = std::max(max_diff, std::fabs(diff));
+    if (v >= lo && v <= hi) continue;
+    if (misses < 5)
+      std::printf("    %s: element %lld is %.9g, want bf16 in [%.9g, %.9g] (reference %.17g +- %.3g)\n", name.c_str(),
+                  static_cast<long long>(i), v, lo, hi, want, error);
+    ++misses;
+  }
+  std::printf("  %-40s n=%-9lld max|diff| %.3e  rel_l2 %.3e  outside the interval: %lld\n", name.c_str(),
+              static_cast<long long>(got.numel()), max_diff, want_sq > 0 ? std::sqrt(diff_sq / want_sq) : 0.0,
+              static_cast<long long>(misses));
+  return misses;
+}
+
+// bf16 c on every kernel: "added to" on top of random bf16 values, "written" over a poisoned c
+// (NaN bits): bit for bit the f32 gradient rounded, and within bf16_rounding_misses' bounds.
+void check_weight_grad_bf16(const GroupedShape& s, uint64_t seed) {
+  const int64_t m = s.n, n = s.k;  // c_g [M, N]
+  std::printf("weight-grad bf16 R=%lld G=%lld (empty %lld) M=%lld N=%lld\n", static_cast<long long>(s.rows),
+              static_cast<long long>(s.groups), static_cast<long long>(s.empty_groups), static_cast<long long>(m),
+              static_cast<long long>(n));
+  const std::vector<int32_t> offsets = random_offsets(s.rows, s.groups, s.empty_groups, seed);
+  HostTensor a = random_bf16_exact({s.rows, m}, seed + 1);
+  HostTensor b = random_bf16_exact({s.rows, n}, seed + 2);
+  const Bf16WeightGradReference ref = bf16_weight_grad_reference(a, b, offsets, s.groups, m, n);
+  const HostTensor c_init = random_normal_tensor({s.groups, m, n}, seed + 3).to_dtype(DType::bf16);
+  const HostTensor c_init_f32 = c_init.to_f32();
+
+  DeviceTensor a_d = to_device(a, DType::bf16), b_d = to_device(b, DType::bf16), off_d = offsets_to_device(offsets);
+  for (GroupedGemmKernel kernel : kernels_here()) {
+    for (WeightGradOutput output : {WeightGradOutput::added_to, WeightGradOutput::written}) {
+      const bool added = output == WeightGradOutput::added_to;
+      HostTensor got[2];  // f32, bf16
+      for (const DType c_dtype : {DType::f32, DType::bf16}) {
+        DeviceTensor c_d = to_device(c_init, c_dtype);
+        if (!added) device_fill_bytes(c_d.view, 0xFF);
+        grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), c_d.view.data, c_dtype,
+                                           static_cast<const int32_t*>(off_d.view.data), s.groups, m, n, output,
+                                           nullptr);
+        device_synchronize();
+        got[c_dtype == DType::bf16 ? 1 : 0] = to_host(c_d.view);
+      }
+      const std::string name =
+          std::string(added ? "c (bf16, added to) [" : "c (bf16, written) [") + kernel_name(kernel) + "]";
+      const HostTensor rounded = got[0].to_dtype(DType::bf16);
+      const auto* got_bits = static_cast<const uint16_t*>(got[1].data());
+      const auto* want_bits = static_cast<const uint16_t*>(rounded.data());
+      int64_t differing = 0;
+      for (int64_t i = 0; i < rounded.numel(); ++i) differing += got_bits[i] != want_bits[i];
+      EXPECT_EQ(differing, 0) << name << ": elements not the f32 gradient rounded to nearest even";
+      EXPECT_EQ(bf16_rounding_misses(name, got[1], ref, added ? &c_init_f32 : nullptr), 0)
+          << name << ": stored values outside the bf16 roundings of the reference's interval";
     }
   }
 }
@@ -209,8 +326,20 @@ TEST(GroupedGemmGpu, WeightGradMatchesReferenceWidths35B) {
   for (const GroupedShape& s : kShapes35B) check_weight_grad(s, seed += 10);
 }
 
-// The gradient norm's definition over a downloaded gradient: sum of fl32(fl64(x) / divisor)^2, fp64.
-double host_sum_of_squares(const HostTensor& c, double divisor) {
+TEST(GroupedGemmGpu, Bf16WeightGradMatchesReference) {
+  uint64_t seed = 900;  // the f32 cases' operands
+  for (const GroupedShape& s : kShapes) check_weight_grad_bf16(s, seed += 10);
+}
+
+TEST(GroupedGemmGpu, Bf16WeightGradMatchesReferenceWidths35B) {
+  uint64_t seed = 990;
+  for (const GroupedShape& s : kShapes35B) check_weight_grad_bf16(s, seed += 10);
+}
+
+// The gradient norm's definition over a downloaded gradient (f32, or bf16 widened): sum of
+// fl32(fl64(x) / divisor)^2, fp64.
+double host_sum_of_squares(const HostTensor& stored, double divisor) {
+  const HostTensor c = stored.to_f32();
   double sum = 0.0;
   for (int64_t i = 0; i < c.numel(); ++i) {
     const auto q = static_cast<float>(static_cast<double>(c.as<float>()[i]) / divisor);
@@ -219,11 +348,11 @@ double host_sum_of_squares(const HostTensor& c, double divisor) {
   return sum;
 }
 
-// A written dW with its sum of squares (WeightGradSquares), on every kernel: c bit for bit what the
-// product without the sum stores; the sum that of the stored c within its bound (fp64 order noise,
-// or kWrittenSquaresRelError where formed in the epilogue), for a divisor of 1, an integer and a
-// fraction; the same bits on a second call. The last shape gives every wgmma block several tiles
-// (groups without rows among them).
+// A written dW (f32 and bf16) with its sum of squares (WeightGradSquares), on every kernel: c bit for
+// bit what the product without the sum stores; the sum that of the stored c (bf16: the rounded
+// values) within its bound (fp64 order noise, or kWrittenSquaresRelError where formed in the
+// epilogue), for a divisor of 1, an integer and a fraction; the same bits on a second call. The
+// last shape gives every wgmma block several tiles (groups without rows among them).
 TEST(GroupedGemmGpu, WrittenWeightGradSumsItsSquares) {
   const GroupedShape shapes[] = {{1, 4, 3, 24, 40}, {300, 5, 2, 64, 96}, {1200, 2, 0, 264, 200},
                                  {97, 6, 2, 37, 53}, {3000, 64, 9, 256, 512}};
@@ -236,37 +365,41 @@ TEST(GroupedGemmGpu, WrittenWeightGradSumsItsSquares) {
     const auto* offsets_d = static_cast<const int32_t*>(off_d.view.data);
     DeviceBuffer sums(2 * sizeof(double)), scratch(kWeightGradSquaresScratchBytes);
     for (GroupedGemmKernel kernel : kernels_here()) {
-      DeviceTensor plain = device_tensor(DType::f32, {s.groups, m, n});
-      device_fill_bytes(plain.view, 0xFF);
-      grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), static_cast<float*>(plain.view.data),
-                                         offsets_d, s.groups, m, n, WeightGradOutput::written, nullptr);
-      const HostTensor c = to_host(plain.view);
-      for (const double divisor : {1.0, 4099.0, 0.37}) {
-        std::vector<double> got(2);
-        for (int call = 0; call < 2; ++call) {
-          DeviceTensor with = device_tensor(DType::f32, {s.groups, m, n});
-          device_fill_bytes(with.view, 0xFF);
-          const WeightGradSquares squares{static_cast<double*>(sums.data()) + call, divisor, scratch.data()};
-          grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), static_cast<float*>(with.view.data),
-                                             offsets_d, s.groups, m, n, WeightGradOutput::written, nullptr, &squares);
-          if (call == 0) {
-            EXPECT_TRUE(device_bytes_equal(plain, with))
-                << kernel_name(kernel) << ", M=" << m << " N=" << n << ": the sum changed what is stored";
+      for (const DType c_dtype : {DType::f32, DType::bf16}) {
+        const std::string name = std::string(kernel_name(kernel)) + ", " + std::string(dtype_name(c_dtype));
+        DeviceTensor plain = device_tensor(c_dtype, {s.groups, m, n});
+        device_fill_bytes(plain.view, 0xFF);
+        grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), plain.view.data, c_dtype, offsets_d,
+                                           s.groups, m, n, WeightGradOutput::written, nullptr);
+        const HostTensor c = to_host(plain.view);
+        for (const double divisor : {1.0, 4099.0, 0.37}) {
+          std::vector<double> got(2);
+          for (int call = 0; call < 2; ++call) {
+            DeviceTensor with = device_tensor(c_dtype, {s.groups, m, n});
+            device_fill_bytes(with.view, 0xFF);
+            const WeightGradSquares squares{static_cast<double*>(sums.data()) + call, divisor, scratch.data()};
+            grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(a_d), bf16_ptr(b_d), with.view.data, c_dtype,
+                                               offsets_d, s.groups, m, n, WeightGradOutput::written, nullptr,
+                                               &squares);
+            if (call == 0) {
+              EXPECT_TRUE(device_bytes_equal(plain, with))
+                  << name << ", M=" << m << " N=" << n << ": the sum changed what is stored";
+            }
           }
+          CUDA_CHECK(cudaMemcpy(got.data(), sums.data(), 2 * sizeof(double), cudaMemcpyDeviceToHost));
+          const double want = host_sum_of_squares(c, divisor);
+          std::printf("dW squares [%s] M=%lld N=%lld divisor %g: %.17g (host %.17g)\n", name.c_str(),
+                      static_cast<long long>(m), static_cast<long long>(n), divisor, got[0], want);
+          // wgmma sums the undivided squares in its epilogue; the others' pass sums the quotients'.
+          // automatic and wgmma take the wgmma kernel where its alignment rules hold on the sm_90a path.
+          const bool ran_wgmma =
+              (kernel == GroupedGemmKernel::automatic || kernel == GroupedGemmKernel::wgmma) &&
+              grouped_gemm_detail::wgmma_available() &&
+              grouped_gemm_detail::mma_applies(a_d.view.data, b_d.view.data, plain.view.data, m, n);
+          const double bound = ran_wgmma ? kWrittenSquaresRelError : 1e-12;
+          EXPECT_NEAR(got[0], want, bound * want) << name << ", M=" << m << " N=" << n;
+          EXPECT_EQ(std::memcmp(&got[0], &got[1], sizeof(double)), 0) << name << ": not deterministic";
         }
-        CUDA_CHECK(cudaMemcpy(got.data(), sums.data(), 2 * sizeof(double), cudaMemcpyDeviceToHost));
-        const double want = host_sum_of_squares(c, divisor);
-        std::printf("dW squares [%s] M=%lld N=%lld divisor %g: %.17g (host %.17g)\n", kernel_name(kernel),
-                    static_cast<long long>(m), static_cast<long long>(n), divisor, got[0], want);
-        // wgmma sums the undivided squares in its epilogue; the others' pass sums the quotients'.
-        // automatic and wgmma take the wgmma kernel where its alignment rules hold on the sm_90a path.
-        const bool ran_wgmma =
-            (kernel == GroupedGemmKernel::automatic || kernel == GroupedGemmKernel::wgmma) &&
-            grouped_gemm_detail::wgmma_available() &&
-            grouped_gemm_detail::mma_applies(a_d.view.data, b_d.view.data, plain.view.data, m, n);
-        const double bound = ran_wgmma ? kWrittenSquaresRelError : 1e-12;
-        EXPECT_NEAR(got[0], want, bound * want) << kernel_name(kernel) << ", M=" << m << " N=" << n;
-        EXPECT_EQ(std::memcmp(&got[0], &got[1], sizeof(double)), 0) << kernel_name(kernel) << ": not deterministic";
       }
     }
   }
@@ -293,7 +426,7 @@ TEST(GroupedGemmGpu, WgmmaFollowsTheKernelPath) {
                                            s.groups, s.rows, s.n, s.k, workspace.data(), workspace.bytes(), nullptr),
                Error);
   EXPECT_THROW(grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::wgmma, bf16_ptr(a_d), bf16_ptr(a_d),
-                                                  static_cast<float*>(dw_d.view.data),
+                                                  dw_d.view.data, DType::f32,
                                                   static_cast<const int32_t*>(off_d.view.data), s.groups, s.k, s.k,
                                                   WeightGradOutput::added_to, nullptr),
                Error);
@@ -357,8 +490,18 @@ TEST(GroupedGemmGpu, BadSizesAreRefused) {
   EXPECT_THROW(grouped_gemm_rows_cuda(nullptr, nullptr, true, nullptr, DType::bf16, nullptr, 8, 8, 8, 8,
                                       workspace.data(), 4, nullptr),
                Error);
-  EXPECT_THROW(grouped_gemm_weight_grad_cuda(nullptr, nullptr, nullptr, nullptr, 4, 0, 8, WeightGradOutput::written,
-                                             nullptr), Error);
+  EXPECT_THROW(grouped_gemm_weight_grad_cuda(nullptr, nullptr, nullptr, DType::f32, nullptr, 4, 0, 8,
+                                             WeightGradOutput::written, nullptr),
+               Error);
+  // A gradient neither f32 nor bf16.
+  DeviceTensor a_d = to_device(random_bf16_exact({64, 8}, 3), DType::bf16);
+  DeviceTensor off_d = offsets_to_device({0, 32, 64});
+  DeviceTensor dw_f16 = device_tensor(DType::f16, {2, 8, 8});
+  for (WeightGradOutput output : {WeightGradOutput::added_to, WeightGradOutput::written}) {
+    EXPECT_THROW(grouped_gemm_weight_grad_cuda(bf16_ptr(a_d), bf16_ptr(a_d), dw_f16.view.data, DType::f16,
+                                               static_cast<const int32_t*>(off_d.view.data), 2, 8, 8, output, nullptr),
+                 Error);
+  }
 }
 
 // Qwen3.5-35B-A3B at 8192 tokens: R = 65536 routed rows over 256 experts (uniform random routing).
@@ -376,14 +519,15 @@ TEST(GroupedGemmGpu, Timing35B) {
   DeviceTensor d_h = device_tensor(DType::f32, {rows, inter});
   DeviceTensor d_gu_w = device_tensor(DType::f32, {experts, 2 * inter, hidden});
   DeviceTensor d_down_w = device_tensor(DType::f32, {experts, hidden, inter});
-  device_fill_bytes(d_gu_w.view, 0);
-  device_fill_bytes(d_down_w.view, 0);
+  DeviceTensor d_gu_w_bf16 = device_tensor(DType::bf16, {experts, 2 * inter, hidden});
+  DeviceTensor d_down_w_bf16 = device_tensor(DType::bf16, {experts, hidden, inter});
+  for (DeviceTensor* t : {&d_gu_w, &d_down_w, &d_gu_w_bf16, &d_down_w_bf16}) device_fill_bytes(t->view, 0);
   DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(experts));
   const double gu_flops = 2.0 * rows * (2 * inter) * hidden, down_flops = 2.0 * rows * hidden * inter;
   // Row products timed with the mma.sync kernel (128x256, the sm_80 path) and, on the sm_90a
   // path, the wgmma kernel (what sm_90a callers get); dW with the mma.sync kernel (128x128: "added
   // to" on both paths, "written" as zeroing + sum on the sm_80 path) and, on the sm_90a path, the
-  // wgmma kernel ("written"), on adjacent lines.
+  // wgmma kernel ("written"), on adjacent lines; each with an f32 gradient, then a bf16 one.
   std::vector<GroupedGemmKernel> row_kernels = {GroupedGemmKernel::mma_128x256};
   if (grouped_gemm_detail::wgmma_available()) row_kernels.push_back(GroupedGemmKernel::wgmma);
   std::vector<std::pair<GroupedGemmKernel, WeightGradOutput>> dw_kernels = {
@@ -400,10 +544,13 @@ TEST(GroupedGemmGpu, Timing35B) {
     }
   };
   auto time_weight_grad = [&](const char* name, double flops, auto&& launch) {
-    for (const auto& [kernel, output] : dw_kernels) {
-      const std::string label = std::string(name) + (output == WeightGradOutput::added_to ? " f32+= [" : " f32= [") +
-                                kernel_name(kernel) + "]";
-      print_flop_timing(label.c_str(), median_ms([&](cudaStream_t s) { launch(kernel, output, s); }, nullptr), flops);
+    for (const DType c_dtype : {DType::f32, DType::bf16}) {
+      for (const auto& [kernel, output] : dw_kernels) {
+        const std::string label = std::string(name) + " " + std::string(dtype_name(c_dtype)) +
+                                  (output == WeightGradOutput::added_to ? "+= [" : "= [") + kernel_name(kernel) + "]";
+        print_flop_timing(label.c_str(),
+                          median_ms([&](cudaStream_t s) { launch(kernel, output, c_dtype, s); }, nullptr), flops);
+      }
     }
   };
   std::printf(
@@ -429,23 +576,24 @@ TEST(GroupedGemmGpu, Timing35B) {
   });
   // dW "added to" reads and rewrites the f32 gradient c [E, M, N] (2 x 4 bytes per element),
   // "written" only writes it (4 bytes): memory floors beside the FLOP floor (the bf16 operands add
-  // ~0.4 GB, mostly from L2). The mma.sync kernel's "written" is a zeroing pass, then the sum.
+  // ~0.4 GB, mostly from L2); a bf16 gradient halves them. The mma.sync kernel's "written" is a
+  // zeroing pass, then the sum.
   const double gu_dw_bytes = 8.0 * experts * 2 * inter * hidden, down_dw_bytes = 8.0 * experts * hidden * inter;
   std::printf("  dW memory floor, added to: gate_up %.2f GB -> %.3f ms, down %.2f GB -> %.3f ms at %.0f GB/s; "
               "written: half\n",
               gu_dw_bytes * 1e-9, gu_dw_bytes / (kMemoryGBpsCeiling * 1e9) * 1e3, down_dw_bytes * 1e-9,
               down_dw_bytes / (kMemoryGBpsCeiling * 1e9) * 1e3, kMemoryGBpsCeiling);
   time_weight_grad("gate_up dW   [R,2I]^T[R,H]", gu_flops,
-                   [&](GroupedGemmKernel kernel, WeightGradOutput output, cudaStream_t s) {
-                     grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(h), bf16_ptr(x),
-                                                        static_cast<float*>(d_gu_w.view.data), off, experts, 2 * inter,
-                                                        hidden, output, s);
+                   [&](GroupedGemmKernel kernel, WeightGradOutput output, DType c_dtype, cudaStream_t s) {
+                     void* c = c_dtype == DType::bf16 ? d_gu_w_bf16.view.data : d_gu_w.view.data;
+                     grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(h), bf16_ptr(x), c, c_dtype, off, experts,
+                                                        2 * inter, hidden, output, s);
                    });
   time_weight_grad("down dW      [R,H]^T[R,I]", down_flops,
-                   [&](GroupedGemmKernel kernel, WeightGradOutput output, cudaStream_t s) {
-                     grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(x), bf16_ptr(h),
-                                                        static_cast<float*>(d_down_w.view.data), off, experts, hidden,
-                                                        inter, output, s);
+                   [&](GroupedGemmKernel kernel, WeightGradOutput output, DType c_dtype, cudaStream_t s) {
+                     void* c = c_dtype == DType::bf16 ? d_down_w_bf16.view.data : d_down_w.view.data;
+                     grouped_gemm_weight_grad_cuda_with(kernel, bf16_ptr(x), bf16_ptr(h), c, c_dtype, off, experts,
+                                                        hidden, inter, output, s);
                    });
   device_synchronize();
 }
@@ -466,8 +614,9 @@ TEST(GroupedGemmGpu, Timing35BRouting) {
   DeviceTensor d_h = device_tensor(DType::f32, {rows, inter});
   DeviceTensor d_gu_w = device_tensor(DType::f32, {256, 2 * inter, hidden});
   DeviceTensor d_down_w = device_tensor(DType::f32, {256, hidden, inter});
-  device_fill_bytes(d_gu_w.view, 0);
-  device_fill_bytes(d_down_w.view, 0);
+  DeviceTensor d_gu_w_bf16 = device_tensor(DType::bf16, {256, 2 * inter, hidden});
+  DeviceTensor d_down_w_bf16 = device_tensor(DType::bf16, {256, hidden, inter});
+  for (DeviceTensor* t : {&d_gu_w, &d_down_w, &d_gu_w_bf16, &d_down_w_bf16}) device_fill_bytes(t->view, 0);
   DeviceBuffer workspace(grouped_gemm_rows_workspace_bytes(256));
   DeviceBuffer square_sums(sizeof(double)), squares_scratch(kWeightGradSquaresScratchBytes);
   const double gu_flops = 2.0 * rows * (2 * inter) * hidden, down_flops = 2.0 * rows * hidden * inter;
@@ -507,12 +656,20 @@ TEST(GroupedGemmGpu, Timing35BRouting) {
     for (WeightGradOutput output : {WeightGradOutput::added_to, WeightGradOutput::written}) {
       const bool added = output == WeightGradOutput::added_to;
       time(added ? "gate_up dW f32+=" : "gate_up dW f32=", gu_flops, [&](cudaStream_t s) {
-        grouped_gemm_weight_grad_cuda(bf16_ptr(h), bf16_ptr(x), static_cast<float*>(d_gu_w.view.data), off, experts,
-                                      2 * inter, hidden, output, s);
+        grouped_gemm_weight_grad_cuda(bf16_ptr(h), bf16_ptr(x), d_gu_w.view.data, DType::f32, off, experts, 2 * inter,
+                                      hidden, output, s);
       });
       time(added ? "down dW f32+=" : "down dW f32=", down_flops, [&](cudaStream_t s) {
-        grouped_gemm_weight_grad_cuda(bf16_ptr(x), bf16_ptr(h_i), static_cast<float*>(d_down_w.view.data), off,
-                                      experts, hidden, inter, output, s);
+        grouped_gemm_weight_grad_cuda(bf16_ptr(x), bf16_ptr(h_i), d_down_w.view.data, DType::f32, off, experts,
+                                      hidden, inter, output, s);
+      });
+      time(added ? "gate_up dW bf16+=" : "gate_up dW bf16=", gu_flops, [&](cudaStream_t s) {
+        grouped_gemm_weight_grad_cuda(bf16_ptr(h), bf16_ptr(x), d_gu_w_bf16.view.data, DType::bf16, off, experts,
+                                      2 * inter, hidden, output, s);
+      });
+      time(added ? "down dW bf16+=" : "down dW bf16=", down_flops, [&](cudaStream_t s) {
+        grouped_gemm_weight_grad_cuda(bf16_ptr(x), bf16_ptr(h_i), d_down_w_bf16.view.data, DType::bf16, off, experts,
+                                      hidden, inter, output, s);
       });
     }
     // Written with the sum of squares of the gradient divided by 1, by a token count (the form a
@@ -522,14 +679,26 @@ TEST(GroupedGemmGpu, Timing35BRouting) {
       const std::string gate_up_label = std::string("gate_up dW f32= squares") + divide;
       const std::string down_label = std::string("down dW f32= squares") + divide;
       time(gate_up_label.c_str(), gu_flops, [&](cudaStream_t s) {
-        grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::automatic, bf16_ptr(h), bf16_ptr(x),
-                                           static_cast<float*>(d_gu_w.view.data), off, experts, 2 * inter, hidden,
-                                           WeightGradOutput::written, s, &squares);
+        grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::automatic, bf16_ptr(h), bf16_ptr(x), d_gu_w.view.data,
+                                           DType::f32, off, experts, 2 * inter, hidden, WeightGradOutput::written, s,
+                                           &squares);
       });
       time(down_label.c_str(), down_flops, [&](cudaStream_t s) {
         grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel::automatic, bf16_ptr(x), bf16_ptr(h_i),
-                                           static_cast<float*>(d_down_w.view.data), off, experts, hidden, inter,
+                                           d_down_w.view.data, DType::f32, off, experts, hidden, inter,
                                            WeightGradOutput::written, s, &squares);
+      });
+    }
+    // The step's form with bf16 gradients: written, squares of the gradient divided by a token count.
+    {
+      const WeightGradSquares squares{static_cast<double*>(square_sums.data()), 8191.0, squares_scratch.data()};
+      time("gate_up dW bf16= squares/8191", gu_flops, [&](cudaStream_t s) {
+        grouped_gemm_weight_grad_cuda(bf16_ptr(h), bf16_ptr(x), d_gu_w_bf16.view.data, DType::bf16, off, experts,
+                                      2 * inter, hidden, WeightGradOutput::written, s, &squares);
+      });
+      time("down dW bf16= squares/8191", down_flops, [&](cudaStream_t s) {
+        grouped_gemm_weight_grad_cuda(bf16_ptr(x), bf16_ptr(h_i), d_down_w_bf16.view.data, DType::bf16, off, experts,
+                                      hidden, inter, WeightGradOutput::written, s, &squares);
       });
     }
   }

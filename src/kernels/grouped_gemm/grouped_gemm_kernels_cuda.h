@@ -22,7 +22,8 @@ namespace deltamoe {
 // mma_128x128 / mma_128x256: the mma.sync kernel (the sm_80 path) with that block tile where it
 // applies, else WMMA. wgmma: as automatic on the sm_90a path, an error on the sm_80 path.
 // dW "added to" runs on mma.sync on both paths; the kernels without a "written" epilogue
-// (mma.sync, WMMA) write by zeroing c first and then adding to it.
+// (mma.sync, WMMA) write by zeroing c first and then adding to it. Every kernel takes dW's c in
+// f32 or bf16.
 enum class GroupedGemmKernel { automatic, wmma, mma_128x128, mma_128x256, wgmma };
 
 // grouped_gemm_rows_cuda / grouped_gemm_weight_grad_cuda with the kernel chosen by the caller.
@@ -31,8 +32,8 @@ void grouped_gemm_rows_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* 
                                  int64_t max_rows, int64_t n, int64_t k, void* workspace, size_t workspace_bytes,
                                  cudaStream_t stream);
 void grouped_gemm_weight_grad_cuda_with(GroupedGemmKernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* b,
-                                        float* c, const int32_t* offsets, int64_t num_groups, int64_t m, int64_t n,
-                                        WeightGradOutput output, cudaStream_t stream,
+                                        void* c, DType c_dtype, const int32_t* offsets, int64_t num_groups, int64_t m,
+                                        int64_t n, WeightGradOutput output, cudaStream_t stream,
                                         const WeightGradSquares* squares = nullptr);
 
 namespace grouped_gemm_detail {
@@ -54,9 +55,9 @@ void rows_mma(MmaTile tile, const __nv_bfloat16* a, const __nv_bfloat16* b, bool
               const int32_t* offsets, const int32_t* tile_starts, int num_groups, int64_t max_rows, int n, int k,
               cudaStream_t stream);
 
-// Weight-gradient product (c [G, M, N] f32 added to) with the mma.sync kernel.
-void weight_grad_mma(MmaTile tile, const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
-                     int num_groups, int m, int n, cudaStream_t stream);
+// Weight-gradient product (c [G, M, N] f32 or bf16, added to) with the mma.sync kernel.
+void weight_grad_mma(MmaTile tile, const __nv_bfloat16* a, const __nv_bfloat16* b, void* c, DType c_dtype,
+                     const int32_t* offsets, int num_groups, int m, int n, cudaStream_t stream);
 
 // Whether the current device runs the wgmma kernel: sm90a_kernels_usable() (kernel_path_cuda.h).
 bool wgmma_available();
@@ -67,11 +68,12 @@ void rows_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk
                 const int32_t* offsets, const int32_t* tile_starts, int num_groups, int64_t max_rows, int n, int k,
                 cudaStream_t stream);
 
-// Weight-gradient product, c written, with the wgmma kernel (needs wgmma_available() and mma_applies);
-// squares (null: none) summed from the stored registers, one fp64 sum per consumer warp into
-// squares->scratch past the reduction's partials, then added up into *squares->sum.
-void weight_grad_written_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
-                               int num_groups, int m, int n, cudaStream_t stream,
+// Weight-gradient product, c (f32 or bf16) written, with the wgmma kernel (needs wgmma_available()
+// and mma_applies); squares (null: none) summed from the stored values in registers (bf16: after
+// the rounding), one fp64 sum per consumer warp into squares->scratch past the reduction's
+// partials, then added up into *squares->sum.
+void weight_grad_written_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, void* c, DType c_dtype,
+                               const int32_t* offsets, int num_groups, int m, int n, cudaStream_t stream,
                                const WeightGradSquares* squares = nullptr);
 
 }  // namespace grouped_gemm_detail

@@ -169,8 +169,9 @@ __device__ __forceinline__ void compute_stage(float (&acc)[kMmaM][Shape<kBlockN>
 
 // Accumulator element pairs straight from registers: lane (g = lane / 4, t = lane % 4) holds rows
 // g and g + 8 of each 16x8 block, columns 2t and 2t + 1 (both valid or both not: n % 8 == 0).
-// kAddF32 (dW, bound by reading and rewriting c) first issues the loads of a 16-row band, then
-// its stores, so that loads overlap instead of each waiting for the previous store.
+// kAddF32 / kAddBf16 (dW, bound by reading and rewriting c) first issue the loads of a 16-row
+// band, then its stores, so that loads overlap instead of each waiting for the previous store; the
+// bf16 pairs stay packed (one register each) until their add.
 template <int kEpilogue, int kBlockN>
 __device__ __forceinline__ void store_tile(const float (&acc)[kMmaM][Shape<kBlockN>::kMmaN][4], void* c_tile,
                                            int64_t ldc, int rows_valid, int cols_valid, int warp_m, int warp_n,
@@ -180,6 +181,21 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kMmaM][Shape<kBloc
 #pragma unroll
   for (int i = 0; i < kMmaM; ++i) {
     float2 old[2][kMmaN];
+    __nv_bfloat162 old_bf16[2][kMmaN];
+    if constexpr (kEpilogue == kAddBf16) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = warp_m * kWarpM + i * 16 + g + half * 8;
+#pragma unroll
+        for (int j = 0; j < kMmaN; ++j) {
+          const int col = warp_n * kWarpN + j * 8 + 2 * t;
+          old_bf16[half][j] =
+              row < rows_valid && col < cols_valid
+                  ? *reinterpret_cast<const __nv_bfloat162*>(static_cast<const nvbf16*>(c_tile) + row * ldc + col)
+                  : __floats2bfloat162_rn(0.0f, 0.0f);
+        }
+      }
+    }
     if constexpr (kEpilogue == kAddF32) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -208,6 +224,10 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kMmaM][Shape<kBloc
         } else if constexpr (kEpilogue == kAddF32) {
           *reinterpret_cast<float2*>(static_cast<float*>(c_tile) + at) =
               make_float2(old[half][j].x + v0, old[half][j].y + v1);
+        } else if constexpr (kEpilogue == kAddBf16) {
+          const float2 widened = __bfloat1622float2(old_bf16[half][j]);
+          *reinterpret_cast<__nv_bfloat162*>(static_cast<nvbf16*>(c_tile) + at) =
+              __floats2bfloat162_rn(widened.x + v0, widened.y + v1);
         } else {
           *reinterpret_cast<float2*>(static_cast<float*>(c_tile) + at) = make_float2(v0, v1);
         }
@@ -256,7 +276,7 @@ __device__ __forceinline__ TileWork rows_tile(const MmaParams& p, int tile) {
 }
 
 // Weight mode: tile = (group, n-tile, m-tile); K is the group's rows (possibly 0: nothing to add).
-template <int kBlockN>
+template <int kEpilogue, int kBlockN>
 __device__ __forceinline__ TileWork weight_tile(const MmaParams& p, int tile) {
   const int per_group = p.m_tiles * p.n_tiles;
   const int g = tile / per_group, local = tile - g * per_group;
@@ -269,7 +289,11 @@ __device__ __forceinline__ TileWork weight_tile(const MmaParams& p, int tile) {
   w.cols_valid = p.n - n0;
   w.a = {p.a + static_cast<int64_t>(r0) * p.m + m0, p.m, w.rows_valid, w.k_extent};
   w.b = {p.b + static_cast<int64_t>(r0) * p.n + n0, p.n, w.cols_valid, w.k_extent};
-  w.c = static_cast<float*>(p.c) + static_cast<int64_t>(g) * p.m * p.n + static_cast<int64_t>(m0) * p.n + n0;
+  const int64_t c_offset = static_cast<int64_t>(g) * p.m * p.n + static_cast<int64_t>(m0) * p.n + n0;
+  if constexpr (kEpilogue == kAddBf16)
+    w.c = static_cast<nvbf16*>(p.c) + c_offset;
+  else
+    w.c = static_cast<float*>(p.c) + c_offset;
   return w;
 }
 
@@ -281,7 +305,7 @@ __device__ __forceinline__ bool next_work(const MmaParams& p, int total_tiles, i
     if constexpr (kRowsMode)
       w = rows_tile<kBKMajor, kEpilogue, kBlockN>(p, tile);
     else
-      w = weight_tile<kBlockN>(p, tile);
+      w = weight_tile<kEpilogue, kBlockN>(p, tile);
     if (w.k_extent > 0) return true;  // an empty group (weight mode) adds nothing
   }
   return false;
@@ -304,7 +328,8 @@ __device__ __forceinline__ void load_prologue(const TileWork& w, uint32_t smem_a
 }
 
 // Rows mode (kRowsMode): A [R, K] k-major, B_g [N, K] (kBKMajor) or [K, N], C [R, N].
-// Weight mode: A [R, M] and B [R, N] both k-outer with K = the group's rows, C_g [M, N] f32 +=.
+// Weight mode: A [R, M] and B [R, N] both k-outer with K = the group's rows, C_g [M, N] f32 or
+// bf16 (kAddBf16) +=.
 // Persistent: block b takes tiles b, b + gridDim.x, ... up to the device-side tile count; with one
 // block per SM the next tile's first stages load while this tile's accumulators are written out.
 template <bool kRowsMode, bool kBKMajor, int kEpilogue, int kBlockN>
@@ -418,13 +443,16 @@ void rows_mma_width(const MmaParams& base, bool b_stored_nk, DType c_dtype, int6
 }
 
 template <int kBlockN>
-void weight_grad_mma_width(const MmaParams& base, cudaStream_t stream) {
+void weight_grad_mma_width(const MmaParams& base, DType c_dtype, cudaStream_t stream) {
   MmaParams params = base;
   params.m_tiles = (params.m + kTileM - 1) / kTileM;
   params.n_tiles = (params.n + kBlockN - 1) / kBlockN;
   const int64_t max_tiles = static_cast<int64_t>(params.num_groups) * params.m_tiles * params.n_tiles;
   CHECK(max_tiles < (int64_t{1} << 31), "grouped GEMM (mma): ", max_tiles, " tiles overflow 32-bit tile indices");
-  launch<false, false, kAddF32, kBlockN>(params, max_tiles, stream);
+  if (c_dtype == DType::bf16)
+    launch<false, false, kAddBf16, kBlockN>(params, max_tiles, stream);
+  else
+    launch<false, false, kAddF32, kBlockN>(params, max_tiles, stream);
 }
 
 }  // namespace
@@ -445,15 +473,17 @@ void rows_mma(MmaTile tile, const __nv_bfloat16* a, const __nv_bfloat16* b, bool
     rows_mma_width<128>(params, b_stored_nk, c_dtype, max_rows, stream);
 }
 
-void weight_grad_mma(MmaTile tile, const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
-                     int num_groups, int m, int n, cudaStream_t stream) {
+void weight_grad_mma(MmaTile tile, const __nv_bfloat16* a, const __nv_bfloat16* b, void* c, DType c_dtype,
+                     const int32_t* offsets, int num_groups, int m, int n, cudaStream_t stream) {
   CHECK(mma_applies(a, b, c, m, n), "grouped GEMM (mma): m=", m, " and n=", n,
         " must be multiples of 8 and the operands 16-byte aligned");
+  CHECK(c_dtype == DType::f32 || c_dtype == DType::bf16,
+        "grouped GEMM dW (mma): the gradient must be f32 or bf16, got ", dtype_name(c_dtype));
   const MmaParams params{{a, b, c, offsets, nullptr, num_groups, m, n, 0}, 0, 0};
   if (tile == MmaTile::wide)
-    weight_grad_mma_width<256>(params, stream);
+    weight_grad_mma_width<256>(params, c_dtype, stream);
   else
-    weight_grad_mma_width<128>(params, stream);
+    weight_grad_mma_width<128>(params, c_dtype, stream);
 }
 
 }  // namespace deltamoe::grouped_gemm_detail

@@ -8,12 +8,13 @@
 // this one replaces on sm_90a). The "written" weight gradients (dW) run on a sibling kernel with
 // the same consumers and a 3-stage ring, whose operands arrive by TMA for k-blocks wholly inside a
 // group and by cp.async for each group's last, partial one (so that it stops exactly at its last
-// row), and whose f32 results leave by TMA stores from shared staging tiles; it can also sum the
-// squares of what it stores, the gradient norm's share of those tensors.
+// row), and whose f32 or bf16 results leave by TMA stores from shared staging tiles; it can also sum
+// the squares of what it stores, the gradient norm's share of those tensors.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/cuda_check.h"
 #include "kernels/common/kernel_path_cuda.h"
@@ -458,7 +459,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 struct WeightGradParams {
   const nvbf16* a;
   const nvbf16* b;
-  float* c;
+  void* c;  // float or nvbf16 (the kernel's Out)
   const int32_t* offsets;
   int num_groups, m, n;
   int m_tiles, n_tiles;  // ceil(m / kBlockM), ceil(n / kBlockN)
@@ -476,6 +477,7 @@ constexpr int kWeightGradBox = 64 * kBlockK * 2;  // 64 columns x 64 k lines of 
 // The staging tile is two buffers of one 64-column part each, used in turn: the warpgroup writes
 // a part while the copy engine still reads the one before it (measured on an H100, the step's
 // form with squares: gate_up 1.04 against 1.16 ms with one 128-column part at a time).
+// A bf16 part's rows are 128 bytes: one 64-row x 64-column box, the first half of its buffer.
 constexpr int kWeightGradStages = 3;
 constexpr int kWeightGradStagingCols = 64;
 constexpr int kWeightGradStagingBuffers = 2;
@@ -493,6 +495,9 @@ static_assert(kWeightGradStagingBufferBytes ==
               "a staging buffer is its store boxes side by side");
 static_assert((kWeightGradStages * kStageBytes) % 1024 == 0 && kWeightGradStagingBufferBytes % 1024 == 0,
               "staging tiles keep the 1024-byte swizzle alignment");
+constexpr int kWeightGradBf16BoxBytes = 64 * kWeightGradStagingCols * 2;  // 8 KiB
+static_assert(kWeightGradStagingCols * 2 == 128 && kWeightGradBf16BoxBytes <= kWeightGradStagingBufferBytes,
+              "a bf16 part is one box of 128-byte rows (one swizzle line each) inside its buffer");
 constexpr int kProducerThreads = 128;
 static_assert(kBlockM / 64 * kWeightGradBox == kStageBytesA && kBlockN / 64 * kWeightGradBox == kStageBytesB,
               "dW stages are whole 64-column boxes");
@@ -521,12 +526,15 @@ __device__ __forceinline__ WeightGradTile weight_grad_tile(const WeightGradParam
 
 #endif  // sm_90a
 
-template <bool kSquares>
+// Out: float or nvbf16, the type of c (map_c's elements).
+template <typename Out, bool kSquares>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_weight_grad_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
                                           const __grid_constant__ CUtensorMap map_b,
                                           const __grid_constant__ CUtensorMap map_c, const WeightGradParams p) {
+  static_assert(std::is_same_v<Out, nvbf16> || std::is_same_v<Out, float>, "dW is stored as f32 or bf16");
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kBf16 = std::is_same_v<Out, nvbf16>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t ring = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t staging_tiles = ring + kWeightGradStages * kStageBytes;
@@ -618,6 +626,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // in order, in four sums by column (J % 4) so that the fp64 FMAs do not form one chain of 128 a
   // tile; the divisor's 1 / d^2 scales the warp's total. A quotient per element (three fp32
   // operations a value) costs the kernel ~20% (an H100: 1.16 against 0.97 ms on gate_up).
+  // With bf16 c the stored values are the rounded ones, widened back (exactly).
   [[maybe_unused]] double squares[4] = {0.0, 0.0, 0.0, 0.0};
   const int wg_thread = static_cast<int>(threadIdx.x) % 128;
   // Where this thread's float2 of column group j lands in a staging box: its rows (16 warp +
@@ -625,8 +634,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // 2 (j % 4) + (lane % 4) / 2 of the 128-byte row, at byte (lane % 2) * 8 of the chunk.
   // The chunk is (2 (j % 4)) ^ chunk_xor, the two terms having no bit in common before the xor.
   const uint32_t staging = staging_tiles + consumer * kWeightGradStagingBytes;
-  const uint32_t thread_staging = staging + static_cast<uint32_t>((warp * 16 + lane / 4) * 128 + (lane % 2) * 8);
-  const uint32_t chunk_xor = static_cast<uint32_t>(((lane % 4) / 2) ^ (lane / 4));
+  [[maybe_unused]] const uint32_t thread_staging =
+      staging + static_cast<uint32_t>((warp * 16 + lane / 4) * 128 + (lane % 2) * 8);
+  [[maybe_unused]] const uint32_t chunk_xor = static_cast<uint32_t>(((lane % 4) / 2) ^ (lane / 4));
+  // bf16: the thread's __nv_bfloat162 of column group j (0-7 in the part) is 4 bytes at byte
+  // 4 (lane % 4) of chunk j of its 128-byte row, swizzled to chunk j ^ (lane / 4) (row % 8 = lane / 4
+  // for both rows). A warp's 4-byte stores then hit bank 4 (j ^ (lane / 4)) + lane % 4: 32 distinct.
+  [[maybe_unused]] const uint32_t thread_staging_bf16 =
+      staging + static_cast<uint32_t>((warp * 16 + lane / 4) * 128 + (lane % 4) * 4);
+  [[maybe_unused]] const uint32_t row_xor = static_cast<uint32_t>(lane / 4);
   int it = 0, parts_issued = 0;
   for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles; tile += static_cast<int>(gridDim.x)) {
     const WeightGradTile w = weight_grad_tile(p, tile);
@@ -637,15 +653,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       // A group without rows: zeros, stored straight from registers (zeroing the accumulators for
       // the staged path made ptxas spill them).
       if (active) {
-        float* c_tile = p.c + (static_cast<int64_t>(w.g) * p.m + row_base) * p.n + w.n0 + 2 * (lane % 4);
+        Out* c_tile =
+            static_cast<Out*>(p.c) + (static_cast<int64_t>(w.g) * p.m + row_base) * p.n + w.n0 + 2 * (lane % 4);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = warp * 16 + lane / 4 + half * 8;
           if (row >= rows_valid) continue;
 #pragma unroll 4
-          for (int j = 0; j < kBlockN / 8; ++j)
-            if (8 * j < cols_valid)
-              *reinterpret_cast<float2*>(c_tile + static_cast<int64_t>(row) * p.n + 8 * j) = make_float2(0.0f, 0.0f);
+          for (int j = 0; j < kBlockN / 8; ++j) {
+            if (8 * j >= cols_valid) continue;
+            Out* pair = c_tile + static_cast<int64_t>(row) * p.n + 8 * j;
+            if constexpr (kBf16)
+              *reinterpret_cast<__nv_bfloat162*>(pair) = __floats2bfloat162_rn(0.0f, 0.0f);
+            else
+              *reinterpret_cast<float2*>(pair) = make_float2(0.0f, 0.0f);
+          }
         }
       }
       continue;
@@ -684,8 +706,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // never the one whose stores were issued last): wait until the buffer's previous stores have
     // read it (the thread that issued them; the latest group, the other buffer's, may still be
     // reading), write the part in the boxes' swizzle (chunk c of row r at r * 128 + (c ^ (r % 8)) *
-    // 16; a warp's float2 stores then fill every bank twice), make it visible to the async proxy,
-    // and let one thread store the boxes.
+    // 16; a warp's float2 stores then fill every bank twice, its bf16 pairs every bank once), make
+    // it visible to the async proxy, and let one thread store the boxes (f32: two of 32 columns;
+    // bf16: one of 64).
     // Thread (warp, lane) holds rows 16 warp + lane / 4 and + 8, columns 8J + 2 (lane % 4) and + 1.
 #pragma unroll
     for (int part = 0; part < kBlockN / kWeightGradStagingCols; ++part) {
@@ -702,14 +725,28 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int j = 0; j < kWeightGradStagingCols / 8; ++j) {
           const int J = part * (kWeightGradStagingCols / 8) + j;  // the column group in the tile
           const float x0 = acc[4 * J + 2 * half], x1 = acc[4 * J + 2 * half + 1];
-          const int box = 8 * j / kWeightGradStoreBoxCols;  // the quad's 8 columns lie in one box
-          const uint32_t at = thread_staging + buffer + box * kWeightGradStoreBoxBytes + half * 1024 +
-                              (((2 * (j % 4)) ^ chunk_xor) << 4);
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x0), "f"(x1) : "memory");
-          if constexpr (kSquares) {
-            if (row < rows_valid && 8 * J < cols_valid) {
-              const double q0 = x0, q1 = x1;
-              squares[J % 4] = __fma_rn(q1, q1, __fma_rn(q0, q0, squares[J % 4]));
+          if constexpr (kBf16) {
+            const __nv_bfloat162 v = __floats2bfloat162_rn(x0, x1);
+            const uint32_t at =
+                thread_staging_bf16 + buffer + half * 1024 + ((static_cast<uint32_t>(j) ^ row_xor) << 4);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(*reinterpret_cast<const uint32_t*>(&v))
+                         : "memory");
+            if constexpr (kSquares) {
+              if (row < rows_valid && 8 * J < cols_valid) {
+                const double q0 = __low2float(v), q1 = __high2float(v);
+                squares[J % 4] = __fma_rn(q1, q1, __fma_rn(q0, q0, squares[J % 4]));
+              }
+            }
+          } else {
+            const int box = 8 * j / kWeightGradStoreBoxCols;  // the quad's 8 columns lie in one box
+            const uint32_t at = thread_staging + buffer + box * kWeightGradStoreBoxBytes + half * 1024 +
+                                (((2 * (j % 4)) ^ chunk_xor) << 4);
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x0), "f"(x1) : "memory");
+            if constexpr (kSquares) {
+              if (row < rows_valid && 8 * J < cols_valid) {
+                const double q0 = x0, q1 = x1;
+                squares[J % 4] = __fma_rn(q1, q1, __fma_rn(q0, q0, squares[J % 4]));
+              }
             }
           }
         }
@@ -717,11 +754,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_proxy_async_shared();
       sync_consumer(consumer);
       if (wg_thread == 0) {
+        if constexpr (kBf16) {
+          tma_store_3d(&map_c, staging + buffer, w.n0 + part * kWeightGradStagingCols, row_base, w.g);
+        } else {
 #pragma unroll
-        for (int box = 0; box < kWeightGradStagingCols / kWeightGradStoreBoxCols; ++box) {
-          const int col = part * kWeightGradStagingCols + box * kWeightGradStoreBoxCols;
-          if (col < cols_valid)
-            tma_store_3d(&map_c, staging + buffer + box * kWeightGradStoreBoxBytes, w.n0 + col, row_base, w.g);
+          for (int box = 0; box < kWeightGradStagingCols / kWeightGradStoreBoxCols; ++box) {
+            const int col = part * kWeightGradStagingCols + box * kWeightGradStoreBoxCols;
+            if (col < cols_valid)
+              tma_store_3d(&map_c, staging + buffer + box * kWeightGradStoreBoxBytes, w.n0 + col, row_base, w.g);
+          }
         }
         bulk_commit();
       }
@@ -803,10 +844,10 @@ static_assert(kWeightGradSquaresScratchBytes >=
                   kSumOfSquaresWorkspaceBytes + kMaxSquaresBlocks * kConsumers * 4 * sizeof(double),
               "the squares scratch holds every consumer warp's sum");
 
-template <bool kSquares>
+template <typename Out, bool kSquares>
 void launch_weight_grad(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_c,
                         const WeightGradParams& params, unsigned grid, cudaStream_t stream) {
-  auto kernel = grouped_gemm_weight_grad_wgmma_kernel<kSquares>;
+  auto kernel = grouped_gemm_weight_grad_wgmma_kernel<Out, kSquares>;
   static bool attribute_set = false;  // a host-side attribute, no sync
   if (!attribute_set) {
     allow_dynamic_shared_memory(kernel, kWeightGradSmemBytes, "grouped GEMM dW (wgmma)");
@@ -877,10 +918,14 @@ void rows_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, bool b_stored_nk
   }
 }
 
-void weight_grad_written_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, const int32_t* offsets,
-                               int num_groups, int m, int n, cudaStream_t stream, const WeightGradSquares* squares) {
+void weight_grad_written_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, void* c, DType c_dtype,
+                               const int32_t* offsets, int num_groups, int m, int n, cudaStream_t stream,
+                               const WeightGradSquares* squares) {
   CHECK(mma_applies(a, b, c, m, n), "grouped GEMM dW (wgmma): m=", m, " and n=", n,
         " must be multiples of 8 and the operands 16-byte aligned");
+  CHECK(c_dtype == DType::f32 || c_dtype == DType::bf16,
+        "grouped GEMM dW (wgmma): the gradient must be f32 or bf16, got ", dtype_name(c_dtype));
+  const bool bf16 = c_dtype == DType::bf16;
   require_sm90a_kernels("grouped GEMM dW (wgmma)");
   double* warp_sums = squares == nullptr ? nullptr
                                          : reinterpret_cast<double*>(static_cast<char*>(squares->scratch) +
@@ -913,17 +958,27 @@ void weight_grad_written_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, f
   const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(n), rows}, b_strides[1] = {static_cast<cuuint64_t>(n) * 2};
   const CUtensorMap map_a = bf16_tensor_map(a, 2, a_dims, a_strides, box);
   const CUtensorMap map_b = bf16_tensor_map(b, 2, b_dims, b_strides, box);
-  // c [G, M, N] f32 as a 3D map (N, M, G) of 32 x 64 boxes: what a box holds past M or N is not stored.
+  // c [G, M, N] as a 3D map (N, M, G) of 128-byte-wide boxes, 64 rows high: f32 32 x 64, bf16
+  // 64 x 64 (one staging part). What a box holds past M or N is not stored.
+  const cuuint64_t element_bytes = bf16 ? 2 : 4;
   const cuuint64_t c_dims[3] = {static_cast<cuuint64_t>(n), static_cast<cuuint64_t>(m),
                                 static_cast<cuuint64_t>(num_groups)};
-  const cuuint64_t c_strides[2] = {static_cast<cuuint64_t>(n) * 4, static_cast<cuuint64_t>(m) * n * 4};
-  const cuuint32_t c_box[3] = {kWeightGradStoreBoxCols, 64, 1};
-  const CUtensorMap map_c = f32_tensor_map(c, 3, c_dims, c_strides, c_box);
+  const cuuint64_t c_strides[2] = {static_cast<cuuint64_t>(n) * element_bytes,
+                                   static_cast<cuuint64_t>(m) * n * element_bytes};
+  const cuuint32_t c_box[3] = {static_cast<cuuint32_t>(bf16 ? kWeightGradStagingCols : kWeightGradStoreBoxCols), 64, 1};
+  const CUtensorMap map_c =
+      bf16 ? bf16_tensor_map(c, 3, c_dims, c_strides, c_box) : f32_tensor_map(c, 3, c_dims, c_strides, c_box);
   if (squares == nullptr) {
-    launch_weight_grad<false>(map_a, map_b, map_c, params, grid, stream);
+    if (bf16)
+      launch_weight_grad<nvbf16, false>(map_a, map_b, map_c, params, grid, stream);
+    else
+      launch_weight_grad<float, false>(map_a, map_b, map_c, params, grid, stream);
     return;
   }
-  launch_weight_grad<true>(map_a, map_b, map_c, params, grid, stream);
+  if (bf16)
+    launch_weight_grad<nvbf16, true>(map_a, map_b, map_c, params, grid, stream);
+  else
+    launch_weight_grad<float, true>(map_a, map_b, map_c, params, grid, stream);
   // The blocks' warp sums, added in order.
   sum_of_squares_cuda(nullptr, 0, warp_sums, static_cast<int64_t>(grid) * kConsumers * 4, divisor, squares->sum,
                       squares->scratch, stream);

@@ -155,13 +155,13 @@ void lora_experts_backward_cuda(const __nv_bfloat16* xp, const __nv_bfloat16* dy
     // xa recomputed; dB_e [out, r] = dy_e^T xa_e (scaled when added back), dA_e [r, in] += dxa_e^T xp_e.
     grouped_gemm_rows_cuda(xp, adapter.a, true, s.xa, DType::bf16, offsets, d.num_experts, d.max_rows, d.rank,
                            d.in_features, s.tiles, s.tiles_bytes, stream);
-    grouped_gemm_weight_grad_cuda(dy, s.xa, s.d_b, offsets, d.num_experts, d.out_features, d.rank,
+    grouped_gemm_weight_grad_cuda(dy, s.xa, s.d_b, DType::f32, offsets, d.num_experts, d.out_features, d.rank,
                                   WeightGradOutput::written, stream);
     scatter_add_db_kernel<<<grid_for(d.num_experts * d.out_features * d.rank), 256, 0, stream>>>(
         s.d_b, adapter.grad_b, adapter.scaling, d.num_experts, d.out_features, d.rank);
     CUDA_CHECK_LAUNCH();
-    grouped_gemm_weight_grad_cuda(s.dxa, xp, adapter.grad_a, offsets, d.num_experts, d.rank, d.in_features,
-                                  WeightGradOutput::added_to, stream);
+    grouped_gemm_weight_grad_cuda(s.dxa, xp, adapter.grad_a, DType::f32, offsets, d.num_experts, d.rank,
+                                  d.in_features, WeightGradOutput::added_to, stream);
   }
   if (dx != nullptr) {
     // dx [R, in] += dxa A_e (A_e [r, in] stored [K, N]).

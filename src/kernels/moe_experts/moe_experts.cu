@@ -161,11 +161,13 @@ void moe_experts_forward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& 
 
 void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
                                const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
-                               const __nv_bfloat16* dy, __nv_bfloat16* dx, float* d_topk_weight, float* d_gate_up,
-                               float* d_down, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                               const MoeExpertsLora* lora, WeightGradOutput expert_grads,
+                               const __nv_bfloat16* dy, __nv_bfloat16* dx, float* d_topk_weight, void* d_gate_up,
+                               void* d_down, DType grad_dtype, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream, const MoeExpertsLora* lora, WeightGradOutput expert_grads,
                                const ExpertGradSquares* squares, const MoeExpertRows* kept) {
   check_dims(dims, "moe_experts_backward_cuda");
+  CHECK(grad_dtype == DType::f32 || grad_dtype == DType::bf16,
+        "moe_experts_backward_cuda: the expert weight gradients must be f32 or bf16, got ", dtype_name(grad_dtype));
   CHECK(squares == nullptr || expert_grads == WeightGradOutput::written,
         "moe_experts_backward_cuda: the gradients' sums of squares are formed when they are written");
   const bool gate_up_lora = lora != nullptr && lora->gate_up.attached();
@@ -177,9 +179,10 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
     CUDA_CHECK(cudaMemsetAsync(squares->down, 0, sizeof(double), stream));
   if (dims.num_tokens == 0) {
     if (expert_grads == WeightGradOutput::written) {  // no rows: the written gradient is zero
-      const size_t elements = static_cast<size_t>(dims.num_experts * dims.intermediate * dims.hidden);
-      if (d_down != nullptr) CUDA_CHECK(cudaMemsetAsync(d_down, 0, elements * sizeof(float), stream));
-      if (d_gate_up != nullptr) CUDA_CHECK(cudaMemsetAsync(d_gate_up, 0, 2 * elements * sizeof(float), stream));
+      const size_t bytes = static_cast<size_t>(dims.num_experts * dims.intermediate * dims.hidden) *
+                           dtype_size(grad_dtype);  // of d_down; d_gate_up has twice as many
+      if (d_down != nullptr) CUDA_CHECK(cudaMemsetAsync(d_down, 0, bytes, stream));
+      if (d_gate_up != nullptr) CUDA_CHECK(cudaMemsetAsync(d_gate_up, 0, 2 * bytes, stream));
     }
     return;
   }
@@ -236,11 +239,11 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
                                                                : WeightGradSquares{squares->gate_up, squares->divisor,
                                                                                    squares->scratch};
   if (d_down != nullptr)
-    grouped_gemm_weight_grad_cuda(dyp, hw, d_down, plan.expert_offsets, E, C, I, expert_grads, stream,
+    grouped_gemm_weight_grad_cuda(dyp, hw, d_down, grad_dtype, plan.expert_offsets, E, C, I, expert_grads, stream,
                                   squares == nullptr ? nullptr : &down_squares);
   if (d_gate_up != nullptr)
-    grouped_gemm_weight_grad_cuda(d_gu, xp, d_gate_up, plan.expert_offsets, E, 2 * I, C, expert_grads, stream,
-                                  squares == nullptr ? nullptr : &gate_up_squares);
+    grouped_gemm_weight_grad_cuda(d_gu, xp, d_gate_up, grad_dtype, plan.expert_offsets, E, 2 * I, C, expert_grads,
+                                  stream, squares == nullptr ? nullptr : &gate_up_squares);
   if (down_lora && lora->down.grad_a != nullptr) {
     // dA, dB of the down adapter from dY and the weighted activations (as d_down above).
     lora_experts_backward_cuda(hw, dyp, lora->down, plan.expert_offsets, nullptr, DType::f32,

@@ -1,6 +1,7 @@
 // CUDA routed experts (the spec is moe_experts.h): a routing plan built on the device (expert
 // counts, offsets, expert-major order), permute, grouped GEMMs, SiLU gate, deterministic combine.
-// bf16 activations and weights, fp32 routing weights and accumulation, fp32 weight gradients.
+// bf16 activations and weights, fp32 routing weights and accumulation, fp32 or bf16 weight
+// gradients.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -72,16 +73,20 @@ struct ExpertGradSquares {
 };
 
 // dy [T, C] bf16 -> dx [T, C] bf16 and d_topk_weight [T, K] f32 written; d_gate_up [E, 2I, C]
-// and d_down [E, C, I] f32 added to, or with expert_grads = written overwritten (zeros for experts
+// and d_down [E, C, I] added to, or with expert_grads = written overwritten (zeros for experts
 // without rows, and everywhere when T = 0), so that a step's first product needs no zeroed
-// gradient (null: frozen, the weight products are skipped). The permuted inputs and the gate/up
-// rows come from `kept` (the same forward's `keep`, read only here) where it holds them, else they
-// are formed again (the same bits: the same permute, the same product of the same operands).
-// squares (written only; null: none): each written gradient's sum of squares, 0 for one not formed.
+// gradient (null: frozen, the weight products are skipped). Both gradients are grad_dtype, f32 or
+// bf16 (grouped_gemm_weight_grad_cuda's rounding: each product accumulated in fp32, added to the
+// widened value and rounded once). The permuted inputs and the gate/up rows come from `kept` (the
+// same forward's `keep`, read only here) where it holds them, else they are formed again (the same
+// bits: the same permute, the same product of the same operands).
+// squares (written only; null: none): each written gradient's sum of squares (of the stored values),
+// 0 for one not formed.
 void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan& plan, const __nv_bfloat16* x,
                                const float* topk_weight, const __nv_bfloat16* gate_up, const __nv_bfloat16* down,
-                               const __nv_bfloat16* dy, __nv_bfloat16* dx, float* d_topk_weight, float* d_gate_up,
-                               float* d_down, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                               const __nv_bfloat16* dy, __nv_bfloat16* dx, float* d_topk_weight, void* d_gate_up,
+                               void* d_down, DType grad_dtype, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream,
                                const MoeExpertsLora* lora = nullptr,
                                WeightGradOutput expert_grads = WeightGradOutput::added_to,
                                const ExpertGradSquares* squares = nullptr, const MoeExpertRows* kept = nullptr);

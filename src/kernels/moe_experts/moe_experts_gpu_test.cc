@@ -1,7 +1,7 @@
 // GPU test of the routed experts against the CPU reference: routing plan (exact), forward,
 // backward (dx, routing-weight and weight gradients) over T=1, odd H, experts without tokens,
 // and the Qwen3.5-35B-A3B widths; determinism, also with the forward's expert rows kept for the
-// backward; timing at 8192 tokens.
+// backward; bf16 weight gradients against the f32 ones rounded; timing at 8192 tokens.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -192,7 +192,7 @@ void check_case(const ExpertCase& c, uint64_t seed) {
                            bf16_mut(y_d), fwd_ws.data(), fwd_ws.bytes(), nullptr);
   moe_experts_backward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
                             bf16_ptr(dy_d), bf16_mut(dx_d), f32_ptr(dw_d), f32_ptr(d_gu_d), f32_ptr(d_down_d),
-                            bwd_ws.data(), bwd_ws.bytes(), nullptr);
+                            DType::f32, bwd_ws.data(), bwd_ws.bytes(), nullptr);
   device_synchronize();
   check_plan(p.plan, idx, dims);
 
@@ -274,8 +274,8 @@ TEST(MoeExpertsGpu, IsDeterministicAndKeptRowsGiveTheSameBits) {
       CUDA_CHECK(cudaMemset(bwd_ws.data(), 0xFF, bwd_ws.bytes()));
       moe_experts_backward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
                                 bf16_ptr(dy_d), bf16_mut(dx_d), f32_ptr(dw_d), f32_ptr(d_gu_d), f32_ptr(d_down_d),
-                                bwd_ws.data(), bwd_ws.bytes(), nullptr, nullptr, WeightGradOutput::added_to, nullptr,
-                                rows_kept);
+                                DType::f32, bwd_ws.data(), bwd_ws.bytes(), nullptr, nullptr,
+                                WeightGradOutput::added_to, nullptr, rows_kept);
       std::vector<HostTensor> out;
       for (DeviceTensor* t : {&dx_d, &dw_d, &d_gu_d, &d_down_d}) out.push_back(to_host(t->view));
       return out;
@@ -321,6 +321,133 @@ TEST(MoeExpertsGpu, IsDeterministicAndKeptRowsGiveTheSameBits) {
                   static_cast<long long>(differing), outputs[0].size());
       EXPECT_EQ(differing, 0) << "I " << c.inter << ", run " << run;
     }
+  }
+}
+
+// Widened bf16 values of a downloaded tensor: fp64 sum of fl32(fl64(v) / divisor)^2, the norm's formula.
+double host_sum_of_squares(const HostTensor& stored, double divisor) {
+  const HostTensor c = stored.to_f32();
+  double sum = 0.0;
+  for (int64_t i = 0; i < c.numel(); ++i) {
+    const auto q = static_cast<float>(static_cast<double>(c.as<float>()[i]) / divisor);
+    sum += static_cast<double>(q) * static_cast<double>(q);
+  }
+  return sum;
+}
+
+// Elements of a bf16 tensor whose bits differ from an f32 tensor's rounded to nearest even.
+int64_t bf16_bits_differing(const HostTensor& got_bf16, const HostTensor& f32) {
+  const HostTensor want = f32.to_dtype(DType::bf16);
+  const auto* got_bits = static_cast<const uint16_t*>(got_bf16.data());
+  const auto* want_bits = static_cast<const uint16_t*>(want.data());
+  int64_t differing = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) differing += got_bits[i] != want_bits[i];
+  return differing;
+}
+
+// Expert gradients in bf16 (grad_dtype) are the f32 run's gradients rounded to nearest even, bit for
+// bit: the grouped GEMM accumulates the same fp32 products p with the same kernel whatever c's type
+// (its choice depends on shapes and alignment only), and stores bf16_rn(p) for p when written,
+// bf16_rn(float(c) + p) for float(c) + p when added to, from the same bf16 starting values (exact
+// in f32). Over the 16-byte paths (I = 96, 40) and the element paths (odd H and I); the gradients
+// must move (no tautology from products skipped in both). Written, with squares: those of the
+// stored bf16 values. T = 0 written: bf16 zeros over exactly the gradients' bytes.
+TEST(MoeExpertsGpu, Bf16GradientsAreTheF32OnesRounded) {
+  const ExpertCase cases[] = {{200, 256, 16, 12, 4, 96}, {37, 53, 7, 7, 3, 19}, {150, 136, 32, 30, 8, 40}};
+  uint64_t seed = 2000;
+  for (const ExpertCase& c : cases) {
+    const MoeExpertsDims dims{c.tokens, c.hidden, c.experts, c.top_k, c.inter};
+    HostTensor idx, weight;
+    random_routing(c.tokens, c.used_experts, c.top_k, seed += 10, &idx, &weight);
+    DeviceTensor idx_d = to_device(idx), weight_d = to_device(weight, DType::f32);
+    DeviceTensor x_d = to_device(random_normal_tensor({c.tokens, c.hidden}, seed + 1), DType::bf16);
+    DeviceTensor gu_d = to_device(random_normal_tensor({c.experts, 2 * c.inter, c.hidden}, seed + 2, 0.06f),
+                                  DType::bf16);
+    DeviceTensor down_d = to_device(random_normal_tensor({c.experts, c.hidden, c.inter}, seed + 3, 0.1f), DType::bf16);
+    DeviceTensor dy_d = to_device(random_normal_tensor({c.tokens, c.hidden}, seed + 4), DType::bf16);
+    // Starting gradients exact in bf16, so that both runs add to the same values.
+    const HostTensor d_gu_init =
+        random_normal_tensor({c.experts, 2 * c.inter, c.hidden}, seed + 5, 0.1f).to_dtype(DType::bf16);
+    const HostTensor d_down_init =
+        random_normal_tensor({c.experts, c.hidden, c.inter}, seed + 6, 0.1f).to_dtype(DType::bf16);
+    DevicePlan p = build_plan(idx_d, dims);
+    DeviceBuffer bwd_ws(moe_experts_backward_workspace_bytes(dims));
+    DeviceBuffer sums(2 * sizeof(double)), scratch(kWeightGradSquaresScratchBytes);
+    const double divisor = 3.0;
+    for (WeightGradOutput output : {WeightGradOutput::added_to, WeightGradOutput::written}) {
+      const bool written = output == WeightGradOutput::written;
+      // One backward with gradients of grad_dtype: d_gate_up, d_down (as stored) and, written, the
+      // two sums of squares.
+      auto backward = [&](DType grad_dtype, std::vector<double>* squares_out) {
+        DeviceTensor dx_d = device_tensor(DType::bf16, {c.tokens, c.hidden});
+        DeviceTensor dw_d = device_tensor(DType::f32, {c.tokens, c.top_k});
+        DeviceTensor d_gu_d = to_device(d_gu_init, grad_dtype), d_down_d = to_device(d_down_init, grad_dtype);
+        if (written) {
+          device_fill_bytes(d_gu_d.view, 0xFF);
+          device_fill_bytes(d_down_d.view, 0xFF);
+        }
+        CUDA_CHECK(cudaMemset(sums.data(), 0xFF, sums.bytes()));
+        double* sums_d = static_cast<double*>(sums.data());
+        const ExpertGradSquares squares{sums_d, sums_d + 1, divisor, scratch.data()};
+        moe_experts_backward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
+                                  bf16_ptr(dy_d), bf16_mut(dx_d), f32_ptr(dw_d), d_gu_d.view.data, d_down_d.view.data,
+                                  grad_dtype, bwd_ws.data(), bwd_ws.bytes(), nullptr, nullptr, output,
+                                  written ? &squares : nullptr);
+        squares_out->assign(2, 0.0);
+        CUDA_CHECK(cudaMemcpy(squares_out->data(), sums.data(), sums.bytes(), cudaMemcpyDeviceToHost));
+        return std::vector<HostTensor>{to_host(d_gu_d.view), to_host(d_down_d.view)};
+      };
+      std::vector<double> squares_f32, squares_bf16;
+      const std::vector<HostTensor> f32 = backward(DType::f32, &squares_f32);
+      const std::vector<HostTensor> bf16 = backward(DType::bf16, &squares_bf16);
+      const HostTensor* init[2] = {&d_gu_init, &d_down_init};
+      const char* names[2] = {"d_gate_up", "d_down"};
+      for (int t = 0; t < 2; ++t) {
+        const int64_t differing = bf16_bits_differing(bf16[t], f32[t]);
+        // Elements the product changed (from the start, or from the poison when written).
+        const int64_t moved = bf16_bits_differing(bf16[t], written ? HostTensor(DType::f32, bf16[t].shape())
+                                                                   : init[t]->to_f32());
+        std::printf("  I=%lld %s %s: bf16 elements differing from the f32 ones rounded: %lld of %lld (%lld %s)\n",
+                    static_cast<long long>(c.inter), names[t], written ? "written" : "added to",
+                    static_cast<long long>(differing), static_cast<long long>(bf16[t].numel()),
+                    static_cast<long long>(moved), written ? "nonzero" : "changed");
+        EXPECT_EQ(differing, 0) << names[t] << ", I " << c.inter << (written ? ", written" : ", added to");
+        EXPECT_GT(moved, bf16[t].numel() / 4) << names[t] << ", I " << c.inter << ": the products did not reach it";
+        if (written) {
+          const double want = host_sum_of_squares(bf16[t], divisor);
+          EXPECT_NEAR(squares_bf16[static_cast<size_t>(t)], want, kWrittenSquaresRelError * want)
+              << names[t] << ", I " << c.inter << ": the squares of the stored bf16 values";
+        }
+      }
+    }
+  }
+  // T = 0, written: zeros in bf16 over exactly the gradients (the bytes after them untouched), and
+  // zero sums of squares.
+  const MoeExpertsDims empty{0, 40, 8, 2, 24};
+  const int64_t gate_up_count = 8 * 2 * 24 * 40, down_count = 8 * 40 * 24, extra = 64;
+  DeviceTensor d_gu_d = device_tensor(DType::bf16, {gate_up_count + extra});
+  DeviceTensor d_down_d = device_tensor(DType::bf16, {down_count + extra});
+  device_fill_bytes(d_gu_d.view, 0xFF);
+  device_fill_bytes(d_down_d.view, 0xFF);
+  DeviceBuffer sums(2 * sizeof(double)), scratch(kWeightGradSquaresScratchBytes), ws(16);
+  CUDA_CHECK(cudaMemset(sums.data(), 0xFF, sums.bytes()));
+  double* sums_d = static_cast<double*>(sums.data());
+  const ExpertGradSquares squares{sums_d, sums_d + 1, 1.0, scratch.data()};
+  moe_experts_backward_cuda(empty, MoeRoutingPlan{}, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                            d_gu_d.view.data, d_down_d.view.data, DType::bf16, ws.data(), ws.bytes(), nullptr, nullptr,
+                            WeightGradOutput::written, &squares);
+  std::vector<double> got_sums(2);
+  CUDA_CHECK(cudaMemcpy(got_sums.data(), sums.data(), sums.bytes(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got_sums[0], 0.0);
+  EXPECT_EQ(got_sums[1], 0.0);
+  for (const auto& [tensor, count] : {std::pair{&d_gu_d, gate_up_count}, std::pair{&d_down_d, down_count}}) {
+    const HostTensor host = to_host(tensor->view);
+    const auto* bits = static_cast<const uint16_t*>(host.data());
+    int64_t not_zero = 0, overwritten = 0;
+    for (int64_t i = 0; i < count; ++i) not_zero += bits[i] != 0;
+    for (int64_t i = count; i < count + extra; ++i) overwritten += bits[i] != 0xFFFF;
+    EXPECT_EQ(not_zero, 0) << "T = 0: a written bf16 gradient of " << count << " elements not zeroed";
+    EXPECT_EQ(overwritten, 0) << "T = 0: bytes past a bf16 gradient of " << count << " elements written";
   }
 }
 
@@ -372,7 +499,7 @@ TEST(MoeExpertsGpu, Timing35B) {
       [&](cudaStream_t s) {
         moe_experts_backward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
                                   bf16_ptr(dy_d), bf16_mut(dx_d), f32_ptr(dw_d), f32_ptr(d_gu_d), f32_ptr(d_down_d),
-                                  bwd_ws.data(), bwd_ws.bytes(), s);
+                                  DType::f32, bwd_ws.data(), bwd_ws.bytes(), s);
       },
       nullptr);
   print_flop_timing("backward (recompute + 5 grouped GEMMs)", bwd_ms, 3 * gate_up_flops + 2 * down_flops);

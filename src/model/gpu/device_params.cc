@@ -1,5 +1,5 @@
 // DeviceParams: flat buffers per kind (bf16 weights, fp32 master, split masters' low halves, fp32
-// gradients, fp32 frozen copies), uploads through pinned staging, device init, the typed views.
+// and bf16 gradients, fp32 frozen copies), uploads through pinned staging, device init, the typed views.
 #include "model/gpu/device_params.h"
 
 #include <algorithm>
@@ -53,6 +53,8 @@ DeviceParams::DeviceParams(const std::vector<DeviceParamSpec>& specs, bool maste
     }
     CHECK(!spec.master_split || (spec.trained && !spec.needs_f32), "device params: '", spec.name,
           "' cannot keep its master split: only a trained tensor read in bf16 alone");
+    CHECK(!spec.grad_bf16 || (spec.trained && !spec.needs_f32), "device params: '", spec.name,
+          "' cannot keep a bf16 gradient: only a trained tensor read in bf16 alone");
     if (spec.trained) {
       slot.trained_index = trained_.add(spec.name, spec.shape);
       // A split master stays here even where the other masters live with the sharded state.
@@ -61,8 +63,13 @@ DeviceParams::DeviceParams(const std::vector<DeviceParamSpec>& specs, bool maste
       } else if (!master_elsewhere) {
         slot.master_offset = master_layout_.entry(master_layout_.add(spec.name, spec.shape)).offset;
       }
-      slot.grad_offset = trained_.entry(slot.trained_index).offset;
-      if (gradients != nullptr) {
+      if (spec.grad_bf16) {
+        slot.grad_bf16_offset = bf16_grads_layout_.entry(bf16_grads_layout_.add(spec.name, spec.shape)).offset;
+        CHECK(gradients == nullptr || gradients->offset.count(spec.name) == 0, "device params: '", spec.name,
+              "' keeps a bf16 gradient of its own and cannot be placed among the fp32 ones");
+      } else if (gradients == nullptr) {
+        slot.grad_offset = f32_grads_layout_.entry(f32_grads_layout_.add(spec.name, spec.shape)).offset;
+      } else {
         const auto at = gradients->offset.find(spec.name);
         CHECK(at != gradients->offset.end(), "device params: no gradient place for trained '", spec.name, "'");
         CHECK(at->second >= 0 && at->second + slot.numel <= gradients->elements, "device params: the gradient of '",
@@ -81,9 +88,11 @@ DeviceParams::DeviceParams(const std::vector<DeviceParamSpec>& specs, bool maste
   weights_ = DeviceBuffer(static_cast<size_t>(weights_layout_.total_numel()) * 2);
   master_ = DeviceBuffer(static_cast<size_t>(master_layout_.total_numel()) * 4);
   master_low_ = DeviceBuffer(static_cast<size_t>(low_layout_.total_numel()) * 2);
-  grads_ = DeviceBuffer(static_cast<size_t>(gradients != nullptr ? gradients->elements : trained_.total_numel()) * 4);
+  grads_ = DeviceBuffer(
+      static_cast<size_t>(gradients != nullptr ? gradients->elements : f32_grads_layout_.total_numel()) * 4);
+  grads_bf16_ = DeviceBuffer(static_cast<size_t>(bf16_grads_layout_.total_numel()) * 2);
   frozen_f32_ = DeviceBuffer(static_cast<size_t>(frozen_layout_.total_numel()) * 4);
-  for (DeviceBuffer* buffer : {&weights_, &master_, &master_low_, &grads_, &frozen_f32_})
+  for (DeviceBuffer* buffer : {&weights_, &master_, &master_low_, &grads_, &grads_bf16_, &frozen_f32_})
     CUDA_CHECK(cudaMemset(buffer->data(), 0, buffer->bytes()));
 }
 
@@ -102,7 +111,10 @@ DeviceParam DeviceParams::param(const std::string& name, bool needs_f32) const {
   p.numel = s.numel;
   if (s.trained_index >= 0) {
     if (s.master_offset >= 0) p.f32 = master_.as<float>() + s.master_offset;
-    p.grad = grads_.as<float>() + s.grad_offset;
+    if (s.grad_bf16_offset >= 0)
+      p.grad_bf16 = reinterpret_cast<DeviceBf16*>(grads_bf16_.as<__nv_bfloat16>() + s.grad_bf16_offset);
+    else
+      p.grad = grads_.as<float>() + s.grad_offset;
   }
   if (s.frozen_offset >= 0) p.f32 = frozen_f32_.as<float>() + s.frozen_offset;
   CHECK(!needs_f32 || p.f32 != nullptr, "device params: '", name, "' is read in fp32 but has no fp32 values ",
@@ -218,6 +230,19 @@ std::vector<MasterSpan> DeviceParams::trained_masters() const {
   return out;
 }
 
+std::vector<GradientSpan> DeviceParams::trained_gradients() const {
+  std::vector<GradientSpan> out;
+  for (const ParamEntry& e : trained_.entries()) {
+    const Slot& s = slot(e.name);
+    CHECK(!s.grad_aliased, "device params: the gradient of '", e.name, "' shares memory with others");
+    if (s.grad_bf16_offset >= 0)
+      out.push_back({grads_bf16_.as<__nv_bfloat16>() + s.grad_bf16_offset, DType::bf16});
+    else
+      out.push_back({grads_.as<float>() + s.grad_offset, DType::f32});
+  }
+  return out;
+}
+
 MasterSpan DeviceParams::split_master_span(const std::string& name) const {
   const Slot& s = slot(name);
   CHECK(s.low_offset >= 0, "device params: the master of '", name, "' is not kept split");
@@ -294,20 +319,33 @@ void DeviceParams::refresh_trained_weights(cudaStream_t stream) const {
 void DeviceParams::zero_gradients(cudaStream_t stream, bool leave_written_first) const {
   if (!leave_written_first) {
     CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream));
+    CUDA_CHECK(cudaMemsetAsync(grads_bf16_.data(), 0, grads_bf16_.bytes(), stream));
     return;
   }
+  CHECK(bf16_grads_layout_.num_tensors() == 0 || bf16_written_first_,
+        "device params: the bf16 gradients are left to their first products, but set_written_first did not name them");
   for (const auto& [offset, count] : zeroed_when_leaving_)
     CUDA_CHECK(cudaMemsetAsync(grads_.as<float>() + offset, 0, static_cast<size_t>(count) * sizeof(float), stream));
 }
 
 void DeviceParams::set_written_first(const std::vector<std::string>& names) {
   std::vector<std::pair<int64_t, int64_t>> left;  // (offset, count) in grads_, sorted below
+  int bf16_named = 0;
   for (const std::string& name : names) {
     const Slot& s = slot(name);
     CHECK(s.trained_index >= 0 && !s.grad_aliased, "device params: '", name,
           "' has no gradient of its own to be written first");
+    if (s.grad_bf16_offset >= 0) {
+      ++bf16_named;
+      continue;
+    }
     left.emplace_back(s.grad_offset, s.numel);
   }
+  // The bf16 gradients have no zeroing pass of their own: all of them are written first, or none
+  // (then zero_gradients(.., true) refuses).
+  bf16_written_first_ = bf16_named == bf16_grads_layout_.num_tensors();
+  CHECK(bf16_named == 0 || bf16_written_first_, "device params: ", bf16_named, " of the ",
+        bf16_grads_layout_.num_tensors(), " bf16 gradients are named to be written first: all of them or none");
   std::sort(left.begin(), left.end());
   zeroed_when_leaving_.clear();
   const int64_t total = static_cast<int64_t>(grads_.bytes() / sizeof(float));
@@ -337,6 +375,13 @@ std::vector<float> DeviceParams::read_gradient(const std::string& name) const {
         "shares its memory; read this rank's reduced piece instead");
   std::vector<float> host(static_cast<size_t>(s.numel));
   CUDA_CHECK(cudaDeviceSynchronize());
+  if (s.grad_bf16_offset >= 0) {
+    std::vector<uint16_t> bits(host.size());
+    CUDA_CHECK(cudaMemcpy(bits.data(), grads_bf16_.as<__nv_bfloat16>() + s.grad_bf16_offset, bits.size() * 2,
+                          cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < bits.size(); ++i) host[i] = bf16_bits_to_float(bits[i]);
+    return host;
+  }
   CUDA_CHECK(cudaMemcpy(host.data(), grads_.as<float>() + s.grad_offset, host.size() * 4, cudaMemcpyDeviceToHost));
   return host;
 }
@@ -360,7 +405,8 @@ std::vector<float> DeviceParams::read_values(const std::string& name) const {
 }
 
 DeviceParamBytes DeviceParams::bytes() const {
-  return {weights_.bytes(), master_.bytes() + master_low_.bytes(), grads_.bytes(), frozen_f32_.bytes()};
+  return {weights_.bytes(), master_.bytes() + master_low_.bytes(), grads_.bytes() + grads_bf16_.bytes(),
+          frozen_f32_.bytes()};
 }
 
 }  // namespace deltamoe

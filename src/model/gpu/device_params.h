@@ -1,6 +1,6 @@
 // DeviceParams: the one owner of a model's parameters on the device — the bf16 working weights of
-// every tensor, the fp32 master and the fp32 gradients of the trained ones, and fp32 copies of the
-// frozen tensors the math reads in fp32. A trained tensor the math reads only in bf16 may keep its
+// every tensor, the fp32 master and the gradients of the trained ones (fp32, or bf16 where the spec
+// says: the routed experts'), and fp32 copies of the frozen tensors the math reads in fp32. A trained tensor the math reads only in bf16 may keep its
 // master split (optim/split_master.h): its bf16 weight is the master's high half and a 16-bit low
 // half lies beside it, 2 bytes a parameter instead of 4 + AdamW's separate bf16 write. Frozen
 // tensors have no master and no gradient. The GPU models read it through typed views (DeviceParam)
@@ -48,6 +48,12 @@ struct DeviceParamSpec {
   // master with ties away from zero) plus a low half, kept here even with master_elsewhere. Not
   // for tensors read in fp32 (their math needs the fp32 values).
   bool master_split = false;
+  // The gradient stored in bf16 (a buffer of its own, not placed by GradientPlacement): the routed
+  // experts', whose products round each micro-batch's sum to bf16 where autocast rounds a weight
+  // gradient, and add later micro-batches in fp32 onto the widened value. Half the bytes the
+  // products write and AdamW reads, and half the memory (docs/optimizer.md, "How the engines use
+  // it"). Trained tensors read in bf16 only, whose gradients are written first (set_written_first).
+  bool grad_bf16 = false;
 };
 
 // Where the trained tensors' gradients live when the gradient buffer is not simply the trained
@@ -63,7 +69,7 @@ struct GradientPlacement {
 struct DeviceParamBytes {
   size_t weights = 0;     // bf16, every tensor
   size_t master = 0;      // trained tensors: fp32, or the low halves of split masters
-  size_t gradients = 0;   // fp32, trained tensors
+  size_t gradients = 0;   // fp32 and bf16, trained tensors
   size_t frozen_f32 = 0;  // fp32 copies of frozen tensors read in fp32 (and, master_elsewhere, of trained ones)
 };
 
@@ -98,10 +104,18 @@ class DeviceParams {
                    cudaStream_t stream) const;
   bool master_elsewhere() const { return master_elsewhere_; }
 
-  // The trained tensors' flat layout (gradients and the optimizer's moments follow it unless placed
-  // otherwise) and the gradient buffer.
+  // The trained tensors' flat layout (the optimizer's moments follow it) and the fp32 gradient
+  // buffer (placed, or the trained tensors with fp32 gradients in spec order; trained_gradients()
+  // says where each piece's gradient is).
   const ParamLayout& trained_layout() const { return trained_; }
   float* gradients() const { return grads_.as<float>(); }
+  int64_t num_f32_gradients() const { return static_cast<int64_t>(grads_.bytes() / sizeof(float)); }
+  // The bf16 gradients (grad_bf16 tensors, in spec order, each at its bf16_gradient_layout offset).
+  const ParamLayout& bf16_gradient_layout() const { return bf16_grads_layout_; }
+  __nv_bfloat16* bf16_gradients() const { return grads_bf16_.as<__nv_bfloat16>(); }
+  // Per trained piece, where AdamW finds its gradient (fp32 or bf16). Not with a placement that
+  // aliases gradients (the sharded state gives AdamW its own reduced pieces).
+  std::vector<GradientSpan> trained_gradients() const;
   // Per trained piece, where AdamW finds its master: fp32 with its bf16 copy, or split. Not with
   // master_elsewhere.
   std::vector<MasterSpan> trained_masters() const;
@@ -118,7 +132,7 @@ class DeviceParams {
   void refresh_trained_weights(cudaStream_t stream) const;
   // Zeroes the gradients; with leave_written_first, not those of the tensors named to
   // set_written_first (their first product of a step writes them: the routed experts'), so the
-  // step's zeroing pass skips their bytes.
+  // step's zeroing pass skips their bytes. Every bf16 gradient must be named there.
   void zero_gradients(cudaStream_t stream, bool leave_written_first = false) const;
   void set_written_first(const std::vector<std::string>& names);
   // The gradient memory outside the written-first tensors, as a device array of spans (built by
@@ -127,7 +141,8 @@ class DeviceParams {
   const DeviceF32Span* spans_not_written_first() const { return unwritten_spans_.as<DeviceF32Span>(); }
   int num_spans_not_written_first() const { return static_cast<int>(zeroed_when_leaving_.size()); }
 
-  // Tests and parity: the fp32 gradient or the fp32 values (master, or bf16 widened) of one tensor.
+  // Tests and parity: the gradient (widened from bf16 where stored so) or the fp32 values (master,
+  // or bf16 widened) of one tensor.
   std::vector<float> read_gradient(const std::string& name) const;
   std::vector<float> read_values(const std::string& name) const;
 
@@ -141,7 +156,8 @@ class DeviceParams {
     int trained_index = -1;     // in trained_ (gradients unless placed elsewhere)
     int64_t master_offset = -1;  // in master_ (fp32 elements): trained tensors with an fp32 master here
     int64_t low_offset = -1;     // in master_low_ (16-bit elements): split masters
-    int64_t grad_offset = -1;   // in grads_ (fp32 elements), trained tensors
+    int64_t grad_offset = -1;   // in grads_ (fp32 elements), trained tensors with an fp32 gradient
+    int64_t grad_bf16_offset = -1;  // in grads_bf16_ (bf16 elements), trained tensors with a bf16 gradient
     bool grad_aliased = false;  // shares its gradient memory with other tensors
     int64_t frozen_offset = -1;  // in frozen_f32_ (fp32 elements), or -1
   };
@@ -155,11 +171,14 @@ class DeviceParams {
   bool master_elsewhere_ = false;
   std::vector<Slot> slots_;
   std::unordered_map<std::string, int> index_;
-  ParamLayout weights_layout_, trained_, frozen_layout_, master_layout_, low_layout_;
-  DeviceBuffer weights_, master_, master_low_, grads_, frozen_f32_;
+  // The gradients' own layouts: fp32 ones (unless placed) and bf16 ones, each in spec order.
+  ParamLayout weights_layout_, trained_, frozen_layout_, master_layout_, low_layout_, f32_grads_layout_,
+      bf16_grads_layout_;
+  DeviceBuffer weights_, master_, master_low_, grads_, grads_bf16_, frozen_f32_;
   // The pieces of grads_ zero_gradients(.., true) clears: all but the written-first tensors'
   // (element offset, count), in order.
   std::vector<std::pair<int64_t, int64_t>> zeroed_when_leaving_;
+  bool bf16_written_first_ = false;  // set_written_first named every bf16 gradient
   DeviceBuffer unwritten_spans_;  // the same pieces as DeviceF32Span, on the device
 };
 

@@ -33,26 +33,35 @@ int64_t align_up(int64_t elements) {
   return (elements + kFlatAlignmentElements - 1) / kFlatAlignmentElements * kFlatAlignmentElements;
 }
 
-// The gradient buffer of a rank: its trained expert slices where the trained layout puts them (the
-// front: AdamW reads them in place), then the shared region (sharded_region.h), where every dense
+// The fp32 gradient buffer of a rank: its trained expert slices where the trained layout puts them
+// (the front: AdamW reads them in place) unless they keep bf16 gradients of their own
+// (DeviceParamSpec::grad_bf16), then the shared region (sharded_region.h), where every dense
 // tensor sits at its position in its group (the reduce-scatter's input order).
 GradientPlacement sharded_gradients(const std::vector<DeviceParamSpec>& specs, const ParallelLayout& layout,
                                     const ShardedRegion& region, int64_t* region_begin) {
   ParamLayout trained;
-  for (const DeviceParamSpec& spec : specs)
+  std::unordered_map<std::string, bool> bf16_grad;
+  for (const DeviceParamSpec& spec : specs) {
     if (spec.trained) trained.add(spec.name, spec.shape);
+    bf16_grad[spec.name] = spec.grad_bf16;
+  }
   GradientPlacement placement;
   int64_t experts_end = 0;
+  std::unordered_map<std::string, bool> unplaced;
   for (const auto& [state_index, full_index] : layout.expert_pieces()) {
     const std::string& name = layout.full().entry(full_index).name;
     const int at = trained.find(name);
     CHECK(at >= 0, "train state: this rank's expert slice '", name, "' is not trained on the device");
+    if (bf16_grad[name]) {
+      unplaced[name] = true;
+      continue;
+    }
     placement.offset[name] = trained.entry(at).offset;
     experts_end = std::max(experts_end, trained.entry(at).offset + trained.entry(at).numel);
   }
   *region_begin = align_up(experts_end);
   for (const ParamEntry& entry : trained.entries()) {
-    if (placement.offset.count(entry.name) != 0) continue;
+    if (placement.offset.count(entry.name) != 0 || unplaced.count(entry.name) != 0) continue;
     const int full = layout.full().find(entry.name);
     CHECK(full >= 0, "train state: trained tensor '", entry.name, "' is not in the parallel layout");
     const auto [group, position] = layout.group_position(full);
@@ -124,9 +133,23 @@ void DeviceTrainState::setup_sharded(const std::vector<GradientPhase>& phases) {
     experts_.set_lr_scale(index, piece.lr_scale);
     CHECK(experts_.entry(index).offset == piece.offset && experts_.entry(index).decay == piece.decay,
           "train state: expert piece layout mismatch at '", piece.name, "'");
-    expert_weights_.push_back(weight_of(params_->param(piece.name, false)));
+    const DeviceParam p = params_->param(piece.name, false);
+    expert_weights_.push_back(weight_of(p));
+    expert_grads_.push_back(p.grad_bf16 != nullptr ? GradientSpan{p.grad_bf16, DType::bf16}
+                                                   : GradientSpan{p.grad, DType::f32});
     expert_elements_ = piece.offset + piece.numel;
   }
+  // The expert slices' gradients are bf16 all together or fp32 all together (one all-reduce over
+  // their replicas, one norm pass), and then they are the only bf16 gradients, laid out as the
+  // state's front.
+  int num_bf16 = 0;
+  for (const GradientSpan& g : expert_grads_) num_bf16 += g.dtype == DType::bf16;
+  CHECK(num_bf16 == 0 || num_bf16 == num_expert, "train state: ", num_bf16, " of this rank's ", num_expert,
+        " expert slices keep bf16 gradients: all or none");
+  experts_bf16_grad_ = num_bf16 > 0;
+  CHECK(params_->bf16_gradient_layout().num_tensors() == num_bf16 &&
+            (!experts_bf16_grad_ || params_->bf16_gradient_layout().total_numel() == expert_elements_),
+        "train state: the bf16 gradients are not exactly this rank's expert slices");
   dense_base_ = num_expert < state.num_tensors() ? state.entry(num_expert).offset : state.total_numel();
   CHECK(!experts_split_ || dense_base_ == master_base_, "train state: the dense pieces start at ", dense_base_,
         ", the layout says ", master_base_);
@@ -206,6 +229,7 @@ void DeviceTrainState::setup_sharded(const std::vector<GradientPhase>& phases) {
     expert_masters_ = flat_master_spans(experts_, master_at(0), expert_weights_);
   }
   dense_masters_ = flat_master_spans(dense_, master_at(dense_base_), dense_weights_);
+  dense_grads_ = flat_gradient_spans(dense_, piece_grads_.as<float>());
 
   // The phases in backward order and, for each, how many groups are complete once it is.
   CHECK(layout_->num_groups() == 0 || !phases.empty() || layout_->num_groups() == 1,
@@ -311,7 +335,10 @@ void DeviceTrainState::reduce_groups_before(int end_group) {
 void DeviceTrainState::reduce_gradients() {
   if (!sharded()) return;
   if (expert_replicas_ != nullptr && expert_replicas_->size() > 1 && expert_elements_ > 0) {
-    expert_replicas_->all_reduce(params_->gradients(), params_->gradients(), expert_elements_, DType::f32,
+    // bf16 gradients are summed in bf16, as they are stored.
+    void* grads = experts_bf16_grad_ ? static_cast<void*>(params_->bf16_gradients())
+                                     : static_cast<void*>(params_->gradients());
+    expert_replicas_->all_reduce(grads, grads, expert_elements_, experts_bf16_grad_ ? DType::bf16 : DType::f32,
                                  ReduceOp::sum, CommStream{stream_});
   }
 }
@@ -323,6 +350,8 @@ void DeviceTrainState::start_sharded_sum_of_squares(double divisor, const double
   // so expert_sums covers them), [1]: the dense pieces.
   if (layout_->first_expert_replica() && expert_elements_ > 0 && expert_sums != nullptr) {
     sum_of_squares_cuda(nullptr, 0, expert_sums, num_expert_sums, divisor, result, norm_scratch_.data(), stream_);
+  } else if (layout_->first_expert_replica() && expert_elements_ > 0 && experts_bf16_grad_) {
+    sum_of_squares_cuda(params_->bf16_gradients(), expert_elements_, divisor, result, norm_scratch_.data(), stream_);
   } else if (layout_->first_expert_replica() && expert_elements_ > 0) {
     sum_of_squares_cuda(params_->gradients(), expert_elements_, divisor, result, norm_scratch_.data(), stream_);
   } else {
@@ -342,11 +371,11 @@ void DeviceTrainState::sharded_adamw_step(double lr, const GradientScaling& scal
   const int64_t step = adam_step_ + 1;
   const size_t moment = dtype_size(adamw_.moment_dtype);
   if (experts_.num_tensors() > 0) {
-    adamw_step_cuda(experts_, adamw_, lr, step, scaling, expert_masters_, params_->gradients(), exp_avg_.data(),
+    adamw_step_cuda(experts_, adamw_, lr, step, scaling, expert_masters_, expert_grads_, exp_avg_.data(),
                     exp_avg_sq_.data(), stream_);
   }
   if (dense_.num_tensors() > 0) {
-    adamw_step_cuda(dense_, adamw_, lr, step, scaling, dense_masters_, piece_grads_.as<float>(),
+    adamw_step_cuda(dense_, adamw_, lr, step, scaling, dense_masters_, dense_grads_,
                     exp_avg_.as<char>() + dense_base_ * static_cast<int64_t>(moment),
                     exp_avg_sq_.as<char>() + dense_base_ * static_cast<int64_t>(moment), stream_);
   }

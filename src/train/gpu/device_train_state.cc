@@ -22,6 +22,7 @@ DeviceTrainState::DeviceTrainState(const std::vector<DeviceParamSpec>& specs, co
   norm_scratch_ = DeviceBuffer(kSumOfSquaresWorkspaceBytes + 256);
   norm_host_ = static_cast<double*>(pinned_malloc(2 * sizeof(double), "train state: gradient norm"));
   masters_of_pieces_ = params_->trained_masters();
+  grads_of_pieces_ = params_->trained_gradients();
 }
 
 size_t DeviceTrainState::master_bytes() const {
@@ -42,11 +43,17 @@ void DeviceTrainState::start_sum_of_squares(double divisor, const double* expert
   }
   double* result = reinterpret_cast<double*>(norm_scratch_.as<char>() + kSumOfSquaresWorkspaceBytes);
   if (expert_sums != nullptr) {
+    // Every bf16 gradient is written first (DeviceParams::set_written_first): expert_sums holds them.
     sum_of_squares_cuda(params_->spans_not_written_first(), params_->num_spans_not_written_first(), expert_sums,
                         num_expert_sums, divisor, result, norm_scratch_.data(), stream_);
   } else {
-    sum_of_squares_cuda(params_->gradients(), params_->trained_layout().total_numel(), divisor, result,
-                        norm_scratch_.data(), stream_);
+    // The fp32 and the bf16 gradients' sums, then the two added in that order.
+    double* parts = result + 1;
+    sum_of_squares_cuda(params_->gradients(), params_->num_f32_gradients(), divisor,
+                        parts, norm_scratch_.data(), stream_);
+    sum_of_squares_cuda(params_->bf16_gradients(), params_->bf16_gradient_layout().total_numel(), divisor,
+                        parts + 1, norm_scratch_.data(), stream_);
+    sum_of_squares_cuda(nullptr, 0, parts, 2, divisor, result, norm_scratch_.data(), stream_);
   }
   CUDA_CHECK(cudaMemcpyAsync(norm_host_, result, sizeof(double), cudaMemcpyDeviceToHost, stream_));
 }
@@ -62,7 +69,7 @@ void DeviceTrainState::adamw_step(double lr, const GradientScaling& scaling) {
     return;
   }
   adamw_step_cuda(params_->trained_layout(), adamw_, lr, adam_step_ + 1, scaling, masters_of_pieces_,
-                  params_->gradients(), exp_avg_.data(), exp_avg_sq_.data(), stream_);
+                  grads_of_pieces_, exp_avg_.data(), exp_avg_sq_.data(), stream_);
   ++adam_step_;
 }
 
@@ -125,13 +132,23 @@ void DeviceTrainState::state_restored() {
 
 std::vector<float> DeviceTrainState::read_piece_gradient(int index) const {
   const ParamEntry& entry = layout().entry(index);
-  const float* source = params_->gradients() + entry.offset;
-  if (sharded() && entry.offset >= dense_base_ && index >= experts_.num_tensors()) {
-    source = piece_grads_.as<float>() + (entry.offset - dense_base_);
+  GradientSpan source;
+  if (!sharded()) {
+    source = grads_of_pieces_.at(static_cast<size_t>(index));
+  } else if (index < experts_.num_tensors()) {
+    source = expert_grads_.at(static_cast<size_t>(index));
+  } else {
+    source = {piece_grads_.as<float>() + (entry.offset - dense_base_), DType::f32};
   }
   std::vector<float> host(static_cast<size_t>(entry.numel));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  CUDA_CHECK(cudaMemcpy(host.data(), source, host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  if (source.dtype == DType::bf16) {
+    std::vector<uint16_t> bits(host.size());
+    CUDA_CHECK(cudaMemcpy(bits.data(), source.data, bits.size() * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < bits.size(); ++i) host[i] = bf16_bits_to_float(bits[i]);
+  } else {
+    CUDA_CHECK(cudaMemcpy(host.data(), source.data, host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  }
   return host;
 }
 

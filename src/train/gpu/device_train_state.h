@@ -1,5 +1,6 @@
 // DeviceTrainState: the GPU engine's training state — the model's parameters (DeviceParams: bf16
-// weights, fp32 master, fp32 gradients, fp32 copies of frozen tensors read in fp32) plus the AdamW
+// weights, fp32 master, gradients (fp32; the routed experts' bf16), fp32 copies of frozen tensors
+// read in fp32) plus the AdamW
 // moments of the trained ones — and the optimizer step on the device (global norm, clipping,
 // AdamW writing the new bf16 weights). It is the engine's TrainStateStore: host copies are made
 // only to save or resume.
@@ -156,6 +157,7 @@ class DeviceTrainState : public TrainStateStore {
   double* norm_host_ = nullptr;  // pinned, two doubles
   int64_t adam_step_ = 0;
   std::vector<MasterSpan> masters_of_pieces_;  // one rank: AdamW's master per piece (DeviceParams')
+  std::vector<GradientSpan> grads_of_pieces_;  // one rank: AdamW's gradient per piece (DeviceParams')
 
   // Sharded only.
   const ParallelLayout* layout_ = nullptr;
@@ -174,9 +176,13 @@ class DeviceTrainState : public TrainStateStore {
   float* bucket_f32_ = nullptr;
   ParamLayout experts_, dense_;  // the expert pieces and the dense pieces of the state, each from 0
   int64_t dense_base_ = 0;       // state offset of dense_'s element 0
-  int64_t expert_elements_ = 0;  // expert pieces' span at the front of the state and of the gradients
+  int64_t expert_elements_ = 0;  // expert pieces' span at the front of the state (and of their gradients)
   std::vector<__nv_bfloat16*> expert_weights_, dense_weights_;  // AdamW's bf16 outputs per piece
   std::vector<MasterSpan> expert_masters_, dense_masters_;      // AdamW's masters per piece (fp32)
+  // AdamW's gradients per piece: the expert slices' where the backward wrote them (DeviceParams',
+  // bf16 where their specs say), the dense pieces' in piece_grads_.
+  std::vector<GradientSpan> expert_grads_, dense_grads_;
+  bool experts_bf16_grad_ = false;  // the expert slices' gradients are bf16 (all of them or none)
   std::vector<Bucket> buckets_;
   float* group_region_ = nullptr;   // where every dense gradient group lives while it is being built
   std::vector<GradientPhaseId> phase_ids_;  // the layout's phases, in backward order

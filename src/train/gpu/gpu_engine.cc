@@ -179,6 +179,8 @@ struct GpuEngine::Impl {
       // its own slices (local_expert_specs); the sharded state keeps the dense pieces' fp32 masters.
       spec.master_split = spec.trained && parallel == nullptr &&
                           master_kept_split(p.name, options.lora != nullptr, spec.needs_f32);
+      // The same tensors keep bf16 gradients (DeviceParamSpec::grad_bf16, docs/training.md).
+      spec.grad_bf16 = spec.master_split;
       specs.push_back(std::move(spec));
     }
     if (options.lora != nullptr) {
@@ -222,6 +224,7 @@ struct GpuEngine::Impl {
       spec.full_first = parallel->first_local_expert() * (numel / E);
       spec.shape[0] = local;
       spec.master_split = spec.trained && master_kept_split(spec.name, options.lora != nullptr, spec.needs_f32);
+      spec.grad_bf16 = spec.master_split;
       (spec.trained ? experts : rest).push_back(std::move(spec));
     }
     std::vector<DeviceParamSpec> ordered;

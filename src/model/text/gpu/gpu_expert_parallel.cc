@@ -89,8 +89,8 @@ void GpuExpertParallel::forward(int64_t layer, const float* topk_weight, const _
 
 void GpuExpertParallel::backward(int64_t layer, const float* topk_weight, const __nv_bfloat16* x,
                                  const __nv_bfloat16* gate_up, const __nv_bfloat16* down, const __nv_bfloat16* dy,
-                                 __nv_bfloat16* dx, float* d_topk_weight, float* d_gate_up, float* d_down,
-                                 WeightGradOutput expert_grads, const ExpertGradSquares* squares) {
+                                 __nv_bfloat16* dx, float* d_topk_weight, void* d_gate_up, void* d_down,
+                                 DType grad_dtype, WeightGradOutput expert_grads, const ExpertGradSquares* squares) {
   const DeviceExpertDispatchPlan* plan = layer_plans_[layer];
   CHECK(plan != nullptr, "expert parallel: backward of layer ", layer, " without its forward");
   const int64_t C = config_.hidden_size, K = config_.num_experts_per_tok, T = plan->num_tokens;
@@ -105,7 +105,7 @@ void GpuExpertParallel::backward(int64_t layer, const float* topk_weight, const 
   dispatcher_.dispatch(*plan, topk_weight, DType::f32, 1, true, recv_w);
   // With no row received the call only writes zero gradients (written mode) and returns.
   moe_experts_backward_cuda(local_dims(R), local_plans_[layer], recv_x, recv_w, gate_up, down, recv_dy, recv_dx,
-                            recv_dw, d_gate_up, d_down, workspace_.data(), workspace_bytes_, stream_, nullptr,
+                            recv_dw, d_gate_up, d_down, grad_dtype, workspace_.data(), workspace_bytes_, stream_, nullptr,
                             expert_grads, squares);
   auto* send_rows = send_rows_.as<__nv_bfloat16>();
   dispatcher_.combine_in_send_order(*plan, recv_dx, DType::bf16, C, send_rows);

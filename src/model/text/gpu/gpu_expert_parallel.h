@@ -55,7 +55,8 @@ class GpuExpertParallel {
   // given (moe_experts_cuda.h). Collective over the group; no host sync.
   void backward(int64_t layer, const float* topk_weight, const __nv_bfloat16* x, const __nv_bfloat16* gate_up,
                 const __nv_bfloat16* down, const __nv_bfloat16* dy, __nv_bfloat16* dx, float* d_topk_weight,
-                float* d_gate_up, float* d_down, WeightGradOutput expert_grads = WeightGradOutput::added_to,
+                void* d_gate_up, void* d_down, DType grad_dtype,
+                WeightGradOutput expert_grads = WeightGradOutput::added_to,
                 const ExpertGradSquares* squares = nullptr);
 
  private:

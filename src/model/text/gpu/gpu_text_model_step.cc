@@ -35,9 +35,23 @@
 
 namespace deltamoe {
 
+namespace {
+
+// The one type of a layer's routed-expert gradients (bf16 where the state keeps them so), checked
+// alike for gate_up and down where both are trained.
+DType expert_grads_dtype(const MoeWeights& W) {
+  CHECK(!W.experts_gate_up.trained() || !W.experts_down.trained() ||
+            W.experts_gate_up.grad_dtype() == W.experts_down.grad_dtype(),
+        "text model: the routed experts' gate_up and down gradients differ in type");
+  return W.experts_gate_up.trained() ? W.experts_gate_up.grad_dtype() : W.experts_down.grad_dtype();
+}
+
+}  // namespace
+
 void GpuTextModel::weight_grad(const DeviceParam& w, const DeviceBf16* dy, const DeviceBf16* x, int64_t rows,
                                int64_t in_features, int64_t out_features) {
-  if (w.grad == nullptr) return;  // frozen: no weight-gradient product
+  if (!w.trained()) return;  // frozen: no weight-gradient product
+  CHECK(w.grad != nullptr, "text model: a dense weight's gradient must be fp32");
   linear_backward_weight_cuda(*gemm_, dy, x, w.grad, rows, in_features, out_features, stream_);
 }
 
@@ -237,7 +251,7 @@ void GpuTextModel::begin_expert_gradient_step(const ExpertSquaresSink* squares) 
   for (size_t l = 0; l < expert_grads_hold_sum_.size(); ++l) {
     const MoeWeights& W = weights_.layers[l].mlp;
     // Only trained experts form a gradient; frozen ones (null) have nothing to write.
-    expert_grads_hold_sum_[l] = W.experts_gate_up.grad == nullptr && W.experts_down.grad == nullptr;
+    expert_grads_hold_sum_[l] = !W.experts_gate_up.trained() && !W.experts_down.trained();
   }
   expert_squares_.reset();
   if (squares != nullptr) {
@@ -253,10 +267,11 @@ void GpuTextModel::zero_unwritten_expert_gradients() {
   for (size_t l = 0; l < expert_grads_hold_sum_.size(); ++l) {
     if (expert_grads_hold_sum_[l]) continue;
     const MoeWeights& W = weights_.layers[l].mlp;
-    if (W.experts_gate_up.grad != nullptr)
-      CUDA_CHECK(cudaMemsetAsync(W.experts_gate_up.grad, 0, W.experts_gate_up.numel * sizeof(float), stream_));
-    if (W.experts_down.grad != nullptr)
-      CUDA_CHECK(cudaMemsetAsync(W.experts_down.grad, 0, W.experts_down.numel * sizeof(float), stream_));
+    for (const DeviceParam* p : {&W.experts_gate_up, &W.experts_down}) {
+      if (p->trained())
+        CUDA_CHECK(cudaMemsetAsync(p->grad_data(), 0, static_cast<size_t>(p->numel) * dtype_size(p->grad_dtype()),
+                                   stream_));
+    }
     expert_grads_hold_sum_[l] = 1;
   }
   expert_squares_.reset();
@@ -610,8 +625,8 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   uint8_t& holds_sum = expert_grads_hold_sum_[static_cast<size_t>(layer)];
   const WeightGradOutput expert_grads = holds_sum ? WeightGradOutput::added_to : WeightGradOutput::written;
   // Their sums of squares, when asked for, come with the written products only.
-  CHECK(!expert_squares_ || expert_grads == WeightGradOutput::written || (W.experts_gate_up.grad == nullptr &&
-                                                                         W.experts_down.grad == nullptr),
+  CHECK(!expert_squares_ || expert_grads == WeightGradOutput::written ||
+            (!W.experts_gate_up.trained() && !W.experts_down.trained()),
         "text model: layer ", layer, "'s expert gradients were already formed this step, and their sums of squares "
         "with them; a step that asks for the sums runs one backward");
   ExpertGradSquares squares;
@@ -623,14 +638,16 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   holds_sum = 1;
   if (expert_parallel_ != nullptr) {
     expert_parallel_->backward(layer, s.topk_weight, b.normed_post, W.experts_gate_up.w, W.experts_down.w, dy,
-                               experts_dx, w.d_topk_weight, W.experts_gate_up.grad, W.experts_down.grad, expert_grads,
+                               experts_dx, w.d_topk_weight, W.experts_gate_up.grad_data(), W.experts_down.grad_data(),
+                               expert_grads_dtype(W), expert_grads,
                                with_squares ? &squares : nullptr);
   } else {
     MoeExpertsLora lora;
     const MoeExpertRows kept{s.input_rows, s.gate_up_rows};
     moe_experts_backward_cuda(dims, plans_[static_cast<size_t>(layer)], b.normed_post, s.topk_weight,
                               W.experts_gate_up.w, W.experts_down.w, dy, experts_dx, w.d_topk_weight,
-                              W.experts_gate_up.grad, W.experts_down.grad, workspace_.data(), workspace_bytes_,
+                              W.experts_gate_up.grad_data(), W.experts_down.grad_data(), expert_grads_dtype(W),
+                              workspace_.data(), workspace_bytes_,
                               stream_, experts_lora(layer, &lora), expert_grads, with_squares ? &squares : nullptr,
                               &kept);
   }
