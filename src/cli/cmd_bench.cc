@@ -17,6 +17,7 @@
 
 #include "cli/args.h"
 #include "cli/expert_recv_flag.h"
+#include "cli/grad_dtype_flag.h"
 #include "cli/recompute_flags.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -195,6 +196,7 @@ int run_bench(const ArgParser& args) {
   options.freeze = FreezeOptions{args.get("freeze_vit") == "true", args.get("freeze_aligner") == "true",
                                  args.get("freeze_llm") == "true"};
   options.adamw.moment_dtype = moments == "bf16" ? DType::bf16 : DType::f32;
+  options.expert_grad_dtype = parse_expert_grad_dtype_flag(args);
   options.aux_coef = args.get_double("aux_loss_coef");
   options.max_tokens = tokens;
   options.max_samples = seqs;
@@ -657,6 +659,7 @@ int cmd_bench(int argc, char** argv) {
   args.add_option("freeze_aligner", "true/false (with --images)", "false");
   args.add_option("freeze_llm", "true/false", "false");
   args.add_option("optimizer_state_dtype", "f32 or bf16 Adam moments (bf16 as the transformers baseline)", "bf16");
+  declare_expert_grad_dtype_flag(args);
   args.add_option("aux_loss_coef", "router load-balancing loss coefficient (0 as transformers without router logits)",
                   "0");
   args.add_option("loss_chunk", "tokens per lm_head + cross-entropy chunk", "2048");

@@ -8,6 +8,7 @@
 
 #include "cli/args.h"
 #include "cli/expert_recv_flag.h"
+#include "cli/grad_dtype_flag.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "model/config.h"
@@ -27,6 +28,7 @@ int cmd_plan(int argc, char** argv) {
                   "most samples packed into one micro-batch (0: any number, sized for one sample per 8 tokens)",
                   "0");
   args.add_option("optimizer_state_dtype", "f32 or bf16 Adam moments", "f32");
+  declare_expert_grad_dtype_flag(args);
   args.add_option("recompute",
                   "none, selective (one set of GDN/attention internals per layer type) or full (every decoder "
                   "layer keeps only its input and is rerun in the backward): the engine's --recompute",
@@ -58,6 +60,7 @@ int cmd_plan(int argc, char** argv) {
   const std::string moments = args.get("optimizer_state_dtype");
   CHECK(moments == "f32" || moments == "bf16", "--optimizer_state_dtype must be f32 or bf16, got '", moments, "'");
   options.adamw.moment_dtype = moments == "bf16" ? DType::bf16 : DType::f32;
+  options.expert_grad_dtype = parse_expert_grad_dtype_flag(args);
   ParallelPlanOptions parallel;
   parallel.world = static_cast<int>(args.get_int("nproc"));
   parallel.layout.expert_parallel_size = static_cast<int>(args.get_int("expert_model_parallel_size"));

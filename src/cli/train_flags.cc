@@ -3,6 +3,7 @@
 
 #include "cli/expert_recv_flag.h"
 #include "cli/flag_compat.h"
+#include "cli/grad_dtype_flag.h"
 #include "cli/recompute_flags.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -47,6 +48,7 @@ void declare_train_flags(ArgParser& args) {
   args.add_option("adam_beta2", "AdamW beta2", "0.95", kNum);
   args.add_option("adam_epsilon", "AdamW epsilon", "1e-8", kNum);
   args.add_option("optimizer_state_dtype", "f32 or bf16 Adam moments", "f32");
+  declare_expert_grad_dtype_flag(args);
   declare_recompute_flags(args, "auto");
   args.add_option("max_grad_norm", "clip by the global gradient norm (<= 0: off)", "1.0", kNum);
   args.add_option("num_train_epochs", "passes over --dataset (unless --max_steps)", "1", kInt);
@@ -134,6 +136,7 @@ TrainOptions train_options_from_args(const ArgParser& args, const SwiftEnv& env,
   const std::string moments = args.get("optimizer_state_dtype");
   CHECK(moments == "f32" || moments == "bf16", "--optimizer_state_dtype must be f32 or bf16, got '", moments, "'");
   options.adamw.moment_dtype = moments == "bf16" ? DType::bf16 : DType::f32;
+  options.expert_grad_dtype = parse_expert_grad_dtype_flag(args);
   options.recompute = parse_recompute_flags(args);
   options.max_grad_norm = args.get_double("max_grad_norm");
   options.num_train_epochs = args.get_int("num_train_epochs");

@@ -64,7 +64,7 @@ bool master_kept_split(const std::string& name, bool lora, bool read_in_f32) {
 }
 
 void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DType moment_dtype, MemoryPlan* plan,
-                      const LoraAdapters* lora) {
+                      const LoraAdapters* lora, DType expert_grad_dtype) {
   std::set<std::string> read_in_f32 = text_params_read_in_f32(config.text, config.text_prefix());
   if (config.has_vision) {
     for (const std::string& name : vision_params_read_in_f32(config.vision, kVisionPrefix)) read_in_f32.insert(name);
@@ -102,7 +102,8 @@ void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DT
   }
   plan->weights = all * 2;
   plan->master = (trained - split) * 4 + split * 2;
-  plan->gradients = (trained - split) * 4 + split * 2;  // the split ones keep bf16 gradients too
+  // The split ones (the routed experts) keep bf16 gradients unless told otherwise.
+  plan->gradients = (trained - split) * 4 + split * dtype_size(expert_grad_dtype);
   plan->moments = trained * 2 * dtype_size(moment_dtype);
   plan->frozen_f32 = frozen_f32 * 4;
 }
@@ -241,7 +242,8 @@ std::string memory_refusal(const MemoryPlan& plan, size_t device_bytes, const En
 MemoryPlan plan_training_memory(const ModelConfig& config, const EngineOptions& options) {
   MemoryPlan plan;
   plan.max_tokens = options.max_tokens;
-  plan_state_bytes(config, options.freeze, options.adamw.moment_dtype, &plan, options.lora.get());
+  plan_state_bytes(config, options.freeze, options.adamw.moment_dtype, &plan, options.lora.get(),
+                   options.expert_grad_dtype);
   const int64_t merge = config.vision.spatial_merge_size * config.vision.spatial_merge_size;
   plan.max_image_tokens = config.has_vision ? max_image_tokens_in(options.max_tokens, options.max_image_pixels,
                                                                   config.vision)

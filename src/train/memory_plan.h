@@ -66,8 +66,9 @@ bool master_kept_split(const std::string& name, bool lora, bool read_in_f32);
 // laid out as DeviceParams lays them out (tensors aligned to 64 elements).
 // With lora (non-null) the base is frozen whole (bf16 weights and the fp32 copies it is read in) and
 // the adapters' A and B (and --modules_to_save) are the trained tensors, as the engines hold them.
+// expert_grad_dtype: the routed experts' gradients where their masters are split (bf16 or f32).
 void plan_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DType moment_dtype, MemoryPlan* plan,
-                      const LoraAdapters* lora = nullptr);
+                      const LoraAdapters* lora = nullptr, DType expert_grad_dtype = DType::bf16);
 
 // Estimates of the models' bytes for builds without the GPU models: the activation and input
 // layouts are the GPU models' own (text_activations.h, vision_activations.h); the kernel

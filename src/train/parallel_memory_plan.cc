@@ -42,7 +42,7 @@ const char* recompute_choice_name(RecomputeChoice choice) {
 }
 
 void plan_rank_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DType moment_dtype, int world,
-                           const ParallelOptions& layout, MemoryPlan* plan) {
+                           const ParallelOptions& layout, MemoryPlan* plan, DType expert_grad_dtype) {
   const int ep = layout.expert_parallel_size;
   CHECK(world >= 1 && ep >= 1 && world % ep == 0, "plan: --expert_model_parallel_size ", ep, " must divide the ",
         world, " ranks");
@@ -76,10 +76,11 @@ void plan_rank_state_bytes(const ModelConfig& config, const FreezeOptions& freez
   plan->weights = 2 * all;
   // fp32 masters of the dense pieces; the expert slices' low halves (2 bytes) when split.
   plan->master = experts_split ? 4 * (state - experts) + 2 * experts : 4 * state;
-  // The expert slices' gradients (bf16 where their masters are split, as the engine keeps them),
-  // then the region every dense gradient group takes in turn (and the weight all-gather stages in
-  // at the step end).
-  plan->gradients = (experts_split ? 2 : 4) * aligned_elements(static_cast<int64_t>(experts)) +
+  // The expert slices' gradients (expert_grad_dtype where their masters are split, as the engine
+  // keeps them, else fp32), then the region every dense gradient group takes in turn (and the
+  // weight all-gather stages in at the step end).
+  const size_t expert_grad_bytes = experts_split ? dtype_size(expert_grad_dtype) : 4;
+  plan->gradients = expert_grad_bytes * aligned_elements(static_cast<int64_t>(experts)) +
                     static_cast<size_t>(region.bytes());
   plan->moments = 2 * dtype_size(moment_dtype) * state;
   plan->frozen_f32 = 4 * f32_copies;
@@ -111,7 +112,8 @@ ParallelMemoryPlan plan_parallel_memory(const ModelConfig& config, const EngineO
   }
   if (parallel.layout.distributed_optimizer) {
     // State: the GPU engine's own plan of a rank (its layout, its gradient region, its buffers).
-    plan_rank_state_bytes(config, options.freeze, options.adamw.moment_dtype, world, parallel.layout, &plan);
+    plan_rank_state_bytes(config, options.freeze, options.adamw.moment_dtype, world, parallel.layout, &plan,
+                          options.expert_grad_dtype);
   } else if (world > 1 || ep > 1) {
     // Replicated dense state (layout (c) of the design: the engine refuses it; planned to compare):
     // experts 1/EP with their whole state, every dense tensor's state on every rank.

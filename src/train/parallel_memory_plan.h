@@ -51,8 +51,9 @@ struct ParallelMemoryPlan {
 // backward phase's dense gradients take in turn and the weight all-gather stages in
 // (sharded_region.h, counted with the gradients); fp32 working copies of trained tensors read in
 // fp32. Sets the state fields of plan.
+// expert_grad_dtype: the expert slices' gradients (bf16 or f32) where expert parallelism splits them.
 void plan_rank_state_bytes(const ModelConfig& config, const FreezeOptions& freeze, DType moment_dtype, int world,
-                           const ParallelOptions& layout, MemoryPlan* plan);
+                           const ParallelOptions& layout, MemoryPlan* plan, DType expert_grad_dtype = DType::bf16);
 
 // options: the single-GPU engine options (token budget, freeze, moments, image pixels). Checks the
 // layout against the model (EP divides the experts and the world) naming the flags.

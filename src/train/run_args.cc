@@ -52,6 +52,7 @@ Json train_options_to_json(const TrainOptions& o, RunArgsCopy copy) {
   j["adam_beta2"] = o.adamw.beta2;
   j["adam_epsilon"] = o.adamw.eps;
   j["optimizer_state_dtype"] = o.adamw.moment_dtype == DType::bf16 ? "bf16" : "f32";
+  j["expert_grad_dtype"] = o.expert_grad_dtype == DType::bf16 ? "bf16" : "f32";
   j["max_grad_norm"] = o.max_grad_norm;
   j["max_steps"] = o.max_steps;
   j["num_train_epochs"] = o.num_train_epochs;

@@ -57,6 +57,9 @@ struct EngineOptions {
   // then only they (and --modules_to_save) are trained and `freeze` is not used. Null: full tuning.
   std::shared_ptr<const LoraAdapters> lora;
   AdamWConfig adamw;
+  // The routed experts' gradients (--expert_grad_dtype): bf16 (DeviceParamSpec::grad_bf16) or f32.
+  // Where they are dense tensors of a ZeRO-2 job without expert parallelism they are f32 either way.
+  DType expert_grad_dtype = DType::bf16;
   double aux_coef = 0;       // router load-balancing loss coefficient
   // Planning limits of one micro-batch, so that an engine that plans its memory once (the GPU
   // engine) never allocates inside a step.

@@ -26,6 +26,7 @@ struct TrainOptions {
 
   LrScheduleConfig schedule;  // --lr --min_lr --warmup_ratio --warmup_steps; total_steps filled by the trainer
   AdamWConfig adamw;          // --weight_decay --adam_beta1 --adam_beta2 --adam_epsilon --optimizer_state_dtype
+  DType expert_grad_dtype = DType::bf16;  // --expert_grad_dtype
   double max_grad_norm = 1.0;
   int64_t max_steps = -1;         // > 0 overrides num_train_epochs
   int64_t num_train_epochs = 1;

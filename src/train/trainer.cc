@@ -171,6 +171,7 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
              "; the base model stays frozen");
   }
   engine_options.adamw = options.adamw;
+  engine_options.expert_grad_dtype = options.expert_grad_dtype;
   engine_options.recompute = options.recompute;
   engine_options.aux_coef = aux_coef;
   engine_options.max_tokens = engine_token_budget(batch_plan, longest_sample);

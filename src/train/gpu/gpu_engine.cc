@@ -179,8 +179,8 @@ struct GpuEngine::Impl {
       // its own slices (local_expert_specs); the sharded state keeps the dense pieces' fp32 masters.
       spec.master_split = spec.trained && parallel == nullptr &&
                           master_kept_split(p.name, options.lora != nullptr, spec.needs_f32);
-      // The same tensors keep bf16 gradients (DeviceParamSpec::grad_bf16, docs/training.md).
-      spec.grad_bf16 = spec.master_split;
+      // The same tensors keep bf16 gradients unless --expert_grad_dtype f32 (DeviceParamSpec::grad_bf16).
+      spec.grad_bf16 = spec.master_split && options.expert_grad_dtype == DType::bf16;
       specs.push_back(std::move(spec));
     }
     if (options.lora != nullptr) {
@@ -224,7 +224,7 @@ struct GpuEngine::Impl {
       spec.full_first = parallel->first_local_expert() * (numel / E);
       spec.shape[0] = local;
       spec.master_split = spec.trained && master_kept_split(spec.name, options.lora != nullptr, spec.needs_f32);
-      spec.grad_bf16 = spec.master_split;
+      spec.grad_bf16 = spec.master_split && options.expert_grad_dtype == DType::bf16;
       (spec.trained ? experts : rest).push_back(std::move(spec));
     }
     std::vector<DeviceParamSpec> ordered;
@@ -474,9 +474,11 @@ struct GpuEngine::Impl {
     plan.max_patches = max_patches;
     if (world != nullptr) {
       setup_parallel(checkpoint);
-      plan_rank_state_bytes(config, options.freeze, options.adamw.moment_dtype, world->size(), parallel_options, &plan);
+      plan_rank_state_bytes(config, options.freeze, options.adamw.moment_dtype, world->size(), parallel_options, &plan,
+                            options.expert_grad_dtype);
     } else {
-      plan_state_bytes(config, options.freeze, options.adamw.moment_dtype, &plan, options.lora.get());
+      plan_state_bytes(config, options.freeze, options.adamw.moment_dtype, &plan, options.lora.get(),
+                       options.expert_grad_dtype);
     }
     const int64_t layers = config.text.num_hidden_layers;
     CHECK(options.recompute.full_layers(layers) >= 0 && options.recompute.full_layers(layers) <= layers,

@@ -7,7 +7,9 @@
 // - Evaluation logits and losses bitwise (the exchange only moves rows).
 // - Step 1: the step's CE and aux sums bitwise, token counts equal; every rank's reduced gradient
 //   piece against the one rank's accumulated gradient: expert pieces rel. L2 <= 1e-6, dense
-//   pieces <= 1e-5 (reasons at the bounds).
+//   pieces <= 1e-5 (reasons at the bounds). These runs keep fp32 expert gradients
+//   (--expert_grad_dtype f32), so that only the association of fp32 sums differs; one run keeps
+//   them bf16 (the default), whose roundings fall at other points on N ranks than on one.
 // - AdamW after 3 steps: every rank's master pieces moved as the one rank's (the difference of the
 //   updates <= 1% of the update).
 // - 20 steps: the loss curve within 0.5% of the one rank's at every step.
@@ -63,6 +65,10 @@ constexpr int64_t kBucketElements = 4096;
 // micro-batch; the one rank forms a product per micro-batch and adds them. Same terms, other fp32
 // association: relative L2 of order 1e-7.
 constexpr double kExpertGradRelL2 = 1e-6;
+// bf16 expert gradients: the one rank rounds after each of its 4 micro-batches' products, an owner
+// of N = 4 ranks with 2 replicas after each of its 2 and once more in the replicas' bf16 sum; each
+// rounding moves an element by at most 2^-9 of it. Measured ~3e-3 (2 ranks).
+constexpr double kExpertGradRelL2Bf16 = 1e-2;
 // Dense gradients: each micro-batch's, reduce-scattered in rank order as the backward finishes each
 // phase and added to the step's sum, where the one rank's kernels add the micro-batches into one
 // buffer in turn: fp32 reassociation only.
@@ -71,6 +77,9 @@ constexpr double kDenseGradRelL2 = 1e-5;
 // differ by fp32 rounding, and a bf16 weight that rounds the other way once changes later steps'
 // forward slightly; a wrong piece, scale or step count moves the update by O(1).
 constexpr double kUpdateRel = 1e-2;
+// The same with bf16 expert gradients, whose step-1 differences are ~1e3 x larger (measured 8.9e-3
+// after 3 steps on 2 ranks).
+constexpr double kUpdateRelBf16 = 3e-2;
 // The 20-step loss curve, per step (the 1-rank GPU and CPU curves agree to 3e-4 in the demo).
 constexpr double kLossCurveRel = 5e-3;
 
@@ -105,8 +114,10 @@ const Model& model(const std::string& preset) {
   return models.emplace(preset, std::move(m)).first->second;
 }
 
-EngineOptions engine_options() {
+// expert_grads: --expert_grad_dtype (f32 unless a test says: see the header).
+EngineOptions engine_options(DType expert_grads = DType::f32) {
   EngineOptions options;
+  options.expert_grad_dtype = expert_grads;
   options.freeze = FreezeOptions{false, false, false};  // the vision tower trains too (its pieces are sharded)
   options.max_tokens = kTokenBudget;
   options.print_memory_plan = false;
@@ -185,13 +196,13 @@ struct Reference {
 };
 
 // The plain one-rank engine over the whole step, 20 steps.
-const Reference& reference(const std::string& preset) {
-  static std::map<std::string, Reference> cache;
-  auto it = cache.find(preset);
+const Reference& reference(const std::string& preset, DType expert_grads = DType::f32) {
+  static std::map<std::pair<std::string, DType>, Reference> cache;
+  auto it = cache.find({preset, expert_grads});
   if (it != cache.end()) return it->second;
   const Model& m = model(preset);
   Reference ref;
-  GpuEngine engine(m.checkpoint, engine_options());
+  GpuEngine engine(m.checkpoint, engine_options(expert_grads));
   for (const MicroBatch& batch : m.batches) {
     std::vector<float> logits;
     ref.eval.push_back(engine.evaluate(batch, &logits));
@@ -204,7 +215,7 @@ const Reference& reference(const std::string& preset) {
     if (step == 0) ref.grad1 = by_name(read_gradients(engine.state()));
     if (step == 2) ref.master3 = by_name(read_masters(engine.state()));
   }
-  return cache.emplace(preset, std::move(ref)).first->second;
+  return cache.emplace(std::pair{preset, expert_grads}, std::move(ref)).first->second;
 }
 
 struct RankRecord {
@@ -221,7 +232,8 @@ std::vector<MicroBatch> rank_batches(const Model& m, int rank, int ranks) {
   return mine;
 }
 
-std::vector<RankRecord> run_ranks(const std::string& preset, int ranks, int ep, int steps) {
+std::vector<RankRecord> run_ranks(const std::string& preset, int ranks, int ep, int steps,
+                                  DType expert_grads = DType::f32) {
   setenv("DELTAMOE_ATTENTION", "ours", 1);  // bitwise: cuDNN's attention backward adds with atomics
   const Model& m = model(preset);
   std::vector<RankRecord> records(static_cast<size_t>(ranks));
@@ -230,7 +242,7 @@ std::vector<RankRecord> run_ranks(const std::string& preset, int ranks, int ep, 
       ranks, 0,
       [&](Communicator& comm) {
         RankRecord record;
-        GpuEngine engine(m.checkpoint, engine_options(), comm, parallel_options(ep));
+        GpuEngine engine(m.checkpoint, engine_options(expert_grads), comm, parallel_options(ep));
         record.gradient_bytes = engine.state().params().bytes().gradients;
         const std::vector<MicroBatch> mine = rank_batches(m, comm.rank(), ranks);
         for (const MicroBatch& batch : mine) {
@@ -250,11 +262,13 @@ std::vector<RankRecord> run_ranks(const std::string& preset, int ranks, int ep, 
   return records;
 }
 
-void check_against_one_rank(const std::string& preset, int ranks, int ep) {
-  SCOPED_TRACE(preset + ", " + std::to_string(ranks) + " ranks, EP " + std::to_string(ep));
+void check_against_one_rank(const std::string& preset, int ranks, int ep, DType expert_grads = DType::f32) {
+  SCOPED_TRACE(preset + ", " + std::to_string(ranks) + " ranks, EP " + std::to_string(ep) + ", " +
+               std::string(dtype_name(expert_grads)) + " expert gradients");
   setenv("DELTAMOE_ATTENTION", "ours", 1);
-  const Reference& ref = reference(preset);
-  const std::vector<RankRecord> got = run_ranks(preset, ranks, ep, kSteps);
+  const Reference& ref = reference(preset, expert_grads);
+  const std::vector<RankRecord> got = run_ranks(preset, ranks, ep, kSteps, expert_grads);
+  const bool bf16 = expert_grads == DType::bf16;
   // The dense gradients are reduce-scattered group by group during the backward: no rank holds
   // them whole (1-rank: every trained tensor's gradient).
   for (int r = 0; r < ranks; ++r) EXPECT_LT(got[r].gradient_bytes, ref.gradient_bytes) << "rank " << r;
@@ -294,7 +308,7 @@ void check_against_one_rank(const std::string& preset, int ranks, int ep) {
       (expert ? worst_expert : worst_dense) = std::max(expert ? worst_expert : worst_dense, c.rel_l2);
       ++(expert ? expert_pieces : dense_pieces);
       elements += piece.numel;
-      EXPECT_LE(c.rel_l2, expert ? kExpertGradRelL2 : kDenseGradRelL2)
+      EXPECT_LE(c.rel_l2, expert ? (bf16 ? kExpertGradRelL2Bf16 : kExpertGradRelL2) : kDenseGradRelL2)
           << "rank " << r << " piece " << piece.name << " [" << piece.tensor_begin << ", "
           << piece.tensor_begin + piece.numel << ")";
     }
@@ -321,7 +335,7 @@ void check_against_one_rank(const std::string& preset, int ranks, int ep) {
   }
   const double update_rel = std::sqrt(diff2 / std::max(update2, 1e-300));
   EXPECT_GT(update2, 0.0) << "the one rank's masters did not move";
-  EXPECT_LE(update_rel, kUpdateRel) << "3 AdamW steps moved the masters differently";
+  EXPECT_LE(update_rel, bf16 ? kUpdateRelBf16 : kUpdateRel) << "3 AdamW steps moved the masters differently";
   // The loss curve.
   double worst_loss = 0;
   for (int step = 0; step < kSteps; ++step) {
@@ -334,10 +348,11 @@ void check_against_one_rank(const std::string& preset, int ranks, int ep) {
                                   << loss_of(ref.steps[step]);
   }
   EXPECT_LT(loss_of(ref.steps[kSteps - 1]), loss_of(ref.steps[0])) << "the reference did not learn";
-  std::printf("%s, %d ranks, EP %d: logits/losses bitwise checked; step-1 gradients: %lld expert pieces worst rel_l2 "
-              "%.3e, %lld dense pieces worst %.3e; masters after 3 steps: update difference %.3e; loss %.4f -> %.4f "
-              "(1 rank %.4f -> %.4f), worst step difference %.3e\n",
-              preset.c_str(), ranks, ep, static_cast<long long>(expert_pieces), worst_expert,
+  std::printf("%s, %d ranks, EP %d, %s expert gradients: logits/losses bitwise checked; step-1 gradients: %lld "
+              "expert pieces worst rel_l2 %.3e, %lld dense pieces worst %.3e; masters after 3 steps: update "
+              "difference %.3e; loss %.4f -> %.4f (1 rank %.4f -> %.4f), worst step difference %.3e\n",
+              preset.c_str(), ranks, ep, std::string(dtype_name(expert_grads)).c_str(),
+              static_cast<long long>(expert_pieces), worst_expert,
               static_cast<long long>(dense_pieces), worst_dense, update_rel, loss_of(got[0].steps[0]),
               loss_of(got[0].steps[kSteps - 1]), loss_of(ref.steps[0]), loss_of(ref.steps[kSteps - 1]), worst_loss);
 }
@@ -345,6 +360,10 @@ void check_against_one_rank(const std::string& preset, int ranks, int ep) {
 TEST(GpuEngineParallel, TextTwoRanksMatchOneRank) { check_against_one_rank("tiny", 2, 2); }
 TEST(GpuEngineParallel, TextFourRanksMatchOneRank) { check_against_one_rank("tiny", 4, 4); }
 TEST(GpuEngineParallel, TextFourRanksTwoExpertReplicasMatchOneRank) { check_against_one_rank("tiny", 4, 2); }
+// The default bf16 expert gradients, summed over two replicas in bf16.
+TEST(GpuEngineParallel, Bf16ExpertGradientsFourRanksTwoReplicasMatchOneRank) {
+  check_against_one_rank("tiny", 4, 2, DType::bf16);
+}
 TEST(GpuEngineParallel, TextTwoRanksDataParallelOnlyMatchOneRank) { check_against_one_rank("tiny", 2, 1); }
 TEST(GpuEngineParallel, VlmTwoRanksMatchOneRank) { check_against_one_rank("tiny-vl", 2, 2); }
 TEST(GpuEngineParallel, VlmFourRanksMatchOneRank) { check_against_one_rank("tiny-vl", 4, 4); }
