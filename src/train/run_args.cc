@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -28,6 +29,12 @@ const std::set<std::string> kHarmless = {
     "max_skip_ratio", "plot",
     // The layout over ranks: checkpoints are read at any world size and layout.
     "expert_model_parallel_size", "use_distributed_optimizer"};
+
+// Options added after runs were already saved without them: the value those runs had. A saved
+// args.json without the key compares as if it held this value.
+const std::map<std::string, Json> kValueBeforeTheOptionExisted = {
+    // Before --expert_grad_dtype every gradient was fp32.
+    {"expert_grad_dtype", "f32"}};
 
 const char* chat_format_name(ChatFormat format) { return format == ChatFormat::kQwen3 ? "qwen3" : "qwen3_5"; }
 
@@ -132,7 +139,10 @@ ArgsChanges compare_run_args(const Json& saved, const Json& now) {
     if (!now.contains(key)) keys.push_back(key);
   }
   for (const std::string& key : keys) {
-    const Json before = saved.contains(key) ? saved[key] : Json(nullptr);
+    const auto earlier = kValueBeforeTheOptionExisted.find(key);
+    const Json before = saved.contains(key)                           ? saved[key]
+                        : earlier != kValueBeforeTheOptionExisted.end() ? earlier->second
+                                                                       : Json(nullptr);
     const Json after = now.contains(key) ? now[key] : Json(nullptr);
     if (before == after) continue;
     // Numbers compare by value (1e-05 written by another build still equals 1e-05).

@@ -44,6 +44,21 @@ TEST(RunArgs, ChangesThatBreakExactnessAreToldApart) {
   EXPECT_TRUE(compare_run_args(train_options_to_json(before), train_options_to_json(before)).breaking.empty());
 }
 
+// A run saved before --expert_grad_dtype existed trained with fp32 expert gradients: resuming it
+// with the new default (bf16) is a change that breaks exactness; with f32 it is not.
+TEST(RunArgs, AnOptionMissingFromAnOlderRunComparesAsItsValueThen) {
+  TrainOptions options;
+  nlohmann::ordered_json older = train_options_to_json(options);
+  older.erase("expert_grad_dtype");
+  ASSERT_EQ(options.expert_grad_dtype, DType::bf16);
+  const ArgsChanges changes = compare_run_args(older, train_options_to_json(options));
+  ASSERT_EQ(changes.breaking.size(), 1u);
+  EXPECT_NE(changes.breaking[0].find("--expert_grad_dtype \"f32\" -> \"bf16\""), std::string::npos)
+      << changes.breaking[0];
+  options.expert_grad_dtype = DType::f32;
+  EXPECT_TRUE(compare_run_args(older, train_options_to_json(options)).breaking.empty());
+}
+
 TEST(RunArgs, ResumeRefusesAChangedLearningRateUnlessTold) {
   const fs::path dir = fs::temp_directory_path() / ("deltamoe_args_" + std::to_string(::getpid()));
   fs::create_directories(dir);
