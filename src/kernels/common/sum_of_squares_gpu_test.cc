@@ -19,6 +19,7 @@
 #include "core/rng.h"
 #include "kernels/gemm/gpu_timing.h"
 #include "kernels/common/sum_of_squares_cuda.h"
+#include "kernels/common/sum_of_squares_host.h"
 
 namespace deltamoe {
 namespace {
@@ -41,15 +42,6 @@ std::vector<float> varied_values(int64_t count, uint64_t seed) {
     values[static_cast<size_t>(i)] = (rng.next_u32() & 1u) ? -v : v;
   }
   return values;
-}
-
-double host_sum_of_squares(const float* g, int64_t count, double divisor) {
-  double sum = 0.0;
-  for (int64_t i = 0; i < count; ++i) {
-    const auto q = static_cast<float>(static_cast<double>(g[i]) / divisor);
-    sum += static_cast<double>(q) * static_cast<double>(q);
-  }
-  return sum;
 }
 
 struct Device {

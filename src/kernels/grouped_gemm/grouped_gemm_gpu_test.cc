@@ -18,6 +18,7 @@
 #include "core/rng.h"
 #include "kernels/common/kernel_path_cuda.h"
 #include "kernels/common/tensor_compare.h"
+#include "kernels/common/sum_of_squares_host.h"
 #include "kernels/gemm/gpu_timing.h"
 #include "kernels/grouped_gemm/grouped_gemm.h"
 #include "kernels/grouped_gemm/grouped_gemm_cuda.h"
@@ -334,18 +335,6 @@ TEST(GroupedGemmGpu, Bf16WeightGradMatchesReference) {
 TEST(GroupedGemmGpu, Bf16WeightGradMatchesReferenceWidths35B) {
   uint64_t seed = 990;
   for (const GroupedShape& s : kShapes35B) check_weight_grad_bf16(s, seed += 10);
-}
-
-// The gradient norm's definition over a downloaded gradient (f32, or bf16 widened): sum of
-// fl32(fl64(x) / divisor)^2, fp64.
-double host_sum_of_squares(const HostTensor& stored, double divisor) {
-  const HostTensor c = stored.to_f32();
-  double sum = 0.0;
-  for (int64_t i = 0; i < c.numel(); ++i) {
-    const auto q = static_cast<float>(static_cast<double>(c.as<float>()[i]) / divisor);
-    sum += static_cast<double>(q) * static_cast<double>(q);
-  }
-  return sum;
 }
 
 // A written dW (f32 and bf16) with its sum of squares (WeightGradSquares), on every kernel: c bit for

@@ -3,6 +3,7 @@
 // k-outer operands) from a 4-stage cp.async pipeline, persistent blocks walking the device-side
 // tile list (group, n-tile, m-tile) and loading the next tile's first stages during the epilogue.
 #include <algorithm>
+#include <type_traits>
 
 #include "core/cuda_check.h"
 #include "kernels/common/kernel_path_cuda.h"
@@ -167,6 +168,15 @@ __device__ __forceinline__ void compute_stage(float (&acc)[kMmaM][Shape<kBlockN>
   }
 }
 
+// A pair of zeros, for the positions of a tile past c's edge.
+template <typename Pair>
+__device__ __forceinline__ Pair zero_pair() {
+  if constexpr (std::is_same_v<Pair, __nv_bfloat162>)
+    return __floats2bfloat162_rn(0.0f, 0.0f);
+  else
+    return make_float2(0.0f, 0.0f);
+}
+
 // Accumulator element pairs straight from registers: lane (g = lane / 4, t = lane % 4) holds rows
 // g and g + 8 of each 16x8 block, columns 2t and 2t + 1 (both valid or both not: n % 8 == 0).
 // kAddF32 / kAddBf16 (dW, bound by reading and rewriting c) first issue the loads of a 16-row
@@ -180,23 +190,11 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kMmaM][Shape<kBloc
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int i = 0; i < kMmaM; ++i) {
-    float2 old[2][kMmaN];
-    __nv_bfloat162 old_bf16[2][kMmaN];
-    if constexpr (kEpilogue == kAddBf16) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = warp_m * kWarpM + i * 16 + g + half * 8;
-#pragma unroll
-        for (int j = 0; j < kMmaN; ++j) {
-          const int col = warp_n * kWarpN + j * 8 + 2 * t;
-          old_bf16[half][j] =
-              row < rows_valid && col < cols_valid
-                  ? *reinterpret_cast<const __nv_bfloat162*>(static_cast<const nvbf16*>(c_tile) + row * ldc + col)
-                  : __floats2bfloat162_rn(0.0f, 0.0f);
-        }
-      }
-    }
-    if constexpr (kEpilogue == kAddF32) {
+    // The pairs already in c (adds only): float2, or two bf16 packed in one register.
+    using Pair = std::conditional_t<kEpilogue == kAddBf16, __nv_bfloat162, float2>;
+    using Element = std::conditional_t<kEpilogue == kAddBf16, nvbf16, float>;
+    Pair old[2][kMmaN];
+    if constexpr (kEpilogue == kAddF32 || kEpilogue == kAddBf16) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = warp_m * kWarpM + i * 16 + g + half * 8;
@@ -204,8 +202,8 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kMmaM][Shape<kBloc
         for (int j = 0; j < kMmaN; ++j) {
           const int col = warp_n * kWarpN + j * 8 + 2 * t;
           old[half][j] = row < rows_valid && col < cols_valid
-                             ? *reinterpret_cast<const float2*>(static_cast<const float*>(c_tile) + row * ldc + col)
-                             : make_float2(0.0f, 0.0f);
+                             ? *reinterpret_cast<const Pair*>(static_cast<const Element*>(c_tile) + row * ldc + col)
+                             : zero_pair<Pair>();
         }
       }
     }
@@ -225,7 +223,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kMmaM][Shape<kBloc
           *reinterpret_cast<float2*>(static_cast<float*>(c_tile) + at) =
               make_float2(old[half][j].x + v0, old[half][j].y + v1);
         } else if constexpr (kEpilogue == kAddBf16) {
-          const float2 widened = __bfloat1622float2(old_bf16[half][j]);
+          const float2 widened = __bfloat1622float2(old[half][j]);
           *reinterpret_cast<__nv_bfloat162*>(static_cast<nvbf16*>(c_tile) + at) =
               __floats2bfloat162_rn(widened.x + v0, widened.y + v1);
         } else {

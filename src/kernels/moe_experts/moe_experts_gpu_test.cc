@@ -15,6 +15,7 @@
 #include "core/device_buffer.h"
 #include "core/rng.h"
 #include "kernels/common/tensor_compare.h"
+#include "kernels/common/sum_of_squares_host.h"
 #include "kernels/gemm/gpu_timing.h"
 #include "kernels/moe_experts/moe_experts.h"
 #include "kernels/moe_experts/moe_experts_cuda.h"
@@ -322,17 +323,6 @@ TEST(MoeExpertsGpu, IsDeterministicAndKeptRowsGiveTheSameBits) {
       EXPECT_EQ(differing, 0) << "I " << c.inter << ", run " << run;
     }
   }
-}
-
-// Widened bf16 values of a downloaded tensor: fp64 sum of fl32(fl64(v) / divisor)^2, the norm's formula.
-double host_sum_of_squares(const HostTensor& stored, double divisor) {
-  const HostTensor c = stored.to_f32();
-  double sum = 0.0;
-  for (int64_t i = 0; i < c.numel(); ++i) {
-    const auto q = static_cast<float>(static_cast<double>(c.as<float>()[i]) / divisor);
-    sum += static_cast<double>(q) * static_cast<double>(q);
-  }
-  return sum;
 }
 
 // Elements of a bf16 tensor whose bits differ from an f32 tensor's rounded to nearest even.

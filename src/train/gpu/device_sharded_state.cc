@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/cuda_check.h"
 #include "core/device_alloc.h"
@@ -40,28 +41,24 @@ int64_t align_up(int64_t elements) {
 GradientPlacement sharded_gradients(const std::vector<DeviceParamSpec>& specs, const ParallelLayout& layout,
                                     const ShardedRegion& region, int64_t* region_begin) {
   ParamLayout trained;
-  std::unordered_map<std::string, bool> bf16_grad;
+  std::unordered_set<std::string> bf16_grads;  // kept by DeviceParams in a buffer of their own
   for (const DeviceParamSpec& spec : specs) {
     if (spec.trained) trained.add(spec.name, spec.shape);
-    bf16_grad[spec.name] = spec.grad_bf16;
+    if (spec.grad_bf16) bf16_grads.insert(spec.name);
   }
   GradientPlacement placement;
   int64_t experts_end = 0;
-  std::unordered_map<std::string, bool> unplaced;
   for (const auto& [state_index, full_index] : layout.expert_pieces()) {
     const std::string& name = layout.full().entry(full_index).name;
     const int at = trained.find(name);
     CHECK(at >= 0, "train state: this rank's expert slice '", name, "' is not trained on the device");
-    if (bf16_grad[name]) {
-      unplaced[name] = true;
-      continue;
-    }
+    if (bf16_grads.count(name) != 0) continue;
     placement.offset[name] = trained.entry(at).offset;
     experts_end = std::max(experts_end, trained.entry(at).offset + trained.entry(at).numel);
   }
   *region_begin = align_up(experts_end);
   for (const ParamEntry& entry : trained.entries()) {
-    if (placement.offset.count(entry.name) != 0 || unplaced.count(entry.name) != 0) continue;
+    if (placement.offset.count(entry.name) != 0 || bf16_grads.count(entry.name) != 0) continue;
     const int full = layout.full().find(entry.name);
     CHECK(full >= 0, "train state: trained tensor '", entry.name, "' is not in the parallel layout");
     const auto [group, position] = layout.group_position(full);
