@@ -7,18 +7,12 @@
 #include "core/device_buffer.h"
 #include "kernels/common/tensor_compare.h"
 #include "kernels/gemm/gemm_cuda.h"
+#include "kernels/gemm/gpu_test_util.h"
 #include "kernels/gemm/gpu_timing.h"
 #include "kernels/linear/linear.h"
 
 namespace deltamoe {
 namespace {
-
-// A random tensor already rounded to bf16, so the fp32 reference sees exactly the GPU's inputs.
-HostTensor random_bf16_exact(Shape shape, uint64_t seed, float scale = 1.0f) {
-  return random_normal_tensor(shape, seed, scale).to_dtype(DType::bf16).to_f32();
-}
-
-const __nv_bfloat16* bf16_ptr(const DeviceTensor& t) { return static_cast<const __nv_bfloat16*>(t.view.data); }
 
 struct LinearShape {
   int64_t rows, in_features, out_features;

@@ -1,4 +1,4 @@
-// Helpers for the dense GPU tests: random inputs already rounded to bf16 (so the fp32 reference
+// Helpers for the GPU tests of the products (dense, grouped, experts, router): random inputs already rounded to bf16 (so the fp32 reference
 // sees exactly what the GPU sees), typed device pointers, and a tolerance check that prints.
 #pragma once
 
@@ -15,6 +15,15 @@ namespace deltamoe {
 
 inline HostTensor random_bf16_exact(Shape shape, uint64_t seed, float scale = 1.0f) {
   return random_normal_tensor(shape, seed, scale).to_dtype(DType::bf16).to_f32();
+}
+
+// Timing data: a pool of 4,099 random values repeated (sampling 10^9 normals on the host is slow;
+// the speed of the products does not depend on the values).
+inline HostTensor pattern_tensor(Shape shape, uint64_t seed, float scale) {
+  const int64_t pool_size = 4099;
+  HostTensor pool = random_normal_tensor({pool_size}, seed, scale), out(DType::f32, shape);
+  for (int64_t i = 0; i < out.numel(); ++i) out.as<float>()[i] = pool.as<float>()[i % pool_size];
+  return out;
 }
 
 inline __nv_bfloat16* bf16_ptr(const DeviceTensor& t) { return static_cast<__nv_bfloat16*>(t.view.data); }

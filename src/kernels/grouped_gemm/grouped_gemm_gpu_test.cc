@@ -19,6 +19,7 @@
 #include "kernels/common/kernel_path_cuda.h"
 #include "kernels/common/tensor_compare.h"
 #include "kernels/common/sum_of_squares_host.h"
+#include "kernels/gemm/gpu_test_util.h"
 #include "kernels/gemm/gpu_timing.h"
 #include "kernels/grouped_gemm/grouped_gemm.h"
 #include "kernels/grouped_gemm/grouped_gemm_cuda.h"
@@ -26,21 +27,6 @@
 
 namespace deltamoe {
 namespace {
-
-HostTensor random_bf16_exact(Shape shape, uint64_t seed, float scale = 1.0f) {
-  return random_normal_tensor(shape, seed, scale).to_dtype(DType::bf16).to_f32();
-}
-
-// Timing data: a pool of random values repeated (generating 10^9 normals on the host is slow;
-// the speed of the products does not depend on the values).
-HostTensor pattern_tensor(Shape shape, uint64_t seed, float scale) {
-  const int64_t pool_size = 4099;
-  HostTensor pool = random_normal_tensor({pool_size}, seed, scale), out(DType::f32, shape);
-  for (int64_t i = 0; i < out.numel(); ++i) out.as<float>()[i] = pool.as<float>()[i % pool_size];
-  return out;
-}
-
-const __nv_bfloat16* bf16_ptr(const DeviceTensor& t) { return static_cast<const __nv_bfloat16*>(t.view.data); }
 
 // Group offsets: groups floor(i * G / empty_groups) get no row (group 0 among them); every other
 // row goes to a random one of the remaining groups.

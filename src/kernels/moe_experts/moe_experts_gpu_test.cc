@@ -16,28 +16,13 @@
 #include "core/rng.h"
 #include "kernels/common/tensor_compare.h"
 #include "kernels/common/sum_of_squares_host.h"
+#include "kernels/gemm/gpu_test_util.h"
 #include "kernels/gemm/gpu_timing.h"
 #include "kernels/moe_experts/moe_experts.h"
 #include "kernels/moe_experts/moe_experts_cuda.h"
 
 namespace deltamoe {
 namespace {
-
-HostTensor random_bf16_exact(Shape shape, uint64_t seed, float scale = 1.0f) {
-  return random_normal_tensor(shape, seed, scale).to_dtype(DType::bf16).to_f32();
-}
-
-// A pool of random values repeated: fast to make at the 35B sizes, for timing only.
-HostTensor pattern_tensor(Shape shape, uint64_t seed, float scale) {
-  const int64_t pool_size = 4099;
-  HostTensor pool = random_normal_tensor({pool_size}, seed, scale), out(DType::f32, shape);
-  for (int64_t i = 0; i < out.numel(); ++i) out.as<float>()[i] = pool.as<float>()[i % pool_size];
-  return out;
-}
-
-const __nv_bfloat16* bf16_ptr(const DeviceTensor& t) { return static_cast<const __nv_bfloat16*>(t.view.data); }
-__nv_bfloat16* bf16_mut(DeviceTensor& t) { return static_cast<__nv_bfloat16*>(t.view.data); }
-float* f32_ptr(DeviceTensor& t) { return static_cast<float*>(t.view.data); }
 
 // Routing: each token picks K distinct experts among the first `used_experts` (the rest get no
 // token); weights positive, summing to one.
@@ -190,9 +175,9 @@ void check_case(const ExpertCase& c, uint64_t seed) {
   device_fill_bytes(TensorView(fwd_ws.data(), DType::u8, {static_cast<int64_t>(fwd_ws.bytes())}, Device::cuda), 0xFF);
   device_fill_bytes(TensorView(bwd_ws.data(), DType::u8, {static_cast<int64_t>(bwd_ws.bytes())}, Device::cuda), 0xFF);
   moe_experts_forward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
-                           bf16_mut(y_d), fwd_ws.data(), fwd_ws.bytes(), nullptr);
+                           bf16_ptr(y_d), fwd_ws.data(), fwd_ws.bytes(), nullptr);
   moe_experts_backward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
-                            bf16_ptr(dy_d), bf16_mut(dx_d), f32_ptr(dw_d), f32_ptr(d_gu_d), f32_ptr(d_down_d),
+                            bf16_ptr(dy_d), bf16_ptr(dx_d), f32_ptr(dw_d), f32_ptr(d_gu_d), f32_ptr(d_down_d),
                             DType::f32, bwd_ws.data(), bwd_ws.bytes(), nullptr);
   device_synchronize();
   check_plan(p.plan, idx, dims);
@@ -262,7 +247,7 @@ TEST(MoeExpertsGpu, IsDeterministicAndKeptRowsGiveTheSameBits) {
     DeviceBuffer fwd_ws(moe_experts_forward_workspace_bytes(dims)), bwd_ws(moe_experts_backward_workspace_bytes(dims));
     DeviceTensor kept = device_tensor(DType::bf16, {c.tokens * c.top_k, 2 * c.inter});
     DeviceTensor kept_inputs = device_tensor(DType::bf16, {c.tokens * c.top_k, c.hidden});
-    const MoeExpertRows kept_rows{bf16_mut(kept_inputs), bf16_mut(kept)};
+    const MoeExpertRows kept_rows{bf16_ptr(kept_inputs), bf16_ptr(kept)};
     // One backward onto zeroed gradients over a poisoned workspace: dx, d_topk_weight, d_gate_up,
     // d_down.
     auto backward = [&](const DevicePlan& p, const MoeExpertRows* rows_kept) {
@@ -274,7 +259,7 @@ TEST(MoeExpertsGpu, IsDeterministicAndKeptRowsGiveTheSameBits) {
       device_fill_bytes(d_down_d.view, 0);
       CUDA_CHECK(cudaMemset(bwd_ws.data(), 0xFF, bwd_ws.bytes()));
       moe_experts_backward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
-                                bf16_ptr(dy_d), bf16_mut(dx_d), f32_ptr(dw_d), f32_ptr(d_gu_d), f32_ptr(d_down_d),
+                                bf16_ptr(dy_d), bf16_ptr(dx_d), f32_ptr(dw_d), f32_ptr(d_gu_d), f32_ptr(d_down_d),
                                 DType::f32, bwd_ws.data(), bwd_ws.bytes(), nullptr, nullptr,
                                 WeightGradOutput::added_to, nullptr, rows_kept);
       std::vector<HostTensor> out;
@@ -290,7 +275,7 @@ TEST(MoeExpertsGpu, IsDeterministicAndKeptRowsGiveTheSameBits) {
       device_fill_bytes(kept.view, 0xFF);
       device_fill_bytes(kept_inputs.view, 0xFF);
       moe_experts_forward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
-                               bf16_mut(y_d), fwd_ws.data(), fwd_ws.bytes(), nullptr, nullptr,
+                               bf16_ptr(y_d), fwd_ws.data(), fwd_ws.bytes(), nullptr, nullptr,
                                keep ? &kept_rows : nullptr);
       CUDA_CHECK(cudaMemset(fwd_ws.data(), 0xFF, fwd_ws.bytes()));
       outputs[run].push_back(to_host(y_d.view));
@@ -300,7 +285,7 @@ TEST(MoeExpertsGpu, IsDeterministicAndKeptRowsGiveTheSameBits) {
     // zeroed inputs d_gate_up (d_gate_up = d_gu^T xp), each with the other left as the forward kept it.
     {
       DevicePlan p = build_plan(idx_d, dims);
-      const MoeExpertRows gate_up_only{nullptr, bf16_mut(kept)};
+      const MoeExpertRows gate_up_only{nullptr, bf16_ptr(kept)};
       device_fill_bytes(kept_inputs.view, 0);
       const std::vector<HostTensor> zeroed_inputs = backward(p, &kept_rows);
       EXPECT_NE(std::memcmp(zeroed_inputs[2].data(), outputs[2][3].data(), zeroed_inputs[2].nbytes()), 0)
@@ -380,7 +365,7 @@ TEST(MoeExpertsGpu, Bf16GradientsAreTheF32OnesRounded) {
         double* sums_d = static_cast<double*>(sums.data());
         const ExpertGradSquares squares{sums_d, sums_d + 1, divisor, scratch.data()};
         moe_experts_backward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
-                                  bf16_ptr(dy_d), bf16_mut(dx_d), f32_ptr(dw_d), d_gu_d.view.data, d_down_d.view.data,
+                                  bf16_ptr(dy_d), bf16_ptr(dx_d), f32_ptr(dw_d), d_gu_d.view.data, d_down_d.view.data,
                                   grad_dtype, bwd_ws.data(), bwd_ws.bytes(), nullptr, nullptr, output,
                                   written ? &squares : nullptr);
         squares_out->assign(2, 0.0);
@@ -481,14 +466,14 @@ TEST(MoeExpertsGpu, Timing35B) {
   const double fwd_ms = median_ms(
       [&](cudaStream_t s) {
         moe_experts_forward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
-                                 bf16_mut(y_d), fwd_ws.data(), fwd_ws.bytes(), s);
+                                 bf16_ptr(y_d), fwd_ws.data(), fwd_ws.bytes(), s);
       },
       nullptr);
   print_flop_timing("forward (permute, 2 grouped GEMMs, combine)", fwd_ms, gate_up_flops + down_flops);
   const double bwd_ms = median_ms(
       [&](cudaStream_t s) {
         moe_experts_backward_cuda(dims, p.plan, bf16_ptr(x_d), f32_ptr(weight_d), bf16_ptr(gu_d), bf16_ptr(down_d),
-                                  bf16_ptr(dy_d), bf16_mut(dx_d), f32_ptr(dw_d), f32_ptr(d_gu_d), f32_ptr(d_down_d),
+                                  bf16_ptr(dy_d), bf16_ptr(dx_d), f32_ptr(dw_d), f32_ptr(d_gu_d), f32_ptr(d_down_d),
                                   DType::f32, bwd_ws.data(), bwd_ws.bytes(), s);
       },
       nullptr);

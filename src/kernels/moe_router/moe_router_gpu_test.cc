@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "kernels/common/tensor_compare.h"
 #include "kernels/gemm/gemm_cuda.h"
+#include "kernels/gemm/gpu_test_util.h"
 #include "kernels/gemm/gpu_timing.h"
 #include "kernels/linear/linear.h"
 #include "kernels/moe_router/moe_router.h"
@@ -21,13 +22,6 @@
 
 namespace deltamoe {
 namespace {
-
-HostTensor random_bf16_exact(Shape shape, uint64_t seed, float scale = 1.0f) {
-  return random_normal_tensor(shape, seed, scale).to_dtype(DType::bf16).to_f32();
-}
-
-float* f32_ptr(DeviceTensor& t) { return static_cast<float*>(t.view.data); }
-const __nv_bfloat16* bf16_ptr(const DeviceTensor& t) { return static_cast<const __nv_bfloat16*>(t.view.data); }
 
 HostTensor plus(const HostTensor& a, const HostTensor& b) {
   HostTensor out(DType::f32, a.shape());

@@ -11,20 +11,13 @@
 #include "core/device_buffer.h"
 #include "kernels/common/tensor_compare.h"
 #include "kernels/gemm/gemm_cuda.h"
+#include "kernels/gemm/gpu_test_util.h"
 #include "kernels/gemm/gpu_timing.h"
 #include "kernels/shared_expert/shared_expert.h"
 #include "kernels/shared_expert/shared_expert_cuda.h"
 
 namespace deltamoe {
 namespace {
-
-HostTensor random_bf16_exact(Shape shape, uint64_t seed, float scale = 1.0f) {
-  return random_normal_tensor(shape, seed, scale).to_dtype(DType::bf16).to_f32();
-}
-
-const __nv_bfloat16* bf16_ptr(const DeviceTensor& t) { return static_cast<const __nv_bfloat16*>(t.view.data); }
-__nv_bfloat16* bf16_mut(DeviceTensor& t) { return static_cast<__nv_bfloat16*>(t.view.data); }
-float* f32_ptr(DeviceTensor& t) { return static_cast<float*>(t.view.data); }
 
 HostTensor combine(const HostTensor& a, const HostTensor& b, float sign) {
   HostTensor a32 = a.to_f32(), b32 = b.to_f32(), out(DType::f32, a.shape());
@@ -64,18 +57,18 @@ void check_shared(GemmContext& gemm, int64_t T, int64_t C, int64_t I, uint64_t s
   DeviceBuffer bwd_ws(shared_expert_backward_workspace_bytes(T, C, I));
   device_fill_bytes(TensorView(bwd_ws.data(), DType::u8, {static_cast<int64_t>(bwd_ws.bytes())}, Device::cuda), 0xFF);
   shared_expert_forward_cuda(gemm, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d), bf16_ptr(eg_d),
-                             bf16_mut(y_d), false, T, C, I, fwd_ws.data(), fwd_ws.bytes(), nullptr);
+                             bf16_ptr(y_d), false, T, C, I, fwd_ws.data(), fwd_ws.bytes(), nullptr);
   shared_expert_forward_cuda(gemm, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d), bf16_ptr(eg_d),
-                             bf16_mut(y_acc_d), true, T, C, I, fwd_ws.data(), fwd_ws.bytes(), nullptr);
+                             bf16_ptr(y_acc_d), true, T, C, I, fwd_ws.data(), fwd_ws.bytes(), nullptr);
   // First backward writes dx and adds the weight gradients; the second only checks dx "added to"
   // (weight gradients of that call go to scratch copies).
   shared_expert_backward_cuda(gemm, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d), bf16_ptr(eg_d),
-                              bf16_ptr(dy_d), bf16_mut(dx_d), false, f32_ptr(dg_d), f32_ptr(du_d), f32_ptr(dd_d),
+                              bf16_ptr(dy_d), bf16_ptr(dx_d), false, f32_ptr(dg_d), f32_ptr(du_d), f32_ptr(dd_d),
                               f32_ptr(de_d), T, C, I, bwd_ws.data(), bwd_ws.bytes(), nullptr);
   DeviceTensor s1 = device_tensor(DType::f32, {I, C}), s2 = device_tensor(DType::f32, {I, C});
   DeviceTensor s3 = device_tensor(DType::f32, {C, I}), s4 = device_tensor(DType::f32, {1, C});
   shared_expert_backward_cuda(gemm, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d), bf16_ptr(eg_d),
-                              bf16_ptr(dy_d), bf16_mut(dx_acc_d), true, f32_ptr(s1), f32_ptr(s2), f32_ptr(s3),
+                              bf16_ptr(dy_d), bf16_ptr(dx_acc_d), true, f32_ptr(s1), f32_ptr(s2), f32_ptr(s3),
                               f32_ptr(s4), T, C, I, bwd_ws.data(), bwd_ws.bytes(), nullptr);
   device_synchronize();
 
@@ -125,12 +118,12 @@ void check_split_forward(GemmContext& gemm, int64_t T, int64_t C, int64_t I, uin
   for (bool accumulate : {false, true}) {
     DeviceTensor fused = to_device(y_init, DType::bf16), split = to_device(y_init, DType::bf16);
     shared_expert_forward_cuda(gemm, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d),
-                               bf16_ptr(eg_d), bf16_mut(fused), accumulate, T, C, I, ws.data(), ws.bytes(), nullptr);
+                               bf16_ptr(eg_d), bf16_ptr(fused), accumulate, T, C, I, ws.data(), ws.bytes(), nullptr);
     shared_expert_forward_products_cuda(gemm, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d), bf16_ptr(down_d),
                                         bf16_ptr(eg_d), pending, T, C, I, ws.data(), ws.bytes(), nullptr);
     // Other work reusing the workspace in between must not matter.
     device_fill_bytes(TensorView(ws.data(), DType::u8, {static_cast<int64_t>(ws.bytes())}, Device::cuda), 0xFF);
-    shared_expert_forward_apply_cuda(pending, bf16_mut(split), accumulate, T, C, nullptr);
+    shared_expert_forward_apply_cuda(pending, bf16_ptr(split), accumulate, T, C, nullptr);
     device_synchronize();
     const HostTensor want = to_host(fused.view), got = to_host(split.view);
     ASSERT_EQ(want.numel(), got.numel());
@@ -178,7 +171,7 @@ TEST(SharedExpertGpu, Timing35B) {
                     median_ms(
                         [&](cudaStream_t s) {
                           shared_expert_forward_cuda(gemm, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d),
-                                                     bf16_ptr(down_d), bf16_ptr(eg_d), bf16_mut(y_d), false, T, C, I,
+                                                     bf16_ptr(down_d), bf16_ptr(eg_d), bf16_ptr(y_d), false, T, C, I,
                                                      fwd_ws.data(), fwd_ws.bytes(), s);
                         },
                         nullptr),
@@ -187,7 +180,7 @@ TEST(SharedExpertGpu, Timing35B) {
                     median_ms(
                         [&](cudaStream_t s) {
                           shared_expert_backward_cuda(gemm, bf16_ptr(x_d), bf16_ptr(gate_d), bf16_ptr(up_d),
-                                                      bf16_ptr(down_d), bf16_ptr(eg_d), bf16_ptr(dy_d), bf16_mut(dx_d),
+                                                      bf16_ptr(down_d), bf16_ptr(eg_d), bf16_ptr(dy_d), bf16_ptr(dx_d),
                                                       false, f32_ptr(dg_d), f32_ptr(du_d), f32_ptr(dd_d), f32_ptr(de_d),
                                                       T, C, I, bwd_ws.data(), bwd_ws.bytes(), s);
                         },
