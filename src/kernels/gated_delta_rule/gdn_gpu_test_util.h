@@ -15,6 +15,7 @@
 #include "core/cuda_check.h"
 #include "core/device_buffer.h"
 #include "kernels/common/tensor_compare.h"
+#include "kernels/gemm/gpu_timing.h"
 
 namespace deltamoe::gdn_gpu_test {
 
@@ -58,26 +59,10 @@ inline void expect_close(const std::string& name, const HostTensor& got, const H
   EXPECT_LE(r.rel_l2, tolerance) << name << " rel_l2 above " << tolerance;
 }
 
-// Median milliseconds of `repeats` runs of `body` on the default stream after `warmup` runs.
+// Median milliseconds of `repeats` runs of `body` on the default stream after `warmup` runs
+// (gpu_timing.h's median_ms, for bodies that launch on the default stream themselves).
 inline double median_ms(const std::function<void()>& body, int warmup = 3, int repeats = 20) {
-  for (int i = 0; i < warmup; ++i) body();
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> times;
-  for (int i = 0; i < repeats; ++i) {
-    CUDA_CHECK(cudaEventRecord(start));
-    body();
-    CUDA_CHECK(cudaEventRecord(stop));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return deltamoe::median_ms([&](cudaStream_t) { body(); }, nullptr, warmup, repeats);
 }
 
 // H200 peaks the timing lines compare against (HBM3e bandwidth, dense bf16 tensor cores).
