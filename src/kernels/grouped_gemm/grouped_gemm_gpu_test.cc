@@ -112,17 +112,30 @@ void check_rows(const GroupedShape& s, bool b_stored_nk, uint64_t seed) {
   }
 }
 
+// A weight-gradient case's operands (c_g [M, N] with M = s.n and N = s.k, K = each group's rows),
+// announced with its sizes: the f32 and bf16 checks draw the same ones from the same seed.
+struct WeightGradOperands {
+  int64_t m, n;
+  std::vector<int32_t> offsets;
+  HostTensor a, b;
+};
+
+WeightGradOperands weight_grad_operands(const GroupedShape& s, uint64_t seed, const char* label) {
+  const int64_t m = s.n, n = s.k;
+  std::printf("%s R=%lld G=%lld (empty %lld) M=%lld N=%lld\n", label, static_cast<long long>(s.rows),
+              static_cast<long long>(s.groups), static_cast<long long>(s.empty_groups), static_cast<long long>(m),
+              static_cast<long long>(n));
+  std::vector<int32_t> offsets = random_offsets(s.rows, s.groups, s.empty_groups, seed);
+  HostTensor a = random_bf16_exact({s.rows, m}, seed + 1);
+  HostTensor b = random_bf16_exact({s.rows, n}, seed + 2);
+  return {m, n, std::move(offsets), std::move(a), std::move(b)};
+}
+
 // Both outputs against the reference: "added to" on top of random values, "written" over a
 // poisoned c (every element, empty groups' zeros included, must be stored) against the reference
 // summed onto zeros.
 void check_weight_grad(const GroupedShape& s, uint64_t seed) {
-  const int64_t m = s.n, n = s.k;  // c_g [M, N]
-  std::printf("weight-grad R=%lld G=%lld (empty %lld) M=%lld N=%lld\n", static_cast<long long>(s.rows),
-              static_cast<long long>(s.groups), static_cast<long long>(s.empty_groups), static_cast<long long>(m),
-              static_cast<long long>(n));
-  const std::vector<int32_t> offsets = random_offsets(s.rows, s.groups, s.empty_groups, seed);
-  HostTensor a = random_bf16_exact({s.rows, m}, seed + 1);
-  HostTensor b = random_bf16_exact({s.rows, n}, seed + 2);
+  const auto [m, n, offsets, a, b] = weight_grad_operands(s, seed, "weight-grad");
   HostTensor c_init = random_normal_tensor({s.groups, m, n}, seed + 3);
   HostTensor c_ref = random_normal_tensor({s.groups, m, n}, seed + 3);
   grouped_gemm_weight_grad_ref(a.as<float>(), b.as<float>(), c_ref.as<float>(), offsets.data(), s.groups, m, n);
@@ -228,13 +241,7 @@ int64_t bf16_rounding_misses(const std::string& name, const HostTensor& got_bf16
 // bf16 c on every kernel: "added to" on top of random bf16 values, "written" over a poisoned c
 // (NaN bits): bit for bit the f32 gradient rounded, and within bf16_rounding_misses' bounds.
 void check_weight_grad_bf16(const GroupedShape& s, uint64_t seed) {
-  const int64_t m = s.n, n = s.k;  // c_g [M, N]
-  std::printf("weight-grad bf16 R=%lld G=%lld (empty %lld) M=%lld N=%lld\n", static_cast<long long>(s.rows),
-              static_cast<long long>(s.groups), static_cast<long long>(s.empty_groups), static_cast<long long>(m),
-              static_cast<long long>(n));
-  const std::vector<int32_t> offsets = random_offsets(s.rows, s.groups, s.empty_groups, seed);
-  HostTensor a = random_bf16_exact({s.rows, m}, seed + 1);
-  HostTensor b = random_bf16_exact({s.rows, n}, seed + 2);
+  const auto [m, n, offsets, a, b] = weight_grad_operands(s, seed, "weight-grad bf16");
   const Bf16WeightGradReference ref = bf16_weight_grad_reference(a, b, offsets, s.groups, m, n);
   const HostTensor c_init = random_normal_tensor({s.groups, m, n}, seed + 3).to_dtype(DType::bf16);
   const HostTensor c_init_f32 = c_init.to_f32();
