@@ -477,7 +477,8 @@ constexpr int kWeightGradBox = 64 * kBlockK * 2;  // 64 columns x 64 k lines of 
 // The staging tile is two buffers of one 64-column part each, used in turn: the warpgroup writes
 // a part while the copy engine still reads the one before it (measured on an H100, the step's
 // form with squares: gate_up 1.04 against 1.16 ms with one 128-column part at a time).
-// A bf16 part's rows are 128 bytes: one 64-row x 64-column box, the first half of its buffer.
+// A bf16 part's rows are 128 bytes: one 64-row x 64-column box; the four of a warpgroup's tile fill
+// its staging, so bf16 tiles leave whole (the epilogue below).
 constexpr int kWeightGradStages = 3;
 constexpr int kWeightGradStagingCols = 64;
 constexpr int kWeightGradStagingBuffers = 2;
@@ -496,8 +497,10 @@ static_assert(kWeightGradStagingBufferBytes ==
 static_assert((kWeightGradStages * kStageBytes) % 1024 == 0 && kWeightGradStagingBufferBytes % 1024 == 0,
               "staging tiles keep the 1024-byte swizzle alignment");
 constexpr int kWeightGradBf16BoxBytes = 64 * kWeightGradStagingCols * 2;  // 8 KiB
-static_assert(kWeightGradStagingCols * 2 == 128 && kWeightGradBf16BoxBytes <= kWeightGradStagingBufferBytes,
-              "a bf16 part is one box of 128-byte rows (one swizzle line each) inside its buffer");
+static_assert(kWeightGradStagingCols * 2 == 128 && kBlockN / kWeightGradStagingCols * kWeightGradBf16BoxBytes ==
+                                                       kWeightGradStagingBytes,
+              "a bf16 part is one box of 128-byte rows (one swizzle line each); a warpgroup's whole bf16 tile "
+              "fills its staging");
 constexpr int kProducerThreads = 128;
 static_assert(kBlockM / 64 * kWeightGradBox == kStageBytesA && kBlockN / 64 * kWeightGradBox == kStageBytesB,
               "dW stages are whole 64-column boxes");
@@ -701,34 +704,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_accumulators(acc);
     if (lane == 0) mbar_arrive(empty_bars + 8 * previous_stage);
     if (!active) continue;
-    // The epilogue, one kWeightGradStagingCols-column part at a time, the parts in the staging
-    // buffers in turn (parts_issued counts them over all tiles, so that the buffer written next is
-    // never the one whose stores were issued last): wait until the buffer's previous stores have
-    // read it (the thread that issued them; the latest group, the other buffer's, may still be
-    // reading), write the part in the boxes' swizzle (chunk c of row r at r * 128 + (c ^ (r % 8)) *
-    // 16; a warp's float2 stores then fill every bank twice, its bf16 pairs every bank once), make
-    // it visible to the async proxy, and let one thread store the boxes (f32: two of 32 columns;
-    // bf16: one of 64).
     // Thread (warp, lane) holds rows 16 warp + lane / 4 and + 8, columns 8J + 2 (lane % 4) and + 1.
-#pragma unroll
-    for (int part = 0; part < kBlockN / kWeightGradStagingCols; ++part) {
-      if (part * kWeightGradStagingCols >= cols_valid) break;  // past n: nothing to store
-      const uint32_t buffer =
-          static_cast<uint32_t>(parts_issued % kWeightGradStagingBuffers) * kWeightGradStagingBufferBytes;
-      ++parts_issued;
-      if (wg_thread == 0) bulk_wait_read_all_but_last();
+    if constexpr (kBf16) {
+      // bf16: the warpgroup's whole 64 x 256 tile fits its staging (four 64 x 64 boxes of 128-byte
+      // rows, 8 KiB each), so the epilogue waits once, for the previous tile's stores to have read
+      // the staging (long done: they were issued before this tile's products), writes every part,
+      // and hands all boxes to TMA in one group; the stores then drain during the next tile's
+      // products instead of between the parts. A thread's bf16 pair of column group j of a part
+      // goes to chunk j ^ (row % 8) of its row, byte 4 (lane % 4): a warp's stores hit every bank once.
+      if (wg_thread == 0) bulk_wait_read_all();
       sync_consumer(consumer);
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = warp * 16 + lane / 4 + half * 8;
+      for (int part = 0; part < kBlockN / kWeightGradStagingCols; ++part) {
+        if (part * kWeightGradStagingCols >= cols_valid) break;  // past n: nothing to store
+        const uint32_t box = static_cast<uint32_t>(part) * kWeightGradBf16BoxBytes;
 #pragma unroll
-        for (int j = 0; j < kWeightGradStagingCols / 8; ++j) {
-          const int J = part * (kWeightGradStagingCols / 8) + j;  // the column group in the tile
-          const float x0 = acc[4 * J + 2 * half], x1 = acc[4 * J + 2 * half + 1];
-          if constexpr (kBf16) {
-            const __nv_bfloat162 v = __floats2bfloat162_rn(x0, x1);
+        for (int half = 0; half < 2; ++half) {
+          const int row = warp * 16 + lane / 4 + half * 8;
+#pragma unroll
+          for (int j = 0; j < kWeightGradStagingCols / 8; ++j) {
+            const int J = part * (kWeightGradStagingCols / 8) + j;  // the column group in the tile
+            const __nv_bfloat162 v = __floats2bfloat162_rn(acc[4 * J + 2 * half], acc[4 * J + 2 * half + 1]);
             const uint32_t at =
-                thread_staging_bf16 + buffer + half * 1024 + ((static_cast<uint32_t>(j) ^ row_xor) << 4);
+                thread_staging_bf16 + box + half * 1024 + ((static_cast<uint32_t>(j) ^ row_xor) << 4);
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(*reinterpret_cast<const uint32_t*>(&v))
                          : "memory");
             if constexpr (kSquares) {
@@ -737,7 +735,44 @@ __global__ void __launch_bounds__(kThreads, 1)
                 squares[J % 4] = __fma_rn(q1, q1, __fma_rn(q0, q0, squares[J % 4]));
               }
             }
-          } else {
+          }
+        }
+      }
+      fence_proxy_async_shared();
+      sync_consumer(consumer);
+      if (wg_thread == 0) {
+#pragma unroll
+        for (int part = 0; part < kBlockN / kWeightGradStagingCols; ++part) {
+          if (part * kWeightGradStagingCols >= cols_valid) break;
+          tma_store_3d(&map_c, staging + part * kWeightGradBf16BoxBytes, w.n0 + part * kWeightGradStagingCols,
+                       row_base, w.g);
+        }
+        bulk_commit();
+      }
+    } else {
+      // f32: the tile (64 KiB a warpgroup) does not fit the staging, so it leaves one
+      // kWeightGradStagingCols-column part at a time, the parts in the staging
+      // buffers in turn (parts_issued counts them over all tiles, so that the buffer written next is
+      // never the one whose stores were issued last): wait until the buffer's previous stores have
+      // read it (the thread that issued them; the latest group, the other buffer's, may still be
+      // reading), write the part in the boxes' swizzle (chunk c of row r at r * 128 + (c ^ (r % 8)) *
+      // 16; a warp's float2 stores then fill every bank twice), make it visible to the async proxy,
+      // and let one thread store its two boxes of 32 columns.
+#pragma unroll
+      for (int part = 0; part < kBlockN / kWeightGradStagingCols; ++part) {
+        if (part * kWeightGradStagingCols >= cols_valid) break;  // past n: nothing to store
+        const uint32_t buffer =
+            static_cast<uint32_t>(parts_issued % kWeightGradStagingBuffers) * kWeightGradStagingBufferBytes;
+        ++parts_issued;
+        if (wg_thread == 0) bulk_wait_read_all_but_last();
+        sync_consumer(consumer);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = warp * 16 + lane / 4 + half * 8;
+#pragma unroll
+          for (int j = 0; j < kWeightGradStagingCols / 8; ++j) {
+            const int J = part * (kWeightGradStagingCols / 8) + j;  // the column group in the tile
+            const float x0 = acc[4 * J + 2 * half], x1 = acc[4 * J + 2 * half + 1];
             const int box = 8 * j / kWeightGradStoreBoxCols;  // the quad's 8 columns lie in one box
             const uint32_t at = thread_staging + buffer + box * kWeightGradStoreBoxBytes + half * 1024 +
                                 (((2 * (j % 4)) ^ chunk_xor) << 4);
@@ -750,21 +785,17 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
           }
         }
-      }
-      fence_proxy_async_shared();
-      sync_consumer(consumer);
-      if (wg_thread == 0) {
-        if constexpr (kBf16) {
-          tma_store_3d(&map_c, staging + buffer, w.n0 + part * kWeightGradStagingCols, row_base, w.g);
-        } else {
+        fence_proxy_async_shared();
+        sync_consumer(consumer);
+        if (wg_thread == 0) {
 #pragma unroll
           for (int box = 0; box < kWeightGradStagingCols / kWeightGradStoreBoxCols; ++box) {
             const int col = part * kWeightGradStagingCols + box * kWeightGradStoreBoxCols;
             if (col < cols_valid)
               tma_store_3d(&map_c, staging + buffer + box * kWeightGradStoreBoxBytes, w.n0 + col, row_base, w.g);
           }
+          bulk_commit();
         }
-        bulk_commit();
       }
     }
   }
