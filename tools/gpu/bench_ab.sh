@@ -41,17 +41,13 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
   done
 done
 python3 - "$out" "$lo" "$hi" "${ROUNDS:-2}" "${builds[@]}" <<'PY' | tee "$out/summary.md"
-import json, os, statistics, sys
+import os, statistics, sys
+sys.path.insert(0, "tools/gpu")
+from bench_json import read_bench_json
 out, lo, hi, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 names = [b.split("=", 1)[0] for b in sys.argv[5:]]
 def bench(name, depth, r):
-    try:
-        for line in open(os.path.join(out, f"{name}_L{depth}_r{r}.log")):
-            if line.startswith("BENCH_JSON "):
-                return json.loads(line[len("BENCH_JSON "):])
-    except OSError:
-        pass
-    return None
+    return read_bench_json(os.path.join(out, f"{name}_L{depth}_r{r}.log"))
 span = hi - lo
 rows = {}
 for name in names:

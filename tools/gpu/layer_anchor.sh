@@ -65,16 +65,12 @@ esac
 
 python3 - "$out" "$lo" "$hi" <<'PY' | tee "$out/summary.md"
 import json, os, re, sys
+sys.path.insert(0, "tools/gpu")
+from bench_json import read_bench_json
 out, lo, hi = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 span = hi - lo
 def bench(layers):
-    try:
-        for line in open(os.path.join(out, f"bench_L{layers}.log")):
-            if line.startswith("BENCH_JSON "):
-                return json.loads(line[len("BENCH_JSON "):])
-    except OSError:
-        pass
-    return None
+    return read_bench_json(os.path.join(out, f"bench_L{layers}.log"))
 def anchor(layers):
     try:
         for line in open(os.path.join(out, f"anchor_L{layers}.log")):
