@@ -22,16 +22,8 @@ export DELTAMOE_SOURCE_DIR=$PWD PYTHONUNBUFFERED=1
 out=$OUT/change_check
 mkdir -p "$out"
 budget=${BUDGET_S:-560}
-start=$(date +%s)
-left() { echo $(( budget - ($(date +%s) - start) )); }
-status=0
-stage() {  # name command...: runs it within what is left of the budget, log in $out/name.log
-  local name=$1; shift
-  local rest; rest=$(left)
-  if [ "$rest" -lt 30 ]; then echo "NOT RUN $name (${rest} s left)"; status=1; return 1; fi
-  echo "######## $name (${rest} s left)"
-  timeout "$rest" "$@" > "$out/$name.log" 2>&1 || { echo "FAILED $name (exit $?)"; status=1; return 1; }
-}
+# shellcheck source=tools/gpu/budget_stages.sh
+source tools/gpu/budget_stages.sh
 # The base's programs travel xz-packed (one ~4.5 MB deltamoe beside the change's bundle).
 base=gpu_bundle/base_bin
 mkdir -p "$base"

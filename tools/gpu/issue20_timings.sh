@@ -19,16 +19,8 @@ source gpu_bundle/env.sh
 # process and gdn_anchor.py reuse them.
 export TRITON_CACHE_AUTOTUNING=1
 budget=${BUDGET_S:-570}
-start=$(date +%s)
-left() { echo $(( budget - ($(date +%s) - start) )); }
-status=0
-stage() {  # name command...: runs it within what is left of the budget, log in $out/name.log
-  local name=$1; shift
-  local rest; rest=$(left)
-  if [ "$rest" -lt 30 ]; then echo "NOT RUN $name (${rest} s left)"; status=1; return; fi
-  echo "################ $name (${rest} s left)"
-  timeout "$rest" "$@" > "$out/$name.log" 2>&1 || { echo "FAILED $name (exit $?)"; status=1; }
-}
+# shellcheck source=tools/gpu/budget_stages.sh
+source tools/gpu/budget_stages.sh
 export DELTAMOE_SOURCE_DIR=$PWD
 OUT=$out stage layer_anchor bash tools/gpu/layer_anchor.sh
 cat "$out/layer_anchor/summary.md" 2>/dev/null; grep -E "FAILED|skipped|after step 1" "$out/layer_anchor.log"
