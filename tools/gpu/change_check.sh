@@ -9,7 +9,8 @@
 #   TESTS="prog[:gtest filter] ..."  the change's test programs to run first (default: none)
 #   TIMED="prog:filter ..."          timed cases run on both builds, alternating (default: none)
 #   ROUNDS (default 2): rounds of TIMED and of the bench; LAYERS, STEPS: bench_ab.sh's
-#   EXTRA_BUILDS="name=path ..."     more deltamoe programs for the bench beside base and change
+#   EXTRA_BUILDS="name=path ..."     more deltamoe programs for the bench beside base and change; those
+#                                    packed into gpu_bundle/extra/NAME/ (gpu_bundle_base.sh with AS=NAME) join it
 #   STAGES (default "tests timed bench trace anchor"); BUDGET_S (default 560): the call's seconds;
 #   a stage that cannot start with 30 s left is reported NOT RUN.
 # Logs: $OUT/change_check.tgz; the bench summary and the trace per layer also on stdout.
@@ -24,14 +25,23 @@ mkdir -p "$out"
 budget=${BUDGET_S:-560}
 # shellcheck source=tools/gpu/budget_stages.sh
 source tools/gpu/budget_stages.sh
+# Unpacks an xz-packed program once (python3's lzma, present wherever torch is).
+unpack_program() {
+  mkdir -p "$(dirname "$2")"
+  [ -x "$2" ] || { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+    "$1" "$2" && chmod +x "$2"; }
+}
 # The base's programs travel xz-packed (one ~4.5 MB deltamoe beside the change's bundle).
 base=gpu_bundle/base_bin
 mkdir -p "$base"
 for packed in gpu_bundle/base/*.xz; do
+  [ -e "$packed" ] && unpack_program "$packed" "$base/$(basename "$packed" .xz)"
+done
+# Further builds packed as gpu_bundle/extra/NAME/deltamoe.xz join the bench as NAME.
+for packed in gpu_bundle/extra/*/deltamoe.xz; do
   [ -e "$packed" ] || continue
-  name=$(basename "$packed" .xz)
-  [ -x "$base/$name" ] || { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
-    "$packed" "$base/$name" && chmod +x "$base/$name"; }
+  name=$(basename "$(dirname "$packed")")
+  unpack_program "$packed" "gpu_bundle/extra_bin/$name/deltamoe" && EXTRA_BUILDS="${EXTRA_BUILDS:-} $name=gpu_bundle/extra_bin/$name/deltamoe"
 done
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
 # One pair of depths for the bench, the trace and the anchor: 4 and 8 layers, or 1 and 5 on a GPU
