@@ -186,7 +186,7 @@ std::string write_all(int fd, const void* data, size_t bytes, Deadline deadline)
       if (ready < 0) return std::strerror(errno);
       continue;
     }
-    return errno == EPIPE || errno == ECONNRESET ? "connection closed by the peer" : std::strerror(errno);
+    return errno == EPIPE || errno == ECONNRESET ? kPeerClosed : std::strerror(errno);
   }
   return "";
 }
@@ -200,7 +200,7 @@ std::string read_exact(int fd, void* data, size_t bytes, Deadline deadline) {
       bytes -= n;
       continue;
     }
-    if (n == 0) return "connection closed by the peer";
+    if (n == 0) return kPeerClosed;
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       const int ready = wait_for(fd, POLLIN, deadline);
@@ -208,7 +208,7 @@ std::string read_exact(int fd, void* data, size_t bytes, Deadline deadline) {
       if (ready < 0) return std::strerror(errno);
       continue;
     }
-    return errno == ECONNRESET ? "connection closed by the peer" : std::strerror(errno);
+    return errno == ECONNRESET ? kPeerClosed : std::strerror(errno);
   }
   return "";
 }
@@ -248,10 +248,10 @@ std::string FrameReader::read_available(int fd) {
       buffer_.append(chunk, n);
       continue;
     }
-    if (n == 0) return "connection closed by the peer";
+    if (n == 0) return kPeerClosed;
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return "";
-    return errno == ECONNRESET ? "connection closed by the peer" : std::strerror(errno);
+    return errno == ECONNRESET ? kPeerClosed : std::strerror(errno);
   }
 }
 

@@ -54,8 +54,11 @@ Socket accept_tcp(int listen_fd, Deadline deadline);
 void set_nonblocking(int fd);
 void set_nodelay(int fd);
 
-// Exact transfers on a nonblocking socket. Return "" on success, else the reason ("connection
-// closed by the peer", "timed out", strerror text).
+// What the transfers below return when the peer closed or reset the connection.
+inline constexpr const char* kPeerClosed = "connection closed by the peer";
+
+// Exact transfers on a nonblocking socket. Return "" on success, else the reason (kPeerClosed,
+// "timed out", strerror text).
 std::string write_all(int fd, const void* data, size_t bytes, Deadline deadline);
 std::string read_exact(int fd, void* data, size_t bytes, Deadline deadline);
 
@@ -73,7 +76,7 @@ std::optional<Frame> read_frame(int fd, Deadline deadline, std::string* error);
 class FrameReader {
  public:
   // Reads what is available without blocking. Returns "" while the connection is fine, else the
-  // reason it ended ("connection closed by the peer", strerror text, oversized frame).
+  // reason it ended (kPeerClosed, strerror text, oversized frame).
   std::string read_available(int fd);
   std::optional<Frame> next();
 

@@ -127,7 +127,10 @@ void TcpControlPlane::send(int peer, uint32_t type, std::string_view payload) {
     std::lock_guard<std::mutex> lock(*send_mutex_[peer]);
     problem = write_frame(sockets_[peer].fd(), type, payload, deadline_after(options_.timeout_seconds));
   }
-  if (!problem.empty()) connection_lost(peer, str_cat("sending failed: ", problem));
+  // A closed connection is left to the control thread's reader: frames the peer sent before closing
+  // (rank 0's abort naming the rank at fault) are still queued, and the reader handles them before
+  // it meets the end. Declaring the loss here would stop reading them and blame the closing rank.
+  if (!problem.empty() && problem != kPeerClosed) connection_lost(peer, str_cat("sending failed: ", problem));
 }
 
 bool TcpControlPlane::aborted() const {
