@@ -44,12 +44,16 @@ enum class WeightGradOutput { added_to, written };
 // The other kernels sum c after the product (sum_of_squares_cuda.h: fl32(fl64(c) / divisor)^2). The
 // sm_90a "written" kernel forms it from the products' registers as it stores them, so the norm need
 // not read c back (4 bytes per parameter): the undivided squares, their total times 1 / divisor^2,
-// within kWrittenSquaresRelError of the other form (which rounds each quotient to fp32).
+// within kWrittenSquaresRelError (f32 c) or kWrittenSquaresRelErrorBf16 of the other form (which
+// rounds each quotient to fp32).
 // With bf16 c the sum is over the stored values, i.e. each product rounded to bf16 and widened back
-// (exactly) to fp32, in both forms and with the same bound: what the optimizer reads is the stored c.
+// (exactly) to fp32, in both forms: what the optimizer reads is the stored c.
 // scratch: kWeightGradSquaresScratchBytes of device memory.
-// |fl32(q)^2 - q^2| <= (2 u + u^2) q^2 with u = 2^-24, and fp64's roundings: rounded up.
+// f32 c: |fl32(q)^2 - q^2| <= (2 u + u^2) q^2 with u = 2^-24, and fp64's roundings: rounded up.
 constexpr double kWrittenSquaresRelError = 1.5e-7;
+// bf16 c: the epilogue sums 16 squares (each exact in fp32) in fp32 at most four roundings deep
+// (nonnegative terms: within 4 u of their sum), the other form's quotients 2 u + u^2: 6 u, rounded up.
+constexpr double kWrittenSquaresRelErrorBf16 = 4e-7;
 struct WeightGradSquares {
   double* sum = nullptr;
   double divisor = 1.0;

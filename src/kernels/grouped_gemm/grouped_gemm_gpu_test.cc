@@ -332,7 +332,7 @@ TEST(GroupedGemmGpu, Bf16WeightGradMatchesReferenceWidths35B) {
 
 // A written dW (f32 and bf16) with its sum of squares (WeightGradSquares), on every kernel: c bit for
 // bit what the product without the sum stores; the sum that of the stored c (bf16: the rounded
-// values) within its bound (fp64 order noise, or kWrittenSquaresRelError where formed in the
+// values) within its bound (fp64 order noise, or kWrittenSquaresRelError(Bf16) where formed in the
 // epilogue), for a divisor of 1, an integer and a fraction; the same bits on a second call. The
 // last shape gives every wgmma block several tiles (groups without rows among them).
 TEST(GroupedGemmGpu, WrittenWeightGradSumsItsSquares) {
@@ -381,7 +381,9 @@ TEST(GroupedGemmGpu, WrittenWeightGradSumsItsSquares) {
           // The pass and the host add the same fp64 terms in other orders: nonnegative terms, so
           // each sum is within (count - 1) u of the exact one (u = 2^-53), and the two within twice that.
           const double order_bound = 2.0 * static_cast<double>(s.groups * m * n) * 0x1p-53;
-          const double bound = ran_wgmma ? kWrittenSquaresRelError : order_bound;
+          const double epilogue_bound =
+              c_dtype == DType::bf16 ? kWrittenSquaresRelErrorBf16 : kWrittenSquaresRelError;
+          const double bound = ran_wgmma ? epilogue_bound : order_bound;
           EXPECT_NEAR(got[0], want, bound * want) << name << ", M=" << m << " N=" << n;
           EXPECT_EQ(std::memcmp(&got[0], &got[1], sizeof(double)), 0) << name << ": not deterministic";
         }

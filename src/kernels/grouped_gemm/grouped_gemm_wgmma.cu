@@ -625,11 +625,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-  // This thread's stored values' squares (kSquares), undivided (exact in fp64), over all its tiles
-  // in order, in four sums by column (J % 4) so that the fp64 FMAs do not form one chain of 128 a
-  // tile; the divisor's 1 / d^2 scales the warp's total. A quotient per element (three fp32
-  // operations a value) costs the kernel ~20% (an H100: 1.16 against 0.97 ms on gate_up).
-  // With bf16 c the stored values are the rounded ones, widened back (exactly).
+  // This thread's stored values' squares (kSquares), undivided, over all its tiles in order, in four
+  // fp64 sums so that the additions do not form one chain; the divisor's 1 / d^2 scales the warp's
+  // total. A quotient per element (three fp32 operations a value) costs the kernel ~20% (an H100:
+  // 1.16 against 0.97 ms on gate_up). f32 c: each square exact in fp64, summed by column (J % 4).
+  // bf16 c: the stored (rounded) values, whose squares are exact in fp32 (8 significant bits);
+  // a pair's two squares are summed by one fp32 FMA and the eight pairs of a part's row by a
+  // fixed fp32 tree, then widened once: one conversion and one fp64 add per 16 values instead of
+  // 16 of each (the fp64 form cost 0.22 of 0.78 ms on gate_up, an H200), at most four fp32
+  // roundings deep (kWrittenSquaresRelErrorBf16).
   [[maybe_unused]] double squares[4] = {0.0, 0.0, 0.0, 0.0};
   const int wg_thread = static_cast<int>(threadIdx.x) % 128;
   // Where this thread's float2 of column group j lands in a staging box: its rows (16 warp +
@@ -721,6 +725,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = warp * 16 + lane / 4 + half * 8;
+          [[maybe_unused]] float pair_squares[kWeightGradStagingCols / 8];
 #pragma unroll
           for (int j = 0; j < kWeightGradStagingCols / 8; ++j) {
             const int J = part * (kWeightGradStagingCols / 8) + j;  // the column group in the tile
@@ -730,11 +735,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(*reinterpret_cast<const uint32_t*>(&v))
                          : "memory");
             if constexpr (kSquares) {
-              if (row < rows_valid && 8 * J < cols_valid) {
-                const double q0 = __low2float(v), q1 = __high2float(v);
-                squares[J % 4] = __fma_rn(q1, q1, __fma_rn(q0, q0, squares[J % 4]));
-              }
+              const float q0 = __low2float(v), q1 = __high2float(v);
+              pair_squares[j] = (row < rows_valid && 8 * J < cols_valid) ? __fmaf_rn(q1, q1, q0 * q0) : 0.0f;
             }
+          }
+          if constexpr (kSquares) {
+            const float quad0 = (pair_squares[0] + pair_squares[1]) + (pair_squares[2] + pair_squares[3]);
+            const float quad1 = (pair_squares[4] + pair_squares[5]) + (pair_squares[6] + pair_squares[7]);
+            squares[2 * (part % 2) + half] += static_cast<double>(quad0 + quad1);
           }
         }
       }

@@ -452,8 +452,9 @@ TEST(GpuEngine, StepNormIsThatOfTheGradientItLeaves) {
                 result.grad_norm, norm);
     EXPECT_TRUE(gpu.last_step_summed_expert_squares()) << "the experts' norm share was read back, not summed";
     EXPECT_GT(norm, 0.0);
-    // The experts' share within kWrittenSquaresRelError (the undivided squares), so the norm within half.
-    EXPECT_NEAR(result.grad_norm, norm, 0.5 * kWrittenSquaresRelError * norm) << batches.size() << " micro-batch(es)";
+    // The experts' share within kWrittenSquaresRelErrorBf16 (the bf16 gradients' squares summed in the
+    // epilogue; f32 ones are closer), so the norm within half that.
+    EXPECT_NEAR(result.grad_norm, norm, 0.5 * kWrittenSquaresRelErrorBf16 * norm) << batches.size() << " micro-batch(es)";
   }
 }
 
