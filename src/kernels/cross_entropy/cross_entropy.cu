@@ -224,8 +224,16 @@ void lm_head_cross_entropy_cuda(GemmContext& ctx, const LmHeadLossArgs& args, vo
       linear_backward_input_cuda(ctx, logits, args.weight, dx, rows, hidden, vocab, stream);
       if (gathered) copy_rows(true, dx_rows, args.rows + begin, rows, hidden, args.d_hidden, nullptr, nullptr, stream);
     }
-    if (args.d_weight != nullptr)
-      linear_backward_weight_cuda(ctx, logits, x_chunk, args.d_weight, rows, hidden, vocab, stream);
+    if (args.d_weight != nullptr) {
+      if (args.d_weight_written && begin == 0) {
+        linear_backward_weight_written_cuda(ctx, logits, x_chunk, args.d_weight, rows, hidden, vocab, stream);
+      } else {
+        linear_backward_weight_cuda(ctx, logits, x_chunk, args.d_weight, rows, hidden, vocab, stream);
+      }
+    }
+  }
+  if (args.d_weight != nullptr && args.d_weight_written && total == 0) {
+    CUDA_CHECK(cudaMemsetAsync(args.d_weight, 0, static_cast<size_t>(vocab * hidden) * sizeof(float), stream));
   }
   const float inv_count = args.num_supervised > 0 ? 1.0f / static_cast<float>(args.num_supervised) : 0.0f;
   mean_loss_kernel<<<1, kReduceThreads, 0, stream>>>(args.token_loss, total, inv_count, args.loss);

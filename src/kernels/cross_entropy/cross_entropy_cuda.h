@@ -1,7 +1,8 @@
 // CUDA causal-LM loss head: lm_head + cross-entropy in chunks of tokens, never holding logits for
 // the whole batch. Per chunk: bf16 logits [n, V] = X W^T (cuBLASLt, fp32 accumulation), a row
 // kernel (fp32 online log-sum-exp, loss, then softmax - onehot written over the logits in place),
-// dX = dlogits W and dW += dlogits^T X. Labels arrive shifted (cross_entropy.h's shift_labels).
+// dX = dlogits W and dW += dlogits^T X (the first chunk's = with d_weight_written). Labels arrive
+// shifted (cross_entropy.h's shift_labels).
 // Legend: T tokens, H hidden, V vocabulary, n chunk rows.
 #pragma once
 
@@ -48,6 +49,9 @@ struct LmHeadLossArgs {
   float* loss = nullptr;        // [1] f32 written: sum(token_loss) / num_supervised (0 when 0)
   __nv_bfloat16* d_hidden = nullptr;  // [T, H] written, or null (then no backward at all when d_weight is null too)
   float* d_weight = nullptr;          // [V, H] f32 added to, or null
+  // d_weight written by the first chunk instead of added to (the caller left it unzeroed: the
+  // step's first backward into it); zeroed when no row passes through lm_head.
+  bool d_weight_written = false;
   int32_t* bad_label_position = nullptr;  // optional, see cross_entropy_rows_cuda
 };
 

@@ -78,6 +78,7 @@ TEST(CrossEntropyGpu, RowKernelMatchesReference) {
 struct LmHeadCase {
   int64_t tokens, hidden, vocab, chunk_rows, extra_global_count;
   bool listed = false;  // only the supervised rows, listed (LmHeadLossArgs::rows)
+  bool written = false;  // d_weight written by the first chunk (LmHeadLossArgs::d_weight_written), not added to
 };
 
 // The rows whose label is not ignored, in order, on the device.
@@ -96,10 +97,10 @@ DeviceBuffer rows_to_device(const std::vector<int32_t>& rows) {
 }
 
 void check_lm_head(const LmHeadCase& c, uint64_t seed) {
-  std::printf("lm_head+CE T=%lld H=%lld V=%lld chunk=%lld global count = local + %lld%s\n",
+  std::printf("lm_head+CE T=%lld H=%lld V=%lld chunk=%lld global count = local + %lld%s%s\n",
               static_cast<long long>(c.tokens), static_cast<long long>(c.hidden), static_cast<long long>(c.vocab),
               static_cast<long long>(c.chunk_rows), static_cast<long long>(c.extra_global_count),
-              c.listed ? ", supervised rows listed" : "");
+              c.listed ? ", supervised rows listed" : "", c.written ? ", d_weight written" : "");
   HostTensor x = random_bf16_exact({c.tokens, c.hidden}, seed);
   HostTensor w = random_bf16_exact({c.vocab, c.hidden}, seed + 1, 2.0f / std::sqrt(static_cast<float>(c.hidden)));
   HostTensor labels = random_labels(c.tokens, c.vocab, seed + 2);
@@ -131,13 +132,15 @@ void check_lm_head(const LmHeadCase& c, uint64_t seed) {
                       c.tokens, c.hidden, c.vocab);
   // Only the added part of d_weight is compared (the initial value would dominate the norm).
   for (int64_t i = 0; i < c.vocab * c.hidden; ++i) dw_ref.as<float>()[i] -= dw_init.as<float>()[i];
+  // Written: whatever d_weight held (NaN bits here) must be neither read nor left.
+  if (c.written) std::fill(dw_init.as<float>(), dw_init.as<float>() + c.vocab * c.hidden, 0.0f);
 
   DeviceTensor x_d = to_device(x, DType::bf16), w_d = to_device(w, DType::bf16), labels_d = to_device(labels);
   DeviceTensor token_loss_d = poisoned_device_tensor(DType::f32, {c.tokens});
   DeviceTensor lse_d = poisoned_device_tensor(DType::f32, {c.tokens});
   DeviceTensor loss_d = poisoned_device_tensor(DType::f32, {1});
   DeviceTensor dx_d = poisoned_device_tensor(DType::bf16, {c.tokens, c.hidden});
-  DeviceTensor dw_d = to_device(dw_init, DType::f32);
+  DeviceTensor dw_d = c.written ? poisoned_device_tensor(DType::f32, {c.vocab, c.hidden}) : to_device(dw_init, DType::f32);
   DeviceTensor flag = zero_flag();
   DeviceBuffer workspace(lm_head_cross_entropy_workspace_bytes(c.chunk_rows, c.vocab, c.hidden));
   const std::vector<int32_t> rows = supervised_rows(labels);
@@ -162,6 +165,7 @@ void check_lm_head(const LmHeadCase& c, uint64_t seed) {
   args.loss = f32_ptr(loss_d);
   args.d_hidden = bf16_ptr(dx_d);
   args.d_weight = f32_ptr(dw_d);
+  args.d_weight_written = c.written;
   args.bad_label_position = flag.view.as<int32_t>();
   lm_head_cross_entropy_cuda(ctx, args, workspace.data(), workspace.bytes(), nullptr);
   device_synchronize();
@@ -215,6 +219,14 @@ TEST(CrossEntropyGpu, ChunkedLmHeadMatchesReference) {
   check_lm_head({128, 2048, 300, 64, 0}, 40); // the 35B hidden width
 }
 
+// d_weight written by the first chunk (the step's first backward into an unzeroed gradient): the
+// same values as added to zeros, with what it held before never read.
+TEST(CrossEntropyGpu, WrittenWeightGradientMatchesReference) {
+  check_lm_head({67, 96, 1000, 16, 0, false, true}, 90);   // several chunks: the first writes, the rest add
+  check_lm_head({1, 64, 512, 1024, 0, false, true}, 100);  // one chunk
+  check_lm_head({45, 37, 517, 7, 11, true, true}, 110);    // listed rows, odd widths
+}
+
 // Only the supervised rows through lm_head: the same loss and gradients as every row.
 TEST(CrossEntropyGpu, ListedSupervisedRowsMatchReference) {
   check_lm_head({67, 96, 1000, 16, 0, true}, 50);    // several chunks of listed rows, partial last one
@@ -235,6 +247,7 @@ TEST(CrossEntropyGpu, NothingSupervisedGivesZeroLossAndGradient) {
     DeviceTensor lse = poisoned_device_tensor(DType::f32, {tokens});
     DeviceTensor loss = poisoned_device_tensor(DType::f32, {1});
     DeviceTensor dx = poisoned_device_tensor(DType::bf16, {tokens, hidden});
+    DeviceTensor dw = poisoned_device_tensor(DType::f32, {vocab, hidden});  // written: no chunk runs, zeroed
     DeviceBuffer workspace(lm_head_cross_entropy_workspace_bytes(tokens, vocab, hidden));
     const DeviceBuffer no_rows(sizeof(int32_t));
     GemmContext ctx;
@@ -255,10 +268,14 @@ TEST(CrossEntropyGpu, NothingSupervisedGivesZeroLossAndGradient) {
     args.lse = f32_ptr(lse);
     args.loss = f32_ptr(loss);
     args.d_hidden = bf16_ptr(dx);
+    args.d_weight = f32_ptr(dw);
+    args.d_weight_written = true;
     lm_head_cross_entropy_cuda(ctx, args, workspace.data(), workspace.bytes(), nullptr);
     EXPECT_EQ(to_host(loss.view).as<float>()[0], 0.0f) << (listed ? "listed" : "every row");
     HostTensor dx_host = to_host(dx.view).to_f32();
     for (int64_t i = 0; i < tokens * hidden; ++i) EXPECT_EQ(dx_host.as<float>()[i], 0.0f);
+    HostTensor dw_host = to_host(dw.view);
+    for (int64_t i = 0; i < vocab * hidden; ++i) EXPECT_EQ(dw_host.as<float>()[i], 0.0f);
   }
 }
 
@@ -326,6 +343,25 @@ TEST(CrossEntropyGpu, TimingAt35BShapes) {
     lm_head_cross_entropy_cuda(ctx, args, workspace.data(), workspace.bytes(), s);
   }, nullptr, 2, 5);
   print_flop_timing("lm_head+CE fwd+bwd (6 T V H) T=8192", full, 3 * gemm_flops);
+  // The step's form: d_weight written by the first chunk (no zeroing pass before, no read of it
+  // in the first product), at the engine's default chunk and at the whole batch in one chunk.
+  args.d_weight_written = true;
+  for (const int64_t chunk : {int64_t{1024}, int64_t{2048}, tokens}) {
+    DeviceBuffer chunk_workspace(lm_head_cross_entropy_workspace_bytes(chunk, vocab, hidden));
+    args.chunk_rows = chunk;
+    const double written = median_ms([&](cudaStream_t s) {
+      lm_head_cross_entropy_cuda(ctx, args, chunk_workspace.data(), chunk_workspace.bytes(), s);
+    }, nullptr, 2, 5);
+    char what[96];
+    std::snprintf(what, sizeof(what), "lm_head+CE fwd+bwd, d_weight written, chunk %lld", static_cast<long long>(chunk));
+    print_flop_timing(what, written, 3 * gemm_flops);
+  }
+  args.d_weight_written = false;
+  args.chunk_rows = chunk_rows;
+  const double zeroing = median_ms([&](cudaStream_t s) {
+    CUDA_CHECK(cudaMemsetAsync(dw.view.data, 0, static_cast<size_t>(vocab * hidden) * sizeof(float), s));
+  }, nullptr, 2, 5);
+  print_bandwidth_timing("zeroing d_weight (the pass written-first skips)", zeroing, 4.0 * vocab * hidden);
   // Half the rows supervised (a chat batch's prompts, an image's tokens), listed: half the work.
   std::vector<int32_t> half;
   for (int32_t t = 0; t < tokens; t += 2) half.push_back(t);

@@ -299,4 +299,12 @@ void linear_backward_weight_cuda(GemmContext& ctx, const __nv_bfloat16* dy, cons
                  d_weight, DType::f32, in_features, stream);
 }
 
+void linear_backward_weight_written_cuda(GemmContext& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* x,
+                                         float* d_weight, int64_t rows, int64_t in_features, int64_t out_features,
+                                         cudaStream_t stream) {
+  // dW [N, K] = (dy [T, N])^T . x [T, K]
+  gemm_bf16_cuda(ctx, true, false, out_features, in_features, rows, 1.0f, dy, out_features, x, in_features, 0.0f,
+                 d_weight, DType::f32, in_features, stream);
+}
+
 }  // namespace deltamoe

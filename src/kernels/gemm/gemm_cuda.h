@@ -115,5 +115,10 @@ void linear_backward_input_f32_cuda(GemmContext& ctx, const __nv_bfloat16* dy, c
 // dy [T, N] bf16, x [T, K] bf16 -> d_weight [N, K] f32 added to (beta = 1).
 void linear_backward_weight_cuda(GemmContext& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* x, float* d_weight,
                                  int64_t rows, int64_t in_features, int64_t out_features, cudaStream_t stream);
+// The same with d_weight written (beta = 0, its old values never read): a gradient whose first
+// product of the step needs no zeroing pass before it.
+void linear_backward_weight_written_cuda(GemmContext& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* x,
+                                         float* d_weight, int64_t rows, int64_t in_features, int64_t out_features,
+                                         cudaStream_t stream);
 
 }  // namespace deltamoe

@@ -328,18 +328,24 @@ void DeviceParams::zero_gradients(cudaStream_t stream, bool leave_written_first)
     CUDA_CHECK(cudaMemsetAsync(grads_.as<float>() + offset, 0, static_cast<size_t>(count) * sizeof(float), stream));
 }
 
-void DeviceParams::set_written_first(const std::vector<std::string>& names) {
+void DeviceParams::set_written_first(const std::vector<std::string>& names, const std::vector<std::string>& norm_reads) {
   std::vector<std::pair<int64_t, int64_t>> left;  // (offset, count) in grads_, sorted below
+  std::vector<std::pair<int64_t, int64_t>> read;  // the norm_reads tensors' pieces of `left`
   int bf16_named = 0;
-  for (const std::string& name : names) {
-    const Slot& s = slot(name);
-    CHECK(s.trained_index >= 0 && !s.grad_aliased, "device params: '", name,
-          "' has no gradient of its own to be written first");
-    if (s.grad_bf16_offset >= 0) {
-      ++bf16_named;
-      continue;
+  for (const std::vector<std::string>* list : {&names, &norm_reads}) {
+    for (const std::string& name : *list) {
+      const Slot& s = slot(name);
+      CHECK(s.trained_index >= 0 && !s.grad_aliased, "device params: '", name,
+            "' has no gradient of its own to be written first");
+      if (s.grad_bf16_offset >= 0) {
+        CHECK(list == &names, "device params: '", name, "' has a bf16 gradient, whose sum of squares the norm does "
+              "not read apart from the products'");
+        ++bf16_named;
+        continue;
+      }
+      left.emplace_back(s.grad_offset, s.numel);
+      if (list == &norm_reads) read.emplace_back(s.grad_offset, s.numel);
     }
-    left.emplace_back(s.grad_offset, s.numel);
   }
   // The bf16 gradients have no zeroing pass of their own: all of them are written first, or none
   // (then zero_gradients(.., true) refuses).
@@ -356,8 +362,12 @@ void DeviceParams::set_written_first(const std::vector<std::string>& names) {
     at = offset + count;
   }
   if (total > at) zeroed_when_leaving_.emplace_back(at, total - at);
+  std::vector<std::pair<int64_t, int64_t>> summed = zeroed_when_leaving_;
+  summed.insert(summed.end(), read.begin(), read.end());
+  std::sort(summed.begin(), summed.end());
   std::vector<DeviceF32Span> spans;
-  for (const auto& [offset, count] : zeroed_when_leaving_) spans.push_back({grads_.as<float>() + offset, count});
+  for (const auto& [offset, count] : summed) spans.push_back({grads_.as<float>() + offset, count});
+  num_unwritten_spans_ = static_cast<int>(spans.size());
   unwritten_spans_ = DeviceBuffer(std::max<size_t>(1, spans.size()) * sizeof(DeviceF32Span));
   if (!spans.empty()) {
     CUDA_CHECK(cudaMemcpy(unwritten_spans_.data(), spans.data(), spans.size() * sizeof(DeviceF32Span),

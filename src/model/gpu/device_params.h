@@ -131,15 +131,17 @@ class DeviceParams {
   // master_elsewhere). Split masters hold theirs already.
   void refresh_trained_weights(cudaStream_t stream) const;
   // Zeroes the gradients; with leave_written_first, not those of the tensors named to
-  // set_written_first (their first product of a step writes them: the routed experts'), so the
-  // step's zeroing pass skips their bytes. Every bf16 gradient must be named there.
+  // set_written_first (their first product of a step writes them: the routed experts', lm_head's),
+  // so the step's zeroing pass skips their bytes. Every bf16 gradient must be named there.
   void zero_gradients(cudaStream_t stream, bool leave_written_first = false) const;
-  void set_written_first(const std::vector<std::string>& names);
-  // The gradient memory outside the written-first tensors, as a device array of spans (built by
-  // set_written_first): what the gradient norm reads when those tensors' sums of squares are
-  // formed by the products that write them.
+  // `names`: written first, their sums of squares formed by the products that write them (when a
+  // step asks for them); `norm_reads`: written first, their sums of squares read by the norm.
+  void set_written_first(const std::vector<std::string>& names, const std::vector<std::string>& norm_reads = {});
+  // The gradient memory outside the tensors of set_written_first's `names`, as a device array of
+  // spans: what the gradient norm reads when those tensors' sums of squares are formed by the
+  // products that write them.
   const DeviceF32Span* spans_not_written_first() const { return unwritten_spans_.as<DeviceF32Span>(); }
-  int num_spans_not_written_first() const { return static_cast<int>(zeroed_when_leaving_.size()); }
+  int num_spans_not_written_first() const { return num_unwritten_spans_; }
 
   // Tests and parity: the gradient (widened from bf16 where stored so) or the fp32 values (master,
   // or bf16 widened) of one tensor.
@@ -179,7 +181,10 @@ class DeviceParams {
   // (element offset, count), in order.
   std::vector<std::pair<int64_t, int64_t>> zeroed_when_leaving_;
   bool bf16_written_first_ = false;  // set_written_first named every bf16 gradient
-  DeviceBuffer unwritten_spans_;  // the same pieces as DeviceF32Span, on the device
+  // The pieces outside set_written_first's `names` (zeroed_when_leaving_ and the norm_reads
+  // tensors) as DeviceF32Span, on the device.
+  DeviceBuffer unwritten_spans_;
+  int num_unwritten_spans_ = 0;
 };
 
 }  // namespace deltamoe

@@ -124,6 +124,7 @@ struct GpuEngine::Impl {
   std::unique_ptr<GpuVisionModel> vision;
   bool text_trained = false, vision_trained = false;
   bool experts_written_first = false;  // the routed experts' gradients are written by their first product
+  bool lm_head_written_first = false;  // lm_head's gradient is written by the step's first loss chunk
   bool last_step_summed_expert_squares = false;
   // With experts_written_first: per layer the gate_up and down gradients' sums of squares
   // ([layers][2] doubles), then the products' scratch for forming them (begin_step_gradients).
@@ -511,24 +512,27 @@ struct GpuEngine::Impl {
     loss_slots = static_cast<LossSlot*>(pinned_malloc(sizeof(LossSlot) * kLossSlots, "gpu engine: loss slots"));
   }
 
-  // A training step's gradients: zeroed, but for the routed experts' (build_models), whose first
-  // product in the step writes them; after the micro-batches, the experts of layers no backward
-  // reached are zeroed (GpuTextModel::begin_expert_gradient_step). In a step of one micro-batch,
+  // A training step's gradients: zeroed, but for the routed experts' and lm_head's (build_models),
+  // whose first product in the step writes them; after the micro-batches, those no backward
+  // reached are zeroed (GpuTextModel::begin_gradient_step). In a step of one micro-batch,
   // where those gradients are final once written (no replicas sum them later), the products also
   // form their sums of squares, so that the norm need not read them back (4 bytes per expert
   // parameter); returns the sums' device array then (2 per decoder layer), else null.
   const double* begin_step_gradients(size_t micro_batches, double divisor) {
-    state->zero_gradients(experts_written_first);
-    if (!experts_written_first) return nullptr;
+    state->zero_gradients(experts_written_first || lm_head_written_first);
+    if (!experts_written_first) {
+      if (lm_head_written_first) text->begin_gradient_step();
+      return nullptr;
+    }
     if (micro_batches != 1 || !state->expert_sums_usable()) {
-      text->begin_expert_gradient_step();
+      text->begin_gradient_step();
       return nullptr;
     }
     GpuTextModel::ExpertSquaresSink sink;
     sink.sums = expert_squares.as<double>();
     sink.divisor = divisor;
     sink.scratch = expert_squares.as<char>() + expert_square_sums_bytes();
-    text->begin_expert_gradient_step(&sink);
+    text->begin_gradient_step(&sink);
     return sink.sums;
   }
   int64_t num_expert_square_sums() const { return 2 * config.text.num_hidden_layers; }
@@ -536,7 +540,7 @@ struct GpuEngine::Impl {
     return align256(static_cast<size_t>(num_expert_square_sums()) * sizeof(double));
   }
   void end_step_gradients() {
-    if (experts_written_first) text->zero_unwritten_expert_gradients();
+    if (experts_written_first || lm_head_written_first) text->zero_unwritten_gradients();
   }
 
   // Binds the models to the state (after its values are in place).
@@ -557,8 +561,15 @@ struct GpuEngine::Impl {
       if (experts_own_gradients && spec.trained && is_routed_expert_tensor(spec.name))
         written_first.push_back(spec.name);
     }
-    state->params().set_written_first(written_first);
+    // lm_head's (2 GB in fp32 at Qwen3.5's vocabulary) likewise, by the step's first loss chunk: on
+    // one GPU, where it is its own memory (under data parallelism it is reduced with the rest).
+    std::vector<std::string> lm_head_written;
+    const DeviceParam& lm_head = text_weights.lm_head;
+    if (world == nullptr && lm_head.grad != nullptr) lm_head_written.push_back("lm_head.weight");
+    state->params().set_written_first(written_first, lm_head_written);
     experts_written_first = !written_first.empty();
+    lm_head_written_first = !lm_head_written.empty();
+    text->set_lm_head_gradient_written_first(lm_head_written_first);
     if (experts_written_first) expert_squares = DeviceBuffer(expert_square_sums_bytes() + kWeightGradSquaresScratchBytes);
     if (max_patches > 0) {
       vision_weights = bind_vision_weights(config.vision, kVisionPrefix, lookup, lora_lookup());

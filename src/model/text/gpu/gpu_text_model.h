@@ -148,11 +148,12 @@ class GpuTextModel {
     forward();
     backward();
   }
-  // The routed experts' gradients of a step: the caller left them unzeroed
-  // (DeviceParams::zero_gradients with leave_written_first), so each layer's first backward of the
-  // step writes them (WeightGradOutput::written: no zeroing pass, no read of the old values) and
-  // later ones add to them. zero_unwritten_expert_gradients() then zeroes the layers no backward
-  // reached. Outside such a window every backward adds, as documented above.
+  // The routed experts' gradients of a step, and lm_head's where set_lm_head_gradient_written_first
+  // asked: the caller left them unzeroed (DeviceParams::zero_gradients with leave_written_first),
+  // so each layer's first backward of the step writes them (WeightGradOutput::written: no zeroing
+  // pass, no read of the old values), as the first loss chunk of the step's first backward writes
+  // lm_head's, and later ones add to them. zero_unwritten_gradients() then zeroes those no
+  // backward reached. Outside such a window every backward adds, as documented above.
   // With squares (a step of one backward, whose written expert gradients are final): each layer's
   // written gate_up and down gradients also set their sums of squares (moe_experts_cuda.h) in
   // squares->sums[2 layer], [2 layer + 1]; every other entry is 0. A second backward in the window
@@ -162,8 +163,12 @@ class GpuTextModel {
     double divisor = 1.0;    // the step's gradient divisor
     void* scratch = nullptr;  // kWeightGradSquaresScratchBytes
   };
-  void begin_expert_gradient_step(const ExpertSquaresSink* squares = nullptr);
-  void zero_unwritten_expert_gradients();
+  void begin_gradient_step(const ExpertSquaresSink* squares = nullptr);
+  void zero_unwritten_gradients();
+  // lm_head's gradient (fp32, [V, H]: 2 GB at Qwen3.5's widths) joins the window above: its zeroing
+  // pass and the first loss chunk's read of it are skipped. Its sum of squares is still read by
+  // the norm (the loss head forms none). Off by default.
+  void set_lm_head_gradient_written_first(bool on);
 
   // Changes the loss weights of later backwards (e.g. parity: one backward per loss).
   void set_loss_weights(float ce_weight, float aux_weight) {
@@ -257,8 +262,10 @@ class GpuTextModel {
   TextInputs inputs_;
   std::vector<MoeRoutingPlan> plans_;    // per layer, laid out in its plan_memory for the batch
   // Per layer: whether its routed-expert gradients hold this step's sum so far (true outside a
-  // begin_expert_gradient_step window: backwards add).
+  // begin_gradient_step window: backwards add); the same for lm_head's gradient.
   std::vector<uint8_t> expert_grads_hold_sum_;
+  bool lm_head_written_first_ = false;
+  bool lm_head_grad_holds_sum_ = true;
   std::optional<ExpertSquaresSink> expert_squares_;  // set inside a window that asked for them
   std::unique_ptr<GpuExpertParallel> expert_parallel_;  // null: all experts on this rank
   // With expert parallelism: the shared expert's fp32 output and gate logit, computed while the

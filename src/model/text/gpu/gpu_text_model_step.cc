@@ -247,7 +247,14 @@ void GpuTextModel::forward_loss() {
   lm_head_cross_entropy_cuda(*gemm_, loss, workspace_.data(), workspace_bytes_, stream_);
 }
 
-void GpuTextModel::begin_expert_gradient_step(const ExpertSquaresSink* squares) {
+void GpuTextModel::set_lm_head_gradient_written_first(bool on) {
+  CHECK(!on || weights_.lm_head.grad != nullptr, "text model: lm_head is frozen; it has no gradient to write first");
+  lm_head_written_first_ = on;
+  lm_head_grad_holds_sum_ = true;
+}
+
+void GpuTextModel::begin_gradient_step(const ExpertSquaresSink* squares) {
+  lm_head_grad_holds_sum_ = !lm_head_written_first_;
   for (size_t l = 0; l < expert_grads_hold_sum_.size(); ++l) {
     const MoeWeights& W = weights_.layers[l].mlp;
     // Only trained experts form a gradient; frozen ones (null) have nothing to write.
@@ -263,7 +270,12 @@ void GpuTextModel::begin_expert_gradient_step(const ExpertSquaresSink* squares) 
   }
 }
 
-void GpuTextModel::zero_unwritten_expert_gradients() {
+void GpuTextModel::zero_unwritten_gradients() {
+  if (!lm_head_grad_holds_sum_) {
+    CUDA_CHECK(cudaMemsetAsync(weights_.lm_head.grad, 0,
+                               static_cast<size_t>(config_.vocab_size * config_.hidden_size) * sizeof(float), stream_));
+    lm_head_grad_holds_sum_ = true;
+  }
   for (size_t l = 0; l < expert_grads_hold_sum_.size(); ++l) {
     if (expert_grads_hold_sum_[l]) continue;
     const MoeWeights& W = weights_.layers[l].mlp;
@@ -298,6 +310,9 @@ void GpuTextModel::backward() {
   loss.loss = inputs_.loss;
   loss.d_hidden = acts_.grad_normed;
   loss.d_weight = weights_.lm_head.grad;
+  // The step's first backward writes lm_head's gradient (begin_gradient_step).
+  loss.d_weight_written = loss.d_weight != nullptr && !lm_head_grad_holds_sum_;
+  lm_head_grad_holds_sum_ = true;
   lm_head_cross_entropy_cuda(*gemm_, loss, workspace_.data(), workspace_bytes_, stream_);
 
   timer_.mark(StepComponent::other, stream_);
@@ -621,7 +636,7 @@ void GpuTextModel::moe_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   DeviceBf16* experts_dx = acts_.grad_normed;
   DeviceBf16* shared_dx = acts_.grad_mixer_bf16;
   // The step's first product into this layer's expert gradients writes them (see
-  // begin_expert_gradient_step).
+  // begin_gradient_step).
   uint8_t& holds_sum = expert_grads_hold_sum_[static_cast<size_t>(layer)];
   const WeightGradOutput expert_grads = holds_sum ? WeightGradOutput::added_to : WeightGradOutput::written;
   // Their sums of squares, when asked for, come with the written products only.
