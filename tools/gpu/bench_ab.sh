@@ -2,7 +2,8 @@
 # Two or more builds of `deltamoe bench` side by side in one call, for a change's effect on the step:
 # every build at two depths, the builds alternating within each round, so that drift of the GPU
 # (clocks, temperature) falls on all of them alike. Prints, per build, the step medians of each
-# round, the per-layer cost (HI - LO) / (HI - LO layers) and each component's per-layer cost, and
+# round, the per-layer cost (HI - LO) / (HI - LO layers) of the timed steps and of the same steps
+# back to back (where an overlapped optimizer shows), each component's per-layer cost, and
 # the same over the rounds' medians, beside the first build's.
 #   BUILDS="main=gpu_bundle/bin/deltamoe_main new=gpu_bundle/bin/deltamoe"  name=program pairs; the
 #       first is the reference
@@ -56,22 +57,32 @@ for name in names:
         a, b = bench(name, lo, r), bench(name, hi, r)
         if a is None or b is None:
             continue
-        per_round.append((a["step_ms"], b["step_ms"], (b["step_ms"] - a["step_ms"]) / span))
+        # Back to back (one synchronisation around the steps, as a training loop runs): where the
+        # optimizer overlaps the next forward, only these show it; the timed steps wait for it.
+        b2b = ((b["back_to_back_step_ms"] - a["back_to_back_step_ms"]) / span
+               if "back_to_back_step_ms" in a and "back_to_back_step_ms" in b else float("nan"))
+        per_round.append((a["step_ms"], b["step_ms"], (b["step_ms"] - a["step_ms"]) / span, b2b))
         for key, value in b["components_ms"].items():
             components.setdefault(key, []).append((value - a["components_ms"].get(key, 0.0)) / span)
     rows[name] = (per_round, {k: statistics.median(v) for k, v in components.items()})
-print(f"| build | L{lo} step ms by round | L{hi} step ms by round | per layer by round | median per layer | against {names[0]} |")
-print("|---|---|---|---|---|---|")
-reference = statistics.median([p[2] for p in rows[names[0]][0]]) if rows[names[0]][0] else None
+print(f"| build | L{lo} step ms by round | L{hi} step ms by round | per layer by round | median per layer | against {names[0]} "
+      f"| back-to-back per layer by round | median | against {names[0]} |")
+print("|---|---|---|---|---|---|---|---|---|")
+def reference_of(index):
+    return statistics.median([p[index] for p in rows[names[0]][0]]) if rows[names[0]][0] else None
+reference, reference_b2b = reference_of(2), reference_of(3)
 for name in names:
     per_round = rows[name][0]
     if not per_round:
-        print(f"| {name} | no result | | | | |")
+        print(f"| {name} | no result | | | | | | | |")
         continue
     median = statistics.median([p[2] for p in per_round])
+    median_b2b = statistics.median([p[3] for p in per_round])
     versus = f"{median - reference:+.2f} ms" if reference is not None else ""
+    versus_b2b = f"{median_b2b - reference_b2b:+.2f} ms" if reference_b2b is not None else ""
     print(f"| {name} | {' / '.join(f'{p[0]:.2f}' for p in per_round)} | {' / '.join(f'{p[1]:.2f}' for p in per_round)} "
-          f"| {' / '.join(f'{p[2]:.2f}' for p in per_round)} | {median:.2f} | {versus} |")
+          f"| {' / '.join(f'{p[2]:.2f}' for p in per_round)} | {median:.2f} | {versus} "
+          f"| {' / '.join(f'{p[3]:.2f}' for p in per_round)} | {median_b2b:.2f} | {versus_b2b} |")
 print()
 print("per added layer by component, median over rounds (ms):")
 for name in names:

@@ -11,6 +11,7 @@
 #   ROUNDS (default 2): rounds of TIMED and of the bench; LAYERS, STEPS: bench_ab.sh's
 #   EXTRA_BUILDS="name=path ..."     more deltamoe programs for the bench beside base and change; those
 #                                    packed into gpu_bundle/extra/NAME/ (gpu_bundle_base.sh with AS=NAME) join it
+#   ANCHOR_BENCH_EXTRA: more flags for the change's bench in the anchor stage (e.g. "--overlap_optimizer true")
 #   STAGES (default "tests timed bench trace anchor"); BUDGET_S (default 560): the call's seconds;
 #   a stage that cannot start with 30 s left is reported NOT RUN.
 # Logs: $OUT/change_check.tgz; the bench summary and the trace per layer also on stdout.
@@ -84,7 +85,7 @@ for what in $stages; do
       head -40 "$out/trace_per_layer.txt" 2>/dev/null ;;
     anchor)
       [ -f .anchors_src/hf_anchor.py ] || { echo "NOT RUN anchor (carry .anchors_src)"; continue; }
-      OUT=$out stage anchor bash tools/gpu/layer_anchor.sh
+      OUT=$out BENCH_EXTRA="${ANCHOR_BENCH_EXTRA:-}" stage anchor bash tools/gpu/layer_anchor.sh
       cat "$out/layer_anchor/summary.md" 2>/dev/null ;;
     *) echo "change_check: unknown stage '$what' (tests timed bench trace anchor)"; status=1 ;;
   esac

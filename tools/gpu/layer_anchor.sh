@@ -15,7 +15,8 @@
 # compares with the 4-and-8 one; the HI-layer tokens/s ratio is then not the issue's 8-layer one.
 # Carry: gpu_bundle, .anchors_src. Writes $OUT/layer_anchor/{*.log,summary.md}.
 #   STAGES="bench anchor steady" (default all); STEPS (bench's measured steps, default 8);
-#   LAYERS="LO HI" to choose the depths.
+#   LAYERS="LO HI" to choose the depths; BENCH_EXTRA: more flags for deltamoe's bench (e.g.
+#   "--overlap_optimizer true").
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -41,7 +42,8 @@ fi
 for layers in $layer_counts; do
   case " $stages " in *" bench "*)
     echo "=== deltamoe bench --layers $layers"
-    "$deltamoe" bench --layers "$layers" --tokens 8192 --seqs 2 --steps "$steps" --warmup 2 \
+    # shellcheck disable=SC2086  # BENCH_EXTRA is a list of flags
+    "$deltamoe" bench --layers "$layers" --tokens 8192 --seqs 2 --steps "$steps" --warmup 2 ${BENCH_EXTRA:-} \
       > "$out/bench_L$layers.log" 2>&1 || { echo "bench L$layers FAILED"; status=1; }
     grep -E "step time|tokens/s|MFU|peak in use|after step 1" "$out/bench_L$layers.log" ;;
   esac
