@@ -116,11 +116,14 @@ StoredSize png_size(const HeaderReader& in, const std::string& name) {
 StoredSize webp_size(const HeaderReader& in, const std::string& name) {
   StoredSize out;
   // The features usually sit in the first 64 bytes; an extended file with large chunks before the
-  // image (ICC profile) needs more, read in growing steps.
+  // image (ICC profile) needs more, read in growing steps. Any status but OK reads on: for a bare
+  // VP8 bitstream after the RIFF header (no "VP8 " chunk) libwebp reports a corrupt bitstream,
+  // not missing data, until its whole first partition is in the buffer, and the decoder, which
+  // has the whole file, decodes it. The file's end decides, as it does for the decoder.
   std::vector<uint8_t> head;
   WebPBitstreamFeatures features;
   VP8StatusCode status = VP8_STATUS_NOT_ENOUGH_DATA;
-  for (uint64_t n = std::min<uint64_t>(in.size(), 64); status == VP8_STATUS_NOT_ENOUGH_DATA;
+  for (uint64_t n = std::min<uint64_t>(in.size(), 64); status != VP8_STATUS_OK;
        n = std::min<uint64_t>(in.size(), n * 16)) {
     head = in.bytes(0, static_cast<size_t>(n), "WebP header");
     status = WebPGetFeatures(head.data(), head.size(), &features);

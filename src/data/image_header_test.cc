@@ -64,6 +64,28 @@ TEST(ImageHeader, SizesEqualTheDecodersIncludingOrientation) {
   EXPECT_EQ(turned.height, 91) << "orientation 6 turns the image: the sides swap";
 }
 
+// A lossy WebP whose VP8 bitstream follows the RIFF header bare (no "VP8 " chunk header), which
+// libwebp decodes: its feature parser calls the first bytes a corrupt bitstream, not too few, until
+// the whole first partition is there, so the header reader must read on to the file's end before
+// it gives up (found by the image_decode fuzzer).
+TEST(ImageHeader, BareVp8BitstreamInRiffIsSizedAsDecoded) {
+  RgbImage noise{48, 80, std::vector<uint8_t>(48 * 80 * 3)};
+  uint32_t state = 12345;
+  for (uint8_t& value : noise.pixels) value = static_cast<uint8_t>((state = state * 1664525u + 1013904223u) >> 24);
+  const std::vector<uint8_t> webp = encode_webp_lossy(noise, 90.0f);
+  ASSERT_EQ(std::string(webp.begin() + 12, webp.begin() + 16), "VP8 ");
+  std::vector<uint8_t> bare(webp.begin(), webp.begin() + 12);
+  bare.insert(bare.end(), webp.begin() + 20, webp.end());  // the chunk's payload without its header
+  const uint32_t riff = static_cast<uint32_t>(bare.size() - 8);
+  for (int i = 0; i < 4; ++i) bare[4 + i] = static_cast<uint8_t>(riff >> (8 * i));
+  // The case needs a first partition longer than what the first 64 bytes hold: the frame tag's
+  // bits 5..23 give its length.
+  const uint32_t tag = bare[12] | (bare[13] << 8) | (bare[14] << 16);
+  ASSERT_GT(tag >> 5, 64u) << "the first partition fits the first bytes: not the case under test";
+  expect_header_equals_decoder(bare, "bare VP8 in RIFF");
+  EXPECT_EQ(read_image_header(bare.data(), bare.size(), "bare", kDefaultMaxDecodedPixels).width, 80);
+}
+
 // The fuzz corpus holds odd files libjpeg and libpng accept (bytes between JPEG segments, 0xFF 0x00
 // where a marker should be, a segment length of 1): whatever decodes has its header size.
 TEST(ImageHeader, EveryDecodableCorpusFileHasItsDecodedSize) {

@@ -96,6 +96,15 @@ inline std::vector<uint8_t> encode_webp_lossless(const RgbImage& image) {
   return out;
 }
 
+inline std::vector<uint8_t> encode_webp_lossy(const RgbImage& image, float quality) {
+  uint8_t* buffer = nullptr;
+  const size_t size = WebPEncodeRGB(image.pixels.data(), static_cast<int>(image.width), static_cast<int>(image.height),
+                                    static_cast<int>(image.width * 3), quality, &buffer);
+  std::vector<uint8_t> out(buffer, buffer + size);
+  WebPFree(buffer);
+  return out;
+}
+
 // A big-endian EXIF block ("Exif\0\0" + TIFF header + IFD0 with one Orientation entry).
 inline std::vector<uint8_t> exif_block_with_orientation(int orientation) {
   return {'E', 'x', 'i', 'f', 0, 0,
