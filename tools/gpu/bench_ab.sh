@@ -3,7 +3,7 @@
 # every build at two depths, the builds alternating within each round, so that drift of the GPU
 # (clocks, temperature) falls on all of them alike. Prints, per build, the step medians of each
 # round, the per-layer cost (HI - LO) / (HI - LO layers) of the timed steps and of the same steps
-# back to back (where an overlapped optimizer shows), each component's per-layer cost, and
+# back to back (where work that overlaps consecutive steps shows), each component's per-layer cost, and
 # the same over the rounds' medians, beside the first build's.
 #   BUILDS="main=gpu_bundle/bin/deltamoe_main new=gpu_bundle/bin/deltamoe"  name=program pairs; the
 #       first is the reference
@@ -57,8 +57,8 @@ for name in names:
         a, b = bench(name, lo, r), bench(name, hi, r)
         if a is None or b is None:
             continue
-        # Back to back (one synchronisation around the steps, as a training loop runs): where the
-        # optimizer overlaps the next forward, only these show it; the timed steps wait for it.
+        # Back to back (one synchronisation around the steps, as a training loop runs): work that
+        # overlaps the next step shows only here; the timed steps synchronise around each step.
         b2b = ((b["back_to_back_step_ms"] - a["back_to_back_step_ms"]) / span
                if "back_to_back_step_ms" in a and "back_to_back_step_ms" in b else float("nan"))
         per_round.append((a["step_ms"], b["step_ms"], (b["step_ms"] - a["step_ms"]) / span, b2b))
