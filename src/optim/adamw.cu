@@ -7,6 +7,7 @@
 // with a bf16 gradient (the routed experts').
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "core/cuda_check.h"
 #include "optim/adamw_cuda.h"
@@ -18,7 +19,7 @@ namespace deltamoe {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 65535;
+constexpr int64_t kMaxBlocks = AdamWLaunchPlan::kGridBlocks;
 constexpr int kVector = 4;  // elements a thread updates per iteration
 
 // torch's lerp, fused as the CPU reference writes it (bitwise equal to torch's CPU AdamW).
@@ -171,16 +172,54 @@ __device__ __forceinline__ void update_one(const AdamWStepScalars& s, float deca
   store_moment(v + i, v_value);
 }
 
-// Elements [head, head + 4 n4) four at a time (master, gradient and moments aligned there for their
-// vector widths; an fp32 master's bf16 copy too when weights_vector, else stored one by one: a
-// ZeRO-2 piece's weight copy starts wherever its bucket puts it), [0, head) and [head + 4 n4,
-// count) one at a time. Each element's arithmetic is the same either way.
+// One span's launch as the kernel reads it: elements [head, head + 4 n4) four at a time (master,
+// gradient and moments aligned there for their vector widths; an fp32 master's bf16 copy too when
+// weights_vector, else stored one by one: a ZeRO-2 piece's weight copy starts wherever its bucket
+// puts it), [0, head) and [head + 4 n4, count) one at a time, by `blocks` blocks striding over it.
+// Each element's arithmetic is the same either way.
+struct SpanTask {
+  int64_t count, head, n4;
+  DeviceMaster master;
+  const void* grad;
+  void* m;
+  void* v;
+  int32_t blocks;      // the span's share of the grid
+  int32_t scalar_set;  // which of the launch's step scalars (one per learning-rate multiplier)
+  int32_t decay;       // 1: the decay factor, 0: none
+};
+
+constexpr int kMaxScalarSets = 8;
+struct ScalarSets {
+  AdamWStepScalars set[kMaxScalarSets];
+};
+
+// `single` alone (tasks null), or the span of `tasks` whose blocks hold this block: first_block
+// ascends from 0, so the last entry at or below blockIdx.x. One launch then updates every small
+// piece of a layout (a layer has ~16 dense ones) instead of one launch each.
 template <typename Moment, typename Grad, GradientDivide kDivide, bool kSplit>
-__global__ void adamw_kernel(AdamWStepScalars scalars, float decay_factor, DeviceScaling scaling, int64_t count,
-                             int64_t head, int64_t n4, DeviceMaster master, const Grad* grad, Moment* m,
-                             Moment* v) {
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+__global__ void adamw_kernel(const __grid_constant__ ScalarSets sets, DeviceScaling scaling,
+                             const __grid_constant__ SpanTask single, const SpanTask* tasks,
+                             const int32_t* first_block, int num_tasks) {
+  int64_t block = blockIdx.x;
+  const SpanTask* task = &single;
+  if (tasks != nullptr) {
+    int lo = 0, hi = num_tasks - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (first_block[mid] <= blockIdx.x) lo = mid; else hi = mid - 1;
+    }
+    task = tasks + lo;
+    block -= first_block[lo];
+  }
+  const int64_t count = task->count, head = task->head, n4 = task->n4;
+  const DeviceMaster master = task->master;
+  const Grad* grad = static_cast<const Grad*>(task->grad);
+  Moment* m = static_cast<Moment*>(task->m);
+  Moment* v = static_cast<Moment*>(task->v);
+  const AdamWStepScalars& scalars = sets.set[task->scalar_set];
+  const float decay_factor = task->decay ? scalars.decay_factor : scalars.decay_factor_no_decay;
+  const int64_t tid = block * kThreads + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(task->blocks) * kThreads;
   for (int64_t i = tid; i < n4; i += stride) {
     const int64_t e = head + kVector * i;
     float p[kVector], g[kVector], m_values[kVector], v_values[kVector];
@@ -203,31 +242,9 @@ __global__ void adamw_kernel(AdamWStepScalars scalars, float decay_factor, Devic
 
 bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-template <typename Moment, typename Grad, bool kSplit>
-void launch_for_divisor(const AdamWStepScalars& scalars, float decay_factor, const DeviceScaling& scaling,
-                        int64_t count, int64_t head, int64_t n4, const DeviceMaster& master, const Grad* grad,
-                        Moment* m, Moment* v, unsigned blocks, cudaStream_t stream) {
-  switch (scaling.divisor.kind) {
-    case GradientDivide::none:
-      adamw_kernel<Moment, Grad, GradientDivide::none, kSplit><<<blocks, kThreads, 0, stream>>>(
-          scalars, decay_factor, scaling, count, head, n4, master, grad, m, v);
-      break;
-    case GradientDivide::f32:
-      adamw_kernel<Moment, Grad, GradientDivide::f32, kSplit><<<blocks, kThreads, 0, stream>>>(
-          scalars, decay_factor, scaling, count, head, n4, master, grad, m, v);
-      break;
-    case GradientDivide::f64:
-      adamw_kernel<Moment, Grad, GradientDivide::f64, kSplit><<<blocks, kThreads, 0, stream>>>(
-          scalars, decay_factor, scaling, count, head, n4, master, grad, m, v);
-      break;
-  }
-  CUDA_CHECK_LAUNCH();
-}
-
+// The task of a span (without its scalar set): where its vectors start, how many blocks it takes.
 template <typename Moment, typename Grad>
-void launch_adamw(const AdamWStepScalars& scalars, float decay_factor, const GradientScaling& scaling, int64_t count,
-                  const MasterSpan& span, const Grad* grad, Moment* m, Moment* v,
-                  cudaStream_t stream) {
+SpanTask span_task(int64_t count, const MasterSpan& span, const Grad* grad, Moment* m, Moment* v, bool decay) {
   // The vectors start where the master (its low halves when split) is aligned for four elements;
   // the gradient, the moments and a split master's high halves must be aligned for their widths at
   // the same element (true for the flat layouts' pieces, kFlatAlignmentElements), else every
@@ -247,40 +264,12 @@ void launch_adamw(const AdamWStepScalars& scalars, float decay_factor, const Gra
                             span.weights_bf16 == nullptr || aligned(span.weights_bf16 + head, 8)};
   const int64_t n4 = (count - head) / kVector;
   const int64_t work = std::max<int64_t>(n4, std::max<int64_t>(head, count - head - kVector * n4));
-  const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
-  const DeviceScaling device_scaling{gradient_divisor(scaling.divisor), scaling.clip_coef, scaling.clip_coef < 1.0f};
-  if (split) {
-    launch_for_divisor<Moment, Grad, true>(scalars, decay_factor, device_scaling, count, head, n4, master, grad, m,
-                                           v, blocks, stream);
-  } else {
-    launch_for_divisor<Moment, Grad, false>(scalars, decay_factor, device_scaling, count, head, n4, master, grad,
-                                            m, v, blocks, stream);
-  }
+  const auto blocks = static_cast<int32_t>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
+  return SpanTask{count, head, n4, master, grad, m, v, blocks, 0, decay ? 1 : 0};
 }
 
-template <typename Moment>
-void launch_adamw_for_grad(const AdamWStepScalars& scalars, float decay_factor, const GradientScaling& scaling,
-                           int64_t count, const MasterSpan& span, const GradientSpan& grad, Moment* m, Moment* v,
-                           cudaStream_t stream) {
-  if (grad.dtype == DType::bf16) {
-    launch_adamw(scalars, decay_factor, scaling, count, span, static_cast<const __nv_bfloat16*>(grad.data), m, v,
-                 stream);
-  } else {
-    launch_adamw(scalars, decay_factor, scaling, count, span, static_cast<const float*>(grad.data), m, v, stream);
-  }
-}
-
-}  // namespace
-
-void adamw_update_span_cuda(const AdamWStepScalars& scalars, bool decay, DType moment_dtype, int64_t count,
-                            const MasterSpan& master, const GradientSpan& grad, const GradientScaling& scaling,
-                            void* m, void* v, cudaStream_t stream) {
-  CHECK(scaling.divisor > 0 && scaling.clip_coef > 0, "adamw_update_span_cuda: gradient divisor ", scaling.divisor,
-        " and clip factor ", scaling.clip_coef, " must be positive");
+void check_span(int64_t count, const MasterSpan& master, const GradientSpan& grad, const void* m, const void* v) {
   CHECK(count >= 0, "adamw_update_span_cuda: negative count ", count);
-  CHECK(moment_dtype == DType::f32 || moment_dtype == DType::bf16,
-        "adamw_update_span_cuda: moments must be f32 or bf16, not ", dtype_name(moment_dtype));
-  if (count == 0) return;
   CHECK((master.f32 != nullptr) != (master.low != nullptr),
         "adamw_update_span_cuda: a master is either fp32 or split, so exactly one of its fp32 values and its low "
         "halves is given");
@@ -290,13 +279,196 @@ void adamw_update_span_cuda(const AdamWStepScalars& scalars, bool decay, DType m
         "adamw_update_span_cuda: null gradient or moment buffer");
   CHECK(grad.dtype == DType::f32 || grad.dtype == DType::bf16,
         "adamw_update_span_cuda: gradients must be f32 or bf16, not ", dtype_name(grad.dtype));
-  const float decay_factor = decay ? scalars.decay_factor : scalars.decay_factor_no_decay;
+}
+
+SpanTask make_task(DType moment_dtype, int64_t count, const MasterSpan& master, const GradientSpan& grad, void* m,
+                   void* v, bool decay) {
+  const bool bf16_grad = grad.dtype == DType::bf16;
   if (moment_dtype == DType::f32) {
-    launch_adamw_for_grad(scalars, decay_factor, scaling, count, master, grad, static_cast<float*>(m),
-                          static_cast<float*>(v), stream);
+    return bf16_grad ? span_task(count, master, static_cast<const __nv_bfloat16*>(grad.data), static_cast<float*>(m),
+                                 static_cast<float*>(v), decay)
+                     : span_task(count, master, static_cast<const float*>(grad.data), static_cast<float*>(m),
+                                 static_cast<float*>(v), decay);
+  }
+  return bf16_grad ? span_task(count, master, static_cast<const __nv_bfloat16*>(grad.data),
+                               static_cast<__nv_bfloat16*>(m), static_cast<__nv_bfloat16*>(v), decay)
+                   : span_task(count, master, static_cast<const float*>(grad.data), static_cast<__nv_bfloat16*>(m),
+                               static_cast<__nv_bfloat16*>(v), decay);
+}
+
+// The spans' kind: how the kernel reads their gradient and master (one instantiation each).
+struct SpanKind {
+  bool bf16_grad = false;
+  bool split = false;
+  bool operator==(const SpanKind&) const = default;
+};
+
+template <typename Moment, typename Grad, bool kSplit>
+void launch_for_divisor(const ScalarSets& sets, const DeviceScaling& scaling, const SpanTask& single,
+                        const SpanTask* tasks, const int32_t* first_block, int num_tasks, int64_t blocks,
+                        cudaStream_t stream) {
+  const auto grid = static_cast<unsigned>(blocks);
+  switch (scaling.divisor.kind) {
+    case GradientDivide::none:
+      adamw_kernel<Moment, Grad, GradientDivide::none, kSplit><<<grid, kThreads, 0, stream>>>(
+          sets, scaling, single, tasks, first_block, num_tasks);
+      break;
+    case GradientDivide::f32:
+      adamw_kernel<Moment, Grad, GradientDivide::f32, kSplit><<<grid, kThreads, 0, stream>>>(
+          sets, scaling, single, tasks, first_block, num_tasks);
+      break;
+    case GradientDivide::f64:
+      adamw_kernel<Moment, Grad, GradientDivide::f64, kSplit><<<grid, kThreads, 0, stream>>>(
+          sets, scaling, single, tasks, first_block, num_tasks);
+      break;
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+// One launch: `single` (tasks null) or the table's num_tasks tasks over `blocks` blocks in all.
+template <typename Moment>
+void launch_kind(SpanKind kind, const ScalarSets& sets, const DeviceScaling& scaling, const SpanTask& single,
+                 const SpanTask* tasks, const int32_t* first_block, int num_tasks, int64_t blocks,
+                 cudaStream_t stream) {
+  if (kind.bf16_grad) {
+    if (kind.split)
+      launch_for_divisor<Moment, __nv_bfloat16, true>(sets, scaling, single, tasks, first_block, num_tasks, blocks, stream);
+    else
+      launch_for_divisor<Moment, __nv_bfloat16, false>(sets, scaling, single, tasks, first_block, num_tasks, blocks, stream);
   } else {
-    launch_adamw_for_grad(scalars, decay_factor, scaling, count, master, grad, static_cast<__nv_bfloat16*>(m),
-                          static_cast<__nv_bfloat16*>(v), stream);
+    if (kind.split)
+      launch_for_divisor<Moment, float, true>(sets, scaling, single, tasks, first_block, num_tasks, blocks, stream);
+    else
+      launch_for_divisor<Moment, float, false>(sets, scaling, single, tasks, first_block, num_tasks, blocks, stream);
+  }
+}
+
+void launch(DType moment_dtype, SpanKind kind, const ScalarSets& sets, const GradientScaling& scaling,
+            const SpanTask& single, const SpanTask* tasks, const int32_t* first_block, int num_tasks, int64_t blocks,
+            cudaStream_t stream) {
+  const DeviceScaling device_scaling{gradient_divisor(scaling.divisor), scaling.clip_coef, scaling.clip_coef < 1.0f};
+  if (moment_dtype == DType::f32)
+    launch_kind<float>(kind, sets, device_scaling, single, tasks, first_block, num_tasks, blocks, stream);
+  else
+    launch_kind<__nv_bfloat16>(kind, sets, device_scaling, single, tasks, first_block, num_tasks, blocks, stream);
+}
+
+void check_scaling(const GradientScaling& scaling) {
+  CHECK(scaling.divisor > 0 && scaling.clip_coef > 0, "adamw_update_span_cuda: gradient divisor ", scaling.divisor,
+        " and clip factor ", scaling.clip_coef, " must be positive");
+}
+
+}  // namespace
+
+void adamw_update_span_cuda(const AdamWStepScalars& scalars, bool decay, DType moment_dtype, int64_t count,
+                            const MasterSpan& master, const GradientSpan& grad, const GradientScaling& scaling,
+                            void* m, void* v, cudaStream_t stream) {
+  check_scaling(scaling);
+  CHECK(moment_dtype == DType::f32 || moment_dtype == DType::bf16,
+        "adamw_update_span_cuda: moments must be f32 or bf16, not ", dtype_name(moment_dtype));
+  CHECK(count >= 0, "adamw_update_span_cuda: negative count ", count);
+  if (count == 0) return;
+  check_span(count, master, grad, m, v);
+  ScalarSets sets{};
+  sets.set[0] = scalars;
+  const SpanTask task = make_task(moment_dtype, count, master, grad, m, v, decay);
+  launch(moment_dtype, SpanKind{grad.dtype == DType::bf16, master.low != nullptr}, sets, scaling, task, nullptr,
+         nullptr, 0, task.blocks, stream);
+}
+
+// A launch of the plan: one task alone, or a range of the device table.
+struct AdamWLaunchPlan::Launch {
+  SpanKind kind;
+  SpanTask single{};
+  int first_task = 0;  // in the table (num_tasks > 0)
+  int num_tasks = 0;
+  int64_t blocks = 0;
+};
+
+AdamWLaunchPlan::AdamWLaunchPlan(const ParamLayout& layout, DType moment_dtype, const std::vector<MasterSpan>& masters,
+                                 const std::vector<GradientSpan>& grads, void* m, void* v, int32_t own_launch_blocks)
+    : moment_dtype_(moment_dtype) {
+  CHECK(moment_dtype == DType::f32 || moment_dtype == DType::bf16,
+        "adamw plan: moments must be f32 or bf16, not ", dtype_name(moment_dtype));
+  CHECK(static_cast<int>(masters.size()) == layout.num_tensors() &&
+            static_cast<int>(grads.size()) == layout.num_tensors(),
+        "adamw_step_cuda: ", masters.size(), " masters and ", grads.size(), " gradients for ", layout.num_tensors(),
+        " pieces");
+  CHECK(own_launch_blocks >= 1, "adamw plan: own_launch_blocks must be positive, got ", own_launch_blocks);
+  const size_t element_size = dtype_size(moment_dtype);
+  // Pieces that fill the grid on their own (the experts' stacks, the embedding) keep a launch each,
+  // as one piece alone runs; the rest are grouped by kind into one launch per kind.
+  std::vector<std::pair<SpanKind, std::vector<SpanTask>>> grouped;
+  for (int i = 0; i < layout.num_tensors(); ++i) {
+    const ParamEntry& entry = layout.entry(i);
+    if (entry.numel == 0) continue;
+    const MasterSpan& master = masters[static_cast<size_t>(i)];
+    const GradientSpan& grad = grads[static_cast<size_t>(i)];
+    check_span(entry.numel, master, grad, m, v);
+    const size_t moment_offset = static_cast<size_t>(entry.offset) * element_size;
+    SpanTask task = make_task(moment_dtype, entry.numel, master, grad, static_cast<uint8_t*>(m) + moment_offset,
+                              static_cast<uint8_t*>(v) + moment_offset, entry.decay);
+    auto scale = std::find(lr_scales_.begin(), lr_scales_.end(), entry.lr_scale);
+    if (scale == lr_scales_.end()) {
+      CHECK(lr_scales_.size() < static_cast<size_t>(kMaxScalarSets), "adamw plan: more than ", kMaxScalarSets,
+            " different learning-rate multipliers");
+      scale = lr_scales_.insert(lr_scales_.end(), entry.lr_scale);
+    }
+    task.scalar_set = static_cast<int32_t>(scale - lr_scales_.begin());
+    const SpanKind kind{grad.dtype == DType::bf16, master.low != nullptr};
+    if (task.blocks >= own_launch_blocks) {
+      launches_.push_back(Launch{kind, task, 0, 0, task.blocks});
+      continue;
+    }
+    auto group = std::find_if(grouped.begin(), grouped.end(), [&](const auto& g) { return g.first == kind; });
+    if (group == grouped.end()) group = grouped.insert(grouped.end(), {kind, {}});
+    group->second.push_back(task);
+  }
+  std::vector<SpanTask> table;
+  std::vector<int32_t> first_blocks;
+  for (const auto& [kind, tasks] : grouped) {
+    Launch group_launch{kind, SpanTask{}, static_cast<int>(table.size()), static_cast<int>(tasks.size()), 0};
+    for (const SpanTask& task : tasks) {
+      CHECK(group_launch.blocks + task.blocks <= std::numeric_limits<int32_t>::max(),
+            "adamw plan: a group's grid passes 2^31 blocks");
+      first_blocks.push_back(static_cast<int32_t>(group_launch.blocks));
+      group_launch.blocks += task.blocks;
+      table.push_back(task);
+    }
+    launches_.push_back(group_launch);
+  }
+  if (!table.empty()) {
+    const size_t task_bytes = table.size() * sizeof(SpanTask);
+    table_ = DeviceBuffer(task_bytes + first_blocks.size() * sizeof(int32_t));
+    CUDA_CHECK(cudaMemcpy(table_.data(), table.data(), task_bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(table_.as<char>() + task_bytes, first_blocks.data(), first_blocks.size() * sizeof(int32_t),
+                          cudaMemcpyHostToDevice));
+    first_blocks_offset_ = task_bytes;
+  }
+}
+
+AdamWLaunchPlan::~AdamWLaunchPlan() = default;
+int AdamWLaunchPlan::num_launches() const { return static_cast<int>(launches_.size()); }
+AdamWLaunchPlan::AdamWLaunchPlan(AdamWLaunchPlan&&) noexcept = default;
+AdamWLaunchPlan& AdamWLaunchPlan::operator=(AdamWLaunchPlan&&) noexcept = default;
+
+void AdamWLaunchPlan::step(const AdamWConfig& config, double lr, int64_t adam_step, const GradientScaling& scaling,
+                           cudaStream_t stream) const {
+  validate_adamw_config(config);
+  CHECK(config.moment_dtype == moment_dtype_, "adamw plan: built for ", dtype_name(moment_dtype_),
+        " moments, stepped with ", dtype_name(config.moment_dtype));
+  check_scaling(scaling);
+  ScalarSets sets{};
+  for (size_t s = 0; s < lr_scales_.size(); ++s)
+    sets.set[s] = adamw_step_scalars(config, lr_scales_[s] == 1.0 ? lr : lr * lr_scales_[s], adam_step);
+  const auto* tasks = table_.as<const SpanTask>();
+  const auto* first_blocks = reinterpret_cast<const int32_t*>(table_.as<const char>() + first_blocks_offset_);
+  for (const Launch& l : launches_) {
+    if (l.num_tasks == 0)
+      launch(moment_dtype_, l.kind, sets, scaling, l.single, nullptr, nullptr, 0, l.blocks, stream);
+    else
+      launch(moment_dtype_, l.kind, sets, scaling, SpanTask{}, tasks + l.first_task, first_blocks + l.first_task,
+             l.num_tasks, l.blocks, stream);
   }
 }
 
@@ -304,21 +476,9 @@ void adamw_step_cuda(const ParamLayout& layout, const AdamWConfig& config, doubl
                      const GradientScaling& scaling, const std::vector<MasterSpan>& masters,
                      const std::vector<GradientSpan>& grads, void* m, void* v, cudaStream_t stream) {
   validate_adamw_config(config);
-  CHECK(static_cast<int>(masters.size()) == layout.num_tensors() &&
-            static_cast<int>(grads.size()) == layout.num_tensors(),
-        "adamw_step_cuda: ", masters.size(), " masters and ", grads.size(), " gradients for ", layout.num_tensors(),
-        " pieces");
-  const AdamWStepScalars base_scalars = adamw_step_scalars(config, lr, adam_step);
-  const size_t element_size = dtype_size(config.moment_dtype);
-  for (int i = 0; i < layout.num_tensors(); ++i) {
-    const ParamEntry& entry = layout.entry(i);
-    const AdamWStepScalars scalars =
-        entry.lr_scale == 1.0 ? base_scalars : adamw_step_scalars(config, lr * entry.lr_scale, adam_step);
-    const size_t moment_offset = static_cast<size_t>(entry.offset) * element_size;
-    adamw_update_span_cuda(scalars, entry.decay, config.moment_dtype, entry.numel, masters[static_cast<size_t>(i)],
-                           grads[static_cast<size_t>(i)], scaling, static_cast<uint8_t*>(m) + moment_offset,
-                           static_cast<uint8_t*>(v) + moment_offset, stream);
-  }
+  AdamWLaunchPlan(layout, config.moment_dtype, masters, grads, m, v).step(config, lr, adam_step, scaling, stream);
+  // The plan's table is freed on return; the launches read it, so they finish first.
+  CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 std::vector<GradientSpan> flat_gradient_spans(const ParamLayout& layout, const float* grad) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/device_buffer.h"
 #include "optim/adamw.h"
 #include "optim/param_layout.h"
 
@@ -49,10 +50,40 @@ void adamw_update_span_cuda(const AdamWStepScalars& scalars, bool decay, DType m
                             const MasterSpan& master, const GradientSpan& grad, const GradientScaling& scaling,
                             void* m, void* v, cudaStream_t stream);
 
-// AdamW::step's walk on the device: one update of every piece of layout with adam_step counted from
-// 1 (the value after the increment) and lr scaled per piece by lr_scale. m, v are the layout's flat
-// device buffers (padding left untouched); masters and grads have one entry per piece: where that
-// piece's master (and bf16 working copy) and its gradient are. One launch per piece.
+// A layout's AdamW launches, prepared once (the engines build one at setup and step it every
+// optimizer step: nothing is allocated or copied then). A piece that fills the grid on its own
+// (own_launch_blocks blocks of 256 threads: the experts' stacks, the embedding) keeps a launch of
+// its own; the other pieces of a kind (fp32 or bf16 gradient, fp32 or split master) share one
+// launch that finds each block's piece in a device table. A layer of 35B widths has ~16 small
+// dense pieces: one launch each cost ~2.6 us of idle GPU between them. masters and grads have one
+// entry per piece, m and v are the layout's flat buffers (padding left untouched); the learning
+// rate of each piece is lr times its lr_scale (at most 8 different multipliers).
+class AdamWLaunchPlan {
+ public:
+  static constexpr int32_t kGridBlocks = 65535;  // a piece's blocks at most (a grid-stride loop past that)
+  AdamWLaunchPlan(const ParamLayout& layout, DType moment_dtype, const std::vector<MasterSpan>& masters,
+                  const std::vector<GradientSpan>& grads, void* m, void* v, int32_t own_launch_blocks = kGridBlocks);
+  ~AdamWLaunchPlan();
+  AdamWLaunchPlan(AdamWLaunchPlan&&) noexcept;
+  AdamWLaunchPlan& operator=(AdamWLaunchPlan&&) noexcept;
+
+  // One update of every piece with adam_step counted from 1 (the value after the increment).
+  void step(const AdamWConfig& config, double lr, int64_t adam_step, const GradientScaling& scaling,
+            cudaStream_t stream) const;
+  int num_launches() const;
+
+ private:
+  struct Launch;
+  DType moment_dtype_;
+  std::vector<double> lr_scales_;  // a step's scalar set s uses lr * lr_scales_[s]
+  std::vector<Launch> launches_;
+  DeviceBuffer table_;             // the grouped launches' span tasks, then their first blocks
+  size_t first_blocks_offset_ = 0;
+};
+
+// One update of every piece of layout through a plan built for this call (it allocates the plan's
+// table and waits for the launches before freeing it: tests and one-off callers; the engines keep
+// an AdamWLaunchPlan).
 void adamw_step_cuda(const ParamLayout& layout, const AdamWConfig& config, double lr, int64_t adam_step,
                      const GradientScaling& scaling, const std::vector<MasterSpan>& masters,
                      const std::vector<GradientSpan>& grads, void* m, void* v, cudaStream_t stream);

@@ -267,6 +267,123 @@ TEST(AdamWGpu, LayoutWalkMatchesAdamWStepOverPieces) {
   }
 }
 
+// A plan over pieces of every kind (fp32 masters with fp32 gradients, split masters with bf16 and
+// fp32 gradients, decay off, a learning-rate multiplier), with every small piece in its kind's
+// shared launch and, with a low own-launch threshold, the larger ones alone: bit for bit the CPU
+// update of each piece.
+TEST(AdamWGpu, PlanOverPiecesOfEveryKindMatchesCpuBitForBit) {
+  struct Piece {
+    const char* name;
+    int64_t numel;
+    bool split, bf16_grad, decay;
+    double lr_scale;
+  };
+  const std::vector<Piece> pieces = {{"experts.gate_up", 3000, true, true, true, 1.0}, {"norm", 37, false, false, false, 1.0},
+                                     {"proj", 2100, false, false, true, 0.5},       {"experts.down", 1500, true, true, true, 1.0},
+                                     {"bias", 5, false, false, false, 1.0},         {"split_f32_grad", 700, true, false, true, 1.0},
+                                     {"embed", 5000, false, false, true, 1.0}};
+  ParamLayout layout;
+  for (const Piece& p : pieces) {
+    const int index = layout.add(p.name, {p.numel}, p.decay);
+    if (p.lr_scale != 1.0) layout.set_lr_scale(index, p.lr_scale);
+  }
+  const int64_t n = layout.total_numel();
+  for (const int32_t own_launch_blocks : {AdamWLaunchPlan::kGridBlocks, 3}) {
+    for (const DType moment_dtype : {DType::bf16, DType::f32}) {
+      AdamWConfig config;
+      config.moment_dtype = moment_dtype;
+      std::vector<float> master = random_floats(n, 31, 0.05f);
+      std::vector<uint16_t> highs(static_cast<size_t>(n)), lows(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) split_master(master[static_cast<size_t>(i)], highs[i], lows[i]);
+      // A split piece's master is what its halves join to.
+      for (int i = 0; i < layout.num_tensors(); ++i) {
+        if (!pieces[static_cast<size_t>(i)].split) continue;
+        for (int64_t e = layout.entry(i).offset; e < layout.entry(i).offset + layout.entry(i).numel; ++e)
+          master[static_cast<size_t>(e)] = join_split_master_float(highs[e], lows[e]);
+      }
+      const size_t moment_size = dtype_size(moment_dtype), moment_bytes = static_cast<size_t>(n) * moment_size;
+      std::vector<uint8_t> m(moment_bytes, 0), v(moment_bytes, 0);
+      DeviceBuffer master_d = upload(master.data(), n * 4), high_d = upload(highs.data(), n * 2);
+      DeviceBuffer low_d = upload(lows.data(), n * 2), m_d = upload(m.data(), moment_bytes);
+      DeviceBuffer v_d = upload(v.data(), moment_bytes), grad_d(static_cast<size_t>(n) * 4),
+                   grad_bf16_d(static_cast<size_t>(n) * 2);
+      std::vector<MasterSpan> masters;
+      std::vector<GradientSpan> grads;
+      for (int i = 0; i < layout.num_tensors(); ++i) {
+        const Piece& p = pieces[static_cast<size_t>(i)];
+        const int64_t at = layout.entry(i).offset;
+        masters.push_back(p.split ? MasterSpan{nullptr, high_d.as<__nv_bfloat16>() + at, low_d.as<uint16_t>() + at}
+                                  : MasterSpan{master_d.as<float>() + at, high_d.as<__nv_bfloat16>() + at, nullptr});
+        grads.push_back(p.bf16_grad ? GradientSpan{grad_bf16_d.as<__nv_bfloat16>() + at, DType::bf16}
+                                    : GradientSpan{grad_d.as<float>() + at, DType::f32});
+      }
+      const AdamWLaunchPlan plan(layout, moment_dtype, masters, grads, m_d.data(), v_d.data(), own_launch_blocks);
+      // Default threshold: the two kinds with small pieces and the split pieces with fp32 gradients,
+      // one launch each; threshold 3 blocks (pieces over 2,048 elements): gate_up, proj and embed alone.
+      EXPECT_EQ(plan.num_launches(), own_launch_blocks == 3 ? 6 : 3);
+      for (int step = 1; step <= 3; ++step) {
+        std::vector<float> grad = random_floats(n, 40 + step, 0.5f);
+        std::vector<uint16_t> grad_bf16(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          grad_bf16[static_cast<size_t>(i)] = float_to_bf16_bits(grad[static_cast<size_t>(i)]);
+          for (int p = 0; p < layout.num_tensors(); ++p) {
+            const ParamEntry& e = layout.entry(p);
+            if (pieces[static_cast<size_t>(p)].bf16_grad && i >= e.offset && i < e.offset + e.numel)
+              grad[static_cast<size_t>(i)] = bf16_bits_to_float(grad_bf16[static_cast<size_t>(i)]);
+          }
+        }
+        CUDA_CHECK(cudaMemcpy(grad_d.data(), grad.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(grad_bf16_d.data(), grad_bf16.data(), static_cast<size_t>(n) * 2, cudaMemcpyHostToDevice));
+        const GradientScaling scaling = step == 2 ? GradientScaling{777.0, 0.37f} : GradientScaling{};
+        const double lr = 1e-3 / step;
+        plan.step(config, lr, step, scaling, nullptr);
+        for (float& g : grad) {
+          if (scaling.divisor != 1.0) g = static_cast<float>(static_cast<double>(g) / scaling.divisor);
+          if (scaling.clip_coef < 1.0f) g *= scaling.clip_coef;
+        }
+        for (int p = 0; p < layout.num_tensors(); ++p) {
+          const ParamEntry& e = layout.entry(p);
+          const size_t at = static_cast<size_t>(e.offset);
+          adamw_update_span(adamw_step_scalars(config, lr * e.lr_scale, step), e.decay, moment_dtype, e.numel,
+                            master.data() + at, grad.data() + at, m.data() + at * moment_size,
+                            v.data() + at * moment_size);
+        }
+      }
+      device_synchronize();
+      std::vector<uint8_t> master_got = download(master_d, n * 4);
+      const std::vector<uint8_t> high_got = download(high_d, n * 2), low_got = download(low_d, n * 2);
+      int64_t weight_mismatch = 0;
+      for (int p = 0; p < layout.num_tensors(); ++p) {
+        const ParamEntry& e = layout.entry(p);
+        for (int64_t i = e.offset; i < e.offset + e.numel; ++i) {
+          uint16_t high, low, ref_high, ref_low;
+          std::memcpy(&high, high_got.data() + i * 2, 2);
+          std::memcpy(&low, low_got.data() + i * 2, 2);
+          split_master(master[static_cast<size_t>(i)], ref_high, ref_low);
+          weight_mismatch += high != ref_high;
+          if (!pieces[static_cast<size_t>(p)].split) continue;
+          const float joined = join_split_master_float(high, low);
+          std::memcpy(master_got.data() + i * 4, &joined, 4);
+        }
+      }
+      const std::vector<uint8_t> master_ref(bytes_of(master), bytes_of(master) + n * 4);
+      const int64_t master_mismatch = count_mismatches(master_got, master_ref, n, 4);
+      const int64_t m_mismatch = count_mismatches(download(m_d, moment_bytes), m, n, moment_size);
+      const int64_t v_mismatch = count_mismatches(download(v_d, moment_bytes), v, n, moment_size);
+      std::printf("adamw plan, %d launches (own-launch threshold %d blocks), moments %s: mismatching elements "
+                  "after 3 steps: master %lld, m %lld, v %lld, bf16 weights %lld (of %lld)\n",
+                  plan.num_launches(), own_launch_blocks, std::string(dtype_name(moment_dtype)).c_str(),
+                  static_cast<long long>(master_mismatch), static_cast<long long>(m_mismatch),
+                  static_cast<long long>(v_mismatch), static_cast<long long>(weight_mismatch),
+                  static_cast<long long>(n));
+      EXPECT_EQ(master_mismatch, 0);
+      EXPECT_EQ(m_mismatch, 0);
+      EXPECT_EQ(v_mismatch, 0);
+      EXPECT_EQ(weight_mismatch, 0);
+    }
+  }
+}
+
 TEST(AdamWGpu, BadArgumentsAreRejected) {
   ParamLayout layout;
   layout.add("w", {4, 4});

@@ -227,6 +227,15 @@ void DeviceTrainState::setup_sharded(const std::vector<GradientPhase>& phases) {
   }
   dense_masters_ = flat_master_spans(dense_, master_at(dense_base_), dense_weights_);
   dense_grads_ = flat_gradient_spans(dense_, piece_grads_.as<float>());
+  const size_t moment = dtype_size(adamw_.moment_dtype);
+  if (experts_.num_tensors() > 0)
+    expert_plan_ = std::make_unique<AdamWLaunchPlan>(experts_, adamw_.moment_dtype, expert_masters_, expert_grads_,
+                                                     exp_avg_.data(), exp_avg_sq_.data());
+  if (dense_.num_tensors() > 0)
+    adamw_plan_ = std::make_unique<AdamWLaunchPlan>(
+        dense_, adamw_.moment_dtype, dense_masters_, dense_grads_,
+        exp_avg_.as<char>() + dense_base_ * static_cast<int64_t>(moment),
+        exp_avg_sq_.as<char>() + dense_base_ * static_cast<int64_t>(moment));
 
   // The phases in backward order and, for each, how many groups are complete once it is.
   CHECK(layout_->num_groups() == 0 || !phases.empty() || layout_->num_groups() == 1,
@@ -366,16 +375,8 @@ void DeviceTrainState::start_sharded_sum_of_squares(double divisor, const double
 
 void DeviceTrainState::sharded_adamw_step(double lr, const GradientScaling& scaling) {
   const int64_t step = adam_step_ + 1;
-  const size_t moment = dtype_size(adamw_.moment_dtype);
-  if (experts_.num_tensors() > 0) {
-    adamw_step_cuda(experts_, adamw_, lr, step, scaling, expert_masters_, expert_grads_, exp_avg_.data(),
-                    exp_avg_sq_.data(), stream_);
-  }
-  if (dense_.num_tensors() > 0) {
-    adamw_step_cuda(dense_, adamw_, lr, step, scaling, dense_masters_, dense_grads_,
-                    exp_avg_.as<char>() + dense_base_ * static_cast<int64_t>(moment),
-                    exp_avg_sq_.as<char>() + dense_base_ * static_cast<int64_t>(moment), stream_);
-  }
+  if (expert_plan_ != nullptr) expert_plan_->step(adamw_, lr, step, scaling, stream_);
+  if (adamw_plan_ != nullptr) adamw_plan_->step(adamw_, lr, step, scaling, stream_);
   adam_step_ = step;
   gather_weights();
 }

@@ -23,6 +23,8 @@ DeviceTrainState::DeviceTrainState(const std::vector<DeviceParamSpec>& specs, co
   norm_host_ = static_cast<double*>(pinned_malloc(2 * sizeof(double), "train state: gradient norm"));
   masters_of_pieces_ = params_->trained_masters();
   grads_of_pieces_ = params_->trained_gradients();
+  adamw_plan_ = std::make_unique<AdamWLaunchPlan>(params_->trained_layout(), adamw_.moment_dtype, masters_of_pieces_,
+                                                  grads_of_pieces_, exp_avg_.data(), exp_avg_sq_.data());
 }
 
 size_t DeviceTrainState::master_bytes() const {
@@ -68,8 +70,7 @@ void DeviceTrainState::adamw_step(double lr, const GradientScaling& scaling) {
     sharded_adamw_step(lr, scaling);
     return;
   }
-  adamw_step_cuda(params_->trained_layout(), adamw_, lr, adam_step_ + 1, scaling, masters_of_pieces_,
-                  grads_of_pieces_, exp_avg_.data(), exp_avg_sq_.data(), stream_);
+  adamw_plan_->step(adamw_, lr, adam_step_ + 1, scaling, stream_);
   ++adam_step_;
 }
 

@@ -158,6 +158,10 @@ class DeviceTrainState : public TrainStateStore {
   int64_t adam_step_ = 0;
   std::vector<MasterSpan> masters_of_pieces_;  // one rank: AdamW's master per piece (DeviceParams')
   std::vector<GradientSpan> grads_of_pieces_;  // one rank: AdamW's gradient per piece (DeviceParams')
+  // AdamW's launches over the trained pieces (sharded: over dense_, the experts' in expert_plan_),
+  // built once their addresses are known.
+  std::unique_ptr<AdamWLaunchPlan> adamw_plan_;
+  std::unique_ptr<AdamWLaunchPlan> expert_plan_;
 
   // Sharded only.
   const ParallelLayout* layout_ = nullptr;
