@@ -1,5 +1,5 @@
-// CUDA kernels of the zero-centred RMSNorm: one warp per row for the forward and the dx backward,
-// a column-parallel pass for d_weight that writes per-chunk partials and a fixed-order reduction.
+// CUDA kernels of the zero-centred RMSNorm: one warp per row for the forward and the backward, the
+// backward forming d_weight's per-chunk partials on the same pass, then a fixed-order reduction.
 // Templated on the element types so that the fp32 residual stream and the bf16 head rows share
 // one implementation; the math is fp32 throughout. Where the width is a small multiple of 256
 // (the decoder's hidden widths), a lane keeps its part of the row in registers between the sum
@@ -118,98 +118,96 @@ __global__ void rms_norm_low_part_kernel(const float* s, const float* weight, co
   }
 }
 
-// kIters as in the forward: a lane's x and dy vectors stay in registers between the passes.
+// Block b owns the rows of chunk b, its warps taking them in turn (warp w: rows w, w + warps, ...
+// of the chunk), one row at a time as the forward does. kIters as in the forward: a lane's x and dy
+// vectors stay in registers between the passes. With partial set, the block also forms the chunk's
+// share of d_weight on the same pass: each warp sums dy * x * rstd over its rows into its own row of
+// shared memory (a lane only touches its own columns), and the warps' rows are added in warp order
+// into partial[b, :] at the end, so the inputs are read once, not again by a d_weight pass.
 template <int kVec, int kIters, typename TX, typename TDy, typename TDx>
-__global__ void rms_norm_backward_dx_kernel(const TX* x, int64_t x_stride, const float* weight, const float* rstd,
-                                            const TDy* dy, const TDx* d_skip, TDx* dx, int64_t dx_stride,
-                                            Bf16* dx_bf16, int64_t rows, int64_t width) {
+__global__ void rms_norm_backward_kernel(const TX* x, int64_t x_stride, const float* weight, const float* rstd,
+                                         const TDy* dy, const TDx* d_skip, TDx* dx, int64_t dx_stride,
+                                         Bf16* dx_bf16, float* partial, int64_t rows, int64_t width,
+                                         int64_t rows_per_chunk) {
   constexpr bool kKept = kIters > 0;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (row >= rows) return;
+  extern __shared__ float warp_dweight[];  // [warps, width] when partial is set
+  const int warps = static_cast<int>(blockDim.x / 32), warp = static_cast<int>(threadIdx.x / 32);
   const int lane = threadIdx.x % 32;
-  const int64_t base = row * width, x_base = row * x_stride, dx_base = row * dx_stride;
-  const float inv_rms = rstd[row];
+  const int64_t chunk_begin = static_cast<int64_t>(blockIdx.x) * rows_per_chunk;
+  const int64_t chunk_end = std::min(rows, chunk_begin + rows_per_chunk);
   const int vectors = kKept ? kIters : vectors_of_lane(width / kVec, lane);
-  float x_kept[kKept ? kIters : 1][kVec], dy_kept[kKept ? kIters : 1][kVec];
   const auto column = [&](int it) { return (static_cast<int64_t>(it) * 32 + lane) * kVec; };
-  // dn = dy * (1 + w); dx = inv_rms * (dn - n * mean(dn * n)), n = x * inv_rms.
-  float sum_dn_n = 0;
+  float* own_dweight = warp_dweight + static_cast<int64_t>(warp) * width;
+  if (partial != nullptr) {
+    for (int it = 0; it < vectors; ++it)
 #pragma unroll
-  for (int it = 0; it < vectors; ++it) {
-    const int64_t c = column(it);
-    float(&xv)[kVec] = x_kept[kKept ? it : 0];
-    float(&g)[kVec] = dy_kept[kKept ? it : 0];
-    float w[kVec];
-    load_as_f32<kVec>(x + x_base + c, xv);
-    load_as_f32<kVec>(weight + c, w);
-    load_as_f32<kVec>(dy + base + c, g);
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) sum_dn_n += g[i] * (1.0f + w[i]) * (xv[i] * inv_rms);
+      for (int i = 0; i < kVec; ++i) own_dweight[column(it) + i] = 0.0f;
   }
-  const float mean_dn_n = warp_sum(sum_dn_n) / static_cast<float>(width);
-  // The skip gradient (which dx may overwrite in place) is read kBatch vectors at a time before
-  // their outputs are stored: with the row kept, a few round trips instead of one per vector,
-  // within the registers x and dy already take.
-  constexpr int kBatch = !kKept ? 1 : kIters < 4 ? kIters : 4;
-  static_assert(!kKept || kIters % kBatch == 0, "whole batches of skip vectors");
+  for (int64_t row = chunk_begin + warp; row < chunk_end; row += warps) {
+    const int64_t base = row * width, x_base = row * x_stride, dx_base = row * dx_stride;
+    const float inv_rms = rstd[row];
+    float x_kept[kKept ? kIters : 1][kVec], dy_kept[kKept ? kIters : 1][kVec];
+    // dn = dy * (1 + w); dx = inv_rms * (dn - n * mean(dn * n)), n = x * inv_rms.
+    float sum_dn_n = 0;
 #pragma unroll
-  for (int it0 = 0; it0 < vectors; it0 += kBatch) {
-    float skip[kBatch][kVec];
-    if (d_skip != nullptr) {
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) load_as_f32<kVec>(d_skip + base + column(it0 + b), skip[b]);
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int it = it0 + b;
+    for (int it = 0; it < vectors; ++it) {
       const int64_t c = column(it);
       float(&xv)[kVec] = x_kept[kKept ? it : 0];
       float(&g)[kVec] = dy_kept[kKept ? it : 0];
-      if constexpr (!kKept) {
-        load_as_f32<kVec>(x + x_base + c, xv);
-        load_as_f32<kVec>(dy + base + c, g);
-      }
-      float w[kVec], out[kVec];
+      float w[kVec];
+      load_as_f32<kVec>(x + x_base + c, xv);
       load_as_f32<kVec>(weight + c, w);
-      // The skip is added by its own rounded add, so that no multiply-add contraction takes it in.
+      load_as_f32<kVec>(dy + base + c, g);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        out[i] = inv_rms * (g[i] * (1.0f + w[i]) - xv[i] * inv_rms * mean_dn_n);
-        if (d_skip != nullptr) out[i] = __fadd_rn(out[i], skip[b][i]);
+      for (int i = 0; i < kVec; ++i) sum_dn_n += g[i] * (1.0f + w[i]) * (xv[i] * inv_rms);
+    }
+    const float mean_dn_n = warp_sum(sum_dn_n) / static_cast<float>(width);
+    // The skip gradient (which dx may overwrite in place) is read kBatch vectors at a time before
+    // their outputs are stored: with the row kept, a few round trips instead of one per vector,
+    // within the registers x and dy already take.
+    constexpr int kBatch = !kKept ? 1 : kIters < 4 ? kIters : 4;
+    static_assert(!kKept || kIters % kBatch == 0, "whole batches of skip vectors");
+#pragma unroll
+    for (int it0 = 0; it0 < vectors; it0 += kBatch) {
+      float skip[kBatch][kVec];
+      if (d_skip != nullptr) {
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) load_as_f32<kVec>(d_skip + base + column(it0 + b), skip[b]);
       }
-      store_from_f32<kVec>(dx + dx_base + c, out);
-      if (dx_bf16 != nullptr) store_from_f32<kVec>(dx_bf16 + base + c, out);
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int it = it0 + b;
+        const int64_t c = column(it);
+        float(&xv)[kVec] = x_kept[kKept ? it : 0];
+        float(&g)[kVec] = dy_kept[kKept ? it : 0];
+        if constexpr (!kKept) {
+          load_as_f32<kVec>(x + x_base + c, xv);
+          load_as_f32<kVec>(dy + base + c, g);
+        }
+        float w[kVec], out[kVec];
+        load_as_f32<kVec>(weight + c, w);
+        // The skip is added by its own rounded add, so that no multiply-add contraction takes it in.
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          out[i] = inv_rms * (g[i] * (1.0f + w[i]) - xv[i] * inv_rms * mean_dn_n);
+          if (d_skip != nullptr) out[i] = __fadd_rn(out[i], skip[b][i]);
+        }
+        if (partial != nullptr) {
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) own_dweight[c + i] += g[i] * (xv[i] * inv_rms);
+        }
+        store_from_f32<kVec>(dx + dx_base + c, out);
+        if (dx_bf16 != nullptr) store_from_f32<kVec>(dx_bf16 + base + c, out);
+      }
     }
   }
-}
-
-// partial[chunk, c] = sum over the chunk's rows of dy * x * rstd (thread per column, coalesced), in
-// row order; kDweightRows rows' loads are issued before they are added, so that a thread keeps
-// several in flight (a thread walks up to 512 rows: the q norm's 131,072 rows in 256 chunks).
-constexpr int kDweightRows = 8;
-
-template <typename TX, typename TDy>
-__global__ void rms_norm_dweight_partial_kernel(const TX* x, int64_t x_stride, const float* rstd, const TDy* dy,
-                                                float* partial, int64_t rows, int64_t width, int64_t rows_per_chunk) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
-  if (c >= width) return;
-  const int64_t chunk = blockIdx.y;
-  const int64_t row_end = std::min(rows, (chunk + 1) * rows_per_chunk);
-  float acc = 0;
-  int64_t r = chunk * rows_per_chunk;
-  for (; r + kDweightRows <= row_end; r += kDweightRows) {
-    float g[kDweightRows], xv[kDweightRows], rs[kDweightRows];
-#pragma unroll
-    for (int u = 0; u < kDweightRows; ++u) {
-      g[u] = to_f32(dy[(r + u) * width + c]);
-      xv[u] = to_f32(x[(r + u) * x_stride + c]);
-      rs[u] = rstd[r + u];
-    }
-#pragma unroll
-    for (int u = 0; u < kDweightRows; ++u) acc += g[u] * (xv[u] * rs[u]);
+  if (partial == nullptr) return;
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) {
+    float sum = 0;
+    for (int w = 0; w < warps; ++w) sum += warp_dweight[static_cast<int64_t>(w) * width + c];
+    partial[static_cast<int64_t>(blockIdx.x) * width + c] = sum;
   }
-  for (; r < row_end; ++r) acc += to_f32(dy[r * width + c]) * (to_f32(x[r * x_stride + c]) * rstd[r]);
-  partial[chunk * width + c] = acc;
 }
 
 __global__ void rms_norm_dweight_reduce_kernel(const float* partial, float* d_weight, int64_t num_chunks,
@@ -253,6 +251,31 @@ void launch_forward(const TX* x, int64_t x_stride, const Bf16* delta, float* sum
   CUDA_CHECK_LAUNCH();
 }
 
+// The largest shared memory a block may ask for on this device (the per-warp d_weight rows).
+int max_block_shared_bytes() {
+  static const int bytes = [] {
+    int device = 0, value = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return value;
+  }();
+  return bytes;
+}
+
+template <int kVec, int kIters, typename TX, typename TDy, typename TDx>
+void launch_backward_kernel(const TX* x, int64_t x_stride, const float* weight, const float* rstd, const TDy* dy,
+                            const TDx* d_skip, TDx* dx, int64_t dx_stride, Bf16* dx_bf16, float* partial,
+                            int64_t rows, int64_t width, int64_t chunks, int warps, cudaStream_t stream) {
+  const auto kernel = rms_norm_backward_kernel<kVec, kIters, TX, TDy, TDx>;
+  const size_t shared = partial != nullptr ? static_cast<size_t>(warps) * static_cast<size_t>(width) * sizeof(float) : 0;
+  if (shared > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+  const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+  kernel<<<static_cast<unsigned>(chunks), static_cast<unsigned>(warps * 32), shared, stream>>>(
+      x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, partial, rows, width, rows_per_chunk);
+  CUDA_CHECK_LAUNCH();
+}
+
 template <typename TX, typename TDy, typename TDx>
 void launch_backward(const TX* x, int64_t x_stride, const float* weight, const float* rstd, const TDy* dy,
                      const TDx* d_skip, TDx* dx, int64_t dx_stride, Bf16* dx_bf16, float* d_weight, int64_t rows,
@@ -263,32 +286,36 @@ void launch_backward(const TX* x, int64_t x_stride, const float* weight, const f
   const size_t needed = d_weight != nullptr ? rms_norm_backward_workspace_bytes(rows, width) : 0;
   CHECK(workspace_bytes >= needed, "rms_norm_backward_cuda: workspace of ", workspace_bytes, " bytes, needs ", needed);
   if (rows == 0) return;
-  const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  const dim3 grid(blocks), block(kWarpsPerBlock * 32);
+  const int64_t chunks = num_row_chunks(rows);
+  float* partial = d_weight != nullptr ? static_cast<float*>(workspace) : nullptr;
+  // Eight warps a block, fewer where their d_weight rows would not fit the block's shared memory.
+  int warps = kWarpsPerBlock;
+  if (partial != nullptr) {
+    const int64_t fit = max_block_shared_bytes() / (width * static_cast<int64_t>(sizeof(float)));
+    CHECK(fit >= 1, "rms_norm_backward_cuda: rows of ", width, " columns are too wide for the d_weight sums in ",
+          "shared memory (", max_block_shared_bytes(), " bytes a block on this GPU)");
+    warps = static_cast<int>(std::min<int64_t>(kWarpsPerBlock, fit));
+  }
   if (can_use_vec8(width, x, dy, d_skip, dx) && can_use_vec8(width, weight, dx_bf16) && x_stride % 8 == 0 &&
       dx_stride % 8 == 0) {
     const int iters = std::is_same_v<TX, float> ? registered_iters(width, kMaxBackwardIters) : 0;
     if constexpr (std::is_same_v<TX, float>) {
-      if (iters == 4) rms_norm_backward_dx_kernel<8, 4, TX, TDy, TDx><<<grid, block, 0, stream>>>(
-          x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width);
-      if (iters == 8) rms_norm_backward_dx_kernel<8, 8, TX, TDy, TDx><<<grid, block, 0, stream>>>(
-          x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width);
+      if (iters == 4)
+        launch_backward_kernel<8, 4, TX, TDy, TDx>(x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16,
+                                                   partial, rows, width, chunks, warps, stream);
+      if (iters == 8)
+        launch_backward_kernel<8, 8, TX, TDy, TDx>(x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16,
+                                                   partial, rows, width, chunks, warps, stream);
     }
-    if (iters == 0) rms_norm_backward_dx_kernel<8, 0, TX, TDy, TDx><<<grid, block, 0, stream>>>(
-        x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width);
+    if (iters == 0)
+      launch_backward_kernel<8, 0, TX, TDy, TDx>(x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16,
+                                                 partial, rows, width, chunks, warps, stream);
   } else {
-    rms_norm_backward_dx_kernel<1, 0, TX, TDy, TDx><<<grid, block, 0, stream>>>(
-        x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, rows, width);
+    launch_backward_kernel<1, 0, TX, TDy, TDx>(x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, partial,
+                                               rows, width, chunks, warps, stream);
   }
-  CUDA_CHECK_LAUNCH();
   if (d_weight == nullptr) return;  // frozen weight: no weight gradient
-  const int64_t chunks = num_row_chunks(rows);
-  const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
-  float* partial = static_cast<float*>(workspace);
   const unsigned column_blocks = static_cast<unsigned>((width + kColumnsPerBlock - 1) / kColumnsPerBlock);
-  rms_norm_dweight_partial_kernel<TX, TDy><<<dim3(column_blocks, static_cast<unsigned>(chunks)), kColumnsPerBlock, 0,
-                                             stream>>>(x, x_stride, rstd, dy, partial, rows, width, rows_per_chunk);
-  CUDA_CHECK_LAUNCH();
   rms_norm_dweight_reduce_kernel<<<column_blocks, kColumnsPerBlock, 0, stream>>>(partial, d_weight, chunks, width);
   CUDA_CHECK_LAUNCH();
 }
