@@ -216,7 +216,8 @@ __global__ void adamw_kernel(const __grid_constant__ ScalarSets sets, DeviceScal
   const Grad* grad = static_cast<const Grad*>(task->grad);
   Moment* m = static_cast<Moment*>(task->m);
   Moment* v = static_cast<Moment*>(task->v);
-  const AdamWStepScalars& scalars = sets.set[task->scalar_set];
+  // In registers, not read from the parameter space inside the loops.
+  const AdamWStepScalars scalars = sets.set[task->scalar_set];
   const float decay_factor = task->decay ? scalars.decay_factor : scalars.decay_factor_no_decay;
   const int64_t tid = block * kThreads + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(task->blocks) * kThreads;
