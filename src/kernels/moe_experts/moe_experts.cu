@@ -36,14 +36,15 @@ __global__ void swiglu_forward_kernel(const nvbf16* gu, nvbf16* h, Index rows, I
   }
 }
 
-// One warp per expert-major row r with weight w of its slot; dh_u = dy W_down (unweighted, fp32):
+// One warp per expert-major row r with weight w of its slot; dh_u = dy W_down (unweighted; bf16, or
+// fp32 when the down adapter added to it):
 //   d_topk_weight[slot] = dh_u . h  (= dy . y_e),  dh = w dh_u,
 //   d_gate = dh u silu'(g), d_up = dh silu(g)  -> d_gu (may be gu itself: each element is read
 //   before it is written, by the same thread),
 //   hw = w h (nvbf16) for the down-projection weight gradient.
 // Each lane takes V adjacent i at a time (V = 8 as in the forward).
-template <int V>
-__global__ void swiglu_backward_kernel(const nvbf16* gu, nvbf16* d_gu, const float* dh_u, const int32_t* sorted_slot,
+template <int V, typename TDh>
+__global__ void swiglu_backward_kernel(const nvbf16* gu, nvbf16* d_gu, const TDh* dh_u, const int32_t* sorted_slot,
                                        const float* topk_weight, float* d_topk_weight, nvbf16* hw, int64_t rows,
                                        int64_t inter) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
@@ -193,7 +194,10 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
   nvbf16* xp_scratch = carve.take<nvbf16>(rows * C);
   nvbf16* dyp = carve.take<nvbf16>(rows * C);     // later reused for the permuted input gradient
   nvbf16* d_gu = carve.take<nvbf16>(rows * 2 * I);  // the recomputed gu, then (in place) d_gu
-  float* dh_u = carve.take<float>(rows * I);
+  // dh_u as the down product's dX in bf16, as autocast rounds it; fp32 when the down adapter adds
+  // its share to it (one rounding after the sum, not one before it).
+  const DType dh_dtype = down_lora ? DType::f32 : DType::bf16;
+  void* dh_u = carve.take<float>(rows * I);
   nvbf16* hw = carve.take<nvbf16>(rows * I);
 
   // xp = x in expert-major order and gu = xp W_gu^T: the forward's kept rows, else formed again.
@@ -210,9 +214,9 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
                                 stream);
     }
   }
-  // dh_u = dy W_down (down_e stored [C, I] = [K, N]); kept in fp32 for the routing-weight gradient.
+  // dh_u = dy W_down (down_e stored [C, I] = [K, N]).
   moe_permute_cuda(dy, plan.sorted_slot, dyp, rows, C, dims.top_k, stream);
-  grouped_gemm_rows_cuda(dyp, down, false, dh_u, DType::f32, plan.expert_offsets, E, rows, I, C, tiles, tile_bytes,
+  grouped_gemm_rows_cuda(dyp, down, false, dh_u, dh_dtype, plan.expert_offsets, E, rows, I, C, tiles, tile_bytes,
                          stream);
   if (down_lora) {
     // The down adapter's share of dh_u (its weight gradients need w h, formed below).
@@ -223,12 +227,18 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
   }
   const unsigned warps_per_block = 8;
   const auto swiglu_blocks = static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block);
-  if (swiglu_vector_rows(I, gu, dh_u, hw) && swiglu_vector_rows(I, d_gu, hw))
-    swiglu_backward_kernel<8><<<swiglu_blocks, 32 * warps_per_block, 0, stream>>>(
-        gu, d_gu, dh_u, plan.sorted_slot, topk_weight, d_topk_weight, hw, rows, I);
+  const auto swiglu_backward = [&](auto* dh) {
+    if (swiglu_vector_rows(I, gu, dh, hw) && swiglu_vector_rows(I, d_gu, hw))
+      swiglu_backward_kernel<8><<<swiglu_blocks, 32 * warps_per_block, 0, stream>>>(
+          gu, d_gu, dh, plan.sorted_slot, topk_weight, d_topk_weight, hw, rows, I);
+    else
+      swiglu_backward_kernel<1><<<swiglu_blocks, 32 * warps_per_block, 0, stream>>>(
+          gu, d_gu, dh, plan.sorted_slot, topk_weight, d_topk_weight, hw, rows, I);
+  };
+  if (dh_dtype == DType::f32)
+    swiglu_backward(static_cast<const float*>(dh_u));
   else
-    swiglu_backward_kernel<1><<<swiglu_blocks, 32 * warps_per_block, 0, stream>>>(
-        gu, d_gu, dh_u, plan.sorted_slot, topk_weight, d_topk_weight, hw, rows, I);
+    swiglu_backward(static_cast<const nvbf16*>(dh_u));
   CUDA_CHECK_LAUNCH();
   // d_down[e] (+)= (dy_e)^T (w h)_e ; d_gate_up[e] (+)= d_gu_e^T x_e (added to, or written).
   // Frozen experts (null gradients) skip their weight products.
