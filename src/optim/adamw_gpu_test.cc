@@ -420,9 +420,15 @@ TEST(AdamWGpu, TimingOverAFlatBuffer) {
   const int64_t count = int64_t{256} << 20;  // 268M parameters (a ZeRO shard of the 35B model is ~4.4B at 8 ranks)
   const std::vector<float> host = random_floats(1 << 20, 5, 0.1f);
   DeviceBuffer master(count * 4), grad(count * 4), m(count * 4), v(count * 4), weights(count * 2);
-  for (int64_t offset = 0; offset < count; offset += 1 << 20)
+  DeviceBuffer grad_bf16(count * 2);
+  std::vector<uint16_t> host_bf16(host.size());
+  for (size_t i = 0; i < host.size(); ++i) host_bf16[i] = float_to_bf16_bits(host[i]);
+  for (int64_t offset = 0; offset < count; offset += 1 << 20) {
     for (DeviceBuffer* buffer : {&master, &grad, &m})
       CUDA_CHECK(cudaMemcpy(buffer->as<float>() + offset, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(grad_bf16.as<uint16_t>() + offset, host_bf16.data(), host_bf16.size() * 2,
+                          cudaMemcpyHostToDevice));
+  }
   AdamWConfig config;
   const AdamWStepScalars scalars = adamw_step_scalars(config, 1e-4, 10);
   CUDA_CHECK(cudaMemset(weights.data(), 0x3c, count * 2));  // bf16 0x3c3c, ~0.0115: a split master's high halves
@@ -436,9 +442,10 @@ TEST(AdamWGpu, TimingOverAFlatBuffer) {
     const MasterSpan span = split ? MasterSpan{nullptr, weights.as<__nv_bfloat16>(), master.as<uint16_t>()}
                                   : MasterSpan{master.as<float>(), weights.as<__nv_bfloat16>(), nullptr};
     const double ms = median_ms([&](cudaStream_t s) {
-      // A bf16 gradient: the fp32 buffer's bytes read as bf16 values (any bits: the time does not depend on them).
+      // A bf16 gradient holds the same values rounded: random bits (the fp32 buffer's bytes read as
+      // bf16) include NaNs, infinities and subnormals, whose division and root take slow paths.
       adamw_update_span_cuda(scalars, true, moment_dtype, count, span,
-                             GradientSpan{grad.data(), bf16_grad ? DType::bf16 : DType::f32},
+                             bf16_grad ? GradientSpan{grad_bf16.data(), DType::bf16} : GradientSpan{grad.data(), DType::f32},
                              GradientScaling{8192.0, 0.5f}, m.data(), v.data(), s);
     }, nullptr);
     // Read master, grad, m, v; write master, m, v, bf16 weights: 30 B with fp32 moments, 22 with
