@@ -193,16 +193,17 @@ struct ScalarSets {
   AdamWStepScalars set[kMaxScalarSets];
 };
 
-// `single` alone (tasks null), or the span of `tasks` whose blocks hold this block: first_block
-// ascends from 0, so the last entry at or below blockIdx.x. One launch then updates every small
-// piece of a layout (a layer has ~16 dense ones) instead of one launch each.
-template <typename Moment, typename Grad, GradientDivide kDivide, bool kSplit>
+// `single` alone (kTable false: its fields are kernel parameters, uniform to the compiler, as a
+// large piece's launch had them before the table existed), or the span of `tasks` whose blocks
+// hold this block: first_block ascends from 0, so the last entry at or below blockIdx.x. One launch
+// then updates every small piece of a layout (a layer has ~16 dense ones) instead of one each.
+template <typename Moment, typename Grad, GradientDivide kDivide, bool kSplit, bool kTable>
 __global__ void adamw_kernel(const __grid_constant__ ScalarSets sets, DeviceScaling scaling,
                              const __grid_constant__ SpanTask single, const SpanTask* tasks,
                              const int32_t* first_block, int num_tasks) {
   int64_t block = blockIdx.x;
   const SpanTask* task = &single;
-  if (tasks != nullptr) {
+  if constexpr (kTable) {
     int lo = 0, hi = num_tasks - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
@@ -304,26 +305,36 @@ struct SpanKind {
   bool operator==(const SpanKind&) const = default;
 };
 
-template <typename Moment, typename Grad, bool kSplit>
+template <typename Moment, typename Grad, bool kSplit, bool kTable>
 void launch_for_divisor(const ScalarSets& sets, const DeviceScaling& scaling, const SpanTask& single,
                         const SpanTask* tasks, const int32_t* first_block, int num_tasks, int64_t blocks,
                         cudaStream_t stream) {
   const auto grid = static_cast<unsigned>(blocks);
   switch (scaling.divisor.kind) {
     case GradientDivide::none:
-      adamw_kernel<Moment, Grad, GradientDivide::none, kSplit><<<grid, kThreads, 0, stream>>>(
+      adamw_kernel<Moment, Grad, GradientDivide::none, kSplit, kTable><<<grid, kThreads, 0, stream>>>(
           sets, scaling, single, tasks, first_block, num_tasks);
       break;
     case GradientDivide::f32:
-      adamw_kernel<Moment, Grad, GradientDivide::f32, kSplit><<<grid, kThreads, 0, stream>>>(
+      adamw_kernel<Moment, Grad, GradientDivide::f32, kSplit, kTable><<<grid, kThreads, 0, stream>>>(
           sets, scaling, single, tasks, first_block, num_tasks);
       break;
     case GradientDivide::f64:
-      adamw_kernel<Moment, Grad, GradientDivide::f64, kSplit><<<grid, kThreads, 0, stream>>>(
+      adamw_kernel<Moment, Grad, GradientDivide::f64, kSplit, kTable><<<grid, kThreads, 0, stream>>>(
           sets, scaling, single, tasks, first_block, num_tasks);
       break;
   }
   CUDA_CHECK_LAUNCH();
+}
+
+template <typename Moment, typename Grad, bool kSplit>
+void launch_for_table(const ScalarSets& sets, const DeviceScaling& scaling, const SpanTask& single,
+                      const SpanTask* tasks, const int32_t* first_block, int num_tasks, int64_t blocks,
+                      cudaStream_t stream) {
+  if (tasks == nullptr)
+    launch_for_divisor<Moment, Grad, kSplit, false>(sets, scaling, single, tasks, first_block, num_tasks, blocks, stream);
+  else
+    launch_for_divisor<Moment, Grad, kSplit, true>(sets, scaling, single, tasks, first_block, num_tasks, blocks, stream);
 }
 
 // One launch: `single` (tasks null) or the table's num_tasks tasks over `blocks` blocks in all.
@@ -333,14 +344,14 @@ void launch_kind(SpanKind kind, const ScalarSets& sets, const DeviceScaling& sca
                  cudaStream_t stream) {
   if (kind.bf16_grad) {
     if (kind.split)
-      launch_for_divisor<Moment, __nv_bfloat16, true>(sets, scaling, single, tasks, first_block, num_tasks, blocks, stream);
+      launch_for_table<Moment, __nv_bfloat16, true>(sets, scaling, single, tasks, first_block, num_tasks, blocks, stream);
     else
-      launch_for_divisor<Moment, __nv_bfloat16, false>(sets, scaling, single, tasks, first_block, num_tasks, blocks, stream);
+      launch_for_table<Moment, __nv_bfloat16, false>(sets, scaling, single, tasks, first_block, num_tasks, blocks, stream);
   } else {
     if (kind.split)
-      launch_for_divisor<Moment, float, true>(sets, scaling, single, tasks, first_block, num_tasks, blocks, stream);
+      launch_for_table<Moment, float, true>(sets, scaling, single, tasks, first_block, num_tasks, blocks, stream);
     else
-      launch_for_divisor<Moment, float, false>(sets, scaling, single, tasks, first_block, num_tasks, blocks, stream);
+      launch_for_table<Moment, float, false>(sets, scaling, single, tasks, first_block, num_tasks, blocks, stream);
   }
 }
 
