@@ -38,7 +38,9 @@ size_t rms_norm_backward_workspace_bytes(int64_t rows, int64_t width);
 // f32 (the gradient of y). dx [T, C] f32 written = norm backward (+ d_skip [T, C] f32 when
 // non-null: the gradient reaching s along the stream; dx may alias d_skip); dx_bf16 [T, C], when
 // non-null, receives bf16(dx) for the GEMMs of the block before. d_weight [C] f32 added to
-// (deterministic: no atomics), or null for a frozen weight (its reduction is skipped).
+// (deterministic: no atomics), or null for a frozen weight (its reduction is skipped); its sums
+// are formed on the dx pass in shared memory, C x 4 bytes a warp (eight warps a block, fewer for
+// wide rows; a row wider than one block's shared memory holds is refused).
 void rms_norm_backward_cuda(const float* x, const float* weight, const float* rstd, const __nv_bfloat16* dy,
                             const float* d_skip, float* dx, __nv_bfloat16* dx_bf16, float* d_weight, int64_t rows,
                             int64_t width, void* workspace, size_t workspace_bytes, cudaStream_t stream);
