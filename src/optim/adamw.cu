@@ -271,16 +271,16 @@ SpanTask span_task(int64_t count, const MasterSpan& span, const Grad* grad, Mome
 }
 
 void check_span(int64_t count, const MasterSpan& master, const GradientSpan& grad, const void* m, const void* v) {
-  CHECK(count >= 0, "adamw_update_span_cuda: negative count ", count);
+  CHECK(count >= 0, "adamw: negative count ", count);
   CHECK((master.f32 != nullptr) != (master.low != nullptr),
-        "adamw_update_span_cuda: a master is either fp32 or split, so exactly one of its fp32 values and its low "
+        "adamw: a master is either fp32 or split, so exactly one of its fp32 values and its low "
         "halves is given");
   CHECK(master.low == nullptr || master.weights_bf16 != nullptr,
-        "adamw_update_span_cuda: a split master needs its high halves (the bf16 weights)");
+        "adamw: a split master needs its high halves (the bf16 weights)");
   CHECK(grad.data != nullptr && m != nullptr && v != nullptr,
-        "adamw_update_span_cuda: null gradient or moment buffer");
+        "adamw: null gradient or moment buffer");
   CHECK(grad.dtype == DType::f32 || grad.dtype == DType::bf16,
-        "adamw_update_span_cuda: gradients must be f32 or bf16, not ", dtype_name(grad.dtype));
+        "adamw: gradients must be f32 or bf16, not ", dtype_name(grad.dtype));
 }
 
 SpanTask make_task(DType moment_dtype, int64_t count, const MasterSpan& master, const GradientSpan& grad, void* m,
@@ -366,7 +366,7 @@ void launch(DType moment_dtype, SpanKind kind, const ScalarSets& sets, const Gra
 }
 
 void check_scaling(const GradientScaling& scaling) {
-  CHECK(scaling.divisor > 0 && scaling.clip_coef > 0, "adamw_update_span_cuda: gradient divisor ", scaling.divisor,
+  CHECK(scaling.divisor > 0 && scaling.clip_coef > 0, "adamw: gradient divisor ", scaling.divisor,
         " and clip factor ", scaling.clip_coef, " must be positive");
 }
 
@@ -404,7 +404,7 @@ AdamWLaunchPlan::AdamWLaunchPlan(const ParamLayout& layout, DType moment_dtype, 
         "adamw plan: moments must be f32 or bf16, not ", dtype_name(moment_dtype));
   CHECK(static_cast<int>(masters.size()) == layout.num_tensors() &&
             static_cast<int>(grads.size()) == layout.num_tensors(),
-        "adamw_step_cuda: ", masters.size(), " masters and ", grads.size(), " gradients for ", layout.num_tensors(),
+        "adamw plan: ", masters.size(), " masters and ", grads.size(), " gradients for ", layout.num_tensors(),
         " pieces");
   CHECK(own_launch_blocks >= 1, "adamw plan: own_launch_blocks must be positive, got ", own_launch_blocks);
   const size_t element_size = dtype_size(moment_dtype);

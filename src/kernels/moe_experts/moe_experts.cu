@@ -197,7 +197,7 @@ void moe_experts_backward_cuda(const MoeExpertsDims& dims, const MoeRoutingPlan&
   // dh_u as the down product's dX in bf16, as autocast rounds it; fp32 when the down adapter adds
   // its share to it (one rounding after the sum, not one before it).
   const DType dh_dtype = down_lora ? DType::f32 : DType::bf16;
-  void* dh_u = carve.take<float>(rows * I);
+  void* dh_u = carve.take<float>(rows * I);  // the fp32 size either way: what the workspace plan holds
   nvbf16* hw = carve.take<nvbf16>(rows * I);
 
   // xp = x in expert-major order and gu = xp W_gu^T: the forward's kept rows, else formed again.

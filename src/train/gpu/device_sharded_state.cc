@@ -219,21 +219,22 @@ void DeviceTrainState::setup_sharded(const std::vector<GradientPhase>& phases) {
   bucket_bf16_ = reinterpret_cast<__nv_bfloat16*>(region + region_.bucket_bf16_at);
   bucket_f32_ = reinterpret_cast<float*>(region + region_.bucket_f32_at);
   for (const int64_t at : dense_weight_at) dense_weights_.push_back(piece_bf16_ + at);
+  // AdamW's masters per piece: the expert slices' split halves (DeviceParams') or fp32 in master_.
+  std::vector<MasterSpan> expert_masters;
   if (experts_split_) {
     for (const ParamEntry& piece : experts_.entries())
-      expert_masters_.push_back(params_->split_master_span(piece.name));
+      expert_masters.push_back(params_->split_master_span(piece.name));
   } else {
-    expert_masters_ = flat_master_spans(experts_, master_at(0), expert_weights_);
+    expert_masters = flat_master_spans(experts_, master_at(0), expert_weights_);
   }
-  dense_masters_ = flat_master_spans(dense_, master_at(dense_base_), dense_weights_);
-  dense_grads_ = flat_gradient_spans(dense_, piece_grads_.as<float>());
   const size_t moment = dtype_size(adamw_.moment_dtype);
   if (experts_.num_tensors() > 0)
-    expert_plan_ = std::make_unique<AdamWLaunchPlan>(experts_, adamw_.moment_dtype, expert_masters_, expert_grads_,
+    expert_plan_ = std::make_unique<AdamWLaunchPlan>(experts_, adamw_.moment_dtype, expert_masters, expert_grads_,
                                                      exp_avg_.data(), exp_avg_sq_.data());
   if (dense_.num_tensors() > 0)
     adamw_plan_ = std::make_unique<AdamWLaunchPlan>(
-        dense_, adamw_.moment_dtype, dense_masters_, dense_grads_,
+        dense_, adamw_.moment_dtype, flat_master_spans(dense_, master_at(dense_base_), dense_weights_),
+        flat_gradient_spans(dense_, piece_grads_.as<float>()),
         exp_avg_.as<char>() + dense_base_ * static_cast<int64_t>(moment),
         exp_avg_sq_.as<char>() + dense_base_ * static_cast<int64_t>(moment));
 

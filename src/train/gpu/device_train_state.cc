@@ -21,10 +21,10 @@ DeviceTrainState::DeviceTrainState(const std::vector<DeviceParamSpec>& specs, co
   CUDA_CHECK(cudaMemset(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes()));
   norm_scratch_ = DeviceBuffer(kSumOfSquaresWorkspaceBytes + 256);
   norm_host_ = static_cast<double*>(pinned_malloc(2 * sizeof(double), "train state: gradient norm"));
-  masters_of_pieces_ = params_->trained_masters();
   grads_of_pieces_ = params_->trained_gradients();
-  adamw_plan_ = std::make_unique<AdamWLaunchPlan>(params_->trained_layout(), adamw_.moment_dtype, masters_of_pieces_,
-                                                  grads_of_pieces_, exp_avg_.data(), exp_avg_sq_.data());
+  adamw_plan_ = std::make_unique<AdamWLaunchPlan>(params_->trained_layout(), adamw_.moment_dtype,
+                                                  params_->trained_masters(), grads_of_pieces_, exp_avg_.data(),
+                                                  exp_avg_sq_.data());
 }
 
 size_t DeviceTrainState::master_bytes() const {

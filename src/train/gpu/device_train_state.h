@@ -156,7 +156,6 @@ class DeviceTrainState : public TrainStateStore {
   DeviceBuffer norm_scratch_;  // the reduction's partials + the result (sharded: two results)
   double* norm_host_ = nullptr;  // pinned, two doubles
   int64_t adam_step_ = 0;
-  std::vector<MasterSpan> masters_of_pieces_;  // one rank: AdamW's master per piece (DeviceParams')
   std::vector<GradientSpan> grads_of_pieces_;  // one rank: AdamW's gradient per piece (DeviceParams')
   // AdamW's launches over the trained pieces (sharded: over dense_, the experts' in expert_plan_),
   // built once their addresses are known.
@@ -182,10 +181,9 @@ class DeviceTrainState : public TrainStateStore {
   int64_t dense_base_ = 0;       // state offset of dense_'s element 0
   int64_t expert_elements_ = 0;  // expert pieces' span at the front of the state (and of their gradients)
   std::vector<__nv_bfloat16*> expert_weights_, dense_weights_;  // AdamW's bf16 outputs per piece
-  std::vector<MasterSpan> expert_masters_, dense_masters_;      // AdamW's masters per piece (fp32)
-  // AdamW's gradients per piece: the expert slices' where the backward wrote them (DeviceParams',
-  // bf16 where their specs say), the dense pieces' in piece_grads_.
-  std::vector<GradientSpan> expert_grads_, dense_grads_;
+  // The expert slices' gradients per piece, where the backward wrote them (DeviceParams', bf16
+  // where their specs say); the dense pieces' are in piece_grads_.
+  std::vector<GradientSpan> expert_grads_;
   bool experts_bf16_grad_ = false;  // the expert slices' gradients are bf16 (all of them or none)
   std::vector<Bucket> buckets_;
   float* group_region_ = nullptr;   // where every dense gradient group lives while it is being built
