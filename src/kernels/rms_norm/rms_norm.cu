@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "core/cuda_check.h"
+#include "kernels/common/kernel_path_cuda.h"
 #include "kernels/gemm/bf16_vector.cuh"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 
@@ -251,25 +252,13 @@ void launch_forward(const TX* x, int64_t x_stride, const Bf16* delta, float* sum
   CUDA_CHECK_LAUNCH();
 }
 
-// The largest shared memory a block may ask for on this device (the per-warp d_weight rows).
-int max_block_shared_bytes() {
-  static const int bytes = [] {
-    int device = 0, value = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    return value;
-  }();
-  return bytes;
-}
-
 template <int kVec, int kIters, typename TX, typename TDy, typename TDx>
 void launch_backward_kernel(const TX* x, int64_t x_stride, const float* weight, const float* rstd, const TDy* dy,
                             const TDx* d_skip, TDx* dx, int64_t dx_stride, Bf16* dx_bf16, float* partial,
                             int64_t rows, int64_t width, int64_t chunks, int warps, cudaStream_t stream) {
   const auto kernel = rms_norm_backward_kernel<kVec, kIters, TX, TDy, TDx>;
   const size_t shared = partial != nullptr ? static_cast<size_t>(warps) * static_cast<size_t>(width) * sizeof(float) : 0;
-  if (shared > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+  if (shared > 48 * 1024) allow_dynamic_shared_memory(kernel, shared, "rms_norm_backward_cuda");
   const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
   kernel<<<static_cast<unsigned>(chunks), static_cast<unsigned>(warps * 32), shared, stream>>>(
       x, x_stride, weight, rstd, dy, d_skip, dx, dx_stride, dx_bf16, partial, rows, width, rows_per_chunk);
@@ -291,9 +280,10 @@ void launch_backward(const TX* x, int64_t x_stride, const float* weight, const f
   // Eight warps a block, fewer where their d_weight rows would not fit the block's shared memory.
   int warps = kWarpsPerBlock;
   if (partial != nullptr) {
-    const int64_t fit = max_block_shared_bytes() / (width * static_cast<int64_t>(sizeof(float)));
+    const auto shared_bytes = static_cast<int64_t>(kernel_path().max_shared_bytes);
+    const int64_t fit = shared_bytes / (width * static_cast<int64_t>(sizeof(float)));
     CHECK(fit >= 1, "rms_norm_backward_cuda: rows of ", width, " columns are too wide for the d_weight sums in ",
-          "shared memory (", max_block_shared_bytes(), " bytes a block on this GPU)");
+          "shared memory (", shared_bytes, " bytes a block on the ", kernel_path().describe(), " path)");
     warps = static_cast<int>(std::min<int64_t>(kWarpsPerBlock, fit));
   }
   if (can_use_vec8(width, x, dy, d_skip, dx) && can_use_vec8(width, weight, dx_bf16) && x_stride % 8 == 0 &&
