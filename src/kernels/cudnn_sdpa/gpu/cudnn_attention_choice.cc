@@ -32,13 +32,14 @@ size_t cudnn_attention_workspace_reserve(const CudnnSdpaConfig& config) {
   if (forced_ours() || !sm90a_kernels_usable()) return 0;
   // The memory planner asks for the same configurations many times while it weighs its choices:
   // the plans are built once per (device, configuration) and only their need is kept.
-  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, float>;
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, float, int64_t, bool>;
   static std::mutex mutex;
   static std::map<Key, size_t> needs;
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  const Key key{device,          config.max_tokens, config.max_segments, config.num_q_heads, config.num_kv_heads,
-                config.head_dim, config.value_dim,  config.causal,       config.scale};
+  const Key key{device,          config.max_tokens,          config.max_segments,  config.num_q_heads,
+                config.num_kv_heads, config.head_dim,        config.value_dim,     config.causal,
+                config.scale,        config.max_sequence_tokens, config.sequence_plans};
   std::lock_guard<std::mutex> lock(mutex);
   auto found = needs.find(key);
   if (found == needs.end()) {

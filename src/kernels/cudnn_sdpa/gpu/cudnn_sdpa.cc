@@ -21,6 +21,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "kernels/common/kernel_path_cuda.h"
 #include "kernels/cudnn_sdpa/gpu/cudnn_check.h"
 
@@ -309,13 +310,19 @@ struct CudnnSdpa::Impl {
 
 namespace {
 
+// S: the rows of one batch entry (the packed tensors' element offsets come from the ragged offsets,
+// so S bounds each sequence's length, not the tokens of a call).
+int64_t sequence_rows(const CudnnSdpaConfig& c) {
+  return c.max_sequence_tokens > 0 ? c.max_sequence_tokens : c.max_tokens;
+}
+
 // The attention-score tensors [N, Hq, S, S] and row statistics [N, Hq, S, 1] (virtual, fp32).
 struct ScoreShapes {
   Dims scores, scores_strides, transposed_strides, rows, rows_strides;
 };
 
 ScoreShapes score_shapes(const CudnnSdpaConfig& c) {
-  const int64_t N = c.max_segments, H = c.num_q_heads, S = c.max_tokens;
+  const int64_t N = c.max_segments, H = c.num_q_heads, S = sequence_rows(c);
   return {{N, H, S, S}, {H * S * S, S * S, S, 1}, {H * S * S, S * S, 1, S}, {N, H, S, 1}, {H * S, S, 1, 1}};
 }
 
@@ -337,22 +344,24 @@ int64_t value_dim(const CudnnSdpaConfig& c) { return c.value_dim > 0 ? c.value_d
 
 // Q-like [N, H, S, dim] rows H * dim apart (Q, O, dQ, dO with H = Hq; K, V, dK, dV with H = Hkv);
 // K^T / V^T [N, H, dim, S] as the GEMMs read them.
-Dims rows_dims(const CudnnSdpaConfig& c, int64_t heads, int64_t dim) { return {c.max_segments, heads, c.max_tokens, dim}; }
+Dims rows_dims(const CudnnSdpaConfig& c, int64_t heads, int64_t dim) {
+  return {c.max_segments, heads, sequence_rows(c), dim};
+}
 Dims rows_strides(const CudnnSdpaConfig& c, int64_t heads, int64_t dim) {
-  const int64_t S = c.max_tokens;
+  const int64_t S = sequence_rows(c);
   return {S * heads * dim, dim, heads * dim, 1};
 }
 Dims transposed_dims(const CudnnSdpaConfig& c, int64_t heads, int64_t dim) {
-  return {c.max_segments, heads, dim, c.max_tokens};
+  return {c.max_segments, heads, dim, sequence_rows(c)};
 }
 Dims transposed_strides(const CudnnSdpaConfig& c, int64_t heads, int64_t dim) {
-  const int64_t S = c.max_tokens;
+  const int64_t S = sequence_rows(c);
   return {S * heads * dim, dim, 1, heads * dim};
 }
 // lse [T, Hq] seen as [N, Hq, S, 1].
-Dims stats_dims(const CudnnSdpaConfig& c) { return {c.max_segments, c.num_q_heads, c.max_tokens, 1}; }
+Dims stats_dims(const CudnnSdpaConfig& c) { return {c.max_segments, c.num_q_heads, sequence_rows(c), 1}; }
 Dims stats_strides(const CudnnSdpaConfig& c) {
-  const int64_t H = c.num_q_heads, S = c.max_tokens;
+  const int64_t H = c.num_q_heads, S = sequence_rows(c);
   return {S * H, 1, H, 1};
 }
 
@@ -436,7 +445,7 @@ void build_backward(CudnnSdpa::Impl& impl, const CudnnSdpaConfig& c) {
   Graph& g = impl.backward_graph;
   CudnnSdpa::Impl::Uids& u = impl.bwd;
   const ScoreShapes s = score_shapes(c);
-  const int64_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, S = c.max_tokens, D = c.head_dim;
+  const int64_t Hq = c.num_q_heads, Hkv = c.num_kv_heads, S = sequence_rows(c), D = c.head_dim;
   const int64_t Dv = value_dim(c);
   const bool grouped = c.num_q_heads != c.num_kv_heads;
   add_batch_arrays(g, c, u);
@@ -548,7 +557,8 @@ size_t full_heads_bytes(const CudnnSdpaConfig& c) {
 }
 
 std::string describe(const CudnnSdpaConfig& c) {
-  return str_cat("T=", c.max_tokens, " N=", c.max_segments, " Hq=", c.num_q_heads, " Hkv=", c.num_kv_heads,
+  return str_cat("T=", c.max_tokens, c.max_sequence_tokens > 0 ? str_cat(" S=", c.max_sequence_tokens) : std::string(),
+                 " N=", c.max_segments, " Hq=", c.num_q_heads, " Hkv=", c.num_kv_heads,
                  " D=", c.head_dim, c.value_dim > 0 ? str_cat(" Dv=", c.value_dim) : std::string(),
                  c.causal ? " causal" : " non-causal");
 }
@@ -562,7 +572,7 @@ std::unique_ptr<CudnnSdpa> CudnnSdpa::create(const CudnnSdpaConfig& config, std:
     return nullptr;
   };
   if (c.max_tokens < 1 || c.max_segments < 1 || c.num_q_heads < 1 || c.num_kv_heads < 1 ||
-      c.num_q_heads % c.num_kv_heads != 0)
+      c.num_q_heads % c.num_kv_heads != 0 || c.max_sequence_tokens < 0 || c.max_sequence_tokens > c.max_tokens)
     return refuse("bad sizes");
   if (c.head_dim < 8 || c.head_dim > 256 || c.head_dim % 8 != 0)
     return refuse("head dim must be a multiple of 8 in [8, 256] for the fused kernels");
@@ -610,7 +620,34 @@ std::unique_ptr<CudnnSdpa> CudnnSdpa::create(const CudnnSdpaConfig& config, std:
     sdpa->narrow_ = create(narrow, why_not);
     if (sdpa->narrow_ == nullptr) return nullptr;  // why_not says why
   }
+  if (c.sequence_plans) {
+    CudnnSdpaConfig shorter = c;
+    shorter.sequence_plans = false;
+    for (int64_t rows = kCudnnShortestSequencePlan; rows < sequence_rows(c); rows *= 2) {
+      shorter.max_sequence_tokens = rows;
+      // A plan cuDNN will not build for a shorter S leaves those calls on the longer plans (said once).
+      std::string skipped;
+      if (auto plans = create(shorter, &skipped))
+        sdpa->shorter_.push_back(std::move(plans));
+      else
+        log_warn(skipped, "; sequences of up to ", rows, " rows take the plans for more");
+    }
+  }
   return sdpa;
+}
+
+int64_t CudnnSdpa::plan_sequence_rows(int64_t num_segments, int64_t longest_sequence) const {
+  return sequence_rows(plans_for(num_segments, longest_sequence).config());
+}
+
+const CudnnSdpa& CudnnSdpa::plans_for(int64_t num_segments, int64_t longest_sequence) const {
+  if (narrow_ != nullptr && num_segments <= narrow_->config().max_segments)
+    return narrow_->plans_for(num_segments, longest_sequence);
+  if (longest_sequence > 0) {
+    for (const auto& plans : shorter_)
+      if (longest_sequence <= plans->config().max_sequence_tokens) return *plans;
+  }
+  return *this;
 }
 
 CudnnSdpa::CudnnSdpa(const CudnnSdpaConfig& config, std::unique_ptr<Impl> impl)
@@ -625,14 +662,18 @@ size_t CudnnSdpa::fixed_workspace_bytes(const CudnnSdpaConfig& config) {
 }
 
 size_t CudnnSdpa::forward_workspace_bytes() const {
-  const size_t own = impl_->batch_array_bytes + align_up(static_cast<size_t>(impl_->forward_plan_workspace));
-  return narrow_ == nullptr ? own : std::max(own, narrow_->forward_workspace_bytes());
+  size_t bytes = impl_->batch_array_bytes + align_up(static_cast<size_t>(impl_->forward_plan_workspace));
+  if (narrow_ != nullptr) bytes = std::max(bytes, narrow_->forward_workspace_bytes());
+  for (const auto& plans : shorter_) bytes = std::max(bytes, plans->forward_workspace_bytes());
+  return bytes;
 }
 
 size_t CudnnSdpa::backward_workspace_bytes() const {
-  const size_t own = impl_->batch_array_bytes + impl_->softmax_sum_bytes + impl_->dq_accum_bytes +
-                     impl_->full_heads_bytes + align_up(static_cast<size_t>(impl_->backward_plan_workspace));
-  return narrow_ == nullptr ? own : std::max(own, narrow_->backward_workspace_bytes());
+  size_t bytes = impl_->batch_array_bytes + impl_->softmax_sum_bytes + impl_->dq_accum_bytes +
+                 impl_->full_heads_bytes + align_up(static_cast<size_t>(impl_->backward_plan_workspace));
+  if (narrow_ != nullptr) bytes = std::max(bytes, narrow_->backward_workspace_bytes());
+  for (const auto& plans : shorter_) bytes = std::max(bytes, plans->backward_workspace_bytes());
+  return bytes;
 }
 
 namespace {
@@ -672,10 +713,12 @@ void check_aligned(const void* p, const char* name, const char* where) {
 
 void CudnnSdpa::forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                         const int32_t* cu_seqlens, int64_t num_segments, __nv_bfloat16* out, float* lse,
-                        void* workspace, size_t workspace_bytes, cudaStream_t stream) const {
+                        void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                        int64_t longest_sequence) const {
   constexpr const char* where = "cuDNN SDPA forward";
-  if (narrow_ != nullptr && num_segments <= narrow_->config().max_segments) {
-    narrow_->forward(q, k, v, cu_seqlens, num_segments, out, lse, workspace, workspace_bytes, stream);
+  const CudnnSdpa& plans = plans_for(num_segments, longest_sequence);
+  if (&plans != this) {
+    plans.forward(q, k, v, cu_seqlens, num_segments, out, lse, workspace, workspace_bytes, stream);
     return;
   }
   check_workspace(workspace, workspace_bytes, forward_workspace_bytes(), where);
@@ -710,11 +753,12 @@ void CudnnSdpa::forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __
 void CudnnSdpa::backward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                          const __nv_bfloat16* out, const float* lse, const __nv_bfloat16* d_out,
                          const int32_t* cu_seqlens, int64_t num_segments, __nv_bfloat16* dq, __nv_bfloat16* dk,
-                         __nv_bfloat16* dv, void* workspace, size_t workspace_bytes, cudaStream_t stream) const {
+                         __nv_bfloat16* dv, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                         int64_t longest_sequence) const {
   constexpr const char* where = "cuDNN SDPA backward";
-  if (narrow_ != nullptr && num_segments <= narrow_->config().max_segments) {
-    narrow_->backward(q, k, v, out, lse, d_out, cu_seqlens, num_segments, dq, dk, dv, workspace, workspace_bytes,
-                      stream);
+  const CudnnSdpa& plans = plans_for(num_segments, longest_sequence);
+  if (&plans != this) {
+    plans.backward(q, k, v, out, lse, d_out, cu_seqlens, num_segments, dq, dk, dv, workspace, workspace_bytes, stream);
     return;
   }
   check_workspace(workspace, workspace_bytes, backward_workspace_bytes(), where);

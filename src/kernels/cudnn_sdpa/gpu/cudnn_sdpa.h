@@ -28,11 +28,16 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace deltamoe {
 
 // The sequence capacity of the narrower plans a CudnnSdpa for more sequences also builds.
 constexpr int64_t kCudnnNarrowSegments = 64;
+
+// The shortest per-sequence row capacity of the plans `CudnnSdpaConfig::sequence_plans` adds (then
+// twice that, and so on below max_tokens).
+constexpr int64_t kCudnnShortestSequencePlan = 1024;
 
 struct CudnnSdpaConfig {
   int64_t max_tokens = 0;    // T: rows of q/k/v per call (cu_seqlens[n] <= T)
@@ -43,6 +48,15 @@ struct CudnnSdpaConfig {
   int64_t value_dim = 0;     // Dv of v and out: 0 (= D) or a multiple of 8, <= 256
   bool causal = true;        // top-left causal within each sequence, else the whole sequence
   float scale = 0;           // usually D^-0.5 (of the unpadded D where q and k are zero-padded)
+  // S, the rows of one batch entry: the longest sequence a call may hold (0: max_tokens). cuDNN's
+  // grids cover S rows of every entry whatever its length (its dO.O row sums launch S / 8 x N x Hq
+  // blocks), so a plan whose S is the longest sequence rather than the whole micro-batch runs
+  // packings of many short sequences (a batch of images) with fewer empty blocks and tiles.
+  int64_t max_sequence_tokens = 0;
+  // Also build plans for S = kCudnnShortestSequencePlan, twice that, ... below the plan's S; a call
+  // that names its longest sequence takes the smallest that holds it (the vision tower, whose frame
+  // lengths the host knows).
+  bool sequence_plans = false;
 };
 
 class CudnnSdpa {
@@ -67,15 +81,21 @@ class CudnnSdpa {
 
   // q [T, Hq, D], k [T, Hkv, D] and v [T, Hkv, Dv] -> out [T, Hq, Dv], lse [T, Hq] fp32, written
   // for the rows of the n sequences. cu_seqlens: DEVICE int32 [n + 1] (validated by the caller), n <= N.
+  // longest_sequence: 0, or at least the longest of the n sequences (the host's count: it picks
+  // among the sequence plans; a smaller value than the truth drops rows from the attention).
   void forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const int32_t* cu_seqlens,
                int64_t num_segments, __nv_bfloat16* out, float* lse, void* workspace, size_t workspace_bytes,
-               cudaStream_t stream) const;
+               cudaStream_t stream, int64_t longest_sequence = 0) const;
   // d_out [T, Hq, Dv] -> dq [T, Hq, D], dk [T, Hkv, D] and dv [T, Hkv, Dv], written (dK/dV summed
   // over each KV head's query heads); out and lse are the forward's (ours or cuDNN's: same meaning).
   void backward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* out,
                 const float* lse, const __nv_bfloat16* d_out, const int32_t* cu_seqlens, int64_t num_segments,
                 __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, size_t workspace_bytes,
-                cudaStream_t stream) const;
+                cudaStream_t stream, int64_t longest_sequence = 0) const;
+
+  // The rows per sequence (S) of the plans a call of n sequences, the longest longest_sequence
+  // rows (0: not named), runs on.
+  int64_t plan_sequence_rows(int64_t num_segments, int64_t longest_sequence) const;
 
   // Plans built by this process (forward and backward count one each): tests use it to prove
   // that steps with new packings build nothing.
@@ -90,6 +110,11 @@ class CudnnSdpa {
   // Plans for kCudnnNarrowSegments sequences where config_ takes more (null otherwise): the calls
   // whose sequences fit go to it.
   std::unique_ptr<CudnnSdpa> narrow_;
+  // With config_.sequence_plans: plans for shorter S, shortest first; a call whose longest sequence
+  // fits one goes to the first that holds it.
+  std::vector<std::unique_ptr<CudnnSdpa>> shorter_;
+  // The plans a call of n sequences, the longest longest_sequence rows (0: unknown), runs on.
+  const CudnnSdpa& plans_for(int64_t num_segments, int64_t longest_sequence) const;
 };
 
 // Writes the cuDNN batch arrays for n of N sequences from cu_seqlens (device, int32 [n + 1]):

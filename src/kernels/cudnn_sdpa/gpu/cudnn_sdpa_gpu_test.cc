@@ -103,8 +103,10 @@ void expect_close_heads(const std::string& name, const DeviceTensor& got, const 
 // packing fills the plan's rows (as a training micro-batch does) with up to its sequence count.
 // data_dim below the plan's head dims: the inputs have data_dim columns per head, zero-padded to the
 // plan's D (q, k) and Dv (v, out, d_out; the scale stays the plan's), and the outputs' first
-// data_dim columns are checked.
-void check_packing(const CudnnSdpa& sdpa, const std::vector<int>& lengths, uint64_t seed, int64_t data_dim = 0) {
+// data_dim columns are checked. name_longest: the calls name the longest sequence (which picks among
+// the sequence plans).
+void check_packing(const CudnnSdpa& sdpa, const std::vector<int>& lengths, uint64_t seed, int64_t data_dim = 0,
+                   bool name_longest = false) {
   const CudnnSdpaConfig& c = sdpa.config();
   const int64_t tokens = total_length(lengths), num_seqs = static_cast<int64_t>(lengths.size());
   ASSERT_EQ(tokens, c.max_tokens);
@@ -153,11 +155,12 @@ void check_packing(const CudnnSdpa& sdpa, const std::vector<int>& lengths, uint6
   DeviceTensor q_d = padded(q, Dp), k_d = padded(k, Dp), v_d = padded(v, Dvp);
   DeviceTensor d_out_d = padded(d_out, Dvp), cu_d = to_device(cu);
   DeviceBuffer workspace(std::max(sdpa.forward_workspace_bytes(), sdpa.backward_workspace_bytes()));
+  const int64_t longest = name_longest ? *std::max_element(lengths.begin(), lengths.end()) : 0;
 
   DeviceTensor out_d = poisoned_device_tensor(DType::bf16, {tokens, Hq, Dvp});
   DeviceTensor lse_d = poisoned_device_tensor(DType::f32, {tokens, Hq});
   sdpa.forward(bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), cu_d.view.as<int32_t>(), num_seqs, bf16_ptr(out_d),
-               f32_ptr(lse_d), workspace.data(), workspace.bytes(), nullptr);
+               f32_ptr(lse_d), workspace.data(), workspace.bytes(), nullptr, longest);
   device_synchronize();
   expect_close_heads("cuDNN out (bf16)", out_d, out_ref, 1e-2);
   expect_close("cuDNN lse (f32)", lse_d, lse_ref, 1e-4);
@@ -168,7 +171,7 @@ void check_packing(const CudnnSdpa& sdpa, const std::vector<int>& lengths, uint6
   DeviceTensor dv_d = poisoned_device_tensor(DType::bf16, {tokens, Hkv, Dvp});
   sdpa.backward(bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), bf16_ptr(out_in), f32_ptr(lse_in), bf16_ptr(d_out_d),
                 cu_d.view.as<int32_t>(), num_seqs, bf16_ptr(dq_d), bf16_ptr(dk_d), bf16_ptr(dv_d), workspace.data(),
-                workspace.bytes(), nullptr);
+                workspace.bytes(), nullptr, longest);
   device_synchronize();
   // cuDNN rounds P and dS to bf16 before their products, as our tensor-core kernels do.
   expect_close_heads("cuDNN dq (bf16)", dq_d, dq_ref, 1e-2);
@@ -233,6 +236,36 @@ TEST(CudnnSdpaGpu, OnePlanServesEveryPacking) {
   check_packing(*causal, {63, 65, 1, 127, 129, 64, 62, 1}, 70);
   check_packing(*causal, {511, 1}, 80);
   EXPECT_EQ(CudnnSdpa::plans_built(), built) << "a step built a plan";
+}
+
+// With sequence_plans, a plan for 2,500 tokens also builds plans of S = 1,024 and 2,048 rows per
+// sequence; calls that name their longest sequence run on the shortest that holds it, the others
+// (and the longest sequences) on the full plans: all against the reference, no plan built after setup.
+TEST(CudnnSdpaGpu, SequencePlansTakeShortPackings) {
+  SKIP_UNLESS_HOPPER();
+  // Two heads: the fp32 reference of 2,500-row frames at the tower's 16 took minutes.
+  CudnnSdpaConfig config = vision_config(2500, 4, 80, 72);
+  config.num_q_heads = config.num_kv_heads = 2;
+  config.sequence_plans = true;
+  auto tower = build_plan(config);
+  ASSERT_NE(tower, nullptr);
+  // The plans each call takes (cuDNN building every shorter pair is part of what is checked).
+  EXPECT_EQ(tower->plan_sequence_rows(4, 1000), 1024);
+  EXPECT_EQ(tower->plan_sequence_rows(3, 1024), 1024);
+  EXPECT_EQ(tower->plan_sequence_rows(2, 2000), 2048);
+  EXPECT_EQ(tower->plan_sequence_rows(1, 2500), 2500);
+  EXPECT_EQ(tower->plan_sequence_rows(4, 0), 2500);
+  const int64_t built = CudnnSdpa::plans_built();
+  check_packing(*tower, {1000, 1, 999, 500}, 120, 72, true);  // S = 1,024
+  check_packing(*tower, {1024, 1024, 452}, 130, 72, true);     // exactly S = 1,024
+  check_packing(*tower, {2000, 500}, 140, 72, true);           // S = 2,048
+  check_packing(*tower, {2500}, 150, 72, true);                // the full plans
+  check_packing(*tower, {1000, 1, 999, 500}, 160, 72, false);  // longest not named: the full plans
+  EXPECT_EQ(CudnnSdpa::plans_built(), built) << "a call built a plan";
+  CudnnSdpaConfig bad = config;
+  bad.max_sequence_tokens = 2501;
+  std::string why_not;
+  EXPECT_EQ(CudnnSdpa::create(bad, &why_not), nullptr) << "S above the plan's tokens";
 }
 
 // A plan for more than kCudnnNarrowSegments sequences also builds plans for that many; packings
@@ -591,6 +624,29 @@ TEST(CudnnSdpaGpu, TimingVisionShape) {
                    bf16_ptr(dq_c), bf16_ptr(dk_c), bf16_ptr(dv_c), workspace.data(), workspace.bytes(), stream);
   };
   const double f = median_ms(cudnn_forward, nullptr, 2, 7), b = median_ms(cudnn_backward, nullptr, 2, 7);
+  // The same calls naming their longest sequence (784 rows), through the plans of S = 1,024.
+  CudnnSdpaConfig by_frame = vision_config(T, N, Dqk, D);
+  by_frame.sequence_plans = true;
+  auto sdpa_s = build_plan(by_frame);
+  ASSERT_NE(sdpa_s, nullptr);
+  EXPECT_EQ(sdpa_s->plan_sequence_rows(N, 784), 1024) << "the plans of S = 1,024 were not built";
+  DeviceBuffer workspace_s(std::max(sdpa_s->forward_workspace_bytes(), sdpa_s->backward_workspace_bytes()));
+  const double f_s = median_ms(
+      [&](cudaStream_t stream) {
+        sdpa_s->forward(bf16_ptr(qp), bf16_ptr(kp), bf16_ptr(v), cu_ptr, N, bf16_ptr(out_c), f32_ptr(lse_c),
+                        workspace_s.data(), workspace_s.bytes(), stream, 784);
+      },
+      nullptr, 2, 7);
+  const double b_s = median_ms(
+      [&](cudaStream_t stream) {
+        sdpa_s->backward(bf16_ptr(qp), bf16_ptr(kp), bf16_ptr(v), bf16_ptr(out), f32_ptr(lse), bf16_ptr(d_out), cu_ptr,
+                         N, bf16_ptr(dq_c), bf16_ptr(dk_c), bf16_ptr(dv_c), workspace_s.data(), workspace_s.bytes(),
+                         stream, 784);
+      },
+      nullptr, 2, 7);
+  print_flop_timing("vision forward, cuDNN, plans of S = 1,024", f_s, flops);
+  print_flop_timing("vision backward, cuDNN, plans of S = 1,024", b_s, 2.5 * flops);
+  print_flop_timing("vision forward + backward, cuDNN, plans of S = 1,024", f_s + b_s, 3.5 * flops);
   print_flop_timing("vision forward, ours", ours_f, flops);
   print_flop_timing("vision forward, cuDNN (q, k padded to 80)", f, flops);
   print_flop_timing("vision backward, ours (2.5x forward FLOPs)", ours_b, 2.5 * flops);

@@ -62,6 +62,9 @@ CudnnSdpaConfig vision_cudnn_config(const VisionConfig& config, int64_t max_patc
   c.value_dim = config.head_dim();
   c.causal = false;
   c.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim())));
+  // A batch's frames are far shorter than its patches (8 x 784 of 6,272): plans with fewer rows
+  // per frame, which the host picks from the frames it lays out (set_images).
+  c.sequence_plans = true;
   return c;
 }
 
@@ -228,6 +231,8 @@ void GpuVisionModel::set_images(const float* pixel_values, int64_t num_patches,
     for (int64_t frame = 0; frame < grids[i * 3]; ++frame)
       cu_seqlens.push_back(static_cast<int32_t>(cu_seqlens.back() + grids[i * 3 + 1] * grids[i * 3 + 2]));
   const int64_t segments = static_cast<int64_t>(cu_seqlens.size()) - 1;
+  int64_t longest = 0;
+  for (int64_t i = 0; i < segments; ++i) longest = std::max<int64_t>(longest, cu_seqlens[i + 1] - cu_seqlens[i]);
   CHECK(segments <= max_segments_, "gpu vision model: ", segments, " image frames, the model was planned for ",
         max_segments_);
   // The same host-built fp32 tables and taps as the reference, so both rotate and resample alike.
@@ -264,6 +269,7 @@ void GpuVisionModel::set_images(const float* pixel_values, int64_t num_patches,
   uploaded_bytes_ += uploaded;
   num_patches_ = N;
   num_segments_ = segments;
+  longest_segment_ = longest;
 }
 
 void GpuVisionModel::set_lora_dropout(const LoraDropoutKey& key) {
@@ -372,7 +378,7 @@ void GpuVisionModel::block_forward(int64_t block, const Bf16* prev_mlp_out, cons
   copy_columns(acts_.qkv + 2 * C, 3 * C, b.v, C, C, N, stream_);
   if (use_cudnn_attention()) {
     cudnn_attention_->forward(b.q, b.k, b.v, inputs_.cu_seqlens, num_segments_, b.attn, b.lse, workspace_.data(),
-                              workspace_bytes_, stream_);
+                              workspace_bytes_, stream_, longest_segment_);
   } else {
     bidirectional_attention_forward_cuda(b.q, b.k, b.v, inputs_.cu_seqlens, num_segments_, b.attn, b.lse, N, H, D,
                                          scale, stream_);
@@ -473,7 +479,7 @@ void GpuVisionModel::block_backward(int64_t block) {
   weight_grad(W.proj_weight, acts_.grad_h1_bf16, b.attn, N, C, C);
   if (use_cudnn_attention()) {
     cudnn_attention_->backward(b.q, b.k, b.v, b.attn, b.lse, acts_.grad_attn, inputs_.cu_seqlens, num_segments_,
-                               acts_.grad_q, acts_.grad_k, acts_.grad_v, ws, ws_bytes, stream_);
+                               acts_.grad_q, acts_.grad_k, acts_.grad_v, ws, ws_bytes, stream_, longest_segment_);
   } else {
     bidirectional_attention_backward_cuda(b.q, b.k, b.v, b.attn, b.lse, acts_.grad_attn, inputs_.cu_seqlens,
                                           num_segments_, acts_.grad_q, acts_.grad_k, acts_.grad_v, N, H, D, scale, ws,

@@ -148,6 +148,7 @@ class GpuVisionModel {
   int64_t grid_side_ = 0;  // G: the position table is G x G
   int64_t num_patches_ = 0;
   int64_t num_segments_ = 0;
+  int64_t longest_segment_ = 0;  // the batch's longest frame, in patches (picks cuDNN's plans)
 };
 
 }  // namespace deltamoe
