@@ -125,9 +125,8 @@ TEST(VisionBlockGpu, TimingAtEightImagesOf448) {
     layer_norm_forward_cuda(nullptr, f32_ptr(x), nullptr, f32_ptr(w.norm1_w), f32_ptr(w.norm1_b), bf(ln1),
                             f32_ptr(mean1), f32_ptr(rstd1), n, kWidth, kEps, s);
     bias_add_forward_cuda(bf(w.qkv_b), bf(qkv), n, 3 * hd, s);
-    vision_rope_forward_cuda(bf(qkv), 3 * hd, bf(q), hd, f32_ptr(cos_d), f32_ptr(sin_d), n, kHeads, kHeadDim, s);
-    vision_rope_forward_cuda(bf(qkv) + hd, 3 * hd, bf(k), hd, f32_ptr(cos_d), f32_ptr(sin_d), n, kHeads, kHeadDim, s);
-    CUDA_CHECK(cudaMemcpy2DAsync(bf(v), hd * 2, bf(qkv) + 2 * hd, 3 * hd * 2, hd * 2, n, cudaMemcpyDeviceToDevice, s));
+    vision_qkv_rope_forward_cuda(bf(qkv), 3 * hd, bf(q), bf(k), bf(v), f32_ptr(cos_d), f32_ptr(sin_d), n, kHeads,
+                                 kHeadDim, 0, s);
     bias_add_forward_cuda(bf(w.proj_b), bf(proj), n, kWidth, s);
     layer_norm_forward_cuda(bf(proj), f32_ptr(x), f32_ptr(h1), f32_ptr(w.norm2_w), f32_ptr(w.norm2_b), bf(ln2),
                             f32_ptr(mean2), f32_ptr(rstd2), n, kWidth, kEps, s);
@@ -140,10 +139,9 @@ TEST(VisionBlockGpu, TimingAtEightImagesOf448) {
                             f32_ptr(mean1), f32_ptr(rstd1), n, kWidth, kEps, s);
     linear_forward_cuda(gemm, bf(ln1), bf(w.qkv_w), bf(qkv), DType::bf16, n, kWidth, 3 * hd, s);
     bias_add_forward_cuda(bf(w.qkv_b), bf(qkv), n, 3 * hd, s);
-    // q and k rotated out of the fused qkv output into the contiguous layout attention reads.
-    vision_rope_forward_cuda(bf(qkv), 3 * hd, bf(q), hd, f32_ptr(cos_d), f32_ptr(sin_d), n, kHeads, kHeadDim, s);
-    vision_rope_forward_cuda(bf(qkv) + hd, 3 * hd, bf(k), hd, f32_ptr(cos_d), f32_ptr(sin_d), n, kHeads, kHeadDim, s);
-    CUDA_CHECK(cudaMemcpy2DAsync(bf(v), hd * 2, bf(qkv) + 2 * hd, 3 * hd * 2, hd * 2, n, cudaMemcpyDeviceToDevice, s));
+    // q and k rotated out of the fused qkv output into the contiguous layout attention reads, v copied.
+    vision_qkv_rope_forward_cuda(bf(qkv), 3 * hd, bf(q), bf(k), bf(v), f32_ptr(cos_d), f32_ptr(sin_d), n, kHeads,
+                                 kHeadDim, 0, s);
     bidirectional_attention_forward_cuda(bf(q), bf(k), bf(v), cu_d.view.as<int32_t>(), kImages, bf(attn),
                                          f32_ptr(lse), n, kHeads, kHeadDim, scale, s);
     linear_forward_cuda(gemm, bf(attn), bf(w.proj_w), bf(proj), DType::bf16, n, hd, kWidth, s);
@@ -177,11 +175,8 @@ TEST(VisionBlockGpu, TimingAtEightImagesOf448) {
     bidirectional_attention_backward_cuda(bf(q), bf(k), bf(v), bf(attn), f32_ptr(lse), bf(d_attn),
                                           cu_d.view.as<int32_t>(), kImages, bf(dq), bf(dk), bf(dv), n, kHeads,
                                           kHeadDim, scale, ws, ws_bytes, s);
-    vision_rope_backward_cuda(bf(dq), hd, bf(dqkv), 3 * hd, f32_ptr(cos_d), f32_ptr(sin_d), n, kHeads, kHeadDim, s);
-    vision_rope_backward_cuda(bf(dk), hd, bf(dqkv) + hd, 3 * hd, f32_ptr(cos_d), f32_ptr(sin_d), n, kHeads, kHeadDim,
-                              s);
-    CUDA_CHECK(
-        cudaMemcpy2DAsync(bf(dqkv) + 2 * hd, 3 * hd * 2, bf(dv), hd * 2, hd * 2, n, cudaMemcpyDeviceToDevice, s));
+    vision_qkv_rope_backward_cuda(bf(dq), bf(dk), bf(dv), bf(dqkv), 3 * hd, f32_ptr(cos_d), f32_ptr(sin_d), n, kHeads,
+                                  kHeadDim, 0, s);
     bias_add_backward_cuda(bf(dqkv), f32_ptr(g.qkv_b), n, 3 * hd, ws, ws_bytes, s);
     linear_backward_input_cuda(gemm, bf(dqkv), bf(w.qkv_w), bf(d_ln1), n, kWidth, 3 * hd, s);
     linear_backward_weight_cuda(gemm, bf(dqkv), bf(ln1), f32_ptr(g.qkv_w), n, kWidth, 3 * hd, s);

@@ -1,5 +1,6 @@
 // CUDA 2-D vision RoPE: the cos/sin tables from (row, col) positions, and the rotation of q and k
-// (bf16 storage, fp32 math) forward and backward, in place inside the fused qkv output if wanted.
+// (bf16 storage, fp32 math) with v's copy, forward and backward, between the fused qkv rows and
+// the separate q, k, v that attention reads.
 // Legend: N patches, H heads, D head dim (a multiple of 4; 72 in Qwen3.5's tower).
 #pragma once
 
@@ -18,20 +19,21 @@ constexpr int64_t kVisionRopeMaxQuarter = 64;
 void vision_rope_tables_cuda(const int64_t* positions, int64_t num_patches, int64_t head_dim, double theta,
                              float* cos, float* sin, cudaStream_t stream);
 
-// Rotates `num_heads` heads of D values per patch: head h of patch n at x + n * x_patch_stride +
-// h * D, written to y + n * y_patch_stride + h * Dy (y may alias x with the same strides), Dy =
-// y_head_stride (0: D); an output head wider than D gets zeros in its columns [D, Dy) (q and k
-// zero-padded for cuDNN's attention, cudnn_sdpa.h). For q and k in the vision qkv output [N, 3, H,
-// D] pass x = y = qkv, stride 3 * H * D, num_heads = 2 * H: the q heads and then the k heads are
-// contiguous. cos, sin f32 [N, D/2].
-void vision_rope_forward_cuda(const __nv_bfloat16* x, int64_t x_patch_stride, __nv_bfloat16* y,
-                              int64_t y_patch_stride, const float* cos, const float* sin, int64_t num_patches,
-                              int64_t num_heads, int64_t head_dim, cudaStream_t stream, int64_t y_head_stride = 0);
+// The attention inputs of one block out of the fused qkv projection, in one pass: qkv rows
+// [N, 3, H, D] (qkv_patch_stride apart, >= 3 * H * D) -> q and k rotated into [N, H, Dqk] (Dqk =
+// qk_head_stride, 0: D; columns [D, Dqk) of each head written as zeros: q and k zero-padded for
+// cuDNN's attention, cudnn_sdpa.h) and v copied into [N, H, D]. cos, sin f32 [N, D/2].
+void vision_qkv_rope_forward_cuda(const __nv_bfloat16* qkv, int64_t qkv_patch_stride, __nv_bfloat16* q,
+                                  __nv_bfloat16* k, __nv_bfloat16* v, const float* cos, const float* sin,
+                                  int64_t num_patches, int64_t num_heads, int64_t head_dim, int64_t qk_head_stride,
+                                  cudaStream_t stream);
 
-// The backward: the rotation by the opposite angle, same layout rules (dx may alias dy); dy's heads
-// are dy_head_stride apart (0: D; its columns past D are not read), dx's D apart.
-void vision_rope_backward_cuda(const __nv_bfloat16* dy, int64_t dy_patch_stride, __nv_bfloat16* dx,
-                               int64_t dx_patch_stride, const float* cos, const float* sin, int64_t num_patches,
-                               int64_t num_heads, int64_t head_dim, cudaStream_t stream, int64_t dy_head_stride = 0);
+// Its backward, in one pass: dq and dk [N, H, Dqk] (columns past D not read) rotated back by the
+// opposite angle and dv [N, H, D] copied into the fused gradient rows d_qkv [N, 3, H, D]
+// (d_qkv_patch_stride apart).
+void vision_qkv_rope_backward_cuda(const __nv_bfloat16* dq, const __nv_bfloat16* dk, const __nv_bfloat16* dv,
+                                   __nv_bfloat16* d_qkv, int64_t d_qkv_patch_stride, const float* cos,
+                                   const float* sin, int64_t num_patches, int64_t num_heads, int64_t head_dim,
+                                   int64_t qk_head_stride, cudaStream_t stream);
 
 }  // namespace deltamoe

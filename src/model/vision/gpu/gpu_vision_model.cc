@@ -93,13 +93,6 @@ VisionActivationSpec activation_spec(int64_t max_patches, int64_t max_images, bo
   return spec;
 }
 
-void copy_columns(const Bf16* src, int64_t ld_src, Bf16* dst, int64_t ld_dst, int64_t width, int64_t rows,
-                  cudaStream_t stream) {
-  CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(ld_dst) * sizeof(Bf16), src,
-                               static_cast<size_t>(ld_src) * sizeof(Bf16), static_cast<size_t>(width) * sizeof(Bf16),
-                               static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream));
-}
-
 }  // namespace
 
 // Pinned host copies of one batch's inputs (laid out as on the device) and the event after which
@@ -369,13 +362,10 @@ void GpuVisionModel::block_forward(int64_t block, const Bf16* prev_mlp_out, cons
                             b.rstd1, N, C, kLayerNormEps, stream_);
   }
   project(W.qkv_weight, W.qkv_bias, b.ln1, acts_.qkv, N, C, 3 * C);
-  // qkv rows are [q | k | v]; q and k are rotated out into the layout attention reads: [N, H, D] for
-  // our kernel, heads zero-padded to Dqk for cuDNN's.
-  const int64_t qk = qk_head_stride();
-  vision_rope_forward_cuda(acts_.qkv, 3 * C, b.q, H * qk, inputs_.rope_cos, inputs_.rope_sin, N, H, D, stream_, qk);
-  vision_rope_forward_cuda(acts_.qkv + C, 3 * C, b.k, H * qk, inputs_.rope_cos, inputs_.rope_sin, N, H, D, stream_,
-                           qk);
-  copy_columns(acts_.qkv + 2 * C, 3 * C, b.v, C, C, N, stream_);
+  // qkv rows are [q | k | v]; q and k are rotated out into the layout attention reads ([N, H, D] for
+  // our kernel, heads zero-padded to Dqk for cuDNN's) and v copied beside them, in one pass.
+  vision_qkv_rope_forward_cuda(acts_.qkv, 3 * C, b.q, b.k, b.v, inputs_.rope_cos, inputs_.rope_sin, N, H, D,
+                               qk_head_stride(), stream_);
   if (use_cudnn_attention()) {
     cudnn_attention_->forward(b.q, b.k, b.v, inputs_.cu_seqlens, num_segments_, b.attn, b.lse, workspace_.data(),
                               workspace_bytes_, stream_, longest_segment_);
@@ -485,14 +475,10 @@ void GpuVisionModel::block_backward(int64_t block) {
                                           num_segments_, acts_.grad_q, acts_.grad_k, acts_.grad_v, N, H, D, scale, ws,
                                           ws_bytes, stream_);
   }
-  // d_qkv [N, 3C] = [rope^-1(dq) | rope^-1(dk) | dv].
+  // d_qkv [N, 3C] = [rope^-1(dq) | rope^-1(dk) | dv], one pass.
   Bf16* d_qkv = acts_.grad_wide;
-  const int64_t qk = qk_head_stride();
-  vision_rope_backward_cuda(acts_.grad_q, H * qk, d_qkv, 3 * C, inputs_.rope_cos, inputs_.rope_sin, N, H, D, stream_,
-                            qk);
-  vision_rope_backward_cuda(acts_.grad_k, H * qk, d_qkv + C, 3 * C, inputs_.rope_cos, inputs_.rope_sin, N, H, D,
-                            stream_, qk);
-  copy_columns(acts_.grad_v, C, d_qkv + 2 * C, 3 * C, C, N, stream_);
+  vision_qkv_rope_backward_cuda(acts_.grad_q, acts_.grad_k, acts_.grad_v, d_qkv, 3 * C, inputs_.rope_cos,
+                                inputs_.rope_sin, N, H, D, qk_head_stride(), stream_);
   bias_grad(W.qkv_bias, d_qkv, false, N, 3 * C);
   // The LayerNorm backward reads this product's fp32 accumulator unrounded.
   linear_backward_input_f32_cuda(*gemm_, d_qkv, W.qkv_weight.w, acts_.grad_norm, false, N, C, 3 * C, stream_);
