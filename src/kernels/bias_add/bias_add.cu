@@ -83,19 +83,17 @@ void launch_bias_backward(const TDy* dy, float* d_bias, int64_t rows, int64_t fe
   CHECK(workspace_bytes >= bias_add_backward_workspace_bytes(rows, features), "bias_add_backward_cuda: workspace of ",
         workspace_bytes, " bytes, needs ", bias_add_backward_workspace_bytes(rows, features));
   if (rows == 0) return;
-  const int64_t chunks = column_sum_num_chunks(rows);
   float* partial = static_cast<float*>(workspace);
   const dim3 block(kColumnSumThreads, kColumnSumRows);
-  const int64_t rows_per_chunk = column_sum_rows_per_chunk(rows);
-  if (can_use_vec8(features, dy)) {
-    const dim3 grid(static_cast<unsigned>((features + 8 * kColumnSumThreads - 1) / (8 * kColumnSumThreads)),
-                    static_cast<unsigned>(chunks));
-    column_sum_partial_kernel<TDy, 8><<<grid, block, 0, stream>>>(dy, partial, rows, features, rows_per_chunk);
-  } else {
-    const dim3 grid(static_cast<unsigned>((features + kColumnSumThreads - 1) / kColumnSumThreads),
-                    static_cast<unsigned>(chunks));
-    column_sum_partial_kernel<TDy, 1><<<grid, block, 0, stream>>>(dy, partial, rows, features, rows_per_chunk);
-  }
+  auto launch = [&](auto kernel, int vec) {
+    const int64_t column_blocks = (features + vec * kColumnSumThreads - 1) / (vec * kColumnSumThreads);
+    const int64_t chunks = column_sum_chunks(rows, column_blocks, resident_column_sum_blocks(kernel));
+    const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(chunks));
+    kernel<<<grid, block, 0, stream>>>(dy, partial, rows, features, column_sum_rows_per_chunk(rows, chunks));
+    return chunks;
+  };
+  const int64_t chunks = can_use_vec8(features, dy) ? launch(column_sum_partial_kernel<TDy, 8>, 8)
+                                                    : launch(column_sum_partial_kernel<TDy, 1>, 1);
   CUDA_CHECK_LAUNCH();
   column_partials_reduce_cuda(partial, chunks, features, d_bias, stream);
 }
@@ -120,9 +118,14 @@ int64_t column_sum_num_chunks(int64_t rows) {
   return std::max<int64_t>(1, std::min(kMaxChunks, (rows + kMinRowsPerChunk - 1) / kMinRowsPerChunk));
 }
 
-int64_t column_sum_rows_per_chunk(int64_t rows) {
-  const int64_t chunks = column_sum_num_chunks(rows);
-  return std::max<int64_t>(1, (rows + chunks - 1) / chunks);
+int64_t column_sum_chunks(int64_t rows, int64_t column_blocks, int64_t resident_blocks) {
+  const int64_t most = column_sum_num_chunks(rows);
+  if (resident_blocks <= 0 || column_blocks <= 0) return most;
+  return std::max<int64_t>(1, std::min(most, resident_blocks / column_blocks));
+}
+
+int64_t column_sum_rows_per_chunk(int64_t rows, int64_t chunks) {
+  return std::max<int64_t>(1, (rows + chunks - 1) / std::max<int64_t>(1, chunks));
 }
 
 size_t bias_add_backward_workspace_bytes(int64_t rows, int64_t features) {
