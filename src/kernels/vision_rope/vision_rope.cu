@@ -1,6 +1,7 @@
 // CUDA vision RoPE: a thread per (patch, angle) for the tables; the fused qkv rows to q, k, v (and
-// back) in one pass with a thread per kVec channel pairs of a q or k head (loads at c and c + D/2)
-// or kVec values of v, kVec = 4 (8-byte accesses) where every row and pointer allows.
+// back) in one pass with a thread per kVec channel pairs of a head, for q and k both (loads at c
+// and c + D/2), and two kVec-value pieces of v; kVec = 4 (8-byte accesses) where every row and
+// pointer allows.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -90,54 +91,60 @@ struct QkvRopeParams {
   int heads, head_dim, qk_head;
 };
 
-// A patch row per threadIdx.y (rows grid-strided), its units on threadIdx.x: H * G rotation units
-// of q, then of k (G = D / 2 / kVec: kVec channel pairs (c, c + D/2) each), then H * D / kVec
-// copy units of v. The forward's first rotation unit of a head writes its zero padding.
+// A thread per (patch, head, kVec channel pairs (c, c + D/2)): the pairs of q and of k (the same
+// angles: one read of the tables) and two of v's kVec-value pieces (v's H * D values are exactly
+// 2 * H * G pieces, G = D / 2 / kVec), all loads issued before the stores. The forward's thread of
+// a head's first pairs writes its zero padding.
 template <int kVec, bool kForward>
 __global__ void vision_qkv_rope_kernel(QkvRopeParams p) {
-  const int half = p.head_dim / 2, groups = half / kVec;
-  const int rotation_units = p.heads * groups, units = 2 * rotation_units + p.heads * p.head_dim / kVec;
-  const int64_t split_row = static_cast<int64_t>(p.heads) * p.qk_head, v_row = static_cast<int64_t>(p.heads) * p.head_dim;
-  for (int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; n < p.num_patches;
-       n += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t fused_row = n * p.fused_stride;
-    for (int u = threadIdx.x; u < units; u += blockDim.x) {
-      if (u >= 2 * rotation_units) {  // v: a raw copy
-        const int64_t e = static_cast<int64_t>(u - 2 * rotation_units) * kVec;
-        using Raw = typename Pack<kVec>::Raw;
-        if constexpr (kForward) {
-          *reinterpret_cast<Raw*>(p.v_out + n * v_row + e) =
-              *reinterpret_cast<const Raw*>(p.fused_in + fused_row + 2 * v_row + e);
-        } else {
-          *reinterpret_cast<Raw*>(p.fused_out + fused_row + 2 * v_row + e) =
-              *reinterpret_cast<const Raw*>(p.v_in + n * v_row + e);
-        }
-        continue;
-      }
-      const bool is_k = u >= rotation_units;
-      const int r = is_k ? u - rotation_units : u;
-      const int head = r / groups, c = (r % groups) * kVec;
-      const int64_t fused_at = fused_row + (is_k ? v_row : 0) + static_cast<int64_t>(head) * p.head_dim + c;
-      const int64_t split_at = n * split_row + static_cast<int64_t>(head) * p.qk_head + c;
-      const __nv_bfloat16* in = kForward ? p.fused_in + fused_at : (is_k ? p.k_in : p.q_in) + split_at;
-      __nv_bfloat16* out = kForward ? (is_k ? p.k_out : p.q_out) + split_at : p.fused_out + fused_at;
-      float a[kVec], b[kVec], cs[kVec], sn[kVec];
-      load_floats<kVec>(in, a);
-      load_floats<kVec>(in + half, b);
-      load_table<kVec>(p.cos + n * half + c, cs);
-      load_table<kVec>(p.sin + n * half + c, sn);
-      float out_a[kVec], out_b[kVec];
+  using Raw = typename Pack<kVec>::Raw;
+  const int half = p.head_dim / 2, groups = half / kVec, head_groups = p.heads * groups;
+  const int64_t split_row = static_cast<int64_t>(p.heads) * p.qk_head;
+  const int64_t v_row = static_cast<int64_t>(p.heads) * p.head_dim;
+  const int64_t total = p.num_patches * head_groups;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t n = i / head_groups;
+    const int r = static_cast<int>(i - n * head_groups);
+    const int head = r / groups, c = (r % groups) * kVec;
+    const int64_t fused_q = n * p.fused_stride + static_cast<int64_t>(head) * p.head_dim + c;
+    const int64_t split_at = n * split_row + static_cast<int64_t>(head) * p.qk_head + c;
+    const int64_t fused_v = n * p.fused_stride + 2 * v_row, split_v = n * v_row;
+    const int64_t e0 = static_cast<int64_t>(r) * kVec, e1 = static_cast<int64_t>(r + head_groups) * kVec;
+    const __nv_bfloat16* q_in = kForward ? p.fused_in + fused_q : p.q_in + split_at;
+    const __nv_bfloat16* k_in = kForward ? p.fused_in + fused_q + v_row : p.k_in + split_at;
+    const __nv_bfloat16* v_in = kForward ? p.fused_in + fused_v : p.v_in + split_v;
+    float qa[kVec], qb[kVec], ka[kVec], kb[kVec], cs[kVec], sn[kVec];
+    load_floats<kVec>(q_in, qa);
+    load_floats<kVec>(q_in + half, qb);
+    load_floats<kVec>(k_in, ka);
+    load_floats<kVec>(k_in + half, kb);
+    const Raw v0 = *reinterpret_cast<const Raw*>(v_in + e0), v1 = *reinterpret_cast<const Raw*>(v_in + e1);
+    load_table<kVec>(p.cos + n * half + c, cs);
+    load_table<kVec>(p.sin + n * half + c, sn);
+    float out_qa[kVec], out_qb[kVec], out_ka[kVec], out_kb[kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        const float s = kForward ? sn[i] : -sn[i];
-        out_a[i] = a[i] * cs[i] - b[i] * s;
-        out_b[i] = b[i] * cs[i] + a[i] * s;
-      }
-      store_floats<kVec>(out, out_a);
-      store_floats<kVec>(out + half, out_b);
-      if (kForward && c == 0) {
-        float zeros[kVec] = {};
-        for (int pad = p.head_dim; pad < p.qk_head; pad += kVec) store_floats<kVec>(out - c + pad, zeros);
+    for (int j = 0; j < kVec; ++j) {
+      const float s = kForward ? sn[j] : -sn[j];
+      out_qa[j] = qa[j] * cs[j] - qb[j] * s;
+      out_qb[j] = qb[j] * cs[j] + qa[j] * s;
+      out_ka[j] = ka[j] * cs[j] - kb[j] * s;
+      out_kb[j] = kb[j] * cs[j] + ka[j] * s;
+    }
+    __nv_bfloat16* q_out = kForward ? p.q_out + split_at : p.fused_out + fused_q;
+    __nv_bfloat16* k_out = kForward ? p.k_out + split_at : p.fused_out + fused_q + v_row;
+    __nv_bfloat16* v_out = kForward ? p.v_out + split_v : p.fused_out + fused_v;
+    store_floats<kVec>(q_out, out_qa);
+    store_floats<kVec>(q_out + half, out_qb);
+    store_floats<kVec>(k_out, out_ka);
+    store_floats<kVec>(k_out + half, out_kb);
+    *reinterpret_cast<Raw*>(v_out + e0) = v0;
+    *reinterpret_cast<Raw*>(v_out + e1) = v1;
+    if (kForward && c == 0) {
+      const float zeros[kVec] = {};
+      for (int pad = p.head_dim; pad < p.qk_head; pad += kVec) {
+        store_floats<kVec>(q_out + pad, zeros);
+        store_floats<kVec>(k_out + pad, zeros);
       }
     }
   }
@@ -172,20 +179,17 @@ void launch_qkv_rope(const char* where, QkvRopeParams p, int64_t num_heads, int6
         head_dim);
   CHECK(p.fused_stride >= 3 * num_heads * head_dim, where, ": qkv patch stride ", p.fused_stride, " must cover ",
         3 * num_heads, " heads of ", head_dim);
-  CHECK(2 * num_heads * (head_dim / 2) + num_heads * head_dim < (int64_t{1} << 30), where, ": ", num_heads,
-        " heads of ", head_dim, " are too many for one row's units");
+  CHECK(num_heads * head_dim < (int64_t{1} << 30), where, ": ", num_heads, " heads of ", head_dim,
+        " are too many values for a row");
   if (p.num_patches == 0) return;
   CHECK(p.cos != nullptr && p.sin != nullptr, where, ": null rope tables");
   p.heads = static_cast<int>(num_heads);
   p.head_dim = static_cast<int>(head_dim);
   p.qk_head = static_cast<int>(qk_head_stride);
   const int width = vector_width(p);
-  const int64_t units = 2 * num_heads * (head_dim / 2) / width + num_heads * head_dim / width;
-  const int threads_x = static_cast<int>(std::min<int64_t>(1024, (units + 31) / 32 * 32));
-  const int rows_per_block = std::max(1, kThreads / threads_x);
-  const int64_t blocks = std::min<int64_t>((p.num_patches + rows_per_block - 1) / rows_per_block, int64_t{1} << 30);
-  const dim3 block(static_cast<unsigned>(threads_x), static_cast<unsigned>(rows_per_block));
-  const dim3 grid(static_cast<unsigned>(blocks));
+  const int64_t threads = p.num_patches * num_heads * (head_dim / 2 / width);
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((threads + kThreads - 1) / kThreads, int64_t{1} << 20)));
+  const dim3 block(kThreads);
   if (width == 4) {
     vision_qkv_rope_kernel<4, kForward><<<grid, block, 0, stream>>>(p);
   } else if (width == 2) {
