@@ -22,7 +22,8 @@ void vision_rope_tables_cuda(const int64_t* positions, int64_t num_patches, int6
 // The attention inputs of one block out of the fused qkv projection, in one pass: qkv rows
 // [N, 3, H, D] (qkv_patch_stride apart, >= 3 * H * D) -> q and k rotated into [N, H, Dqk] (Dqk =
 // qk_head_stride, 0: D; columns [D, Dqk) of each head written as zeros: q and k zero-padded for
-// cuDNN's attention, cudnn_sdpa.h) and v copied into [N, H, D]. cos, sin f32 [N, D/2].
+// cuDNN's attention, cudnn_sdpa.h) and v copied into [N, H, D]. cos, sin f32 [N, D/2]. Out of
+// place: the outputs must not overlap qkv (nor, backward, d_qkv the inputs).
 void vision_qkv_rope_forward_cuda(const __nv_bfloat16* qkv, int64_t qkv_patch_stride, __nv_bfloat16* q,
                                   __nv_bfloat16* k, __nv_bfloat16* v, const float* cos, const float* sin,
                                   int64_t num_patches, int64_t num_heads, int64_t head_dim, int64_t qk_head_stride,
