@@ -26,9 +26,9 @@ constexpr ArgKind kNumber = ArgKind::kNumber;
 constexpr ArgKind kBool = ArgKind::kBool;
 constexpr ArgKind kList = ArgKind::kList;
 
-const char* const kOneGpu =
-    "deltamoe splits work over ranks only with --expert_model_parallel_size and --use_distributed_optimizer (CPU "
-    "engine so far, docs/parallel.md); give 1 or leave it out";
+const char* const kNoModelSplit =
+    "deltamoe splits work over ranks only with --expert_model_parallel_size and --use_distributed_optimizer "
+    "(docs/parallel.md); give 1 or leave it out";
 const char* const kLoraSetting = "a LoRA setting of `deltamoe train --tuner_type lora` (docs/lora.md)";
 const char* const kLoraVariant =
     "not part of deltamoe's LoRA (plain PEFT LoRA on --target_modules / --target_parameters, docs/lora.md); drop it";
@@ -170,11 +170,11 @@ std::vector<ForeignFlag> make_table() {
                 "deltamoe logs every --logging_steps"),
       no_effect("ignore_data_skip", kBool, "a resumed run continues at the exact sample", {"false", "False", "0"},
                 "a resumed run always continues at the exact sample where the checkpoint was saved"),
-      no_effect("tensor_model_parallel_size", kInt, "one GPU", {"1"}, kOneGpu),
-      no_effect("pipeline_model_parallel_size", kInt, "one GPU", {"1"}, kOneGpu),
-      no_effect("expert_tensor_parallel_size", kInt, "one GPU", {"1"}, kOneGpu),
-      no_effect("context_parallel_size", kInt, "one GPU", {"1"}, kOneGpu),
-      no_effect("sequence_parallel_size", kInt, "one GPU", {"1"}, kOneGpu),
+      no_effect("tensor_model_parallel_size", kInt, "no split of layers, heads or sequences", {"1"}, kNoModelSplit),
+      no_effect("pipeline_model_parallel_size", kInt, "no split of layers, heads or sequences", {"1"}, kNoModelSplit),
+      no_effect("expert_tensor_parallel_size", kInt, "no split of layers, heads or sequences", {"1"}, kNoModelSplit),
+      no_effect("context_parallel_size", kInt, "no split of layers, heads or sequences", {"1"}, kNoModelSplit),
+      no_effect("sequence_parallel_size", kInt, "no split of layers, heads or sequences", {"1"}, kNoModelSplit),
       no_effect("mtp_num_layers", kInt, "the mtp.* tensors are carried through every save unchanged", {"0"},
                 "the multi-token-prediction layers are not trained: deltamoe carries the mtp.* tensors through every "
                 "save unchanged; leave the flag out"),
@@ -200,8 +200,8 @@ std::vector<ForeignFlag> make_table() {
               "deltamoe export --adapters merges one"),
       refused("quant_bits", kInt, "quantized training is not supported: deltamoe trains bf16 weights"),
       refused("quant_method", kText, "quantized training is not supported: deltamoe trains bf16 weights"),
-      refused("decoder_first_pipeline_num_layers", kInt, kOneGpu),
-      refused("decoder_last_pipeline_num_layers", kInt, kOneGpu),
+      refused("decoder_first_pipeline_num_layers", kInt, kNoModelSplit),
+      refused("decoder_last_pipeline_num_layers", kInt, kNoModelSplit),
       refused("moe_expert_capacity_factor", kNumber,
               "deltamoe never drops tokens (no expert capacity), so a capacity factor would change what is trained; "
               "leave it out"),
