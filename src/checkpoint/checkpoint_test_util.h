@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "testing/error_of.h"
 
 namespace deltamoe {
 
@@ -51,13 +52,4 @@ inline std::string raw_safetensors(const std::string& header, const std::string&
 }
 
 // The message of the deltamoe::Error that `body` throws ("" if it does not throw).
-inline std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "";
-}
-
 }  // namespace deltamoe

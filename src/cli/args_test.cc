@@ -7,6 +7,7 @@
 
 #include "cli/args.h"
 #include "core/error.h"
+#include "testing/error_of.h"
 
 namespace deltamoe {
 namespace {
@@ -50,15 +51,6 @@ TEST(ArgParser, RejectsMissingRequiredAndBadNumbers) {
   parser2.add_option("seed", "seed", "0");
   ASSERT_TRUE(parse(parser2, {"--seed", "1x"}));
   EXPECT_THROW(parser2.get_int("seed"), Error);
-}
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
 }
 
 // "--lr --max_steps 2" must name the flag without a value, not report "unexpected argument '2'" (far

@@ -10,6 +10,7 @@
 
 #include "data/data_pipeline.h"
 #include "data/data_test_util.h"
+#include "testing/error_of.h"
 
 namespace deltamoe {
 namespace {
@@ -37,15 +38,6 @@ PipelineOptions options_for(const fs::path& dataset) {
         _exit((__VA_ARGS__)() ? 0 : 1);      \
       },                                     \
       ::testing::ExitedWithCode(0), "")
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
 
 // (Before: with the data repeating for --max_steps, next_batch looped over the skipped lines
 // forever at 100% CPU.)

@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "testing/error_of.h"
 
 namespace deltamoe {
 namespace {
@@ -22,15 +23,6 @@ fs::path fresh_dir(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / ("deltamoe_run_lock_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   return dir;
-}
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
 }
 
 TEST(RunLock, ASecondLockOnTheFolderFailsNamingTheHolder) {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "optim/host_train_state.h"
+#include "testing/error_of.h"
 #include "train/train_checkpoint.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
@@ -29,15 +30,6 @@ class TrainCheckpointTest : public ::testing::Test {
   static fs::path* root_;
 };
 fs::path* TrainCheckpointTest::root_ = nullptr;
-
-std::string error_of(const std::function<void()>& work) {
-  try {
-    work();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "";
-}
 
 TEST_F(TrainCheckpointTest, SaveOnlyModelWritesTheModelAndCannotBeResumed) {
   TrainOptions options = small_run_options(*root_);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "testing/error_of.h"
 
 namespace deltamoe {
 namespace {
@@ -51,16 +52,6 @@ TEST(MropePositions, TextOnlyIsArangePerSample) {
   const std::vector<int64_t> ids = {1, 2, 3, 4, 5};
   const auto positions = compute_mrope_positions(ids.data(), 5, {0, 2, 5}, {}, {}, 2, kImage, kVideo);
   for (int axis = 0; axis < 3; ++axis) EXPECT_EQ(row(positions, axis), (std::vector<int64_t>{0, 1, 0, 1, 2}));
-}
-
-std::string error_of(const std::function<void()>& run) {
-  try {
-    run();
-  } catch (const Error& error) {
-    std::printf("  %s\n", error.what());
-    return error.what();
-  }
-  return "";
 }
 
 TEST(MropePositions, MismatchedSpansAndGridsAreClearErrors) {
