@@ -1,6 +1,7 @@
 // TcpComm's rendezvous checks and failure paths, with the ranks as threads of this process:
 // duplicate, missing and disagreeing ranks, a foreign client, a port in use, stuck ranks past the
-// deadline, ranks calling different operations, abort, and control-plane votes.
+// deadline, ranks calling different operations or control-plane labels, abort, and control-plane
+// votes.
 #include "parallel/tcp_comm.h"
 
 #include <fcntl.h>
@@ -213,6 +214,25 @@ TEST(TcpComm, ControlPlaneVoteAndLateRank) {
     EXPECT_TRUE(contains(errors[r], "control-plane operation 'checkpoint 4 written' (#1): ranks 1 did not arrive"))
         << errors[r];
     EXPECT_TRUE(contains(errors[r], "label 'writing shard'")) << errors[r];
+  }
+}
+
+// A control-plane operation that the ranks call under different labels ends the job on every rank,
+// whether rank 0 finds the mismatch on a rank's message (the late rank is a worker) or on its own
+// arrival (rank 0 is late).
+TEST(TcpComm, ControlPlaneLabelsThatDisagreeAbortEveryRank) {
+  for (int late : {2, 0}) {
+    const auto errors = run_tcp_threads(3, [&](Communicator& comm) {
+      if (comm.rank() == late) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      comm.control().barrier(comm.rank() == late ? "save checkpoint 8" : "step 8 done");
+    }, quick(2));
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_TRUE(contains(errors[r], "the ranks run different code paths")) << late << ", " << r << ": " << errors[r];
+      EXPECT_TRUE(contains(errors[r], "rank " + std::to_string(late) +
+                                          " called control-plane operation 'save checkpoint 8' (#1) while others "
+                                          "called 'step 8 done'"))
+          << late << ", " << r << ": " << errors[r];
+    }
   }
 }
 

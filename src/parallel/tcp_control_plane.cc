@@ -255,7 +255,8 @@ void TcpControlPlane::connection_lost(int peer, const std::string& reason) {
   }
 }
 
-void TcpControlPlane::gather_arrive(uint64_t seq, int rank, std::string label, std::string data) {
+TcpControlPlane::GatherOutcome TcpControlPlane::gather_arrive(uint64_t seq, int rank, std::string label,
+                                                              std::string data) {
   Gather& g = gathers_[seq];
   if (g.arrived.empty()) {
     g.label = label;
@@ -271,6 +272,27 @@ void TcpControlPlane::gather_arrive(uint64_t seq, int rank, std::string label, s
   g.parts[rank] = std::move(data);
   if (!g.arrived[rank]) ++g.num_arrived;
   g.arrived[rank] = true;
+  GatherOutcome outcome;
+  if (!g.label.empty() && g.label[0] == '\x01') {
+    outcome.mismatch = g.label.substr(1);
+  } else if (gather_complete(g.arrived)) {
+    WireWriter w;
+    w.u64(seq).i32(size_);
+    for (const std::string& part : g.parts) w.str(part);
+    outcome.broadcast = w.bytes();
+    g.done = true;
+  }
+  return outcome;
+}
+
+void TcpControlPlane::finish_gather(const GatherOutcome& outcome) {
+  if (!outcome.mismatch.empty()) {
+    abort_everywhere(outcome.mismatch);
+    return;
+  }
+  if (outcome.broadcast.empty()) return;
+  for (int p = 1; p < size_; ++p) send(p, kFrameGatherResult, outcome.broadcast);
+  changed_.notify_all();
 }
 
 void TcpControlPlane::handle_frame(int peer, const Frame& frame) {
@@ -318,30 +340,12 @@ void TcpControlPlane::handle_frame(int peer, const Frame& frame) {
       const uint64_t seq = r.u64();
       std::string label = r.str();
       std::string data = r.str();
-      std::string broadcast;
-      std::string mismatch;
+      GatherOutcome outcome;
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        gather_arrive(seq, peer, std::move(label), std::move(data));
-        Gather& g = gathers_[seq];
-        if (!g.label.empty() && g.label[0] == '\x01') {
-          mismatch = g.label.substr(1);
-        } else if (gather_complete(g.arrived)) {
-          WireWriter w;
-          w.u64(seq).i32(size_);
-          for (const std::string& part : g.parts) w.str(part);
-          broadcast = w.bytes();
-          g.done = true;
-        }
+        outcome = gather_arrive(seq, peer, std::move(label), std::move(data));
       }
-      if (!mismatch.empty()) {
-        abort_everywhere(mismatch);
-        return;
-      }
-      if (!broadcast.empty()) {
-        for (int p = 1; p < size_; ++p) send(p, kFrameGatherResult, broadcast);
-        changed_.notify_all();
-      }
+      finish_gather(outcome);
       return;
     }
     case kFrameGatherResult: {
@@ -494,23 +498,10 @@ std::vector<std::string> TcpControlPlane::all_gather(std::string_view mine, std:
   if (!abort_message_.empty()) throw CommAborted(abort_message_);
   const uint64_t seq = ++gather_seq_;
   if (rank_ == 0) {
-    gather_arrive(seq, 0, std::string(label), std::string(mine));
-    Gather& g = gathers_[seq];
-    std::string mismatch;
-    std::string broadcast;
-    if (!g.label.empty() && g.label[0] == '\x01') {
-      mismatch = g.label.substr(1);
-    } else if (gather_complete(g.arrived)) {
-      WireWriter w;
-      w.u64(seq).i32(size_);
-      for (const std::string& part : g.parts) w.str(part);
-      broadcast = w.bytes();
-      g.done = true;
-    }
-    if (!mismatch.empty() || !broadcast.empty()) {
+    const GatherOutcome outcome = gather_arrive(seq, 0, std::string(label), std::string(mine));
+    if (!outcome.empty()) {
       lock.unlock();
-      if (!mismatch.empty()) abort_everywhere(mismatch);
-      for (int p = 1; p < size_ && mismatch.empty(); ++p) send(p, kFrameGatherResult, broadcast);
+      finish_gather(outcome);
       lock.lock();
     }
     changed_.wait(lock, [&] { return !abort_message_.empty() || gathers_[seq].done; });

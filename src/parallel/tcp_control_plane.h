@@ -72,7 +72,15 @@ class TcpControlPlane final : public ControlPlane {
   std::string blame_stall(const std::vector<int>& waited_on, std::vector<int>* at_fault);  // rank 0
   std::string last_report(int rank);  // rank 0, locked: "<activity> (reported 0.3 s ago)"
   std::string who(int rank) const;
-  void gather_arrive(uint64_t seq, int rank, std::string label, std::string data);  // rank 0, locked
+  // What a gather's latest arrival leaves to do once the lock is released: abort on a label mismatch,
+  // or send every rank the parts (the kFrameGatherResult payload) when all have arrived.
+  struct GatherOutcome {
+    std::string mismatch;
+    std::string broadcast;
+    bool empty() const { return mismatch.empty() && broadcast.empty(); }
+  };
+  GatherOutcome gather_arrive(uint64_t seq, int rank, std::string label, std::string data);  // rank 0, locked
+  void finish_gather(const GatherOutcome& outcome);                                        // rank 0, unlocked
   void heartbeat_payload(WireWriter& w);
 
   const int rank_;
