@@ -31,6 +31,12 @@ inline const Tokenizer& qwen3_tokenizer() {
   return tokenizer;
 }
 
+// One JSONL line: a user turn asking about the image at `path` and the assistant's `answer`.
+inline std::string image_line(const std::string& path, const std::string& answer) {
+  return R"({"messages": [{"role": "user", "content": "<image>What is it?"}, {"role": "assistant", "content": ")" + answer +
+         R"("}], "images": [")" + path + "\"]}\n";
+}
+
 // A fresh folder per test, named after it and the process (tests may run in parallel).
 inline fs::path temp_folder() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();

@@ -16,10 +16,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string image_line(const std::string& path, const std::string& answer) {
-  return R"({"messages": [{"role": "user", "content": "<image>What is it?"}, {"role": "assistant", "content": ")" + answer +
-         R"("}], "images": [")" + path + "\"]}\n";
-}
+using data_test::image_line;
 
 // Image and text samples of several sizes, a line skipped by its header (a missing image) and,
 // with `corrupt`, a JPEG whose data is cut after a good header.

@@ -17,10 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string image_line(const std::string& path, const std::string& answer) {
-  return R"({"messages": [{"role": "user", "content": "<image>What is it?"}, {"role": "assistant", "content": ")" + answer +
-         R"("}], "images": [")" + path + "\"]}\n";
-}
+using data_test::image_line;
 
 PipelineOptions mixed_dataset(const fs::path& folder) {
   const int64_t sides[][2] = {{40, 300}, {333, 65}, {100, 100}, {64, 64}, {500, 20}, {90, 30}};
