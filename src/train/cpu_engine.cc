@@ -264,15 +264,18 @@ StepResult CpuEngine::train_step(const std::vector<MicroBatch>& batches, double 
   divide_gradient(grad_.data(), grad_.size(), weights.gradient_divisor);
   const GradClipResult clip =
       grad_clip_from_sum_of_squares(sum_of_squares_f64(grad_.data(), static_cast<int64_t>(grad_.size())), max_grad_norm);
+  if (clip_and_step(clip, lr, result)) use_master_weights();
+  return result;
+}
+
+bool CpuEngine::clip_and_step(const GradClipResult& clip, double lr, StepResult& result) {
   result.grad_norm = clip.grad_norm;
   result.clip_coef = clip.clip_coef;
   result.skipped = !clip.finite;
-  if (clip.finite) {
-    if (clip.clipped()) scale_in_place(grad_.data(), static_cast<int64_t>(grad_.size()), clip.clip_coef);
-    state_.optimizer().step(lr, state_.master().data(), grad_.data());
-    use_master_weights();
-  }
-  return result;
+  if (!clip.finite) return false;
+  if (clip.clipped()) scale_in_place(grad_.data(), static_cast<int64_t>(grad_.size()), clip.clip_coef);
+  state_.optimizer().step(lr, state_.master().data(), grad_.data());
+  return true;
 }
 
 StepResult CpuEngine::train_step_parallel(const std::vector<MicroBatch>& batches, double lr, double max_grad_norm) {
@@ -354,12 +357,7 @@ StepResult CpuEngine::train_step_parallel(const std::vector<MicroBatch>& batches
       sum_of_squares_f64(grad_.data() + counted_from, static_cast<int64_t>(grad_.size()) - counted_from);
   world_->all_reduce(&sum_of_squares, &sum_of_squares, 1, DType::f64, ReduceOp::sum);
   const GradClipResult clip = grad_clip_from_sum_of_squares(sum_of_squares, max_grad_norm);
-  result.grad_norm = clip.grad_norm;
-  result.clip_coef = clip.clip_coef;
-  result.skipped = !clip.finite;
-  if (clip.finite) {
-    if (clip.clipped()) scale_in_place(grad_.data(), static_cast<int64_t>(grad_.size()), clip.clip_coef);
-    state_.optimizer().step(lr, state_.master().data(), grad_.data());
+  if (clip_and_step(clip, lr, result)) {
     world_->set_activity("train step: weight all-gather");
     use_master_weights();
     gather_dense_weights();

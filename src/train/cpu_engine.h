@@ -12,6 +12,7 @@
 #include "model/text/text_params.h"
 #include "model/vision/trainable_parts.h"
 #include "model/vision/vision_tower.h"
+#include "optim/grad_clip.h"
 #include "optim/host_train_state.h"
 #include "parallel/communicator.h"
 #include "parallel/expert_dispatch.h"
@@ -64,6 +65,9 @@ class CpuEngine : public TrainEngine {
   MicroBatchLoss run_forward(const MicroBatch& batch, Pass* pass, std::vector<float>* logits);
   // The model computes with the master weights of state_ (after a step or a restore).
   void use_master_weights();
+  // Records `clip` in `result`; unless the norm is not finite (a skipped step), clips grad_ and steps
+  // AdamW on the master weights. Returns whether the masters moved.
+  bool clip_and_step(const GradClipResult& clip, double lr, StepResult& result);
   // train_step on several ranks (ZeRO-2 dense, expert parallel).
   StepResult train_step_parallel(const std::vector<MicroBatch>& batches, double lr, double max_grad_norm);
   // All-gathers every rank's dense master pieces into the working weights (a collective).
