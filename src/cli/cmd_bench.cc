@@ -22,6 +22,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/units.h"
 #include "data/packer.h"
 #include "model/config.h"
 #include "model/vision/mrope_positions.h"
@@ -149,8 +150,6 @@ std::vector<int64_t> sample_lengths(int64_t tokens, int64_t seqs, bool varied, R
 }
 
 #if DELTAMOE_WITH_CUDA
-
-double gib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
 // A step's packing as the step lines print it: its samples and its longest sample, over its
 // micro-batches (what a library that sizes work by sequence could key on).

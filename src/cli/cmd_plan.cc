@@ -11,6 +11,7 @@
 #include "cli/grad_dtype_flag.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/units.h"
 #include "model/config.h"
 #include "train/parallel_memory_plan.h"
 
@@ -69,7 +70,7 @@ int cmd_plan(int argc, char** argv) {
   parallel.layout.expert_recv_headroom = parse_expert_recv_headroom(args.get("expert_recv_headroom"));
   const double gpu_gib = args.get_double("gpu_memory_gib");
   CHECK(gpu_gib >= 0, "--gpu_memory_gib must be >= 0, got ", gpu_gib);
-  parallel.gpu_memory_bytes = static_cast<size_t>(gpu_gib * 1024.0 * 1024.0 * 1024.0);
+  parallel.gpu_memory_bytes = static_cast<size_t>(gpu_gib * kBytesPerGib);
   CHECK(parse_recompute_choice(args.get("recompute"), &parallel.recompute), "--recompute must be none, selective or full, ",
         "got '", args.get("recompute"), "'");
   const ParallelMemoryPlan plan = plan_parallel_memory(config, options, parallel);
@@ -81,7 +82,7 @@ int cmd_plan(int argc, char** argv) {
               moments.c_str(), recompute_choice_name(parallel.recompute));
   std::printf("%s", plan.describe().c_str());
   if (gpu_gib > 0) {
-    const double need = static_cast<double>(plan.total()) / (1024.0 * 1024.0 * 1024.0);
+    const double need = gib(plan.total());
     std::printf("%s: %.1f GiB of %.1f GiB\n", need <= gpu_gib ? "fits" : "does not fit", need, gpu_gib);
     return need <= gpu_gib ? 0 : 3;
   }

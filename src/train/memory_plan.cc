@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/units.h"
 #include "kernels/cross_entropy/lm_head_loss_workspace.h"
 #include "kernels/gated_delta_rule/gated_delta_rule_workspace.h"
 #include "kernels/lora/lora_dropout_mask.h"
@@ -26,8 +27,6 @@ namespace {
 // The runtime's own share: CUDA context and module images beyond what the engine measures at
 // start, cuBLAS / cuBLASLt handles and their workspaces, allocator rounding.
 constexpr size_t kReserveBytes = size_t{1} << 30;
-
-double gib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
 std::string gib_text(size_t bytes) {
   char text[32];

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/units.h"
 #include "model/gradient_phases.h"
 #include "model/param_table.h"
 #include "model/text/expert_exchange_size.h"
@@ -24,8 +25,6 @@ namespace {
 size_t aligned_elements(int64_t numel) {
   return static_cast<size_t>((numel + kFlatAlignmentElements - 1) / kFlatAlignmentElements * kFlatAlignmentElements);
 }
-
-double gib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
 }  // namespace
 

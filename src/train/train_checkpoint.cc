@@ -19,6 +19,7 @@
 #include "core/fs_sync.h"
 #include "core/kill_point.h"
 #include "core/log.h"
+#include "core/units.h"
 
 namespace deltamoe {
 
@@ -39,7 +40,7 @@ void write_text_file(const fs::path& path, const std::string& text) {
 
 std::string gib_text(uint64_t bytes) {
   char text[32];
-  std::snprintf(text, sizeof(text), "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  std::snprintf(text, sizeof(text), "%.2f GiB", gib(bytes));
   return text;
 }
 

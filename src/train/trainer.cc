@@ -15,6 +15,7 @@
 #include "core/kill_point.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "core/units.h"
 #include "data/data_pipeline.h"
 #include "data/image_processor_config.h"
 #include "optim/loss_scaling.h"
@@ -471,7 +472,7 @@ TrainSummary run_training(const TrainOptions& options_in, const std::string& dev
       step.d2h_bytes = static_cast<int64_t>(result.device_to_host_bytes);
     }
     const size_t peak_memory = engine->peak_memory_bytes();
-    if (peak_memory > 0) summary.peak_mem_gib = step.peak_mem_gib = static_cast<double>(peak_memory) / (1 << 30);
+    if (peak_memory > 0) summary.peak_mem_gib = step.peak_mem_gib = gib(peak_memory);
     const double mean_step_s = seconds_since(loop_start) / static_cast<double>(summary.steps_this_run);
     step.eta_s = mean_step_s * static_cast<double>(total_steps - state.global_step);
     if (leader) {

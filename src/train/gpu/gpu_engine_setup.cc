@@ -14,6 +14,7 @@
 #include "core/device_alloc.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/units.h"
 #include "kernels/grouped_gemm/grouped_gemm_cuda.h"
 #include "model/gradient_phases.h"
 #include "model/param_table.h"
@@ -28,8 +29,6 @@
 namespace deltamoe {
 
 namespace {
-
-double gib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
 ModelBytes model_bytes(const GpuModelBytes& b) { return {b.activations, b.workspace, b.inputs}; }
 ModelBytes model_bytes(const GpuVisionBytes& b) { return {b.activations, b.workspace, b.inputs}; }
