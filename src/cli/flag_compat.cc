@@ -33,6 +33,11 @@ const char* const kLoraSetting = "a LoRA setting of `deltamoe train --tuner_type
 const char* const kLoraVariant =
     "not part of deltamoe's LoRA (plain PEFT LoRA on --target_modules / --target_parameters, docs/lora.md); drop it";
 const char* const kFalseRefused = "deltamoe always does this; leave the flag out";
+const char* const kBf16Training = "weights train in bf16 with fp32 master weights and moments";
+const char* const kBf16Only = "deltamoe trains in bf16 (fp32 master weights); give bfloat16 or leave it out";
+const char* const kOwnAttention = "attention runs cuDNN's fused SDPA on Hopper and deltamoe's own kernels elsewhere";
+const char* const kOwnRecompute = "deltamoe chooses what to recompute itself";
+const char* const kPackedSamples = "samples are always packed without padding; each keeps its own positions and loss";
 
 std::vector<ForeignFlag> make_table() {
   return {
@@ -57,10 +62,8 @@ std::vector<ForeignFlag> make_table() {
       alias("chat_template", "template", kText),
 
       // --- change nothing here (noted once at the start) ---
-      no_effect("torch_dtype", kText, "weights train in bf16 with fp32 master weights and moments",
-                {"bfloat16", "bf16"}, "deltamoe trains in bf16 (fp32 master weights); give bfloat16 or leave it out"),
-      no_effect("dtype", kText, "weights train in bf16 with fp32 master weights and moments", {"bfloat16", "bf16"},
-                "deltamoe trains in bf16 (fp32 master weights); give bfloat16 or leave it out"),
+      no_effect("torch_dtype", kText, kBf16Training, {"bfloat16", "bf16"}, kBf16Only),
+      no_effect("dtype", kText, kBf16Training, {"bfloat16", "bf16"}, kBf16Only),
       no_effect("bf16", kBool, "bf16 is how deltamoe trains", {"true", "True", "1"},
                 "deltamoe trains in bf16; leave the flag out"),
       no_effect("fp16", kBool, "deltamoe trains in bf16", {"false", "False", "0"},
@@ -73,24 +76,21 @@ std::vector<ForeignFlag> make_table() {
       no_effect("per_device_eval_batch_size", kInt,
                 "evaluation runs the same packed micro-batches as training; the loss does not depend on it"),
       no_effect("experts_impl", kText, "the MoE experts run deltamoe's own grouped GEMM"),
-      no_effect("attn_impl", kText, "attention runs cuDNN's fused SDPA on Hopper and deltamoe's own kernels elsewhere"),
-      no_effect("attn_implementation", kText,
-                "attention runs cuDNN's fused SDPA on Hopper and deltamoe's own kernels elsewhere"),
-      no_effect("attention_backend", kText,
-                "attention runs cuDNN's fused SDPA on Hopper and deltamoe's own kernels elsewhere"),
-      no_effect("use_flash_attn", kBool,
-                "attention runs cuDNN's fused SDPA on Hopper and deltamoe's own kernels elsewhere"),
+      no_effect("attn_impl", kText, kOwnAttention),
+      no_effect("attn_implementation", kText, kOwnAttention),
+      no_effect("attention_backend", kText, kOwnAttention),
+      no_effect("use_flash_attn", kBool, kOwnAttention),
       no_effect("group_by_length", kBool,
                 "samples are packed without padding, which is what grouping by length is for; the order stays the "
                 "seeded shuffle"),
-      no_effect("packing", kBool, "samples are always packed without padding; each keeps its own positions and loss"),
-      no_effect("padding_free", kBool, "samples are always packed without padding; each keeps its own positions and loss"),
+      no_effect("packing", kBool, kPackedSamples),
+      no_effect("padding_free", kBool, kPackedSamples),
       no_effect("deepspeed", kText, "deltamoe places its training state itself; ZeRO stages change memory, not results"),
       no_effect("fsdp", kText, "deltamoe places its training state itself; sharding changes memory, not results"),
-      no_effect("gradient_checkpointing", kBool, "deltamoe chooses what to recompute itself"),
-      no_effect("vit_gradient_checkpointing", kBool, "deltamoe chooses what to recompute itself"),
-      no_effect("gradient_checkpointing_kwargs", kText, "deltamoe chooses what to recompute itself"),
-      no_effect("recompute_modules", kList, "deltamoe chooses what to recompute itself"),
+      no_effect("gradient_checkpointing", kBool, kOwnRecompute),
+      no_effect("vit_gradient_checkpointing", kBool, kOwnRecompute),
+      no_effect("gradient_checkpointing_kwargs", kText, kOwnRecompute),
+      no_effect("recompute_modules", kList, kOwnRecompute),
       no_effect("use_liger_kernel", kBool, "the loss is deltamoe's fused lm_head + cross-entropy"),
       no_effect("cross_entropy_loss_fusion", kBool, "the loss is deltamoe's fused lm_head + cross-entropy"),
       no_effect("moe_permute_fusion", kBool, "the MoE dispatch is deltamoe's own"),
