@@ -11,8 +11,6 @@ namespace deltamoe {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMinRowsPerChunk = 64;
-constexpr int64_t kMaxChunks = 256;
 
 template <int kVec>
 __global__ void bias_add_forward_kernel(const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t rows,
@@ -84,17 +82,10 @@ void launch_bias_backward(const TDy* dy, float* d_bias, int64_t rows, int64_t fe
         workspace_bytes, " bytes, needs ", bias_add_backward_workspace_bytes(rows, features));
   if (rows == 0) return;
   float* partial = static_cast<float*>(workspace);
-  const dim3 block(kColumnSumThreads, kColumnSumRows);
-  auto launch = [&](auto kernel, int vec) {
-    const int64_t column_blocks = (features + vec * kColumnSumThreads - 1) / (vec * kColumnSumThreads);
-    const int64_t chunks = column_sum_chunks(rows, column_blocks, resident_column_sum_blocks(kernel));
-    const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(chunks));
-    kernel<<<grid, block, 0, stream>>>(dy, partial, rows, features, column_sum_rows_per_chunk(rows, chunks));
-    return chunks;
-  };
-  const int64_t chunks = can_use_vec8(features, dy) ? launch(column_sum_partial_kernel<TDy, 8>, 8)
-                                                    : launch(column_sum_partial_kernel<TDy, 1>, 1);
-  CUDA_CHECK_LAUNCH();
+  const int64_t chunks =
+      can_use_vec8(features, dy)
+          ? launch_column_sums(column_sum_partial_kernel<TDy, 8>, 8, rows, features, stream, dy, partial)
+          : launch_column_sums(column_sum_partial_kernel<TDy, 1>, 1, rows, features, stream, dy, partial);
   column_partials_reduce_cuda(partial, chunks, features, d_bias, stream);
 }
 
@@ -112,20 +103,6 @@ void bias_add_forward_cuda(const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t 
     bias_add_forward_kernel<1><<<grid_stride_blocks(rows * features), kThreads, 0, stream>>>(bias, y, rows, features);
   }
   CUDA_CHECK_LAUNCH();
-}
-
-int64_t column_sum_num_chunks(int64_t rows) {
-  return std::max<int64_t>(1, std::min(kMaxChunks, (rows + kMinRowsPerChunk - 1) / kMinRowsPerChunk));
-}
-
-int64_t column_sum_chunks(int64_t rows, int64_t column_blocks, int64_t resident_blocks) {
-  const int64_t most = column_sum_num_chunks(rows);
-  if (resident_blocks <= 0 || column_blocks <= 0) return most;
-  return std::max<int64_t>(1, std::min(most, resident_blocks / column_blocks));
-}
-
-int64_t column_sum_rows_per_chunk(int64_t rows, int64_t chunks) {
-  return std::max<int64_t>(1, (rows + chunks - 1) / std::max<int64_t>(1, chunks));
 }
 
 size_t bias_add_backward_workspace_bytes(int64_t rows, int64_t features) {

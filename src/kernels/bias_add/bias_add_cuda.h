@@ -15,16 +15,8 @@ namespace deltamoe {
 void bias_add_forward_cuda(const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t rows, int64_t features,
                            cudaStream_t stream);
 
-// Row chunks of a column reduction over `rows` rows (each chunk writes one fp32 partial row): at
-// most column_sum_num_chunks(rows) (what the workspace is sized for), and no more than one wave of
-// `column_blocks` x chunks blocks where `resident_blocks` are resident at once (SMs x the kernel's
-// blocks per SM; 0: no limit). A wave and a part leaves the GPU part idle in the last: the 6,272 x
-// 4,304 GELU backward's 17 x 98 blocks were 1.58 waves of 1,056 on an H100.
-int64_t column_sum_num_chunks(int64_t rows);
-int64_t column_sum_chunks(int64_t rows, int64_t column_blocks, int64_t resident_blocks);
-int64_t column_sum_rows_per_chunk(int64_t rows, int64_t chunks);
-
-// Bytes of scratch the backward needs: column_sum_num_chunks(rows) * features fp32 partials.
+// Bytes of scratch the backward needs: column_sum_num_chunks(rows) (block_column_sums.cuh) *
+// features fp32 partials.
 size_t bias_add_backward_workspace_bytes(int64_t rows, int64_t features);
 
 // dy [T, N] bf16 or f32 (an fp32 residual-stream gradient) -> d_bias [N] f32 added to (column

@@ -134,17 +134,10 @@ void launch_backward(const __nv_bfloat16* h, const __nv_bfloat16* dy, __nv_bfloa
     return;
   }
   float* partial = static_cast<float*>(workspace);
-  const dim3 block(kColumnSumThreads, kColumnSumRows);
-  auto launch = [&](auto kernel, int vec) {
-    const int64_t column_blocks = (features + vec * kColumnSumThreads - 1) / (vec * kColumnSumThreads);
-    const int64_t chunks = column_sum_chunks(rows, column_blocks, resident_column_sum_blocks(kernel));
-    const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(chunks));
-    kernel<<<grid, block, 0, stream>>>(h, dy, dx, partial, rows, features, column_sum_rows_per_chunk(rows, chunks));
-    return chunks;
-  };
-  const int64_t chunks = can_use_vec8(features, h, dy, dx) ? launch(gelu_backward_bias_kernel<kKind, 8>, 8)
-                                                           : launch(gelu_backward_bias_kernel<kKind, 1>, 1);
-  CUDA_CHECK_LAUNCH();
+  const int64_t chunks =
+      can_use_vec8(features, h, dy, dx)
+          ? launch_column_sums(gelu_backward_bias_kernel<kKind, 8>, 8, rows, features, stream, h, dy, dx, partial)
+          : launch_column_sums(gelu_backward_bias_kernel<kKind, 1>, 1, rows, features, stream, h, dy, dx, partial);
   column_partials_reduce_cuda(partial, chunks, features, d_bias, stream);
 }
 

@@ -16,6 +16,7 @@
 #include <initializer_list>
 #include <limits>
 #include <map>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -39,11 +40,12 @@ size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 using Dims = std::array<int64_t, 4>;
 
-// One backend descriptor, destroyed with its owner.
+// One backend descriptor, destroyed with its owner. Error contexts are string views so that the
+// per-call descriptors (the variant pack) cost no host allocation.
 class Desc {
  public:
   Desc() = default;
-  Desc(cudnnBackendDescriptorType_t type, const std::string& where) {
+  Desc(cudnnBackendDescriptorType_t type, std::string_view where) {
     CUDNN_CHECK_AT(where, cudnnBackendCreateDescriptor(type, &desc_));
   }
   ~Desc() {
@@ -64,18 +66,18 @@ class Desc {
 };
 
 void set_attr(const Desc& desc, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
-              const void* values, const std::string& where) {
-  CUDNN_CHECK_AT(where + " (attribute " + std::to_string(static_cast<int>(name)) + ")",
+              const void* values, std::string_view where) {
+  CUDNN_CHECK_AT(str_cat(where, " (attribute ", static_cast<int>(name), ")"),
                  cudnnBackendSetAttribute(desc.get(), name, type, count, values));
 }
 
-void set_desc(const Desc& desc, cudnnBackendAttributeName_t name, const Desc& value, const std::string& where) {
+void set_desc(const Desc& desc, cudnnBackendAttributeName_t name, const Desc& value, std::string_view where) {
   cudnnBackendDescriptor_t raw = value.get();
   set_attr(desc, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &raw, where);
 }
 
-void finalize(const Desc& desc, const std::string& where) {
-  CUDNN_CHECK_AT(where + " (finalize)", cudnnBackendFinalize(desc.get()));
+void finalize(const Desc& desc, std::string_view where) {
+  CUDNN_CHECK_AT(str_cat(where, " (finalize)"), cudnnBackendFinalize(desc.get()));
 }
 
 // An operation graph under construction: tensors by unique id, operations in order, and the host
@@ -264,17 +266,31 @@ class Graph {
   std::vector<std::pair<int64_t, const float*>> by_value_;
 };
 
-void execute(cudnnHandle_t handle, const Desc& plan, const std::vector<int64_t>& uids,
-             const std::vector<void*>& pointers, void* workspace, const char* where) {
-  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, where);
-  set_attr(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()),
-           uids.data(), where);
-  set_attr(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(pointers.size()),
-           pointers.data(), where);
-  set_attr(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, where);
-  finalize(pack, where);
-  CUDNN_CHECK_AT(where, cudnnBackendExecute(handle, plan.get(), pack.get()));
-}
+// One execution's (uid, device pointer) pairs, in fixed storage: a step allocates nothing on the host
+// for them. The batch arrays and by-value scalars both graphs take are added by add_common.
+class VariantPack {
+ public:
+  void add(int64_t uid, const void* pointer) {
+    CHECK(size_ < kCapacity, "cuDNN SDPA: a variant pack holds at most ", kCapacity, " tensors");
+    uids_[size_] = uid;
+    pointers_[size_] = const_cast<void*>(pointer);
+    ++size_;
+  }
+  void execute(cudnnHandle_t handle, const Desc& plan, void* workspace, const char* where) const {
+    Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, where);
+    set_attr(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, size_, uids_.data(), where);
+    set_attr(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, size_, pointers_.data(), where);
+    set_attr(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, where);
+    finalize(pack, where);
+    CUDNN_CHECK_AT(where, cudnnBackendExecute(handle, plan.get(), pack.get()));
+  }
+
+ private:
+  static constexpr int64_t kCapacity = 32;  // the backward with grouped heads takes 20 plus its scalars
+  std::array<int64_t, kCapacity> uids_{};
+  std::array<void*, kCapacity> pointers_{};
+  int64_t size_ = 0;
+};
 
 }  // namespace
 
@@ -709,6 +725,20 @@ void check_aligned(const void* p, const char* name, const char* where) {
   CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, where, ": ", name, " is not 16-byte aligned");
 }
 
+// What every execution of a graph takes: its by-value scalars, the batch arrays (one length array
+// serves Q and KV), Q, K, V, O and the row statistics.
+VariantPack common_pack(const Graph& graph, const CudnnSdpa::Impl::Uids& u, const BatchArrays& a, const void* q,
+                        const void* k, const void* v, const void* o, const float* stats) {
+  VariantPack pack;
+  for (const auto& [uid, value] : graph.by_value()) pack.add(uid, value);
+  const std::initializer_list<std::pair<int64_t, const void*>> entries{
+      {u.seq_len_q, a.seq_len}, {u.seq_len_kv, a.seq_len}, {u.offsets_q, a.offsets_q},
+      {u.offsets_k, a.offsets_k}, {u.offsets_o, a.offsets_o}, {u.offsets_v, a.offsets_v},
+      {u.offsets_stats, a.offsets_stats}, {u.q, q}, {u.k, k}, {u.v, v}, {u.o, o}, {u.stats, stats}};
+  for (const auto& [uid, pointer] : entries) pack.add(uid, pointer);
+  return pack;
+}
+
 }  // namespace
 
 void CudnnSdpa::forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
@@ -726,28 +756,10 @@ void CudnnSdpa::forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __
       {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}};
   for (const auto& [p, name] : pointers_to_check) check_aligned(p, name, where);
   const BatchArrays a = fill_batch_arrays(config_, workspace, cu_seqlens, num_segments, stream);
-  const Impl::Uids& u = impl_->fwd;
-  std::vector<int64_t> uids{u.seq_len_q, u.seq_len_kv, u.offsets_q, u.offsets_k, u.offsets_o, u.offsets_v,
-                            u.offsets_stats, u.q, u.k, u.v, u.o, u.stats};
-  std::vector<void*> pointers{a.seq_len,
-                              a.seq_len,
-                              a.offsets_q,
-                              a.offsets_k,
-                              a.offsets_o,
-                              a.offsets_v,
-                              a.offsets_stats,
-                              const_cast<__nv_bfloat16*>(q),
-                              const_cast<__nv_bfloat16*>(k),
-                              const_cast<__nv_bfloat16*>(v),
-                              out,
-                              lse};
-  for (const auto& [uid, value] : impl_->forward_graph.by_value()) {
-    uids.push_back(uid);
-    pointers.push_back(const_cast<float*>(value));
-  }
+  const VariantPack pack = common_pack(impl_->forward_graph, impl_->fwd, a, q, k, v, out, lse);
   void* plan_workspace = static_cast<char*>(workspace) + impl_->batch_array_bytes;
   CUDNN_CHECK(cudnnSetStream(impl_->handle, stream));
-  execute(impl_->handle, impl_->forward_plan, uids, pointers, plan_workspace, where);
+  pack.execute(impl_->handle, impl_->forward_plan, plan_workspace, where);
 }
 
 void CudnnSdpa::backward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
@@ -775,43 +787,20 @@ void CudnnSdpa::backward(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
   void* dk_full = cursor;
   void* dv_full = cursor + full_head_bytes(config_, config_.head_dim);
   cursor += impl_->full_heads_bytes;
-  // cuDNN >= 9.6 initialises the accumulator itself (cudnn-frontend stopped clearing it there);
-  // clearing it costs ~0.05 ms at T = 8192 and removes the dependence on that.
-  CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, impl_->dq_accum_bytes, stream));
+  // The accumulator is not cleared here: cuDNN >= 9.6 (create() refuses older ones) initialises it
+  // itself, as cudnn-frontend relies on; a memset cost 9 us a vision block and ~0.05 ms at T =
+  // 8,192. cudnn_sdpa_gpu_test runs every backward on a workspace filled with NaN to hold it to that.
   const Impl::Uids& u = impl_->bwd;
-  std::vector<int64_t> uids{u.seq_len_q, u.seq_len_kv, u.offsets_q, u.offsets_k, u.offsets_o, u.offsets_v,
-                            u.offsets_stats, u.q, u.k, u.v, u.o, u.d_o, u.stats, u.dq, u.dk, u.dv,
-                            u.softmax_sum, u.dq_accum};
-  std::vector<void*> pointers{a.seq_len,
-                              a.seq_len,
-                              a.offsets_q,
-                              a.offsets_k,
-                              a.offsets_o,
-                              a.offsets_v,
-                              a.offsets_stats,
-                              const_cast<__nv_bfloat16*>(q),
-                              const_cast<__nv_bfloat16*>(k),
-                              const_cast<__nv_bfloat16*>(v),
-                              const_cast<__nv_bfloat16*>(out),
-                              const_cast<__nv_bfloat16*>(d_out),
-                              const_cast<float*>(lse),
-                              dq,
-                              dk,
-                              dv,
-                              softmax_sum,
-                              dq_accum};
+  VariantPack pack = common_pack(impl_->backward_graph, u, a, q, k, v, out, lse);
+  const std::initializer_list<std::pair<int64_t, const void*>> gradients{
+      {u.d_o, d_out}, {u.dq, dq}, {u.dk, dk}, {u.dv, dv}, {u.softmax_sum, softmax_sum}, {u.dq_accum, dq_accum}};
+  for (const auto& [uid, pointer] : gradients) pack.add(uid, pointer);
   if (impl_->full_heads_bytes > 0) {
-    uids.push_back(u.dk_full);
-    pointers.push_back(dk_full);
-    uids.push_back(u.dv_full);
-    pointers.push_back(dv_full);
-  }
-  for (const auto& [uid, value] : impl_->backward_graph.by_value()) {
-    uids.push_back(uid);
-    pointers.push_back(const_cast<float*>(value));
+    pack.add(u.dk_full, dk_full);
+    pack.add(u.dv_full, dv_full);
   }
   CUDNN_CHECK(cudnnSetStream(impl_->handle, stream));
-  execute(impl_->handle, impl_->backward_plan, uids, pointers, cursor, where);
+  pack.execute(impl_->handle, impl_->backward_plan, cursor, where);
 }
 
 }  // namespace deltamoe

@@ -169,6 +169,8 @@ void check_packing(const CudnnSdpa& sdpa, const std::vector<int>& lengths, uint6
   DeviceTensor dq_d = poisoned_device_tensor(DType::bf16, {tokens, Hq, Dp});
   DeviceTensor dk_d = poisoned_device_tensor(DType::bf16, {tokens, Hkv, Dp});
   DeviceTensor dv_d = poisoned_device_tensor(DType::bf16, {tokens, Hkv, Dvp});
+  // NaN in every scratch byte (the dQ accumulator among them): the backward clears what it sums into.
+  CUDA_CHECK(cudaMemset(workspace.data(), 0xFF, workspace.bytes()));
   sdpa.backward(bf16_ptr(q_d), bf16_ptr(k_d), bf16_ptr(v_d), bf16_ptr(out_in), f32_ptr(lse_in), bf16_ptr(d_out_d),
                 cu_d.view.as<int32_t>(), num_seqs, bf16_ptr(dq_d), bf16_ptr(dk_d), bf16_ptr(dv_d), workspace.data(),
                 workspace.bytes(), nullptr, longest);

@@ -16,6 +16,7 @@
 
 #include "core/arena.h"
 #include "core/device_buffer.h"
+#include "kernels/gated_delta_rule/gated_delta_rule.h"
 #include "kernels/moe_experts/moe_experts_cuda.h"
 #include "kernels/mrope/mrope.h"
 #include "kernels/shared_expert/shared_expert_cuda.h"
@@ -212,6 +213,8 @@ class GpuTextModel {
   // Mixer backwards: dy [T, C] bf16 (the bf16 copy of the stream gradient); dx [T, C] f32 written
   // with the input gradient summed over the mixer's projections in fp32.
   void gdn_backward(int64_t layer, const __nv_bfloat16* dy, float* dx);
+  // The gated delta rule's shape for this micro-batch (its packing, the config's heads and widths).
+  GatedDeltaRuleShape gdn_rule_shape() const;
   void attention_forward(int64_t layer);
   void attention_backward(int64_t layer, const __nv_bfloat16* dy, float* dx);
   // One decoder layer's forward. recompute: the rerun before its backward (full recompute) from the

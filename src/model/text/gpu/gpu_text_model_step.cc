@@ -372,6 +372,19 @@ void GpuTextModel::backward() {
 
 // ---- Gated DeltaNet (gdn_layer.cc) ----
 
+GatedDeltaRuleShape GpuTextModel::gdn_rule_shape() const {
+  const TextConfig& c = config_;
+  GatedDeltaRuleShape shape;
+  shape.cu_seqlens = inputs_.cu_seqlens;
+  shape.num_seqs = static_cast<int>(num_seqs_);
+  shape.num_tokens = num_tokens_;
+  shape.num_key_heads = static_cast<int>(c.linear_num_key_heads);
+  shape.num_value_heads = static_cast<int>(c.linear_num_value_heads);
+  shape.key_dim = static_cast<int>(c.linear_key_head_dim);
+  shape.value_dim = static_cast<int>(c.linear_value_head_dim);
+  return shape;
+}
+
 void GpuTextModel::gdn_forward(int64_t layer) {
   const TextConfig& c = config_;
   LayerActivations& b = acts_.layers[static_cast<size_t>(layer)];
@@ -400,14 +413,7 @@ void GpuTextModel::gdn_forward(int64_t layer) {
   // A_log and dt_bias are read in fp32 straight from the master weights, as the reference does.
   gdn_gates_forward_cuda(s.a, s.b, W.A_log.f32, W.dt_bias.f32, T, static_cast<int>(Hv),
                          s.g, s.beta, stream_);
-  GatedDeltaRuleShape shape;
-  shape.cu_seqlens = inputs_.cu_seqlens;
-  shape.num_seqs = static_cast<int>(num_seqs_);
-  shape.num_tokens = T;
-  shape.num_key_heads = static_cast<int>(Hk);
-  shape.num_value_heads = static_cast<int>(Hv);
-  shape.key_dim = Dk;
-  shape.value_dim = Dv;
+  const GatedDeltaRuleShape shape = gdn_rule_shape();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk)));
   // The rule's forward workspace is the set's own when kept for the backward, else the shared one.
   void* rule_workspace = s.rule_forward != nullptr ? s.rule_forward : workspace_.data();
@@ -433,14 +439,7 @@ void GpuTextModel::gdn_backward(int64_t layer, const DeviceBf16* dy, float* dx) 
   weight_grad(W.out_proj, dy, s.normed, T, vd, C);
   gated_rmsnorm_backward_cuda(s.core, s.z, W.norm.f32, w.d_normed_v, T * Hv, Dv, static_cast<float>(c.rms_norm_eps),
                               w.d_core, w.dz, W.norm.grad, workspace_.data(), workspace_bytes_, stream_);
-  GatedDeltaRuleShape shape;
-  shape.cu_seqlens = inputs_.cu_seqlens;
-  shape.num_seqs = static_cast<int>(num_seqs_);
-  shape.num_tokens = T;
-  shape.num_key_heads = static_cast<int>(Hk);
-  shape.num_value_heads = static_cast<int>(Hv);
-  shape.key_dim = Dk;
-  shape.value_dim = Dv;
+  const GatedDeltaRuleShape shape = gdn_rule_shape();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk)));
   if (s.rule_forward != nullptr) {
     // The forward's chunk quantities and states kept since this set's forward: not recomputed.
