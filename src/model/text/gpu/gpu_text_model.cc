@@ -110,6 +110,12 @@ TextActivationSpec activation_spec(const TextConfig& config, const GpuModelOptio
 
 }  // namespace
 
+GatedDeltaRuleShape GpuTextModel::gdn_rule_shape() const {
+  GatedDeltaRuleShape shape = rule_shape_for(config_, num_tokens_, num_seqs_);
+  shape.cu_seqlens = inputs_.cu_seqlens;
+  return shape;
+}
+
 // Pinned host copies of one micro-batch's inputs, laid out as on the device, and the event after
 // which the stream has read them.
 struct GpuTextModel::Staging {

@@ -372,19 +372,6 @@ void GpuTextModel::backward() {
 
 // ---- Gated DeltaNet (gdn_layer.cc) ----
 
-GatedDeltaRuleShape GpuTextModel::gdn_rule_shape() const {
-  const TextConfig& c = config_;
-  GatedDeltaRuleShape shape;
-  shape.cu_seqlens = inputs_.cu_seqlens;
-  shape.num_seqs = static_cast<int>(num_seqs_);
-  shape.num_tokens = num_tokens_;
-  shape.num_key_heads = static_cast<int>(c.linear_num_key_heads);
-  shape.num_value_heads = static_cast<int>(c.linear_num_value_heads);
-  shape.key_dim = static_cast<int>(c.linear_key_head_dim);
-  shape.value_dim = static_cast<int>(c.linear_value_head_dim);
-  return shape;
-}
-
 void GpuTextModel::gdn_forward(int64_t layer) {
   const TextConfig& c = config_;
   LayerActivations& b = acts_.layers[static_cast<size_t>(layer)];
