@@ -77,27 +77,53 @@ export NCCL_NVLS_ENABLE=0
 ENV
 cat > "$bundle/run_gpu_tests.sh" <<'RUN'
 #!/usr/bin/env bash
-# Runs every gpu test program in this bundle from the repository root; logs go to $OUT.
+# Runs the gpu test programs in this bundle from the repository root; logs go to $OUT/gpu_tests.log
+# (one file: the device returns at most 8).
+#   GPU_TESTS="a_gpu_test b_gpu_test": only those, in that order (default: every one, by name).
+#   JOBS=N: N programs at once (default 1); their CPU references take most of the suite's time and
+#     the GPU machine has the cores. With JOBS > 1 the timing cases are left out (GTEST_FILTER
+#     -*Timing*), since they would time beside other programs; GTEST_FILTER set by hand wins.
+#   BUDGET_S: seconds for the whole run (default: none); programs not started with under 30 s left
+#     are listed as NOT RUN, to pass as GPU_TESTS to the next call. TIME_LIMIT: per program (300).
 bundle_dir=$(cd "$(dirname "$0")" && pwd)
 cd "$bundle_dir/.."
 source "$bundle_dir/env.sh"
 out=${OUT:-/tmp}
-failed=0 passed=0
-# GPU_TESTS="a_gpu_test b_gpu_test" runs only those, in that order.
+jobs_at_once=${JOBS:-1}
+if [ "$jobs_at_once" -gt 1 ] && [ -z "${GTEST_FILTER:-}" ]; then export GTEST_FILTER='-*Timing*'; fi
+logs=$(mktemp -d)
+start=$(date +%s)
 programs=${GPU_TESTS:-$(cd "$bundle_dir/bin" && ls *_gpu_test 2>/dev/null)}
+run_one() {
+  local name=$1 limit=$2 code=0
+  DELTAMOE_SOURCE_DIR=$PWD DELTAMOE_BINARY=$bundle_dir/bin/deltamoe timeout "$limit" "$bundle_dir/bin/$name" \
+    > "$logs/$name.log" 2>&1 || code=$?
+  echo "$code" > "$logs/$name.status"
+  if [ "$code" -eq 0 ]; then echo "PASS $name"; else echo "FAIL $name (exit $code)"; tail -30 "$logs/$name.log"; fi
+}
+not_run=""
 for name in $programs; do
-  test_program=$bundle_dir/bin/$name
-  [ -e "$test_program" ] || { echo "MISSING $name"; failed=$((failed + 1)); continue; }
-  log=/tmp/$name.log
-  if DELTAMOE_SOURCE_DIR=$PWD DELTAMOE_BINARY=$bundle_dir/bin/deltamoe timeout 300 "$test_program" > "$log" 2>&1; then
-    passed=$((passed + 1)); echo "PASS $name"
-  else
-    failed=$((failed + 1)); echo "FAIL $name"; tail -30 "$log"
+  [ -e "$bundle_dir/bin/$name" ] || { echo "MISSING $name"; echo 127 > "$logs/$name.status"; continue; }
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_at_once" ]; do wait -n; done
+  limit=${TIME_LIMIT:-300}
+  if [ -n "${BUDGET_S:-}" ]; then
+    left=$(( BUDGET_S - ($(date +%s) - start) ))
+    if [ "$left" -lt 30 ]; then not_run="$not_run $name"; continue; fi
+    [ "$left" -lt "$limit" ] && limit=$left
   fi
-  { echo "===== $name"; cat "$log"; } >> "$out/gpu_tests.log"  # one file: the device returns at most 8
+  run_one "$name" "$limit" &
 done
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+wait
+passed=0 failed=0
+for name in $programs; do
+  [ -f "$logs/$name.status" ] || continue
+  if [ "$(cat "$logs/$name.status")" = 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+  [ -f "$logs/$name.log" ] && { echo "===== $name"; cat "$logs/$name.log"; } >> "$out/gpu_tests.log"
+done
+rm -rf "$logs"
+echo "$passed passed, $failed failed${GTEST_FILTER:+ (GTEST_FILTER=$GTEST_FILTER)}"
+[ -n "$not_run" ] && echo "NOT RUN (time):$not_run"
+[ "$failed" -eq 0 ] && [ -z "$not_run" ]
 RUN
 chmod +x "$bundle/run_gpu_tests.sh"
 du -sh "$bundle"
