@@ -513,8 +513,8 @@ TEST(GpuEngine, StepsAreDeterministicAndResumeExactly) {
 // library that picks or loads code by the exact token count shows here (a classic cuBLAS handle
 // did, 2 MiB at one packing of the 35B bench; `deltamoe bench --vary_lengths true` checks the same at
 // full widths). Text and image micro-batches of random sample counts, lengths and grids, one or two
-// a step.
-TEST(GpuEngine, StepsOfNewPackingsTakeNothing) {
+// a step. The suite name says it reads the whole device (run_gpu_tests.sh runs it alone).
+TEST(GpuEngineExclusive, StepsOfNewPackingsTakeNothing) {
   Fixture& f = fixture();
   GpuEngine gpu(f.checkpoint, engine_options({false, false, false}));
   std::mt19937 rng(20261206);

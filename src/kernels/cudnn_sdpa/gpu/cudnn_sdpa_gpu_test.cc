@@ -383,8 +383,9 @@ struct TextAttentionOperands {
 // heads of 256), as a training run's steps feed it: after the first packing, no forward or backward
 // may change the GPU's memory in use (cudaMemGetInfo, after a synchronisation). Each change is
 // printed with the call and the packing that made it. The packings vary as the benchmark's do:
-// between half the rows and all of them, 1 to 8 sequences of random lengths.
-TEST(CudnnSdpaGpu, MemoryInUseHoldsOverPackings) {
+// between half the rows and all of them, 1 to 8 sequences of random lengths. The suite name says
+// it reads the whole device (run_gpu_tests.sh runs it alone).
+TEST(CudnnSdpaExclusive, MemoryInUseHoldsOverPackings) {
   SKIP_UNLESS_HOPPER();
   constexpr int64_t kTokens = 8192, kSegments = 8;
   using T = TextAttentionOperands;
