@@ -1,6 +1,7 @@
 // Tests of core: bf16/f16 rounding, shapes, arenas, RNG determinism, CHECK messages.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -56,6 +57,26 @@ TEST(HostTensor, ConvertsDtypes) {
   HostTensor back = as_bf16.to_f32();
   EXPECT_EQ(back.as<float>()[2], -3.0f);
   EXPECT_THROW(values.as<int32_t>(), Error);
+}
+
+// Small tensors come from the heap, large ones (64 MiB and up) from their own mapping: either way
+// zeroed, aligned, writable to the last element, and freed with the last copy.
+TEST(HostTensor, SmallAndLargeAreZeroedAlignedAndWritable) {
+  for (const int64_t count : {int64_t{3}, int64_t{16} << 20, (int64_t{16} << 20) + 5, int64_t{40} << 20}) {
+    for (int round = 0; round < 2; ++round) {  // the second takes memory the first gave back
+      HostTensor tensor(DType::f32, Shape{count});
+      const float* values = tensor.as<float>();
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(values) % 64, 0u) << count;
+      float largest = 0.0f;
+      for (int64_t i = 0; i < count; i += 4093) largest = std::max(largest, std::fabs(values[i]));
+      EXPECT_EQ(largest, 0.0f) << count;
+      EXPECT_EQ(values[count - 1], 0.0f) << count;
+      tensor.as<float>()[count - 1] = 5.0f;
+      const HostTensor copy = tensor;  // shares the buffer
+      tensor = HostTensor();
+      EXPECT_EQ(copy.as<float>()[count - 1], 5.0f) << count;
+    }
+  }
 }
 
 TEST(Arena, AlignsAndReportsOverflow) {

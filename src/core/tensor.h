@@ -109,6 +109,10 @@ class HostTensor {
   struct FreeDeleter {
     void operator()(void* ptr) const;
   };
+  struct UnmapDeleter {
+    size_t bytes;
+    void operator()(void* ptr) const;
+  };
   std::shared_ptr<void> buffer_;
   DType dtype_ = DType::f32;
   Shape shape_;

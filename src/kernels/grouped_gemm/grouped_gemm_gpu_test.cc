@@ -9,12 +9,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/cuda_check.h"
 #include "core/device_buffer.h"
+#include "core/parallel_ranges.h"
 #include "core/rng.h"
 #include "kernels/common/kernel_path_cuda.h"
 #include "kernels/common/tensor_compare.h"
@@ -112,6 +114,19 @@ void check_rows(const GroupedShape& s, bool b_stored_nk, uint64_t seed) {
   }
 }
 
+// grouped_gemm_weight_grad_ref with the groups split between the host's threads: each group's
+// sums are those of one call, in the same order (the 35B widths' references take minutes on one).
+template <typename T>
+void weight_grad_ref_threaded(const T* a, const T* b, T* c, const std::vector<int32_t>& offsets, int64_t groups,
+                              int64_t m, int64_t n) {
+  parallel_ranges(groups, 1, [&](int64_t g0, int64_t g1) {
+    std::vector<int32_t> local(offsets.begin() + g0, offsets.begin() + g1 + 1);
+    const int32_t first_row = local[0];
+    for (int32_t& offset : local) offset -= first_row;
+    grouped_gemm_weight_grad_ref(a + first_row * m, b + first_row * n, c + g0 * m * n, local.data(), g1 - g0, m, n);
+  });
+}
+
 // A weight-gradient case's operands (c_g [M, N] with M = s.n and N = s.k, K = each group's rows),
 // announced with its sizes: the f32 and bf16 checks draw the same ones from the same seed.
 struct WeightGradOperands {
@@ -138,11 +153,10 @@ void check_weight_grad(const GroupedShape& s, uint64_t seed) {
   const auto [m, n, offsets, a, b] = weight_grad_operands(s, seed, "weight-grad");
   HostTensor c_init = random_normal_tensor({s.groups, m, n}, seed + 3);
   HostTensor c_ref = random_normal_tensor({s.groups, m, n}, seed + 3);
-  grouped_gemm_weight_grad_ref(a.as<float>(), b.as<float>(), c_ref.as<float>(), offsets.data(), s.groups, m, n);
+  weight_grad_ref_threaded(a.as<float>(), b.as<float>(), c_ref.as<float>(), offsets, s.groups, m, n);
   HostTensor c_ref_written(DType::f32, {s.groups, m, n});
   std::fill(c_ref_written.as<float>(), c_ref_written.as<float>() + c_ref_written.numel(), 0.0f);
-  grouped_gemm_weight_grad_ref(a.as<float>(), b.as<float>(), c_ref_written.as<float>(), offsets.data(), s.groups, m,
-                               n);
+  weight_grad_ref_threaded(a.as<float>(), b.as<float>(), c_ref_written.as<float>(), offsets, s.groups, m, n);
 
   DeviceTensor a_d = to_device(a, DType::bf16), b_d = to_device(b, DType::bf16), off_d = offsets_to_device(offsets);
   for (GroupedGemmKernel kernel : kernels_here()) {
@@ -175,8 +189,8 @@ void check_weight_grad(const GroupedShape& s, uint64_t seed) {
 // (at most 2^-8 |p|), and where the interval holds no rounding boundary (most elements of small
 // groups) exactly the correctly rounded value.
 struct Bf16WeightGradReference {
-  std::vector<double> product;  // c_g = a_g^T b_g in fp64
-  std::vector<double> error;    // K_g 2^-22 sum over the group's rows of |a b|
+  HostTensor product;  // f64 [G, M, N]: c_g = a_g^T b_g
+  HostTensor error;    // f64 [G, M, N]: K_g 2^-22 sum over the group's rows of |a b|
 };
 
 Bf16WeightGradReference bf16_weight_grad_reference(const HostTensor& a, const HostTensor& b,
@@ -191,16 +205,18 @@ Bf16WeightGradReference bf16_weight_grad_reference(const HostTensor& a, const Ho
     return out;
   };
   Bf16WeightGradReference r;
-  r.product.assign(static_cast<size_t>(groups * m * n), 0.0);
-  r.error.assign(r.product.size(), 0.0);
-  grouped_gemm_weight_grad_ref(widen(a, false).data(), widen(b, false).data(), r.product.data(), offsets.data(),
-                               groups, m, n);
-  grouped_gemm_weight_grad_ref(widen(a, true).data(), widen(b, true).data(), r.error.data(), offsets.data(), groups,
-                               m, n);
-  for (int64_t g = 0; g < groups; ++g) {
-    const double k_g = offsets[static_cast<size_t>(g) + 1] - offsets[static_cast<size_t>(g)];
-    for (int64_t i = g * m * n; i < (g + 1) * m * n; ++i) r.error[static_cast<size_t>(i)] *= k_g * 0x1p-22;
-  }
+  r.product = HostTensor(DType::f64, {groups, m, n});  // zeros
+  r.error = HostTensor(DType::f64, {groups, m, n});
+  double* error = r.error.as<double>();
+  weight_grad_ref_threaded(widen(a, false).data(), widen(b, false).data(), r.product.as<double>(), offsets, groups, m,
+                           n);
+  weight_grad_ref_threaded(widen(a, true).data(), widen(b, true).data(), error, offsets, groups, m, n);
+  parallel_ranges(groups, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const double k_g = offsets[static_cast<size_t>(g) + 1] - offsets[static_cast<size_t>(g)];
+      for (int64_t i = g * m * n; i < (g + 1) * m * n; ++i) error[i] *= k_g * 0x1p-22;
+    }
+  });
   return r;
 }
 
@@ -210,32 +226,63 @@ Bf16WeightGradReference bf16_weight_grad_reference(const HostTensor& a, const Ho
 int64_t bf16_rounding_misses(const std::string& name, const HostTensor& got_bf16, const Bf16WeightGradReference& ref,
                              const HostTensor* c_start) {
   const HostTensor got = got_bf16.to_f32();
-  int64_t misses = 0;
-  double diff_sq = 0, want_sq = 0, max_diff = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    const auto at = static_cast<size_t>(i);
-    double want = ref.product[at], error = ref.error[at];
-    if (c_start != nullptr) {
-      want += c_start->as<float>()[i];
-      error += 0x1p-23 * (std::fabs(want) + error);
+  // Ranges on the host's threads (hundreds of millions of elements at the 35B widths), each with
+  // its own tallies and first misses, merged in range order.
+  struct Tally {
+    int64_t misses = 0;
+    double diff_sq = 0, want_sq = 0, max_diff = 0;
+    std::vector<std::string> first;  // up to 5 lines, in element order
+  };
+  const int64_t count = got.numel();
+  const int64_t ranges = std::max<int64_t>(1, std::min<int64_t>(64, count >> 16));
+  std::vector<Tally> tallies(static_cast<size_t>(ranges));
+  const double* product = ref.product.as<double>();
+  const double* bound = ref.error.as<double>();
+  const float* values = got.as<float>();
+  const float* start = c_start != nullptr ? c_start->as<float>() : nullptr;
+  parallel_ranges(ranges, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t range = r0; range < r1; ++range) {
+      Tally& t = tallies[static_cast<size_t>(range)];
+      const int64_t begin = range * count / ranges, end = (range + 1) * count / ranges;
+      for (int64_t i = begin; i < end; ++i) {
+        double want = product[i], error = bound[i];
+        if (start != nullptr) {
+          want += start[i];
+          error += 0x1p-23 * (std::fabs(want) + error);
+        }
+        const float lo = round_to_bf16(std::nextafter(static_cast<float>(want - error), -INFINITY));
+        const float hi = round_to_bf16(std::nextafter(static_cast<float>(want + error), INFINITY));
+        const float v = values[i];
+        const double diff = static_cast<double>(v) - want;
+        t.diff_sq += diff * diff;
+        t.want_sq += want * want;
+        t.max_diff = std::max(t.max_diff, std::fabs(diff));
+        if (v >= lo && v <= hi) continue;
+        if (t.first.size() < 5) {
+          char line[256];
+          std::snprintf(line, sizeof(line),
+                        "    %s: element %lld is %.9g, want bf16 in [%.9g, %.9g] (reference %.17g +- %.3g)\n",
+                        name.c_str(), static_cast<long long>(i), v, lo, hi, want, error);
+          t.first.emplace_back(line);
+        }
+        ++t.misses;
+      }
     }
-    const float lo = round_to_bf16(std::nextafter(static_cast<float>(want - error), -INFINITY));
-    const float hi = round_to_bf16(std::nextafter(static_cast<float>(want + error), INFINITY));
-    const float v = got.as<float>()[i];
-    const double diff = static_cast<double>(v) - want;
-    diff_sq += diff * diff;
-    want_sq += want * want;
-    max_diff = std::max(max_diff, std::fabs(diff));
-    if (v >= lo && v <= hi) continue;
-    if (misses < 5)
-      std::printf("    %s: element %lld is %.9g, want bf16 in [%.9g, %.9g] (reference %.17g +- %.3g)\n", name.c_str(),
-                  static_cast<long long>(i), v, lo, hi, want, error);
-    ++misses;
+  });
+  Tally all;
+  for (const Tally& t : tallies) {
+    for (const std::string& line : t.first)
+      if (all.first.size() < 5) all.first.push_back(line);
+    all.misses += t.misses;
+    all.diff_sq += t.diff_sq;
+    all.want_sq += t.want_sq;
+    all.max_diff = std::max(all.max_diff, t.max_diff);
   }
+  for (const std::string& line : all.first) std::printf("%s", line.c_str());
   std::printf("  %-40s n=%-9lld max|diff| %.3e  rel_l2 %.3e  outside the interval: %lld\n", name.c_str(),
-              static_cast<long long>(got.numel()), max_diff, want_sq > 0 ? std::sqrt(diff_sq / want_sq) : 0.0,
-              static_cast<long long>(misses));
-  return misses;
+              static_cast<long long>(count), all.max_diff, all.want_sq > 0 ? std::sqrt(all.diff_sq / all.want_sq) : 0.0,
+              static_cast<long long>(all.misses));
+  return all.misses;
 }
 
 // bf16 c on every kernel: "added to" on top of random bf16 values, "written" over a poisoned c
@@ -265,8 +312,13 @@ void check_weight_grad_bf16(const GroupedShape& s, uint64_t seed) {
       const HostTensor rounded = got[0].to_dtype(DType::bf16);
       const auto* got_bits = static_cast<const uint16_t*>(got[1].data());
       const auto* want_bits = static_cast<const uint16_t*>(rounded.data());
-      int64_t differing = 0;
-      for (int64_t i = 0; i < rounded.numel(); ++i) differing += got_bits[i] != want_bits[i];
+      std::vector<int64_t> differing_in(64, 0);  // per range of the host's threads
+      parallel_ranges(64, 1, [&](int64_t r0, int64_t r1) {
+        for (int64_t range = r0; range < r1; ++range)
+          for (int64_t i = range * rounded.numel() / 64; i < (range + 1) * rounded.numel() / 64; ++i)
+            differing_in[static_cast<size_t>(range)] += got_bits[i] != want_bits[i];
+      });
+      const int64_t differing = std::accumulate(differing_in.begin(), differing_in.end(), int64_t{0});
       EXPECT_EQ(differing, 0) << name << ": elements not the f32 gradient rounded to nearest even";
       EXPECT_EQ(bf16_rounding_misses(name, got[1], ref, added ? &c_init_f32 : nullptr), 0)
           << name << ": stored values outside the bf16 roundings of the reference's interval";
