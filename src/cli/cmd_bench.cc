@@ -56,28 +56,29 @@ constexpr double kMeasuredDenseBf16Tflops = 790.0;  // measured cuBLAS bf16 GEMM
 
 // The flags a run is made of, checked.
 struct BenchSettings {
-  int64_t layers = 0, tokens = 0, seqs = 0, steps = 0, warmup = 0, micro_batches = 1;
+  int64_t layers = 0, steps = 0, warmup = 0;
   std::string moments;  // f32 | bf16
   std::string tuner;    // full | lora
-  BenchBatchSpec batches;
+  BenchBatchSpec batches;  // --tokens, --seqs, --micro_batches, --vary_lengths, --images
   uint64_t seed = 0;
 };
 
 BenchSettings read_settings(const ArgParser& args) {
   BenchSettings s;
+  BenchBatchSpec& b = s.batches;
   s.layers = args.get_int("layers");
-  s.tokens = args.get_int("tokens");
-  s.seqs = args.get_int("seqs");
+  b.tokens = args.get_int("tokens");
+  b.seqs = args.get_int("seqs");
   s.steps = args.get_int("steps");
   s.warmup = args.get_int("warmup");
-  s.micro_batches = args.get_int("micro_batches");
+  b.micro_batches = args.get_int("micro_batches");
   CHECK(s.layers >= 1, "--layers must be at least 1, got ", s.layers);
-  CHECK(s.seqs >= 1, "--seqs must be at least 1, got ", s.seqs);
-  CHECK(s.tokens >= s.seqs && s.tokens % s.seqs == 0, "--tokens (", s.tokens,
-        ") must be a positive multiple of --seqs (", s.seqs, ")");
+  CHECK(b.seqs >= 1, "--seqs must be at least 1, got ", b.seqs);
+  CHECK(b.tokens >= b.seqs && b.tokens % b.seqs == 0, "--tokens (", b.tokens,
+        ") must be a positive multiple of --seqs (", b.seqs, ")");
   CHECK(s.steps >= 1, "--steps must be at least 1, got ", s.steps);
   CHECK(s.warmup >= 0, "--warmup must be non-negative, got ", s.warmup);
-  CHECK(s.micro_batches >= 1, "--micro_batches must be at least 1, got ", s.micro_batches);
+  CHECK(b.micro_batches >= 1, "--micro_batches must be at least 1, got ", b.micro_batches);
   s.moments = args.get("optimizer_state_dtype");
   CHECK(s.moments == "f32" || s.moments == "bf16", "--optimizer_state_dtype must be f32 or bf16, got '", s.moments,
         "'");
@@ -86,10 +87,6 @@ BenchSettings read_settings(const ArgParser& args) {
   CHECK(args.get("vary_lengths") == "true" || args.get("vary_lengths") == "false",
         "--vary_lengths must be true or false, got '", args.get("vary_lengths"), "'");
   s.seed = static_cast<uint64_t>(args.get_int("seed"));
-  BenchBatchSpec& b = s.batches;
-  b.tokens = s.tokens;
-  b.seqs = s.seqs;
-  b.micro_batches = s.micro_batches;
   b.varied = args.get("vary_lengths") == "true";
   // Two different steps' worth of batches, alternated, so no step reuses the previous one's inputs;
   // with --vary_lengths a packing of its own for every step (the back-to-back steps included).
@@ -107,8 +104,8 @@ EngineOptions engine_options(const ArgParser& args, const BenchSettings& s, cons
   options.adamw.moment_dtype = s.moments == "bf16" ? DType::bf16 : DType::f32;
   options.expert_grad_dtype = parse_expert_grad_dtype_flag(args);
   options.aux_coef = args.get_double("aux_loss_coef");
-  options.max_tokens = s.tokens;
-  options.max_samples = s.seqs;
+  options.max_tokens = s.batches.tokens;
+  options.max_samples = s.batches.seqs;
   options.loss_chunk_rows = args.get_int("loss_chunk");
   options.recompute = parse_recompute_flags(args);
   int64_t largest_image = 0;
@@ -178,7 +175,7 @@ struct BenchSummary {
 BenchSummary summarise(const BenchSettings& s, const BenchSchedule& schedule, const TimedSteps& timed,
                        const BackToBackSteps& block) {
   BenchSummary sum;
-  sum.step_tokens = s.tokens * s.micro_batches;
+  sum.step_tokens = s.batches.tokens * s.batches.micro_batches;
   for (const MicroBatch& batch : schedule.step(0)) {
     sum.image_tokens += batch.num_image_tokens;
     sum.images += static_cast<int64_t>(batch.image_grid_thw.size());
@@ -210,6 +207,7 @@ nlohmann::json print_report(const BenchSettings& s, const ModelConfig& config, c
                             const BenchSummary& sum, const MeasuredFloors* floors) {
   GpuEngine& engine = *session.engine;
   const TextConfig& text = config.text;
+  const BenchBatchSpec& b = s.batches;
   const MemoryPlan& plan = engine.memory_plan();
   cudaDeviceProp prop{};
   int device = 0;
@@ -225,14 +223,14 @@ nlohmann::json print_report(const BenchSettings& s, const ModelConfig& config, c
               prop.name, static_cast<long long>(s.layers),
               static_cast<long long>(text.num_layers_of(LayerType::linear_attention)),
               static_cast<long long>(text.num_layers_of(LayerType::full_attention)),
-              static_cast<long long>(s.micro_batches), static_cast<long long>(s.tokens), static_cast<long long>(s.seqs),
-              static_cast<long long>(s.tokens / s.seqs));
+              static_cast<long long>(b.micro_batches), static_cast<long long>(b.tokens), static_cast<long long>(b.seqs),
+              static_cast<long long>(b.tokens / b.seqs));
   // Which kernels ran (kernels/common/kernel_path_cuda.h): the sm_90a ones, or the sm_80 ones (an
   // A800; a compute_80 build on the H200, with the driver's compilation of the PTX named).
   const KernelPath& path = kernel_path();
   std::printf("kernels: %s (built for %s); attention: %s\n", path.describe().c_str(), cuda_architectures(),
               engine.text_model().attention_backend());
-  if (!s.batches.grids.empty()) {
+  if (!b.grids.empty()) {
     std::printf("images: %lld per step, %lld image tokens (%.0f%% of the tokens); vision tower %s\n",
                 static_cast<long long>(sum.images), static_cast<long long>(sum.image_tokens),
                 100.0 * static_cast<double>(sum.image_tokens) / static_cast<double>(sum.step_tokens),
@@ -254,10 +252,10 @@ nlohmann::json print_report(const BenchSettings& s, const ModelConfig& config, c
               100.0 * sum.tflops / kMeasuredDenseBf16Tflops,
               kMeasuredDenseBf16Tflops);
   std::printf("loss: first %.4f, last %.4f\n", timed.first_loss, timed.last_loss);
-  if (s.batches.varied) {
+  if (b.varied) {
     std::printf("lengths: varied, a packing of 1-%lld samples and %lld-%lld tokens per micro-batch for every step; "
                 "%.0f tokens per measured step on average\n",
-                static_cast<long long>(s.seqs), static_cast<long long>(s.tokens / 2), static_cast<long long>(s.tokens),
+                static_cast<long long>(b.seqs), static_cast<long long>(b.tokens / 2), static_cast<long long>(b.tokens),
                 timed.measured_tokens / static_cast<double>(s.steps));
   }
   std::printf("after step 1, steps 2-%lld and the back-to-back steps: %lld device allocations (%lld bytes), "
@@ -323,8 +321,8 @@ nlohmann::json print_report(const BenchSettings& s, const ModelConfig& config, c
                            {"attention", engine.text_model().attention_backend()},
                            {"layers", s.layers},
                            {"tokens", sum.step_tokens},
-                           {"micro_batches", s.micro_batches},
-                           {"seqs", s.seqs},
+                           {"micro_batches", b.micro_batches},
+                           {"seqs", b.seqs},
                            {"images", sum.images},
                            {"image_tokens", sum.image_tokens},
                            {"freeze_vit", options.freeze.freeze_vit},
@@ -343,7 +341,7 @@ nlohmann::json print_report(const BenchSettings& s, const ModelConfig& config, c
                            {"components_ms", components},
                            {"component_floors_ms", component_floors},
                            {"floor_memory_bytes_per_s", floor_bytes_per_s},
-                           {"varied_lengths", s.batches.varied},
+                           {"varied_lengths", b.varied},
                            {"after_first_step",
                             {{"device_allocations", sum.new_allocations},
                              {"pinned_allocations", sum.new_pinned},
@@ -365,11 +363,11 @@ void add_expert_parallel_prediction(const ArgParser& args, const BenchSettings& 
   const int ranks = session.simulated_ranks;
   ExchangeModelInput model_input;
   model_input.ranks = ranks;
-  model_input.tokens_per_rank = s.tokens;
+  model_input.tokens_per_rank = s.batches.tokens;
   model_input.top_k = text.num_experts_per_tok;
   model_input.hidden = text.hidden_size;
   model_input.layers = text.num_hidden_layers;
-  model_input.micro_batches = s.micro_batches;
+  model_input.micro_batches = s.batches.micro_batches;
   model_input.link_bytes_per_s = args.get_double("link_gbps") * 1e9;
   model_input.imbalance = args.get_double("imbalance");
   double dense = 0;
@@ -378,7 +376,7 @@ void add_expert_parallel_prediction(const ArgParser& args, const BenchSettings& 
       dense += static_cast<double>(spec.shape.numel());
   model_input.dense_trained_elements = dense;
   const ExchangeModel model = model_exchange(model_input);
-  const double predicted_s = model.predicted_step_seconds(sum.step_median_ms / 1e3, s.micro_batches);
+  const double predicted_s = model.predicted_step_seconds(sum.step_median_ms / 1e3, s.batches.micro_batches);
   const double predicted_tokens_per_s = static_cast<double>(sum.step_tokens) / predicted_s;
   std::printf("simulated: rank 0 of %d (EP %d, ZeRO-2): %lld local experts per layer, exchanges as device copies\n",
               ranks, ranks, static_cast<long long>(text.num_experts / ranks));

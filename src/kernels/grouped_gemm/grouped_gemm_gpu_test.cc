@@ -7,9 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -312,14 +312,13 @@ void check_weight_grad_bf16(const GroupedShape& s, uint64_t seed) {
       const HostTensor rounded = got[0].to_dtype(DType::bf16);
       const auto* got_bits = static_cast<const uint16_t*>(got[1].data());
       const auto* want_bits = static_cast<const uint16_t*>(rounded.data());
-      std::vector<int64_t> differing_in(64, 0);  // per range of the host's threads
-      parallel_ranges(64, 1, [&](int64_t r0, int64_t r1) {
-        for (int64_t range = r0; range < r1; ++range)
-          for (int64_t i = range * rounded.numel() / 64; i < (range + 1) * rounded.numel() / 64; ++i)
-            differing_in[static_cast<size_t>(range)] += got_bits[i] != want_bits[i];
+      std::atomic<int64_t> differing{0};
+      parallel_ranges(rounded.numel(), int64_t{1} << 20, [&](int64_t begin, int64_t end) {
+        int64_t here = 0;
+        for (int64_t i = begin; i < end; ++i) here += got_bits[i] != want_bits[i];
+        differing += here;
       });
-      const int64_t differing = std::accumulate(differing_in.begin(), differing_in.end(), int64_t{0});
-      EXPECT_EQ(differing, 0) << name << ": elements not the f32 gradient rounded to nearest even";
+      EXPECT_EQ(differing.load(), 0) << name << ": elements not the f32 gradient rounded to nearest even";
       EXPECT_EQ(bf16_rounding_misses(name, got[1], ref, added ? &c_init_f32 : nullptr), 0)
           << name << ": stored values outside the bf16 roundings of the reference's interval";
     }

@@ -267,7 +267,7 @@ class Graph {
 };
 
 // One execution's (uid, device pointer) pairs, in fixed storage: a step allocates nothing on the host
-// for them. The batch arrays and by-value scalars both graphs take are added by add_common.
+// for them. The batch arrays and by-value scalars both graphs take are added by common_pack.
 class VariantPack {
  public:
   void add(int64_t uid, const void* pointer) {
