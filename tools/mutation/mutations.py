@@ -120,7 +120,7 @@ MUTATIONS = [
     dict(
         name="gpu_gdn_out_proj_grad_sign_flipped",
         why="every GDN layer's out_proj weight gradient accumulated with alpha -1 (sign flipped)",
-        file="src/model/text/gpu/gpu_text_model_step.cc",
+        file="src/model/text/gpu/gpu_gdn_layer.cc",
         find="  weight_grad(W.out_proj, dy, s.normed, T, vd, C);",
         replace=(
             "  if (W.out_proj.grad != nullptr)\n"
@@ -133,7 +133,7 @@ MUTATIONS = [
     dict(
         name="gpu_attention_o_proj_grad_sign_flipped",
         why="every full-attention layer's o_proj weight gradient accumulated with alpha -1 (sign flipped)",
-        file="src/model/text/gpu/gpu_text_model_step.cc",
+        file="src/model/text/gpu/gpu_attention_layer.cc",
         find="  weight_grad(W.o_proj, dy, s.gated, T, Hq * D, C);",
         replace=(
             "  if (W.o_proj.grad != nullptr)\n"
@@ -155,9 +155,9 @@ MUTATIONS = [
     dict(
         name="gpu_expert_weight_grads_zero",
         why="the routed experts' weight-gradient products skipped (as if frozen): all-zero expert gradients",
-        file="src/model/text/gpu/gpu_text_model_step.cc",
-        find="W.experts_gate_up.grad, W.experts_down.grad,",
-        replace="nullptr, nullptr,",
+        file="src/model/text/gpu/gpu_moe_block.cc",
+        find="W.experts_gate_up.grad_data(), W.experts_down.grad_data(), expert_grads_dtype(W),",
+        replace="nullptr, nullptr, expert_grads_dtype(W),",
         tests=["gpu_text_model_gpu_test", "gpu_parity_golden_gpu_test", "gpu_engine_gpu_test"],
         device="gpu",
     ),

@@ -260,6 +260,24 @@ def gpu_mode(args, mutations):
     return 0
 
 
+def check_mode():
+    """Exit 1 when a mutation no longer applies: code that moved would leave its bug unplanted and
+    the run would only say NOT APPLICABLE, where nobody looks (the mutations run by hand)."""
+    stale = []
+    for m in MUTATIONS:
+        path = REPO / m["file"]
+        if not path.is_file():
+            stale.append(f"{m['name']}: {m['file']} does not exist")
+            continue
+        _, why = mutated_text(m, path.read_text())
+        if why:
+            stale.append(f"{m['name']}: {m['file']}: {why}")
+    for line in stale:
+        print("STALE", line)
+    print(f"{len(MUTATIONS) - len(stale)} of {len(MUTATIONS)} mutations apply")
+    return 1 if stale else 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutations")
@@ -270,6 +288,8 @@ def main():
     parser.add_argument("--scratch", default=str(REPO / "build" / "mutation"), help="scratch copy folder")
     parser.add_argument("--jobs", type=int, default=2, help="parallel build jobs")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--check", action="store_true",
+                        help="only check that every mutation (cpu and gpu) applies to the tree as it is; no build")
     args = parser.parse_args()
 
     device = "gpu" if args.gpu else "cpu"
@@ -277,6 +297,8 @@ def main():
     for name in args.only or []:
         if name not in known:
             sys.exit(f"--only {name}: no such mutation; known: {', '.join(sorted(known))}")
+    if args.check:
+        return check_mode()
     if args.list:
         for m in MUTATIONS:
             print(f"{m['name']:<33} {m['device']}  {m['file']}: {m['why']} -> {', '.join(m['tests'])}")

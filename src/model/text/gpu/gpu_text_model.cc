@@ -1,6 +1,7 @@
 // GpuTextModel: construction, planning of activations, workspaces and inputs, the staged batch
 // upload, and the readbacks for tests. The forward and backward schedules are in
-// gpu_text_model_step.cc.
+// gpu_text_model_step.cc, the mixers and the MoE block in gpu_gdn_layer.cc, gpu_attention_layer.cc
+// and gpu_moe_block.cc.
 #include "model/text/gpu/gpu_text_model.h"
 #include "model/text/gpu/gpu_expert_parallel.h"
 
