@@ -78,4 +78,11 @@ ENV
 # The runner (scripts/run_gpu_tests.sh; scripts/run_gpu_tests_test.sh checks it on stand-in programs).
 cp scripts/run_gpu_tests.sh "$bundle/run_gpu_tests.sh"
 chmod +x "$bundle/run_gpu_tests.sh"
+# What was built, so that a measurement names its commit: HEAD, "-dirty" when tracked files differ.
+if revision=$(git rev-parse HEAD 2>/dev/null); then
+  git diff --quiet HEAD -- || revision="$revision-dirty"
+else
+  revision=unknown
+fi
+echo "$revision" > "$bundle/REVISION"
 du -sh "$bundle"

@@ -14,6 +14,7 @@
 bundle_dir=$(cd "$(dirname "$0")" && pwd)
 cd "$bundle_dir/.."
 source "$bundle_dir/env.sh"
+[ -f "$bundle_dir/REVISION" ] && echo "bundle built at $(cat "$bundle_dir/REVISION")"
 out=${OUT:-/tmp}
 jobs_at_once=${JOBS:-1}
 if [ "$jobs_at_once" -gt 1 ] && [ -z "${GTEST_FILTER:-}" ]; then export GTEST_FILTER='-*Timing*:*Exclusive.*'; fi
